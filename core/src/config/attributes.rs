@@ -1,0 +1,91 @@
+//! Disbatch's `attributes` (Perl MongoClient options) mapped onto the Rust driver's TLS settings.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::raw::resolve;
+
+/// TLS settings for the MongoDB connection, from `attributes` (options in the URI also apply).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub enabled: bool,
+    pub ca_file: Option<PathBuf>,
+    pub cert_key_file: Option<PathBuf>,
+    pub allow_invalid_certificates: bool,
+}
+
+impl TlsSettings {
+    /// Accepts Disbatch's forms (`ssl: 1`, `ssl: {SSL_ca_file}`, `ssl: {SSL_verify_mode: 0}`)
+    /// and plain keys (`tls`, `tls_ca_file`, `tls_certificate_key_file`,
+    /// `tls_allow_invalid_certificates`).
+    pub(super) fn from_attributes(
+        attrs: &Value,
+        base: &Path,
+        warnings: &mut Vec<String>,
+    ) -> Result<Self, String> {
+        let Value::Object(map) = attrs else {
+            return Err("key `attributes` must be an object".into());
+        };
+        let mut tls = TlsSettings::default();
+        for (key, value) in map {
+            let at = |what: &str| format!("key `attributes.{key}`: {what}");
+            match key.as_str() {
+                "ssl" | "tls" => match value {
+                    Value::Bool(b) => tls.enabled = *b,
+                    Value::Number(n) => tls.enabled = n.as_f64().unwrap_or(0.0) != 0.0,
+                    Value::Object(ssl) => {
+                        tls.enabled = true;
+                        tls.apply_perl_ssl_options(ssl, base, key, warnings)?;
+                    }
+                    _ => return Err(at("must be true/false, 1/0 or an object of SSL options")),
+                },
+                "tls_ca_file" => tls.ca_file = Some(resolve(base, string(value, &at)?)),
+                "tls_certificate_key_file" => {
+                    tls.cert_key_file = Some(resolve(base, string(value, &at)?))
+                }
+                "tls_allow_invalid_certificates" => {
+                    tls.allow_invalid_certificates =
+                        value.as_bool().ok_or_else(|| at("must be true or false"))?
+                }
+                _ => warnings.push(format!(
+                    "attribute `attributes.{key}` is not supported and is ignored; put driver options in the `mongohost` URI"
+                )),
+            }
+        }
+        if tls.ca_file.is_some() || tls.cert_key_file.is_some() || tls.allow_invalid_certificates {
+            tls.enabled = true;
+        }
+        Ok(tls)
+    }
+
+    fn apply_perl_ssl_options(
+        &mut self,
+        ssl: &serde_json::Map<String, Value>,
+        base: &Path,
+        parent: &str,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), String> {
+        for (key, value) in ssl {
+            let at = |what: &str| format!("key `attributes.{parent}.{key}`: {what}");
+            match key.as_str() {
+                "SSL_ca_file" => self.ca_file = Some(resolve(base, string(value, &at)?)),
+                "SSL_cert_file" => self.cert_key_file = Some(resolve(base, string(value, &at)?)),
+                "SSL_verify_mode" => {
+                    let mode = value
+                        .as_i64()
+                        .ok_or_else(|| at("must be an integer (0 turns verification off)"))?;
+                    self.allow_invalid_certificates = mode == 0;
+                }
+                _ => warnings.push(format!(
+                    "SSL option `attributes.{parent}.{key}` is not supported and is ignored"
+                )),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn string<'a>(value: &'a Value, at: &dyn Fn(&str) -> String) -> Result<&'a str, String> {
+    value.as_str().ok_or_else(|| at("must be a string"))
+}

@@ -1,0 +1,138 @@
+//! The node config file: Disbatch 4's JSON keys plus ours, parsed leniently and validated strictly.
+
+mod attributes;
+mod raw;
+pub(crate) use raw::resolve as resolve_path;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use attributes::TlsSettings;
+
+use crate::error::{Error, Result};
+use crate::output::GfsMode;
+use crate::plugin::PluginTable;
+
+/// The shortest pass interval a DEN accepts: faster passes only load the database.
+pub const MIN_LOOP_INTERVAL: Duration = Duration::from_millis(100);
+pub const DEFAULT_LOOP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Which process is connecting: Disbatch gives each its own MongoDB user (`auth` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    Den,
+    TaskRunner,
+    Web,
+    QueueBalance,
+    Plugin,
+}
+
+impl Component {
+    /// The Disbatch 4 user name for this component, the key under `auth`.
+    pub fn user(self) -> &'static str {
+        match self {
+            Component::Den => "disbatchd",
+            Component::TaskRunner => "task_runner",
+            Component::Web => "disbatch_web",
+            Component::QueueBalance => "queuebalance",
+            Component::Plugin => "plugin",
+        }
+    }
+}
+
+/// QueueBalance switches (`balance`), all booleans as in Disbatch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BalanceSettings {
+    pub enabled: bool,
+    pub log: bool,
+    pub verbose: bool,
+    pub pretend: bool,
+}
+
+/// A validated node config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from; relative paths in it are resolved against its directory.
+    pub path: PathBuf,
+    pub mongohost: String,
+    pub database: String,
+    pub tls: TlsSettings,
+    /// Passwords by Disbatch user name (`disbatchd`, `task_runner`, …).
+    pub auth: BTreeMap<String, String>,
+    pub plugins: PluginTable,
+    pub task_runner: Option<PathBuf>,
+    pub gfs: GfsMode,
+    /// Queue ids (hex) this node serves exclusively; wins over `ignorequeues`.
+    pub activequeues: Vec<String>,
+    pub ignorequeues: Vec<String>,
+    pub monitoring: bool,
+    pub balance: BalanceSettings,
+    pub web_root: Option<PathBuf>,
+    /// The node name from the file; `--node` and then the hostname are the fallbacks.
+    pub node: Option<String>,
+    pub loop_interval: Duration,
+    pub quiet: bool,
+}
+
+/// A config and the non-fatal findings (unknown keys, ignored attributes) to log at start.
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: Config,
+    pub warnings: Vec<String>,
+}
+
+impl Config {
+    /// Reads and validates a config file. Errors name the file, the key and the problem.
+    pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
+            message: format!("cannot read it: {e}"),
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses config text as if read from `path` (used for relative paths and messages).
+    pub fn parse(path: &Path, text: &str) -> Result<Loaded> {
+        let fail = |message: String| Error::Config {
+            path: path.to_path_buf(),
+            message,
+        };
+        let value = raw::parse_relaxed_json(text).map_err(fail)?;
+        let mut warnings = Vec::new();
+        let raw = raw::RawConfig::from_value(value, &mut warnings).map_err(fail)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let config = raw.validate(path, base, &mut warnings).map_err(fail)?;
+        Ok(Loaded { config, warnings })
+    }
+
+    /// The node name: `--node`, then the config's `node`, then the hostname.
+    pub fn node_name(&self, cli_override: Option<&str>) -> Result<String> {
+        if let Some(name) = cli_override.or(self.node.as_deref()) {
+            return validate_node_name(name).map(|()| name.to_string());
+        }
+        let host = hostname::get()
+            .map_err(|e| Error::Invalid(format!("cannot read the hostname for the node name: {e}")))?;
+        let host = host.to_string_lossy().into_owned();
+        validate_node_name(&host).map(|()| host)
+    }
+}
+
+/// Node names end up in documents, logs and file names: keep them printable and bounded.
+pub fn validate_node_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "node name {name:?} is not valid: use 1-255 characters of letters, digits, '.', '-', '_' or ':'"
+        )))
+    }
+}

@@ -1,0 +1,238 @@
+//! The config file as written: relaxed JSON decoded into loosely typed fields, then validated.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::attributes::TlsSettings;
+use super::{BalanceSettings, Config, DEFAULT_LOOP_INTERVAL, MIN_LOOP_INTERVAL};
+use crate::output::GfsMode;
+use crate::plugin::PluginTable;
+
+/// Disbatch accepts comments and trailing commas in its JSON config; so do we.
+pub(super) fn parse_relaxed_json(text: &str) -> Result<Value, String> {
+    let options = jsonc_parser::ParseOptions {
+        allow_comments: true,
+        allow_trailing_commas: true,
+        allow_loose_object_property_names: false,
+    };
+    match jsonc_parser::parse_to_serde_value(text, &options) {
+        Ok(Some(value @ Value::Object(_))) => Ok(value),
+        Ok(Some(_)) => Err("the top level must be a JSON object".into()),
+        Ok(None) => Err("the file is empty".into()),
+        Err(e) => Err(format!("not valid JSON: {e}")),
+    }
+}
+
+/// Keys Disbatch 4 defines that this implementation accepts but does not use.
+const ACCEPTED_UNUSED: &[&str] = &["views_dir", "log4perl", "testing", "web_extensions"];
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawConfig {
+    mongohost: Option<String>,
+    database: Option<String>,
+    #[serde(default)]
+    attributes: Option<Value>,
+    #[serde(default)]
+    auth: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    plugins: Option<Value>,
+    #[serde(default)]
+    plugin_dirs: Option<Vec<String>>,
+    #[serde(default)]
+    task_runner: Option<String>,
+    #[serde(default)]
+    gfs: Option<Value>,
+    #[serde(default)]
+    activequeues: Option<Vec<String>>,
+    #[serde(default)]
+    ignorequeues: Option<Vec<String>>,
+    #[serde(default)]
+    monitoring: Option<bool>,
+    #[serde(default)]
+    balance: Option<RawBalance>,
+    #[serde(default)]
+    web_root: Option<String>,
+    #[serde(default)]
+    node: Option<String>,
+    #[serde(default)]
+    loop_interval_ms: Option<u64>,
+    #[serde(default)]
+    quiet: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawBalance {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default)]
+    log: bool,
+    #[serde(default)]
+    verbose: bool,
+    #[serde(default)]
+    pretend: bool,
+}
+
+impl RawConfig {
+    /// Type-checks every key, naming the key on failure and collecting unknown keys as warnings.
+    pub(super) fn from_value(value: Value, warnings: &mut Vec<String>) -> Result<Self, String> {
+        let mut unknown = Vec::new();
+        let raw: RawConfig = {
+            // serde_ignored marks `Option` layers as `?`; operators know keys, not layers.
+            let mut note_unknown =
+                |path: serde_ignored::Path<'_>| unknown.push(path.to_string().replace(".?", ""));
+            let tracked = serde_ignored::Deserializer::new(&value, &mut note_unknown);
+            serde_path_to_error::deserialize(tracked).map_err(|e| {
+                let key = e.path().to_string();
+                let inner = e.into_inner().to_string();
+                if key == "." {
+                    inner
+                } else {
+                    format!("key `{key}`: {inner}")
+                }
+            })?
+        };
+        for key in unknown {
+            let top = key.split('.').next().unwrap_or(&key);
+            if !ACCEPTED_UNUSED.contains(&top) {
+                warnings.push(format!("unknown key `{key}` is ignored"));
+            }
+        }
+        Ok(raw)
+    }
+
+    pub(super) fn validate(
+        self,
+        path: &Path,
+        base: &Path,
+        warnings: &mut Vec<String>,
+    ) -> Result<Config, String> {
+        let mongohost = required_string("mongohost", self.mongohost)?;
+        if !(mongohost.starts_with("mongodb://") || mongohost.starts_with("mongodb+srv://")) {
+            return Err(format!(
+                "key `mongohost`: {mongohost:?} is not a MongoDB URI (it must start with mongodb:// or mongodb+srv://)"
+            ));
+        }
+        let database = required_string("database", self.database)?;
+        validate_database_name(&database)?;
+        let tls = match self.attributes {
+            None | Some(Value::Null) => TlsSettings::default(),
+            Some(v) => TlsSettings::from_attributes(&v, base, warnings)?,
+        };
+        let plugin_dirs: Vec<PathBuf> = self
+            .plugin_dirs
+            .unwrap_or_default()
+            .iter()
+            .map(|d| resolve(base, d))
+            .collect();
+        let plugins = PluginTable::from_config(self.plugins.as_ref(), plugin_dirs, base)
+            .map_err(|e| format!("key `plugins`: {e}"))?;
+        let gfs = match self.gfs {
+            None | Some(Value::Null) => GfsMode::Auto,
+            Some(v) => GfsMode::from_config(&v).map_err(|e| format!("key `gfs`: {e}"))?,
+        };
+        let activequeues = queue_ids("activequeues", self.activequeues)?;
+        let ignorequeues = queue_ids("ignorequeues", self.ignorequeues)?;
+        if !activequeues.is_empty() && !ignorequeues.is_empty() {
+            warnings.push("both `activequeues` and `ignorequeues` are set: only `activequeues` is used".into());
+        }
+        if let Some(node) = &self.node {
+            super::validate_node_name(node).map_err(|e| format!("key `node`: {e}"))?;
+        }
+        let loop_interval = match self.loop_interval_ms {
+            None => DEFAULT_LOOP_INTERVAL,
+            Some(ms) if ms < MIN_LOOP_INTERVAL.as_millis() as u64 => {
+                return Err(format!(
+                    "key `loop_interval_ms`: {ms} is below the minimum of {} ms",
+                    MIN_LOOP_INTERVAL.as_millis()
+                ))
+            }
+            Some(ms) if ms > 60_000 => {
+                return Err(format!(
+                    "key `loop_interval_ms`: {ms} is above the maximum of 60000 ms"
+                ))
+            }
+            Some(ms) => Duration::from_millis(ms),
+        };
+        let balance = self.balance.unwrap_or_default();
+        Ok(Config {
+            path: path.to_path_buf(),
+            mongohost,
+            database,
+            tls,
+            auth: self.auth.unwrap_or_default(),
+            plugins,
+            task_runner: self.task_runner.as_deref().map(|p| resolve_command(base, p)),
+            gfs,
+            activequeues,
+            ignorequeues,
+            monitoring: self.monitoring.unwrap_or(false),
+            balance: BalanceSettings {
+                enabled: balance.enabled,
+                log: balance.log,
+                verbose: balance.verbose,
+                pretend: balance.pretend,
+            },
+            web_root: self.web_root.as_deref().map(|p| resolve(base, p)),
+            node: self.node,
+            loop_interval,
+            quiet: self.quiet.unwrap_or(false),
+        })
+    }
+}
+
+fn required_string(key: &str, value: Option<String>) -> Result<String, String> {
+    match value {
+        Some(s) if !s.trim().is_empty() => Ok(s),
+        Some(_) => Err(format!("key `{key}` must not be empty")),
+        None => Err(format!("key `{key}` is required")),
+    }
+}
+
+/// MongoDB's own rules for database names, checked here so the error names the config key.
+fn validate_database_name(name: &str) -> Result<(), String> {
+    const FORBIDDEN: &[char] = &['/', '\\', '.', ' ', '"', '$', '*', '<', '>', ':', '|', '?', '\0'];
+    if name.len() > 63 {
+        return Err(format!("key `database`: {name:?} is longer than 63 bytes"));
+    }
+    if let Some(c) = name.chars().find(|c| FORBIDDEN.contains(c)) {
+        return Err(format!(
+            "key `database`: {name:?} contains {c:?}, which MongoDB does not allow in a database name"
+        ));
+    }
+    Ok(())
+}
+
+fn queue_ids(key: &str, ids: Option<Vec<String>>) -> Result<Vec<String>, String> {
+    let ids = ids.unwrap_or_default();
+    for id in &ids {
+        if bson::oid::ObjectId::parse_str(id).is_err() {
+            return Err(format!(
+                "key `{key}`: {id:?} is not a queue id (24 hex digits); Disbatch lists queue ids here, not names"
+            ));
+        }
+    }
+    Ok(ids.into_iter().map(|s| s.to_ascii_lowercase()).collect())
+}
+
+/// Paths in the config are relative to the config file, so a checkout can carry its own config.
+pub(crate) fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// A bare command name (no `/`) is looked up on PATH when spawned, like a shell would.
+fn resolve_command(base: &Path, p: &str) -> PathBuf {
+    if p.contains('/') {
+        resolve(base, p)
+    } else {
+        PathBuf::from(p)
+    }
+}

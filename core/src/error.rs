@@ -1,0 +1,66 @@
+//! The library's error type: every failure the core can report, with messages fit for an operator.
+
+use std::path::PathBuf;
+
+/// Errors from config loading, the store and output handling.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The config file could not be read, parsed or validated.
+    #[error("config file {}: {message}", path.display())]
+    Config { path: PathBuf, message: String },
+
+    /// A MongoDB operation failed.
+    #[error("MongoDB {context}: {source}")]
+    Mongo {
+        context: String,
+        #[source]
+        source: mongodb::error::Error,
+    },
+
+    /// A document in the database does not have the shape the schema requires.
+    #[error("bad {collection} document {id}: {message}")]
+    BadDocument {
+        collection: &'static str,
+        id: String,
+        message: String,
+    },
+
+    /// A local file (spooled output, result file) could not be read or written.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Input from a caller (an id, a name) is not valid.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// Wraps a driver error with what we were doing, so logs say which operation failed.
+    pub fn mongo(context: impl Into<String>, source: mongodb::error::Error) -> Self {
+        Error::Mongo {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True when the failure is a unique-index violation (E11000), which claims use as a signal.
+    pub fn is_duplicate_key(&self) -> bool {
+        match self {
+            Error::Mongo { source, .. } => crate::store::is_duplicate_key(source),
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,19 @@
+//! disbatch-core: what the DEN, the task runner and the DCI share.
+//!
+//! `config` reads node configs, `store` owns every MongoDB query, `model` the schema's values,
+//! `output` the GridFS placement rules, `plugin` the plugin allow-list, `claim_plan` the
+//! per-pass claim decisions.
+
+pub mod claim_plan;
+pub mod config;
+pub mod error;
+pub mod model;
+pub mod output;
+pub mod plugin;
+pub mod store;
+pub mod utf8;
+
+pub use error::{Error, Result};
+
+/// This build's version, reported on node documents.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

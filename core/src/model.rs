@@ -1,0 +1,130 @@
+//! The schema's value types: Disbatch status codes, queue settings and limits read leniently.
+
+use bson::oid::ObjectId;
+use bson::Bson;
+
+/// Disbatch 4 task status codes. Positive means finished; only `QUEUED` is claimable.
+pub mod status {
+    pub const ORPHANED: i32 = -6;
+    pub const CANCELLED: i32 = -5;
+    pub const BLOCKED: i32 = -4;
+    pub const TERMINATED: i32 = -3;
+    pub const QUEUED: i32 = -2;
+    pub const CLAIMED: i32 = -1;
+    pub const RUNNING: i32 = 0;
+    pub const SUCCEEDED: i32 = 1;
+    pub const FAILED: i32 = 2;
+}
+
+/// The order in which a queue's tasks are claimed (`sort`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueSort {
+    /// Oldest `_id` first.
+    Fifo,
+    /// Newest `_id` first.
+    Lifo,
+    /// The server's natural (insertion) order.
+    Default,
+}
+
+impl QueueSort {
+    /// Reads `sort`; an unknown value falls back to `Default` with a warning, as Disbatch does.
+    pub fn parse(value: Option<&Bson>) -> (QueueSort, Option<String>) {
+        match value {
+            None | Some(Bson::Null) => (QueueSort::Default, None),
+            Some(Bson::String(s)) => match s.as_str() {
+                "fifo" => (QueueSort::Fifo, None),
+                "lifo" => (QueueSort::Lifo, None),
+                "default" | "" => (QueueSort::Default, None),
+                other => (
+                    QueueSort::Default,
+                    Some(format!("unknown sort {other:?}, using default order")),
+                ),
+            },
+            Some(other) => (
+                QueueSort::Default,
+                Some(format!("sort must be a string, found {other}; using default order")),
+            ),
+        }
+    }
+}
+
+/// A queue as the claimer sees it. Fields that fail to parse carry the reason instead.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Queue {
+    pub id: ObjectId,
+    pub name: String,
+    pub plugin: Result<String, String>,
+    /// The global cap on running tasks (`threads`); missing or null means 0 (paused).
+    pub threads: Result<u32, String>,
+    pub sort: QueueSort,
+    pub sort_warning: Option<String>,
+}
+
+/// Reads a thread limit stored as an integer, an integral double or a numeric string
+/// (the Perl DCI stores form-encoded numbers as strings). `None` means unset.
+pub fn parse_limit(value: Option<&Bson>) -> Result<Option<u32>, String> {
+    let too_big = |n: &dyn std::fmt::Display| format!("{n} is too large for a thread limit");
+    match value {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Int32(n)) if *n >= 0 => Ok(Some(*n as u32)),
+        Some(Bson::Int64(n)) if *n >= 0 => u32::try_from(*n).map(Some).map_err(|_| too_big(n)),
+        Some(Bson::Double(d)) if *d >= 0.0 && d.fract() == 0.0 && *d <= u32::MAX as f64 => {
+            Ok(Some(*d as u32))
+        }
+        Some(Bson::String(s)) => {
+            let t = s.trim();
+            if t.is_empty() {
+                return Ok(None);
+            }
+            if !t.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(format!("{s:?} is not a non-negative integer"));
+            }
+            t.parse::<u32>().map(Some).map_err(|_| too_big(&t))
+        }
+        Some(other) => Err(format!("{other} is not a non-negative integer")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_accept_numbers_and_numeric_strings() {
+        assert_eq!(parse_limit(None), Ok(None));
+        assert_eq!(parse_limit(Some(&Bson::Null)), Ok(None));
+        assert_eq!(parse_limit(Some(&Bson::Int32(3))), Ok(Some(3)));
+        assert_eq!(parse_limit(Some(&Bson::Int64(7))), Ok(Some(7)));
+        assert_eq!(parse_limit(Some(&Bson::Double(2.0))), Ok(Some(2)));
+        assert_eq!(parse_limit(Some(&Bson::String(" 5 ".into()))), Ok(Some(5)));
+        assert_eq!(parse_limit(Some(&Bson::String("".into()))), Ok(None));
+    }
+
+    #[test]
+    fn limits_refuse_garbage_with_the_value_in_the_message() {
+        for bad in [
+            Bson::String("abc".into()),
+            Bson::String("-1".into()),
+            Bson::Int32(-1),
+            Bson::Double(1.5),
+            Bson::Boolean(true),
+            Bson::String("99999999999".into()),
+        ] {
+            let err = parse_limit(Some(&bad)).expect_err("must be refused");
+            assert!(!err.is_empty());
+        }
+        let err = parse_limit(Some(&Bson::String("abc".into()))).expect_err("refused");
+        assert!(err.contains("abc"), "{err}");
+    }
+
+    #[test]
+    fn sort_parses_disbatch_values() {
+        assert_eq!(QueueSort::parse(Some(&Bson::String("fifo".into()))).0, QueueSort::Fifo);
+        assert_eq!(QueueSort::parse(Some(&Bson::String("lifo".into()))).0, QueueSort::Lifo);
+        assert_eq!(QueueSort::parse(None), (QueueSort::Default, None));
+        let (sort, warning) = QueueSort::parse(Some(&Bson::String("random".into())));
+        assert_eq!(sort, QueueSort::Default);
+        assert!(warning.is_some());
+    }
+}

@@ -1,0 +1,188 @@
+//! Task output in GridFS bucket `tasks`, in Disbatch's format: string chunks, `metadata.task_id`.
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use md5::{Digest, Md5};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use super::schema::{chunk, file, CHUNKS, FILES};
+use super::Store;
+use crate::error::{Error, Result};
+use crate::utf8::LossyDecoder;
+
+/// Disbatch's (and GridFS's default) chunk size: 255 KiB.
+pub const CHUNK_SIZE: usize = 255 * 1024;
+/// Chunks sent per insert: a few MiB per round trip, well under the 48 MB message limit.
+const CHUNKS_PER_INSERT: usize = 16;
+
+/// A stored output file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputFileInfo {
+    pub id: ObjectId,
+    /// UTF-8 byte length of the stored text.
+    pub length: u64,
+}
+
+impl Store {
+    /// Streams `reader` into a GridFS file named `filename` (`stdout`/`stderr`) for `task_id`.
+    /// Bytes that are not UTF-8 are replaced (BSON strings must be UTF-8). Chunks are written
+    /// before the files document, so readers never see a partial file.
+    pub async fn write_output_file<R: AsyncRead + Unpin>(
+        &self,
+        task_id: ObjectId,
+        filename: &str,
+        mut reader: R,
+    ) -> Result<OutputFileInfo> {
+        let id = ObjectId::new();
+        let result = self.write_chunks(id, &mut reader).await;
+        let (length, md5) = match result {
+            Ok(done) => done,
+            Err(e) => {
+                self.delete_chunks(id).await;
+                return Err(e);
+            }
+        };
+        let files_doc = doc! {
+            file::ID: id,
+            file::FILENAME: filename,
+            file::CHUNK_SIZE: CHUNK_SIZE as i32,
+            file::LENGTH: length as i64,
+            file::UPLOAD_DATE: DateTime::now(),
+            file::MD5: md5,
+            file::METADATA: {file::TASK_ID: task_id},
+        };
+        if let Err(e) = self.collection(FILES).insert_one(files_doc).await {
+            self.delete_chunks(id).await;
+            return Err(Error::mongo(format!("writing GridFS file {filename} of task {task_id}"), e));
+        }
+        Ok(OutputFileInfo { id, length })
+    }
+
+    async fn write_chunks<R: AsyncRead + Unpin>(
+        &self,
+        id: ObjectId,
+        reader: &mut R,
+    ) -> Result<(u64, String)> {
+        let mut decoder = LossyDecoder::default();
+        let mut text = String::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut batch: Vec<Document> = Vec::with_capacity(CHUNKS_PER_INSERT);
+        let mut n: i32 = 0;
+        let mut length: u64 = 0;
+        let mut md5 = Md5::new();
+        loop {
+            let read = reader
+                .read(&mut buf)
+                .await
+                .map_err(|e| Error::io("reading task output", e))?;
+            if read == 0 {
+                break;
+            }
+            decoder.push(&buf[..read], &mut text);
+            while text.len() >= CHUNK_SIZE {
+                let piece = take_chunk(&mut text);
+                length += piece.len() as u64;
+                md5.update(piece.as_bytes());
+                batch.push(chunk_doc(id, n, piece));
+                n += 1;
+                if batch.len() == CHUNKS_PER_INSERT {
+                    self.insert_chunks(std::mem::take(&mut batch)).await?;
+                }
+            }
+        }
+        decoder.finish(&mut text);
+        while !text.is_empty() {
+            let piece = take_chunk(&mut text);
+            length += piece.len() as u64;
+            md5.update(piece.as_bytes());
+            batch.push(chunk_doc(id, n, piece));
+            n += 1;
+        }
+        if !batch.is_empty() {
+            self.insert_chunks(batch).await?;
+        }
+        let digest: String = md5.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok((length, digest))
+    }
+
+    async fn insert_chunks(&self, batch: Vec<Document>) -> Result<()> {
+        self.collection(CHUNKS)
+            .insert_many(batch)
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::mongo("writing GridFS chunks", e))
+    }
+
+    async fn delete_chunks(&self, id: ObjectId) {
+        if let Err(e) = self.collection(CHUNKS).delete_many(doc! {chunk::FILES_ID: id}).await {
+            tracing::warn!(file = %id, error = %e, "could not remove the chunks of a failed GridFS upload");
+        }
+    }
+
+    /// Reads a whole output file. Accepts string chunks (Disbatch) and binary chunks (any
+    /// standard GridFS writer).
+    pub async fn read_output_file(&self, id: ObjectId) -> Result<Vec<u8>> {
+        let context = || format!("reading GridFS file {id}");
+        let mut cursor = self
+            .collection(CHUNKS)
+            .find(doc! {chunk::FILES_ID: id})
+            .sort(doc! {chunk::N: 1})
+            .await
+            .map_err(|e| Error::mongo(context(), e))?;
+        let mut out = Vec::new();
+        while let Some(c) = cursor.try_next().await.map_err(|e| Error::mongo(context(), e))? {
+            match c.get(chunk::DATA) {
+                Some(Bson::String(s)) => out.extend_from_slice(s.as_bytes()),
+                Some(Bson::Binary(b)) => out.extend_from_slice(&b.bytes),
+                other => {
+                    return Err(Error::BadDocument {
+                        collection: CHUNKS,
+                        id: format!("{:?}", c.get("_id")),
+                        message: format!("chunk data is neither a string nor binary: {other:?}"),
+                    })
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The files document of a stored output, if it exists.
+    pub async fn output_file(&self, id: ObjectId) -> Result<Option<Document>> {
+        self.collection(FILES)
+            .find_one(doc! {file::ID: id})
+            .await
+            .map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))
+    }
+}
+
+/// Splits off up to CHUNK_SIZE bytes from the front, never inside a character.
+fn take_chunk(text: &mut String) -> String {
+    let mut end = text.len().min(CHUNK_SIZE);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let rest = text.split_off(end);
+    std::mem::replace(text, rest)
+}
+
+fn chunk_doc(files_id: ObjectId, n: i32, data: String) -> Document {
+    doc! {chunk::FILES_ID: files_id, chunk::N: n, chunk::DATA: data}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_never_split_a_character_and_respect_the_size() {
+        let mut text = "é".repeat(CHUNK_SIZE); // 2 bytes each
+        let mut total = 0;
+        while !text.is_empty() {
+            let piece = take_chunk(&mut text);
+            assert!(piece.len() <= CHUNK_SIZE);
+            total += piece.len();
+        }
+        assert_eq!(total, 2 * CHUNK_SIZE);
+    }
+}

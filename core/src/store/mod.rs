@@ -1,0 +1,132 @@
+//! The one place that talks to MongoDB: connection, indexes and every query of the schema.
+
+mod gridfs;
+mod nodes;
+mod queues;
+pub mod schema;
+mod tasks;
+
+use std::time::Duration;
+
+use bson::Document;
+use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
+use mongodb::{Client, Collection, Database};
+
+pub use gridfs::OutputFileInfo;
+pub use nodes::{Heartbeat, NodeLimit};
+pub use tasks::{ClaimOutcome, FinishOutcome, OutputValue, RunningSnapshot};
+
+use crate::config::{Component, Config};
+use crate::error::{Error, Result};
+
+/// A connection to the Disbatch database, shared by all tasks of one process.
+#[derive(Clone, Debug)]
+pub struct Store {
+    client: Client,
+    db: Database,
+}
+
+impl Store {
+    /// Connects as `component`'s MongoDB user (from `auth`), with TLS from `attributes`.
+    /// The driver connects lazily; the first operation reports an unreachable server.
+    pub async fn connect(config: &Config, component: Component) -> Result<Store> {
+        let mut options = ClientOptions::parse(&config.mongohost)
+            .await
+            .map_err(|e| Error::mongo("parsing `mongohost`", e))?;
+        options.app_name = Some(format!("disbatch-rs/{}", component.user()));
+        if options.server_selection_timeout.is_none() {
+            // Fail an operation within a pass or two rather than the driver's 30 s default,
+            // so loops log the outage and retry instead of stalling silently.
+            options.server_selection_timeout = Some(Duration::from_secs(10));
+        }
+        if config.tls.enabled {
+            let tls = TlsOptions::builder()
+                .ca_file_path(config.tls.ca_file.clone())
+                .cert_key_file_path(config.tls.cert_key_file.clone())
+                .allow_invalid_certificates(config.tls.allow_invalid_certificates.then_some(true))
+                .build();
+            options.tls = Some(Tls::Enabled(tls));
+        }
+        if let Some(password) = config.auth.get(component.user()) {
+            options.credential = Some(
+                Credential::builder()
+                    .username(component.user().to_string())
+                    .password(password.clone())
+                    .source(config.database.clone())
+                    .build(),
+            );
+        }
+        let client =
+            Client::with_options(options).map_err(|e| Error::mongo("creating the client", e))?;
+        let db = client.database(&config.database);
+        Ok(Store { client, db })
+    }
+
+    /// A store on another database of the same server (tests use one database each).
+    pub fn with_database(&self, name: &str) -> Store {
+        Store {
+            client: self.client.clone(),
+            db: self.client.database(name),
+        }
+    }
+
+    pub fn database_name(&self) -> &str {
+        self.db.name()
+    }
+
+    /// Creates Disbatch's indexes and ours. Existing identical indexes are left as they are.
+    pub async fn ensure_indexes(&self) -> Result<()> {
+        for (collection, model) in schema::disbatch_indexes()
+            .into_iter()
+            .chain(schema::our_indexes())
+        {
+            let keys = model.keys.clone();
+            self.collection(collection)
+                .create_index(model)
+                .await
+                .map_err(|e| Error::mongo(format!("creating index {keys} on {collection}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Round trip to the server: used at start to fail fast with a clear message.
+    pub async fn ping(&self) -> Result<()> {
+        self.db
+            .run_command(bson::doc! {"ping": 1})
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::mongo("ping", e))
+    }
+
+    fn collection(&self, name: &str) -> Collection<Document> {
+        self.db.collection(name)
+    }
+}
+
+/// E11000: the write would break a unique index.
+pub(crate) fn is_duplicate_key(err: &mongodb::error::Error) -> bool {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match err.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) => e.code == 11000,
+        ErrorKind::Command(e) => e.code == 11000,
+        ErrorKind::InsertMany(e) => e
+            .write_errors
+            .as_ref()
+            .is_some_and(|errs| errs.iter().any(|e| e.code == 11000)),
+        _ => false,
+    }
+}
+
+/// The server (10334) or the driver refused a document over 16 MiB.
+pub(crate) fn is_document_too_large(err: &mongodb::error::Error) -> bool {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match err.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) => e.code == 10334 || e.code == 17419,
+        ErrorKind::Command(e) => e.code == 10334 || e.code == 17419 || e.code == 10003,
+        ErrorKind::InvalidArgument { .. } | ErrorKind::BsonSerialization(_) => true,
+        _ => {
+            let text = err.to_string();
+            text.contains("too large") || text.contains("exceeded maximum size")
+        }
+    }
+}

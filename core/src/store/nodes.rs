@@ -1,0 +1,56 @@
+//! Node queries: the heartbeat upsert, which also reads the node's `maxthreads`.
+
+use bson::{doc, DateTime};
+use mongodb::options::ReturnDocument;
+
+use super::schema::{node, NODES};
+use super::Store;
+use crate::error::{Error, Result};
+use crate::model::parse_limit;
+
+/// What a DEN reports about itself on each heartbeat (beyond Disbatch's `timestamp`).
+#[derive(Debug, Clone)]
+pub struct Heartbeat<'a> {
+    pub node: &'a str,
+    pub pid: u32,
+    pub version: &'a str,
+    pub running: u32,
+}
+
+/// The node's own cap (`maxthreads`) as ops set it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeLimit {
+    Unlimited,
+    Max(u32),
+    /// Unreadable value: the node starts nothing until it is fixed.
+    Invalid(String),
+}
+
+impl Store {
+    /// Upserts the node document with `$set` of our own fields only, so a `maxthreads` that
+    /// ops set is never overwritten, and returns the node's limit in the same round trip.
+    pub async fn heartbeat(&self, beat: &Heartbeat<'_>) -> Result<NodeLimit> {
+        let updated = self
+            .collection(NODES)
+            .find_one_and_update(
+                doc! {node::NODE: beat.node},
+                doc! {"$set": {
+                    node::TIMESTAMP: DateTime::now(),
+                    node::PID: beat.pid as i64,
+                    node::VERSION: beat.version,
+                    node::RUNNING: beat.running as i64,
+                }},
+            )
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .projection(doc! {node::MAXTHREADS: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("heartbeat of node {}", beat.node), e))?;
+        let limit = updated.as_ref().and_then(|d| d.get(node::MAXTHREADS));
+        Ok(match parse_limit(limit) {
+            Ok(None) => NodeLimit::Unlimited,
+            Ok(Some(n)) => NodeLimit::Max(n),
+            Err(e) => NodeLimit::Invalid(format!("maxthreads: {e}")),
+        })
+    }
+}

@@ -1,0 +1,78 @@
+//! Queue queries: reading queue documents into the claimer's view of them.
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+
+use super::schema::{queue, QUEUES};
+use super::Store;
+use crate::error::{Error, Result};
+use crate::model::{parse_limit, Queue, QueueSort};
+
+impl Store {
+    /// All queues in natural order. Documents without an ObjectId `_id` are reported, not fatal.
+    pub async fn list_queues(&self) -> Result<(Vec<Queue>, Vec<String>)> {
+        let mut cursor = self
+            .collection(QUEUES)
+            .find(doc! {})
+            .await
+            .map_err(|e| Error::mongo("listing queues", e))?;
+        let mut queues = Vec::new();
+        let mut problems = Vec::new();
+        while let Some(d) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo("listing queues", e))?
+        {
+            match queue_from_document(&d) {
+                Ok(q) => queues.push(q),
+                Err(message) => problems.push(message),
+            }
+        }
+        Ok((queues, problems))
+    }
+
+    pub async fn queue_by_id(&self, id: ObjectId) -> Result<Option<Queue>> {
+        let found = self
+            .collection(QUEUES)
+            .find_one(doc! {queue::ID: id})
+            .await
+            .map_err(|e| Error::mongo(format!("reading queue {id}"), e))?;
+        found
+            .map(|d| queue_from_document(&d))
+            .transpose()
+            .map_err(|message| Error::BadDocument {
+                collection: QUEUES,
+                id: id.to_hex(),
+                message,
+            })
+    }
+}
+
+fn queue_from_document(d: &Document) -> Result<Queue, String> {
+    let id = d
+        .get_object_id(queue::ID)
+        .map_err(|_| format!("queue document with _id {:?} is skipped: _id is not an ObjectId", d.get(queue::ID)))?;
+    let name = match d.get(queue::NAME) {
+        Some(Bson::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    let plugin = match d.get(queue::PLUGIN).or_else(|| d.get(queue::LEGACY_PLUGIN)) {
+        Some(Bson::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(Bson::String(_)) | None | Some(Bson::Null) => Err("no plugin is set".to_string()),
+        Some(other) => Err(format!("plugin must be a string, found {other}")),
+    };
+    let threads = parse_limit(d.get(queue::THREADS))
+        .map(|t| t.unwrap_or(0))
+        .map_err(|e| format!("threads: {e}"));
+    let (sort, sort_warning) = QueueSort::parse(d.get(queue::SORT));
+    Ok(Queue {
+        id,
+        name,
+        plugin,
+        threads,
+        sort,
+        sort_warning,
+    })
+}

@@ -1,0 +1,109 @@
+//! Collection names, field names and indexes: the MongoDB schema, a public interface.
+
+use bson::doc;
+use mongodb::options::IndexOptions;
+use mongodb::IndexModel;
+
+pub const NODES: &str = "nodes";
+pub const QUEUES: &str = "queues";
+pub const TASKS: &str = "tasks";
+/// Disbatch keeps task output in GridFS bucket `tasks`, not the default `fs`.
+pub const GRIDFS_BUCKET: &str = "tasks";
+pub const FILES: &str = "tasks.files";
+pub const CHUNKS: &str = "tasks.chunks";
+
+/// Task fields. Disbatch 4's own, then ours (additive).
+pub mod task {
+    pub const ID: &str = "_id";
+    pub const QUEUE: &str = "queue";
+    pub const STATUS: &str = "status";
+    pub const NODE: &str = "node";
+    pub const PARAMS: &str = "params";
+    /// Disbatch 3's name for `params`, still read.
+    pub const LEGACY_PARAMS: &str = "parameters";
+    pub const CTIME: &str = "ctime";
+    pub const MTIME: &str = "mtime";
+    pub const STDOUT: &str = "stdout";
+    pub const STDERR: &str = "stderr";
+    pub const COMPLETE: &str = "complete";
+    /// Ours: the queue slot a claimed or running task holds; unique per queue, so the
+    /// database itself enforces the queue's global `threads`.
+    pub const SLOT: &str = "slot";
+}
+
+pub mod queue {
+    pub const ID: &str = "_id";
+    pub const NAME: &str = "name";
+    pub const PLUGIN: &str = "plugin";
+    /// Disbatch 3's name for `plugin`, still read.
+    pub const LEGACY_PLUGIN: &str = "constructor";
+    pub const THREADS: &str = "threads";
+    pub const SORT: &str = "sort";
+}
+
+pub mod node {
+    pub const NODE: &str = "node";
+    pub const TIMESTAMP: &str = "timestamp";
+    pub const MAXTHREADS: &str = "maxthreads";
+    /// Ours, informational: what the DEN reports about itself on each heartbeat.
+    pub const PID: &str = "pid";
+    pub const VERSION: &str = "version";
+    pub const RUNNING: &str = "running";
+}
+
+pub mod file {
+    pub const ID: &str = "_id";
+    pub const FILENAME: &str = "filename";
+    pub const LENGTH: &str = "length";
+    pub const CHUNK_SIZE: &str = "chunkSize";
+    pub const UPLOAD_DATE: &str = "uploadDate";
+    pub const MD5: &str = "md5";
+    pub const METADATA: &str = "metadata";
+    pub const TASK_ID: &str = "task_id";
+    pub const METADATA_TASK_ID: &str = "metadata.task_id";
+}
+
+pub mod chunk {
+    pub const FILES_ID: &str = "files_id";
+    pub const N: &str = "n";
+    pub const DATA: &str = "data";
+}
+
+/// Disbatch 4's indexes, exactly (its `ensure_indexes`), by collection.
+pub fn disbatch_indexes() -> Vec<(&'static str, IndexModel)> {
+    let plain = |keys| IndexModel::builder().keys(keys).build();
+    let unique = |keys| {
+        IndexModel::builder()
+            .keys(keys)
+            .options(IndexOptions::builder().unique(true).build())
+            .build()
+    };
+    vec![
+        (TASKS, plain(doc! {"node": 1, "status": 1, "queue": 1})),
+        (TASKS, plain(doc! {"node": 1, "status": 1, "queue": 1, "_id": 1})),
+        (TASKS, plain(doc! {"node": 1, "status": 1, "queue": 1, "_id": -1})),
+        (TASKS, plain(doc! {"queue": 1, "status": 1})),
+        (QUEUES, unique(doc! {"name": 1})),
+        (NODES, unique(doc! {"node": 1})),
+        (CHUNKS, unique(doc! {"files_id": 1, "n": 1})),
+        (FILES, plain(doc! {"filename": 1, "metadata.task_id": 1})),
+    ]
+}
+
+/// Our additional indexes. The slot index is what makes a queue's `threads` hold across nodes:
+/// two claims can never hold the same slot of one queue.
+pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
+    vec![(
+        TASKS,
+        IndexModel::builder()
+            .keys(doc! {task::QUEUE: 1, task::SLOT: 1})
+            .options(
+                IndexOptions::builder()
+                    .name("queue_1_slot_1".to_string())
+                    .unique(true)
+                    .partial_filter_expression(doc! {task::SLOT: {"$exists": true}})
+                    .build(),
+            )
+            .build(),
+    )]
+}

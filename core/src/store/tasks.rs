@@ -1,0 +1,258 @@
+//! Task queries: claiming with a queue slot, starting, finishing, reaping and giving back.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::options::ReturnDocument;
+
+use super::schema::{task, TASKS};
+use super::Store;
+use crate::error::{Error, Result};
+use crate::model::{status, QueueSort};
+
+/// Running (claimed or started) tasks as one aggregate saw them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RunningSnapshot {
+    /// Per queue: how many tasks are claimed or running, on any node.
+    pub per_queue: HashMap<ObjectId, u32>,
+    /// Per queue: the slots held (tasks claimed by Perl nodes hold none).
+    pub slots: HashMap<ObjectId, BTreeSet<u32>>,
+    /// Tasks claimed or running on this node, in any queue.
+    pub on_node: u32,
+}
+
+/// The outcome of one claim attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    Claimed(ObjectId),
+    /// No queued task in the queue.
+    Empty,
+    /// Another node holds the slot: the queue may be full.
+    SlotTaken,
+}
+
+/// A stream's value as stored on the task: inline text, a GridFS file id, or nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputValue {
+    Null,
+    Text(String),
+    File(ObjectId),
+}
+
+impl From<OutputValue> for Bson {
+    fn from(v: OutputValue) -> Bson {
+        match v {
+            OutputValue::Null => Bson::Null,
+            OutputValue::Text(s) => Bson::String(s),
+            OutputValue::File(id) => Bson::ObjectId(id),
+        }
+    }
+}
+
+/// The outcome of recording a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishOutcome {
+    Recorded,
+    /// The task is no longer running on this node (given back, reaped or changed by an operator).
+    NotOurs,
+    /// The document would exceed 16 MiB; nothing was written.
+    TooLarge,
+}
+
+const RUNNING: [i32; 2] = [status::CLAIMED, status::RUNNING];
+
+impl Store {
+    /// Counts claimed and running tasks per queue and on `node`, with the slots they hold.
+    pub async fn running_snapshot(&self, node: &str, queues: &[ObjectId]) -> Result<RunningSnapshot> {
+        let pipeline = vec![
+            doc! {"$match": {
+                task::STATUS: {"$in": RUNNING.to_vec()},
+                "$or": [{task::QUEUE: {"$in": queues.to_vec()}}, {task::NODE: node}],
+            }},
+            doc! {"$group": {
+                "_id": format!("${}", task::QUEUE),
+                "n": {"$sum": 1},
+                "mine": {"$sum": {"$cond": [{"$eq": [format!("${}", task::NODE), node]}, 1, 0]}},
+                "slots": {"$push": format!("${}", task::SLOT)},
+            }},
+        ];
+        let mut cursor = self
+            .collection(TASKS)
+            .aggregate(pipeline)
+            .await
+            .map_err(|e| Error::mongo("counting running tasks", e))?;
+        let mut snap = RunningSnapshot::default();
+        while let Some(group) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo("counting running tasks", e))?
+        {
+            let mine = count_field(&group, "mine");
+            snap.on_node = snap.on_node.saturating_add(mine);
+            let Ok(queue) = group.get_object_id("_id") else {
+                continue; // tasks with a malformed queue field still count against the node
+            };
+            snap.per_queue.insert(queue, count_field(&group, "n"));
+            let held = group
+                .get_array("slots")
+                .map(|slots| slots.iter().filter_map(slot_number).collect())
+                .unwrap_or_default();
+            snap.slots.insert(queue, held);
+        }
+        Ok(snap)
+    }
+
+    /// Claims the next queued task of `queue` for `node`, holding `slot`. The slot's unique
+    /// index makes the database refuse a claim beyond the queue's `threads`, whichever node asks.
+    pub async fn claim_next_task(
+        &self,
+        queue: ObjectId,
+        node: &str,
+        sort: QueueSort,
+        slot: u32,
+    ) -> Result<ClaimOutcome> {
+        // `node: -1` marked unclaimed tasks in Disbatch 3; 4.103 still claims them.
+        let filter = doc! {
+            task::NODE: {"$in": [Bson::Null, Bson::Int32(-1)]},
+            task::STATUS: status::QUEUED,
+            task::QUEUE: queue,
+        };
+        let update = doc! {"$set": {
+            task::NODE: node,
+            task::STATUS: status::CLAIMED,
+            task::MTIME: DateTime::now(),
+            task::SLOT: slot as i64,
+        }};
+        let tasks = self.collection(TASKS);
+        let mut action = tasks
+            .find_one_and_update(filter, update)
+            .projection(doc! {task::ID: 1});
+        match sort {
+            QueueSort::Fifo => action = action.sort(doc! {task::ID: 1}),
+            QueueSort::Lifo => action = action.sort(doc! {task::ID: -1}),
+            QueueSort::Default => {}
+        }
+        match action.await {
+            Ok(Some(doc)) => doc
+                .get_object_id(task::ID)
+                .map(ClaimOutcome::Claimed)
+                .map_err(|_| Error::BadDocument {
+                    collection: TASKS,
+                    id: format!("{:?}", doc.get(task::ID)),
+                    message: "claimed task has no ObjectId _id".into(),
+                }),
+            Ok(None) => Ok(ClaimOutcome::Empty),
+            Err(e) if super::is_duplicate_key(&e) => Ok(ClaimOutcome::SlotTaken),
+            Err(e) => Err(Error::mongo(format!("claiming a task of queue {queue}"), e)),
+        }
+    }
+
+    /// Moves a task claimed by `node` to running and returns it; None if it is no longer ours.
+    pub async fn start_task(&self, id: ObjectId, node: &str) -> Result<Option<Document>> {
+        self.collection(TASKS)
+            .find_one_and_update(
+                doc! {task::ID: id, task::STATUS: status::CLAIMED, task::NODE: node},
+                doc! {"$set": {task::STATUS: status::RUNNING, task::MTIME: DateTime::now()}},
+            )
+            .return_document(ReturnDocument::After)
+            .await
+            .map_err(|e| Error::mongo(format!("starting task {id}"), e))
+    }
+
+    /// Records a result in one write: status, outputs, `mtime`, the slot freed and
+    /// `complete: true`. Conditional on the task still running on `node`.
+    pub async fn finish_task(
+        &self,
+        id: ObjectId,
+        node: &str,
+        final_status: i32,
+        stdout: OutputValue,
+        stderr: OutputValue,
+    ) -> Result<FinishOutcome> {
+        let filter = doc! {task::ID: id, task::STATUS: status::RUNNING, task::NODE: node};
+        let update = doc! {
+            "$set": {
+                task::STATUS: final_status,
+                task::STDOUT: Bson::from(stdout),
+                task::STDERR: Bson::from(stderr),
+                task::MTIME: DateTime::now(),
+                task::COMPLETE: true,
+            },
+            "$unset": {task::SLOT: ""},
+        };
+        match self.collection(TASKS).update_one(filter, update).await {
+            Ok(r) if r.matched_count == 1 => Ok(FinishOutcome::Recorded),
+            Ok(_) => Ok(FinishOutcome::NotOurs),
+            Err(e) if super::is_document_too_large(&e) => Ok(FinishOutcome::TooLarge),
+            Err(e) => Err(Error::mongo(format!("recording the result of task {id}"), e)),
+        }
+    }
+
+    /// Disbatch's orphan rule: tasks this node claimed but never started, older than `age`,
+    /// become orphaned (-6). Handles BSON-date and legacy epoch-seconds `mtime`.
+    pub async fn reap_orphans(&self, node: &str, age: Duration) -> Result<u64> {
+        let cutoff_ms = DateTime::now().timestamp_millis() - age.as_millis() as i64;
+        let filter = doc! {
+            task::NODE: node,
+            task::STATUS: status::CLAIMED,
+            "$or": [
+                {task::MTIME: {"$lt": DateTime::from_millis(cutoff_ms)}},
+                {task::MTIME: {"$lt": cutoff_ms as f64 / 1000.0}},
+            ],
+        };
+        let update = doc! {
+            "$set": {task::STATUS: status::ORPHANED, task::MTIME: DateTime::now()},
+            "$unset": {task::SLOT: ""},
+        };
+        self.collection(TASKS)
+            .update_many(filter, update)
+            .await
+            .map(|r| r.modified_count)
+            .map_err(|e| Error::mongo("reaping orphaned tasks", e))
+    }
+
+    /// Returns tasks claimed by `node` but not yet started to the queue (on shutdown, or
+    /// `only` one task whose runner could not be spawned).
+    pub async fn give_back_claimed(&self, node: &str, only: Option<ObjectId>) -> Result<u64> {
+        let mut filter = doc! {task::NODE: node, task::STATUS: status::CLAIMED};
+        if let Some(id) = only {
+            filter.insert(task::ID, id);
+        }
+        let update = doc! {
+            "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
+            "$unset": {task::SLOT: ""},
+        };
+        self.collection(TASKS)
+            .update_many(filter, update)
+            .await
+            .map(|r| r.modified_count)
+            .map_err(|e| Error::mongo("giving back claimed tasks", e))
+    }
+
+    pub async fn get_task(&self, id: ObjectId) -> Result<Option<Document>> {
+        self.collection(TASKS)
+            .find_one(doc! {task::ID: id})
+            .await
+            .map_err(|e| Error::mongo(format!("reading task {id}"), e))
+    }
+}
+
+fn count_field(doc: &Document, key: &str) -> u32 {
+    match doc.get(key) {
+        Some(Bson::Int32(n)) => (*n).max(0) as u32,
+        Some(Bson::Int64(n)) => (*n).clamp(0, u32::MAX as i64) as u32,
+        Some(Bson::Double(d)) => d.max(0.0) as u32,
+        _ => 0,
+    }
+}
+
+fn slot_number(b: &Bson) -> Option<u32> {
+    match b {
+        Bson::Int32(n) => u32::try_from(*n).ok(),
+        Bson::Int64(n) => u32::try_from(*n).ok(),
+        _ => None,
+    }
+}

@@ -1,0 +1,171 @@
+//! Disbatch echo plugin: prints the task's `params` as JSON and honours test-oriented options.
+//!
+//! Options (keys of `params`, applied in this order; `null` means absent except for `result`):
+//! `stderr` (string) is written to stderr; `append_to` (path) gets `$DISBATCH_TASK_ID` and a
+//! newline appended; `sleep_ms` (integer) sleeps; `invalid_utf8` (bool) writes non-UTF-8 bytes
+//! to stdout; `result` (any JSON) is written to `$DISBATCH_RESULT`; `abort` (bool) dies by
+//! SIGABRT; `exit_code` (0..=255) is the exit code.
+//!
+//! Exit codes besides `exit_code`: 2 bad input, 3 output write error, 4 file/env error.
+
+use serde_json::{Map, Value};
+use std::fs::OpenOptions;
+use std::io::{self, Read, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// A fatal error: the exit code and the message printed on stderr.
+struct Fail {
+    code: u8,
+    msg: String,
+}
+
+impl Fail {
+    fn new(code: u8, msg: impl Into<String>) -> Self {
+        Fail {
+            code,
+            msg: msg.into(),
+        }
+    }
+}
+
+/// The options read from `params`, validated before any side effect.
+#[derive(Default)]
+struct Options {
+    stderr: Option<String>,
+    append_to: Option<String>,
+    sleep_ms: Option<u64>,
+    invalid_utf8: bool,
+    result: Option<Value>,
+    abort: bool,
+    exit_code: u8,
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => ExitCode::from(code),
+        Err(fail) => {
+            let _ = writeln!(io::stderr(), "disbatch-plugin-echo: {}", fail.msg);
+            ExitCode::from(fail.code)
+        }
+    }
+}
+
+fn run() -> Result<u8, Fail> {
+    let params = read_params()?;
+    let line = format!("{params}\n");
+    write_stdout(line.as_bytes())?;
+    let opts = match &params {
+        Value::Object(map) => parse_options(map)?,
+        _ => Options::default(),
+    };
+    if let Some(text) = &opts.stderr {
+        io::stderr()
+            .write_all(text.as_bytes())
+            .and_then(|()| io::stderr().flush())
+            .map_err(|e| Fail::new(3, format!("cannot write to stderr: {e}")))?;
+    }
+    if let Some(path) = &opts.append_to {
+        append_task_id(path)?;
+    }
+    if let Some(ms) = opts.sleep_ms {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    if opts.invalid_utf8 {
+        write_stdout(b"bad:\xff\xfe:end\n")?;
+    }
+    if let Some(result) = &opts.result {
+        write_result(result)?;
+    }
+    if opts.abort {
+        std::process::abort();
+    }
+    Ok(opts.exit_code)
+}
+
+/// Reads the task document from stdin and returns its `params` (null if missing).
+fn read_params() -> Result<Value, Fail> {
+    let mut input = Vec::new();
+    io::stdin()
+        .read_to_end(&mut input)
+        .map_err(|e| Fail::new(2, format!("cannot read the task document from stdin: {e}")))?;
+    let task: Value = serde_json::from_slice(&input)
+        .map_err(|e| Fail::new(2, format!("stdin is not a valid JSON task document: {e}")))?;
+    match task {
+        Value::Object(mut task) => Ok(task.remove("params").unwrap_or(Value::Null)),
+        _ => Err(Fail::new(
+            2,
+            "stdin is not a JSON object (expected the task document)",
+        )),
+    }
+}
+
+/// Validates the option keys of `params`.
+fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
+    let get = |key: &str| params.get(key).filter(|v| !v.is_null());
+    let bad = |key: &str, want: &str| Fail::new(2, format!("params.{key} must be {want}"));
+    let string = |key: &str| match get(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(bad(key, "a string")),
+    };
+    let flag = |key: &str| match get(key) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(bad(key, "a boolean")),
+    };
+    let sleep_ms = match get("sleep_ms") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or_else(|| bad("sleep_ms", "a non-negative integer"))?,
+        ),
+    };
+    let exit_code = match get("exit_code") {
+        None => 0,
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u8::try_from(n).ok())
+            .ok_or_else(|| bad("exit_code", "an integer in 0..=255"))?,
+    };
+    Ok(Options {
+        stderr: string("stderr")?,
+        append_to: string("append_to")?,
+        sleep_ms,
+        invalid_utf8: flag("invalid_utf8")?,
+        result: params.get("result").cloned(),
+        abort: flag("abort")?,
+        exit_code,
+    })
+}
+
+/// Writes bytes to stdout and flushes, so output survives a later abort.
+fn write_stdout(bytes: &[u8]) -> Result<(), Fail> {
+    let mut out = io::stdout().lock();
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .map_err(|e| Fail::new(3, format!("cannot write to stdout: {e}")))
+}
+
+/// Appends `$DISBATCH_TASK_ID\n` to `path` in a single write.
+fn append_task_id(path: &str) -> Result<(), Fail> {
+    let id = std::env::var("DISBATCH_TASK_ID")
+        .map_err(|e| Fail::new(4, format!("cannot use DISBATCH_TASK_ID for append_to: {e}")))?;
+    let line = format!("{id}\n");
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(line.as_bytes()))
+        .map_err(|e| Fail::new(4, format!("cannot append to {path}: {e}")))
+}
+
+/// Writes `result` as JSON to the `$DISBATCH_RESULT` file.
+fn write_result(result: &Value) -> Result<(), Fail> {
+    let path = std::env::var_os("DISBATCH_RESULT")
+        .ok_or_else(|| Fail::new(4, "params.result given but DISBATCH_RESULT is not set"))?;
+    std::fs::write(&path, result.to_string()).map_err(|e| {
+        let shown = path.to_string_lossy();
+        Fail::new(4, format!("cannot write result file {shown}: {e}"))
+    })
+}

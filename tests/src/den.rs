@@ -1,0 +1,121 @@
+//! Running `disbatchd` as a child process with a config written for one test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+use crate::{bin_path, demo_plugin, echo_plugin, TestDb};
+
+/// Writes a node config for `db` into the test's directory. `extra` keys override defaults.
+pub fn write_config(db: &TestDb, file: &str, extra: Value) -> PathBuf {
+    let mut config = json!({
+        "mongohost": db.uri,
+        "database": db.name,
+        "plugins": {
+            "Disbatch::Plugin::Demo": demo_plugin(),
+            "echo": echo_plugin(),
+        },
+        "task_runner": bin_path("disbatch-task-runner"),
+        "loop_interval_ms": 100,
+    });
+    if let (Some(base), Value::Object(extra)) = (config.as_object_mut(), extra) {
+        for (k, v) in extra {
+            base.insert(k, v);
+        }
+    }
+    let path = db.path(file);
+    let text = serde_json::to_string_pretty(&config).expect("config json");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// A running `disbatchd`; stopped with SIGTERM when dropped.
+pub struct Den {
+    child: Option<Child>,
+    pub node: String,
+    pub log: PathBuf,
+}
+
+impl Den {
+    pub fn start(config: &Path, node: &str) -> Den {
+        let log = config.with_file_name(format!("den-{node}-{}.log", std::process::id()));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("den log");
+        let err = out.try_clone().expect("den log");
+        let child = Command::new(bin_path("disbatchd"))
+            .arg("--config")
+            .arg(config)
+            .arg("--node")
+            .arg(node)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn disbatchd");
+        Den {
+            child: Some(child),
+            node: node.to_string(),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: the node dies without any cleanup.
+    pub fn kill_hard(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit; returns the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("disbatchd did not exit within 10 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Den {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

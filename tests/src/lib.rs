@@ -1,0 +1,175 @@
+//! Integration-test harness: a real MongoDB-wire server, one database per test, real binaries.
+
+mod den;
+mod server;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use mongodb::{Client, Collection, Database};
+
+pub use den::{write_config, Den};
+pub use server::server_uri;
+
+/// Where cargo put the workspace binaries (next to the test executable's `deps/`).
+pub fn bin_path(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target profile directory");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (`cargo build --workspace`, which scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// A database of its own for one test, dropped when the test passes.
+pub struct TestDb {
+    pub uri: String,
+    pub name: String,
+    pub client: Client,
+    pub db: Database,
+    pub dir: tempfile::TempDir,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl TestDb {
+    pub async fn new(test: &str) -> TestDb {
+        let uri = server_uri();
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let mut name: String = format!("t_{}_{}_{n}", test, std::process::id())
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+            .collect();
+        name.truncate(60);
+        let client = Client::with_uri_str(&uri).await.expect("client");
+        let db = client.database(&name);
+        let dir = tempfile::tempdir().expect("tempdir");
+        TestDb {
+            uri,
+            name,
+            client,
+            db,
+            dir,
+        }
+    }
+
+    pub fn tasks(&self) -> Collection<Document> {
+        self.db.collection("tasks")
+    }
+
+    /// Inserts a queue document the way ops do, straight into MongoDB.
+    pub async fn insert_queue(&self, name: &str, plugin: &str, threads: impl Into<Bson>) -> ObjectId {
+        let id = ObjectId::new();
+        self.db
+            .collection::<Document>("queues")
+            .insert_one(doc! {"_id": id, "name": name, "plugin": plugin, "threads": threads.into()})
+            .await
+            .expect("insert queue");
+        id
+    }
+
+    /// Inserts tasks with the Disbatch 4 creation shape.
+    pub async fn insert_tasks(&self, queue: ObjectId, params: Vec<Bson>) -> Vec<ObjectId> {
+        let now = DateTime::now();
+        let docs: Vec<Document> = params
+            .into_iter()
+            .map(|p| {
+                doc! {"_id": ObjectId::new(), "queue": queue, "status": -2, "node": Bson::Null,
+                      "params": p, "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null}
+            })
+            .collect();
+        let ids = docs
+            .iter()
+            .map(|d| d.get_object_id("_id").expect("id"))
+            .collect();
+        self.tasks().insert_many(docs).await.expect("insert tasks");
+        ids
+    }
+
+    pub async fn task(&self, id: ObjectId) -> Document {
+        self.tasks()
+            .find_one(doc! {"_id": id})
+            .await
+            .expect("find task")
+            .expect("task exists")
+    }
+
+    pub async fn count(&self, filter: Document) -> u64 {
+        self.tasks().count_documents(filter).await.expect("count")
+    }
+
+    /// Waits until every given task is complete, or panics with their states.
+    pub async fn wait_complete(&self, ids: &[ObjectId], timeout: Duration) {
+        let filter = doc! {"_id": {"$in": ids.to_vec()}, "complete": true};
+        let deadline = Instant::now() + timeout;
+        loop {
+            let done = self.tasks().count_documents(filter.clone()).await.expect("count");
+            if done as usize == ids.len() {
+                return;
+            }
+            if Instant::now() > deadline {
+                let states = self.status_histogram().await;
+                panic!("{done} of {} tasks complete after {timeout:?}; statuses: {states:?}", ids.len());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn status_histogram(&self) -> Vec<(i32, u64)> {
+        let mut out = Vec::new();
+        for s in -6..=3 {
+            let n = self.count(doc! {"status": s}).await;
+            if n > 0 {
+                out.push((s, n));
+            }
+        }
+        out
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub async fn drop(self) {
+        let _ = self.db.drop().await;
+    }
+}
+
+/// Polls `check` until it returns true, panicking with `what` after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Plugin executables built from `plugins/`.
+pub fn demo_plugin() -> PathBuf {
+    bin_path("disbatch-plugin-demo")
+}
+
+pub fn echo_plugin() -> PathBuf {
+    bin_path("disbatch-plugin-echo")
+}
+
+pub fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
