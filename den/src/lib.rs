@@ -1,1 +1,10 @@
-//! placeholder
+//! The Disbatch execution node: heartbeat, orphan reaping, claiming and runner spawning.
+
+pub mod claimer;
+pub mod executor;
+pub mod node;
+pub mod plugin_check;
+pub mod reaper;
+pub mod skip_log;
+
+pub use node::Node;

@@ -1,1 +1,90 @@
-fn main(){}
+//! `disbatchd`: argument parsing, wiring and signals for the execution node.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use disbatch_core::config::{Component, Config};
+use disbatch_core::store::Store;
+use disbatch_den::claimer::{Claimer, QueueFilter};
+use disbatch_den::executor::{check_runner, default_runner, Executor};
+use disbatch_den::plugin_check::PluginCheck;
+use disbatch_den::Node;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Disbatch execution node: claims tasks from MongoDB and runs them through task runners.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Node config file (Disbatch 4 JSON; comments and trailing commas allowed).
+    #[arg(long, default_value = "/etc/disbatch/config.json")]
+    config: PathBuf,
+    /// Node name; default: the config's `node`, then the hostname.
+    #[arg(long)]
+    node: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let config_path = std::path::absolute(&args.config)
+        .with_context(|| format!("config path {}", args.config.display()))?;
+    let loaded = Config::load(&config_path)?;
+    for warning in &loaded.warnings {
+        tracing::warn!(config = %config_path.display(), "{warning}");
+    }
+    let config = loaded.config;
+    let name = config.node_name(args.node.as_deref())?;
+    let runner = check_runner(&default_runner(config.task_runner.as_deref()))
+        .map_err(anyhow::Error::msg)
+        .context("refusing to start")?;
+    tracing::info!(node = %name, database = %config.database, runner = %runner.display(), "starting Disbatch execution node");
+
+    let store = Store::connect(&config, Component::Den).await?;
+    store
+        .ensure_indexes()
+        .await
+        .context("ensuring indexes (is the MongoDB server reachable?)")?;
+    let mut plugins = PluginCheck::new(config.plugins.clone());
+    let names: Vec<String> = config.plugins.names().map(str::to_string).collect();
+    if names.is_empty() {
+        tracing::warn!("no plugins are configured: this node will run no tasks");
+    }
+    for plugin in names {
+        if let Err(e) = plugins.check(&plugin) {
+            tracing::warn!("{e}");
+        }
+    }
+
+    let filter = QueueFilter {
+        active: config.activequeues.clone(),
+        ignore: config.ignorequeues.clone(),
+    };
+    let node = Node {
+        claimer: Claimer::new(store.clone(), name.clone(), filter, plugins),
+        executor: Executor::new(runner, config_path, name.clone()),
+        store,
+        name,
+        interval: config.loop_interval,
+    };
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    };
+    if let Err(e) = node.run(shutdown).await {
+        bail!("node stopped: {e}");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

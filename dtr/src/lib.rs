@@ -1,1 +1,6 @@
-//! placeholder
+//! The task runner: starts one claimed task, runs its plugin, and records the result.
+
+pub mod outcome;
+pub mod plugin_process;
+pub mod record;
+pub mod runner;

@@ -1,1 +1,62 @@
-fn main(){}
+//! `disbatch-task-runner`: argument parsing and wiring for running one claimed task.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use bson::oid::ObjectId;
+use clap::Parser;
+use disbatch_core::config::{Component, Config};
+use disbatch_core::output::GfsMode;
+use disbatch_core::store::Store;
+use disbatch_dtr::runner::run_task;
+
+/// Runs one task claimed by a Disbatch node and records its result.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    #[arg(long)]
+    config: PathBuf,
+    /// The task's id (24 hex digits).
+    #[arg(long)]
+    task: String,
+    /// The node that claimed the task; default: the config's `node`, then the hostname.
+    #[arg(long)]
+    node: Option<String>,
+    /// Overrides the config's `gfs` (Disbatch passes `--gfs auto` or `--gfs 1`).
+    #[arg(long)]
+    gfs: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("task runner failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let task = ObjectId::parse_str(&args.task)
+        .map_err(|_| anyhow::anyhow!("--task {:?} is not a task id (24 hex digits)", args.task))?;
+    let loaded = Config::load(&args.config)?;
+    let mut config = loaded.config;
+    if let Some(gfs) = &args.gfs {
+        config.gfs = GfsMode::from_config(&serde_json::Value::String(gfs.clone()))
+            .map_err(|e| anyhow::anyhow!("--gfs: {e}"))?;
+    }
+    let node = config.node_name(args.node.as_deref())?;
+    let store = Store::connect(&config, Component::TaskRunner).await?;
+    let report = run_task(&config, &store, task, &node).await?;
+    tracing::debug!(task = %task, ?report, "done");
+    Ok(())
+}

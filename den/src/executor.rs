@@ -1,0 +1,115 @@
+//! The executor: starts one task runner per claimed task, in its own session, and watches it.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use bson::oid::ObjectId;
+use tokio::process::Command;
+use tokio::sync::Notify;
+
+/// Spawns runners and wakes the node loop when one exits (a slot may have freed up).
+#[derive(Debug, Clone)]
+pub struct Executor {
+    runner: PathBuf,
+    config: PathBuf,
+    node: String,
+    live: Arc<AtomicU32>,
+    runner_exited: Arc<Notify>,
+}
+
+impl Executor {
+    pub fn new(runner: PathBuf, config: PathBuf, node: String) -> Self {
+        Executor {
+            runner,
+            config,
+            node,
+            live: Arc::new(AtomicU32::new(0)),
+            runner_exited: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Runners started by this process that have not exited yet.
+    pub fn live_runners(&self) -> u32 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Resolves when a runner exits (or already has since the last call).
+    pub async fn runner_exited(&self) {
+        self.runner_exited.notified().await
+    }
+
+    /// Starts `disbatch-task-runner --config C --task ID --node N` with no shell. It runs in a
+    /// new session so it outlives a restart or kill of this DEN and gets none of its signals.
+    pub fn spawn_runner(&self, task: ObjectId) -> std::io::Result<()> {
+        let mut cmd = Command::new(&self.runner);
+        cmd.arg("--config")
+            .arg(&self.config)
+            .arg("--task")
+            .arg(task.to_hex())
+            .arg("--node")
+            .arg(&self.node)
+            .stdin(Stdio::null())
+            .kill_on_drop(false);
+        // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+        }
+        let mut child = cmd.spawn()?;
+        self.live.fetch_add(1, Ordering::Relaxed);
+        let live = self.live.clone();
+        let exited = self.runner_exited.clone();
+        let pid = child.id();
+        tokio::spawn(async move {
+            match child.wait().await {
+                Ok(status) if status.success() => {
+                    tracing::debug!(task = %task, ?pid, "task runner finished")
+                }
+                Ok(status) => tracing::warn!(task = %task, ?pid, %status, "task runner exited abnormally"),
+                Err(e) => tracing::warn!(task = %task, ?pid, error = %e, "could not wait for task runner"),
+            }
+            live.fetch_sub(1, Ordering::Relaxed);
+            exited.notify_one();
+        });
+        tracing::info!(task = %task, ?pid, "started task runner");
+        Ok(())
+    }
+}
+
+/// The task runner to use: the config's `task_runner`, else the one installed beside this
+/// executable, else `disbatch-task-runner` on PATH.
+pub fn default_runner(configured: Option<&Path>) -> PathBuf {
+    if let Some(path) = configured {
+        return path.to_path_buf();
+    }
+    let sibling = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("disbatch-task-runner")));
+    match sibling {
+        Some(path) if path.exists() => path,
+        _ => PathBuf::from("disbatch-task-runner"),
+    }
+}
+
+/// Refuses to start a node whose runner cannot be executed, rather than failing every claim.
+pub fn check_runner(runner: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let resolved = if runner.components().count() == 1 && !runner.is_absolute() {
+        std::env::var_os("PATH")
+            .into_iter()
+            .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+            .map(|dir| dir.join(runner))
+            .find(|p| p.is_file())
+            .ok_or_else(|| format!("task runner {} was not found on PATH", runner.display()))?
+    } else {
+        runner.to_path_buf()
+    };
+    let meta = std::fs::metadata(&resolved)
+        .map_err(|e| format!("task runner {}: {e}", resolved.display()))?;
+    if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
+        Ok(resolved)
+    } else {
+        Err(format!("task runner {} is not an executable file", resolved.display()))
+    }
+}

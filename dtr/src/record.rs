@@ -1,0 +1,155 @@
+//! Records a finished task: outputs inline or to GridFS per `gfs`, then the one final write.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use disbatch_core::output::{dropped_output_text, plan_output, GfsMode, Placement, MAX_DOCUMENT_SIZE};
+use disbatch_core::store::{FinishOutcome, OutputValue, Store};
+use disbatch_core::{Error, Result};
+
+/// One captured stream: small enough to hold (and measure exactly), or left in its spool file.
+#[derive(Debug)]
+pub enum Captured {
+    Text(String),
+    /// Larger than any document could hold; its UTF-8 length is at least `raw_len`.
+    File { path: PathBuf, raw_len: u64 },
+}
+
+impl Captured {
+    /// Reads a spool file. Non-UTF-8 bytes become U+FFFD, which never shortens the text, so a
+    /// file too big for a document stays on disk and is streamed.
+    pub async fn load(path: &Path) -> Result<Captured> {
+        let raw_len = tokio::fs::metadata(path)
+            .await
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
+            .len();
+        if raw_len > MAX_DOCUMENT_SIZE {
+            return Ok(Captured::File {
+                path: path.to_path_buf(),
+                raw_len,
+            });
+        }
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        Ok(Captured::Text(match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }))
+    }
+
+    pub fn from_text(text: impl Into<String>) -> Captured {
+        Captured::Text(text.into())
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            Captured::Text(s) => s.len() as u64,
+            Captured::File { raw_len, .. } => *raw_len,
+        }
+    }
+}
+
+/// A task's final status and captured output, ready to store.
+pub struct Finished {
+    pub task: ObjectId,
+    pub node: String,
+    pub status: i32,
+    pub stdout: Captured,
+    pub stderr: Captured,
+}
+
+/// Stores the outputs and the final status. If the server refuses the document as too large,
+/// output moves to GridFS (or, with `gfs: false`, is replaced by an explanation) and the
+/// write is tried again, so the task always finishes.
+pub async fn record_result(store: &Store, gfs: GfsMode, done: &Finished) -> Result<FinishOutcome> {
+    let mut plan = plan_output(gfs, done.stdout.len(), done.stderr.len());
+    let mut stdout_file = None;
+    let mut stderr_file = None;
+    loop {
+        let stdout = output_value(store, done, "stdout", &done.stdout, plan.stdout, &mut stdout_file).await?;
+        let stderr = output_value(store, done, "stderr", &done.stderr, plan.stderr, &mut stderr_file).await?;
+        let outcome = with_retries("recording the result", || {
+            store.finish_task(done.task, &done.node, done.status, stdout.clone(), stderr.clone())
+        })
+        .await?;
+        match outcome {
+            FinishOutcome::TooLarge => match plan.after_too_large(gfs) {
+                Some(next) => {
+                    tracing::warn!(task = %done.task, "task document too large; moving output out of it");
+                    plan = next;
+                }
+                None => {
+                    return Err(Error::Invalid(format!(
+                        "task {} cannot be completed: its document is too large even without output",
+                        done.task
+                    )))
+                }
+            },
+            other => return Ok(other),
+        }
+    }
+}
+
+/// The value to store for one stream, writing it to GridFS at most once.
+async fn output_value(
+    store: &Store,
+    done: &Finished,
+    name: &str,
+    captured: &Captured,
+    placement: Placement,
+    written: &mut Option<ObjectId>,
+) -> Result<OutputValue> {
+    match placement {
+        Placement::Inline => Ok(match captured {
+            Captured::Text(s) => OutputValue::Text(s.clone()),
+            // plan_output never inlines more than a document holds; be safe anyway.
+            Captured::File { raw_len, .. } => OutputValue::Text(dropped_output_text(name, *raw_len)),
+        }),
+        Placement::Dropped => Ok(OutputValue::Text(dropped_output_text(name, captured.len()))),
+        Placement::GridFs => {
+            if let Some(id) = written {
+                return Ok(OutputValue::File(*id));
+            }
+            let info = with_retries("writing output to GridFS", || async {
+                match captured {
+                    Captured::Text(s) => store.write_output_file(done.task, name, s.as_bytes()).await,
+                    Captured::File { path, .. } => {
+                        let file = tokio::fs::File::open(path)
+                            .await
+                            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+                        store.write_output_file(done.task, name, file).await
+                    }
+                }
+            })
+            .await?;
+            *written = Some(info.id);
+            Ok(OutputValue::File(info.id))
+        }
+    }
+}
+
+/// Retries database operations with capped exponential backoff (about a minute in all):
+/// a runner that finished its work should not lose the result to a brief outage.
+pub async fn with_retries<T, F, Fut>(what: &str, mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    const ATTEMPTS: u32 = 10;
+    let mut delay = Duration::from_millis(100);
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(e @ Error::Mongo { .. }) if attempt < ATTEMPTS => {
+                tracing::warn!(error = %e, attempt, retry_in = ?delay, "{what} failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! DEN start-up, shutdown, crash and orphan handling.
+
+use std::process::Command;
+use std::time::Duration;
+
+use bson::{doc, Bson, DateTime};
+use disbatch_tests::{bin_path, read_lines, wait_for, write_config, Den, TestDb};
+use serde_json::json;
+
+#[tokio::test]
+async fn a_bad_config_is_refused_at_start_naming_the_file_and_key() {
+    let db = TestDb::new("badconfig").await;
+    let path = db.path("bad.json");
+    std::fs::write(&path, r#"{"mongohost": "mongodb://127.0.0.1:1", "database": "d", "gfs": "sometimes", "colour": 1,}"#)
+        .expect("write");
+    let out = Command::new(bin_path("disbatchd"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run disbatchd");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&*path.to_string_lossy()), "{stderr}");
+    assert!(stderr.contains("`gfs`") && stderr.contains("sometimes"), "{stderr}");
+
+    std::fs::write(&path, r#"{"mongohost": "mongodb://127.0.0.1:1", "database": ["d"]}"#).expect("write");
+    let out = Command::new(bin_path("disbatchd")).arg("--config").arg(&path).output().expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("`database`") && stderr.contains("expected a string"), "{stderr}");
+
+    let missing = db.path("missing.json");
+    let out = Command::new(bin_path("disbatchd")).arg("--config").arg(&missing).output().expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read it"));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn unknown_config_keys_are_warned_about_but_the_node_runs() {
+    let db = TestDb::new("unknownkeys").await;
+    let config = write_config(&db, "node.json", json!({"colour": "blue"}));
+    let queue = db.insert_queue("q", "echo", 1).await;
+    let ids = db.insert_tasks(queue, vec![doc! {}.into()]).await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    assert!(den.log_text().contains("unknown key `colour` is ignored"));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn sigterm_gives_back_claimed_tasks_and_leaves_running_ones_running() {
+    let db = TestDb::new("sigterm").await;
+    let config = write_config(&db, "node.json", json!({}));
+    // Two threads: the hand-made claim below counts as running and holds one.
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let running = db.insert_tasks(queue, vec![doc! {"sleep_ms": 1500}.into()]).await[0];
+    // A claim whose runner never started (e.g. the node died between claim and spawn).
+    let claimed = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    db.tasks()
+        .update_one(doc! {"_id": claimed}, doc! {"$set": {"status": -1, "node": "n1", "mtime": DateTime::now()}})
+        .await
+        .expect("claim by hand");
+    let mut den = Den::start(&config, "n1");
+    wait_for("the long task to start", Duration::from_secs(30), || async {
+        db.task(running).await.get_i32("status").ok() == Some(0)
+    })
+    .await;
+    assert_eq!(den.stop(), Some(0), "clean exit on SIGTERM");
+    let given_back = db.task(claimed).await;
+    assert_eq!(given_back.get_i32("status").ok(), Some(-2), "{given_back}");
+    assert_eq!(given_back.get("node"), Some(&Bson::Null));
+    assert!(den.log_text().contains("gave back claimed tasks"));
+    // The runner lives in its own session: it finishes although its node is gone.
+    db.wait_complete(&[running], Duration::from_secs(30)).await;
+    assert_eq!(db.task(running).await.get_i32("status").ok(), Some(1));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_killed_and_restarted_den_completes_a_running_task_exactly_once() {
+    let db = TestDb::new("restart").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let runs = db.path("runs.txt");
+    let id = db
+        .insert_tasks(queue, vec![doc! {"sleep_ms": 1500, "append_to": runs.to_string_lossy().to_string()}.into()])
+        .await[0];
+    let mut den = Den::start(&config, "n1");
+    wait_for("the task to start", Duration::from_secs(30), || async {
+        db.task(id).await.get_i32("status").ok() == Some(0)
+    })
+    .await;
+    den.kill_hard();
+    let restarted = Den::start(&config, "n1");
+    db.wait_complete(&[id], Duration::from_secs(30)).await;
+    // Let the restarted node run a few passes after completion: nothing may run it again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let task = db.task(id).await;
+    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(read_lines(&runs).len(), 1, "the plugin ran exactly once");
+    drop(restarted);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn stale_claims_become_orphaned_and_fresh_ones_are_left_alone() {
+    let db = TestDb::new("orphans").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("paused", "echo", 0).await;
+    let ids = db.insert_tasks(queue, vec![doc! {}.into(), doc! {}.into(), doc! {}.into(), doc! {}.into()]).await;
+    let old = DateTime::from_millis(DateTime::now().timestamp_millis() - 6 * 60 * 1000);
+    let old_epoch = (DateTime::now().timestamp_millis() / 1000 - 400) as f64;
+    let tasks = db.tasks();
+    tasks.update_one(doc! {"_id": ids[0]}, doc! {"$set": {"status": -1, "node": "n1", "mtime": old}}).await.expect("u");
+    tasks.update_one(doc! {"_id": ids[1]}, doc! {"$set": {"status": -1, "node": "n1", "mtime": old_epoch}}).await.expect("u");
+    tasks.update_one(doc! {"_id": ids[2]}, doc! {"$set": {"status": -1, "node": "n1", "mtime": DateTime::now()}}).await.expect("u");
+    tasks.update_one(doc! {"_id": ids[3]}, doc! {"$set": {"status": -1, "node": "other", "mtime": old}}).await.expect("u");
+    let den = Den::start(&config, "n1");
+    wait_for("orphans to be reaped", Duration::from_secs(30), || async {
+        db.count(doc! {"status": -6}).await == 2
+    })
+    .await;
+    assert_eq!(db.task(ids[0]).await.get_i32("status").ok(), Some(-6));
+    assert_eq!(db.task(ids[1]).await.get_i32("status").ok(), Some(-6), "legacy epoch mtime");
+    assert_eq!(db.task(ids[2]).await.get_i32("status").ok(), Some(-1), "fresh claim kept");
+    assert_eq!(db.task(ids[3]).await.get_i32("status").ok(), Some(-1), "another node's claim kept");
+    drop(den);
+    db.drop().await;
+}
