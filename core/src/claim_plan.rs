@@ -39,7 +39,9 @@ pub fn plan_claims<R: Rng + ?Sized>(
     (0..n)
         .map(|i| &queues[(i + rotation) % n])
         .filter_map(|q| {
-            let mut slots: Vec<u32> = (0..q.threads).filter(|s| !q.held_slots.contains(s)).collect();
+            let mut slots: Vec<u32> = (0..q.threads)
+                .filter(|s| !q.held_slots.contains(s))
+                .collect();
             let by_count = q.threads.saturating_sub(q.running);
             let wanted = by_count.min(slots.len() as u32);
             if wanted == 0 {
@@ -81,7 +83,12 @@ mod tests {
     #[test]
     fn wanted_is_bounded_by_threads_running_and_free_slots() {
         let mut rng = StdRng::seed_from_u64(7);
-        let qs = [queue(3, 1, &[0]), queue(0, 0, &[]), queue(2, 2, &[0, 1]), queue(4, 3, &[])];
+        let qs = [
+            queue(3, 1, &[0]),
+            queue(0, 0, &[]),
+            queue(2, 2, &[0, 1]),
+            queue(4, 3, &[]),
+        ];
         let plan = plan_claims(&qs, 0, &mut rng);
         assert_eq!(plan.len(), 2, "paused and full queues are left out");
         assert_eq!(plan[0].queue, qs[0].id);

@@ -43,7 +43,9 @@ impl QueueSort {
             },
             Some(other) => (
                 QueueSort::Default,
-                Some(format!("sort must be a string, found {other}; using default order")),
+                Some(format!(
+                    "sort must be a string, found {other}; using default order"
+                )),
             ),
         }
     }
@@ -120,8 +122,14 @@ mod tests {
 
     #[test]
     fn sort_parses_disbatch_values() {
-        assert_eq!(QueueSort::parse(Some(&Bson::String("fifo".into()))).0, QueueSort::Fifo);
-        assert_eq!(QueueSort::parse(Some(&Bson::String("lifo".into()))).0, QueueSort::Lifo);
+        assert_eq!(
+            QueueSort::parse(Some(&Bson::String("fifo".into()))).0,
+            QueueSort::Fifo
+        );
+        assert_eq!(
+            QueueSort::parse(Some(&Bson::String("lifo".into()))).0,
+            QueueSort::Lifo
+        );
         assert_eq!(QueueSort::parse(None), (QueueSort::Default, None));
         let (sort, warning) = QueueSort::parse(Some(&Bson::String("random".into())));
         assert_eq!(sort, QueueSort::Default);

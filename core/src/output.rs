@@ -86,7 +86,11 @@ pub fn plan_output(mode: GfsMode, stdout_len: u64, stderr_len: u64) -> OutputPla
             let fits_together = stdout_len.saturating_add(stderr_len) < MAX_DOCUMENT_SIZE;
             OutputPlan {
                 stdout: if fits_together { Inline } else { Dropped },
-                stderr: if stderr_len < MAX_DOCUMENT_SIZE { Inline } else { Dropped },
+                stderr: if stderr_len < MAX_DOCUMENT_SIZE {
+                    Inline
+                } else {
+                    Dropped
+                },
             }
         }
     }
@@ -98,7 +102,11 @@ impl OutputPlan {
     /// `gfs: false` drops it, stdout first.
     pub fn after_too_large(self, mode: GfsMode) -> Option<OutputPlan> {
         use Placement::*;
-        let escape = if mode == GfsMode::Off { Dropped } else { GridFs };
+        let escape = if mode == GfsMode::Off {
+            Dropped
+        } else {
+            GridFs
+        };
         if self.stdout == Inline {
             Some(OutputPlan {
                 stdout: escape,

@@ -51,13 +51,22 @@ impl PluginTable {
                     validate_plugin_name(name).map_err(|e| e.to_string())?;
                     let path = match path {
                         Value::Null => None,
-                        Value::String(p) if !p.is_empty() => Some(super::config::resolve_path(base, p)),
-                        _ => return Err(format!("{name:?} must map to an executable path (a string) or null")),
+                        Value::String(p) if !p.is_empty() => {
+                            Some(super::config::resolve_path(base, p))
+                        }
+                        _ => {
+                            return Err(format!(
+                                "{name:?} must map to an executable path (a string) or null"
+                            ))
+                        }
                     };
                     entries.insert(name.clone(), path);
                 }
             }
-            Some(_) => return Err("must be an array of plugin names or an object mapping names to executable paths".into()),
+            Some(_) => return Err(
+                "must be an array of plugin names or an object mapping names to executable paths"
+                    .into(),
+            ),
         }
         Ok(PluginTable { entries, dirs })
     }
@@ -130,11 +139,19 @@ mod tests {
 
     #[test]
     fn names_with_separators_dots_or_nul_are_refused() {
-        for bad in ["", "a/b", "../x", "a..b", ".hidden", "-x", "a\0b", "a b", "é"] {
-            assert!(validate_plugin_name(bad).is_err(), "{bad:?} should be refused");
+        for bad in [
+            "", "a/b", "../x", "a..b", ".hidden", "-x", "a\0b", "a b", "é",
+        ] {
+            assert!(
+                validate_plugin_name(bad).is_err(),
+                "{bad:?} should be refused"
+            );
         }
         for good in ["Disbatch::Plugin::Demo", "demo", "my-plugin.v2", "x_1"] {
-            assert!(validate_plugin_name(good).is_ok(), "{good:?} should be accepted");
+            assert!(
+                validate_plugin_name(good).is_ok(),
+                "{good:?} should be accepted"
+            );
         }
     }
 
@@ -154,14 +171,30 @@ mod tests {
         )
         .expect("table");
         assert_eq!(table.resolve("demo"), Ok(exe.clone()));
-        assert!(matches!(table.resolve("missing"), Err(PluginError::NotFound { .. })));
-        assert!(matches!(table.resolve("plain"), Err(PluginError::NotExecutable { .. })));
-        assert!(matches!(table.resolve("other"), Err(PluginError::NotListed(_))));
+        assert!(matches!(
+            table.resolve("missing"),
+            Err(PluginError::NotFound { .. })
+        ));
+        assert!(matches!(
+            table.resolve("plain"),
+            Err(PluginError::NotExecutable { .. })
+        ));
+        assert!(matches!(
+            table.resolve("other"),
+            Err(PluginError::NotListed(_))
+        ));
 
-        let table = PluginTable::from_config(Some(&json!({"Disbatch::Plugin::Demo": "demo"})), vec![], dir.path())
-            .expect("table");
+        let table = PluginTable::from_config(
+            Some(&json!({"Disbatch::Plugin::Demo": "demo"})),
+            vec![],
+            dir.path(),
+        )
+        .expect("table");
         assert_eq!(table.resolve("Disbatch::Plugin::Demo"), Ok(exe));
-        assert_eq!(table.names().collect::<Vec<_>>(), vec!["Disbatch::Plugin::Demo"]);
+        assert_eq!(
+            table.names().collect::<Vec<_>>(),
+            vec!["Disbatch::Plugin::Demo"]
+        );
     }
 
     #[test]

@@ -70,7 +70,11 @@ mod tests {
         for s in samples {
             let expected = String::from_utf8_lossy(s).into_owned();
             for piece in 1..=s.len().max(1) {
-                assert_eq!(decode_in_pieces(s, piece), expected, "piece {piece} of {s:?}");
+                assert_eq!(
+                    decode_in_pieces(s, piece),
+                    expected,
+                    "piece {piece} of {s:?}"
+                );
             }
         }
     }

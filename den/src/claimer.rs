@@ -73,12 +73,19 @@ impl Claimer {
     }
 
     /// Claims up to the limits and starts a runner for each task as soon as it is claimed.
-    pub async fn claim_tasks(&mut self, limit: &NodeLimit, executor: &Executor) -> Result<PassReport> {
+    pub async fn claim_tasks(
+        &mut self,
+        limit: &NodeLimit,
+        executor: &Executor,
+    ) -> Result<PassReport> {
         let maxthreads = match limit {
             NodeLimit::Unlimited => None,
             NodeLimit::Max(n) => Some(*n),
             NodeLimit::Invalid(reason) => {
-                self.report_once(format!("node {} starts nothing until fixed: {reason}", self.node));
+                self.report_once(format!(
+                    "node {} starts nothing until fixed: {reason}",
+                    self.node
+                ));
                 return Ok(PassReport::default());
             }
         };
@@ -122,7 +129,11 @@ impl Claimer {
                     .iter()
                     .find(|q| q.id == claims.queue)
                     .map_or(QueueSort::Default, |q| q.sort);
-                match self.store.claim_next_task(claims.queue, &self.node, sort, slot).await? {
+                match self
+                    .store
+                    .claim_next_task(claims.queue, &self.node, sort, slot)
+                    .await?
+                {
                     ClaimOutcome::Claimed(task) => {
                         claims.wanted -= 1;
                         room -= 1;

@@ -54,7 +54,11 @@ impl Executor {
             .kill_on_drop(false);
         // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
         unsafe {
-            cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+            cmd.pre_exec(|| {
+                nix::unistd::setsid()
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
         }
         let mut child = cmd.spawn()?;
         self.live.fetch_add(1, Ordering::Relaxed);
@@ -66,8 +70,12 @@ impl Executor {
                 Ok(status) if status.success() => {
                     tracing::debug!(task = %task, ?pid, "task runner finished")
                 }
-                Ok(status) => tracing::warn!(task = %task, ?pid, %status, "task runner exited abnormally"),
-                Err(e) => tracing::warn!(task = %task, ?pid, error = %e, "could not wait for task runner"),
+                Ok(status) => {
+                    tracing::warn!(task = %task, ?pid, %status, "task runner exited abnormally")
+                }
+                Err(e) => {
+                    tracing::warn!(task = %task, ?pid, error = %e, "could not wait for task runner")
+                }
             }
             live.fetch_sub(1, Ordering::Relaxed);
             exited.notify_one();
@@ -110,6 +118,9 @@ pub fn check_runner(runner: &Path) -> Result<PathBuf, String> {
     if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
         Ok(resolved)
     } else {
-        Err(format!("task runner {} is not an executable file", resolved.display()))
+        Err(format!(
+            "task runner {} is not an executable file",
+            resolved.display()
+        ))
     }
 }

@@ -70,7 +70,11 @@ impl Node {
         reap_orphaned_tasks(&self.store, &self.name).await?;
         let report = self.claimer.claim_tasks(&limit, &self.executor).await?;
         if report.claimed > 0 {
-            tracing::debug!(claimed = report.claimed, on_node = report.on_node, "pass claimed tasks");
+            tracing::debug!(
+                claimed = report.claimed,
+                on_node = report.on_node,
+                "pass claimed tasks"
+            );
         }
         Ok(report.on_node)
     }
@@ -98,7 +102,10 @@ impl Node {
         }
         let live = self.executor.live_runners();
         if live > 0 {
-            tracing::info!(runners = live, "running tasks continue in their own sessions");
+            tracing::info!(
+                runners = live,
+                "running tasks continue in their own sessions"
+            );
         }
     }
 }
@@ -117,6 +124,7 @@ mod tests {
         let i = Duration::from_millis(100);
         assert_eq!(backoff(i, 1), Duration::from_millis(200));
         assert_eq!(backoff(i, 3), Duration::from_millis(800));
-        assert_eq!(backoff(i, 50), MAX_BACKOFF);
+        assert_eq!(backoff(i, 50), Duration::from_millis(25_600), "the exponent stops at 2^8");
+        assert_eq!(backoff(Duration::from_secs(1), 50), MAX_BACKOFF);
     }
 }

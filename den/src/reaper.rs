@@ -12,7 +12,10 @@ pub const ORPHAN_AGE: Duration = Duration::from_secs(5 * 60);
 pub async fn reap_orphaned_tasks(store: &Store, node: &str) -> Result<u64> {
     let reaped = store.reap_orphans(node, ORPHAN_AGE).await?;
     if reaped > 0 {
-        tracing::warn!(reaped, "claimed tasks that never started were marked orphaned (-6)");
+        tracing::warn!(
+            reaped,
+            "claimed tasks that never started were marked orphaned (-6)"
+        );
     }
     Ok(reaped)
 }

@@ -41,7 +41,10 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
             status::FAILED
         }
         Exit::Signal(sig) => {
-            notes.push(format!("plugin was killed by signal {sig} ({})", signal_name(sig)));
+            notes.push(format!(
+                "plugin was killed by signal {sig} ({})",
+                signal_name(sig)
+            ));
             status::FAILED
         }
     };
@@ -89,7 +92,13 @@ mod tests {
 
     #[test]
     fn exit_codes_map_to_disbatch_statuses() {
-        assert_eq!(decide(Exit::Code(0), None), Outcome { status: 1, note: None });
+        assert_eq!(
+            decide(Exit::Code(0), None),
+            Outcome {
+                status: 1,
+                note: None
+            }
+        );
         let failed = decide(Exit::Code(3), None);
         assert_eq!(failed.status, 2);
         assert!(failed.note.as_deref().is_some_and(|n| n.contains("code 3")));
@@ -99,13 +108,19 @@ mod tests {
     fn death_by_signal_fails_and_names_the_signal() {
         let o = decide(Exit::Signal(9), None);
         assert_eq!(o.status, 2);
-        assert!(o.note.as_deref().is_some_and(|n| n.contains("SIGKILL")), "{o:?}");
+        assert!(
+            o.note.as_deref().is_some_and(|n| n.contains("SIGKILL")),
+            "{o:?}"
+        );
     }
 
     #[test]
     fn a_positive_status_in_the_result_file_wins() {
         assert_eq!(decide(Exit::Code(1), Some(br#"{"status": 1}"#)).status, 1);
-        assert_eq!(decide(Exit::Code(0), Some(br#"{"status": 7, "output": {}}"#)).status, 7);
+        assert_eq!(
+            decide(Exit::Code(0), Some(br#"{"status": 7, "output": {}}"#)).status,
+            7
+        );
         // Zero, negative or non-integer statuses are not positive: the exit code decides.
         assert_eq!(decide(Exit::Code(0), Some(br#"{"status": 0}"#)).status, 1);
         assert_eq!(decide(Exit::Code(0), Some(br#"{"status": -2}"#)).status, 1);
@@ -117,7 +132,10 @@ mod tests {
     fn a_malformed_result_file_fails_the_task_with_the_reason() {
         let o = decide(Exit::Code(0), Some(b"{not json"));
         assert_eq!(o.status, 2);
-        assert!(o.note.as_deref().is_some_and(|n| n.contains("not valid JSON")));
+        assert!(o
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("not valid JSON")));
         let o = decide(Exit::Code(0), Some(b"[1]"));
         assert_eq!(o.status, 2);
         assert!(o.note.as_deref().is_some_and(|n| n.contains("JSON object")));

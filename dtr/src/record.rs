@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use disbatch_core::output::{dropped_output_text, plan_output, GfsMode, Placement, MAX_DOCUMENT_SIZE};
+use disbatch_core::output::{
+    dropped_output_text, plan_output, GfsMode, Placement, MAX_DOCUMENT_SIZE,
+};
 use disbatch_core::store::{FinishOutcome, OutputValue, Store};
 use disbatch_core::{Error, Result};
 
@@ -14,7 +16,10 @@ use disbatch_core::{Error, Result};
 pub enum Captured {
     Text(String),
     /// Larger than any document could hold; its UTF-8 length is at least `raw_len`.
-    File { path: PathBuf, raw_len: u64 },
+    File {
+        path: PathBuf,
+        raw_len: u64,
+    },
 }
 
 impl Captured {
@@ -69,10 +74,32 @@ pub async fn record_result(store: &Store, gfs: GfsMode, done: &Finished) -> Resu
     let mut stdout_file = None;
     let mut stderr_file = None;
     loop {
-        let stdout = output_value(store, done, "stdout", &done.stdout, plan.stdout, &mut stdout_file).await?;
-        let stderr = output_value(store, done, "stderr", &done.stderr, plan.stderr, &mut stderr_file).await?;
+        let stdout = output_value(
+            store,
+            done,
+            "stdout",
+            &done.stdout,
+            plan.stdout,
+            &mut stdout_file,
+        )
+        .await?;
+        let stderr = output_value(
+            store,
+            done,
+            "stderr",
+            &done.stderr,
+            plan.stderr,
+            &mut stderr_file,
+        )
+        .await?;
         let outcome = with_retries("recording the result", || {
-            store.finish_task(done.task, &done.node, done.status, stdout.clone(), stderr.clone())
+            store.finish_task(
+                done.task,
+                &done.node,
+                done.status,
+                stdout.clone(),
+                stderr.clone(),
+            )
         })
         .await?;
         match outcome {
@@ -81,12 +108,10 @@ pub async fn record_result(store: &Store, gfs: GfsMode, done: &Finished) -> Resu
                     tracing::warn!(task = %done.task, "task document too large; moving output out of it");
                     plan = next;
                 }
-                None => {
-                    return Err(Error::Invalid(format!(
-                        "task {} cannot be completed: its document is too large even without output",
-                        done.task
-                    )))
-                }
+                None => return Err(Error::Invalid(format!(
+                    "task {} cannot be completed: its document is too large even without output",
+                    done.task
+                ))),
             },
             other => return Ok(other),
         }
@@ -106,7 +131,9 @@ async fn output_value(
         Placement::Inline => Ok(match captured {
             Captured::Text(s) => OutputValue::Text(s.clone()),
             // plan_output never inlines more than a document holds; be safe anyway.
-            Captured::File { raw_len, .. } => OutputValue::Text(dropped_output_text(name, *raw_len)),
+            Captured::File { raw_len, .. } => {
+                OutputValue::Text(dropped_output_text(name, *raw_len))
+            }
         }),
         Placement::Dropped => Ok(OutputValue::Text(dropped_output_text(name, captured.len()))),
         Placement::GridFs => {
@@ -115,7 +142,9 @@ async fn output_value(
             }
             let info = with_retries("writing output to GridFS", || async {
                 match captured {
-                    Captured::Text(s) => store.write_output_file(done.task, name, s.as_bytes()).await,
+                    Captured::Text(s) => {
+                        store.write_output_file(done.task, name, s.as_bytes()).await
+                    }
                     Captured::File { path, .. } => {
                         let file = tokio::fs::File::open(path)
                             .await

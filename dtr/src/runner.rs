@@ -22,8 +22,14 @@ pub enum RunReport {
     Discarded,
 }
 
-pub async fn run_task(config: &Config, store: &Store, task: ObjectId, node: &str) -> Result<RunReport> {
-    let Some(doc) = with_retries("starting the task", || store.start_task(task, node)).await? else {
+pub async fn run_task(
+    config: &Config,
+    store: &Store,
+    task: ObjectId,
+    node: &str,
+) -> Result<RunReport> {
+    let Some(doc) = with_retries("starting the task", || store.start_task(task, node)).await?
+    else {
         tracing::info!(task = %task, node, "task is not claimed by this node; nothing to run");
         return Ok(RunReport::NotClaimed);
     };
@@ -60,8 +66,16 @@ struct Prepared {
     queue_id: ObjectId,
 }
 
-async fn prepare(config: &Config, store: &Store, doc: &Document, node: &str) -> Result<Prepared, String> {
-    let task = doc.get_object_id(field::ID).map(|i| i.to_hex()).unwrap_or_default();
+async fn prepare(
+    config: &Config,
+    store: &Store,
+    doc: &Document,
+    node: &str,
+) -> Result<Prepared, String> {
+    let task = doc
+        .get_object_id(field::ID)
+        .map(|i| i.to_hex())
+        .unwrap_or_default();
     let queue_id = doc
         .get_object_id(field::QUEUE)
         .map_err(|_| format!("task {task} has no valid queue id"))?;
@@ -69,15 +83,25 @@ async fn prepare(config: &Config, store: &Store, doc: &Document, node: &str) -> 
         .queue_by_id(queue_id)
         .await
         .map_err(|e| format!("could not read queue {queue_id} of task {task}: {e}"))?
-        .ok_or_else(|| format!("No plugin defined for task {task} in queue {queue_id}: the queue does not exist"))?;
-    let plugin = queue
-        .plugin
-        .map_err(|e| format!("No plugin defined for task {task} in queue {}: {e}", queue.name))?;
+        .ok_or_else(|| {
+            format!(
+                "No plugin defined for task {task} in queue {queue_id}: the queue does not exist"
+            )
+        })?;
+    let plugin = queue.plugin.map_err(|e| {
+        format!(
+            "No plugin defined for task {task} in queue {}: {e}",
+            queue.name
+        )
+    })?;
     let executable = config
         .plugins
         .resolve(&plugin)
         .map_err(|e| format!("cannot run task {task} on node {node}: {e}"))?;
-    match doc.get(field::PARAMS).or_else(|| doc.get(field::LEGACY_PARAMS)) {
+    match doc
+        .get(field::PARAMS)
+        .or_else(|| doc.get(field::LEGACY_PARAMS))
+    {
         Some(Bson::Document(_)) => {}
         Some(other) => {
             return Err(format!(
@@ -117,7 +141,10 @@ async fn run_and_capture(
     let spooled = match run_plugin(call, spool.path()).await {
         Ok(s) => s,
         Err(e) => {
-            let reason = format!("could not start plugin {}: {e}", prepared.executable.display());
+            let reason = format!(
+                "could not start plugin {}: {e}",
+                prepared.executable.display()
+            );
             tracing::warn!(task = %task, "{reason}");
             return Ok(Finished {
                 task,
@@ -159,7 +186,10 @@ async fn append_note(stderr: &std::path::Path, note: &str) -> Result<()> {
         .open(stderr)
         .await
         .map_err(|e| Error::io("appending to the task's stderr", e))?;
-    let text = format!("{}[disbatch] {note}\n", if needs_newline { "\n" } else { "" });
+    let text = format!(
+        "{}[disbatch] {note}\n",
+        if needs_newline { "\n" } else { "" }
+    );
     file.write_all(text.as_bytes())
         .await
         .map_err(|e| Error::io("appending to the task's stderr", e))

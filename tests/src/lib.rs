@@ -47,7 +47,13 @@ impl TestDb {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let mut name: String = format!("t_{}_{}_{n}", test, std::process::id())
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         name.truncate(60);
         let client = Client::with_uri_str(&uri).await.expect("client");
@@ -67,7 +73,12 @@ impl TestDb {
     }
 
     /// Inserts a queue document the way ops do, straight into MongoDB.
-    pub async fn insert_queue(&self, name: &str, plugin: &str, threads: impl Into<Bson>) -> ObjectId {
+    pub async fn insert_queue(
+        &self,
+        name: &str,
+        plugin: &str,
+        threads: impl Into<Bson>,
+    ) -> ObjectId {
         let id = ObjectId::new();
         self.db
             .collection::<Document>("queues")
@@ -84,7 +95,7 @@ impl TestDb {
             .into_iter()
             .map(|p| {
                 doc! {"_id": ObjectId::new(), "queue": queue, "status": -2, "node": Bson::Null,
-                      "params": p, "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null}
+                "params": p, "ctime": now, "mtime": now, "stdout": Bson::Null, "stderr": Bson::Null}
             })
             .collect();
         let ids = docs
@@ -112,13 +123,20 @@ impl TestDb {
         let filter = doc! {"_id": {"$in": ids.to_vec()}, "complete": true};
         let deadline = Instant::now() + timeout;
         loop {
-            let done = self.tasks().count_documents(filter.clone()).await.expect("count");
+            let done = self
+                .tasks()
+                .count_documents(filter.clone())
+                .await
+                .expect("count");
             if done as usize == ids.len() {
                 return;
             }
             if Instant::now() > deadline {
                 let states = self.status_histogram().await;
-                panic!("{done} of {} tasks complete after {timeout:?}; statuses: {states:?}", ids.len());
+                panic!(
+                    "{done} of {} tasks complete after {timeout:?}; statuses: {states:?}",
+                    ids.len()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -152,7 +170,10 @@ where
 {
     let deadline = Instant::now() + timeout;
     while !check().await {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

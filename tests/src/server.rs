@@ -23,7 +23,10 @@ fn start_private_server() -> String {
         .stderr(Stdio::inherit())
         .output()
         .expect("run scripts/local-mongodb --binary");
-    assert!(out.status.success(), "scripts/local-mongodb --binary failed");
+    assert!(
+        out.status.success(),
+        "scripts/local-mongodb --binary failed"
+    );
     let bin = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
     let port = listener.local_addr().expect("addr").port();
@@ -31,12 +34,24 @@ fn start_private_server() -> String {
     let data = tempfile::tempdir().expect("data dir").keep();
     let mut cmd = Command::new(&bin);
     if bin.ends_with("mongod") {
-        cmd.args(["--bind_ip", "127.0.0.1", "--port", &port.to_string(), "--dbpath"])
-            .arg(&data);
+        cmd.args([
+            "--bind_ip",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--dbpath",
+        ])
+        .arg(&data);
     } else {
-        cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--storage-path"])
-            .arg(&data)
-            .args(["--log-file-max", "16MB", "--cache-size", "256M"]);
+        cmd.args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--storage-path",
+        ])
+        .arg(&data)
+        .args(["--log-file-max", "16MB", "--cache-size", "256M"]);
     }
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     // The server must not outlive this test process: it gets SIGTERM when the thread that
@@ -59,10 +74,15 @@ fn start_private_server() -> String {
             }
         }
     });
-    rx.recv().expect("server thread").expect("spawn test server");
+    rx.recv()
+        .expect("server thread")
+        .expect("spawn test server");
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "test server did not start on port {port}");
+        assert!(
+            Instant::now() < deadline,
+            "test server did not start on port {port}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     format!("mongodb://127.0.0.1:{port}/?directConnection=true")

@@ -12,14 +12,21 @@ async fn twenty_tasks_succeed_with_their_stdout() {
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("demo", "Disbatch::Plugin::Demo", 4).await;
     let ids = db
-        .insert_tasks(queue, (0..20).map(|_| doc! {"commands": "a"}.into()).collect())
+        .insert_tasks(
+            queue,
+            (0..20).map(|_| doc! {"commands": "a"}.into()).collect(),
+        )
         .await;
     let den = Den::start(&config, "n1");
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     for id in &ids {
         let t = db.task(*id).await;
         assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
-        assert_eq!(t.get_str("stdout").ok(), Some("This is command 'a' for apple.\n"), "{t}");
+        assert_eq!(
+            t.get_str("stdout").ok(),
+            Some("This is command 'a' for apple.\n"),
+            "{t}"
+        );
         assert_eq!(t.get_str("stderr").ok(), Some(""), "{t}");
         assert_eq!(t.get_str("node").ok(), Some("n1"));
         assert!(t.get("slot").is_none(), "slot freed: {t}");
@@ -43,16 +50,33 @@ async fn failures_record_status_two_with_stderr() {
     let config = write_config(&db, "node.json", json!({}));
     let demo = db.insert_queue("demo", "Disbatch::Plugin::Demo", 4).await;
     let echo = db.insert_queue("echo", "echo", 4).await;
-    let failing = db.insert_tasks(demo, vec![doc! {"commands": "abc"}.into()]).await[0];
-    let exits = db.insert_tasks(echo, vec![doc! {"exit_code": 3, "stderr": "went wrong"}.into()]).await[0];
-    let aborts = db.insert_tasks(echo, vec![doc! {"abort": true}.into()]).await[0];
-    let result_wins = db
-        .insert_tasks(echo, vec![doc! {"exit_code": 1, "result": {"status": 1}}.into()])
+    let failing = db
+        .insert_tasks(demo, vec![doc! {"commands": "abc"}.into()])
         .await[0];
-    let bad_utf8 = db.insert_tasks(echo, vec![doc! {"invalid_utf8": true}.into()]).await[0];
+    let exits = db
+        .insert_tasks(
+            echo,
+            vec![doc! {"exit_code": 3, "stderr": "went wrong"}.into()],
+        )
+        .await[0];
+    let aborts = db
+        .insert_tasks(echo, vec![doc! {"abort": true}.into()])
+        .await[0];
+    let result_wins = db
+        .insert_tasks(
+            echo,
+            vec![doc! {"exit_code": 1, "result": {"status": 1}}.into()],
+        )
+        .await[0];
+    let bad_utf8 = db
+        .insert_tasks(echo, vec![doc! {"invalid_utf8": true}.into()])
+        .await[0];
     let den = Den::start(&config, "n1");
-    db.wait_complete(&[failing, exits, aborts, result_wins, bad_utf8], Duration::from_secs(60))
-        .await;
+    db.wait_complete(
+        &[failing, exits, aborts, result_wins, bad_utf8],
+        Duration::from_secs(60),
+    )
+    .await;
 
     let t = db.task(failing).await;
     assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
@@ -62,18 +86,33 @@ async fn failures_record_status_two_with_stderr() {
     let t = db.task(exits).await;
     assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
     let stderr = t.get_str("stderr").unwrap_or_default();
-    assert!(stderr.starts_with("went wrong") && stderr.contains("exited with code 3"), "{stderr}");
+    assert!(
+        stderr.starts_with("went wrong") && stderr.contains("exited with code 3"),
+        "{stderr}"
+    );
 
     let t = db.task(aborts).await;
     assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
-    assert!(t.get_str("stderr").unwrap_or_default().contains("SIGABRT"), "{t}");
+    assert!(
+        t.get_str("stderr").unwrap_or_default().contains("SIGABRT"),
+        "{t}"
+    );
 
     let t = db.task(result_wins).await;
-    assert_eq!(t.get_i32("status").ok(), Some(1), "positive status in the result file wins: {t}");
+    assert_eq!(
+        t.get_i32("status").ok(),
+        Some(1),
+        "positive status in the result file wins: {t}"
+    );
 
     let t = db.task(bad_utf8).await;
     assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
-    assert!(t.get_str("stdout").unwrap_or_default().ends_with("bad:\u{FFFD}\u{FFFD}:end\n"), "{t}");
+    assert!(
+        t.get_str("stdout")
+            .unwrap_or_default()
+            .ends_with("bad:\u{FFFD}\u{FFFD}:end\n"),
+        "{t}"
+    );
     drop(den);
     db.drop().await;
 }
@@ -88,17 +127,31 @@ async fn unrunnable_tasks_fail_clearly_and_other_queues_keep_running() {
     let good = db.insert_queue("good", "echo", 2).await;
     let skipped_a = db.insert_tasks(unknown, vec![doc! {}.into()]).await[0];
     let skipped_b = db.insert_tasks(bad_threads, vec![doc! {}.into()]).await[0];
-    let ok_string = db.insert_tasks(string_threads, vec![doc! {"n": 1}.into()]).await[0];
-    let not_object = db.insert_tasks(good, vec![Bson::String("hello".into())]).await[0];
+    let ok_string = db
+        .insert_tasks(string_threads, vec![doc! {"n": 1}.into()])
+        .await[0];
+    let not_object = db
+        .insert_tasks(good, vec![Bson::String("hello".into())])
+        .await[0];
     let fine = db.insert_tasks(good, vec![doc! {"n": 2}.into()]).await[0];
     let mut den = Den::start(&config, "n1");
-    db.wait_complete(&[ok_string, not_object, fine], Duration::from_secs(60)).await;
+    db.wait_complete(&[ok_string, not_object, fine], Duration::from_secs(60))
+        .await;
 
     let t = db.task(not_object).await;
     assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
-    assert!(t.get_str("stderr").unwrap_or_default().contains("params must be an object"), "{t}");
+    assert!(
+        t.get_str("stderr")
+            .unwrap_or_default()
+            .contains("params must be an object"),
+        "{t}"
+    );
     assert_eq!(db.task(fine).await.get_i32("status").ok(), Some(1));
-    assert_eq!(db.task(ok_string).await.get_i32("status").ok(), Some(1), "threads \"2\" is accepted");
+    assert_eq!(
+        db.task(ok_string).await.get_i32("status").ok(),
+        Some(1),
+        "threads \"2\" is accepted"
+    );
     // Queues this node cannot serve are skipped, their tasks untouched.
     for id in [skipped_a, skipped_b] {
         let t = db.task(id).await;
@@ -108,7 +161,11 @@ async fn unrunnable_tasks_fail_clearly_and_other_queues_keep_running() {
     assert!(den.is_running());
     let log = den.log_text();
     assert!(log.contains("not listed in this node's `plugins`"), "{log}");
-    assert!(log.contains("\\\"abc\\\" is not a non-negative integer") || log.contains("\"abc\" is not a non-negative integer"), "{log}");
+    assert!(
+        log.contains("\\\"abc\\\" is not a non-negative integer")
+            || log.contains("\"abc\" is not a non-negative integer"),
+        "{log}"
+    );
     assert_eq!(den.stop(), Some(0));
     db.drop().await;
 }

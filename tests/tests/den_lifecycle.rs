@@ -21,16 +21,34 @@ async fn a_bad_config_is_refused_at_start_naming_the_file_and_key() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&*path.to_string_lossy()), "{stderr}");
-    assert!(stderr.contains("`gfs`") && stderr.contains("sometimes"), "{stderr}");
+    assert!(
+        stderr.contains("`gfs`") && stderr.contains("sometimes"),
+        "{stderr}"
+    );
 
-    std::fs::write(&path, r#"{"mongohost": "mongodb://127.0.0.1:1", "database": ["d"]}"#).expect("write");
-    let out = Command::new(bin_path("disbatchd")).arg("--config").arg(&path).output().expect("run");
+    std::fs::write(
+        &path,
+        r#"{"mongohost": "mongodb://127.0.0.1:1", "database": ["d"]}"#,
+    )
+    .expect("write");
+    let out = Command::new(bin_path("disbatchd"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("`database`") && stderr.contains("expected a string"), "{stderr}");
+    assert!(
+        stderr.contains("`database`") && stderr.contains("expected a string"),
+        "{stderr}"
+    );
 
     let missing = db.path("missing.json");
-    let out = Command::new(bin_path("disbatchd")).arg("--config").arg(&missing).output().expect("run");
+    let out = Command::new(bin_path("disbatchd"))
+        .arg("--config")
+        .arg(&missing)
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read it"));
     db.drop().await;
@@ -54,17 +72,24 @@ async fn sigterm_gives_back_claimed_tasks_and_leaves_running_ones_running() {
     let config = write_config(&db, "node.json", json!({}));
     // Two threads: the hand-made claim below counts as running and holds one.
     let queue = db.insert_queue("q", "echo", 2).await;
-    let running = db.insert_tasks(queue, vec![doc! {"sleep_ms": 1500}.into()]).await[0];
+    let running = db
+        .insert_tasks(queue, vec![doc! {"sleep_ms": 1500}.into()])
+        .await[0];
     // A claim whose runner never started (e.g. the node died between claim and spawn).
     let claimed = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
     db.tasks()
-        .update_one(doc! {"_id": claimed}, doc! {"$set": {"status": -1, "node": "n1", "mtime": DateTime::now()}})
+        .update_one(
+            doc! {"_id": claimed},
+            doc! {"$set": {"status": -1, "node": "n1", "mtime": DateTime::now()}},
+        )
         .await
         .expect("claim by hand");
     let mut den = Den::start(&config, "n1");
-    wait_for("the long task to start", Duration::from_secs(30), || async {
-        db.task(running).await.get_i32("status").ok() == Some(0)
-    })
+    wait_for(
+        "the long task to start",
+        Duration::from_secs(30),
+        || async { db.task(running).await.get_i32("status").ok() == Some(0) },
+    )
     .await;
     assert_eq!(den.stop(), Some(0), "clean exit on SIGTERM");
     let given_back = db.task(claimed).await;
@@ -84,7 +109,10 @@ async fn a_killed_and_restarted_den_completes_a_running_task_exactly_once() {
     let queue = db.insert_queue("q", "echo", 2).await;
     let runs = db.path("runs.txt");
     let id = db
-        .insert_tasks(queue, vec![doc! {"sleep_ms": 1500, "append_to": runs.to_string_lossy().to_string()}.into()])
+        .insert_tasks(
+            queue,
+            vec![doc! {"sleep_ms": 1500, "append_to": runs.to_string_lossy().to_string()}.into()],
+        )
         .await[0];
     let mut den = Den::start(&config, "n1");
     wait_for("the task to start", Duration::from_secs(30), || async {
@@ -108,23 +136,69 @@ async fn stale_claims_become_orphaned_and_fresh_ones_are_left_alone() {
     let db = TestDb::new("orphans").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("paused", "echo", 0).await;
-    let ids = db.insert_tasks(queue, vec![doc! {}.into(), doc! {}.into(), doc! {}.into(), doc! {}.into()]).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {}.into(),
+                doc! {}.into(),
+                doc! {}.into(),
+                doc! {}.into(),
+            ],
+        )
+        .await;
     let old = DateTime::from_millis(DateTime::now().timestamp_millis() - 6 * 60 * 1000);
     let old_epoch = (DateTime::now().timestamp_millis() / 1000 - 400) as f64;
     let tasks = db.tasks();
-    tasks.update_one(doc! {"_id": ids[0]}, doc! {"$set": {"status": -1, "node": "n1", "mtime": old}}).await.expect("u");
-    tasks.update_one(doc! {"_id": ids[1]}, doc! {"$set": {"status": -1, "node": "n1", "mtime": old_epoch}}).await.expect("u");
-    tasks.update_one(doc! {"_id": ids[2]}, doc! {"$set": {"status": -1, "node": "n1", "mtime": DateTime::now()}}).await.expect("u");
-    tasks.update_one(doc! {"_id": ids[3]}, doc! {"$set": {"status": -1, "node": "other", "mtime": old}}).await.expect("u");
+    tasks
+        .update_one(
+            doc! {"_id": ids[0]},
+            doc! {"$set": {"status": -1, "node": "n1", "mtime": old}},
+        )
+        .await
+        .expect("u");
+    tasks
+        .update_one(
+            doc! {"_id": ids[1]},
+            doc! {"$set": {"status": -1, "node": "n1", "mtime": old_epoch}},
+        )
+        .await
+        .expect("u");
+    tasks
+        .update_one(
+            doc! {"_id": ids[2]},
+            doc! {"$set": {"status": -1, "node": "n1", "mtime": DateTime::now()}},
+        )
+        .await
+        .expect("u");
+    tasks
+        .update_one(
+            doc! {"_id": ids[3]},
+            doc! {"$set": {"status": -1, "node": "other", "mtime": old}},
+        )
+        .await
+        .expect("u");
     let den = Den::start(&config, "n1");
     wait_for("orphans to be reaped", Duration::from_secs(30), || async {
         db.count(doc! {"status": -6}).await == 2
     })
     .await;
     assert_eq!(db.task(ids[0]).await.get_i32("status").ok(), Some(-6));
-    assert_eq!(db.task(ids[1]).await.get_i32("status").ok(), Some(-6), "legacy epoch mtime");
-    assert_eq!(db.task(ids[2]).await.get_i32("status").ok(), Some(-1), "fresh claim kept");
-    assert_eq!(db.task(ids[3]).await.get_i32("status").ok(), Some(-1), "another node's claim kept");
+    assert_eq!(
+        db.task(ids[1]).await.get_i32("status").ok(),
+        Some(-6),
+        "legacy epoch mtime"
+    );
+    assert_eq!(
+        db.task(ids[2]).await.get_i32("status").ok(),
+        Some(-1),
+        "fresh claim kept"
+    );
+    assert_eq!(
+        db.task(ids[3]).await.get_i32("status").ok(),
+        Some(-1),
+        "another node's claim kept"
+    );
     drop(den);
     db.drop().await;
 }

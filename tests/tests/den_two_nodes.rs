@@ -58,8 +58,14 @@ async fn two_nodes_share_a_queue_within_its_global_threads() {
     let (max_running, _, samples) = sampler.await.expect("sampler");
 
     assert!(samples > 20, "sampler took only {samples} samples");
-    assert!(max_running <= 3, "queue threads 3 exceeded: {max_running} running at once");
-    assert!(max_running >= 2, "the queue never ran in parallel (max {max_running})");
+    assert!(
+        max_running <= 3,
+        "queue threads 3 exceeded: {max_running} running at once"
+    );
+    assert!(
+        max_running >= 2,
+        "the queue never ran in parallel (max {max_running})"
+    );
     let lines = read_lines(&runs);
     let distinct: HashSet<&String> = lines.iter().collect();
     assert_eq!(lines.len(), 100, "each task runs exactly once");
@@ -67,7 +73,10 @@ async fn two_nodes_share_a_queue_within_its_global_threads() {
     assert_eq!(db.count(doc! {"queue": queue, "status": 1}).await, 100);
     let by_n1 = db.count(doc! {"queue": queue, "node": "n1"}).await;
     let by_n2 = db.count(doc! {"queue": queue, "node": "n2"}).await;
-    assert!(by_n1 > 0 && by_n2 > 0, "both nodes take part: n1 {by_n1}, n2 {by_n2}");
+    assert!(
+        by_n1 > 0 && by_n2 > 0,
+        "both nodes take part: n1 {by_n1}, n2 {by_n2}"
+    );
     drop((n1, n2));
     db.drop().await;
 }
@@ -84,7 +93,12 @@ async fn node_maxthreads_caps_one_node_while_the_other_fills_the_queue() {
         .expect("node doc");
     let queue = db.insert_queue("capped", "echo", 4).await;
     let ids = db
-        .insert_tasks(queue, (0..40).map(|i| doc! {"i": i, "sleep_ms": 60}.into()).collect())
+        .insert_tasks(
+            queue,
+            (0..40)
+                .map(|i| doc! {"i": i, "sleep_ms": 60}.into())
+                .collect(),
+        )
         .await;
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = spawn_sampler(&db, queue, "n1", stop.clone());
@@ -93,9 +107,15 @@ async fn node_maxthreads_caps_one_node_while_the_other_fills_the_queue() {
     db.wait_complete(&ids, Duration::from_secs(120)).await;
     stop.store(true, Ordering::Relaxed);
     let (max_all, max_n1, _) = sampler.await.expect("sampler");
-    assert!(max_n1 <= 1, "n1 has maxthreads \"1\" but ran {max_n1} at once");
+    assert!(
+        max_n1 <= 1,
+        "n1 has maxthreads \"1\" but ran {max_n1} at once"
+    );
     assert!(max_all <= 4, "queue threads 4 exceeded: {max_all}");
-    assert!(db.count(doc! {"node": "n1"}).await > 0, "n1 still takes part");
+    assert!(
+        db.count(doc! {"node": "n1"}).await > 0,
+        "n1 still takes part"
+    );
     let node = db
         .db
         .collection::<bson::Document>("nodes")
@@ -103,7 +123,11 @@ async fn node_maxthreads_caps_one_node_while_the_other_fills_the_queue() {
         .await
         .expect("find")
         .expect("node");
-    assert_eq!(node.get_str("maxthreads").ok(), Some("1"), "heartbeat kept maxthreads: {node}");
+    assert_eq!(
+        node.get_str("maxthreads").ok(),
+        Some("1"),
+        "heartbeat kept maxthreads: {node}"
+    );
     drop((n1, n2));
     db.drop().await;
 }

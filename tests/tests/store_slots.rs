@@ -10,7 +10,9 @@ use serde_json::json;
 async fn store_for(db: &TestDb) -> Store {
     let path = write_config(db, "store.json", json!({}));
     let loaded = Config::load(&path).expect("config");
-    let store = Store::connect(&loaded.config, Component::Den).await.expect("connect");
+    let store = Store::connect(&loaded.config, Component::Den)
+        .await
+        .expect("connect");
     store.ensure_indexes().await.expect("indexes");
     store
 }
@@ -21,31 +23,59 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
     let store = store_for(&db).await;
     let queue = db.insert_queue("q", "echo", 2).await;
     let other = db.insert_queue("other", "echo", 2).await;
-    db.insert_tasks(queue, vec![doc! {}.into(), doc! {}.into(), doc! {}.into()]).await;
+    db.insert_tasks(queue, vec![doc! {}.into(), doc! {}.into(), doc! {}.into()])
+        .await;
     db.insert_tasks(other, vec![doc! {}.into()]).await;
 
-    let first = store.claim_next_task(queue, "n1", QueueSort::Fifo, 0).await.expect("claim");
-    let ClaimOutcome::Claimed(first) = first else { panic!("expected a claim, got {first:?}") };
+    let first = store
+        .claim_next_task(queue, "n1", QueueSort::Fifo, 0)
+        .await
+        .expect("claim");
+    let ClaimOutcome::Claimed(first) = first else {
+        panic!("expected a claim, got {first:?}")
+    };
     // Same slot of the same queue, from another node: the database refuses it.
-    let again = store.claim_next_task(queue, "n2", QueueSort::Fifo, 0).await.expect("claim");
+    let again = store
+        .claim_next_task(queue, "n2", QueueSort::Fifo, 0)
+        .await
+        .expect("claim");
     assert_eq!(again, ClaimOutcome::SlotTaken);
     // Slot 0 of another queue is a different slot.
-    let elsewhere = store.claim_next_task(other, "n2", QueueSort::Fifo, 0).await.expect("claim");
+    let elsewhere = store
+        .claim_next_task(other, "n2", QueueSort::Fifo, 0)
+        .await
+        .expect("claim");
     assert!(matches!(elsewhere, ClaimOutcome::Claimed(_)));
     // Tasks without a slot (queued, finished, Perl-claimed) never collide.
     assert_eq!(db.count(doc! {"queue": queue, "status": -2}).await, 2);
 
     // Finishing frees the slot for the next claim.
-    store.start_task(first, "n1").await.expect("start").expect("started");
+    store
+        .start_task(first, "n1")
+        .await
+        .expect("start")
+        .expect("started");
     let outcome = store
-        .finish_task(first, "n1", 1, disbatch_core::store::OutputValue::Null, disbatch_core::store::OutputValue::Null)
+        .finish_task(
+            first,
+            "n1",
+            1,
+            disbatch_core::store::OutputValue::Null,
+            disbatch_core::store::OutputValue::Null,
+        )
         .await
         .expect("finish");
     assert_eq!(outcome, disbatch_core::store::FinishOutcome::Recorded);
-    let next = store.claim_next_task(queue, "n2", QueueSort::Fifo, 0).await.expect("claim");
+    let next = store
+        .claim_next_task(queue, "n2", QueueSort::Fifo, 0)
+        .await
+        .expect("claim");
     assert!(matches!(next, ClaimOutcome::Claimed(_)), "{next:?}");
     let finished = db.task(first).await;
-    assert!(finished.get("slot").is_none(), "slot is unset on completion: {finished}");
+    assert!(
+        finished.get("slot").is_none(),
+        "slot is unset on completion: {finished}"
+    );
     assert_eq!(finished.get_bool("complete").ok(), Some(true));
     db.drop().await;
 }

@@ -114,8 +114,9 @@ impl Config {
         if let Some(name) = cli_override.or(self.node.as_deref()) {
             return validate_node_name(name).map(|()| name.to_string());
         }
-        let host = hostname::get()
-            .map_err(|e| Error::Invalid(format!("cannot read the hostname for the node name: {e}")))?;
+        let host = hostname::get().map_err(|e| {
+            Error::Invalid(format!("cannot read the hostname for the node name: {e}"))
+        })?;
         let host = host.to_string_lossy().into_owned();
         validate_node_name(&host).map(|()| host)
     }

@@ -137,7 +137,10 @@ impl RawConfig {
         let activequeues = queue_ids("activequeues", self.activequeues)?;
         let ignorequeues = queue_ids("ignorequeues", self.ignorequeues)?;
         if !activequeues.is_empty() && !ignorequeues.is_empty() {
-            warnings.push("both `activequeues` and `ignorequeues` are set: only `activequeues` is used".into());
+            warnings.push(
+                "both `activequeues` and `ignorequeues` are set: only `activequeues` is used"
+                    .into(),
+            );
         }
         if let Some(node) = &self.node {
             super::validate_node_name(node).map_err(|e| format!("key `node`: {e}"))?;
@@ -165,7 +168,10 @@ impl RawConfig {
             tls,
             auth: self.auth.unwrap_or_default(),
             plugins,
-            task_runner: self.task_runner.as_deref().map(|p| resolve_command(base, p)),
+            task_runner: self
+                .task_runner
+                .as_deref()
+                .map(|p| resolve_command(base, p)),
             gfs,
             activequeues,
             ignorequeues,
@@ -194,7 +200,9 @@ fn required_string(key: &str, value: Option<String>) -> Result<String, String> {
 
 /// MongoDB's own rules for database names, checked here so the error names the config key.
 fn validate_database_name(name: &str) -> Result<(), String> {
-    const FORBIDDEN: &[char] = &['/', '\\', '.', ' ', '"', '$', '*', '<', '>', ':', '|', '?', '\0'];
+    const FORBIDDEN: &[char] = &[
+        '/', '\\', '.', ' ', '"', '$', '*', '<', '>', ':', '|', '?', '\0',
+    ];
     if name.len() > 63 {
         return Err(format!("key `database`: {name:?} is longer than 63 bytes"));
     }

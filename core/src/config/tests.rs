@@ -13,7 +13,8 @@ fn error_of(text: &str) -> String {
 
 #[test]
 fn minimal_disbatch_config_gets_disbatch_defaults() {
-    let loaded = parse(r#"{"mongohost": "mongodb://db:27017", "database": "disbatch"}"#).expect("ok");
+    let loaded =
+        parse(r#"{"mongohost": "mongodb://db:27017", "database": "disbatch"}"#).expect("ok");
     let c = loaded.config;
     assert_eq!(c.database, "disbatch");
     assert_eq!(c.gfs, GfsMode::Auto);
@@ -40,7 +41,10 @@ fn relaxed_json_with_comments_and_trailing_commas_is_accepted() {
 #[test]
 fn every_error_names_the_file_and_the_key() {
     let e = error_of(r#"{"database": "d"}"#);
-    assert!(e.contains("/etc/disbatch/config.json") && e.contains("`mongohost`"), "{e}");
+    assert!(
+        e.contains("/etc/disbatch/config.json") && e.contains("`mongohost`"),
+        "{e}"
+    );
     let e = error_of(r#"{"mongohost": "mongodb://h", "database": "d", "gfs": "maybe"}"#);
     assert!(e.contains("`gfs`") && e.contains("maybe"), "{e}");
     let e = error_of(r#"{"mongohost": "mongodb://h", "database": "d", "plugins": [1]}"#);
@@ -48,10 +52,14 @@ fn every_error_names_the_file_and_the_key() {
     let e = error_of(r#"{"mongohost": "mongodb://h", "database": 5}"#);
     assert!(e.contains("database") && e.contains("integer"), "{e}");
     let e = error_of(r#"{"mongohost": "mongodb://h", "database": "d", "activequeues": ["demo"]}"#);
-    assert!(e.contains("`activequeues`") && e.contains("queue id"), "{e}");
+    assert!(
+        e.contains("`activequeues`") && e.contains("queue id"),
+        "{e}"
+    );
     let e = error_of(r#"{"mongohost": "mongodb://h", "database": "d", "loop_interval_ms": 5}"#);
     assert!(e.contains("`loop_interval_ms`"), "{e}");
-    let e = error_of(r#"{"mongohost": "mongodb://h", "database": "d", "balance": {"enabled": "yes"}}"#);
+    let e =
+        error_of(r#"{"mongohost": "mongodb://h", "database": "d", "balance": {"enabled": "yes"}}"#);
     assert!(e.contains("balance.enabled"), "{e}");
     let e = error_of(r#"{"mongohost": "localhost", "database": "d"}"#);
     assert!(e.contains("`mongohost`") && e.contains("URI"), "{e}");
@@ -88,13 +96,19 @@ fn perl_ssl_attributes_map_onto_tls_settings() {
     let loaded = parse(text).expect("ok");
     let tls = loaded.config.tls;
     assert!(tls.enabled);
-    assert_eq!(tls.ca_file.as_deref(), Some(Path::new("/etc/disbatch/ca.pem")));
+    assert_eq!(
+        tls.ca_file.as_deref(),
+        Some(Path::new("/etc/disbatch/ca.pem"))
+    );
     assert!(tls.allow_invalid_certificates);
     assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
-    let plain = parse(r#"{"mongohost": "mongodb://h", "database": "d", "attributes": {"ssl": 1}}"#).expect("ok");
+    let plain = parse(r#"{"mongohost": "mongodb://h", "database": "d", "attributes": {"ssl": 1}}"#)
+        .expect("ok");
     assert!(plain.config.tls.enabled);
-    assert!(error_of(r#"{"mongohost": "mongodb://h", "database": "d", "attributes": {"ssl": "x"}}"#)
-        .contains("attributes.ssl"));
+    assert!(error_of(
+        r#"{"mongohost": "mongodb://h", "database": "d", "attributes": {"ssl": "x"}}"#
+    )
+    .contains("attributes.ssl"));
 }
 
 #[test]
@@ -102,12 +116,23 @@ fn relative_paths_resolve_against_the_config_directory() {
     let text = r#"{"mongohost": "mongodb://h", "database": "d", "task_runner": "bin/dtr",
                    "web_root": "htdocs", "plugin_dirs": ["plugins"]}"#;
     let c = parse(text).expect("ok").config;
-    assert_eq!(c.task_runner.as_deref(), Some(Path::new("/etc/disbatch/bin/dtr")));
-    assert_eq!(c.web_root.as_deref(), Some(Path::new("/etc/disbatch/htdocs")));
-    let bare = parse(r#"{"mongohost": "mongodb://h", "database": "d", "task_runner": "disbatch-task-runner"}"#)
-        .expect("ok")
-        .config;
-    assert_eq!(bare.task_runner.as_deref(), Some(Path::new("disbatch-task-runner")));
+    assert_eq!(
+        c.task_runner.as_deref(),
+        Some(Path::new("/etc/disbatch/bin/dtr"))
+    );
+    assert_eq!(
+        c.web_root.as_deref(),
+        Some(Path::new("/etc/disbatch/htdocs"))
+    );
+    let bare = parse(
+        r#"{"mongohost": "mongodb://h", "database": "d", "task_runner": "disbatch-task-runner"}"#,
+    )
+    .expect("ok")
+    .config;
+    assert_eq!(
+        bare.task_runner.as_deref(),
+        Some(Path::new("disbatch-task-runner"))
+    );
 }
 
 #[test]
@@ -115,5 +140,8 @@ fn node_names_are_validated() {
     assert!(validate_node_name("mig01.example.com").is_ok());
     assert!(validate_node_name("").is_err());
     assert!(validate_node_name("a/b").is_err());
-    assert!(error_of(r#"{"mongohost": "mongodb://h", "database": "d", "node": "bad name"}"#).contains("`node`"));
+    assert!(
+        error_of(r#"{"mongohost": "mongodb://h", "database": "d", "node": "bad name"}"#)
+            .contains("`node`")
+    );
 }

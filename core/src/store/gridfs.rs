@@ -54,7 +54,10 @@ impl Store {
         };
         if let Err(e) = self.collection(FILES).insert_one(files_doc).await {
             self.delete_chunks(id).await;
-            return Err(Error::mongo(format!("writing GridFS file {filename} of task {task_id}"), e));
+            return Err(Error::mongo(
+                format!("writing GridFS file {filename} of task {task_id}"),
+                e,
+            ));
         }
         Ok(OutputFileInfo { id, length })
     }
@@ -115,7 +118,11 @@ impl Store {
     }
 
     async fn delete_chunks(&self, id: ObjectId) {
-        if let Err(e) = self.collection(CHUNKS).delete_many(doc! {chunk::FILES_ID: id}).await {
+        if let Err(e) = self
+            .collection(CHUNKS)
+            .delete_many(doc! {chunk::FILES_ID: id})
+            .await
+        {
             tracing::warn!(file = %id, error = %e, "could not remove the chunks of a failed GridFS upload");
         }
     }
@@ -131,7 +138,11 @@ impl Store {
             .await
             .map_err(|e| Error::mongo(context(), e))?;
         let mut out = Vec::new();
-        while let Some(c) = cursor.try_next().await.map_err(|e| Error::mongo(context(), e))? {
+        while let Some(c) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo(context(), e))?
+        {
             match c.get(chunk::DATA) {
                 Some(Bson::String(s)) => out.extend_from_slice(s.as_bytes()),
                 Some(Bson::Binary(b)) => out.extend_from_slice(&b.bytes),

@@ -50,9 +50,12 @@ impl Store {
 }
 
 fn queue_from_document(d: &Document) -> Result<Queue, String> {
-    let id = d
-        .get_object_id(queue::ID)
-        .map_err(|_| format!("queue document with _id {:?} is skipped: _id is not an ObjectId", d.get(queue::ID)))?;
+    let id = d.get_object_id(queue::ID).map_err(|_| {
+        format!(
+            "queue document with _id {:?} is skipped: _id is not an ObjectId",
+            d.get(queue::ID)
+        )
+    })?;
     let name = match d.get(queue::NAME) {
         Some(Bson::String(s)) => s.clone(),
         Some(other) => other.to_string(),
@@ -75,4 +78,30 @@ fn queue_from_document(d: &Document) -> Result<Queue, String> {
         sort,
         sort_warning,
     })
+}
+
+impl Store {
+    /// Creates a queue document in Disbatch's shape; a duplicate name is refused by the
+    /// unique index (call `ensure_indexes` first).
+    pub async fn create_queue(
+        &self,
+        name: &str,
+        plugin: &str,
+        threads: Option<u32>,
+        sort: Option<&str>,
+    ) -> Result<ObjectId> {
+        let id = ObjectId::new();
+        let mut d = doc! {queue::ID: id, queue::NAME: name, queue::PLUGIN: plugin};
+        if let Some(t) = threads {
+            d.insert(queue::THREADS, t as i64);
+        }
+        if let Some(s) = sort {
+            d.insert(queue::SORT, s);
+        }
+        self.collection(QUEUES)
+            .insert_one(d)
+            .await
+            .map_err(|e| Error::mongo(format!("creating queue {name}"), e))?;
+        Ok(id)
+    }
 }

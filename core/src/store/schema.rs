@@ -80,8 +80,14 @@ pub fn disbatch_indexes() -> Vec<(&'static str, IndexModel)> {
     };
     vec![
         (TASKS, plain(doc! {"node": 1, "status": 1, "queue": 1})),
-        (TASKS, plain(doc! {"node": 1, "status": 1, "queue": 1, "_id": 1})),
-        (TASKS, plain(doc! {"node": 1, "status": 1, "queue": 1, "_id": -1})),
+        (
+            TASKS,
+            plain(doc! {"node": 1, "status": 1, "queue": 1, "_id": 1}),
+        ),
+        (
+            TASKS,
+            plain(doc! {"node": 1, "status": 1, "queue": 1, "_id": -1}),
+        ),
         (TASKS, plain(doc! {"queue": 1, "status": 1})),
         (QUEUES, unique(doc! {"name": 1})),
         (NODES, unique(doc! {"node": 1})),

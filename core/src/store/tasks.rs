@@ -66,7 +66,11 @@ const RUNNING: [i32; 2] = [status::CLAIMED, status::RUNNING];
 
 impl Store {
     /// Counts claimed and running tasks per queue and on `node`, with the slots they hold.
-    pub async fn running_snapshot(&self, node: &str, queues: &[ObjectId]) -> Result<RunningSnapshot> {
+    pub async fn running_snapshot(
+        &self,
+        node: &str,
+        queues: &[ObjectId],
+    ) -> Result<RunningSnapshot> {
         let pipeline = vec![
             doc! {"$match": {
                 task::STATUS: {"$in": RUNNING.to_vec()},
@@ -187,7 +191,10 @@ impl Store {
             Ok(r) if r.matched_count == 1 => Ok(FinishOutcome::Recorded),
             Ok(_) => Ok(FinishOutcome::NotOurs),
             Err(e) if super::is_document_too_large(&e) => Ok(FinishOutcome::TooLarge),
-            Err(e) => Err(Error::mongo(format!("recording the result of task {id}"), e)),
+            Err(e) => Err(Error::mongo(
+                format!("recording the result of task {id}"),
+                e,
+            )),
         }
     }
 
@@ -230,6 +237,28 @@ impl Store {
             .await
             .map(|r| r.modified_count)
             .map_err(|e| Error::mongo("giving back claimed tasks", e))
+    }
+
+    /// Inserts queued tasks in Disbatch 4's creation shape, in one round trip.
+    pub async fn insert_tasks(
+        &self,
+        queue: ObjectId,
+        params: Vec<Document>,
+    ) -> Result<Vec<ObjectId>> {
+        let now = DateTime::now();
+        let ids: Vec<ObjectId> = params.iter().map(|_| ObjectId::new()).collect();
+        let docs = ids.iter().zip(params).map(|(id, p)| {
+            doc! {
+                task::ID: *id, task::QUEUE: queue, task::STATUS: status::QUEUED, task::NODE: Bson::Null,
+                task::PARAMS: p, task::CTIME: now, task::MTIME: now,
+                task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
+            }
+        });
+        self.collection(TASKS)
+            .insert_many(docs)
+            .await
+            .map_err(|e| Error::mongo(format!("inserting tasks into queue {queue}"), e))?;
+        Ok(ids)
     }
 
     pub async fn get_task(&self, id: ObjectId) -> Result<Option<Document>> {
