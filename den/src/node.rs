@@ -124,7 +124,11 @@ mod tests {
         let i = Duration::from_millis(100);
         assert_eq!(backoff(i, 1), Duration::from_millis(200));
         assert_eq!(backoff(i, 3), Duration::from_millis(800));
-        assert_eq!(backoff(i, 50), Duration::from_millis(25_600), "the exponent stops at 2^8");
+        assert_eq!(
+            backoff(i, 50),
+            Duration::from_millis(25_600),
+            "the exponent stops at 2^8"
+        );
         assert_eq!(backoff(Duration::from_secs(1), 50), MAX_BACKOFF);
     }
 }

@@ -108,10 +108,12 @@ pub async fn record_result(store: &Store, gfs: GfsMode, done: &Finished) -> Resu
                     tracing::warn!(task = %done.task, "task document too large; moving output out of it");
                     plan = next;
                 }
-                None => return Err(Error::Invalid(format!(
+                None => {
+                    return Err(Error::Invalid(format!(
                     "task {} cannot be completed: its document is too large even without output",
                     done.task
-                ))),
+                )))
+                }
             },
             other => return Ok(other),
         }
