@@ -7,6 +7,7 @@
 pub mod claim_plan;
 pub mod config;
 pub mod error;
+pub mod logging;
 pub mod model;
 pub mod output;
 pub mod plugin;

@@ -114,6 +114,16 @@ impl TestDb {
             .expect("task exists")
     }
 
+    /// A node's document, which the DEN upserts on every heartbeat.
+    pub async fn node(&self, name: &str) -> Document {
+        self.db
+            .collection::<Document>("nodes")
+            .find_one(doc! {"node": name})
+            .await
+            .expect("find node")
+            .expect("node document exists")
+    }
+
     pub async fn count(&self, filter: Document) -> u64 {
         self.tasks().count_documents(filter).await.expect("count")
     }

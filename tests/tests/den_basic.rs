@@ -32,13 +32,7 @@ async fn twenty_tasks_succeed_with_their_stdout() {
         assert!(t.get("slot").is_none(), "slot freed: {t}");
         assert!(t.get_datetime("mtime").is_ok());
     }
-    let node = db
-        .db
-        .collection::<bson::Document>("nodes")
-        .find_one(doc! {"node": "n1"})
-        .await
-        .expect("find")
-        .expect("node document");
+    let node = db.node("n1").await;
     assert!(node.get_datetime("timestamp").is_ok(), "{node}");
     drop(den);
     db.drop().await;

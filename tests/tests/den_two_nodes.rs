@@ -5,33 +5,55 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::path::Path;
+
 use bson::doc;
+use bson::oid::ObjectId;
 use disbatch_tests::{read_lines, write_config, Den, TestDb};
 use serde_json::json;
 
-/// Samples running (-1/0) counts until stopped; returns (max overall, max on `node`).
-fn spawn_sampler(
+/// The highest running (-1/0) counts sampled while two DENs drain a queue.
+struct Sampled {
+    max_all: u64,
+    max_n1: u64,
+    samples: u32,
+}
+
+/// Starts DENs `n1` and `n2`, samples the queue's running counts every few ms until every
+/// task is complete, then stops the DENs.
+async fn drain_with_two_nodes(
     db: &TestDb,
-    queue: bson::oid::ObjectId,
-    node: &'static str,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<(u64, u64, u32)> {
+    config: &Path,
+    queue: ObjectId,
+    ids: &[ObjectId],
+) -> Sampled {
+    let stop = Arc::new(AtomicBool::new(false));
     let tasks = db.tasks();
-    tokio::spawn(async move {
-        let (mut max_all, mut max_node, mut samples) = (0, 0, 0);
-        while !stop.load(Ordering::Relaxed) {
+    let stop_flag = stop.clone();
+    let sampler = tokio::spawn(async move {
+        let mut s = Sampled {
+            max_all: 0,
+            max_n1: 0,
+            samples: 0,
+        };
+        while !stop_flag.load(Ordering::Relaxed) {
             let running = doc! {"queue": queue, "status": {"$in": [-1, 0]}};
             let all = tasks.count_documents(running.clone()).await.unwrap_or(0);
-            let mut on_node = running;
-            on_node.insert("node", node);
-            let mine = tasks.count_documents(on_node).await.unwrap_or(0);
-            max_all = max_all.max(all);
-            max_node = max_node.max(mine);
-            samples += 1;
+            let mut on_n1 = running;
+            on_n1.insert("node", "n1");
+            let mine = tasks.count_documents(on_n1).await.unwrap_or(0);
+            s.max_all = s.max_all.max(all);
+            s.max_n1 = s.max_n1.max(mine);
+            s.samples += 1;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        (max_all, max_node, samples)
-    })
+        s
+    });
+    let nodes = (Den::start(config, "n1"), Den::start(config, "n2"));
+    db.wait_complete(ids, Duration::from_secs(120)).await;
+    stop.store(true, Ordering::Relaxed);
+    drop(nodes);
+    sampler.await.expect("sampler")
 }
 
 #[tokio::test]
@@ -49,13 +71,11 @@ async fn two_nodes_share_a_queue_within_its_global_threads() {
                 .collect(),
         )
         .await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = spawn_sampler(&db, queue, "n1", stop.clone());
-    let n1 = Den::start(&config, "n1");
-    let n2 = Den::start(&config, "n2");
-    db.wait_complete(&ids, Duration::from_secs(120)).await;
-    stop.store(true, Ordering::Relaxed);
-    let (max_running, _, samples) = sampler.await.expect("sampler");
+    let Sampled {
+        max_all: max_running,
+        samples,
+        ..
+    } = drain_with_two_nodes(&db, &config, queue, &ids).await;
 
     assert!(samples > 20, "sampler took only {samples} samples");
     assert!(
@@ -77,7 +97,6 @@ async fn two_nodes_share_a_queue_within_its_global_threads() {
         by_n1 > 0 && by_n2 > 0,
         "both nodes take part: n1 {by_n1}, n2 {by_n2}"
     );
-    drop((n1, n2));
     db.drop().await;
 }
 
@@ -100,13 +119,9 @@ async fn node_maxthreads_caps_one_node_while_the_other_fills_the_queue() {
                 .collect(),
         )
         .await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = spawn_sampler(&db, queue, "n1", stop.clone());
-    let n1 = Den::start(&config, "n1");
-    let n2 = Den::start(&config, "n2");
-    db.wait_complete(&ids, Duration::from_secs(120)).await;
-    stop.store(true, Ordering::Relaxed);
-    let (max_all, max_n1, _) = sampler.await.expect("sampler");
+    let Sampled {
+        max_all, max_n1, ..
+    } = drain_with_two_nodes(&db, &config, queue, &ids).await;
     assert!(
         max_n1 <= 1,
         "n1 has maxthreads \"1\" but ran {max_n1} at once"
@@ -116,18 +131,11 @@ async fn node_maxthreads_caps_one_node_while_the_other_fills_the_queue() {
         db.count(doc! {"node": "n1"}).await > 0,
         "n1 still takes part"
     );
-    let node = db
-        .db
-        .collection::<bson::Document>("nodes")
-        .find_one(doc! {"node": "n1"})
-        .await
-        .expect("find")
-        .expect("node");
+    let node = db.node("n1").await;
     assert_eq!(
         node.get_str("maxthreads").ok(),
         Some("1"),
         "heartbeat kept maxthreads: {node}"
     );
-    drop((n1, n2));
     db.drop().await;
 }

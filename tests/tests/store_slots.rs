@@ -79,3 +79,51 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
     assert_eq!(finished.get_bool("complete").ok(), Some(true));
     db.drop().await;
 }
+
+#[tokio::test]
+async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
+    let db = TestDb::new("indexes").await;
+    let store = store_for(&db).await;
+    store.ensure_indexes().await.expect("idempotent");
+    let names = |coll: &'static str| {
+        let db = db.db.clone();
+        async move {
+            let mut names = db
+                .collection::<bson::Document>(coll)
+                .list_index_names()
+                .await
+                .expect("list");
+            names.sort();
+            names
+        }
+    };
+    assert_eq!(
+        names("tasks").await,
+        [
+            "_id_",
+            "node_1_status_1_queue_1",
+            "node_1_status_1_queue_1__id_-1",
+            "node_1_status_1_queue_1__id_1",
+            "queue_1_slot_1",
+            "queue_1_status_1"
+        ]
+    );
+    assert_eq!(names("queues").await, ["_id_", "name_1"]);
+    assert_eq!(names("nodes").await, ["_id_", "node_1"]);
+    assert_eq!(names("tasks.chunks").await, ["_id_", "files_id_1_n_1"]);
+    assert_eq!(
+        names("tasks.files").await,
+        ["_id_", "filename_1_metadata.task_id_1"]
+    );
+    // Unique where Disbatch makes them unique: a second queue named "q" is refused.
+    store
+        .create_queue("q", "echo", None, None)
+        .await
+        .expect("first");
+    assert!(store
+        .create_queue("q", "echo", None, None)
+        .await
+        .expect_err("dup")
+        .is_duplicate_key());
+    db.drop().await;
+}
