@@ -77,6 +77,7 @@ async fn two_nodes_share_a_queue_within_its_global_threads() {
         ..
     } = drain_with_two_nodes(&db, &config, queue, &ids).await;
 
+    eprintln!("two nodes, threads 3, 100 tasks: max running {max_running} over {samples} samples");
     assert!(samples > 20, "sampler took only {samples} samples");
     assert!(
         max_running <= 3,
