@@ -4,6 +4,7 @@
 //! `output` the GridFS placement rules, `plugin` the plugin allow-list, `claim_plan` the
 //! per-pass claim decisions.
 
+pub mod balance;
 pub mod claim_plan;
 pub mod config;
 pub mod error;

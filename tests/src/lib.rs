@@ -1,5 +1,6 @@
 //! Integration-test harness: a real MongoDB-wire server, one database per test, real binaries.
 
+mod dci;
 mod den;
 mod server;
 
@@ -11,16 +12,18 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use mongodb::{Client, Collection, Database};
 
+pub use dci::Dci;
 pub use den::{write_config, Den};
 pub use server::server_uri;
 
-/// Where cargo put the workspace binaries (next to the test executable's `deps/`).
+/// Where cargo put the workspace binaries: beside this executable, or one level up from
+/// `deps/` for test executables.
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target profile directory");
+    let mut dir = exe.parent().expect("executable directory");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("target profile directory");
+    }
     let path = dir.join(name);
     assert!(
         path.exists(),

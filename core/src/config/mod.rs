@@ -75,6 +75,27 @@ pub struct Config {
     pub node: Option<String>,
     pub loop_interval: Duration,
     pub quiet: bool,
+    pub web: WebSettings,
+    /// Names of Disbatch web extensions (`web_extensions` keys); `Disbatch::Web::Tasks`
+    /// turns on the legacy 4.0 task routes.
+    pub web_extensions: Vec<String>,
+}
+
+/// The DCI's own settings (`web`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebSettings {
+    /// Listen address; `--listen` overrides; default 127.0.0.1:8080.
+    pub listen: Option<String>,
+    /// Larger request bodies are refused with 413.
+    pub max_body_bytes: u64,
+    /// A node whose heartbeat is older than this is shown as not live.
+    pub live_window: Duration,
+    /// Disbatch returned `{}` for a search with no match; `[]` unless this is set.
+    pub empty_tasks_object: bool,
+}
+
+impl WebSettings {
+    pub const DEFAULT_MAX_BODY: u64 = 64 * 1024 * 1024;
 }
 
 /// A config and the non-fatal findings (unknown keys, ignored attributes) to log at start.

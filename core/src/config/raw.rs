@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::attributes::TlsSettings;
-use super::{BalanceSettings, Config, DEFAULT_LOOP_INTERVAL, MIN_LOOP_INTERVAL};
+use super::{BalanceSettings, Config, WebSettings, DEFAULT_LOOP_INTERVAL, MIN_LOOP_INTERVAL};
 use crate::output::GfsMode;
 use crate::plugin::PluginTable;
 
@@ -28,7 +28,7 @@ pub(super) fn parse_relaxed_json(text: &str) -> Result<Value, String> {
 }
 
 /// Keys Disbatch 4 defines that this implementation accepts but does not use.
-const ACCEPTED_UNUSED: &[&str] = &["views_dir", "log4perl", "testing", "web_extensions"];
+const ACCEPTED_UNUSED: &[&str] = &["views_dir", "log4perl", "testing"];
 
 #[derive(Debug, Deserialize)]
 pub(super) struct RawConfig {
@@ -62,6 +62,19 @@ pub(super) struct RawConfig {
     loop_interval_ms: Option<u64>,
     #[serde(default)]
     quiet: Option<bool>,
+    #[serde(default)]
+    web: Option<RawWeb>,
+    #[serde(default)]
+    web_extensions: Option<serde_json::Map<String, Value>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawWeb {
+    listen: Option<String>,
+    max_body_bytes: Option<u64>,
+    live_window_ms: Option<u64>,
+    #[serde(default)]
+    empty_tasks_object: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -161,6 +174,16 @@ impl RawConfig {
             Some(ms) => Duration::from_millis(ms),
         };
         let balance = self.balance.unwrap_or_default();
+        let web = self.web.unwrap_or_default();
+        let web = WebSettings {
+            listen: web.listen,
+            max_body_bytes: web.max_body_bytes.unwrap_or(WebSettings::DEFAULT_MAX_BODY),
+            live_window: Duration::from_millis(web.live_window_ms.unwrap_or(15_000)),
+            empty_tasks_object: web.empty_tasks_object,
+        };
+        if web.max_body_bytes < 1024 {
+            return Err("key `web.max_body_bytes`: must be at least 1024".into());
+        }
         Ok(Config {
             path: path.to_path_buf(),
             mongohost,
@@ -186,6 +209,11 @@ impl RawConfig {
             node: self.node,
             loop_interval,
             quiet: self.quiet.unwrap_or(false),
+            web,
+            web_extensions: self
+                .web_extensions
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default(),
         })
     }
 }

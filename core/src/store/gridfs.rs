@@ -181,6 +181,35 @@ fn chunk_doc(files_id: ObjectId, n: i32, data: String) -> Document {
     doc! {chunk::FILES_ID: files_id, chunk::N: n, chunk::DATA: data}
 }
 
+/// A stream of an output file's bytes, chunk by chunk, in order.
+pub type OutputStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<Vec<u8>>> + Send + 'static>>;
+
+impl Store {
+    /// Streams a GridFS output file without loading it whole (string or binary chunks).
+    pub async fn stream_output_file(&self, id: ObjectId) -> Result<OutputStream> {
+        let cursor = self
+            .collection(CHUNKS)
+            .find(doc! {chunk::FILES_ID: id})
+            .sort(doc! {chunk::N: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
+        let stream = futures::StreamExt::map(cursor, move |c| {
+            let c = c.map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
+            match c.get(chunk::DATA) {
+                Some(Bson::String(s)) => Ok(s.as_bytes().to_vec()),
+                Some(Bson::Binary(b)) => Ok(b.bytes.clone()),
+                other => Err(Error::BadDocument {
+                    collection: CHUNKS,
+                    id: format!("{:?}", c.get("_id")),
+                    message: format!("chunk data is neither a string nor binary: {other:?}"),
+                }),
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,17 @@
 //! The one place that talks to MongoDB: connection, indexes and every query of the schema.
 
+mod balance;
 mod gridfs;
+mod lookup;
 mod nodes;
 mod queues;
 pub mod schema;
+mod task_control;
+mod task_create;
+mod task_query;
 mod tasks;
+mod web_nodes;
+mod web_queues;
 
 use std::time::Duration;
 
@@ -13,8 +20,13 @@ use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
 pub use gridfs::OutputFileInfo;
+pub use gridfs::OutputStream;
 pub use nodes::{Heartbeat, NodeLimit};
+pub use task_control::{is_retryable, ControlOutcome};
+pub use task_create::Template;
+pub use task_query::{IndexSets, QueryError, TaskQuery};
 pub use tasks::{ClaimOutcome, FinishOutcome, OutputValue, RunningSnapshot};
+pub use web_queues::QueueCounts;
 
 use crate::config::{Component, Config};
 use crate::error::{Error, Result};
@@ -100,6 +112,35 @@ impl Store {
 
     fn collection(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
+    }
+}
+
+/// What a write matched and changed, for the API's result envelopes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WriteCounts {
+    pub matched: u64,
+    pub modified: u64,
+    pub deleted: u64,
+    pub upserted_id: Option<bson::Bson>,
+}
+
+impl From<mongodb::results::UpdateResult> for WriteCounts {
+    fn from(r: mongodb::results::UpdateResult) -> Self {
+        WriteCounts {
+            matched: r.matched_count,
+            modified: r.modified_count,
+            deleted: 0,
+            upserted_id: r.upserted_id,
+        }
+    }
+}
+
+impl From<mongodb::results::DeleteResult> for WriteCounts {
+    fn from(r: mongodb::results::DeleteResult) -> Self {
+        WriteCounts {
+            deleted: r.deleted_count,
+            ..Default::default()
+        }
     }
 }
 

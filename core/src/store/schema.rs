@@ -113,3 +113,14 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
             .build(),
     )]
 }
+
+pub const BALANCE: &str = "balance";
+
+pub mod balance {
+    pub const MAX_TASKS: &str = "max_tasks";
+    pub const QUEUES: &str = "queues";
+    pub const DISABLED: &str = "disabled";
+    pub const STATUS: &str = "status";
+    pub const MESSAGE: &str = "message";
+    pub const TIMESTAMP: &str = "timestamp";
+}

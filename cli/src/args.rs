@@ -1,0 +1,280 @@
+//! The command line: global options and every subcommand, as clap derive types.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use clap_complete::Shell;
+
+/// Command-line client for the Disbatch Command Interface (disbatch-web REST API).
+///
+/// Credentials: `--username NAME` sends HTTP Basic auth with the password taken from
+/// DISBATCH_PASSWORD; `--token-file PATH` (or DISBATCH_TOKEN) sends a Bearer token.
+/// Neither is ever printed.
+#[derive(Parser, Debug)]
+#[command(name = "disbatch", version, about)]
+pub struct Args {
+    /// Base URL of disbatch-web.
+    #[arg(
+        long,
+        short = 'u',
+        env = "DISBATCH_URL",
+        // The URL may carry user:password@, and help must never show credentials.
+        hide_env_values = true,
+        default_value = "http://localhost:8080",
+        global = true
+    )]
+    pub url: String,
+    /// Print the server's raw JSON response instead of human output (for scripts).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// HTTP Basic user name; the password is read from DISBATCH_PASSWORD.
+    #[arg(long, short = 'n', global = true, conflicts_with = "token_file")]
+    pub username: Option<String>,
+    /// File holding a Bearer token (DISBATCH_TOKEN is used when neither this nor --username is given).
+    #[arg(long, value_name = "PATH", global = true)]
+    pub token_file: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Queue claim order (`sort` on the queue document).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sort {
+    Fifo,
+    Lifo,
+    Default,
+}
+
+impl Sort {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sort::Fifo => "fifo",
+            Sort::Lifo => "lifo",
+            Sort::Default => "default",
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// List the allowed plugin names.
+    Plugins,
+    /// List queues with their task counts.
+    #[command(alias = "status")]
+    Queues,
+    /// Create a queue.
+    CreateQueue {
+        name: String,
+        plugin: String,
+        /// How many of its tasks may run at once across all nodes.
+        #[arg(long)]
+        threads: Option<u64>,
+        /// Claim order.
+        #[arg(long, value_enum)]
+        sort: Option<Sort>,
+    },
+    /// Change fields of a queue (name, plugin, threads, sort).
+    UpdateQueue {
+        /// Queue id or name.
+        queue: String,
+        /// FIELD VALUE pairs; `threads` takes digits or `null`.
+        #[arg(value_name = "FIELD VALUE", num_args = 1.., required = true)]
+        pairs: Vec<String>,
+    },
+    /// Delete a queue (its tasks are kept).
+    DeleteQueue {
+        /// Queue id or name.
+        queue: String,
+    },
+    /// Create one task from KEY VALUE pairs (string values).
+    CreateTask {
+        /// Queue id or name.
+        queue: String,
+        #[arg(value_name = "KEY VALUE")]
+        pairs: Vec<String>,
+    },
+    /// Create tasks from a JSON array, a collection query, or a JSON-lines file.
+    CreateTasks {
+        /// Queue id or name.
+        queue: String,
+        /// JSON array of params objects; with --collection, `{"filter":{…},"params":{…}}`.
+        #[arg(
+            value_name = "JSON",
+            required_unless_present = "file",
+            conflicts_with = "file"
+        )]
+        data: Option<String>,
+        /// One task per document of this collection matching the filter.
+        #[arg(long, conflicts_with = "file")]
+        collection: Option<String>,
+        /// JSON-lines file, one params object per line (`-` for stdin).
+        #[arg(long, value_name = "PATH")]
+        file: Option<PathBuf>,
+        /// Tasks per POST /tasks request when reading --file.
+        #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+        chunk_size: u64,
+    },
+    /// Query tasks by indexed fields; prints the server's JSON.
+    Tasks {
+        /// JSON object of indexed fields, e.g. '{"queue":"demo","status":-2}'.
+        filter: Option<String>,
+        /// Print only the number of matching tasks.
+        #[arg(long)]
+        count: bool,
+        /// At most this many tasks.
+        #[arg(long, default_value_t = 20)]
+        limit: u64,
+        /// Skip this many tasks.
+        #[arg(long)]
+        skip: Option<u64>,
+        /// Projection as JSON, e.g. '["status","node"]'.
+        #[arg(long, value_name = "JSON")]
+        fields: Option<String>,
+        /// Replace string stdout/stderr with "[terse mode]".
+        #[arg(long)]
+        terse: bool,
+        /// Replace GridFS stdout/stderr ids with their text.
+        #[arg(long)]
+        full: bool,
+        /// ctime and mtime as epoch seconds.
+        #[arg(long)]
+        epoch: bool,
+        /// Pretty-printed JSON.
+        #[arg(long)]
+        pretty: bool,
+    },
+    /// List nodes with their heartbeat and running tasks.
+    Nodes,
+    /// Set or clear a node's maxthreads.
+    SetMaxthreads {
+        /// Node name or id.
+        node: String,
+        /// A non-negative integer, or `null` for no limit.
+        #[arg(value_name = "N|null", value_parser = parse_maxthreads, allow_negative_numbers = true)]
+        maxthreads: MaxThreads,
+    },
+    /// Cancel a queued or blocked task.
+    Cancel { task_id: String },
+    /// Requeue a finished task, or (with --queue) every failed/orphaned task of a queue.
+    Retry {
+        #[arg(required_unless_present = "queue", conflicts_with = "queue")]
+        task_id: Option<String>,
+        /// Queue id or name.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Status codes to requeue (server default: 2 and -6).
+        #[arg(
+            long,
+            value_name = "CODE",
+            requires = "queue",
+            num_args = 1..,
+            allow_negative_numbers = true
+        )]
+        status: Vec<i64>,
+    },
+    /// Delete a task that is not running, with its output files.
+    DeleteTask { task_id: String },
+    /// Stream a task's stdout.
+    Stdout { task_id: String },
+    /// Stream a task's stderr.
+    Stderr { task_id: String },
+    /// Print a shell completion script.
+    Completions { shell: Shell },
+}
+
+/// `set-maxthreads` value: `None` clears the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaxThreads(pub Option<u64>);
+
+fn parse_maxthreads(s: &str) -> Result<MaxThreads, String> {
+    if s == "null" {
+        return Ok(MaxThreads(None));
+    }
+    s.parse::<u64>()
+        .map(|n| MaxThreads(Some(n)))
+        .map_err(|_| format!("expected a non-negative integer or null, got {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn maxthreads_values() {
+        assert_eq!(parse_maxthreads("null"), Ok(MaxThreads(None)));
+        assert_eq!(parse_maxthreads("4"), Ok(MaxThreads(Some(4))));
+        assert!(parse_maxthreads("-1").is_err());
+        assert!(parse_maxthreads("x").is_err());
+    }
+
+    #[test]
+    fn skip_takes_a_value_and_status_accepts_negatives() {
+        let args = Args::try_parse_from(["disbatch", "tasks", "--skip", "5"]).unwrap();
+        assert!(matches!(args.command, Command::Tasks { skip: Some(5), .. }));
+        let args =
+            Args::try_parse_from(["disbatch", "retry", "--queue", "q", "--status", "-6", "2"])
+                .unwrap();
+        match args.command {
+            Command::Retry { status, queue, .. } => {
+                assert_eq!(status, vec![-6, 2]);
+                assert_eq!(queue.as_deref(), Some("q"));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(Args::try_parse_from(["disbatch", "retry"]).is_err());
+        assert!(Args::try_parse_from(["disbatch", "retry", "id", "--queue", "q"]).is_err());
+    }
+
+    #[test]
+    fn create_tasks_forms() {
+        let args =
+            Args::try_parse_from(["disbatch", "create-tasks", "q", "[{}]", "--json"]).unwrap();
+        assert!(args.json);
+        assert!(matches!(
+            args.command,
+            Command::CreateTasks {
+                data: Some(_),
+                file: None,
+                ..
+            }
+        ));
+        let args = Args::try_parse_from(["disbatch", "create-tasks", "q", "--file", "-"]).unwrap();
+        assert!(matches!(
+            args.command,
+            Command::CreateTasks {
+                data: None,
+                file: Some(_),
+                chunk_size: 5000,
+                ..
+            }
+        ));
+        assert!(Args::try_parse_from(["disbatch", "create-tasks", "q"]).is_err());
+        assert!(
+            Args::try_parse_from(["disbatch", "create-tasks", "q", "[]", "--file", "f"]).is_err()
+        );
+        assert!(Args::try_parse_from([
+            "disbatch",
+            "create-tasks",
+            "q",
+            "--file",
+            "f",
+            "--chunk-size",
+            "0"
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn global_options_go_before_or_after_the_command() {
+        let args =
+            Args::try_parse_from(["disbatch", "queues", "--json", "--url", "http://x:1"]).unwrap();
+        assert!(args.json);
+        assert_eq!(args.url, "http://x:1");
+    }
+}

@@ -1,0 +1,146 @@
+//! Runs one parsed command against the server and writes its output.
+
+mod nodes;
+mod queues;
+mod task_ops;
+mod tasks;
+
+pub use queues::update_body;
+pub use tasks::{task_params, tasks_body};
+
+use std::io::Write;
+
+use serde_json::Value;
+
+use crate::args::Command;
+use crate::client::{Client, Reply};
+
+/// What every command needs: the server and the output mode.
+pub struct Ctx {
+    pub client: Client,
+    /// `--json`: print the server's JSON instead of human output.
+    pub json: bool,
+}
+
+impl Ctx {
+    /// In `--json` mode writes the reply as the server sent it and returns true, so the
+    /// caller skips its human output.
+    fn raw(&self, reply: &Reply, out: &mut dyn Write) -> anyhow::Result<bool> {
+        if self.json {
+            write_raw(out, &reply.raw)?;
+        }
+        Ok(self.json)
+    }
+}
+
+/// Writes a body as received, ending it with a newline if it has none.
+fn write_raw(out: &mut dyn Write, raw: &[u8]) -> std::io::Result<()> {
+    out.write_all(raw)?;
+    if !raw.ends_with(b"\n") {
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+/// A JSON value as a table cell or list line: strings bare, null blank, the rest as JSON.
+fn cell(value: Option<&Value>) -> String {
+    match value {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Splits KEY VALUE arguments into pairs; an odd count is a usage mistake worth a clear error.
+fn pairs<'a>(args: &'a [String], names: &str) -> anyhow::Result<Vec<(&'a String, &'a String)>> {
+    if args.len() % 2 == 1 {
+        anyhow::bail!(
+            "expected {names} pairs, got an odd number of arguments ({}): {}",
+            args.len(),
+            args.join(" ")
+        );
+    }
+    Ok(args
+        .chunks_exact(2)
+        .map(|pair| (&pair[0], &pair[1]))
+        .collect())
+}
+
+/// The reply as an array, or an error naming what was expected.
+fn array<'a>(reply: &'a Reply, what: &str) -> anyhow::Result<&'a Vec<Value>> {
+    reply.value.as_array().ok_or_else(|| {
+        anyhow::anyhow!("unexpected response from the server: expected a JSON array of {what}")
+    })
+}
+
+pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
+    match command {
+        Command::Plugins => queues::plugins(ctx, out).await,
+        Command::Queues => queues::list(ctx, out).await,
+        Command::CreateQueue {
+            name,
+            plugin,
+            threads,
+            sort,
+        } => queues::create(ctx, &name, &plugin, threads, sort, out).await,
+        Command::UpdateQueue { queue, pairs } => queues::update(ctx, &queue, &pairs, out).await,
+        Command::DeleteQueue { queue } => queues::delete(ctx, &queue, out).await,
+        Command::CreateTask { queue, pairs } => tasks::create_one(ctx, &queue, &pairs, out).await,
+        Command::CreateTasks {
+            queue,
+            data,
+            collection,
+            file,
+            chunk_size,
+        } => match file {
+            Some(path) => tasks::create_from_file(ctx, &queue, &path, chunk_size, out).await,
+            None => {
+                let data = data.unwrap_or_default();
+                tasks::create_many(ctx, &queue, &data, collection.as_deref(), out).await
+            }
+        },
+        Command::Tasks {
+            filter,
+            count,
+            limit,
+            skip,
+            fields,
+            terse,
+            full,
+            epoch,
+            pretty,
+        } => {
+            let options = tasks::QueryOptions {
+                count,
+                limit,
+                skip,
+                fields,
+                terse,
+                full,
+                epoch,
+                pretty,
+            };
+            tasks::query(ctx, filter.as_deref(), &options, out).await
+        }
+        Command::Nodes => nodes::list(ctx, out).await,
+        Command::SetMaxthreads { node, maxthreads } => {
+            nodes::set_maxthreads(ctx, &node, maxthreads.0, out).await
+        }
+        Command::Cancel { task_id } => task_ops::cancel(ctx, &task_id, out).await,
+        Command::Retry {
+            task_id,
+            queue,
+            status,
+        } => match (task_id, queue) {
+            (_, Some(queue)) => task_ops::retry_queue(ctx, &queue, &status, out).await,
+            (Some(task_id), None) => task_ops::retry(ctx, &task_id, out).await,
+            // clap requires one of the two.
+            (None, None) => anyhow::bail!("retry needs a TASK_ID or --queue QUEUE"),
+        },
+        Command::DeleteTask { task_id } => task_ops::delete(ctx, &task_id, out).await,
+        Command::Stdout { task_id } => task_ops::output(ctx, &task_id, "stdout", out).await,
+        Command::Stderr { task_id } => task_ops::output(ctx, &task_id, "stderr", out).await,
+        // Handled before a client exists: it needs no server.
+        Command::Completions { .. } => Ok(()),
+    }
+}

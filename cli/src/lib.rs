@@ -1,0 +1,64 @@
+//! disbatch-cli: the `disbatch` command-line client of the disbatch-web REST API.
+//!
+//! `args` defines the command line, `client` and `auth` talk HTTP, `commands` runs each
+//! command, `table`, `timefmt` and `envelope` shape output, and `chunked` does bulk creation.
+
+pub mod args;
+pub mod auth;
+pub mod chunked;
+pub mod client;
+pub mod commands;
+pub mod envelope;
+pub mod table;
+pub mod timefmt;
+
+use std::io::Write;
+
+use clap::CommandFactory;
+
+use crate::args::{Args, Command};
+use crate::auth::Auth;
+use crate::client::{Client, HttpError};
+use crate::commands::Ctx;
+
+/// Runs the parsed command line, writing results to stdout.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if let Command::Completions { shell } = args.command {
+        // clap_complete panics on a failed write (`| head`), so it writes to memory first.
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Args::command(), "disbatch", &mut script);
+        out.write_all(&script)?;
+        return Ok(());
+    }
+    let auth = Auth::from_options(args.username.as_deref(), args.token_file.as_deref())?;
+    let ctx = Ctx {
+        client: Client::new(&args.url, auth)?,
+        json: args.json,
+    };
+    let result = commands::dispatch(&ctx, args.command, &mut out).await;
+    if let Err(e) = &result {
+        // Scripts using --json get the server's error object on stdout as well as the exit code.
+        if let Some(HttpError {
+            body: Some(body), ..
+        }) = e.downcast_ref::<HttpError>()
+        {
+            if ctx.json {
+                // A failed write here must not hide the server's error, which is reported next.
+                let _ = writeln!(out, "{body}");
+            }
+        }
+    }
+    out.flush()?;
+    result
+}
+
+/// True when the error is stdout closing early (`disbatch tasks | head`), which is no failure.
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

@@ -1,0 +1,148 @@
+//! Operator actions on tasks: cancel, retry (one or a queue's), delete with its output files.
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime};
+use futures::TryStreamExt;
+
+use super::schema::{chunk, file, task, CHUNKS, FILES, TASKS};
+use super::{Store, WriteCounts};
+use crate::error::{Error, Result};
+use crate::model::status;
+
+/// The result of an action on one task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControlOutcome {
+    Done(WriteCounts),
+    NotFound,
+    /// The task is in a status the action does not apply to.
+    WrongStatus(Bson),
+}
+
+/// Statuses a task may be retried from: finished, orphaned, cancelled, terminated.
+pub fn is_retryable(s: i64) -> bool {
+    s >= status::SUCCEEDED as i64
+        || s == status::ORPHANED as i64
+        || s == status::CANCELLED as i64
+        || s == status::TERMINATED as i64
+}
+
+impl Store {
+    /// Queued or blocked → cancelled.
+    pub async fn cancel_task(&self, id: ObjectId) -> Result<ControlOutcome> {
+        let filter = doc! {task::ID: id, task::STATUS: {"$in": [status::QUEUED, status::BLOCKED]}};
+        let update = doc! {"$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()}};
+        self.control_one(id, filter, update, "cancelling").await
+    }
+
+    /// A finished, orphaned, cancelled or terminated task back to queued, output cleared.
+    /// Its GridFS files are kept: they still carry `metadata.task_id`.
+    pub async fn retry_task(&self, id: ObjectId) -> Result<ControlOutcome> {
+        let filter = doc! {task::ID: id, "$or": retryable_filter()};
+        self.control_one(id, filter, requeue_update(), "retrying")
+            .await
+    }
+
+    /// Requeues every task of `queue` whose status is one of `statuses`.
+    pub async fn retry_queue(&self, queue: ObjectId, statuses: &[i32]) -> Result<WriteCounts> {
+        self.collection(TASKS)
+            .update_many(
+                doc! {task::QUEUE: queue, task::STATUS: {"$in": statuses.to_vec()}},
+                requeue_update(),
+            )
+            .await
+            .map(WriteCounts::from)
+            .map_err(|e| Error::mongo(format!("retrying tasks of queue {queue}"), e))
+    }
+
+    /// Deletes a task that is not claimed or running, then its output files.
+    pub async fn delete_task(&self, id: ObjectId) -> Result<ControlOutcome> {
+        let filter =
+            doc! {task::ID: id, task::STATUS: {"$nin": [status::CLAIMED, status::RUNNING]}};
+        let deleted = self
+            .collection(TASKS)
+            .delete_one(filter)
+            .await
+            .map_err(|e| Error::mongo(format!("deleting task {id}"), e))?;
+        if deleted.deleted_count == 0 {
+            return self.why_not(id).await;
+        }
+        self.delete_task_files(id).await?;
+        Ok(ControlOutcome::Done(WriteCounts::from(deleted)))
+    }
+
+    async fn delete_task_files(&self, id: ObjectId) -> Result<()> {
+        let files: Vec<bson::Document> = self
+            .collection(FILES)
+            .find(doc! {file::METADATA_TASK_ID: id})
+            .projection(doc! {file::ID: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("finding output files of task {id}"), e))?
+            .try_collect()
+            .await
+            .map_err(|e| Error::mongo(format!("finding output files of task {id}"), e))?;
+        let ids: Vec<ObjectId> = files
+            .iter()
+            .filter_map(|f| f.get_object_id(file::ID).ok())
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.collection(CHUNKS)
+            .delete_many(doc! {chunk::FILES_ID: {"$in": ids.clone()}})
+            .await
+            .map_err(|e| Error::mongo(format!("deleting output chunks of task {id}"), e))?;
+        self.collection(FILES)
+            .delete_many(doc! {file::ID: {"$in": ids}})
+            .await
+            .map_err(|e| Error::mongo(format!("deleting output files of task {id}"), e))?;
+        Ok(())
+    }
+
+    async fn control_one(
+        &self,
+        id: ObjectId,
+        filter: bson::Document,
+        update: bson::Document,
+        what: &str,
+    ) -> Result<ControlOutcome> {
+        let r = self
+            .collection(TASKS)
+            .update_one(filter, update)
+            .await
+            .map_err(|e| Error::mongo(format!("{what} task {id}"), e))?;
+        if r.matched_count == 1 {
+            Ok(ControlOutcome::Done(WriteCounts::from(r)))
+        } else {
+            self.why_not(id).await
+        }
+    }
+
+    async fn why_not(&self, id: ObjectId) -> Result<ControlOutcome> {
+        Ok(match self.get_task(id).await? {
+            None => ControlOutcome::NotFound,
+            Some(t) => {
+                ControlOutcome::WrongStatus(t.get(task::STATUS).cloned().unwrap_or(Bson::Null))
+            }
+        })
+    }
+}
+
+fn retryable_filter() -> Vec<bson::Document> {
+    vec![
+        doc! {task::STATUS: {"$gte": status::SUCCEEDED}},
+        doc! {task::STATUS: {"$in": [status::ORPHANED, status::CANCELLED, status::TERMINATED]}},
+    ]
+}
+
+fn requeue_update() -> bson::Document {
+    doc! {
+        "$set": {
+            task::STATUS: status::QUEUED,
+            task::NODE: Bson::Null,
+            task::STDOUT: Bson::Null,
+            task::STDERR: Bson::Null,
+            task::MTIME: DateTime::now(),
+        },
+        "$unset": {task::COMPLETE: "", task::SLOT: ""},
+    }
+}

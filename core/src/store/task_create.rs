@@ -1,0 +1,104 @@
+//! Creating tasks in bulk: from params lists, and from another collection through a template.
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+
+use super::Store;
+use crate::error::{Error, Result};
+
+/// Tasks inserted per round trip when creating from a collection: bounded memory however
+/// many documents match (Disbatch loaded them all).
+const BATCH: usize = 10_000;
+
+/// A params template: values `"document.<field>"` take each source document's field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template(pub Document);
+
+impl Template {
+    /// The top-level source fields the template reads (the projection).
+    pub fn fields(&self) -> Vec<String> {
+        self.0
+            .values()
+            .filter_map(|v| match v {
+                Bson::String(s) => s.strip_prefix("document.").map(str::to_string),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The params for one source document. A missing field becomes null, as in Perl.
+    pub fn fill(&self, source: &Document) -> Document {
+        self.0
+            .iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    Bson::String(s) => match s.strip_prefix("document.") {
+                        Some(field) => source.get(field).cloned().unwrap_or(Bson::Null),
+                        None => v.clone(),
+                    },
+                    other => other.clone(),
+                };
+                (k.clone(), value)
+            })
+            .collect()
+    }
+}
+
+impl Store {
+    /// Inserts one task per document of `collection` matching `filter`. Returns the new ids.
+    pub async fn insert_tasks_from_collection(
+        &self,
+        queue: ObjectId,
+        collection: &str,
+        filter: Document,
+        template: &Template,
+    ) -> Result<Vec<ObjectId>> {
+        let mut projection = doc! {};
+        for f in template.fields() {
+            projection.insert(f, 1);
+        }
+        let source = self.collection(collection);
+        let mut find = source.find(filter);
+        if !projection.is_empty() {
+            find = find.projection(projection);
+        }
+        let mut cursor = find
+            .await
+            .map_err(|e| Error::mongo(format!("reading collection {collection}"), e))?;
+        let mut ids = Vec::new();
+        let mut batch = Vec::with_capacity(BATCH);
+        while let Some(d) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo(format!("reading collection {collection}"), e))?
+        {
+            batch.push(template.fill(&d));
+            if batch.len() == BATCH {
+                ids.extend(self.insert_tasks(queue, std::mem::take(&mut batch)).await?);
+            }
+        }
+        if !batch.is_empty() {
+            ids.extend(self.insert_tasks(queue, batch).await?);
+        }
+        Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_take_top_level_fields_and_copy_other_values() {
+        let t = Template(
+            doc! {"user": "document.email", "kind": "migration", "n": 3, "gone": "document.missing"},
+        );
+        assert_eq!(t.fields(), vec!["email".to_string(), "missing".to_string()]);
+        let params = t.fill(&doc! {"email": "a@example.com", "other": 1});
+        assert_eq!(
+            params,
+            doc! {"user": "a@example.com", "kind": "migration", "n": 3, "gone": Bson::Null}
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! Node queries for the DCI: listing nodes with their running counts, setting `maxthreads`.
+
+use std::collections::HashMap;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+
+use super::schema::{node, task, NODES, TASKS};
+use super::{Store, WriteCounts};
+use crate::error::{Error, Result};
+use crate::model::status;
+
+impl Store {
+    /// Every node document, sorted by name.
+    pub async fn list_nodes(&self) -> Result<Vec<Document>> {
+        self.collection(NODES)
+            .find(doc! {})
+            .sort(doc! {node::NODE: 1})
+            .await
+            .map_err(|e| Error::mongo("listing nodes", e))?
+            .try_collect()
+            .await
+            .map_err(|e| Error::mongo("listing nodes", e))
+    }
+
+    pub async fn find_node(&self, ident: &str) -> Result<Option<Document>> {
+        self.find_by_id_or_name(NODES, node::NODE, ident).await
+    }
+
+    /// Claimed or running tasks per node name.
+    pub async fn running_per_node(&self) -> Result<HashMap<String, u64>> {
+        let pipeline = vec![
+            doc! {"$match": {task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}}},
+            doc! {"$group": {"_id": format!("${}", task::NODE), "n": {"$sum": 1}}},
+        ];
+        let mut cursor = self
+            .collection(TASKS)
+            .aggregate(pipeline)
+            .await
+            .map_err(|e| Error::mongo("counting running tasks per node", e))?;
+        let mut out = HashMap::new();
+        while let Some(d) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo("counting running tasks per node", e))?
+        {
+            if let Ok(name) = d.get_str("_id") {
+                let n = match d.get("n") {
+                    Some(Bson::Int32(n)) => *n as u64,
+                    Some(Bson::Int64(n)) => *n as u64,
+                    _ => 0,
+                };
+                out.insert(name.to_string(), n);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets (or with `Bson::Null`, clears the limit of) a node's `maxthreads`.
+    pub async fn set_node_maxthreads(&self, id: ObjectId, value: Bson) -> Result<WriteCounts> {
+        self.collection(NODES)
+            .update_one(doc! {"_id": id}, doc! {"$set": {node::MAXTHREADS: value}})
+            .await
+            .map(WriteCounts::from)
+            .map_err(|e| Error::mongo(format!("setting maxthreads of node {id}"), e))
+    }
+}

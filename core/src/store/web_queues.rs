@@ -1,0 +1,100 @@
+//! Queue queries for the DCI: raw documents with their task counts, create, update, delete.
+
+use bson::oid::ObjectId;
+use bson::{doc, Document};
+use futures::TryStreamExt;
+
+use super::schema::{queue, task, QUEUES, TASKS};
+use super::{Store, WriteCounts};
+use crate::error::{Error, Result};
+use crate::model::status;
+
+/// Disbatch's per-queue counts: queued is every status ≤ -2 (orphaned and cancelled too).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    pub queued: u64,
+    pub running: u64,
+    pub completed: u64,
+}
+
+impl Store {
+    /// Every queue document, in natural order.
+    pub async fn queue_documents(&self) -> Result<Vec<Document>> {
+        self.collection(QUEUES)
+            .find(doc! {})
+            .await
+            .map_err(|e| Error::mongo("listing queues", e))?
+            .try_collect()
+            .await
+            .map_err(|e| Error::mongo("listing queues", e))
+    }
+
+    pub async fn find_queue(&self, ident: &str) -> Result<Option<Document>> {
+        self.find_by_id_or_name(QUEUES, queue::NAME, ident).await
+    }
+
+    /// Three index-backed counts ({queue, status}), run concurrently.
+    pub async fn queue_counts(&self, id: ObjectId) -> Result<QueueCounts> {
+        let tasks = self.collection(TASKS);
+        let count = |filter: Document| {
+            let tasks = tasks.clone();
+            async move {
+                tasks
+                    .count_documents(filter)
+                    .await
+                    .map_err(|e| Error::mongo(format!("counting tasks of queue {id}"), e))
+            }
+        };
+        let (queued, running, completed) = futures::try_join!(
+            count(doc! {task::QUEUE: id, task::STATUS: {"$lte": status::QUEUED}}),
+            count(
+                doc! {task::QUEUE: id, task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}}
+            ),
+            count(doc! {task::QUEUE: id, task::STATUS: {"$gte": status::SUCCEEDED}}),
+        )?;
+        Ok(QueueCounts {
+            queued,
+            running,
+            completed,
+        })
+    }
+
+    /// Inserts a queue document built by the caller from validated input.
+    pub async fn insert_queue_document(&self, fields: Document) -> Result<ObjectId> {
+        let id = ObjectId::new();
+        let mut d = doc! {queue::ID: id};
+        d.extend(fields);
+        self.collection(QUEUES)
+            .insert_one(d)
+            .await
+            .map_err(|e| Error::mongo("creating a queue", e))?;
+        Ok(id)
+    }
+
+    pub async fn update_queue(&self, id: ObjectId, set: Document) -> Result<WriteCounts> {
+        self.collection(QUEUES)
+            .update_one(doc! {queue::ID: id}, doc! {"$set": set})
+            .await
+            .map(WriteCounts::from)
+            .map_err(|e| Error::mongo(format!("updating queue {id}"), e))
+    }
+
+    /// Deletes the queue document only; its tasks stay, as in Disbatch.
+    pub async fn delete_queue(&self, id: ObjectId) -> Result<WriteCounts> {
+        self.collection(QUEUES)
+            .delete_one(doc! {queue::ID: id})
+            .await
+            .map(WriteCounts::from)
+            .map_err(|e| Error::mongo(format!("deleting queue {id}"), e))
+    }
+
+    /// Queue names, for balance validation.
+    pub async fn queue_names(&self) -> Result<Vec<String>> {
+        Ok(self
+            .queue_documents()
+            .await?
+            .iter()
+            .filter_map(|d| d.get_str(queue::NAME).ok().map(str::to_string))
+            .collect())
+    }
+}

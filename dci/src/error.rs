@@ -1,0 +1,75 @@
+//! API errors: a status code and a JSON body, in Disbatch's `{"error": …}` shape.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+/// An error response. Database failures are 503 (Disbatch said 400), bad input 400.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::with(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::with(StatusCode::NOT_FOUND, message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::with(StatusCode::CONFLICT, message)
+    }
+
+    pub fn with(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            body: json!({"error": message.into()}),
+        }
+    }
+
+    /// A 400 whose body carries extra keys beside `error` (Disbatch's `param`, `plugin`, …).
+    pub fn bad_request_with(body: Value) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            body,
+        }
+    }
+}
+
+impl From<disbatch_core::Error> for ApiError {
+    fn from(e: disbatch_core::Error) -> Self {
+        use disbatch_core::Error as E;
+        match &e {
+            E::Mongo { .. } if e.is_duplicate_key() => ApiError::bad_request_with(json!({
+                "MongoDB::DuplicateKeyError": {"message": e.to_string()},
+                "error": e.to_string(),
+            })),
+            E::Mongo { .. } => {
+                tracing::error!(error = %e, "database failure");
+                ApiError::with(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("database unavailable: {e}"),
+                )
+            }
+            E::Invalid(m) => ApiError::bad_request(m.clone()),
+            _ => {
+                tracing::error!(error = %e, "internal error");
+                ApiError::with(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = self.body;
+        crate::render::canonical(&mut body);
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

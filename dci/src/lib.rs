@@ -1,0 +1,12 @@
+//! The Disbatch command interface: the JSON REST API over the shared store.
+
+pub mod envelope;
+pub mod error;
+pub mod params;
+pub mod render;
+pub mod request;
+pub mod routes;
+pub mod state;
+
+pub use routes::router;
+pub use state::AppState;

@@ -1,0 +1,203 @@
+//! Request parameters as Disbatch reads them: JSON body, form body or query string, with
+//! `.`-prefixed keys split off as options.
+
+use axum::http::{header, HeaderMap};
+use bson::Document;
+use serde_json::{Map, Value};
+
+use crate::error::{ApiError, ApiResult};
+
+/// Dot options (`.limit`, `.count`, …).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Options {
+    pub count: bool,
+    pub limit: Option<i64>,
+    pub skip: u64,
+    pub fields: Option<Document>,
+    pub terse: bool,
+    pub full: bool,
+    pub epoch: bool,
+    pub pretty: bool,
+}
+
+/// Decoded parameters. `body` is the whole JSON body when it was not an object (a bare
+/// array is a legacy shape).
+#[derive(Debug, Clone, Default)]
+pub struct Params {
+    pub fields: Map<String, Value>,
+    pub options: Options,
+    pub body: Option<Value>,
+}
+
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+/// Disbatch matched `Content-Type` exactly; any parameters (`; charset=utf-8`) are allowed here.
+pub fn parse(headers: &HeaderMap, query: Option<&str>, body: &[u8]) -> ApiResult<Params> {
+    let ct = content_type(headers);
+    let has_body = !body.iter().all(u8::is_ascii_whitespace);
+    let value = if ct == "application/json" && has_body {
+        serde_json::from_slice::<Value>(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    } else if ct == "application/x-www-form-urlencoded" && has_body {
+        form(body)
+    } else {
+        form(query.unwrap_or("").as_bytes())
+    };
+    let mut params = Params::default();
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                if let Some(opt) = k.strip_prefix('.') {
+                    apply_option(&mut params.options, opt, &v)?;
+                } else {
+                    params.fields.insert(k, v);
+                }
+            }
+        }
+        other => params.body = Some(other),
+    }
+    Ok(params)
+}
+
+/// Form decoding; repeated keys become arrays, as in Perl's parser.
+fn form(bytes: &[u8]) -> Value {
+    let mut map = Map::new();
+    for (k, v) in form_urlencoded::parse(bytes) {
+        let v = Value::String(v.into_owned());
+        match map.get_mut(k.as_ref()) {
+            Some(Value::Array(items)) => items.push(v),
+            Some(existing) => {
+                let first = existing.take();
+                *existing = Value::Array(vec![first, v]);
+            }
+            None => {
+                map.insert(k.into_owned(), v);
+            }
+        }
+    }
+    Value::Object(map)
+}
+
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !matches!(s.as_str(), "" | "0" | "false"),
+        Value::Null => false,
+        _ => true,
+    }
+}
+
+fn number(name: &str, v: &Value) -> ApiResult<i64> {
+    let n = match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    };
+    n.filter(|n| *n >= 0)
+        .ok_or_else(|| ApiError::bad_request(format!(".{name} must be a non-negative integer")))
+}
+
+fn apply_option(o: &mut Options, name: &str, v: &Value) -> ApiResult<()> {
+    match name {
+        "count" => o.count = truthy(v),
+        "limit" => o.limit = Some(number(name, v)?),
+        "skip" => o.skip = number(name, v)? as u64,
+        "terse" => o.terse = truthy(v),
+        "full" => o.full = truthy(v),
+        "epoch" => o.epoch = truthy(v),
+        "pretty" => o.pretty = truthy(v),
+        "fields" => o.fields = Some(projection(v)?),
+        other => return Err(ApiError::bad_request(format!("unknown option .{other}"))),
+    }
+    Ok(())
+}
+
+/// `.fields`: an object, an array of names, or either as a JSON string.
+fn projection(v: &Value) -> ApiResult<Document> {
+    let bad = || {
+        ApiError::bad_request(
+            ".fields must be an object, an array of field names, or one of those as JSON",
+        )
+    };
+    match v {
+        Value::String(s) => {
+            let parsed: Value = serde_json::from_str(s).map_err(|_| bad())?;
+            projection(&parsed)
+        }
+        Value::Array(names) => names
+            .iter()
+            .map(|n| {
+                n.as_str()
+                    .map(|n| (n.to_string(), bson::Bson::Int32(1)))
+                    .ok_or_else(bad)
+            })
+            .collect(),
+        Value::Object(_) => bson::to_document(v).map_err(|_| bad()),
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(ct: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_str(ct).expect("header"),
+        );
+        h
+    }
+
+    #[test]
+    fn json_with_charset_is_json_and_dot_keys_are_options() {
+        let p = parse(
+            &headers("application/json; charset=utf-8"),
+            None,
+            br#"{"queue": "q", ".limit": "5", ".count": 1, ".fields": ["status"]}"#,
+        )
+        .expect("ok");
+        assert_eq!(p.fields.get("queue"), Some(&Value::String("q".into())));
+        assert_eq!(p.options.limit, Some(5));
+        assert!(p.options.count);
+        assert_eq!(p.options.fields, Some(bson::doc! {"status": 1}));
+    }
+
+    #[test]
+    fn forms_and_query_strings_repeat_keys_into_arrays() {
+        let p = parse(&HeaderMap::new(), Some("status=1&status=2&.limit=3"), b"").expect("ok");
+        assert_eq!(p.fields.get("status"), Some(&serde_json::json!(["1", "2"])));
+        assert_eq!(p.options.limit, Some(3));
+        let p = parse(
+            &headers("application/x-www-form-urlencoded"),
+            None,
+            b"name=a%20b",
+        )
+        .expect("ok");
+        assert_eq!(p.fields.get("name"), Some(&Value::String("a b".into())));
+    }
+
+    #[test]
+    fn bad_json_and_bad_options_are_400() {
+        assert!(parse(&headers("application/json"), None, b"{nope").is_err());
+        assert!(parse(&HeaderMap::new(), Some(".limit=-1"), b"").is_err());
+        assert!(parse(&HeaderMap::new(), Some(".fields=notjson"), b"").is_err());
+        assert!(parse(&HeaderMap::new(), Some(".bogus=1"), b"").is_err());
+    }
+
+    #[test]
+    fn a_bare_array_body_is_kept_whole() {
+        let p = parse(&headers("application/json"), None, b"[{\"a\":1}]").expect("ok");
+        assert_eq!(p.body, Some(serde_json::json!([{"a": 1}])));
+    }
+}

@@ -1,0 +1,65 @@
+//! `/balance`: the QueueBalance document, read and validated writes (Disbatch's rules).
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use disbatch_core::balance::validate_balance;
+use serde_json::{json, Value};
+
+use crate::error::ApiResult;
+use crate::render::{self, json_response, Dates};
+use crate::request::read_params;
+use crate::state::AppState;
+
+pub async fn get(State(state): State<AppState>) -> ApiResult<Response> {
+    let (doc, names) =
+        futures::try_join!(state.store.balance_document(), state.store.queue_names())?;
+    let b = &state.config.balance;
+    let mut out = match doc {
+        Some(mut d) => {
+            d.remove("_id");
+            render::document(&d, Dates::Text)
+        }
+        None => json!({"notice": "balance document not found"}),
+    };
+    if let Value::Object(m) = &mut out {
+        m.insert("known_queues".into(), json!(names));
+        m.insert(
+            "settings".into(),
+            json!({"enabled": b.enabled, "log": b.log, "verbose": b.verbose, "pretend": b.pretend}),
+        );
+        m.sort_keys();
+    }
+    Ok(json_response(&out, true))
+}
+
+pub async fn set(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let p = read_params(&headers, query.as_deref(), body)?;
+    let body = p.body.unwrap_or(Value::Object(p.fields));
+    let names = state.store.queue_names().await?;
+    match validate_balance(
+        &body,
+        &names,
+        bson::DateTime::now().timestamp_millis() / 1000,
+    ) {
+        Ok(set) => {
+            state.store.set_balance(set).await?;
+            Ok(json_response(
+                &json!({"status": "success: queuebalance modified"}),
+                false,
+            ))
+        }
+        Err(reason) => Ok((
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"status": format!("failed: invalid json passed {reason}")})),
+        )
+            .into_response()),
+    }
+}

@@ -1,0 +1,161 @@
+//! Disbatch 4.0's task routes (`Disbatch::Web::Tasks`), loaded only when `web_extensions` names them.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bson::{Bson, Document};
+use serde_json::{json, Map, Value};
+
+use super::tasks_create::{create_from, resolve_queue};
+use super::tasks_search::task_json;
+use crate::error::{ApiError, ApiResult};
+use crate::params::Options;
+use crate::render::json_response;
+use crate::request::read_params;
+use crate::state::AppState;
+
+fn enabled(state: &AppState) -> ApiResult<()> {
+    if state.legacy_routes() {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(
+            "legacy task routes are not loaded (add Disbatch::Web::Tasks to web_extensions)",
+        ))
+    }
+}
+
+/// `POST /tasks/search {filter, options, count, terse, pretty}`: an arbitrary-filter search.
+pub async fn search(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    enabled(&state)?;
+    let p = read_params(&headers, query.as_deref(), body)?.fields;
+    let (filter, options) = match (p.get("filter"), p.get("options")) {
+        (None | Some(Value::Object(_)), None | Some(Value::Object(_))) => (
+            p.get("filter").cloned().unwrap_or(json!({})),
+            p.get("options").cloned().unwrap_or(json!({})),
+        ),
+        _ => {
+            return Err(ApiError::bad_request(
+                "filter and options must be name/value objects",
+            ))
+        }
+    };
+    let filter = legacy_filter(&state, filter).await?;
+    let flag = |k: &str, default: bool| {
+        p.get(k)
+            .map_or(default, |v| v.as_bool().unwrap_or(v.as_i64() == Some(1)))
+    };
+    if flag("count", false) {
+        let n = state.store.count_tasks(filter).await?;
+        return Ok(json_response(&json!({"count": n}), flag("pretty", false)));
+    }
+    let limit = options.get("limit").and_then(Value::as_i64).unwrap_or(100);
+    if limit > 100 {
+        return Err(ApiError::bad_request("limit cannot exceed 100"));
+    }
+    let skip = options.get("skip").and_then(Value::as_u64).unwrap_or(0);
+    let terse = flag("terse", true);
+    let o = Options {
+        terse,
+        full: !terse,
+        epoch: true,
+        ..Options::default()
+    };
+    let docs = state
+        .store
+        .find_tasks(filter, None, skip, limit.max(0))
+        .await?;
+    let mut out = Vec::with_capacity(docs.len());
+    for d in docs {
+        out.push(task_json(&state, d, &o).await?);
+    }
+    Ok(json_response(&Value::Array(out), flag("pretty", false)))
+}
+
+/// `{"$oid"}` values become ids (a bad one is a 400), `queue` strings become ids, and
+/// `ctime`/`mtime` numbers above 9999999999 are milliseconds.
+async fn legacy_filter(state: &AppState, filter: Value) -> ApiResult<Document> {
+    let mut filter = match filter {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    if let Some(Value::String(q)) = filter.get("queue").cloned() {
+        let id = resolve_queue(state, &Value::String(q)).await?;
+        filter.insert("queue".into(), json!({"$oid": id.to_hex()}));
+    }
+    check_oids(&Value::Object(filter.clone()))?;
+    let mut doc = match Bson::try_from(Value::Object(filter)) {
+        Ok(Bson::Document(d)) => d,
+        _ => {
+            return Err(ApiError::bad_request(
+                "filter and options must be name/value objects",
+            ))
+        }
+    };
+    for field in ["ctime", "mtime"] {
+        let ms = match doc.get(field) {
+            Some(Bson::Int64(n)) if *n > 9_999_999_999 => Some(*n),
+            Some(Bson::Double(f)) if *f > 9_999_999_999.0 => Some(*f as i64),
+            _ => None,
+        };
+        if let Some(ms) = ms {
+            doc.insert(field, bson::DateTime::from_millis(ms));
+        }
+    }
+    Ok(doc)
+}
+
+fn check_oids(v: &Value) -> ApiResult<()> {
+    match v {
+        Value::Object(m) => {
+            if let Some(oid) = m.get("$oid") {
+                let text = oid.as_str().unwrap_or_default();
+                if bson::oid::ObjectId::parse_str(text).is_err() {
+                    return Err(ApiError::bad_request(format!("Bad OID passed: {oid}")));
+                }
+            }
+            m.values().try_for_each(check_oids)
+        }
+        Value::Array(items) => items.iter().try_for_each(check_oids),
+        _ => Ok(()),
+    }
+}
+
+/// `POST /tasks/:queue` with a JSON array of params.
+pub async fn create_in_queue(
+    State(state): State<AppState>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    enabled(&state)?;
+    let p = read_params(&headers, query.as_deref(), body)?;
+    let params = p.body.unwrap_or(Value::Object(p.fields));
+    let mut fields = Map::new();
+    fields.insert("queue".into(), Value::String(queue));
+    fields.insert("params".into(), params);
+    create_from(&state, &fields).await
+}
+
+/// `POST /tasks/:queue/:collection` with `{filter, params}`.
+pub async fn create_from_collection(
+    State(state): State<AppState>,
+    Path((queue, collection)): Path<(String, String)>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    enabled(&state)?;
+    let mut fields = read_params(&headers, query.as_deref(), body)?.fields;
+    fields.insert("queue".into(), Value::String(queue));
+    fields.insert("collection".into(), Value::String(collection));
+    fields.entry("filter").or_insert(json!({}));
+    create_from(&state, &fields).await
+}

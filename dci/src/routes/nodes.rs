@@ -1,0 +1,112 @@
+//! `/nodes`: node documents with live running counts, and ops' `maxthreads`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bson::{Bson, Document};
+use serde_json::{json, Value};
+
+use crate::envelope;
+use crate::error::{ApiError, ApiResult};
+use crate::render::{self, json_response, Dates};
+use crate::request::read_params;
+use crate::state::AppState;
+
+fn node_json(d: &Document, running: u64, live_window_ms: i64) -> Value {
+    let mut v = render::document(d, Dates::Text);
+    let ts = d.get_datetime("timestamp").ok().copied();
+    if let Value::Object(map) = &mut v {
+        if let Ok(id) = d.get_object_id("_id") {
+            map.insert("id".into(), Value::String(id.to_hex()));
+        }
+        if let Some(ts) = ts {
+            map.insert("timestamp".into(), render::date(ts, Dates::Millis));
+        }
+        let age = ts.map(|t| bson::DateTime::now().timestamp_millis() - t.timestamp_millis());
+        map.insert(
+            "live".into(),
+            Value::Bool(age.is_some_and(|a| a <= live_window_ms)),
+        );
+        map.insert("running".into(), Value::from(running));
+        // Keep the key order canonical after the inserts.
+        map.sort_keys();
+    }
+    v
+}
+
+pub async fn list(State(state): State<AppState>) -> ApiResult<Response> {
+    let (nodes, running) =
+        futures::try_join!(state.store.list_nodes(), state.store.running_per_node())?;
+    let window = state.config.web.live_window.as_millis() as i64;
+    let out: Vec<Value> = nodes
+        .iter()
+        .map(|d| {
+            let name = d.get_str("node").unwrap_or_default();
+            node_json(d, running.get(name).copied().unwrap_or(0), window)
+        })
+        .collect();
+    Ok(json_response(&Value::Array(out), false))
+}
+
+async fn find(state: &AppState, ident: &str) -> ApiResult<Document> {
+    state
+        .store
+        .find_node(ident)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no node {ident}")))
+}
+
+pub async fn get(State(state): State<AppState>, Path(ident): Path<String>) -> ApiResult<Response> {
+    let d = find(&state, &ident).await?;
+    let name = d.get_str("node").unwrap_or_default().to_string();
+    let running = state.store.running_per_node().await?;
+    let window = state.config.web.live_window.as_millis() as i64;
+    Ok(json_response(
+        &node_json(&d, running.get(&name).copied().unwrap_or(0), window),
+        false,
+    ))
+}
+
+pub async fn set_maxthreads(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let params = read_params(&headers, query.as_deref(), body)?;
+    if params.fields.is_empty() {
+        return Err(ApiError::bad_request("No params"));
+    }
+    if let Some(k) = params.fields.keys().find(|k| *k != "maxthreads") {
+        return Err(ApiError::bad_request_with(
+            json!({"error": "Invalid param", "param": k}),
+        ));
+    }
+    let value = match params.fields.get("maxthreads") {
+        Some(Value::Null) => Bson::Null,
+        Some(v) => Bson::Int64(non_negative(v).ok_or_else(|| {
+            ApiError::bad_request("maxthreads must be a non-negative integer or null")
+        })?),
+        None => Bson::Null,
+    };
+    let node = find(&state, &ident).await?;
+    let id = node
+        .get_object_id("_id")
+        .map_err(|_| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
+    let counts = state.store.set_node_maxthreads(id, value).await?;
+    Ok(json_response(&envelope::update(&counts), false))
+}
+
+/// A non-negative integer given as a JSON number or a digit string (form bodies).
+pub fn non_negative(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64().filter(|n| *n >= 0),
+        Value::String(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
+            s.parse().ok()
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,58 @@
+//! `GET /openapi.json`: an OpenAPI 3.0 document generated from the route table.
+
+use axum::extract::State;
+use axum::response::Response;
+use serde_json::{json, Map, Value};
+
+use super::table;
+use crate::error::ApiResult;
+use crate::render::json_response;
+use crate::state::AppState;
+
+pub async fn document(State(state): State<AppState>) -> ApiResult<Response> {
+    Ok(json_response(&openapi(state.legacy_routes()), false))
+}
+
+/// The document for the routes served (legacy ones only when loaded).
+pub fn openapi(legacy: bool) -> Value {
+    let mut paths = Map::new();
+    for r in table().into_iter().filter(|r| legacy || !r.legacy) {
+        let params: Vec<Value> = r
+            .path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .collect();
+        let mut op = json!({
+            "summary": r.summary,
+            "parameters": params,
+            "responses": {
+                "200": {"description": "Success", "content": {"application/json": {}}},
+                "400": {"description": "Invalid input: {\"error\": …}"},
+                "404": {"description": "Unknown node, queue or task"},
+                "503": {"description": "Database unavailable"},
+            },
+        });
+        if r.method != axum::http::Method::GET && r.method != axum::http::Method::DELETE {
+            if let Value::Object(o) = &mut op {
+                o.insert(
+                    "requestBody".into(),
+                    json!({"required": false, "content": {
+                        "application/json": {"schema": {"type": "object"}},
+                        "application/x-www-form-urlencoded": {"schema": {"type": "object"}},
+                    }}),
+                );
+            }
+        }
+        let entry = paths.entry(r.path.to_string()).or_insert_with(|| json!({}));
+        if let Value::Object(m) = entry {
+            m.insert(r.method.as_str().to_ascii_lowercase(), op);
+        }
+    }
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "disbatch-web", "version": disbatch_core::VERSION,
+                 "description": "The Disbatch 4 REST API with disbatch-rs extensions. See dci/API.md."},
+        "paths": paths,
+    })
+}

@@ -1,0 +1,236 @@
+//! `/queues`: queue documents with Disbatch's counts; create, update, delete.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bson::oid::ObjectId;
+use bson::{doc, Bson, Document};
+use disbatch_core::store::schema::queue as field;
+use serde_json::{json, Map, Value};
+
+use super::nodes::non_negative;
+use crate::envelope;
+use crate::error::{ApiError, ApiResult};
+use crate::render::{self, json_response, Dates};
+use crate::request::read_params;
+use crate::state::AppState;
+
+async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
+    let id = d
+        .get_object_id(field::ID)
+        .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
+    let counts = state.store.queue_counts(id).await?;
+    let get = |k: &str| {
+        d.get(k)
+            .map_or(Value::Null, |b| render::bson(b, Dates::Text))
+    };
+    let plugin = d.get(field::PLUGIN).or_else(|| d.get(field::LEGACY_PLUGIN));
+    Ok(json!({
+        "id": id.to_hex(),
+        "name": get(field::NAME),
+        "plugin": plugin.map_or(Value::Null, |b| render::bson(b, Dates::Text)),
+        "threads": get(field::THREADS),
+        "sort": get(field::SORT),
+        "queued": counts.queued,
+        "running": counts.running,
+        "completed": counts.completed,
+    }))
+}
+
+pub async fn list(State(state): State<AppState>) -> ApiResult<Response> {
+    let docs = state.store.queue_documents().await?;
+    let rows = futures::future::try_join_all(
+        docs.iter()
+            .filter(|d| d.get_object_id("_id").is_ok())
+            .map(|d| queue_json(&state, d)),
+    )
+    .await?;
+    Ok(json_response(&Value::Array(rows), false))
+}
+
+async fn find(state: &AppState, ident: &str) -> ApiResult<Document> {
+    state
+        .store
+        .find_queue(ident)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no queue {ident}")))
+}
+
+pub async fn get(State(state): State<AppState>, Path(ident): Path<String>) -> ApiResult<Response> {
+    let d = find(&state, &ident).await?;
+    Ok(json_response(&queue_json(&state, &d).await?, false))
+}
+
+/// `threads`: a non-negative integer (numbers or digit strings) or null (paused).
+fn threads_value(v: &Value, message: &str) -> ApiResult<Bson> {
+    match v {
+        Value::Null => Ok(Bson::Null),
+        v => non_negative(v)
+            .map(Bson::Int64)
+            .ok_or_else(|| ApiError::bad_request(message)),
+    }
+}
+
+fn sort_value(v: &Value) -> ApiResult<Bson> {
+    match v.as_str() {
+        Some(s @ ("fifo" | "lifo" | "default")) => Ok(Bson::String(s.to_string())),
+        _ => Err(ApiError::bad_request("sort must be fifo, lifo or default")),
+    }
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let p = read_params(&headers, query.as_deref(), body)?.fields;
+    let (id, _) = create_queue(&state, &p).await?;
+    let mut out = envelope::insert_one(id);
+    if let Value::Object(m) = &mut out {
+        m.insert("id".into(), json!({"$oid": id.to_hex()}));
+    }
+    Ok(json_response(&out, false))
+}
+
+/// Validates and inserts a queue (also used by the legacy route set).
+pub async fn create_queue(
+    state: &AppState,
+    p: &Map<String, Value>,
+) -> ApiResult<(ObjectId, Document)> {
+    let text = |k: &str| p.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+    let (Some(name), Some(plugin)) = (text("name"), text("plugin")) else {
+        return Err(ApiError::bad_request("name and plugin required"));
+    };
+    if let Some(k) = p
+        .keys()
+        .find(|k| !matches!(k.as_str(), "name" | "plugin" | "threads" | "sort"))
+    {
+        return Err(ApiError::bad_request_with(
+            json!({"error": "Invalid param", "param": k}),
+        ));
+    }
+    if !state.config.plugins.is_listed(plugin) {
+        return Err(ApiError::bad_request_with(
+            json!({"error": "Unknown plugin", "plugin": plugin}),
+        ));
+    }
+    let mut fields = doc! {field::NAME: name, field::PLUGIN: plugin};
+    if let Some(t) = p.get("threads") {
+        fields.insert(
+            field::THREADS,
+            threads_value(t, "threads must be a non-negative integer or null")?,
+        );
+    }
+    if let Some(s) = p.get("sort") {
+        fields.insert(field::SORT, sort_value(s)?);
+    }
+    let id = state.store.insert_queue_document(fields.clone()).await?;
+    Ok((id, fields))
+}
+
+pub async fn update(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let p = read_params(&headers, query.as_deref(), body)?.fields;
+    if p.is_empty() {
+        return Err(ApiError::bad_request("no params"));
+    }
+    let mut set = Document::new();
+    for (k, v) in &p {
+        match k.as_str() {
+            "name" => match v.as_str() {
+                Some(s) if !s.is_empty() => set.insert(field::NAME, s),
+                _ => return Err(ApiError::bad_request("name must be a string")),
+            },
+            "plugin" => match v.as_str() {
+                Some(s) if state.config.plugins.is_listed(s) => set.insert(field::PLUGIN, s),
+                _ => {
+                    return Err(ApiError::bad_request_with(
+                        json!({"error": "unknown plugin", "plugin": v}),
+                    ))
+                }
+            },
+            "threads" => set.insert(
+                field::THREADS,
+                threads_value(v, "threads must be a non-negative integer")?,
+            ),
+            "sort" => set.insert(field::SORT, sort_value(v)?),
+            _ => {
+                return Err(ApiError::bad_request_with(
+                    json!({"error": "unknown param", "param": k}),
+                ))
+            }
+        };
+    }
+    let queue = find(&state, &ident).await?;
+    let id = queue
+        .get_object_id(field::ID)
+        .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
+    let counts = state.store.update_queue(id, set).await?;
+    Ok(json_response(&envelope::update(&counts), false))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+) -> ApiResult<Response> {
+    let queue = find(&state, &ident).await?;
+    let id = queue
+        .get_object_id(field::ID)
+        .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
+    let counts = state.store.delete_queue(id).await?;
+    Ok(json_response(&envelope::delete(&counts), false))
+}
+
+/// `POST /queues/:queue/retry {"status": [codes]}`: requeue a queue's failed/orphaned tasks.
+pub async fn retry(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let p = read_params(&headers, query.as_deref(), body)?.fields;
+    let statuses: Vec<i32> = match p.get("status") {
+        None => vec![2, -6],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(status_code)
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::bad_request("status must be a list of integer status codes")
+            })?,
+        Some(v) => vec![status_code(v).ok_or_else(|| {
+            ApiError::bad_request("status must be a list of integer status codes")
+        })?],
+    };
+    if let Some(bad) = statuses
+        .iter()
+        .find(|s| !disbatch_core::store::is_retryable(**s as i64))
+    {
+        return Err(ApiError::bad_request(format!(
+            "status {bad} cannot be retried: use finished (>= 1), orphaned (-6), cancelled (-5) or terminated (-3)"
+        )));
+    }
+    let queue = find(&state, &ident).await?;
+    let id = queue
+        .get_object_id(field::ID)
+        .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
+    let counts = state.store.retry_queue(id, &statuses).await?;
+    Ok(json_response(&envelope::update(&counts), false))
+}
+
+fn status_code(v: &Value) -> Option<i32> {
+    match v {
+        Value::Number(n) => n.as_i64().and_then(|n| i32::try_from(n).ok()),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}

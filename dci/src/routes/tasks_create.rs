@@ -1,0 +1,125 @@
+//! `POST /tasks`: one task, many, or one per document of another collection (Disbatch's shapes).
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bson::oid::ObjectId;
+use bson::{Bson, Document};
+use disbatch_core::store::Template;
+use serde_json::{Map, Value};
+
+use crate::envelope;
+use crate::error::{ApiError, ApiResult};
+use crate::render::json_response;
+use crate::request::read_params;
+use crate::state::AppState;
+
+const NOT_ARRAY: &str = "'params' must be a JSON array of task params objects";
+const EMPTY_OBJECT: &str =
+    "'params' must be a JSON array of task params objects with key/value pairs";
+
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let p = read_params(&headers, query.as_deref(), body)?;
+    let fields = match p.body {
+        // A bare array body is params for a queue given elsewhere; here there is none.
+        Some(_) => return Err(ApiError::bad_request("invalid parameters passed")),
+        None => p.fields,
+    };
+    create_from(&state, &fields).await
+}
+
+/// The shared creation path (the legacy routes rewrite their input into this shape).
+pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiResult<Response> {
+    let queue = match fields.get("queue") {
+        Some(q) => resolve_queue(state, q).await?,
+        None => return Err(ApiError::bad_request("invalid parameters passed")),
+    };
+    let mut keys: Vec<&str> = fields.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let ids = match keys.as_slice() {
+        ["params", "queue"] => {
+            let params = params_list(&fields["params"])?;
+            state.store.insert_tasks(queue, params).await?
+        }
+        ["collection", "filter", "params", "queue"] => {
+            let collection = match &fields["collection"] {
+                Value::String(s) if !s.is_empty() => s.clone(),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "'collection' required and must be a scalar (string)'",
+                    ))
+                }
+            };
+            let filter = match &fields["filter"] {
+                v @ Value::Object(_) => to_document(v, "'filter' must be a JSON object")?,
+                _ => return Err(ApiError::bad_request("'filter' must be a JSON object")),
+            };
+            let template = match &fields["params"] {
+                v @ Value::Object(_) => Template(to_document(v, NOT_ARRAY)?),
+                _ => return Err(ApiError::bad_request(NOT_ARRAY)),
+            };
+            let ids = state
+                .store
+                .insert_tasks_from_collection(queue, &collection, filter, &template)
+                .await?;
+            if ids.is_empty() {
+                let mut out = envelope::insert_many(&[]);
+                if let Value::Object(m) = &mut out {
+                    m.insert("error".into(), Value::String("Unknown error".into()));
+                }
+                return Err(ApiError::bad_request_with(out));
+            }
+            ids
+        }
+        _ => return Err(ApiError::bad_request("invalid parameters passed")),
+    };
+    Ok(json_response(&envelope::insert_many(&ids), false))
+}
+
+/// `queue` is an id or a name; unknown → Disbatch's 400 "queue not found".
+pub async fn resolve_queue(state: &AppState, q: &Value) -> ApiResult<ObjectId> {
+    let ident = match q {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => o
+            .get("$oid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        other => other.to_string(),
+    };
+    let found = state.store.find_queue(&ident).await?;
+    found
+        .and_then(|d| d.get_object_id("_id").ok())
+        .ok_or_else(|| ApiError::bad_request("queue not found"))
+}
+
+fn params_list(v: &Value) -> ApiResult<Vec<Document>> {
+    let items: Vec<&Value> = match v {
+        Value::Object(_) => vec![v],
+        Value::Array(items) if !items.is_empty() => items.iter().collect(),
+        _ => return Err(ApiError::bad_request(NOT_ARRAY)),
+    };
+    items
+        .into_iter()
+        .map(|item| match item {
+            Value::Object(o) if o.is_empty() => Err(ApiError::bad_request(EMPTY_OBJECT)),
+            Value::Object(_) => to_document(item, NOT_ARRAY),
+            _ => Err(ApiError::bad_request(NOT_ARRAY)),
+        })
+        .collect()
+}
+
+/// JSON to BSON, reading Extended JSON (`{"$oid": …}`, `{"$date": …}`) as its types.
+fn to_document(v: &Value, message: &str) -> ApiResult<Document> {
+    match Bson::try_from(v.clone()) {
+        Ok(Bson::Document(d)) => Ok(d),
+        _ => Err(ApiError::bad_request(message)),
+    }
+}

@@ -1,0 +1,99 @@
+//! `GET /tasks`: search and count by indexed prefixes, with Disbatch's dot options.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bson::{Bson, Document};
+use disbatch_core::store::QueryError;
+use serde_json::{json, Value};
+
+use super::tasks_create::resolve_queue;
+use crate::error::{ApiError, ApiResult};
+use crate::params::Options;
+use crate::render::{self, json_response, Dates};
+use crate::request::read_params;
+use crate::state::AppState;
+
+pub async fn search(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let mut p = read_params(&headers, query.as_deref(), body)?;
+    // Disbatch only took queue ids here (a name gave a 500); names are resolved instead.
+    if let Some(Value::String(q)) = p.fields.get("queue").cloned() {
+        if !q.is_empty() && bson::oid::ObjectId::parse_str(&q).is_err() {
+            let id = resolve_queue(&state, &Value::String(q)).await?;
+            p.fields.insert("queue".into(), Value::String(id.to_hex()));
+        }
+    }
+    let sets = state.store.task_index_sets().await?;
+    let q = sets.build_query(&p.fields).map_err(|e| match e {
+        QueryError::NonIndexed { invalid } => ApiError::bad_request_with(json!({
+            "title": "Disbatch Tasks Query",
+            "path": "/tasks",
+            "error": "non-indexed params given",
+            "invalid_params": invalid,
+            "indexes": sets.0,
+        })),
+        QueryError::BadObjectId { field, value } => {
+            ApiError::bad_request(format!("invalid ObjectId for {field}: {value:?}"))
+        }
+        QueryError::BadValue { field, message } => {
+            ApiError::bad_request(format!("{field} {message}"))
+        }
+    })?;
+    let o = &p.options;
+    if o.count {
+        let n = state.store.count_tasks(q.filter).await?;
+        return Ok(json_response(&json!({"count": n}), o.pretty));
+    }
+    let limit = o.limit.unwrap_or(0);
+    if q.is_empty && limit == 0 {
+        return Err(ApiError::bad_request_with(json!({
+            "error": "refusing to return everything - include one or more indexed search restrictions",
+            "indexes": sets.0,
+        })));
+    }
+    let docs = state
+        .store
+        .find_tasks(q.filter, o.fields.clone(), o.skip, limit)
+        .await?;
+    let mut out = Vec::with_capacity(docs.len());
+    for d in docs {
+        out.push(task_json(&state, d, o).await?);
+    }
+    let value = if out.is_empty() {
+        if state.config.web.empty_tasks_object {
+            json!({})
+        } else {
+            json!([])
+        }
+    } else if limit == 1 {
+        out.remove(0)
+    } else {
+        Value::Array(out)
+    };
+    Ok(json_response(&value, o.pretty))
+}
+
+/// One task with `.terse`, `.full` and `.epoch` applied.
+pub async fn task_json(state: &AppState, mut d: Document, o: &Options) -> ApiResult<Value> {
+    for field in ["stdout", "stderr"] {
+        match d.get(field) {
+            Some(Bson::String(s)) if o.terse && !s.is_empty() => {
+                d.insert(field, "[terse mode]");
+            }
+            Some(Bson::ObjectId(id)) if o.full => {
+                let bytes = state.store.read_output_file(*id).await?;
+                d.insert(field, String::from_utf8_lossy(&bytes).into_owned());
+            }
+            _ => {}
+        }
+    }
+    let dates = if o.epoch { Dates::Epoch } else { Dates::Text };
+    Ok(render::document(&d, dates))
+}

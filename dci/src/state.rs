@@ -1,0 +1,36 @@
+//! What every handler shares: one store (one MongoDB client for the process) and the config.
+
+use std::sync::Arc;
+
+use disbatch_core::config::Config;
+use disbatch_core::store::Store;
+
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+pub struct Inner {
+    pub store: Store,
+    pub config: Config,
+}
+
+impl AppState {
+    pub fn new(store: Store, config: Config) -> Self {
+        AppState(Arc::new(Inner { store, config }))
+    }
+
+    /// True when the legacy 4.0 task routes are loaded (`web_extensions` names them).
+    pub fn legacy_routes(&self) -> bool {
+        self.0
+            .config
+            .web_extensions
+            .iter()
+            .any(|e| e == "Disbatch::Web::Tasks")
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
