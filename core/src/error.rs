@@ -61,6 +61,15 @@ impl Error {
             _ => false,
         }
     }
+
+    /// The server's message when it refused a request as malformed (a filter or projection
+    /// from the caller that it cannot run), as opposed to failing or being unreachable.
+    pub fn rejected_request(&self) -> Option<&str> {
+        match self {
+            Error::Mongo { source, .. } => crate::store::rejected_request(source),
+            _ => None,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -48,13 +48,17 @@ impl From<disbatch_core::Error> for ApiError {
                 "MongoDB::DuplicateKeyError": {"message": e.to_string()},
                 "error": e.to_string(),
             })),
-            E::Mongo { .. } => {
-                tracing::error!(error = %e, "database failure");
-                ApiError::with(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("database unavailable: {e}"),
-                )
-            }
+            E::Mongo { context, .. } => match e.rejected_request() {
+                // The server refused the caller's filter or projection: bad input (Disbatch: 400).
+                Some(message) => ApiError::bad_request(format!("{context}: {message}")),
+                None => {
+                    tracing::error!(error = %e, "database failure");
+                    ApiError::with(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("database unavailable: {e}"),
+                    )
+                }
+            },
             E::Invalid(m) => ApiError::bad_request(m.clone()),
             _ => {
                 tracing::error!(error = %e, "internal error");

@@ -158,6 +158,21 @@ pub(crate) fn is_duplicate_key(err: &mongodb::error::Error) -> bool {
     }
 }
 
+/// The server refused the request itself as malformed (a bad filter, operator or projection:
+/// BadValue, FailedToParse, TypeMismatch or a `Location…` assertion): the caller's input is
+/// wrong, not the database. Returns the server's message.
+pub(crate) fn rejected_request(err: &mongodb::error::Error) -> Option<&str> {
+    use mongodb::error::ErrorKind;
+    match err.kind.as_ref() {
+        ErrorKind::Command(e)
+            if matches!(e.code, 2 | 9 | 14) || e.code_name.starts_with("Location") =>
+        {
+            Some(&e.message)
+        }
+        _ => None,
+    }
+}
+
 /// The server (10334) or the driver refused a document over 16 MiB.
 pub(crate) fn is_document_too_large(err: &mongodb::error::Error) -> bool {
     use mongodb::error::{ErrorKind, WriteFailure};

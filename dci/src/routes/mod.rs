@@ -194,10 +194,19 @@ pub fn router(state: AppState) -> Router {
         app = app.route(path, h);
     }
     app.fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
 
 async fn fallback(method: Method, uri: Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
+}
+
+/// A known path with another method: JSON like every other error (axum's default is an empty body).
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::with(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} not allowed for {}", uri.path()),
+    )
 }

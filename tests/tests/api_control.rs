@@ -1,0 +1,400 @@
+//! `disbatch-web` black-box: cancelling, retrying and deleting one task.
+
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+fn update_result(matched: u64, modified: u64) -> Value {
+    json!({"MongoDB::UpdateResult": {
+        "acknowledged": 1, "matched_count": matched, "modified_count": modified,
+        "upserted_id": null, "write_errors": [], "write_concern_errors": [],
+    }})
+}
+
+fn delete_result(deleted: u64) -> Value {
+    json!({"MongoDB::DeleteResult": {
+        "acknowledged": 1, "deleted_count": deleted, "write_errors": [], "write_concern_errors": [],
+    }})
+}
+
+fn error(text: &str) -> Value {
+    json!({ "error": text })
+}
+
+async fn set(db: &TestDb, id: ObjectId, fields: Document) {
+    db.tasks()
+        .update_one(doc! {"_id": id}, doc! {"$set": fields})
+        .await
+        .expect("update task");
+}
+
+async fn status(db: &TestDb, id: ObjectId) -> i32 {
+    db.task(id).await.get_i32("status").expect("status")
+}
+
+/// Tasks with the given statuses in a paused queue.
+async fn tasks_with(db: &TestDb, statuses: &[i32]) -> Vec<ObjectId> {
+    let queue = db.insert_queue("paused", "echo", 0).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            statuses.iter().map(|s| doc! {"s": *s}.into()).collect(),
+        )
+        .await;
+    for (id, s) in ids.iter().zip(statuses) {
+        set(db, *id, doc! {"status": *s}).await;
+    }
+    ids
+}
+
+/// A GridFS output file of `task`, in Disbatch's format (string chunks).
+async fn output_file(db: &TestDb, task: ObjectId, name: &str) -> ObjectId {
+    let id = ObjectId::new();
+    db.db
+        .collection::<Document>("tasks.chunks")
+        .insert_many(vec![
+            doc! {"files_id": id, "n": 0, "data": "first "},
+            doc! {"files_id": id, "n": 1, "data": "second"},
+        ])
+        .await
+        .expect("chunks");
+    db.db
+        .collection::<Document>("tasks.files")
+        .insert_one(
+            doc! {"_id": id, "filename": name, "length": 12_i64, "chunkSize": 6,
+            "uploadDate": DateTime::now(), "metadata": {"task_id": task}},
+        )
+        .await
+        .expect("files doc");
+    id
+}
+
+/// How many GridFS files name `task` in their metadata, and how many chunks those files have.
+async fn files_of(db: &TestDb, task: ObjectId) -> (u64, u64) {
+    let mut cursor = db
+        .db
+        .collection::<Document>("tasks.files")
+        .find(doc! {"metadata.task_id": task})
+        .await
+        .expect("find files");
+    let mut files = Vec::new();
+    while cursor.advance().await.expect("cursor") {
+        let d = cursor.deserialize_current().expect("files doc");
+        files.push(d.get_object_id("_id").expect("file id"));
+    }
+    let chunks = db
+        .db
+        .collection::<Document>("tasks.chunks")
+        .count_documents(doc! {"files_id": {"$in": files.clone()}})
+        .await
+        .expect("count chunks");
+    (files.len() as u64, chunks)
+}
+
+#[tokio::test]
+async fn queued_and_blocked_tasks_are_cancelled_others_conflict() {
+    let db = TestDb::new("api_cancel").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let ids = tasks_with(&db, &[-2, -4, 0, -1, 1, 2, -5, -6]).await;
+    let dci = Dci::start(&config);
+    let cancel = |id: ObjectId| format!("/tasks/{}/cancel", id.to_hex());
+
+    for i in [0, 1] {
+        let before = db
+            .task(ids[i])
+            .await
+            .get_datetime("mtime")
+            .expect("mtime")
+            .timestamp_millis();
+        let (code, body) = dci.post(&cancel(ids[i]), json!({})).await;
+        assert_eq!((code, body), (200, update_result(1, 1)));
+        let t = db.task(ids[i]).await;
+        assert_eq!(t.get_i32("status").ok(), Some(-5), "{t}");
+        assert!(t.get_datetime("mtime").expect("mtime").timestamp_millis() >= before);
+    }
+    for (i, s) in [(2, 0), (3, -1)] {
+        let (code, body) = dci.post(&cancel(ids[i]), json!({})).await;
+        let text = format!(
+            "task {} is running (status {s}); it cannot be cancelled yet",
+            ids[i].to_hex()
+        );
+        assert_eq!((code, body), (409, error(&text)));
+        assert_eq!(status(&db, ids[i]).await, s, "unchanged");
+    }
+    for (i, s) in [(4, 1), (5, 2), (6, -5), (7, -6)] {
+        let (code, body) = dci.post(&cancel(ids[i]), json!({})).await;
+        assert_eq!(code, 409, "status {s}: {body}");
+        let text = body["error"].as_str().expect("error");
+        assert!(
+            text.contains(&ids[i].to_hex()) && text.contains(&format!("status {s}")),
+            "{text}"
+        );
+        assert_eq!(status(&db, ids[i]).await, s, "unchanged");
+    }
+
+    let unknown = ObjectId::new().to_hex();
+    let (code, body) = dci
+        .post(&format!("/tasks/{unknown}/cancel"), json!({}))
+        .await;
+    assert_eq!(
+        (code, body),
+        (404, error(&format!("no task with id {unknown}")))
+    );
+    let (code, body) = dci.post("/tasks/nothex/cancel", json!({})).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body["error"].is_string(), "{body}");
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn finished_orphaned_cancelled_and_terminated_tasks_are_requeued() {
+    let db = TestDb::new("api_retry").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let ids = tasks_with(&db, &[2, 1, -6, -5, -3, 3, -2, -4, 0, -1]).await;
+    for id in &ids[..6] {
+        set(
+            &db,
+            *id,
+            doc! {"node": "n1", "stdout": "out", "stderr": "err", "complete": true},
+        )
+        .await;
+    }
+    let kept = output_file(&db, ids[0], "stdout").await;
+    let dci = Dci::start(&config);
+    let retry = |id: ObjectId| format!("/tasks/{}/retry", id.to_hex());
+
+    for id in &ids[..6] {
+        let (code, body) = dci.post(&retry(*id), json!({})).await;
+        assert_eq!((code, body), (200, update_result(1, 1)));
+        let t = db.task(*id).await;
+        assert_eq!(t.get_i32("status").ok(), Some(-2), "{t}");
+        for field in ["node", "stdout", "stderr"] {
+            assert_eq!(t.get(field), Some(&Bson::Null), "{field}: {t}");
+        }
+        assert!(t.get("complete").is_none(), "{t}");
+        assert_eq!(
+            t.get_document("params").ok().map(|p| p.contains_key("s")),
+            Some(true),
+            "params kept: {t}"
+        );
+    }
+    assert_eq!(
+        files_of(&db, ids[0]).await,
+        (1, 2),
+        "old GridFS files are kept"
+    );
+    let files = db.db.collection::<Document>("tasks.files");
+    assert!(files
+        .find_one(doc! {"_id": kept})
+        .await
+        .expect("find")
+        .is_some());
+
+    for (i, s) in [(6, -2), (7, -4)] {
+        let (code, body) = dci.post(&retry(ids[i]), json!({})).await;
+        assert_eq!(code, 409, "status {s}: {body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains(&format!("status {s}"))),
+            "{body}"
+        );
+        assert_eq!(status(&db, ids[i]).await, s);
+    }
+    for (i, s) in [(8, 0), (9, -1)] {
+        let (code, body) = dci.post(&retry(ids[i]), json!({})).await;
+        let text = format!(
+            "task {} is running (status {s}); it cannot be retried yet",
+            ids[i].to_hex()
+        );
+        assert_eq!((code, body), (409, error(&text)));
+        assert_eq!(status(&db, ids[i]).await, s);
+    }
+    // A task retried once is queued now, so a second retry conflicts.
+    let (code, _) = dci.post(&retry(ids[0]), json!({})).await;
+    assert_eq!(code, 409);
+
+    let unknown = ObjectId::new().to_hex();
+    let (code, body) = dci
+        .post(&format!("/tasks/{unknown}/retry"), json!({}))
+        .await;
+    assert_eq!(
+        (code, body),
+        (404, error(&format!("no task with id {unknown}")))
+    );
+    let (code, body) = dci.post("/tasks/xyz/retry", json!({})).await;
+    assert_eq!(code, 400, "{body}");
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_retried_failure_runs_again_on_a_den() {
+    let db = TestDb::new("api_retry_run").await;
+    let config = write_config(&db, "node.json", json!({}));
+    db.insert_queue("echo", "echo", 1).await;
+    let runs = db.path("runs.txt");
+    let dci = Dci::start(&config);
+    let (code, body) = dci
+        .post(
+            "/tasks",
+            json!({"queue": "echo", "params": {"exit_code": 3, "stderr": "failed", "append_to": runs}}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let hex = body["MongoDB::InsertManyResult"]["inserted"][0]["_id"]["$oid"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let id = ObjectId::parse_str(&hex).expect("oid");
+
+    let mut den = Den::start(&config, "n1");
+    db.wait_complete(&[id], Duration::from_secs(30)).await;
+    den.stop();
+    let t = db.task(id).await;
+    assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+    assert!(
+        t.get_str("stderr").is_ok_and(|e| e.starts_with("failed")),
+        "{t}"
+    );
+    assert_eq!(read_lines(&runs), vec![hex.clone()]);
+
+    let (code, body) = dci.post(&format!("/tasks/{hex}/retry"), json!({})).await;
+    assert_eq!((code, body), (200, update_result(1, 1)));
+    let t = db.task(id).await;
+    assert_eq!(t.get_i32("status").ok(), Some(-2), "{t}");
+    assert_eq!(t.get("node"), Some(&Bson::Null));
+    assert!(t.get("complete").is_none(), "{t}");
+    let (_, listed) = dci.get("/queues/echo").await;
+    assert_eq!(
+        (listed["queued"].clone(), listed["completed"].clone()),
+        (json!(1), json!(0))
+    );
+
+    let _den = Den::start(&config, "n1");
+    db.wait_complete(&[id], Duration::from_secs(30)).await;
+    let t = db.task(id).await;
+    assert_eq!(
+        (t.get_i32("status").ok(), t.get_str("node").ok()),
+        (Some(2), Some("n1")),
+        "{t}"
+    );
+    assert_eq!(
+        read_lines(&runs),
+        vec![hex.clone(), hex],
+        "ran a second time"
+    );
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_running_task_cannot_be_cancelled_retried_or_deleted() {
+    let db = TestDb::new("api_running").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("echo", "echo", 1).await;
+    let id = db
+        .insert_tasks(queue, vec![doc! {"sleep_ms": 3000}.into()])
+        .await[0];
+    let hex = id.to_hex();
+    let den = Den::start(&config, "n1");
+    let dci = Dci::start(&config);
+    wait_for("the task to run", Duration::from_secs(20), || async {
+        db.task(id).await.get_i32("status").ok() == Some(0)
+    })
+    .await;
+
+    let running = |action: &str| {
+        error(&format!(
+            "task {hex} is running (status 0); it cannot be {action} yet"
+        ))
+    };
+    let (code, body) = dci.post(&format!("/tasks/{hex}/cancel"), json!({})).await;
+    assert_eq!((code, body), (409, running("cancelled")));
+    let (code, body) = dci.post(&format!("/tasks/{hex}/retry"), json!({})).await;
+    assert_eq!((code, body), (409, running("retried")));
+    let (code, body) = dci
+        .send(Method::DELETE, &format!("/tasks/{hex}"), json!({}))
+        .await;
+    assert_eq!((code, body), (409, running("deleted")));
+    let (_, node) = dci.get("/nodes/n1").await;
+    assert_eq!(node["running"], 1, "{node}");
+
+    db.wait_complete(&[id], Duration::from_secs(30)).await;
+    assert_eq!(status(&db, id).await, 1);
+    let (code, body) = dci
+        .send(Method::DELETE, &format!("/tasks/{hex}"), json!({}))
+        .await;
+    assert_eq!((code, body), (200, delete_result(1)));
+    assert_eq!(db.count(doc! {"_id": id}).await, 0);
+    drop(den);
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_task_removes_it_and_its_output_files() {
+    let db = TestDb::new("api_delete").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let ids = tasks_with(&db, &[1, 2, -2, -5, 0, -1]).await;
+    let out = output_file(&db, ids[0], "stdout").await;
+    let err = output_file(&db, ids[0], "stderr").await;
+    set(&db, ids[0], doc! {"stdout": out, "stderr": err}).await;
+    output_file(&db, ids[1], "stdout").await;
+    let dci = Dci::start(&config);
+    let path = |id: ObjectId| format!("/tasks/{}", id.to_hex());
+    assert_eq!(files_of(&db, ids[0]).await, (2, 4));
+
+    let (code, body) = dci.send(Method::DELETE, &path(ids[0]), json!({})).await;
+    assert_eq!((code, body), (200, delete_result(1)));
+    assert_eq!(db.count(doc! {"_id": ids[0]}).await, 0);
+    assert_eq!(
+        files_of(&db, ids[0]).await,
+        (0, 0),
+        "files and chunks are gone"
+    );
+    let chunks = db.db.collection::<Document>("tasks.chunks");
+    let left = chunks
+        .count_documents(doc! {"files_id": {"$in": [out, err]}})
+        .await
+        .expect("count");
+    assert_eq!(left, 0);
+    assert_eq!(
+        files_of(&db, ids[1]).await,
+        (1, 2),
+        "another task's files stay"
+    );
+    let (code, body) = dci.get(&format!("{}/stdout", path(ids[0]))).await;
+    assert_eq!(code, 404, "{body}");
+
+    for i in [1, 2, 3] {
+        let (code, body) = dci.send(Method::DELETE, &path(ids[i]), json!({})).await;
+        assert_eq!((code, body), (200, delete_result(1)), "task {i}");
+    }
+    assert_eq!(files_of(&db, ids[1]).await, (0, 0));
+    for (i, s) in [(4, 0), (5, -1)] {
+        let (code, body) = dci.send(Method::DELETE, &path(ids[i]), json!({})).await;
+        let text = format!(
+            "task {} is running (status {s}); it cannot be deleted yet",
+            ids[i].to_hex()
+        );
+        assert_eq!((code, body), (409, error(&text)));
+        assert_eq!(db.count(doc! {"_id": ids[i]}).await, 1);
+    }
+
+    let (code, body) = dci.send(Method::DELETE, &path(ids[0]), json!({})).await;
+    assert_eq!(
+        (code, body),
+        (404, error(&format!("no task with id {}", ids[0].to_hex())))
+    );
+    let (code, body) = dci.send(Method::DELETE, "/tasks/nothex", json!({})).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body["error"].is_string(), "{body}");
+    drop(dci);
+    db.drop().await;
+}

@@ -1,0 +1,972 @@
+//! `disbatch-web` black-box: info, plugins, balance, monitoring, legacy routes, request parsing,
+//! limits, failures, and the OpenAPI document against the routes actually served.
+
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const LEGACY: &str = "Disbatch::Web::Tasks";
+
+fn error(text: &str) -> Value {
+    json!({ "error": text })
+}
+
+fn assert_sorted_keys(v: &Value) {
+    // Only meaningful when parsing keeps the server's key order (serde_json `preserve_order`).
+    let probe: Value = serde_json::from_str(r#"{"b": 1, "a": 2}"#).expect("probe");
+    let first = probe.as_object().and_then(|m| m.keys().next().cloned());
+    assert_eq!(
+        first.as_deref(),
+        Some("b"),
+        "serde_json must keep key order"
+    );
+    match v {
+        Value::Object(m) => {
+            let keys: Vec<&String> = m.keys().collect();
+            let mut sorted = keys.clone();
+            sorted.sort();
+            assert_eq!(keys, sorted, "keys not sorted in {v}");
+            m.values().for_each(assert_sorted_keys);
+        }
+        Value::Array(items) => items.iter().for_each(assert_sorted_keys),
+        _ => {}
+    }
+}
+
+/// A request with a raw body: (status, content type, body as JSON, or as a string if not JSON).
+async fn raw(
+    dci: &Dci,
+    method: Method,
+    path: &str,
+    ct: Option<&str>,
+    body: &str,
+) -> (u16, String, Value) {
+    let mut req = dci
+        .http
+        .request(method, dci.at(path))
+        .body(body.to_string());
+    if let Some(ct) = ct {
+        req = req.header("content-type", ct);
+    }
+    let r = req.send().await.expect("request");
+    let status = r.status().as_u16();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let text = r.text().await.expect("body");
+    (
+        status,
+        ct,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn ids(body: &Value) -> Vec<ObjectId> {
+    body["MongoDB::InsertManyResult"]["inserted"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not an InsertManyResult: {body}"))
+        .iter()
+        .map(|i| ObjectId::parse_str(i["_id"]["$oid"].as_str().expect("_id")).expect("oid"))
+        .collect()
+}
+
+async fn insert_node(db: &TestDb, name: &str, age: Duration) {
+    let ts = DateTime::from_millis(DateTime::now().timestamp_millis() - age.as_millis() as i64);
+    db.db
+        .collection::<Document>("nodes")
+        .insert_one(doc! {"node": name, "timestamp": ts})
+        .await
+        .expect("insert node");
+}
+
+#[tokio::test]
+async fn info_and_plugins_describe_this_server() {
+    let db = TestDb::new("api_info").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let dci = Dci::start(&config);
+    let (status, ct, info) = raw(&dci, Method::GET, "/info", None, "").await;
+    assert_eq!((status, ct.as_str()), (200, "application/json"));
+    assert_sorted_keys(&info);
+    let keys: Vec<&String> = info.as_object().expect("object").keys().collect();
+    assert_eq!(keys, ["database", "routes", "web_extensions"]);
+    assert_eq!(info["database"], db.name.as_str());
+    assert_eq!(info["web_extensions"], json!([]));
+    let routes = |method: &str| -> Vec<String> {
+        info["routes"][method]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {method} routes: {info}"))
+            .iter()
+            .map(|r| r.as_str().expect("route").to_string())
+            .collect()
+    };
+    let (get, post, delete) = (routes("GET"), routes("POST"), routes("DELETE"));
+    for r in [
+        "/info",
+        "/nodes",
+        "/nodes/:node",
+        "/plugins",
+        "/queues",
+        "/queues/:queue",
+        "/tasks",
+        "/tasks/:id",
+        "/balance",
+        "/monitoring",
+    ] {
+        assert!(get.contains(&r.to_string()), "GET {r} in {get:?}");
+    }
+    for r in [
+        "/nodes/:node",
+        "/queues",
+        "/queues/:queue",
+        "/tasks",
+        "/balance",
+        "/tasks/:id/cancel",
+    ] {
+        assert!(post.contains(&r.to_string()), "POST {r} in {post:?}");
+    }
+    assert!(delete.contains(&"/queues/:queue".to_string()), "{delete:?}");
+    assert!(
+        !post.contains(&"/tasks/search".to_string()),
+        "legacy routes are not loaded: {post:?}"
+    );
+
+    let (status, plugins) = dci.get("/plugins").await;
+    assert_eq!(status, 200);
+    let mut names: Vec<String> = plugins
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|p| p.as_str().expect("name").to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["Disbatch::Plugin::Demo", "echo"]);
+    drop(dci);
+
+    let config = write_config(&db, "legacy.json", json!({"web_extensions": {LEGACY: {}}}));
+    let dci = Dci::start(&config);
+    let (_, info) = dci.get("/info").await;
+    assert_eq!(info["web_extensions"], json!([LEGACY]));
+    let post = info["routes"]["POST"].as_array().expect("POST routes");
+    assert!(post.contains(&json!("/tasks/search")), "{info}");
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn balance_is_read_written_and_validated() {
+    let db = TestDb::new("api_balance").await;
+    let settings = json!({"enabled": false, "log": true, "verbose": false, "pretend": true});
+    let config = write_config(&db, "web.json", json!({"balance": settings}));
+    db.insert_queue("a", "echo", 1).await;
+    db.insert_queue("b-1", "echo", 1).await;
+    db.insert_queue("c_2", "echo", 1).await;
+    let dci = Dci::start(&config);
+
+    let (status, ct, text) = raw(&dci, Method::GET, "/balance", None, "").await;
+    assert_eq!((status, ct.as_str()), (200, "application/json"));
+    let mut known = text["known_queues"]
+        .as_array()
+        .expect("known_queues")
+        .clone();
+    known.sort_by_key(|v| v.to_string());
+    assert_eq!(known, vec![json!("a"), json!("b-1"), json!("c_2")]);
+    assert_eq!(text["notice"], "balance document not found");
+    assert_eq!(text["settings"], settings);
+    assert_eq!(text.as_object().map(|m| m.len()), Some(3), "{text}");
+
+    let good = json!({"max_tasks": {"* 07:00": 5, "1 19:30": "15", "6 23:59": 0}, "queues": [["a"], ["b-1", "c_2"]]});
+    let (status, body) = dci.post("/balance", good).await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"status": "success: queuebalance modified"}))
+    );
+    let (status, ct, pretty) = raw(&dci, Method::GET, "/balance", None, "").await;
+    assert_eq!(status, 200);
+    assert_eq!(ct, "application/json");
+    assert_sorted_keys(&pretty);
+    assert!(
+        pretty.get("notice").is_none() && pretty.get("_id").is_none(),
+        "{pretty}"
+    );
+    assert_eq!(
+        pretty["max_tasks"],
+        json!({"* 07:00": 5, "1 19:30": 15, "6 23:59": 0})
+    );
+    assert_eq!(pretty["queues"], json!([["a"], ["b-1", "c_2"]]));
+    assert_eq!(pretty["settings"], settings);
+    let r = dci
+        .http
+        .get(dci.at("/balance"))
+        .send()
+        .await
+        .expect("request");
+    assert!(
+        r.text().await.expect("text").contains("\n  "),
+        "pretty-printed"
+    );
+
+    let later = DateTime::now().timestamp_millis() / 1000 + 3600;
+    let (status, body) = dci
+        .post(
+            "/balance",
+            json!({"max_tasks": {}, "queues": [], "disabled": later}),
+        )
+        .await;
+    assert_eq!(
+        (status, body),
+        (200, json!({"status": "success: queuebalance modified"}))
+    );
+    let (_, b) = dci.get("/balance").await;
+    assert_eq!(
+        (b["disabled"].clone(), b["queues"].clone()),
+        (json!(later), json!([]))
+    );
+    let (status, _) = dci
+        .post(
+            "/balance",
+            json!({"max_tasks": {}, "queues": [], "disabled": null}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = dci
+        .post(
+            "/balance",
+            json!({"max_tasks": {}, "queues": [], "disabled": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "0 is allowed");
+    let (_, before) = dci.get("/balance").await;
+
+    let q = json!([["a"]]);
+    let m = json!({"* 07:00": 1});
+    let failures = [
+        json!({"queues": q}),
+        json!({"max_tasks": m}),
+        json!({"max_tasks": m, "queues": q, "extra": 1}),
+        json!({"max_tasks": m, "queues": q, "disabled": 100}),
+        json!({"max_tasks": m, "queues": q, "disabled": "soon"}),
+        json!({"max_tasks": m, "queues": q, "disabled": -5}),
+        json!({"max_tasks": m, "queues": "a"}),
+        json!({"max_tasks": m, "queues": ["a"]}),
+        json!({"max_tasks": m, "queues": [[1]]}),
+        json!({"max_tasks": m, "queues": [["nosuch"]]}),
+        json!({"max_tasks": m, "queues": [["a b"]]}),
+        json!({"max_tasks": m, "queues": [["a"], ["a"]]}),
+        json!({"max_tasks": m, "queues": [["a", "a"]]}),
+        json!({"max_tasks": [], "queues": q}),
+        json!({"max_tasks": {"7 07:00": 1}, "queues": q}),
+        json!({"max_tasks": {"* 24:00": 1}, "queues": q}),
+        json!({"max_tasks": {"* 07:60": 1}, "queues": q}),
+        json!({"max_tasks": {"*07:00": 1}, "queues": q}),
+        json!({"max_tasks": {"* 07:00": 1.1}, "queues": q}),
+        json!({"max_tasks": {"* 07:00": -1}, "queues": q}),
+        json!({"max_tasks": {"* 07:00": "x"}, "queues": q}),
+        json!([]),
+    ];
+    for input in failures {
+        let (status, body) = dci.post("/balance", input.clone()).await;
+        assert_eq!(status, 400, "{input}: {body}");
+        let keys: Vec<&String> = body.as_object().expect("object").keys().collect();
+        assert_eq!(keys, ["status"], "{input}: {body}");
+        let text = body["status"].as_str().expect("status text");
+        assert!(
+            text.starts_with("failed: invalid json passed "),
+            "{input}: {text}"
+        );
+    }
+    let (_, after) = dci.get("/balance").await;
+    assert_eq!(before, after, "failed posts change nothing");
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn monitoring_reports_nodes_and_queuebalance() {
+    let db = TestDb::new("api_monitoring").await;
+    let disabled = json!({"status": "OK", "message": "monitoring disabled"});
+    let balance_off = json!({"status": "OK", "message": "queuebalance disabled"});
+
+    // Off by default (and explicitly), whatever the state.
+    insert_node(&db, "old", Duration::from_secs(600)).await;
+    for (file, extra) in [
+        ("default.json", json!({})),
+        (
+            "off.json",
+            json!({"monitoring": false, "balance": {"enabled": true}}),
+        ),
+    ] {
+        let dci = Dci::start(&write_config(&db, file, extra));
+        let (status, body) = dci.get("/monitoring").await;
+        assert_eq!(
+            (status, body),
+            (200, json!({"disbatch": disabled, "queuebalance": disabled})),
+            "{file}"
+        );
+    }
+    db.db
+        .collection::<Document>("nodes")
+        .delete_many(doc! {})
+        .await
+        .expect("clear nodes");
+
+    let on = write_config(&db, "on.json", json!({"monitoring": true}));
+    let dci = Dci::start(&on);
+    let (status, body) = dci.get("/monitoring").await;
+    assert_eq!(
+        (status, body),
+        (
+            200,
+            json!({"disbatch": {"status": "WARNING", "message": "No Disbatch nodes found"}, "queuebalance": balance_off})
+        )
+    );
+
+    insert_node(&db, "old", Duration::from_secs(600)).await;
+    let (status, body) = dci.get("/monitoring").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["queuebalance"], balance_off);
+    let d = &body["disbatch"];
+    assert_eq!(
+        (d["status"].clone(), d["message"].clone()),
+        (json!("CRITICAL"), json!("No active Disbatch nodes found")),
+        "{body}"
+    );
+    assert_eq!(d["nodes"]["fresh"], json!({}), "{body}");
+    let age = d["nodes"]["stale"]["old"].as_i64().expect("stale age");
+    assert!((599..=630).contains(&age), "{body}");
+
+    let den = Den::start(&on, "n1");
+    let nodes = db.db.collection::<Document>("nodes");
+    wait_for("the DEN's heartbeat", Duration::from_secs(20), || {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .count_documents(doc! {"node": "n1"})
+                .await
+                .unwrap_or(0)
+                == 1
+        }
+    })
+    .await;
+    let (status, body) = dci.get("/monitoring").await;
+    assert_eq!(status, 200);
+    let d = &body["disbatch"];
+    assert_eq!(
+        (d["status"].clone(), d["message"].clone()),
+        (
+            json!("OK"),
+            json!("Disbatch is running on one or more nodes")
+        ),
+        "{body}"
+    );
+    assert!(
+        d["nodes"]["fresh"]["n1"]
+            .as_i64()
+            .is_some_and(|a| (0..=15).contains(&a)),
+        "{body}"
+    );
+    assert!(d["nodes"]["stale"]["old"].is_i64(), "{body}");
+    drop(den);
+    drop(dci);
+
+    // QueueBalance enabled: its heartbeat (`timestamp`, epoch seconds) must be under 60 s old.
+    let balanced = write_config(
+        &db,
+        "balance.json",
+        json!({"monitoring": true, "balance": {"enabled": true}}),
+    );
+    let dci = Dci::start(&balanced);
+    let (status, body) = dci.get("/monitoring").await;
+    assert_eq!(status, 200);
+    let qb = &body["queuebalance"];
+    assert_eq!(qb["status"], "CRITICAL", "{body}");
+    assert!(
+        qb["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("queuebalanced not running for ")),
+        "{body}"
+    );
+
+    let balance = db.db.collection::<Document>("balance");
+    let now = DateTime::now().timestamp_millis() / 1000;
+    balance
+        .insert_one(doc! {"max_tasks": {}, "queues": [], "status": "OK", "message": "QueueBalance is running", "timestamp": now})
+        .await
+        .expect("balance doc");
+    let (_, body) = dci.get("/monitoring").await;
+    assert_eq!(
+        body["queuebalance"],
+        json!({"status": "OK", "message": "QueueBalance is running"})
+    );
+
+    balance
+        .update_one(doc! {}, doc! {"$set": {"timestamp": now - 300}})
+        .await
+        .expect("age");
+    let (_, body) = dci.get("/monitoring").await;
+    let qb = &body["queuebalance"];
+    assert_eq!(qb["status"], "CRITICAL", "{body}");
+    let message = qb["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("queuebalanced not running for 30"),
+        "{message}"
+    );
+
+    balance
+        .update_one(
+            doc! {},
+            doc! {"$set": {"timestamp": now, "status": "CONFUSED"}},
+        )
+        .await
+        .expect("status");
+    let (_, body) = dci.get("/monitoring").await;
+    assert_eq!(body["queuebalance"]["status"], "CRITICAL", "{body}");
+    assert_eq!(
+        body["queuebalance"]["message"], "queuebalanced unknown status",
+        "{body}"
+    );
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn legacy_task_routes_answer_only_when_loaded() {
+    let db = TestDb::new("api_legacy").await;
+    let queue = db.insert_queue("echo", "echo", 0).await;
+    db.db
+        .collection::<Document>("users")
+        .insert_many(vec![
+            doc! {"email": "a@example.com", "kind": "x"},
+            doc! {"email": "b@example.com", "kind": "x"},
+            doc! {"email": "c@example.com", "kind": "y"},
+        ])
+        .await
+        .expect("users");
+
+    let plain = Dci::start(&write_config(&db, "plain.json", json!({})));
+    for (path, body) in [
+        ("/tasks/search", json!({"filter": {}})),
+        ("/tasks/echo", json!([{"a": 1}])),
+        (
+            "/tasks/echo/users",
+            json!({"filter": {}, "params": {"u": "document.email"}}),
+        ),
+    ] {
+        let (status, reply) = plain.post(path, body).await;
+        assert_eq!(status, 404, "{path}: {reply}");
+        assert!(reply["error"].is_string(), "{path}: {reply}");
+    }
+    assert_eq!(db.count(doc! {}).await, 0, "nothing created");
+    drop(plain);
+
+    let dci = Dci::start(&write_config(
+        &db,
+        "legacy.json",
+        json!({"web_extensions": {LEGACY: {}}}),
+    ));
+    let (status, body) = dci
+        .post(
+            "/tasks/echo",
+            json!([{"kind": "a", "n": 1}, {"kind": "b", "n": 2}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let first = ids(&body);
+    assert_eq!(first.len(), 2);
+    let (status, body) = dci
+        .post(
+            &format!("/tasks/{}", queue.to_hex()),
+            json!([{"kind": "c"}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ids(&body).len(), 1);
+    let (status, body) = dci.post("/tasks/nosuch", json!([{"kind": "c"}])).await;
+    assert_eq!((status, body), (400, error("queue not found")));
+    let (status, body) = dci.post("/tasks/echo", json!([])).await;
+    assert_eq!(
+        (status, body),
+        (
+            400,
+            error("'params' must be a JSON array of task params objects")
+        )
+    );
+    let (status, body) = dci
+        .post(
+            "/tasks/echo/users",
+            json!({"filter": {"kind": "x"}, "params": {"u": "document.email", "kind": "from"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let from = ids(&body);
+    assert_eq!(from.len(), 2);
+    let t = db.task(from[0]).await;
+    assert!(
+        t.get_document("params")
+            .expect("params")
+            .get_str("u")
+            .is_ok_and(|u| u.ends_with("@example.com")),
+        "{t}"
+    );
+    let total = db.count(doc! {}).await;
+    assert_eq!(total, 5);
+
+    // Outputs for the search: inline text on one task, GridFS on another.
+    db.tasks()
+        .update_one(
+            doc! {"_id": first[0]},
+            doc! {"$set": {"status": 1, "stdout": "inline out", "stderr": ""}},
+        )
+        .await
+        .expect("set");
+    let file = ObjectId::new();
+    db.db
+        .collection::<Document>("tasks.chunks")
+        .insert_one(doc! {"files_id": file, "n": 0, "data": "grid out"})
+        .await
+        .expect("chunk");
+    db.db
+        .collection::<Document>("tasks.files")
+        .insert_one(
+            doc! {"_id": file, "length": 8_i64, "chunkSize": 261120, "filename": "stdout",
+            "uploadDate": DateTime::now(), "metadata": {"task_id": first[1]}},
+        )
+        .await
+        .expect("file");
+    db.tasks()
+        .update_one(
+            doc! {"_id": first[1]},
+            doc! {"$set": {"status": 2, "stdout": file}},
+        )
+        .await
+        .expect("set");
+
+    let search = |body: Value| {
+        let dci = &dci;
+        async move { dci.post("/tasks/search", body).await }
+    };
+    let (status, all) = search(json!({"filter": {"queue": "echo"}})).await;
+    assert_eq!(status, 200, "{all}");
+    let all = all.as_array().expect("array").clone();
+    assert_eq!(all.len(), 5);
+    let find = |list: &[Value], id: ObjectId| {
+        list.iter()
+            .find(|t| t["_id"]["$oid"] == id.to_hex())
+            .cloned()
+            .expect("listed")
+    };
+    let t0 = find(&all, first[0]);
+    assert_eq!(t0["stdout"], "[terse mode]", "terse by default: {t0}");
+    assert!(
+        t0["ctime"].is_f64() || t0["ctime"].is_i64(),
+        "epoch ctime: {t0}"
+    );
+    assert_eq!(find(&all, first[1])["stdout"]["$oid"], file.to_hex());
+    let (_, full) = search(json!({"filter": {"queue": queue.to_hex()}, "terse": false})).await;
+    let full = full.as_array().expect("array").clone();
+    assert_eq!(find(&full, first[0])["stdout"], "inline out");
+    assert_eq!(find(&full, first[1])["stdout"], "grid out");
+
+    let (_, found) = search(json!({"filter": {"params.kind": "b"}})).await;
+    assert_eq!(
+        found.as_array().map(Vec::len),
+        Some(1),
+        "non-indexed filters are allowed: {found}"
+    );
+    assert_eq!(found[0]["_id"]["$oid"], first[1].to_hex());
+    let (_, found) = search(json!({"filter": {"_id": {"$oid": first[0].to_hex()}}})).await;
+    assert_eq!(found.as_array().map(Vec::len), Some(1), "{found}");
+    let ctime = db
+        .task(first[0])
+        .await
+        .get_datetime("ctime")
+        .expect("ctime")
+        .timestamp_millis();
+    let (_, found) = search(json!({"filter": {"ctime": ctime}, "count": true})).await;
+    assert_eq!(
+        found,
+        json!({"count": 2}),
+        "millisecond ctime matches the first batch"
+    );
+    let (status, body) = search(json!({"filter": {"queue": "echo"}, "count": true})).await;
+    assert_eq!((status, body), (200, json!({"count": 5})));
+    let (status, body) = search(json!({"options": {"limit": 2}})).await;
+    assert_eq!(status, 200);
+    assert_eq!(body.as_array().map(Vec::len), Some(2), "{body}");
+
+    let (status, body) = search(json!({"options": {"limit": 101}})).await;
+    assert_eq!((status, body), (400, error("limit cannot exceed 100")));
+    let (status, body) = search(json!({"filter": {"_id": {"$oid": "bad"}}})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("Bad OID passed")),
+        "{body}"
+    );
+    for bad in [json!({"filter": "x"}), json!({"options": [1]})] {
+        let (status, body) = search(bad.clone()).await;
+        assert_eq!(
+            (status, body),
+            (400, error("filter and options must be name/value objects")),
+            "{bad}"
+        );
+    }
+    let (status, body) = search(json!({"filter": {"status": {"$bogus": 1}}})).await;
+    assert_eq!(
+        status, 400,
+        "a filter the server refuses is bad input: {body}"
+    );
+    assert!(body["error"].is_string(), "{body}");
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn parameters_are_read_from_json_forms_or_the_query_string() {
+    let db = TestDb::new("api_inputs").await;
+    let dci = Dci::start(&write_config(&db, "web.json", json!({})));
+    let post = |path: &'static str, ct: Option<&'static str>, body: &'static str| {
+        let dci = &dci;
+        async move { raw(dci, Method::POST, path, ct, body).await }
+    };
+
+    let (status, ct, body) = post(
+        "/queues",
+        Some("application/json; charset=utf-8"),
+        r#"{"name": "j", "plugin": "echo"}"#,
+    )
+    .await;
+    assert_eq!((status, ct.as_str()), (200, "application/json"), "{body}");
+    let (status, _, body) = post(
+        "/queues",
+        Some("application/x-www-form-urlencoded"),
+        "name=f&plugin=echo",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = post("/queues?name=qs&plugin=echo", None, "").await;
+    assert_eq!(status, 200, "{body}");
+    // Another content type: the body is ignored and the (empty) query string is read.
+    let (status, _, body) = post(
+        "/queues",
+        Some("text/plain"),
+        r#"{"name": "t", "plugin": "echo"}"#,
+    )
+    .await;
+    assert_eq!((status, body), (400, error("name and plugin required")));
+    let mut names: Vec<String> = dci
+        .get("/queues")
+        .await
+        .1
+        .as_array()
+        .expect("queues")
+        .iter()
+        .map(|q| q["name"].as_str().expect("name").to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["f", "j", "qs"]);
+
+    // Invalid JSON is a 400 with a JSON body, never a 500.
+    let routes = [
+        (Method::POST, "/queues"),
+        (Method::POST, "/queues/j"),
+        (Method::POST, "/queues/j/retry"),
+        (Method::POST, "/nodes/n0"),
+        (Method::POST, "/tasks"),
+        (Method::GET, "/tasks"),
+        (Method::POST, "/balance"),
+    ];
+    for (method, path) in routes {
+        let (status, ct, body) = raw(
+            &dci,
+            method.clone(),
+            path,
+            Some("application/json"),
+            "{\"name\": \"x\",",
+        )
+        .await;
+        assert_eq!(
+            (status, ct.as_str()),
+            (400, "application/json"),
+            "{method} {path}: {body}"
+        );
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("invalid JSON body")),
+            "{method} {path}: {body}"
+        );
+    }
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_unknown_routes_and_wrong_methods_get_json_errors() {
+    let db = TestDb::new("api_limits").await;
+    db.insert_queue("echo", "echo", 0).await;
+    let dci = Dci::start(&write_config(
+        &db,
+        "web.json",
+        json!({"web": {"max_body_bytes": 4096}}),
+    ));
+
+    let small = json!({"queue": "echo", "params": {"pad": "x".repeat(3000)}});
+    let (status, body) = dci.post("/tasks", small).await;
+    assert_eq!(status, 200, "under the limit: {body}");
+    let big = json!({"queue": "echo", "params": {"pad": "x".repeat(10_000)}});
+    for (method, path) in [
+        (Method::POST, "/tasks"),
+        (Method::GET, "/tasks"),
+        (Method::POST, "/queues"),
+    ] {
+        let (status, body) = dci.send(method.clone(), path, big.clone()).await;
+        assert_eq!(status, 413, "{method} {path}: {body}");
+        assert!(body["error"].is_string(), "{method} {path}: {body}");
+    }
+    assert_eq!(db.count(doc! {}).await, 1, "the big body created nothing");
+
+    for path in ["/nope", "/tasks/a/b/c/d", "/queues/echo/nope"] {
+        let (status, ct, body) = raw(&dci, Method::GET, path, None, "").await;
+        assert_eq!(
+            (status, ct.as_str()),
+            (404, "application/json"),
+            "{path}: {body}"
+        );
+        assert_eq!(body, error(&format!("no route for GET {path}")));
+    }
+    for (method, path) in [
+        (Method::DELETE, "/nodes"),
+        (Method::PUT, "/queues"),
+        (Method::GET, "/tasks/search"),
+    ] {
+        let (status, ct, body) = raw(&dci, method.clone(), path, None, "").await;
+        assert_eq!(
+            (status, ct.as_str()),
+            (405, "application/json"),
+            "{method} {path}: {body}"
+        );
+        assert!(body["error"].is_string(), "{method} {path}: {body}");
+    }
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn bad_filters_and_projections_are_400_not_503() {
+    let db = TestDb::new("api_bad_queries").await;
+    let queue = db.insert_queue("echo", "echo", 0).await;
+    db.insert_tasks(queue, vec![doc! {"a": 1}.into()]).await;
+    let dci = Dci::start(&write_config(&db, "web.json", json!({})));
+    let (status, body) = dci
+        .post(
+            "/tasks",
+            json!({"queue": "echo", "collection": "users", "filter": {"$bogus": 1}, "params": {"u": "document.email"}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("$bogus")),
+        "{body}"
+    );
+    let (status, body) = dci
+        .send(
+            Method::GET,
+            "/tasks",
+            json!({"queue": "echo", ".fields": {"a": 1, "b": 0}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].is_string(), "{body}");
+    assert_eq!(db.count(doc! {}).await, 1);
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_database_outage_is_503_json() {
+    let db = TestDb::new("api_outage").await;
+    let config = write_config(
+        &db,
+        "down.json",
+        json!({"mongohost": "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=500&directConnection=true", "monitoring": true}),
+    );
+    let dci = Dci::start(&config);
+    let task = ObjectId::new().to_hex();
+    let requests: Vec<(Method, String, Value)> = vec![
+        (Method::GET, "/queues".into(), json!({})),
+        (Method::GET, "/queues/q".into(), json!({})),
+        (
+            Method::POST,
+            "/queues".into(),
+            json!({"name": "q", "plugin": "echo"}),
+        ),
+        (Method::GET, "/nodes".into(), json!({})),
+        (
+            Method::POST,
+            "/tasks".into(),
+            json!({"queue": "q", "params": {"a": 1}}),
+        ),
+        (Method::GET, "/tasks".into(), json!({".limit": 1})),
+        (Method::GET, format!("/tasks/{task}"), json!({})),
+        (Method::POST, format!("/tasks/{task}/cancel"), json!({})),
+        (Method::GET, "/balance".into(), json!({})),
+    ];
+    let mut handles = Vec::new();
+    for (method, path, body) in requests {
+        let req = dci.http.request(method.clone(), dci.at(&path)).json(&body);
+        handles.push(tokio::spawn(async move {
+            let r = req.send().await.expect("request");
+            let status = r.status().as_u16();
+            let text = r.text().await.expect("body");
+            (method, path, status, text)
+        }));
+    }
+    for h in handles {
+        let (method, path, status, text) = h.await.expect("join");
+        assert_eq!(status, 503, "{method} {path}: {text}");
+        let body: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("{method} {path}: not JSON: {text}"));
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("database unavailable: ")),
+            "{method} {path}: {body}"
+        );
+    }
+    // Routes that need no database still answer; monitoring reports the failure with 200.
+    let (status, info) = dci.get("/info").await;
+    assert_eq!(status, 200, "{info}");
+    let (status, body) = dci.get("/monitoring").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["disbatch"]["status"], "CRITICAL", "{body}");
+    assert!(
+        body["disbatch"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Could not get current Disbatch nodes")),
+        "{body}"
+    );
+    drop(dci);
+    db.drop().await;
+}
+
+/// Every (path, method) of the OpenAPI document, with its path parameters filled in.
+fn documented(doc: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for method in ops.as_object().expect("operations").keys() {
+            out.push((path.clone(), method.to_uppercase()));
+        }
+    }
+    out
+}
+
+/// The routes `GET /info` lists, in OpenAPI spelling.
+fn listed(info: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (method, paths) in info["routes"].as_object().expect("routes") {
+        for p in paths.as_array().expect("paths") {
+            let p = p.as_str().expect("path");
+            let templated: Vec<String> = p
+                .split('/')
+                .map(|seg| match seg.strip_prefix(':') {
+                    Some(name) => format!("{{{name}}}"),
+                    None => seg.to_string(),
+                })
+                .collect();
+            out.push((templated.join("/"), method.clone()));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_documented_route_exists_and_every_listed_route_is_documented() {
+    let db = TestDb::new("api_openapi").await;
+    let queue = db.insert_queue("q", "echo", 0).await;
+    let task = db.insert_tasks(queue, vec![doc! {"a": 1}.into()]).await[0];
+    insert_node(&db, "n0", Duration::ZERO).await;
+
+    for legacy in [false, true] {
+        let extra = if legacy {
+            json!({"web_extensions": {LEGACY: {}}})
+        } else {
+            json!({})
+        };
+        let dci = Dci::start(&write_config(&db, &format!("web-{legacy}.json"), extra));
+        let (status, ct, doc) = raw(&dci, Method::GET, "/openapi.json", None, "").await;
+        assert_eq!((status, ct.as_str()), (200, "application/json"), "{doc}");
+        assert!(
+            doc["openapi"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("3.0")),
+            "{doc}"
+        );
+        assert!(doc["info"]["title"].is_string(), "{doc}");
+        let routes = documented(&doc);
+        assert!(routes.len() >= 23, "{routes:?}");
+        let (_, info) = dci.get("/info").await;
+        let mut from_info = listed(&info);
+        let mut from_doc = routes.clone();
+        from_info.sort();
+        from_doc.sort();
+        assert_eq!(
+            from_info, from_doc,
+            "GET /info and /openapi.json list the same routes (legacy {legacy})"
+        );
+        let has_legacy = routes
+            .iter()
+            .any(|(p, m)| p == "/tasks/search" && m == "POST");
+        assert_eq!(has_legacy, legacy, "{routes:?}");
+
+        for (path, method) in &routes {
+            for param in doc["paths"][path][method.to_lowercase()]["parameters"]
+                .as_array()
+                .expect("parameters")
+            {
+                let name = param["name"].as_str().expect("name");
+                assert!(
+                    path.contains(&format!("{{{name}}}")),
+                    "{method} {path} documents {name}"
+                );
+            }
+            let concrete = path
+                .replace("{node}", "n0")
+                .replace("{queue}", "q")
+                .replace("{id}", &task.to_hex())
+                .replace("{collection}", "users");
+            let m = Method::from_bytes(method.as_bytes()).expect("method");
+            let (status, _, body) = raw(&dci, m, &concrete, Some("application/json"), "{}").await;
+            assert_ne!(status, 405, "{method} {concrete}: {body}");
+            assert!(status < 500, "{method} {concrete}: {status} {body}");
+            let fallback = body["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("no route for"));
+            assert!(
+                !fallback,
+                "{method} {concrete} is documented but not routed: {body}"
+            );
+        }
+        drop(dci);
+        // The DELETE routes removed the queue and the task: put them back for the next round.
+        if !legacy {
+            db.db
+                .collection::<Document>("queues")
+                .insert_one(doc! {"_id": queue, "name": "q", "plugin": "echo", "threads": 0})
+                .await
+                .expect("queue back");
+            db.tasks()
+                .insert_one(doc! {"_id": task, "queue": queue, "status": -2, "params": {"a": 1}, "node": Bson::Null})
+                .await
+                .expect("task back");
+        }
+    }
+    db.drop().await;
+}

@@ -1,0 +1,721 @@
+//! `disbatch-web` black-box: `/nodes` and `/queues`, success shapes and every documented error.
+
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+fn update_result(matched: u64, modified: u64) -> Value {
+    json!({"MongoDB::UpdateResult": {
+        "acknowledged": 1, "matched_count": matched, "modified_count": modified,
+        "upserted_id": null, "write_errors": [], "write_concern_errors": [],
+    }})
+}
+
+fn error(text: &str) -> Value {
+    json!({ "error": text })
+}
+
+/// Every object key at every depth is in sorted order (Disbatch encoded canonically).
+fn assert_sorted_keys(v: &Value) {
+    // Only meaningful when parsing keeps the server's key order (serde_json `preserve_order`).
+    let probe: Value = serde_json::from_str(r#"{"b": 1, "a": 2}"#).expect("probe");
+    let first = probe.as_object().and_then(|m| m.keys().next().cloned());
+    assert_eq!(
+        first.as_deref(),
+        Some("b"),
+        "serde_json must keep key order"
+    );
+    match v {
+        Value::Object(m) => {
+            let keys: Vec<&String> = m.keys().collect();
+            let mut sorted = keys.clone();
+            sorted.sort();
+            assert_eq!(keys, sorted, "keys not sorted in {v}");
+            m.values().for_each(assert_sorted_keys);
+        }
+        Value::Array(items) => items.iter().for_each(assert_sorted_keys),
+        _ => {}
+    }
+}
+
+/// A request with a raw body and content type, returning (status, JSON or text body).
+async fn raw(dci: &Dci, method: Method, path: &str, ct: &str, body: &str) -> (u16, Value) {
+    let r = dci
+        .http
+        .request(method, dci.at(path))
+        .header("content-type", ct)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn insert_node(db: &TestDb, name: &str, age: Duration) -> ObjectId {
+    let id = ObjectId::new();
+    let ts = DateTime::from_millis(DateTime::now().timestamp_millis() - age.as_millis() as i64);
+    db.db
+        .collection::<Document>("nodes")
+        .insert_one(doc! {"_id": id, "node": name, "timestamp": ts})
+        .await
+        .expect("insert node");
+    id
+}
+
+async fn set_status(db: &TestDb, id: ObjectId, fields: Document) {
+    db.tasks()
+        .update_one(doc! {"_id": id}, doc! {"$set": fields})
+        .await
+        .expect("update task");
+}
+
+async fn queue_doc(db: &TestDb, name: &str) -> Option<Document> {
+    db.db
+        .collection::<Document>("queues")
+        .find_one(doc! {"name": name})
+        .await
+        .expect("find queue")
+}
+
+#[tokio::test]
+async fn nodes_list_a_live_den_with_ids_millisecond_timestamps_and_running_counts() {
+    let db = TestDb::new("api_nodes").await;
+    let config = write_config(&db, "node.json", json!({}));
+    // A node that stopped long ago, with two tasks it still holds; sorts before n1.
+    let stale = insert_node(&db, "m0", Duration::from_secs(600)).await;
+    let queue = db.insert_queue("paused", "echo", 0).await;
+    let held = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"a": 1}.into(),
+                doc! {"a": 2}.into(),
+                doc! {"a": 3}.into(),
+            ],
+        )
+        .await;
+    set_status(&db, held[0], doc! {"status": 0, "node": "m0"}).await;
+    set_status(&db, held[1], doc! {"status": -1, "node": "m0"}).await;
+    set_status(&db, held[2], doc! {"status": 1, "node": "m0"}).await;
+
+    let den = Den::start(&config, "n1");
+    let nodes = db.db.collection::<Document>("nodes");
+    wait_for("the DEN's first heartbeat", Duration::from_secs(20), || {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .count_documents(doc! {"node": "n1"})
+                .await
+                .unwrap_or(0)
+                == 1
+        }
+    })
+    .await;
+    let n1 = db.node("n1").await;
+    let n1_id = n1.get_object_id("_id").expect("node id");
+
+    let dci = Dci::start(&config);
+    let (status, list) = dci.get("/nodes").await;
+    assert_eq!(status, 200, "{list}");
+    assert_sorted_keys(&list);
+    let list = list.as_array().expect("array").clone();
+    assert_eq!(list.len(), 2, "{list:?}");
+    assert_eq!(list[0]["node"], "m0", "sorted by node");
+    assert_eq!(list[1]["node"], "n1");
+
+    let m0 = &list[0];
+    assert_eq!(m0["_id"], json!({"$oid": stale.to_hex()}));
+    assert_eq!(m0["id"], stale.to_hex());
+    assert_eq!(m0["live"], false);
+    assert_eq!(m0["running"], 2, "claimed and running tasks of m0");
+    let now = DateTime::now().timestamp_millis();
+    let ts = m0["timestamp"].as_i64().expect("integer ms timestamp");
+    assert!((now - 600_000 - ts).abs() < 30_000, "{ts} vs {now}");
+
+    let live = &list[1];
+    assert_eq!(live["_id"], json!({"$oid": n1_id.to_hex()}));
+    assert_eq!(live["id"], n1_id.to_hex());
+    assert_eq!(live["live"], true, "{live}");
+    assert_eq!(live["running"], 0);
+    let ts = live["timestamp"].as_i64().expect("integer ms timestamp");
+    assert!((now - ts).abs() < 15_000, "{ts} vs {now}");
+    assert!(live.get("maxthreads").is_none(), "{live}");
+
+    let (status, by_name) = dci.get("/nodes/n1").await;
+    assert_eq!(status, 200, "{by_name}");
+    assert_eq!(by_name["id"], n1_id.to_hex());
+    assert_eq!(by_name["node"], "n1");
+    assert_eq!(by_name["live"], true);
+    let (status, by_id) = dci.get(&format!("/nodes/{}", stale.to_hex())).await;
+    assert_eq!(status, 200, "{by_id}");
+    assert_eq!(by_id["node"], "m0");
+    assert_eq!(by_id["running"], 2);
+
+    let (status, body) = dci.get("/nodes/nosuch").await;
+    assert_eq!((status, body), (404, error("no node nosuch")));
+    let unknown = ObjectId::new().to_hex();
+    let (status, body) = dci.get(&format!("/nodes/{unknown}")).await;
+    assert_eq!((status, body), (404, error(&format!("no node {unknown}"))));
+
+    drop(den);
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn liveness_follows_the_configured_window() {
+    let db = TestDb::new("api_nodes_live").await;
+    insert_node(&db, "slow", Duration::from_secs(20)).await;
+    let dci = Dci::start(&write_config(&db, "default.json", json!({})));
+    let (status, node) = dci.get("/nodes/slow").await;
+    assert_eq!(status, 200, "{node}");
+    assert_eq!(
+        node["live"], false,
+        "20 s is outside the default 15 s window"
+    );
+    drop(dci);
+    let config = write_config(&db, "wide.json", json!({"web": {"live_window_ms": 60000}}));
+    let dci = Dci::start(&config);
+    let (_, node) = dci.get("/nodes/slow").await;
+    assert_eq!(node["live"], true, "inside a 60 s window");
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn node_maxthreads_is_set_cleared_and_validated() {
+    let db = TestDb::new("api_maxthreads").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let id = insert_node(&db, "n0", Duration::ZERO).await;
+    let dci = Dci::start(&config);
+    let maxthreads = || async { db.node("n0").await.get("maxthreads").cloned() };
+
+    let (status, body) = dci.post("/nodes/n0", json!({"maxthreads": 3})).await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(maxthreads().await, Some(Bson::Int64(3)));
+    let (_, node) = dci.get("/nodes/n0").await;
+    assert_eq!(node["maxthreads"], 3);
+    // The same value again matches without modifying: still 200.
+    let (status, body) = dci.post("/nodes/n0", json!({"maxthreads": 3})).await;
+    assert_eq!((status, body), (200, update_result(1, 0)));
+
+    let (status, body) = dci
+        .post(
+            &format!("/nodes/{}", id.to_hex()),
+            json!({"maxthreads": null}),
+        )
+        .await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(maxthreads().await, Some(Bson::Null));
+
+    // Form-encoded (the CLI of Disbatch): the digit string is accepted and stored as a number.
+    let (status, body) = raw(
+        &dci,
+        Method::POST,
+        "/nodes/n0",
+        "application/x-www-form-urlencoded",
+        "maxthreads=5",
+    )
+    .await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(maxthreads().await, Some(Bson::Int64(5)));
+    // A JSON digit string too.
+    let (status, body) = dci.post("/nodes/n0", json!({"maxthreads": "0"})).await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(maxthreads().await, Some(Bson::Int64(0)));
+
+    let (status, body) = dci.post("/nodes/n0", json!({})).await;
+    assert_eq!((status, body), (400, error("No params")));
+    let (status, body) = raw(&dci, Method::POST, "/nodes/n0", "application/json", "").await;
+    assert_eq!((status, body), (400, error("No params")));
+    let (status, body) = dci
+        .post("/nodes/n0", json!({"maxthreads": 1, "threads": 2}))
+        .await;
+    assert_eq!(
+        (status, body),
+        (400, json!({"error": "Invalid param", "param": "threads"}))
+    );
+    for bad in [
+        json!(-1),
+        json!("x"),
+        json!(1.5),
+        json!(""),
+        json!("-2"),
+        json!([1]),
+        json!(true),
+    ] {
+        let (status, body) = dci.post("/nodes/n0", json!({"maxthreads": bad})).await;
+        assert_eq!(
+            (status, body),
+            (
+                400,
+                error("maxthreads must be a non-negative integer or null")
+            ),
+            "maxthreads {bad}"
+        );
+    }
+    assert_eq!(
+        maxthreads().await,
+        Some(Bson::Int64(0)),
+        "errors change nothing"
+    );
+
+    let (status, body) = dci.post("/nodes/nosuch", json!({"maxthreads": 1})).await;
+    assert_eq!((status, body), (404, error("no node nosuch")));
+    assert_eq!(
+        db.db
+            .collection::<Document>("nodes")
+            .count_documents(doc! {})
+            .await
+            .expect("count"),
+        1,
+        "no node was created"
+    );
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn queues_list_counts_by_status_and_are_found_by_name_or_id() {
+    let db = TestDb::new("api_queues_list").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let alpha = db.insert_queue("alpha", "echo", 2).await;
+    let beta = db
+        .insert_queue("beta", "Disbatch::Plugin::Demo", Bson::Null)
+        .await;
+    let statuses = [-6, -5, -4, -3, -2, -1, 0, 1, 2, 3];
+    let ids = db
+        .insert_tasks(
+            alpha,
+            statuses.iter().map(|s| doc! {"s": *s}.into()).collect(),
+        )
+        .await;
+    for (id, s) in ids.iter().zip(statuses) {
+        set_status(&db, *id, doc! {"status": s}).await;
+    }
+    // A task of another queue is not counted for alpha.
+    db.insert_tasks(beta, vec![doc! {"x": 1}.into()]).await;
+
+    let dci = Dci::start(&config);
+    let (status, list) = dci.get("/queues").await;
+    assert_eq!(status, 200, "{list}");
+    assert_sorted_keys(&list);
+    let list = list.as_array().expect("array").clone();
+    assert_eq!(list.len(), 2, "{list:?}");
+    let find = |name: &str| {
+        list.iter()
+            .find(|q| q["name"] == name)
+            .cloned()
+            .expect("queue listed")
+    };
+    assert_eq!(
+        find("alpha"),
+        json!({"completed": 3, "id": alpha.to_hex(), "name": "alpha", "plugin": "echo",
+               "queued": 5, "running": 2, "sort": null, "threads": 2})
+    );
+    assert_eq!(
+        find("beta"),
+        json!({"completed": 0, "id": beta.to_hex(), "name": "beta", "plugin": "Disbatch::Plugin::Demo",
+               "queued": 1, "running": 0, "sort": null, "threads": null})
+    );
+
+    let (status, by_name) = dci.get("/queues/alpha").await;
+    assert_eq!(status, 200);
+    assert_eq!(by_name, find("alpha"));
+    let (status, by_id) = dci.get(&format!("/queues/{}", beta.to_hex())).await;
+    assert_eq!(status, 200);
+    assert_eq!(by_id, find("beta"));
+
+    let (status, body) = dci.get("/queues/nosuch").await;
+    assert_eq!((status, body), (404, error("no queue nosuch")));
+    let unknown = ObjectId::new().to_hex();
+    let (status, body) = dci.get(&format!("/queues/{unknown}")).await;
+    assert_eq!((status, body), (404, error(&format!("no queue {unknown}"))));
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn queues_are_created_with_the_insert_envelope_and_validated() {
+    let db = TestDb::new("api_queues_create").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let dci = Dci::start(&config);
+
+    let (status, body) = dci
+        .post("/queues", json!({"name": "q1", "plugin": "echo"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let id = body["id"]["$oid"].as_str().expect("id").to_string();
+    assert_eq!(
+        body,
+        json!({"MongoDB::InsertOneResult": {"acknowledged": 1, "inserted_id": {"$oid": id},
+               "write_errors": [], "write_concern_errors": []}, "id": {"$oid": id}})
+    );
+    let q1 = queue_doc(&db, "q1").await.expect("q1 stored");
+    assert_eq!(q1.get_object_id("_id").expect("_id").to_hex(), id);
+    assert_eq!(q1.get_str("plugin").ok(), Some("echo"));
+    assert!(
+        q1.get("threads").is_none(),
+        "a new queue has no threads: {q1}"
+    );
+    let (status, listed) = dci.get("/queues/q1").await;
+    assert_eq!(status, 200);
+    assert_eq!(listed["threads"], Value::Null);
+
+    let (status, body) = dci
+        .post(
+            "/queues",
+            json!({"name": "q2", "plugin": "Disbatch::Plugin::Demo", "threads": 3, "sort": "lifo"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let q2 = queue_doc(&db, "q2").await.expect("q2 stored");
+    assert_eq!(q2.get("threads"), Some(&Bson::Int64(3)));
+    assert_eq!(q2.get_str("sort").ok(), Some("lifo"));
+    let (_, listed) = dci.get("/queues/q2").await;
+    assert_eq!(
+        (listed["threads"].clone(), listed["sort"].clone()),
+        (json!(3), json!("lifo"))
+    );
+
+    let (status, body) = dci
+        .post(
+            "/queues",
+            json!({"name": "q3", "plugin": "echo", "threads": null}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        queue_doc(&db, "q3").await.expect("q3").get("threads"),
+        Some(&Bson::Null)
+    );
+
+    let (status, body) = raw(
+        &dci,
+        Method::POST,
+        "/queues",
+        "application/x-www-form-urlencoded",
+        "name=q4&plugin=echo&threads=2",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        queue_doc(&db, "q4").await.expect("q4").get("threads"),
+        Some(&Bson::Int64(2))
+    );
+
+    let cases = [
+        (json!({"plugin": "echo"}), error("name and plugin required")),
+        (json!({"name": "x"}), error("name and plugin required")),
+        (
+            json!({"name": "", "plugin": "echo"}),
+            error("name and plugin required"),
+        ),
+        (
+            json!({"name": "x", "plugin": ""}),
+            error("name and plugin required"),
+        ),
+        (json!({}), error("name and plugin required")),
+        (
+            json!({"name": "x", "plugin": "echo", "constructor": "y"}),
+            json!({"error": "Invalid param", "param": "constructor"}),
+        ),
+        (
+            json!({"name": "x", "plugin": "Nope"}),
+            json!({"error": "Unknown plugin", "plugin": "Nope"}),
+        ),
+        (
+            json!({"name": "x", "plugin": "echo", "threads": -1}),
+            error("threads must be a non-negative integer or null"),
+        ),
+        (
+            json!({"name": "x", "plugin": "echo", "threads": "many"}),
+            error("threads must be a non-negative integer or null"),
+        ),
+        (
+            json!({"name": "x", "plugin": "echo", "threads": 1.5}),
+            error("threads must be a non-negative integer or null"),
+        ),
+        (
+            json!({"name": "x", "plugin": "echo", "sort": "random"}),
+            error("sort must be fifo, lifo or default"),
+        ),
+        (
+            json!({"name": "x", "plugin": "echo", "sort": 1}),
+            error("sort must be fifo, lifo or default"),
+        ),
+    ];
+    for (input, expected) in cases {
+        let (status, body) = dci.post("/queues", input.clone()).await;
+        assert_eq!((status, body), (400, expected), "POST /queues {input}");
+    }
+    assert!(
+        queue_doc(&db, "x").await.is_none(),
+        "no invalid queue was stored"
+    );
+
+    let (status, body) = dci
+        .post("/queues", json!({"name": "q1", "plugin": "echo"}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.get("MongoDB::DuplicateKeyError").is_some(), "{body}");
+    let message = body["error"].as_str().expect("error text");
+    assert!(
+        message.contains("E11000") || message.to_lowercase().contains("duplicate"),
+        "{message}"
+    );
+    let n = db
+        .db
+        .collection::<Document>("queues")
+        .count_documents(doc! {"name": "q1"})
+        .await
+        .expect("count");
+    assert_eq!(n, 1);
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn queues_are_updated_field_by_field_and_validated() {
+    let db = TestDb::new("api_queues_update").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let id = db.insert_queue("old", "echo", 1).await;
+    db.insert_queue("taken", "echo", 1).await;
+    let dci = Dci::start(&config);
+    let stored = || async {
+        db.db
+            .collection::<Document>("queues")
+            .find_one(doc! {"_id": id})
+            .await
+            .expect("find")
+            .expect("queue exists")
+    };
+
+    let (status, body) = dci.post("/queues/old", json!({"name": "new"})).await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(stored().await.get_str("name").ok(), Some("new"));
+    let (status, body) = dci
+        .post("/queues/new", json!({"plugin": "Disbatch::Plugin::Demo"}))
+        .await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(
+        stored().await.get_str("plugin").ok(),
+        Some("Disbatch::Plugin::Demo")
+    );
+    let path = format!("/queues/{}", id.to_hex());
+    let (status, body) = dci.post(&path, json!({"threads": 7})).await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(stored().await.get("threads"), Some(&Bson::Int64(7)));
+    let (status, body) = raw(
+        &dci,
+        Method::POST,
+        &path,
+        "application/x-www-form-urlencoded",
+        "threads=4",
+    )
+    .await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(
+        stored().await.get("threads"),
+        Some(&Bson::Int64(4)),
+        "digit strings are stored as numbers"
+    );
+    // null pauses a queue (the CLI's `queue set threads null`).
+    let (status, body) = dci.post(&path, json!({"threads": null})).await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(stored().await.get("threads"), Some(&Bson::Null));
+    let (status, body) = dci.post(&path, json!({"sort": "fifo", "threads": 2})).await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    let doc = stored().await;
+    assert_eq!(
+        (doc.get_str("sort").ok(), doc.get("threads")),
+        (Some("fifo"), Some(&Bson::Int64(2)))
+    );
+    let (_, listed) = dci.get("/queues/new").await;
+    assert_eq!(
+        (listed["sort"].clone(), listed["threads"].clone()),
+        (json!("fifo"), json!(2))
+    );
+
+    let cases = [
+        (json!({}), error("no params")),
+        (
+            json!({"colour": "red"}),
+            json!({"error": "unknown param", "param": "colour"}),
+        ),
+        (
+            json!({"plugin": "Nope"}),
+            json!({"error": "unknown plugin", "plugin": "Nope"}),
+        ),
+        (
+            json!({"threads": -1}),
+            error("threads must be a non-negative integer"),
+        ),
+        (
+            json!({"threads": "x"}),
+            error("threads must be a non-negative integer"),
+        ),
+        (json!({"name": ""}), error("name must be a string")),
+        (json!({"name": 5}), error("name must be a string")),
+        (
+            json!({"sort": "backwards"}),
+            error("sort must be fifo, lifo or default"),
+        ),
+    ];
+    for (input, expected) in cases {
+        let (status, body) = dci.post("/queues/new", input.clone()).await;
+        assert_eq!((status, body), (400, expected), "POST /queues/new {input}");
+    }
+    let doc = stored().await;
+    assert_eq!(
+        (
+            doc.get_str("name").ok(),
+            doc.get_str("plugin").ok(),
+            doc.get("threads")
+        ),
+        (
+            Some("new"),
+            Some("Disbatch::Plugin::Demo"),
+            Some(&Bson::Int64(2))
+        ),
+        "errors change nothing"
+    );
+
+    let (status, body) = dci.post("/queues/nosuch", json!({"threads": 1})).await;
+    assert_eq!((status, body), (404, error("no queue nosuch")));
+
+    let (status, body) = dci.post("/queues/new", json!({"name": "taken"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.get("MongoDB::DuplicateKeyError").is_some(), "{body}");
+    assert!(body["error"].is_string(), "{body}");
+    assert_eq!(stored().await.get_str("name").ok(), Some("new"));
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_queue_keeps_its_tasks() {
+    let db = TestDb::new("api_queues_delete").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let first = db.insert_queue("first", "echo", 0).await;
+    let second = db.insert_queue("second", "echo", 0).await;
+    db.insert_tasks(first, vec![doc! {"a": 1}.into(), doc! {"a": 2}.into()])
+        .await;
+    let dci = Dci::start(&config);
+    let deleted = json!({"MongoDB::DeleteResult": {"acknowledged": 1, "deleted_count": 1,
+                        "write_errors": [], "write_concern_errors": []}});
+
+    let (status, body) = dci.send(Method::DELETE, "/queues/first", json!({})).await;
+    assert_eq!((status, body), (200, deleted.clone()));
+    assert!(queue_doc(&db, "first").await.is_none());
+    assert_eq!(db.count(doc! {"queue": first}).await, 2, "tasks are kept");
+    let (status, body) = dci.send(Method::DELETE, "/queues/first", json!({})).await;
+    assert_eq!((status, body), (404, error("no queue first")));
+
+    let path = format!("/queues/{}", second.to_hex());
+    let (status, body) = dci.send(Method::DELETE, &path, json!({})).await;
+    assert_eq!((status, body), (200, deleted));
+    let (status, body) = dci.get("/queues").await;
+    assert_eq!((status, body), (200, json!([])));
+    drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_queue_retry_requeues_the_chosen_statuses() {
+    let db = TestDb::new("api_queues_retry").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 0).await;
+    let other = db.insert_queue("other", "echo", 0).await;
+    let statuses = [2, -6, 1, -5, -3, -2, 0, -1, 3];
+    let ids = db
+        .insert_tasks(
+            queue,
+            statuses.iter().map(|s| doc! {"s": *s}.into()).collect(),
+        )
+        .await;
+    for (id, s) in ids.iter().zip(statuses) {
+        set_status(
+            &db,
+            *id,
+            doc! {"status": s, "node": "n1", "stdout": "out", "stderr": "err", "complete": s >= 1},
+        )
+        .await;
+    }
+    let foreign = db.insert_tasks(other, vec![doc! {"s": 2}.into()]).await[0];
+    set_status(&db, foreign, doc! {"status": 2}).await;
+    let dci = Dci::start(&config);
+    let status_of = |i: usize| {
+        let db = &db;
+        let id = ids[i];
+        async move { db.task(id).await.get_i32("status").expect("status") }
+    };
+
+    // Default: failed (2) and orphaned (-6).
+    let (status, body) = dci.post("/queues/q/retry", json!({})).await;
+    assert_eq!((status, body), (200, update_result(2, 2)));
+    for i in [0, 1] {
+        let t = db.task(ids[i]).await;
+        assert_eq!(t.get_i32("status").ok(), Some(-2), "{t}");
+        assert_eq!(t.get("node"), Some(&Bson::Null), "{t}");
+        assert_eq!(t.get("stdout"), Some(&Bson::Null), "{t}");
+        assert_eq!(t.get("stderr"), Some(&Bson::Null), "{t}");
+        assert!(t.get("complete").is_none(), "{t}");
+    }
+    assert_eq!(status_of(2).await, 1, "succeeded tasks stay");
+    assert_eq!(
+        db.task(foreign).await.get_i32("status").ok(),
+        Some(2),
+        "other queues untouched"
+    );
+
+    let path = format!("/queues/{}/retry", queue.to_hex());
+    let (status, body) = dci.post(&path, json!({"status": [1, -5, 3]})).await;
+    assert_eq!((status, body), (200, update_result(3, 3)));
+    for i in [2, 3, 8] {
+        assert_eq!(status_of(i).await, -2);
+    }
+    assert_eq!(status_of(4).await, -3, "terminated not asked for");
+    let (status, body) = raw(
+        &dci,
+        Method::POST,
+        "/queues/q/retry",
+        "application/x-www-form-urlencoded",
+        "status=-3",
+    )
+    .await;
+    assert_eq!((status, body), (200, update_result(1, 1)));
+    assert_eq!(status_of(4).await, -2);
+
+    for bad in [json!([0]), json!([-1]), json!([-2]), json!([2, -4])] {
+        let (status, body) = dci.post("/queues/q/retry", json!({"status": bad})).await;
+        assert_eq!(status, 400, "status {bad}: {body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("cannot be retried")),
+            "{body}"
+        );
+    }
+    let (status, body) = dci.post("/queues/q/retry", json!({"status": ["x"]})).await;
+    assert_eq!(
+        (status, body),
+        (400, error("status must be a list of integer status codes"))
+    );
+    assert_eq!(status_of(6).await, 0, "running task untouched");
+    assert_eq!(status_of(7).await, -1, "claimed task untouched");
+
+    let (status, body) = dci.post("/queues/nosuch/retry", json!({})).await;
+    assert_eq!((status, body), (404, error("no queue nosuch")));
+    drop(dci);
+    db.drop().await;
+}
