@@ -2,13 +2,14 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, StatusCode};
 use bson::oid::ObjectId;
 
 use crate::error::{ApiError, ApiResult};
 use crate::params::{parse, Params};
 
-pub fn read_params(
+fn read_params(
     headers: &HeaderMap,
     query: Option<&str>,
     body: Result<Bytes, BytesRejection>,
@@ -22,6 +23,19 @@ pub fn read_params(
         }
     })?;
     parse(headers, query, &body)
+}
+
+/// Handlers take `Params` as their last argument: headers, query string and body decoded
+/// the Disbatch way, with the body limit applied.
+impl<S: Send + Sync> FromRequest<S> for Params {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let headers = req.headers().clone();
+        let query = req.uri().query().map(str::to_string);
+        let body = Bytes::from_request(req, state).await;
+        read_params(&headers, query.as_deref(), body)
+    }
 }
 
 /// A path id that must be an ObjectId: 400 with the offending text otherwise.

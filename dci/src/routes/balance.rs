@@ -1,16 +1,14 @@
 //! `/balance`: the QueueBalance document, read and validated writes (Disbatch's rules).
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use disbatch_core::balance::validate_balance;
 use serde_json::{json, Value};
 
 use crate::error::ApiResult;
+use crate::params::Params;
 use crate::render::{self, json_response, Dates};
-use crate::request::read_params;
 use crate::state::AppState;
 
 pub async fn get(State(state): State<AppState>) -> ApiResult<Response> {
@@ -35,13 +33,7 @@ pub async fn get(State(state): State<AppState>) -> ApiResult<Response> {
     Ok(json_response(&out, true))
 }
 
-pub async fn set(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    let p = read_params(&headers, query.as_deref(), body)?;
+pub async fn set(State(state): State<AppState>, p: Params) -> ApiResult<Response> {
     let body = p.body.unwrap_or(Value::Object(p.fields));
     let names = state.store.queue_names().await?;
     match validate_balance(

@@ -1,9 +1,6 @@
 //! Disbatch 4.0's task routes (`Disbatch::Web::Tasks`), loaded only when `web_extensions` names them.
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::HeaderMap;
+use axum::extract::{Path, State};
 use axum::response::Response;
 use bson::{Bson, Document};
 use serde_json::{json, Map, Value};
@@ -12,8 +9,8 @@ use super::tasks_create::{create_from, resolve_queue};
 use super::tasks_search::task_json;
 use crate::error::{ApiError, ApiResult};
 use crate::params::Options;
+use crate::params::Params;
 use crate::render::json_response;
-use crate::request::read_params;
 use crate::state::AppState;
 
 fn enabled(state: &AppState) -> ApiResult<()> {
@@ -27,14 +24,9 @@ fn enabled(state: &AppState) -> ApiResult<()> {
 }
 
 /// `POST /tasks/search {filter, options, count, terse, pretty}`: an arbitrary-filter search.
-pub async fn search(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
+pub async fn search(State(state): State<AppState>, params: Params) -> ApiResult<Response> {
     enabled(&state)?;
-    let p = read_params(&headers, query.as_deref(), body)?.fields;
+    let p = params.fields;
     let (filter, options) = match (p.get("filter"), p.get("options")) {
         (None | Some(Value::Object(_)), None | Some(Value::Object(_))) => (
             p.get("filter").cloned().unwrap_or(json!({})),
@@ -131,12 +123,9 @@ fn check_oids(v: &Value) -> ApiResult<()> {
 pub async fn create_in_queue(
     State(state): State<AppState>,
     Path(queue): Path<String>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
+    p: Params,
 ) -> ApiResult<Response> {
     enabled(&state)?;
-    let p = read_params(&headers, query.as_deref(), body)?;
     let params = p.body.unwrap_or(Value::Object(p.fields));
     let mut fields = Map::new();
     fields.insert("queue".into(), Value::String(queue));
@@ -148,12 +137,10 @@ pub async fn create_in_queue(
 pub async fn create_from_collection(
     State(state): State<AppState>,
     Path((queue, collection)): Path<(String, String)>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
+    params: Params,
 ) -> ApiResult<Response> {
     enabled(&state)?;
-    let mut fields = read_params(&headers, query.as_deref(), body)?.fields;
+    let mut fields = params.fields;
     fields.insert("queue".into(), Value::String(queue));
     fields.insert("collection".into(), Value::String(collection));
     fields.entry("filter").or_insert(json!({}));

@@ -1,17 +1,14 @@
 //! `/nodes`: node documents with live running counts, and ops' `maxthreads`.
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::HeaderMap;
+use axum::extract::{Path, State};
 use axum::response::Response;
 use bson::{Bson, Document};
 use serde_json::{json, Value};
 
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
+use crate::params::Params;
 use crate::render::{self, json_response, Dates};
-use crate::request::read_params;
 use crate::state::AppState;
 
 fn node_json(d: &Document, running: u64, live_window_ms: i64) -> Value {
@@ -72,11 +69,8 @@ pub async fn get(State(state): State<AppState>, Path(ident): Path<String>) -> Ap
 pub async fn set_maxthreads(
     State(state): State<AppState>,
     Path(ident): Path<String>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
+    params: Params,
 ) -> ApiResult<Response> {
-    let params = read_params(&headers, query.as_deref(), body)?;
     if params.fields.is_empty() {
         return Err(ApiError::bad_request("No params"));
     }

@@ -1,9 +1,6 @@
 //! `/queues`: queue documents with Disbatch's counts; create, update, delete.
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::HeaderMap;
+use axum::extract::{Path, State};
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
@@ -13,8 +10,8 @@ use serde_json::{json, Map, Value};
 use super::nodes::non_negative;
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
+use crate::params::Params;
 use crate::render::{self, json_response, Dates};
-use crate::request::read_params;
 use crate::state::AppState;
 
 async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
@@ -58,6 +55,13 @@ async fn find(state: &AppState, ident: &str) -> ApiResult<Document> {
         .ok_or_else(|| ApiError::not_found(format!("no queue {ident}")))
 }
 
+async fn find_id(state: &AppState, ident: &str) -> ApiResult<ObjectId> {
+    find(state, ident)
+        .await?
+        .get_object_id(field::ID)
+        .map_err(|_| ApiError::bad_request(format!("queue {ident} has no ObjectId _id")))
+}
+
 pub async fn get(State(state): State<AppState>, Path(ident): Path<String>) -> ApiResult<Response> {
     let d = find(&state, &ident).await?;
     Ok(json_response(&queue_json(&state, &d).await?, false))
@@ -80,13 +84,8 @@ fn sort_value(v: &Value) -> ApiResult<Bson> {
     }
 }
 
-pub async fn create(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    let p = read_params(&headers, query.as_deref(), body)?.fields;
+pub async fn create(State(state): State<AppState>, params: Params) -> ApiResult<Response> {
+    let p = params.fields;
     let (id, _) = create_queue(&state, &p).await?;
     let mut out = envelope::insert_one(id);
     if let Value::Object(m) = &mut out {
@@ -134,11 +133,9 @@ pub async fn create_queue(
 pub async fn update(
     State(state): State<AppState>,
     Path(ident): Path<String>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
+    params: Params,
 ) -> ApiResult<Response> {
-    let p = read_params(&headers, query.as_deref(), body)?.fields;
+    let p = params.fields;
     if p.is_empty() {
         return Err(ApiError::bad_request("no params"));
     }
@@ -169,10 +166,7 @@ pub async fn update(
             }
         };
     }
-    let queue = find(&state, &ident).await?;
-    let id = queue
-        .get_object_id(field::ID)
-        .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
+    let id = find_id(&state, &ident).await?;
     let counts = state.store.update_queue(id, set).await?;
     Ok(json_response(&envelope::update(&counts), false))
 }
@@ -181,10 +175,7 @@ pub async fn delete(
     State(state): State<AppState>,
     Path(ident): Path<String>,
 ) -> ApiResult<Response> {
-    let queue = find(&state, &ident).await?;
-    let id = queue
-        .get_object_id(field::ID)
-        .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
+    let id = find_id(&state, &ident).await?;
     let counts = state.store.delete_queue(id).await?;
     Ok(json_response(&envelope::delete(&counts), false))
 }
@@ -193,11 +184,9 @@ pub async fn delete(
 pub async fn retry(
     State(state): State<AppState>,
     Path(ident): Path<String>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
+    params: Params,
 ) -> ApiResult<Response> {
-    let p = read_params(&headers, query.as_deref(), body)?.fields;
+    let p = params.fields;
     let statuses: Vec<i32> = match p.get("status") {
         None => vec![2, -6],
         Some(Value::Array(items)) => items
@@ -219,10 +208,7 @@ pub async fn retry(
             "status {bad} cannot be retried: use finished (>= 1), orphaned (-6), cancelled (-5) or terminated (-3)"
         )));
     }
-    let queue = find(&state, &ident).await?;
-    let id = queue
-        .get_object_id(field::ID)
-        .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
+    let id = find_id(&state, &ident).await?;
     let counts = state.store.retry_queue(id, &statuses).await?;
     Ok(json_response(&envelope::update(&counts), false))
 }

@@ -1,9 +1,6 @@
 //! `POST /tasks`: one task, many, or one per document of another collection (Disbatch's shapes).
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{RawQuery, State};
-use axum::http::HeaderMap;
+use axum::extract::State;
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
@@ -12,21 +9,15 @@ use serde_json::{Map, Value};
 
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
+use crate::params::Params;
 use crate::render::json_response;
-use crate::request::read_params;
 use crate::state::AppState;
 
 const NOT_ARRAY: &str = "'params' must be a JSON array of task params objects";
 const EMPTY_OBJECT: &str =
     "'params' must be a JSON array of task params objects with key/value pairs";
 
-pub async fn create(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    let p = read_params(&headers, query.as_deref(), body)?;
+pub async fn create(State(state): State<AppState>, p: Params) -> ApiResult<Response> {
     let fields = match p.body {
         // A bare array body is params for a queue given elsewhere; here there is none.
         Some(_) => return Err(ApiError::bad_request("invalid parameters passed")),

@@ -1,9 +1,6 @@
 //! `GET /tasks`: search and count by indexed prefixes, with Disbatch's dot options.
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{RawQuery, State};
-use axum::http::HeaderMap;
+use axum::extract::State;
 use axum::response::Response;
 use bson::{Bson, Document};
 use disbatch_core::store::QueryError;
@@ -12,17 +9,11 @@ use serde_json::{json, Value};
 use super::tasks_create::resolve_queue;
 use crate::error::{ApiError, ApiResult};
 use crate::params::Options;
+use crate::params::Params;
 use crate::render::{self, json_response, Dates};
-use crate::request::read_params;
 use crate::state::AppState;
 
-pub async fn search(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    let mut p = read_params(&headers, query.as_deref(), body)?;
+pub async fn search(State(state): State<AppState>, mut p: Params) -> ApiResult<Response> {
     // Disbatch only took queue ids here (a name gave a 500); names are resolved instead.
     if let Some(Value::String(q)) = p.fields.get("queue").cloned() {
         if !q.is_empty() && bson::oid::ObjectId::parse_str(&q).is_err() {
