@@ -1,5 +1,6 @@
 //! Integration-test harness: a real MongoDB-wire server, one database per test, real binaries.
 
+mod browser;
 mod dci;
 mod den;
 mod server;
@@ -12,6 +13,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use mongodb::{Client, Collection, Database};
 
+pub use browser::{screenshot_dir, Browser};
 pub use dci::Dci;
 pub use den::{write_config, Den};
 pub use server::server_uri;

@@ -39,6 +39,8 @@ pub mod queue {
     pub const LEGACY_PLUGIN: &str = "constructor";
     pub const THREADS: &str = "threads";
     pub const SORT: &str = "sort";
+    /// Ours: the `threads` a pause set aside (threads is 0 while paused, as Disbatch reads it).
+    pub const PAUSED_THREADS: &str = "paused_threads";
 }
 
 pub mod node {

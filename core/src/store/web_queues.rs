@@ -1,7 +1,7 @@
 //! Queue queries for the DCI: raw documents with their task counts, create, update, delete.
 
 use bson::oid::ObjectId;
-use bson::{doc, Document};
+use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
 use super::schema::{queue, task, QUEUES, TASKS};
@@ -15,6 +15,9 @@ pub struct QueueCounts {
     pub queued: u64,
     pub running: u64,
     pub completed: u64,
+    /// Of `completed`: status 1, and status ≥ 2.
+    pub succeeded: u64,
+    pub failed: u64,
 }
 
 impl Store {
@@ -33,7 +36,7 @@ impl Store {
         self.find_by_id_or_name(QUEUES, queue::NAME, ident).await
     }
 
-    /// Three index-backed counts ({queue, status}), run concurrently.
+    /// Index-backed counts ({queue, status}), run concurrently.
     pub async fn queue_counts(&self, id: ObjectId) -> Result<QueueCounts> {
         let tasks = self.collection(TASKS);
         let count = |filter: Document| {
@@ -45,17 +48,20 @@ impl Store {
                     .map_err(|e| Error::mongo(format!("counting tasks of queue {id}"), e))
             }
         };
-        let (queued, running, completed) = futures::try_join!(
+        let (queued, running, succeeded, failed) = futures::try_join!(
             count(doc! {task::QUEUE: id, task::STATUS: {"$lte": status::QUEUED}}),
             count(
                 doc! {task::QUEUE: id, task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}}
             ),
-            count(doc! {task::QUEUE: id, task::STATUS: {"$gte": status::SUCCEEDED}}),
+            count(doc! {task::QUEUE: id, task::STATUS: status::SUCCEEDED}),
+            count(doc! {task::QUEUE: id, task::STATUS: {"$gte": status::FAILED}}),
         )?;
         Ok(QueueCounts {
             queued,
             running,
-            completed,
+            completed: succeeded + failed,
+            succeeded,
+            failed,
         })
     }
 
@@ -86,6 +92,42 @@ impl Store {
             .await
             .map(WriteCounts::from)
             .map_err(|e| Error::mongo(format!("deleting queue {id}"), e))
+    }
+
+    /// Pauses a running queue: `threads` to 0, the old value kept in `paused_threads`.
+    /// Returns false when the queue is already paused or has no threads to pause.
+    pub async fn pause_queue(&self, id: ObjectId) -> Result<bool> {
+        let filter = doc! {
+            queue::ID: id,
+            queue::PAUSED_THREADS: {"$exists": false},
+            // $nin null also excludes a missing field: nothing to pause.
+            queue::THREADS: {"$nin": [0, Bson::Null, "0", ""]},
+        };
+        let update = vec![doc! {"$set": {
+            queue::PAUSED_THREADS: format!("${}", queue::THREADS),
+            queue::THREADS: 0,
+        }}];
+        self.collection(QUEUES)
+            .update_one(filter, update)
+            .await
+            .map(|r| r.matched_count == 1)
+            .map_err(|e| Error::mongo(format!("pausing queue {id}"), e))
+    }
+
+    /// Restores the `threads` a pause kept; false when the queue is not paused.
+    pub async fn resume_queue(&self, id: ObjectId) -> Result<bool> {
+        let update = vec![
+            doc! {"$set": {queue::THREADS: format!("${}", queue::PAUSED_THREADS)}},
+            doc! {"$unset": queue::PAUSED_THREADS},
+        ];
+        self.collection(QUEUES)
+            .update_one(
+                doc! {queue::ID: id, queue::PAUSED_THREADS: {"$exists": true}},
+                update,
+            )
+            .await
+            .map(|r| r.matched_count == 1)
+            .map_err(|e| Error::mongo(format!("resuming queue {id}"), e))
     }
 
     /// Queue names, for balance validation.

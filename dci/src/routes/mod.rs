@@ -10,6 +10,7 @@ mod queues;
 mod task_one;
 mod tasks_create;
 mod tasks_search;
+mod ui;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
@@ -39,6 +40,12 @@ const fn route(method: Method, path: &'static str, summary: &'static str) -> Rou
 
 pub fn table() -> Vec<Route> {
     let mut routes = vec![
+        route(Method::GET, "/", "The operator console (HTML)"),
+        route(
+            Method::GET,
+            "/ui/{file}",
+            "Console assets built into the server",
+        ),
         route(Method::GET, "/info", "Database, web extensions and routes"),
         route(
             Method::GET,
@@ -69,6 +76,16 @@ pub fn table() -> Vec<Route> {
             Method::POST,
             "/queues/{queue}/retry",
             "Requeue a queue's tasks in the given statuses",
+        ),
+        route(
+            Method::POST,
+            "/queues/{queue}/pause",
+            "Pause a queue: threads to 0, remembered",
+        ),
+        route(
+            Method::POST,
+            "/queues/{queue}/resume",
+            "Resume a paused queue with its old threads",
         ),
         route(
             Method::POST,
@@ -157,6 +174,10 @@ fn handler(method: &Method, path: &str) -> Option<MethodRouter<AppState>> {
         ("POST", "/queues/{queue}") => post(queues::update),
         ("DELETE", "/queues/{queue}") => delete(queues::delete),
         ("POST", "/queues/{queue}/retry") => post(queues::retry),
+        ("POST", "/queues/{queue}/pause") => post(queues::pause),
+        ("POST", "/queues/{queue}/resume") => post(queues::resume),
+        ("GET", "/") => get(ui::index),
+        ("GET", "/ui/{file}") => get(ui::asset),
         ("POST", "/tasks") => post(tasks_create::create),
         ("GET", "/tasks") => get(tasks_search::search),
         ("GET", "/tasks/{id}") => get(task_one::get),

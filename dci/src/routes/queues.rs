@@ -5,6 +5,7 @@ use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_core::store::schema::queue as field;
+use disbatch_core::store::WriteCounts;
 use serde_json::{json, Map, Value};
 
 use super::nodes::non_negative;
@@ -33,6 +34,9 @@ async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
         "queued": counts.queued,
         "running": counts.running,
         "completed": counts.completed,
+        "succeeded": counts.succeeded,
+        "failed": counts.failed,
+        "paused_threads": get(field::PAUSED_THREADS),
     }))
 }
 
@@ -178,6 +182,42 @@ pub async fn delete(
     let id = find_id(&state, &ident).await?;
     let counts = state.store.delete_queue(id).await?;
     Ok(json_response(&envelope::delete(&counts), false))
+}
+
+/// `POST /queues/:queue/pause`: threads to 0, remembering the old value for resume.
+pub async fn pause(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+) -> ApiResult<Response> {
+    let id = find_id(&state, &ident).await?;
+    if !state.store.pause_queue(id).await? {
+        return Err(ApiError::conflict(format!(
+            "queue {ident} is already paused or has no threads to pause"
+        )));
+    }
+    let counts = WriteCounts {
+        matched: 1,
+        modified: 1,
+        ..Default::default()
+    };
+    Ok(json_response(&envelope::update(&counts), false))
+}
+
+/// `POST /queues/:queue/resume`: restores the threads a pause set aside.
+pub async fn resume(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+) -> ApiResult<Response> {
+    let id = find_id(&state, &ident).await?;
+    if !state.store.resume_queue(id).await? {
+        return Err(ApiError::conflict(format!("queue {ident} is not paused")));
+    }
+    let counts = WriteCounts {
+        matched: 1,
+        modified: 1,
+        ..Default::default()
+    };
+    Ok(json_response(&envelope::update(&counts), false))
 }
 
 /// `POST /queues/:queue/retry {"status": [codes]}`: requeue a queue's failed/orphaned tasks.

@@ -1,7 +1,7 @@
 //! One task: `GET /tasks/:id` (JSON or HTML), its output streams, cancel, retry and delete.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use bson::Bson;
@@ -50,32 +50,122 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-pub async fn stdout(state: State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
-    output(state, id, "stdout").await
+pub async fn stdout(
+    state: State<AppState>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
+    output(state, id, "stdout", q).await
 }
 
-pub async fn stderr(state: State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
-    output(state, id, "stderr").await
+pub async fn stderr(
+    state: State<AppState>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
+    output(state, id, "stderr", q).await
 }
 
-/// A task's output, streamed whether inline or in GridFS.
-async fn output(State(state): State<AppState>, id: String, stream: &str) -> ApiResult<Response> {
+/// `?offset=N&length=M`: a byte range, so a page can show a 15 MiB output a piece at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ByteRange {
+    offset: u64,
+    length: Option<u64>,
+}
+
+fn byte_range(query: Option<&str>) -> ApiResult<ByteRange> {
+    let mut range = ByteRange {
+        offset: 0,
+        length: None,
+    };
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        let n = || {
+            v.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("{k} must be a non-negative integer")))
+        };
+        match k.as_ref() {
+            "offset" => range.offset = n()?,
+            "length" => range.length = Some(n()?),
+            _ => {}
+        }
+    }
+    Ok(range)
+}
+
+/// A task's output, streamed whether inline or in GridFS, whole or a byte range; the whole
+/// size is in `X-Total-Length`.
+async fn output(
+    State(state): State<AppState>,
+    id: String,
+    stream: &str,
+    query: Option<String>,
+) -> ApiResult<Response> {
+    let range = byte_range(query.as_deref())?;
     let oid = object_id("task", &id)?;
     let task = state
         .store
         .get_task(oid)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no task with id {id}")))?;
-    let text_plain = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
-    match task.get(stream) {
-        Some(Bson::String(s)) => Ok((text_plain, s.clone()).into_response()),
-        Some(Bson::ObjectId(file)) => {
-            let chunks = state.store.stream_output_file(*file).await?;
-            let body = Body::from_stream(chunks.map(|c| c.map_err(std::io::Error::other)));
-            Ok((text_plain, body).into_response())
+    let (total, body) = match task.get(stream) {
+        Some(Bson::String(s)) => {
+            let bytes = s.as_bytes();
+            let start = (range.offset as usize).min(bytes.len());
+            let end = range.length.map_or(bytes.len(), |l| {
+                start.saturating_add(l as usize).min(bytes.len())
+            });
+            (bytes.len() as u64, Body::from(bytes[start..end].to_vec()))
         }
-        _ => Ok((text_plain, String::new()).into_response()),
-    }
+        Some(Bson::ObjectId(file)) => {
+            let total = state
+                .store
+                .output_file(*file)
+                .await?
+                .and_then(|f| match f.get("length") {
+                    Some(Bson::Int64(n)) => Some(*n as u64),
+                    Some(Bson::Int32(n)) => Some(*n as u64),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            let chunks = state.store.stream_output_file(*file).await?;
+            (total, Body::from_stream(slice_stream(chunks, range)))
+        }
+        _ => (0, Body::empty()),
+    };
+    let headers = [
+        (
+            header::CONTENT_TYPE,
+            "text/plain; charset=utf-8".to_string(),
+        ),
+        (
+            header::HeaderName::from_static("x-total-length"),
+            total.to_string(),
+        ),
+    ];
+    Ok((headers, body).into_response())
+}
+
+/// Skips `offset` bytes of a chunk stream and ends after `length`, reading no further chunks.
+fn slice_stream(
+    chunks: disbatch_core::store::OutputStream,
+    range: ByteRange,
+) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+    let left = range.length.unwrap_or(u64::MAX);
+    chunks.scan((range.offset, left), |(skip, left), chunk| {
+        if *left == 0 {
+            return futures::future::ready(None);
+        }
+        let piece = chunk.map_err(std::io::Error::other).map(|mut c| {
+            let drop = (*skip).min(c.len() as u64) as usize;
+            *skip -= drop as u64;
+            c.drain(..drop);
+            let keep = (*left).min(c.len() as u64) as usize;
+            c.truncate(keep);
+            *left -= keep as u64;
+            c
+        });
+        futures::future::ready(Some(piece))
+    })
 }
 
 fn control_result(

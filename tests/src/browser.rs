@@ -1,0 +1,166 @@
+//! Headless Chromium driven over WebDriver (chromedriver), with screenshots kept as test output.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+use crate::bin_path;
+
+/// A browser session; chromedriver is stopped when dropped.
+pub struct Browser {
+    pub client: Client,
+    driver: Child,
+    _profile: tempfile::TempDir,
+}
+
+/// Where screenshots go: `<target>/ui-screenshots/`.
+pub fn screenshot_dir() -> PathBuf {
+    let profile_dir = bin_path("disbatch-web")
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    profile_dir
+        .parent()
+        .map(|t| t.join("ui-screenshots"))
+        .unwrap_or(profile_dir)
+}
+
+impl Browser {
+    /// Starts chromedriver and a headless Chromium window of `width`×`height`.
+    pub async fn start(width: u32, height: u32) -> Browser {
+        let chromedriver = which("chromedriver").unwrap_or_else(|| {
+            panic!("chromedriver is not installed: apt-get install chromium chromium-driver (scripts/test does)")
+        });
+        let chromium = which("chromium")
+            .or_else(|| which("chromium-browser"))
+            .expect("chromium is not installed");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let driver = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not listen on {port}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let profile = tempfile::tempdir().expect("profile dir");
+        // The machine has no outside network: background fetches only add noise and delay.
+        let args = vec![
+            "--headless=new".to_string(),
+            "--no-sandbox".into(),
+            "--disable-gpu".into(),
+            "--disable-dev-shm-usage".into(),
+            "--disable-quic".into(),
+            "--no-first-run".into(),
+            "--disable-background-networking".into(),
+            "--disable-component-update".into(),
+            "--disable-sync".into(),
+            format!("--window-size={width},{height}"),
+            format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let mut caps = serde_json::Map::new();
+        caps.insert("browserName".into(), json!("chrome"));
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({"binary": chromium, "args": args}),
+        );
+        let client = ClientBuilder::rustls()
+            .expect("tls")
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("connect to chromedriver");
+        Browser {
+            client,
+            driver,
+            _profile: profile,
+        }
+    }
+
+    /// Opens `url` and waits until the console has rendered `page`.
+    pub async fn open(&self, url: &str, page: &str) {
+        self.client.goto(url).await.expect("navigate");
+        self.wait_loaded(page).await;
+    }
+
+    pub async fn wait_loaded(&self, page: &str) {
+        let css = format!("body[data-page=\"{page}\"][data-loaded=\"1\"]");
+        self.client
+            .wait()
+            .at_most(Duration::from_secs(20))
+            .for_element(Locator::Css(&css))
+            .await
+            .unwrap_or_else(|e| panic!("page {page} did not load: {e}"));
+    }
+
+    /// Waits for an element matching `css` and returns it.
+    pub async fn find(&self, css: &str) -> fantoccini::elements::Element {
+        self.client
+            .wait()
+            .at_most(Duration::from_secs(20))
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no element {css}: {e}"))
+    }
+
+    /// Polls the text of `css` until `check` accepts it.
+    pub async fn wait_text(&self, css: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = match self.client.find(Locator::Css(css)).await {
+                Ok(e) => e.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            if check(&text) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {css} still shows {text:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Saves a PNG of the window as `<target>/ui-screenshots/<name>.png`.
+    pub async fn screenshot(&self, name: &str) -> PathBuf {
+        let png = self.client.screenshot().await.expect("screenshot");
+        let dir = screenshot_dir();
+        std::fs::create_dir_all(&dir).expect("screenshot dir");
+        let path = dir.join(format!("{name}.png"));
+        std::fs::write(&path, png).expect("write screenshot");
+        path
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.client.clone().close().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
