@@ -13,6 +13,7 @@ use crate::bin_path;
 pub struct Browser {
     pub client: Client,
     driver: Child,
+    port: u16,
     _profile: tempfile::TempDir,
 }
 
@@ -76,8 +77,9 @@ impl Browser {
             "goog:chromeOptions".into(),
             json!({"binary": chromium, "args": args}),
         );
-        let client = ClientBuilder::rustls()
-            .expect("tls")
+        // chromedriver speaks plain HTTP on loopback: no TLS stack is needed.
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        let client = ClientBuilder::new(connector)
             .capabilities(caps)
             .connect(&format!("http://127.0.0.1:{port}"))
             .await
@@ -85,8 +87,39 @@ impl Browser {
         Browser {
             client,
             driver,
+            port,
             _profile: profile,
         }
+    }
+
+    /// Lays pages out as a phone of `width`×`height` would (a window cannot be narrower
+    /// than 500 px), through Chrome's device emulation.
+    pub async fn emulate_phone(&self, width: u32, height: u32) {
+        let session = self
+            .client
+            .session_id()
+            .await
+            .ok()
+            .flatten()
+            .expect("session id");
+        let url = format!(
+            "http://127.0.0.1:{}/session/{session}/goog/cdp/execute",
+            self.port
+        );
+        let cmd = json!({"cmd": "Emulation.setDeviceMetricsOverride", "params":
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": true}});
+        let r = reqwest::Client::new()
+            .post(url)
+            .json(&cmd)
+            .send()
+            .await
+            .expect("CDP command");
+        let status = r.status();
+        let body = r.text().await.unwrap_or_default();
+        assert!(
+            status.is_success(),
+            "device emulation refused: {status} {body}"
+        );
     }
 
     /// Opens `url` and waits until the console has rendered `page`.
@@ -97,12 +130,28 @@ impl Browser {
 
     pub async fn wait_loaded(&self, page: &str) {
         let css = format!("body[data-page=\"{page}\"][data-loaded=\"1\"]");
-        self.client
+        let found = self
+            .client
             .wait()
             .at_most(Duration::from_secs(20))
             .for_element(Locator::Css(&css))
-            .await
-            .unwrap_or_else(|e| panic!("page {page} did not load: {e}"));
+            .await;
+        if let Err(e) = found {
+            let shot = self.screenshot(&format!("failed-{page}")).await;
+            let state = self
+                .client
+                .execute(
+                    "return [location.href, JSON.stringify(document.body.dataset), document.body.innerText.slice(0, 2000)]",
+                    vec![],
+                )
+                .await
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            panic!(
+                "page {page} did not load ({e}); screenshot {}; page state: {state}",
+                shot.display()
+            );
+        }
     }
 
     /// Waits for an element matching `css` and returns it.
@@ -116,7 +165,12 @@ impl Browser {
     }
 
     /// Polls the text of `css` until `check` accepts it.
-    pub async fn wait_text(&self, css: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
+    pub async fn wait_text(
+        &self,
+        css: &str,
+        what: &str,
+        mut check: impl FnMut(&str) -> bool,
+    ) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let text = match self.client.find(Locator::Css(css)).await {

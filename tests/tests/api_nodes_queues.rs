@@ -319,13 +319,14 @@ async fn queues_list_counts_by_status_and_are_found_by_name_or_id() {
     };
     assert_eq!(
         find("alpha"),
-        json!({"completed": 3, "id": alpha.to_hex(), "name": "alpha", "plugin": "echo",
-               "queued": 5, "running": 2, "sort": null, "threads": 2})
+        json!({"completed": 3, "failed": 2, "id": alpha.to_hex(), "name": "alpha", "paused_threads": null,
+               "plugin": "echo", "queued": 5, "running": 2, "sort": null, "succeeded": 1, "threads": 2})
     );
     assert_eq!(
         find("beta"),
-        json!({"completed": 0, "id": beta.to_hex(), "name": "beta", "plugin": "Disbatch::Plugin::Demo",
-               "queued": 1, "running": 0, "sort": null, "threads": null})
+        json!({"completed": 0, "failed": 0, "id": beta.to_hex(), "name": "beta", "paused_threads": null,
+               "plugin": "Disbatch::Plugin::Demo", "queued": 1, "running": 0, "sort": null, "succeeded": 0,
+               "threads": null})
     );
 
     let (status, by_name) = dci.get("/queues/alpha").await;

@@ -8,17 +8,18 @@ use crate::error::{ApiError, ApiResult};
 
 /// Every console file: name, content type, content.
 const ASSETS: &[(&str, &str, &str)] = &[
-    (
-        "app.js",
-        "application/javascript; charset=utf-8",
-        include_str!("../../ui/app.js"),
-    ),
+    ("app.js", JS, include_str!("../../ui/app.js")),
+    ("queues.js", JS, include_str!("../../ui/queues.js")),
+    ("tasks.js", JS, include_str!("../../ui/tasks.js")),
+    ("balance.js", JS, include_str!("../../ui/balance.js")),
     (
         "app.css",
         "text/css; charset=utf-8",
         include_str!("../../ui/app.css"),
     ),
 ];
+
+const JS: &str = "application/javascript; charset=utf-8";
 
 const INDEX: &str = include_str!("../../ui/index.html");
 
@@ -39,4 +40,33 @@ pub async fn asset(Path(file): Path<String>) -> ApiResult<Response> {
         *body,
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file added to dci/ui/ but not to ASSETS would 404 and break the console silently.
+    #[test]
+    fn every_console_file_is_served() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/ui");
+        let mut missing = Vec::new();
+        for entry in std::fs::read_dir(dir).expect("dci/ui exists") {
+            let name = entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            if name != "index.html" && !ASSETS.iter().any(|(n, _, _)| *n == name) {
+                missing.push(name);
+            }
+        }
+        assert!(missing.is_empty(), "not in ASSETS: {missing:?}");
+        for (name, _, _) in ASSETS {
+            assert!(
+                INDEX.contains(&format!("ui/{name}")),
+                "index.html does not load {name}"
+            );
+        }
+    }
 }

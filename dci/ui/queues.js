@@ -1,0 +1,278 @@
+"use strict";
+/* Disbatch operator console — the Queues and Nodes pages (helpers in app.js). */
+
+const SORTS = [["default", "default"], ["fifo", "fifo"], ["lifo", "lifo"]];
+const QUEUE_NAME = /^[\p{Alphabetic}\p{N}_-]+$/u;   // Disbatch's ^[\w-]+$ (Unicode \w)
+
+/* ---------- Queues ---------- */
+
+PAGES.queues = {
+  title: "Queues",
+
+  enter(main, ctx) {
+    const s = (ctx.state = { plugins: null });
+    s.msg = msgBox("queues-msg");
+    s.grid = gridTable("queues-table", [
+      "name", "plugin", ["threads", "num"], "sort", ["queued", "num"], ["running", "num"],
+      ["succeeded", "num"], ["failed", "num"], "",
+    ]);
+    main.append(
+      el("div", { class: "page-head" }, el("h1", null, "Queues")),
+      s.msg,
+      s.grid.wrap,
+      newQueueForm(ctx),
+    );
+    takeFlash(s.msg);
+  },
+
+  async refresh(ctx) {
+    const s = ctx.state;
+    const [queues, plugins] = await Promise.all([
+      fetchQueues(),
+      s.plugins ? Promise.resolve(s.plugins) : api("GET", "plugins"),
+    ]);
+    if (!ctx.alive()) return;
+    s.plugins = Array.isArray(plugins) ? plugins : [];
+    fillPluginSelect(s.newPlugin, s.plugins);
+    renderQueueRows(ctx, queues);
+    ctx.rendered();
+  },
+};
+
+function fillPluginSelect(select, plugins) {
+  if (select.options.length || isBusy(select.parentNode)) return;
+  setOptions(select, plugins.length ? plugins : [["", "(no plugins configured)"]]);
+}
+
+function renderQueueRows(ctx, queues) {
+  const { tbody } = ctx.state.grid;
+  if (!queues.length) {
+    tbody.replaceChildren(el("tr", { class: "empty" },
+      el("td", { colspan: 9 }, "No queues yet — create one below.")));
+    return;
+  }
+  patchRows(tbody, queues.map((q) => queueRow(ctx, q)), "queue");
+}
+
+function queueRow(ctx, q) {
+  const s = ctx.state;
+  const fail = (text) => showMsg(s.msg, `queue ${q.name}: ${text}`, "error");
+  const ok = (text) => showMsg(s.msg, `queue ${q.name}: ${text}`, "notice");
+  const update = async (field, value) => {
+    await api("POST", `queues/${encodeURIComponent(q.id)}`, { [field]: value });
+    ok(`${field} set to ${value}`);
+  };
+  const paused = q.paused_threads !== undefined && q.paused_threads !== null;
+
+  const threads = inlineEdit(
+    el("input", {
+      class: "threads", type: "text", inputmode: "numeric", size: 4,
+      value: q.threads === null || q.threads === undefined ? "" : String(q.threads),
+      "aria-label": `threads of ${q.name}`,
+    }),
+    {
+      check: (v) => (isCount(v) ? null : `threads must be a non-negative integer, not "${v}"`),
+      save: (v) => update("threads", Number(v)),
+      onError: fail,
+    },
+  );
+
+  const plugins = ctx.state.plugins.slice();
+  if (q.plugin && !plugins.includes(q.plugin)) plugins.unshift(q.plugin);
+  const plugin = selectEl({ class: "plugin", "aria-label": `plugin of ${q.name}` }, plugins, q.plugin);
+  const sort = selectEl({ class: "sort", "aria-label": `sort of ${q.name}` }, SORTS, q.sort || "default");
+  for (const [select, field] of [[plugin, "plugin"], [sort, "sort"]]) {
+    select.addEventListener("change", async () => {
+      select.disabled = true;
+      try {
+        await update(field, select.value);
+        setValue(select, select.value);
+      } catch (e) {
+        fail(e.message);
+        select.value = select.dataset.value;
+      }
+      select.disabled = false;
+      select.blur();
+      refreshNow();
+    });
+  }
+
+  const link = (status) => `#/tasks?${new URLSearchParams(
+    status === undefined ? { queue: q.id } : { queue: q.id, status })}`;
+  const count = (cls, status) => {
+    const n = q[cls];
+    if (n === undefined || n === null) return el("td", { class: `num ${cls}` }, "–");
+    return el("td", { class: `num ${cls}` },
+      el("a", { href: link(status), class: `count st-${cls}${n ? "" : " zero"}` }, String(n)));
+  };
+
+  const actions = el("td", { class: "actions" });
+  if (paused) {
+    actions.append(el("button", {
+      type: "button", class: "resume", title: `restore ${q.paused_threads} threads`,
+      onclick: () => queueAction(ctx, q, "resume"),
+    }, "Resume"));
+  } else {
+    actions.append(el("button", {
+      type: "button", class: "pause", disabled: !(q.threads > 0),
+      title: q.threads > 0 ? "set threads to 0, remembering the current value" : "no threads to pause",
+      onclick: () => queueAction(ctx, q, "pause"),
+    }, "Pause"));
+  }
+  actions.append(el("button", {
+    type: "button", class: "delete danger", onclick: () => deleteQueue(ctx, q),
+  }, "Delete"));
+
+  return el("tr", { dataset: { queue: q.name, id: q.id }, class: paused ? "paused" : null },
+    el("td", { class: "name" }, el("a", { href: link(), class: "queue-link" }, q.name)),
+    el("td", { class: "col-plugin" }, plugin),
+    el("td", { class: "col-threads num" }, threads,
+      paused ? el("span", { class: "paused-note" }, ` paused (was ${q.paused_threads})`) : null),
+    el("td", { class: "col-sort" }, sort),
+    count("queued", -2),
+    count("running", 0),
+    count("succeeded", 1),
+    count("failed", 2),
+    actions);
+}
+
+async function queueAction(ctx, q, action) {
+  const s = ctx.state;
+  try {
+    await api("POST", `queues/${encodeURIComponent(q.id)}/${action}`);
+    showMsg(s.msg, `queue ${q.name} ${action === "pause" ? "paused" : "resumed"}`, "notice");
+  } catch (e) {
+    showMsg(s.msg, `queue ${q.name}: ${e.message}`, "error");
+  }
+  refreshNow();
+}
+
+async function deleteQueue(ctx, q) {
+  const s = ctx.state;
+  const yes = await confirmDialog(`Delete queue "${q.name}"? Its tasks are kept.`, "Delete queue");
+  if (!yes) return;
+  try {
+    await api("DELETE", `queues/${encodeURIComponent(q.id)}`);
+    showMsg(s.msg, `queue ${q.name} deleted`, "notice");
+  } catch (e) {
+    showMsg(s.msg, `queue ${q.name}: ${e.message}`, "error");
+  }
+  refreshNow();
+}
+
+function newQueueForm(ctx) {
+  const s = ctx.state;
+  const msg = msgBox("new-queue-msg");
+  const name = el("input", { id: "new-queue-name", type: "text", required: true, autocomplete: "off",
+    placeholder: "name" });
+  s.newPlugin = el("select", { id: "new-queue-plugin" });
+  const threads = el("input", { id: "new-queue-threads", type: "text", inputmode: "numeric", size: 4,
+    placeholder: "0" });
+  const sort = selectEl({ id: "new-queue-sort" }, SORTS, "default");
+  const submit = el("button", { id: "new-queue-submit", type: "submit", class: "primary" }, "Create queue");
+  const field = (label, input) => el("label", { class: "field" }, el("span", null, label), input);
+
+  const form = el("form", { id: "new-queue", class: "card form-row", novalidate: true },
+    el("h2", null, "New queue"),
+    field("Name", name), field("Plugin", s.newPlugin), field("Threads", threads), field("Sort", sort),
+    el("div", { class: "field submit" }, submit),
+    msg);
+
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const body = { name: name.value.trim(), plugin: s.newPlugin.value, sort: sort.value };
+    const t = threads.value.trim();
+    const errors = [];
+    if (!body.name) errors.push("name is required");
+    else if (!QUEUE_NAME.test(body.name)) {
+      errors.push("name may contain only letters, digits, _ and - (^[\\w-]+$)");
+    }
+    if (!body.plugin) errors.push("plugin is required");
+    if (t !== "" && !isCount(t)) errors.push(`threads must be a non-negative integer, not "${t}"`);
+    if (errors.length) {
+      showMsg(msg, errors, "error");
+      return;
+    }
+    if (t !== "") body.threads = Number(t);
+    submit.disabled = true;
+    try {
+      await api("POST", "queues", body);
+      showMsg(msg, `queue ${body.name} created`, "notice");
+      name.value = "";
+      threads.value = "";
+    } catch (err) {
+      showMsg(msg, err.message, "error");
+    }
+    submit.disabled = false;
+    refreshNow();
+  });
+  return form;
+}
+
+/* ---------- Nodes ---------- */
+
+PAGES.nodes = {
+  title: "Nodes",
+
+  enter(main, ctx) {
+    const s = (ctx.state = {});
+    s.msg = msgBox("nodes-msg");
+    s.grid = gridTable("nodes-table", [
+      "node", "state", "last seen", ["running", "num"], ["maxthreads", "num"],
+    ]);
+    main.append(
+      el("div", { class: "page-head" }, el("h1", null, "Nodes"),
+        el("p", { class: "hint" }, "maxthreads: blank = unlimited; Enter or leaving the field saves.")),
+      s.msg,
+      s.grid.wrap,
+    );
+  },
+
+  async refresh(ctx) {
+    const nodes = await api("GET", "nodes");
+    if (!ctx.alive()) return;
+    const s = ctx.state;
+    const list = Array.isArray(nodes) ? nodes : [];
+    if (list.length) patchRows(s.grid.tbody, list.map((n) => nodeRow(ctx, n)), "node");
+    else {
+      s.grid.tbody.replaceChildren(el("tr", { class: "empty" },
+        el("td", { colspan: 5 }, "No nodes have registered.")));
+    }
+    ctx.rendered();
+  },
+};
+
+function nodeRow(ctx, n) {
+  const s = ctx.state;
+  const name = n.node || n.id || oidOf(n._id);
+  const ident = n.id || oidOf(n._id) || name;
+  const fail = (text) => showMsg(s.msg, `node ${name}: ${text}`, "error");
+  const max = inlineEdit(
+    el("input", {
+      class: "maxthreads", type: "text", inputmode: "numeric", size: 5, placeholder: "unlimited",
+      value: n.maxthreads === null || n.maxthreads === undefined ? "" : String(n.maxthreads),
+      "aria-label": `maxthreads of ${name}`,
+    }),
+    {
+      check: (v) => (v === "" || isCount(v) ? null
+        : `maxthreads must be a non-negative integer or blank (unlimited), not "${v}"`),
+      save: async (v) => {
+        const value = v === "" ? null : Number(v);
+        await api("POST", `nodes/${encodeURIComponent(ident)}`, { maxthreads: value });
+        showMsg(s.msg, `node ${name}: maxthreads set to ${value === null ? "unlimited" : value}`, "notice");
+      },
+      onError: fail,
+    },
+  );
+  const seen = typeof n.timestamp === "number" ? new Date(n.timestamp) : null;
+  return el("tr", { dataset: { node: name } },
+    el("td", { class: "name" }, name),
+    el("td", { class: "state" }, el("span", { class: `badge ${n.live ? "live" : "stale"}` },
+      n.live ? "live" : "stale")),
+    el("td", { class: "last-seen" }, seen
+      ? [el("time", { datetime: seen.toISOString() }, fmtLocal(seen)), " ",
+        el("span", { class: "muted" }, `(${fmtAgo(Date.now() - seen.getTime())})`)]
+      : el("span", { class: "muted" }, "never")),
+    el("td", { class: "num col-running" }, String(n.running ?? 0)),
+    el("td", { class: "num col-maxthreads" }, max));
+}

@@ -1,0 +1,314 @@
+//! The operator console in headless Chromium: real pages, a real DCI, DEN and server.
+//! Screenshots of every page land in `<target>/ui-screenshots/`.
+
+use std::time::Duration;
+
+use bson::doc;
+use bson::oid::ObjectId;
+use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, TestDb};
+use fantoccini::Locator;
+use serde_json::json;
+
+const ENTER: &str = "\u{E007}";
+
+async fn queue_doc(db: &TestDb, name: &str) -> Option<bson::Document> {
+    db.db
+        .collection::<bson::Document>("queues")
+        .find_one(doc! {"name": name})
+        .await
+        .expect("find")
+}
+
+async fn select_option(b: &Browser, select: &str, text: &str) {
+    let css = format!("{select} option");
+    for option in b
+        .client
+        .find_all(Locator::Css(&css))
+        .await
+        .expect("options")
+    {
+        if option.text().await.unwrap_or_default().trim() == text {
+            option.click().await.expect("select option");
+            return;
+        }
+    }
+    panic!("no option {text:?} in {select}");
+}
+
+#[tokio::test]
+async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console() {
+    let db = TestDb::new("ui_flow").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let dci = Dci::start(&config);
+    let b = Browser::start(1280, 800).await;
+    b.open(&format!("{}/", dci.url), "queues").await;
+
+    // Bad input is refused in the page with a visible message, and nothing is created.
+    b.find("#new-queue-name")
+        .await
+        .send_keys("bad name!")
+        .await
+        .expect("type");
+    b.find("#new-queue-submit")
+        .await
+        .click()
+        .await
+        .expect("submit");
+    let msg = b
+        .wait_text("#new-queue-msg", "validation message", |t| !t.is_empty())
+        .await;
+    assert!(
+        b.find("#new-queue-msg.error")
+            .await
+            .is_displayed()
+            .await
+            .unwrap_or(false),
+        "{msg}"
+    );
+    b.screenshot("queues-bad-input").await;
+    assert!(queue_doc(&db, "bad name!").await.is_none());
+
+    // Create a paused queue through the form.
+    let name = b.find("#new-queue-name").await;
+    name.clear().await.expect("clear");
+    name.send_keys("console").await.expect("type");
+    select_option(&b, "#new-queue-plugin", "echo").await;
+    b.find("#new-queue-threads")
+        .await
+        .send_keys("0")
+        .await
+        .expect("type");
+    b.find("#new-queue-submit")
+        .await
+        .click()
+        .await
+        .expect("submit");
+    b.find("tr[data-queue=\"console\"]").await;
+    let stored = queue_doc(&db, "console")
+        .await
+        .expect("queue created through the page");
+    let queue: ObjectId = stored.get_object_id("_id").expect("id");
+    assert_eq!(stored.get_i64("threads").ok(), Some(0));
+
+    let ids = db
+        .insert_tasks(
+            queue,
+            (0..16)
+                .map(|i| doc! {"i": i, "sleep_ms": 500}.into())
+                .collect(),
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    b.wait_text("tr[data-queue=\"console\"] .queued", "queued count", |t| {
+        t.trim() == "16"
+    })
+    .await;
+
+    // Cancel one queued task from the Tasks page.
+    b.client
+        .goto(&format!("{}/#/tasks", dci.url))
+        .await
+        .expect("tasks page");
+    b.wait_loaded("tasks").await;
+    select_option(&b, "#search-queue", "console").await;
+    b.find("#search-submit")
+        .await
+        .click()
+        .await
+        .expect("search");
+    b.wait_text("#task-count", "task count", |t| t.contains("16"))
+        .await;
+    let victim = ids[15];
+    b.find(&format!(
+        "tr[data-task=\"{}\"] button.cancel",
+        victim.to_hex()
+    ))
+    .await
+    .click()
+    .await
+    .expect("cancel");
+    wait_for(
+        "the task to be cancelled",
+        Duration::from_secs(10),
+        || async { db.task(victim).await.get_i32("status").ok() == Some(-5) },
+    )
+    .await;
+    b.screenshot("tasks").await;
+
+    // Set threads inline and watch the node drain the queue as the counts change.
+    b.client
+        .goto(&format!("{}/#/queues", dci.url))
+        .await
+        .expect("queues page");
+    b.wait_loaded("queues").await;
+    let threads = b.find("tr[data-queue=\"console\"] input.threads").await;
+    threads.clear().await.expect("clear");
+    threads.send_keys(&format!("2{ENTER}")).await.expect("type");
+    wait_for(
+        "threads 2 to be stored",
+        Duration::from_secs(10),
+        || async {
+            queue_doc(&db, "console")
+                .await
+                .and_then(|q| q.get_i64("threads").ok())
+                == Some(2)
+        },
+    )
+    .await;
+    let mut seen = Vec::new();
+    let text = b
+        .wait_text(
+            "tr[data-queue=\"console\"] .succeeded",
+            "succeeded count",
+            |t| {
+                seen.push(t.trim().to_string());
+                t.trim() == "15"
+            },
+        )
+        .await;
+    assert_eq!(text.trim(), "15");
+    let between: Vec<&String> = seen
+        .iter()
+        .filter(|s| !matches!(s.as_str(), "0" | "15" | ""))
+        .collect();
+    assert!(
+        !between.is_empty(),
+        "the page never showed the queue part-way drained: {seen:?}"
+    );
+    b.screenshot("queues").await;
+
+    // Open a task and read its stdout (the echo plugin prints its params).
+    b.client
+        .goto(&format!("{}/#/task/{}", dci.url, ids[3].to_hex()))
+        .await
+        .expect("task page");
+    b.wait_loaded("task").await;
+    let stdout = b
+        .wait_text("#task-stdout", "task stdout", |t| t.contains("sleep_ms"))
+        .await;
+    assert!(stdout.contains("\"i\":3"), "{stdout}");
+    b.wait_text("#task-status", "task status", |t| t.contains("succeeded"))
+        .await;
+    b.screenshot("task").await;
+
+    // Nodes: the DEN shows as live; maxthreads is editable.
+    b.client
+        .goto(&format!("{}/#/nodes", dci.url))
+        .await
+        .expect("nodes page");
+    b.wait_loaded("nodes").await;
+    b.wait_text("tr[data-node=\"n1\"]", "live node", |t| t.contains("live"))
+        .await;
+    let max = b.find("tr[data-node=\"n1\"] input.maxthreads").await;
+    max.send_keys(&format!("5{ENTER}")).await.expect("type");
+    wait_for("maxthreads 5", Duration::from_secs(10), || async {
+        db.node("n1").await.get_i64("maxthreads").ok() == Some(5)
+    })
+    .await;
+    b.screenshot("nodes").await;
+
+    // Balance: refused input shows the reason.
+    b.client
+        .goto(&format!("{}/#/balance", dci.url))
+        .await
+        .expect("balance page");
+    b.wait_loaded("balance").await;
+    b.find("input.bal-tier")
+        .await
+        .send_keys("no-such-queue")
+        .await
+        .expect("type");
+    b.find("#balance-save").await.click().await.expect("save");
+    let msg = b
+        .wait_text("#balance-msg", "balance message", |t| !t.is_empty())
+        .await;
+    assert!(msg.contains("no-such-queue"), "{msg}");
+    b.screenshot("balance").await;
+
+    drop(den);
+    b.close().await;
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn large_output_is_paged_and_every_page_fits_a_phone() {
+    let db = TestDb::new("ui_phone").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let dci = Dci::start(&config);
+    let queue = db.insert_queue("demo", "Disbatch::Plugin::Demo", 2).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"commands": "ea"}.into(),
+                doc! {"commands": "abc"}.into(),
+            ],
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let b = Browser::start(500, 844).await;
+    b.client.goto(&format!("{}/", dci.url)).await.expect("open");
+    b.emulate_phone(390, 844).await;
+    let widths = b
+        .client
+        .execute(
+            "return [window.innerWidth, document.documentElement.clientWidth, screen.width]",
+            vec![],
+        )
+        .await
+        .expect("width");
+    assert_eq!(
+        widths,
+        json!([390, 390, 390]),
+        "the page is laid out at phone width"
+    );
+
+    b.open(&format!("{}/#/task/{}", dci.url, ids[0].to_hex()), "task")
+        .await;
+    let range = b
+        .wait_text(
+            "section.output-panel[data-stream=\"stdout\"] .range",
+            "range",
+            |t| t.contains("15728671"),
+        )
+        .await;
+    assert!(
+        range.contains("showing bytes 0–65536"),
+        "only the first page is loaded: {range}"
+    );
+    let shown = b
+        .find("#task-stdout")
+        .await
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(shown.len() <= 65536, "the page holds {} bytes", shown.len());
+    b.find("section.output-panel[data-stream=\"stdout\"] button.newer")
+        .await
+        .click()
+        .await
+        .expect("next page");
+    b.wait_text(
+        "section.output-panel[data-stream=\"stdout\"] .range",
+        "second page",
+        |t| t.contains("showing bytes 65536–"),
+    )
+    .await;
+    b.screenshot("phone-task-gridfs").await;
+
+    b.open(&format!("{}/#/task/{}", dci.url, ids[1].to_hex()), "task")
+        .await;
+    b.wait_text("#task-stderr", "stderr", |t| t.contains("cherry"))
+        .await;
+    b.wait_text("#task-status", "failed status", |t| t.contains("failed"))
+        .await;
+    b.screenshot("phone-task-failed").await;
+    for page in ["queues", "nodes", "tasks", "balance"] {
+        b.open(&format!("{}/#/{page}", dci.url), page).await;
+        b.screenshot(&format!("phone-{page}")).await;
+    }
+    drop(den);
+    b.close().await;
+    db.drop().await;
+}
