@@ -28,16 +28,10 @@ pub struct QueueClaims {
     pub slots: Vec<u32>,
 }
 
-/// Plans claims for queues that have room, in round-robin order starting at `rotation`
-/// (so that under a node cap no queue is always served first).
-pub fn plan_claims<R: Rng + ?Sized>(
-    queues: &[QueueState],
-    rotation: usize,
-    rng: &mut R,
-) -> Vec<QueueClaims> {
-    let n = queues.len();
-    (0..n)
-        .map(|i| &queues[(i + rotation) % n])
+/// Plans claims for queues that have room; which queue goes first is the scheduler's call.
+pub fn plan_claims<R: Rng + ?Sized>(queues: &[QueueState], rng: &mut R) -> Vec<QueueClaims> {
+    queues
+        .iter()
         .filter_map(|q| {
             let mut slots: Vec<u32> = (0..q.threads)
                 .filter(|s| !q.held_slots.contains(s))
@@ -89,7 +83,7 @@ mod tests {
             queue(2, 2, &[0, 1]),
             queue(4, 3, &[]),
         ];
-        let plan = plan_claims(&qs, 0, &mut rng);
+        let plan = plan_claims(&qs, &mut rng);
         assert_eq!(plan.len(), 2, "paused and full queues are left out");
         assert_eq!(plan[0].queue, qs[0].id);
         assert_eq!(plan[0].wanted, 2);
@@ -105,18 +99,8 @@ mod tests {
     fn slots_held_beyond_a_lowered_threads_leave_no_room() {
         let mut rng = StdRng::seed_from_u64(1);
         // threads lowered from 6 to 2 while slots 3,4,5 still run: count says full.
-        let plan = plan_claims(&[queue(2, 3, &[3, 4, 5])], 0, &mut rng);
+        let plan = plan_claims(&[queue(2, 3, &[3, 4, 5])], &mut rng);
         assert!(plan.is_empty());
-    }
-
-    #[test]
-    fn rotation_changes_which_queue_is_served_first() {
-        let mut rng = StdRng::seed_from_u64(3);
-        let qs = [queue(1, 0, &[]), queue(1, 0, &[]), queue(1, 0, &[])];
-        let firsts: Vec<ObjectId> = (0..3)
-            .map(|r| plan_claims(&qs, r, &mut rng)[0].queue)
-            .collect();
-        assert_eq!(firsts, vec![qs[0].id, qs[1].id, qs[2].id]);
     }
 
     #[test]

@@ -12,6 +12,8 @@ pub mod logging;
 pub mod model;
 pub mod output;
 pub mod plugin;
+pub mod queue_balance;
+pub mod scheduler;
 pub mod store;
 pub mod utf8;
 

@@ -61,6 +61,63 @@ pub struct Queue {
     pub threads: Result<u32, String>,
     pub sort: QueueSort,
     pub sort_warning: Option<String>,
+    /// The Coordinate work-spec view of the queue (defaults for a plain Disbatch queue).
+    pub spec: SpecFields,
+}
+
+/// Coordinate work-spec fields stored additively on a queue document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecFields {
+    /// Higher runs first, across queues (default 0).
+    pub priority: i64,
+    /// Relative share among queues of equal priority (default 20; `nice` gives 20 − nice).
+    pub weight: i64,
+    /// Most tasks a node claims from this queue per pick.
+    pub max_getwork: Option<u32>,
+    /// `disabled` or `paused`: claim nothing, whatever `threads` says.
+    pub paused: bool,
+}
+
+impl Default for SpecFields {
+    fn default() -> Self {
+        SpecFields {
+            priority: 0,
+            weight: DEFAULT_WEIGHT,
+            max_getwork: None,
+            paused: false,
+        }
+    }
+}
+
+/// Coordinate's default work-spec weight.
+pub const DEFAULT_WEIGHT: i64 = 20;
+
+/// Reads an integer stored as a number or numeric string; `None` when absent or null.
+pub fn parse_integer(value: Option<&Bson>) -> Result<Option<i64>, String> {
+    match value {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Int32(n)) => Ok(Some(*n as i64)),
+        Some(Bson::Int64(n)) => Ok(Some(*n)),
+        Some(Bson::Double(d)) if d.fract() == 0.0 && d.abs() < 9.0e15 => Ok(Some(*d as i64)),
+        Some(Bson::String(s)) => s
+            .trim()
+            .parse::<i64>()
+            .map(Some)
+            .map_err(|_| format!("{s:?} is not an integer")),
+        Some(other) => Err(format!("{other} is not an integer")),
+    }
+}
+
+/// Truthiness the way ops write flags by hand: true, 1, "1", "true".
+pub fn parse_flag(value: Option<&Bson>) -> bool {
+    match value {
+        Some(Bson::Boolean(b)) => *b,
+        Some(Bson::Int32(n)) => *n != 0,
+        Some(Bson::Int64(n)) => *n != 0,
+        Some(Bson::Double(d)) => *d != 0.0,
+        Some(Bson::String(s)) => matches!(s.trim(), "1" | "true" | "yes"),
+        _ => false,
+    }
 }
 
 /// Reads a thread limit stored as an integer, an integral double or a numeric string

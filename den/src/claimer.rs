@@ -4,7 +4,9 @@ use std::collections::HashSet;
 
 use bson::oid::ObjectId;
 use disbatch_core::claim_plan::{node_room, plan_claims, QueueState};
+use disbatch_core::model::SpecFields;
 use disbatch_core::model::{Queue, QueueSort};
+use disbatch_core::scheduler::{batch_size, pick_spec, SpecState};
 use disbatch_core::store::{ClaimOutcome, NodeLimit, Store};
 use disbatch_core::Result;
 use rand::rngs::StdRng;
@@ -47,7 +49,6 @@ pub struct Claimer {
     plugins: PluginCheck,
     skips: SkipLog,
     reported: HashSet<String>,
-    rotation: usize,
     rng: StdRng,
 }
 
@@ -56,6 +57,7 @@ struct Servable {
     id: ObjectId,
     threads: u32,
     sort: QueueSort,
+    spec: SpecFields,
 }
 
 impl Claimer {
@@ -67,7 +69,6 @@ impl Claimer {
             plugins,
             skips: SkipLog::default(),
             reported: HashSet::new(),
-            rotation: 0,
             rng: StdRng::from_os_rng(),
         }
     }
@@ -113,29 +114,48 @@ impl Claimer {
                 held_slots: snapshot.slots.get(&q.id).cloned().unwrap_or_default(),
             })
             .collect();
-        self.rotation = self.rotation.wrapping_add(1);
-        let mut plan = plan_claims(&states, self.rotation, &mut self.rng);
-        // Round-robin one claim per queue per round, so a node cap is shared fairly.
-        while room > 0 && plan.iter().any(|q| q.wanted > 0) {
-            for claims in plan.iter_mut().filter(|q| q.wanted > 0) {
-                if room == 0 {
-                    break;
+        let mut plan = plan_claims(&states, &mut self.rng);
+        let mut specs: Vec<SpecState> = plan
+            .iter()
+            .map(|claims| {
+                let q = servable.iter().find(|q| q.id == claims.queue);
+                let spec = q.map(|q| q.spec.clone()).unwrap_or_default();
+                SpecState {
+                    priority: spec.priority,
+                    weight: spec.weight,
+                    cap: q.map_or(0, |q| q.threads),
+                    running: snapshot.per_queue.get(&claims.queue).copied().unwrap_or(0),
+                    max_getwork: spec.max_getwork,
+                    paused: spec.paused,
+                    available: claims.wanted > 0,
                 }
-                let Some(slot) = claims.slots.pop() else {
-                    claims.wanted = 0;
-                    continue;
+            })
+            .collect();
+        // Coordinate's scheduler picks a queue, the node claims a batch from it, and the
+        // pick is made again with the new running counts until the node is full.
+        while room > 0 {
+            let Some(i) = pick_spec(&specs, &mut self.rng) else {
+                break;
+            };
+            let batch = batch_size(&specs[i], room).min(plan[i].wanted);
+            let sort = servable
+                .iter()
+                .find(|q| q.id == plan[i].queue)
+                .map_or(QueueSort::Default, |q| q.sort);
+            let mut claimed_here = 0;
+            while claimed_here < batch {
+                let Some(slot) = plan[i].slots.pop() else {
+                    break;
                 };
-                let sort = servable
-                    .iter()
-                    .find(|q| q.id == claims.queue)
-                    .map_or(QueueSort::Default, |q| q.sort);
                 match self
                     .store
-                    .claim_next_task(claims.queue, &self.node, sort, slot)
+                    .claim_next_task(plan[i].queue, &self.node, sort, slot)
                     .await?
                 {
                     ClaimOutcome::Claimed(task) => {
-                        claims.wanted -= 1;
+                        claimed_here += 1;
+                        plan[i].wanted -= 1;
+                        specs[i].running += 1;
                         room -= 1;
                         report.claimed += 1;
                         report.on_node += 1;
@@ -146,9 +166,17 @@ impl Claimer {
                             return Ok(report);
                         }
                     }
-                    ClaimOutcome::Empty => claims.wanted = 0,
+                    ClaimOutcome::Empty => {
+                        plan[i].wanted = 0;
+                        break;
+                    }
                     ClaimOutcome::SlotTaken => {} // another node won this slot; try the next
                 }
+            }
+            // With max_getwork the batch was the queue's share of this pass.
+            let share_taken = specs[i].max_getwork.is_some();
+            if share_taken || plan[i].wanted == 0 || plan[i].slots.is_empty() || claimed_here == 0 {
+                specs[i].available = false;
             }
         }
         Ok(report)
@@ -185,6 +213,7 @@ impl Claimer {
             id: q.id,
             threads,
             sort: q.sort,
+            spec: q.spec.clone(),
         })
     }
 

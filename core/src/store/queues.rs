@@ -7,7 +7,9 @@ use futures::TryStreamExt;
 use super::schema::{queue, QUEUES};
 use super::Store;
 use crate::error::{Error, Result};
-use crate::model::{parse_limit, Queue, QueueSort};
+use crate::model::{
+    parse_flag, parse_integer, parse_limit, Queue, QueueSort, SpecFields, DEFAULT_WEIGHT,
+};
 
 impl Store {
     /// All queues in natural order. Documents without an ObjectId `_id` are reported, not fatal.
@@ -66,9 +68,15 @@ fn queue_from_document(d: &Document) -> Result<Queue, String> {
         Some(Bson::String(_)) | None | Some(Bson::Null) => Err("no plugin is set".to_string()),
         Some(other) => Err(format!("plugin must be a string, found {other}")),
     };
-    let threads = parse_limit(d.get(queue::THREADS))
-        .map(|t| t.unwrap_or(0))
-        .map_err(|e| format!("threads: {e}"));
+    // `max_running` is Coordinate's name for the global cap; `threads` wins when both exist.
+    let cap = d.get(queue::THREADS).or_else(|| d.get(queue::MAX_RUNNING));
+    let spec = spec_fields(d);
+    // An unreadable work-spec field makes the queue unservable, reported like bad threads.
+    let threads = match (parse_limit(cap), &spec) {
+        (Ok(t), Ok(_)) => Ok(t.unwrap_or(0)),
+        (Err(e), _) => Err(format!("threads: {e}")),
+        (_, Err(e)) => Err(e.clone()),
+    };
     let (sort, sort_warning) = QueueSort::parse(d.get(queue::SORT));
     Ok(Queue {
         id,
@@ -77,6 +85,24 @@ fn queue_from_document(d: &Document) -> Result<Queue, String> {
         threads,
         sort,
         sort_warning,
+        spec: spec.unwrap_or_default(),
+    })
+}
+
+/// The work-spec fields; a value that cannot be read is the queue's skip reason.
+fn spec_fields(d: &Document) -> Result<SpecFields, String> {
+    let priority = parse_integer(d.get(queue::PRIORITY)).map_err(|e| format!("priority: {e}"))?;
+    let weight = parse_integer(d.get(queue::WEIGHT)).map_err(|e| format!("weight: {e}"))?;
+    let nice = parse_integer(d.get(queue::NICE)).map_err(|e| format!("nice: {e}"))?;
+    let max_getwork =
+        parse_limit(d.get(queue::MAX_GETWORK)).map_err(|e| format!("max_getwork: {e}"))?;
+    Ok(SpecFields {
+        priority: priority.unwrap_or(0),
+        weight: weight
+            .or(nice.map(|n| DEFAULT_WEIGHT - n))
+            .unwrap_or(DEFAULT_WEIGHT),
+        max_getwork,
+        paused: parse_flag(d.get(queue::DISABLED)) || parse_flag(d.get(queue::PAUSED)),
     })
 }
 

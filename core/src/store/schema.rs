@@ -41,6 +41,14 @@ pub mod queue {
     pub const SORT: &str = "sort";
     /// Ours: the `threads` a pause set aside (threads is 0 while paused, as Disbatch reads it).
     pub const PAUSED_THREADS: &str = "paused_threads";
+    // Coordinate work-spec fields, additive.
+    pub const PRIORITY: &str = "priority";
+    pub const WEIGHT: &str = "weight";
+    pub const NICE: &str = "nice";
+    pub const MAX_RUNNING: &str = "max_running";
+    pub const MAX_GETWORK: &str = "max_getwork";
+    pub const DISABLED: &str = "disabled";
+    pub const PAUSED: &str = "paused";
 }
 
 pub mod node {

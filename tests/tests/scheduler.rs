@@ -1,0 +1,144 @@
+//! The Coordinate scheduler in a real DEN: priority first, weights, max_getwork, paused queues.
+
+use std::time::Duration;
+
+use bson::{doc, Document};
+use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
+use serde_json::json;
+
+async fn set_queue(db: &TestDb, queue: bson::oid::ObjectId, set: Document) {
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": set})
+        .await
+        .expect("update queue");
+}
+
+async fn cap_node(db: &TestDb, node: &str, maxthreads: i32) {
+    db.db
+        .collection::<Document>("nodes")
+        .insert_one(doc! {"node": node, "maxthreads": maxthreads})
+        .await
+        .expect("node doc");
+}
+
+async fn running(db: &TestDb, queue: bson::oid::ObjectId) -> u64 {
+    db.count(doc! {"queue": queue, "status": {"$in": [-1, 0]}})
+        .await
+}
+
+#[tokio::test]
+async fn higher_priority_queues_run_before_lower_ones() {
+    let db = TestDb::new("sched_priority").await;
+    let config = write_config(&db, "node.json", json!({}));
+    cap_node(&db, "n1", 1).await;
+    let runs = db.path("runs.txt").to_string_lossy().to_string();
+    let low = db.insert_queue("low", "echo", 5).await;
+    let high = db.insert_queue("high", "echo", 5).await;
+    set_queue(&db, high, doc! {"priority": 10}).await;
+    // Low-priority tasks are older: without priorities they would run first.
+    let low_ids = db
+        .insert_tasks(
+            low,
+            (0..4).map(|_| doc! {"append_to": &runs}.into()).collect(),
+        )
+        .await;
+    let high_ids = db
+        .insert_tasks(
+            high,
+            (0..4).map(|_| doc! {"append_to": &runs}.into()).collect(),
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(
+        &[low_ids.clone(), high_ids.clone()].concat(),
+        Duration::from_secs(60),
+    )
+    .await;
+    let order = read_lines(std::path::Path::new(&runs));
+    let high_hex: Vec<String> = high_ids.iter().map(|i| i.to_hex()).collect();
+    assert!(
+        order[..4].iter().all(|id| high_hex.contains(id)),
+        "high priority first: {order:?}"
+    );
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn max_getwork_limits_what_one_pass_claims_from_a_queue() {
+    let db = TestDb::new("sched_getwork").await;
+    // Slow passes: each pass may take at most max_getwork tasks from the queue.
+    let config = write_config(&db, "node.json", json!({"loop_interval_ms": 3000}));
+    let queue = db.insert_queue("q", "echo", 10).await;
+    set_queue(&db, queue, doc! {"max_getwork": 2}).await;
+    db.insert_tasks(
+        queue,
+        (0..6).map(|_| doc! {"sleep_ms": 5000}.into()).collect(),
+    )
+    .await;
+    let den = Den::start(&config, "n1");
+    wait_for("the first claims", Duration::from_secs(20), || async {
+        running(&db, queue).await > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        running(&db, queue).await,
+        2,
+        "one pass claimed more than max_getwork"
+    );
+    wait_for("the next pass", Duration::from_secs(20), || async {
+        running(&db, queue).await == 4
+    })
+    .await;
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn paused_queues_are_skipped_until_resumed() {
+    let db = TestDb::new("sched_paused").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 2).await;
+    set_queue(&db, queue, doc! {"disabled": true}).await;
+    let ids = db.insert_tasks(queue, vec![doc! {}.into()]).await;
+    let den = Den::start(&config, "n1");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        db.task(ids[0]).await.get_i32("status").ok(),
+        Some(-2),
+        "a disabled queue runs nothing"
+    );
+    set_queue(&db, queue, doc! {"disabled": false}).await;
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn weights_split_a_node_between_queues_of_equal_priority() {
+    let db = TestDb::new("sched_weights").await;
+    let config = write_config(&db, "node.json", json!({}));
+    cap_node(&db, "n1", 11).await;
+    let light = db.insert_queue("light", "echo", 50).await;
+    let heavy = db.insert_queue("heavy", "echo", 50).await;
+    set_queue(&db, light, doc! {"weight": 1}).await;
+    set_queue(&db, heavy, doc! {"nice": 10}).await; // weight 20 - 10 = 10
+    for q in [light, heavy] {
+        db.insert_tasks(q, (0..20).map(|_| doc! {"sleep_ms": 4000}.into()).collect())
+            .await;
+    }
+    let den = Den::start(&config, "n1");
+    wait_for("the node to fill", Duration::from_secs(20), || async {
+        running(&db, light).await + running(&db, heavy).await == 11
+    })
+    .await;
+    let (l, h) = (running(&db, light).await, running(&db, heavy).await);
+    assert!(
+        l >= 1 && l <= 3 && h >= 8,
+        "weights 1 : 10 over 11 slots gave {l} : {h}"
+    );
+    drop(den);
+    db.drop().await;
+}
