@@ -25,6 +25,8 @@ pub enum QueueSort {
     Lifo,
     /// The server's natural (insertion) order.
     Default,
+    /// Coordinate's order: task `priority` descending, then `key` ascending.
+    Priority,
 }
 
 impl QueueSort {
@@ -35,6 +37,7 @@ impl QueueSort {
             Some(Bson::String(s)) => match s.as_str() {
                 "fifo" => (QueueSort::Fifo, None),
                 "lifo" => (QueueSort::Lifo, None),
+                "priority" => (QueueSort::Priority, None),
                 "default" | "" => (QueueSort::Default, None),
                 other => (
                     QueueSort::Default,

@@ -1,7 +1,7 @@
 "use strict";
 /* Disbatch operator console — the Queues and Nodes pages (helpers in app.js). */
 
-const SORTS = [["default", "default"], ["fifo", "fifo"], ["lifo", "lifo"]];
+const SORTS = [["default", "default"], ["fifo", "fifo"], ["lifo", "lifo"], ["priority", "priority"]];
 const QUEUE_NAME = /^[\p{Alphabetic}\p{N}_-]+$/u;   // Disbatch's ^[\w-]+$ (Unicode \w)
 
 /* ---------- Queues ---------- */

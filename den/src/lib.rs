@@ -1,5 +1,6 @@
 //! The Disbatch execution node: heartbeat, orphan reaping, claiming and runner spawning.
 
+pub mod balancer;
 pub mod claimer;
 pub mod executor;
 pub mod node;

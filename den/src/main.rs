@@ -64,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
     let node = Node {
         claimer: Claimer::new(store.clone(), name.clone(), filter, plugins),
         executor: Executor::new(runner, config_path, name.clone()),
+        balancer: disbatch_den::balancer::Balancer::new(&config.balance),
         store,
         name,
         interval: config.loop_interval,

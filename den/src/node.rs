@@ -6,6 +6,7 @@ use std::time::Duration;
 use disbatch_core::store::{Heartbeat, Store};
 use disbatch_core::Result;
 
+use crate::balancer::Balancer;
 use crate::claimer::Claimer;
 use crate::executor::Executor;
 use crate::reaper::reap_orphaned_tasks;
@@ -19,6 +20,8 @@ pub struct Node {
     pub interval: Duration,
     pub claimer: Claimer,
     pub executor: Executor,
+    /// Runs QueueBalance when enabled and this node holds its lease.
+    pub balancer: Balancer,
 }
 
 impl Node {
@@ -69,6 +72,8 @@ impl Node {
             .await?;
         reap_orphaned_tasks(&self.store, &self.name).await?;
         let report = self.claimer.claim_tasks(&limit, &self.executor).await?;
+        // After claiming, so balancing never delays a claim; new threads apply next pass.
+        self.balancer.tick(&self.store, &self.name).await;
         if report.claimed > 0 {
             tracing::debug!(
                 claimed = report.claimed,
@@ -100,6 +105,7 @@ impl Node {
                 ),
             }
         }
+        self.balancer.release(&self.store, &self.name).await;
         let live = self.executor.live_runners();
         if live > 0 {
             tracing::info!(

@@ -448,11 +448,11 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
         ),
         (
             json!({"name": "x", "plugin": "echo", "sort": "random"}),
-            error("sort must be fifo, lifo or default"),
+            error("sort must be fifo, lifo, default or priority"),
         ),
         (
             json!({"name": "x", "plugin": "echo", "sort": 1}),
-            error("sort must be fifo, lifo or default"),
+            error("sort must be fifo, lifo, default or priority"),
         ),
     ];
     for (input, expected) in cases {
@@ -569,7 +569,7 @@ async fn queues_are_updated_field_by_field_and_validated() {
         (json!({"name": 5}), error("name must be a string")),
         (
             json!({"sort": "backwards"}),
-            error("sort must be fifo, lifo or default"),
+            error("sort must be fifo, lifo, default or priority"),
         ),
     ];
     for (input, expected) in cases {

@@ -136,8 +136,58 @@ async fn weights_split_a_node_between_queues_of_equal_priority() {
     .await;
     let (l, h) = (running(&db, light).await, running(&db, heavy).await);
     assert!(
-        l >= 1 && l <= 3 && h >= 8,
+        (1..=3).contains(&l) && h >= 8,
         "weights 1 : 10 over 11 slots gave {l} : {h}"
+    );
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn delayed_tasks_wait_for_not_before_and_priority_sort_orders_by_priority_then_key() {
+    let db = TestDb::new("sched_units").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let runs = db.path("runs.txt").to_string_lossy().to_string();
+    let queue = db.insert_queue("q", "echo", 1).await;
+    set_queue(&db, queue, doc! {"sort": "priority"}).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            (0..4).map(|_| doc! {"append_to": &runs}.into()).collect(),
+        )
+        .await;
+    let later = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 1500);
+    let units = [
+        (ids[0], doc! {"key": "b", "priority": 1}),
+        (ids[1], doc! {"key": "a", "priority": 1}),
+        (ids[2], doc! {"key": "z", "priority": 5}),
+        (
+            ids[3],
+            doc! {"key": "0", "priority": 9, "not_before": later},
+        ),
+    ];
+    for (id, set) in units {
+        db.tasks()
+            .update_one(doc! {"_id": id}, doc! {"$set": set})
+            .await
+            .expect("unit");
+    }
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids[..3], Duration::from_secs(30)).await;
+    assert_eq!(
+        db.task(ids[3]).await.get_i32("status").ok(),
+        Some(-2),
+        "not before its time"
+    );
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    let order = read_lines(std::path::Path::new(&runs));
+    let expected: Vec<String> = [ids[2], ids[1], ids[0], ids[3]]
+        .iter()
+        .map(|i| i.to_hex())
+        .collect();
+    assert_eq!(
+        order, expected,
+        "priority desc, then key asc; the delayed one last"
     );
     drop(den);
     db.drop().await;

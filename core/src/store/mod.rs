@@ -1,6 +1,7 @@
 //! The one place that talks to MongoDB: connection, indexes and every query of the schema.
 
 mod balance;
+mod balance_lease;
 mod gridfs;
 mod lookup;
 mod nodes;

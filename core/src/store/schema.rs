@@ -29,6 +29,11 @@ pub mod task {
     /// Ours: the queue slot a claimed or running task holds; unique per queue, so the
     /// database itself enforces the queue's global `threads`.
     pub const SLOT: &str = "slot";
+    /// Coordinate work-unit fields, additive.
+    pub const KEY: &str = "key";
+    pub const PRIORITY: &str = "priority";
+    /// Not claimable before this date.
+    pub const NOT_BEFORE: &str = "not_before";
 }
 
 pub mod queue {
@@ -125,6 +130,16 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
 }
 
 pub const BALANCE: &str = "balance";
+/// Ours: one document per singleton job, `{_id: <job>, owner: <node>, until: <date>}`.
+pub const LEASES: &str = "leases";
+/// The lease `_id` of the QueueBalance job.
+pub const QUEUE_BALANCE_LEASE: &str = "queuebalance";
+
+pub mod lease {
+    pub const ID: &str = "_id";
+    pub const OWNER: &str = "owner";
+    pub const UNTIL: &str = "until";
+}
 
 pub mod balance {
     pub const MAX_TASKS: &str = "max_tasks";

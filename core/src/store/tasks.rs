@@ -119,10 +119,12 @@ impl Store {
         slot: u32,
     ) -> Result<ClaimOutcome> {
         // `node: -1` marked unclaimed tasks in Disbatch 3; 4.103 still claims them.
+        // A delayed task (Coordinate's not_before) waits; `null` also matches a missing field.
         let filter = doc! {
             task::NODE: {"$in": [Bson::Null, Bson::Int32(-1)]},
             task::STATUS: status::QUEUED,
             task::QUEUE: queue,
+            "$or": [{task::NOT_BEFORE: Bson::Null}, {task::NOT_BEFORE: {"$lte": DateTime::now()}}],
         };
         let update = doc! {"$set": {
             task::NODE: node,
@@ -137,6 +139,9 @@ impl Store {
         match sort {
             QueueSort::Fifo => action = action.sort(doc! {task::ID: 1}),
             QueueSort::Lifo => action = action.sort(doc! {task::ID: -1}),
+            QueueSort::Priority => {
+                action = action.sort(doc! {task::PRIORITY: -1, task::KEY: 1, task::ID: 1})
+            }
             QueueSort::Default => {}
         }
         match action.await {

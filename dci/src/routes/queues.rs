@@ -83,8 +83,10 @@ fn threads_value(v: &Value, message: &str) -> ApiResult<Bson> {
 
 fn sort_value(v: &Value) -> ApiResult<Bson> {
     match v.as_str() {
-        Some(s @ ("fifo" | "lifo" | "default")) => Ok(Bson::String(s.to_string())),
-        _ => Err(ApiError::bad_request("sort must be fifo, lifo or default")),
+        Some(s @ ("fifo" | "lifo" | "default" | "priority")) => Ok(Bson::String(s.to_string())),
+        _ => Err(ApiError::bad_request(
+            "sort must be fifo, lifo, default or priority",
+        )),
     }
 }
 
