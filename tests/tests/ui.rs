@@ -105,11 +105,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     .await;
 
     // Cancel one queued task from the Tasks page.
-    b.client
-        .goto(&format!("{}/#/tasks", dci.url))
-        .await
-        .expect("tasks page");
-    b.wait_loaded("tasks").await;
+    b.open(&format!("{}/#/tasks", dci.url), "tasks").await;
     select_option(&b, "#search-queue", "console").await;
     b.find("#search-submit")
         .await
@@ -136,11 +132,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     b.screenshot("tasks").await;
 
     // Set threads inline and watch the node drain the queue as the counts change.
-    b.client
-        .goto(&format!("{}/#/queues", dci.url))
-        .await
-        .expect("queues page");
-    b.wait_loaded("queues").await;
+    b.open(&format!("{}/#/queues", dci.url), "queues").await;
     let threads = b.find("tr[data-queue=\"console\"] input.threads").await;
     threads.clear().await.expect("clear");
     threads.send_keys(&format!("2{ENTER}")).await.expect("type");
@@ -178,11 +170,8 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     b.screenshot("queues").await;
 
     // Open a task and read its stdout (the echo plugin prints its params).
-    b.client
-        .goto(&format!("{}/#/task/{}", dci.url, ids[3].to_hex()))
-        .await
-        .expect("task page");
-    b.wait_loaded("task").await;
+    b.open(&format!("{}/#/task/{}", dci.url, ids[3].to_hex()), "task")
+        .await;
     let stdout = b
         .wait_text("#task-stdout", "task stdout", |t| t.contains("sleep_ms"))
         .await;
@@ -192,11 +181,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     b.screenshot("task").await;
 
     // Nodes: the DEN shows as live; maxthreads is editable.
-    b.client
-        .goto(&format!("{}/#/nodes", dci.url))
-        .await
-        .expect("nodes page");
-    b.wait_loaded("nodes").await;
+    b.open(&format!("{}/#/nodes", dci.url), "nodes").await;
     b.wait_text("tr[data-node=\"n1\"]", "live node", |t| t.contains("live"))
         .await;
     let max = b.find("tr[data-node=\"n1\"] input.maxthreads").await;
@@ -208,11 +193,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     b.screenshot("nodes").await;
 
     // Balance: refused input shows the reason.
-    b.client
-        .goto(&format!("{}/#/balance", dci.url))
-        .await
-        .expect("balance page");
-    b.wait_loaded("balance").await;
+    b.open(&format!("{}/#/balance", dci.url), "balance").await;
     b.find("input.bal-tier")
         .await
         .send_keys("no-such-queue")
