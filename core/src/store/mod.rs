@@ -11,6 +11,7 @@ mod task_control;
 mod task_create;
 mod task_query;
 mod tasks;
+mod units;
 mod web_nodes;
 mod web_queues;
 
@@ -27,6 +28,7 @@ pub use task_control::{is_retryable, ControlOutcome};
 pub use task_create::Template;
 pub use task_query::{IndexSets, QueryError, TaskQuery};
 pub use tasks::{ClaimOutcome, FinishOutcome, OutputValue, RunningSnapshot};
+pub use units::{OnConflict, Unit, UnitsOutcome};
 pub use web_queues::QueueCounts;
 
 use crate::config::{Component, Config};

@@ -111,22 +111,26 @@ pub fn disbatch_indexes() -> Vec<(&'static str, IndexModel)> {
     ]
 }
 
-/// Our additional indexes. The slot index is what makes a queue's `threads` hold across nodes:
-/// two claims can never hold the same slot of one queue.
+/// Our additional indexes, both unique among the tasks that carry the field: the slot index
+/// makes a queue's `threads` hold across nodes (two claims never hold one slot), the key index
+/// makes a work unit's key unique within its queue.
 pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
-    vec![(
-        TASKS,
+    let unique_where_present = |field: &str| {
         IndexModel::builder()
-            .keys(doc! {task::QUEUE: 1, task::SLOT: 1})
+            .keys(doc! {task::QUEUE: 1, field: 1})
             .options(
                 IndexOptions::builder()
-                    .name("queue_1_slot_1".to_string())
+                    .name(format!("queue_1_{field}_1"))
                     .unique(true)
-                    .partial_filter_expression(doc! {task::SLOT: {"$exists": true}})
+                    .partial_filter_expression(doc! {field: {"$exists": true}})
                     .build(),
             )
-            .build(),
-    )]
+            .build()
+    };
+    vec![
+        (TASKS, unique_where_present(task::SLOT)),
+        (TASKS, unique_where_present(task::KEY)),
+    ]
 }
 
 pub const BALANCE: &str = "balance";

@@ -11,6 +11,7 @@ mod task_one;
 mod tasks_create;
 mod tasks_search;
 mod ui;
+mod units;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
@@ -61,6 +62,11 @@ pub fn table() -> Vec<Route> {
             "Queues with queued, running and completed counts",
         ),
         route(Method::POST, "/queues", "Create a queue"),
+        route(
+            Method::POST,
+            "/queues/{queue}/units",
+            "Add work units by key (reject or update existing keys)",
+        ),
         route(Method::GET, "/queues/{queue}", "One queue by id or name"),
         route(
             Method::POST,
@@ -170,6 +176,7 @@ fn handler(method: &Method, path: &str) -> Option<MethodRouter<AppState>> {
         ("GET", "/plugins") => get(info::plugins),
         ("GET", "/queues") => get(queues::list),
         ("POST", "/queues") => post(queues::create),
+        ("POST", "/queues/{queue}/units") => post(units::add),
         ("GET", "/queues/{queue}") => get(queues::get),
         ("POST", "/queues/{queue}") => post(queues::update),
         ("DELETE", "/queues/{queue}") => delete(queues::delete),

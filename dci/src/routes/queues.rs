@@ -59,7 +59,7 @@ async fn find(state: &AppState, ident: &str) -> ApiResult<Document> {
         .ok_or_else(|| ApiError::not_found(format!("no queue {ident}")))
 }
 
-async fn find_id(state: &AppState, ident: &str) -> ApiResult<ObjectId> {
+pub async fn find_id(state: &AppState, ident: &str) -> ApiResult<ObjectId> {
     find(state, ident)
         .await?
         .get_object_id(field::ID)

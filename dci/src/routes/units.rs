@@ -1,0 +1,111 @@
+//! `POST /queues/:queue/units`: Coordinate work units, keyed, added or updated as asked.
+
+use std::collections::HashSet;
+
+use axum::extract::{Path, State};
+use axum::response::Response;
+use bson::{Bson, DateTime, Document};
+use disbatch_core::store::{OnConflict, Unit};
+use serde_json::{json, Value};
+
+use super::queues::find_id;
+use crate::error::{ApiError, ApiResult};
+use crate::params::Params;
+use crate::render::json_response;
+use crate::state::AppState;
+
+pub async fn add(
+    State(state): State<AppState>,
+    Path(ident): Path<String>,
+    p: Params,
+) -> ApiResult<Response> {
+    let on_conflict = match p.fields.get("on_conflict").and_then(Value::as_str) {
+        None | Some("reject") => OnConflict::Reject,
+        Some("update") => OnConflict::Update,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "on_conflict must be reject or update, not {other:?}"
+            )))
+        }
+    };
+    let items = match p.fields.get("units") {
+        Some(Value::Array(items)) if !items.is_empty() => items,
+        _ => {
+            return Err(ApiError::bad_request(
+                "'units' must be a non-empty array of {key, params} objects",
+            ))
+        }
+    };
+    let mut seen = HashSet::new();
+    let mut units = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let unit =
+            parse_unit(item).map_err(|e| ApiError::bad_request(format!("units[{i}]: {e}")))?;
+        if !seen.insert(unit.key.clone()) {
+            return Err(ApiError::bad_request(format!(
+                "units[{i}]: key {:?} appears twice",
+                unit.key
+            )));
+        }
+        units.push(unit);
+    }
+    let queue = find_id(&state, &ident).await?;
+    let out = state.store.add_units(queue, units, on_conflict).await?;
+    let inserted: Vec<Value> = out
+        .inserted
+        .iter()
+        .map(|(k, id)| json!({"key": k, "_id": {"$oid": id.to_hex()}}))
+        .collect();
+    Ok(json_response(
+        &json!({"inserted": inserted, "updated": out.updated, "rejected": out.rejected, "busy": out.busy}),
+        false,
+    ))
+}
+
+fn parse_unit(v: &Value) -> Result<Unit, String> {
+    let Value::Object(m) = v else {
+        return Err("must be an object".into());
+    };
+    if let Some(k) = m
+        .keys()
+        .find(|k| !matches!(k.as_str(), "key" | "params" | "priority" | "not_before"))
+    {
+        return Err(format!("unknown field {k:?}"));
+    }
+    let key = match m.get("key") {
+        Some(Value::String(k)) if !k.is_empty() && k.len() <= 1024 => k.clone(),
+        _ => return Err("key must be a non-empty string of at most 1024 bytes".into()),
+    };
+    let params = match m.get("params") {
+        None | Some(Value::Null) => Document::new(),
+        Some(v @ Value::Object(_)) => match Bson::try_from(v.clone()) {
+            Ok(Bson::Document(d)) => d,
+            _ => return Err("params must be an object".into()),
+        },
+        Some(_) => return Err("params must be an object".into()),
+    };
+    let priority = match m.get("priority") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_i64().ok_or("priority must be an integer")?),
+    };
+    let not_before = match m.get("not_before") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => {
+            let secs = n
+                .as_f64()
+                .ok_or("not_before must be epoch seconds or an RFC 3339 date")?;
+            Some(DateTime::from_millis((secs * 1000.0) as i64))
+        }
+        Some(Value::String(s)) => Some(
+            DateTime::parse_rfc3339_str(s)
+                .map_err(|_| format!("not_before {s:?} is not an RFC 3339 date"))?,
+        ),
+        Some(_) => return Err("not_before must be epoch seconds or an RFC 3339 date".into()),
+    };
+    Ok(Unit {
+        key,
+        params,
+        priority,
+        not_before,
+    })
+}
