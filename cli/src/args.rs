@@ -145,6 +145,8 @@ pub enum Command {
     },
     /// List nodes with their heartbeat and running tasks.
     Nodes,
+    /// Task counts per queue in Coordinate's states (available, delayed, pending, finished, failed)
+    Summary,
     /// Set or clear a node's maxthreads.
     SetMaxthreads {
         /// Node name or id.

@@ -123,6 +123,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
             tasks::query(ctx, filter.as_deref(), &options, out).await
         }
         Command::Nodes => nodes::list(ctx, out).await,
+        Command::Summary => queues::summary(ctx, out).await,
         Command::SetMaxthreads { node, maxthreads } => {
             nodes::set_maxthreads(ctx, &node, maxthreads.0, out).await
         }

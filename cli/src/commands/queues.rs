@@ -153,6 +153,39 @@ pub async fn delete(ctx: &Ctx, queue: &str, out: &mut dyn Write) -> anyhow::Resu
     Ok(())
 }
 
+/// `summary`: GET /summary as a table, one row per queue.
+pub async fn summary(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
+    let reply = ctx.client.call(Method::GET, &["summary"], None).await?;
+    if ctx.raw(&reply, out)? {
+        return Ok(());
+    }
+    let columns = [
+        "available",
+        "delayed",
+        "pending",
+        "finished",
+        "failed",
+        "other",
+    ];
+    let mut header = vec![("Queue", Align::Left)];
+    header.extend([
+        ("Available", Align::Right),
+        ("Delayed", Align::Right),
+        ("Pending", Align::Right),
+        ("Finished", Align::Right),
+        ("Failed", Align::Right),
+        ("Other", Align::Right),
+    ]);
+    let mut table = Table::new(&header);
+    for row in array(&reply, "summary")? {
+        let mut cells = vec![cell(row.get("queue"))];
+        cells.extend(columns.iter().map(|c| cell(row.get(*c))));
+        table.row(cells);
+    }
+    write!(out, "{}", table.render())?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@ mod monitoring;
 mod nodes;
 pub mod openapi;
 mod queues;
+mod summary;
 mod task_one;
 mod tasks_create;
 mod tasks_search;
@@ -62,6 +63,11 @@ pub fn table() -> Vec<Route> {
             "Queues with queued, running and completed counts",
         ),
         route(Method::POST, "/queues", "Create a queue"),
+        route(
+            Method::GET,
+            "/summary",
+            "Task counts per queue in Coordinate's unit states",
+        ),
         route(
             Method::POST,
             "/queues/{queue}/units",
@@ -176,6 +182,7 @@ fn handler(method: &Method, path: &str) -> Option<MethodRouter<AppState>> {
         ("GET", "/plugins") => get(info::plugins),
         ("GET", "/queues") => get(queues::list),
         ("POST", "/queues") => post(queues::create),
+        ("GET", "/summary") => get(summary::get),
         ("POST", "/queues/{queue}/units") => post(units::add),
         ("GET", "/queues/{queue}") => get(queues::get),
         ("POST", "/queues/{queue}") => post(queues::update),
