@@ -79,6 +79,8 @@ pub struct SpecFields {
     pub max_getwork: Option<u32>,
     /// `disabled` or `paused`: claim nothing, whatever `threads` says.
     pub paused: bool,
+    /// Most attempts a task gets; the next one fails it with "too many retries".
+    pub max_retries: Option<u32>,
 }
 
 impl Default for SpecFields {
@@ -88,6 +90,7 @@ impl Default for SpecFields {
             weight: DEFAULT_WEIGHT,
             max_getwork: None,
             paused: false,
+            max_retries: None,
         }
     }
 }

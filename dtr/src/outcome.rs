@@ -3,7 +3,9 @@
 use std::process::ExitStatus;
 
 use disbatch_core::model::status;
-use serde_json::Value;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
 
 /// How the plugin process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,15 +25,20 @@ impl From<ExitStatus> for Exit {
     }
 }
 
-/// The final status and any note the runner adds to stderr.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The final status, any note the runner adds to stderr, and a requested retry.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub status: i32,
     pub note: Option<String>,
+    /// The plugin asked to run again after this delay (`{"retry": true, "delay": s}`).
+    pub retry: Option<Duration>,
+    /// The result file's object, kept on the attempt record.
+    pub result: Option<Map<String, Value>>,
 }
 
 /// Exit 0 → succeeded, non-zero or a signal → failed; a positive integer `status` in the
-/// result file wins. A result file that is not a JSON object fails the task, with the reason.
+/// result file wins, and `"retry": true` asks for another attempt. A result file that is not
+/// a JSON object (or a bad `delay`) fails the task, with the reason.
 pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
     let mut notes = Vec::new();
     let mut status = match exit {
@@ -48,36 +55,73 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
             status::FAILED
         }
     };
+    let mut retry = None;
+    let mut result = None;
     match result_file.map(parse_result) {
-        None => {}
-        Some(Ok(Some(from_result))) => status = from_result,
-        Some(Ok(None)) => {}
+        None | Some(Ok(None)) => {}
+        Some(Ok(Some(r))) => {
+            if let Some(s) = r.status {
+                status = s;
+            }
+            retry = r.retry;
+            result = Some(r.object);
+        }
         Some(Err(reason)) => {
             notes.push(format!("DISBATCH_RESULT file ignored: {reason}"));
             status = status::FAILED;
         }
     }
-    // A plugin that exited non-zero but reported its own status only gets its exit noted
-    // when that status is a failure; a signal is always worth saying.
+    // The exit code or signal is worth saying even when the result file decided the status.
     let note = (!notes.is_empty()).then(|| notes.join("; "));
-    Outcome { status, note }
+    Outcome {
+        status,
+        note,
+        retry,
+        result,
+    }
 }
 
-/// The `status` the plugin asked for: Ok(None) when absent or not a positive integer.
-fn parse_result(bytes: &[u8]) -> Result<Option<i32>, String> {
+/// What a result file asked for.
+#[derive(Debug, Clone, PartialEq)]
+struct ResultFile {
+    status: Option<i32>,
+    retry: Option<Duration>,
+    object: Map<String, Value>,
+}
+
+/// Ok(None) for an empty file. `status` counts only when a positive integer.
+fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| format!("it is not valid JSON ({e})"))?;
-    let Value::Object(map) = value else {
+    let Value::Object(object) = value else {
         return Err("it must hold a JSON object such as {\"status\": 1}".into());
     };
-    Ok(map
+    let status = object
         .get("status")
         .and_then(Value::as_i64)
         .filter(|s| *s >= 1 && *s <= i32::MAX as i64)
-        .map(|s| s as i32))
+        .map(|s| s as i32);
+    let retry = match object.get("retry") {
+        Some(Value::Bool(true)) => {
+            let delay = match object.get("delay") {
+                None | Some(Value::Null) => 0.0,
+                Some(v) => v
+                    .as_f64()
+                    .filter(|d| d.is_finite() && *d >= 0.0 && *d <= 365.0 * 86_400.0)
+                    .ok_or("\"delay\" must be a number of seconds between 0 and a year")?,
+            };
+            Some(Duration::from_secs_f64(delay))
+        }
+        _ => None,
+    };
+    Ok(Some(ResultFile {
+        status,
+        retry,
+        object,
+    }))
 }
 
 fn signal_name(sig: i32) -> String {
@@ -96,7 +140,9 @@ mod tests {
             decide(Exit::Code(0), None),
             Outcome {
                 status: 1,
-                note: None
+                note: None,
+                retry: None,
+                result: None,
             }
         );
         let failed = decide(Exit::Code(3), None);
@@ -139,5 +185,23 @@ mod tests {
         let o = decide(Exit::Code(0), Some(b"[1]"));
         assert_eq!(o.status, 2);
         assert!(o.note.as_deref().is_some_and(|n| n.contains("JSON object")));
+    }
+
+    #[test]
+    fn a_result_may_ask_for_a_retry_with_a_delay() {
+        let o = decide(Exit::Code(0), Some(br#"{"retry": true, "delay": 2.5}"#));
+        assert_eq!(o.retry, Some(Duration::from_millis(2500)));
+        assert!(o.result.is_some_and(|m| m.contains_key("delay")));
+        assert_eq!(
+            decide(Exit::Code(1), Some(br#"{"retry": true}"#)).retry,
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            decide(Exit::Code(0), Some(br#"{"retry": false}"#)).retry,
+            None
+        );
+        let bad = decide(Exit::Code(0), Some(br#"{"retry": true, "delay": -1}"#));
+        assert_eq!((bad.status, bad.retry), (2, None));
+        assert!(bad.note.is_some_and(|n| n.contains("delay")));
     }
 }

@@ -8,7 +8,7 @@ use bson::oid::ObjectId;
 use disbatch_core::output::{
     dropped_output_text, plan_output, GfsMode, Placement, MAX_DOCUMENT_SIZE,
 };
-use disbatch_core::store::{FinishOutcome, OutputValue, Store};
+use disbatch_core::store::{FinishOutcome, OutputValue, Store, TaskEnd};
 use disbatch_core::{Error, Result};
 
 /// One captured stream: small enough to hold (and measure exactly), or left in its spool file.
@@ -61,7 +61,9 @@ impl Captured {
 pub struct Finished {
     pub task: ObjectId,
     pub node: String,
-    pub status: i32,
+    /// The attempt's id: the result is written only while the task still runs as it.
+    pub attempt: ObjectId,
+    pub end: TaskEnd,
     pub stdout: Captured,
     pub stderr: Captured,
 }
@@ -96,7 +98,8 @@ pub async fn record_result(store: &Store, gfs: GfsMode, done: &Finished) -> Resu
             store.finish_task(
                 done.task,
                 &done.node,
-                done.status,
+                done.attempt,
+                done.end,
                 stdout.clone(),
                 stderr.clone(),
             )

@@ -1,25 +1,35 @@
-//! One task's run: start it, find its plugin, run it, decide its status, record the result.
+//! One task's run: start it as an attempt, find its plugin, run it, decide how it ends,
+//! record the result and close the attempt.
+
+use std::time::Duration;
 
 use bson::oid::ObjectId;
-use bson::{Bson, Document};
+use bson::{Bson, DateTime, Document};
 use disbatch_core::config::Config;
 use disbatch_core::model::status;
-use disbatch_core::store::{schema::task as field, FinishOutcome, Store};
+use disbatch_core::store::{schema::task as field, AttemptEnd, FinishOutcome, Store, TaskEnd};
 use disbatch_core::{Error, Result};
 
-use crate::outcome::{decide, Outcome};
+use crate::outcome::{decide, Exit, Outcome};
 use crate::plugin_process::{run_plugin, PluginCall};
 use crate::record::{record_result, with_retries, Captured, Finished};
 
 /// What became of the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunReport {
-    /// The result was recorded with this status.
-    Recorded(i32),
+    /// The result was recorded: a final status, or requeued for a retry.
+    Recorded(TaskEnd),
     /// The task was not claimed by this node any more (given back, reaped): nothing was run.
     NotClaimed,
     /// The plugin ran but the task had changed hands; the result was discarded.
     Discarded,
+}
+
+/// How the plugin process ended and what its result file said, for the attempt record.
+#[derive(Debug, Default)]
+struct RunFacts {
+    exit: Option<Exit>,
+    result: Option<Document>,
 }
 
 pub async fn run_task(
@@ -28,34 +38,95 @@ pub async fn run_task(
     task: ObjectId,
     node: &str,
 ) -> Result<RunReport> {
-    let Some(doc) = with_retries("starting the task", || store.start_task(task, node)).await?
+    let attempt = ObjectId::new();
+    let Some(doc) = with_retries("starting the task", || {
+        store.start_task(task, node, attempt)
+    })
+    .await?
     else {
         tracing::info!(task = %task, node, "task is not claimed by this node; nothing to run");
         return Ok(RunReport::NotClaimed);
     };
-    let finished = match prepare(config, store, &doc, node).await {
-        Ok(call) => run_and_capture(&doc, call, task, node).await?,
+    let queue = doc.get_object_id(field::QUEUE).ok();
+    with_retries("recording the attempt", || {
+        store.record_attempt_start(attempt, task, queue, node, std::process::id())
+    })
+    .await?;
+    let attempts = attempts_started(&doc);
+    let unable = |reason: String| Finished {
+        task,
+        node: node.to_string(),
+        attempt,
+        end: TaskEnd::Status(status::FAILED),
+        stdout: Captured::from_text("Unable to start"),
+        stderr: Captured::from_text(reason),
+    };
+    let (finished, facts) = match prepare(config, store, &doc, node).await {
         Err(reason) => {
             tracing::warn!(task = %task, "{reason}");
-            Finished {
-                task,
-                node: node.to_string(),
-                status: status::FAILED,
-                stdout: Captured::from_text("Unable to start"),
-                stderr: Captured::from_text(reason),
-            }
+            (unable(reason), RunFacts::default())
         }
+        // Coordinate's rule: max_retries N allows N attempts; the next one fails the task.
+        Ok(p) if p.max_retries.is_some_and(|m| attempts > m as i64) => {
+            let reason = format!(
+                "too many retries: attempt {attempts} of a queue with max_retries {}",
+                p.max_retries.unwrap_or(0)
+            );
+            (unable(reason), RunFacts::default())
+        }
+        Ok(p) => run_and_capture(&doc, p, task, attempt, attempts, node).await?,
     };
-    let final_status = finished.status;
-    match record_result(store, config.gfs, &finished).await? {
+    let end = finished.end;
+    let recorded = record_result(store, config.gfs, &finished).await?;
+    let (report, outcome) = match recorded {
         FinishOutcome::Recorded => {
-            tracing::info!(task = %task, status = final_status, "task finished");
-            Ok(RunReport::Recorded(final_status))
+            tracing::info!(task = %task, ?end, "task finished");
+            let outcome = match end {
+                TaskEnd::Status(status::SUCCEEDED) => "succeeded",
+                TaskEnd::Status(_) => "failed",
+                TaskEnd::Retry { .. } => "retry",
+            };
+            (RunReport::Recorded(end), outcome)
         }
         FinishOutcome::NotOurs | FinishOutcome::TooLarge => {
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
-            Ok(RunReport::Discarded)
+            (RunReport::Discarded, "discarded")
         }
+    };
+    let closing = AttemptEnd {
+        outcome,
+        status: match end {
+            TaskEnd::Status(s) => Some(s),
+            TaskEnd::Retry { .. } => None,
+        },
+        exit_code: match facts.exit {
+            Some(Exit::Code(c)) => Some(c),
+            _ => None,
+        },
+        signal: match facts.exit {
+            Some(Exit::Signal(s)) => Some(s),
+            _ => None,
+        },
+        result: facts.result,
+    };
+    // The task's own record is already written; a lost attempt record is logged, not fatal.
+    if let Err(e) = with_retries("closing the attempt", || {
+        store.record_attempt_end(attempt, &closing)
+    })
+    .await
+    {
+        tracing::error!(task = %task, attempt = %attempt, error = %e, "could not close the attempt record");
+    }
+    Ok(report)
+}
+
+/// How many attempts have started, this one included (`attempts` is incremented on start).
+fn attempts_started(doc: &Document) -> i64 {
+    match doc.get(field::ATTEMPTS) {
+        Some(Bson::Int32(n)) => *n as i64,
+        Some(Bson::Int64(n)) => *n,
+        Some(Bson::Double(n)) => *n as i64,
+        _ => 1,
     }
 }
 
@@ -64,6 +135,7 @@ struct Prepared {
     executable: std::path::PathBuf,
     queue_name: String,
     queue_id: ObjectId,
+    max_retries: Option<u32>,
 }
 
 async fn prepare(
@@ -115,6 +187,7 @@ async fn prepare(
         executable,
         queue_name: queue.name,
         queue_id,
+        max_retries: queue.spec.max_retries,
     })
 }
 
@@ -122,8 +195,10 @@ async fn run_and_capture(
     doc: &Document,
     prepared: Prepared,
     task: ObjectId,
+    attempt: ObjectId,
+    attempts: i64,
     node: &str,
-) -> Result<Finished> {
+) -> Result<(Finished, RunFacts)> {
     let spool = tempfile::Builder::new()
         .prefix(&format!("disbatch-task-{task}-"))
         .tempdir()
@@ -138,6 +213,14 @@ async fn run_and_capture(
         queue_id: prepared.queue_id.to_hex(),
         node: node.to_string(),
     };
+    let finished = |end, stdout, stderr| Finished {
+        task,
+        node: node.to_string(),
+        attempt,
+        end,
+        stdout,
+        stderr,
+    };
     let spooled = match run_plugin(call, spool.path()).await {
         Ok(s) => s,
         Err(e) => {
@@ -146,13 +229,13 @@ async fn run_and_capture(
                 prepared.executable.display()
             );
             tracing::warn!(task = %task, "{reason}");
-            return Ok(Finished {
-                task,
-                node: node.to_string(),
-                status: status::FAILED,
-                stdout: Captured::from_text("Unable to start"),
-                stderr: Captured::from_text(reason),
-            });
+            let end = TaskEnd::Status(status::FAILED);
+            let done = finished(
+                end,
+                Captured::from_text("Unable to start"),
+                Captured::from_text(reason),
+            );
+            return Ok((done, RunFacts::default()));
         }
     };
     let result = match tokio::fs::read(&spooled.result).await {
@@ -160,39 +243,71 @@ async fn run_and_capture(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(Error::io("reading the plugin's result file", e)),
     };
-    let Outcome { status, note } = decide(spooled.exit, result.as_deref());
+    let Outcome {
+        status,
+        mut note,
+        retry,
+        result,
+    } = decide(spooled.exit, result.as_deref());
+    let end = match retry {
+        Some(_) if prepared.max_retries.is_some_and(|m| attempts >= m as i64) => {
+            let why = format!(
+                "too many retries: attempt {attempts} asked for another, max_retries is {}",
+                prepared.max_retries.unwrap_or(0)
+            );
+            note = Some(match note {
+                Some(n) => format!("{n}; {why}"),
+                None => why,
+            });
+            TaskEnd::Status(status::FAILED)
+        }
+        Some(delay) if delay > Duration::ZERO => TaskEnd::Retry {
+            not_before: Some(DateTime::from_millis(
+                DateTime::now().timestamp_millis() + delay.as_millis() as i64,
+            )),
+        },
+        Some(_) => TaskEnd::Retry { not_before: None },
+        None => TaskEnd::Status(status),
+    };
     if let Some(note) = note {
         append_note(&spooled.stderr, &note).await?;
     }
-    Ok(Finished {
-        task,
-        node: node.to_string(),
-        status,
-        stdout: Captured::load(&spooled.stdout).await?,
-        stderr: Captured::load(&spooled.stderr).await?,
-    })
+    let facts = RunFacts {
+        exit: Some(spooled.exit),
+        result: result.and_then(|m| bson::to_document(&m).ok()),
+    };
+    let done = finished(
+        end,
+        Captured::load(&spooled.stdout).await?,
+        Captured::load(&spooled.stderr).await?,
+    );
+    Ok((done, facts))
 }
 
 /// The runner's own remarks go at the end of the task's stderr, on a line of their own.
 async fn append_note(stderr: &std::path::Path, note: &str) -> Result<()> {
-    use tokio::io::AsyncWriteExt;
-    let needs_newline = match tokio::fs::read(stderr).await {
-        Ok(bytes) => bytes.last().is_some_and(|b| *b != b'\n'),
-        Err(_) => false,
-    };
+    use std::io::SeekFrom;
+    use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+    let context = |e| Error::io("appending to the task's stderr", e);
     let mut file = tokio::fs::OpenOptions::new()
+        .read(true)
         .append(true)
         .create(true)
         .open(stderr)
         .await
-        .map_err(|e| Error::io("appending to the task's stderr", e))?;
+        .map_err(context)?;
+    // Only the last byte decides whether the note needs its own line; stderr may be huge.
+    let len = file.metadata().await.map_err(context)?.len();
+    let mut last = [b'\n'];
+    if len > 0 {
+        file.seek(SeekFrom::Start(len - 1)).await.map_err(context)?;
+        file.read_exact(&mut last).await.map_err(context)?;
+    }
     let text = format!(
         "{}[disbatch] {note}\n",
-        if needs_newline { "\n" } else { "" }
+        if last[0] == b'\n' { "" } else { "\n" }
     );
-    file.write_all(text.as_bytes())
-        .await
-        .map_err(|e| Error::io("appending to the task's stderr", e))
+    file.write_all(text.as_bytes()).await.map_err(context)
 }
 
 fn bson_type_name(b: &Bson) -> &'static str {

@@ -49,22 +49,31 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
     // Tasks without a slot (queued, finished, Perl-claimed) never collide.
     assert_eq!(db.count(doc! {"queue": queue, "status": -2}).await, 2);
 
-    // Finishing frees the slot for the next claim.
-    store
-        .start_task(first, "n1")
+    // Finishing frees the slot for the next claim; only the current attempt may finish.
+    let attempt = bson::oid::ObjectId::new();
+    let started = store
+        .start_task(first, "n1", attempt)
         .await
         .expect("start")
         .expect("started");
-    let outcome = store
-        .finish_task(
+    assert_eq!(started.get_i32("attempts").ok(), Some(1));
+    let finish = |attempt| {
+        store.finish_task(
             first,
             "n1",
-            1,
+            attempt,
+            disbatch_core::store::TaskEnd::Status(1),
             disbatch_core::store::OutputValue::Null,
             disbatch_core::store::OutputValue::Null,
         )
-        .await
-        .expect("finish");
+    };
+    let stale = finish(bson::oid::ObjectId::new()).await.expect("finish");
+    assert_eq!(
+        stale,
+        disbatch_core::store::FinishOutcome::NotOurs,
+        "a stale attempt is fenced off"
+    );
+    let outcome = finish(attempt).await.expect("finish");
     assert_eq!(outcome, disbatch_core::store::FinishOutcome::Recorded);
     let next = store
         .claim_next_task(queue, "n2", QueueSort::Fifo, 0)

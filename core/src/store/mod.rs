@@ -1,5 +1,6 @@
 //! The one place that talks to MongoDB: connection, indexes and every query of the schema.
 
+mod attempts;
 mod balance;
 mod balance_lease;
 mod gridfs;
@@ -22,6 +23,7 @@ use bson::Document;
 use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
+pub use attempts::AttemptEnd;
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
 pub use nodes::{Heartbeat, NodeLimit};
@@ -29,7 +31,7 @@ pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
 pub use task_create::Template;
 pub use task_query::{IndexSets, QueryError, TaskQuery};
-pub use tasks::{ClaimOutcome, FinishOutcome, OutputValue, RunningSnapshot};
+pub use tasks::{ClaimOutcome, FinishOutcome, OutputValue, RunningSnapshot, TaskEnd};
 pub use units::{OnConflict, Unit, UnitsOutcome};
 pub use web_queues::QueueCounts;
 

@@ -103,6 +103,9 @@ fn spec_fields(d: &Document) -> Result<SpecFields, String> {
             .unwrap_or(DEFAULT_WEIGHT),
         max_getwork,
         paused: parse_flag(d.get(queue::DISABLED)) || parse_flag(d.get(queue::PAUSED)),
+        max_retries: parse_limit(d.get(queue::MAX_RETRIES))
+            .map_err(|e| format!("max_retries: {e}"))?
+            .filter(|n| *n > 0),
     })
 }
 

@@ -34,6 +34,28 @@ pub mod task {
     pub const PRIORITY: &str = "priority";
     /// Not claimable before this date.
     pub const NOT_BEFORE: &str = "not_before";
+    /// How many attempts have started, and the current one's id (its fencing token).
+    pub const ATTEMPTS: &str = "attempts";
+    pub const ATTEMPT: &str = "attempt";
+}
+
+/// Ours: one record per run of a task.
+pub const ATTEMPTS: &str = "attempts";
+
+pub mod attempt {
+    pub const ID: &str = "_id";
+    pub const TASK: &str = "task";
+    pub const QUEUE: &str = "queue";
+    pub const NODE: &str = "node";
+    pub const PID: &str = "pid";
+    pub const START: &str = "start";
+    pub const END: &str = "end";
+    /// running, succeeded, failed, retry, discarded.
+    pub const OUTCOME: &str = "outcome";
+    pub const STATUS: &str = "status";
+    pub const EXIT_CODE: &str = "exit_code";
+    pub const SIGNAL: &str = "signal";
+    pub const RESULT: &str = "result";
 }
 
 pub mod queue {
@@ -54,6 +76,7 @@ pub mod queue {
     pub const MAX_GETWORK: &str = "max_getwork";
     pub const DISABLED: &str = "disabled";
     pub const PAUSED: &str = "paused";
+    pub const MAX_RETRIES: &str = "max_retries";
 }
 
 pub mod node {
@@ -130,6 +153,12 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
     vec![
         (TASKS, unique_where_present(task::SLOT)),
         (TASKS, unique_where_present(task::KEY)),
+        (
+            ATTEMPTS,
+            IndexModel::builder()
+                .keys(doc! {attempt::TASK: 1, attempt::START: 1})
+                .build(),
+        ),
     ]
 }
 

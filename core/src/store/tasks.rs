@@ -52,6 +52,15 @@ impl From<OutputValue> for Bson {
     }
 }
 
+/// How an attempt leaves its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskEnd {
+    /// Finished with this status (1 succeeded, ≥ 2 failed).
+    Status(i32),
+    /// Back to queued for another attempt, not before the given time.
+    Retry { not_before: Option<DateTime> },
+}
+
 /// The outcome of recording a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishOutcome {
@@ -159,40 +168,66 @@ impl Store {
         }
     }
 
-    /// Moves a task claimed by `node` to running and returns it; None if it is no longer ours.
-    pub async fn start_task(&self, id: ObjectId, node: &str) -> Result<Option<Document>> {
+    /// Moves a task claimed by `node` to running as attempt `attempt` (its fencing token,
+    /// counted in `attempts`) and returns it; None if it is no longer ours.
+    pub async fn start_task(
+        &self,
+        id: ObjectId,
+        node: &str,
+        attempt: ObjectId,
+    ) -> Result<Option<Document>> {
         self.collection(TASKS)
             .find_one_and_update(
                 doc! {task::ID: id, task::STATUS: status::CLAIMED, task::NODE: node},
-                doc! {"$set": {task::STATUS: status::RUNNING, task::MTIME: DateTime::now()}},
+                doc! {
+                    "$set": {task::STATUS: status::RUNNING, task::MTIME: DateTime::now(), task::ATTEMPT: attempt},
+                    "$inc": {task::ATTEMPTS: 1},
+                },
             )
             .return_document(ReturnDocument::After)
             .await
             .map_err(|e| Error::mongo(format!("starting task {id}"), e))
     }
 
-    /// Records a result in one write: status, outputs, `mtime`, the slot freed and
-    /// `complete: true`. Conditional on the task still running on `node`.
+    /// Records a result in one write: outputs, `mtime`, the slot freed, and either a final
+    /// status with `complete: true` or, for a retry, back to queued (after `not_before`).
+    /// Conditional on the task still running on `node` as `attempt`.
     pub async fn finish_task(
         &self,
         id: ObjectId,
         node: &str,
-        final_status: i32,
+        attempt: ObjectId,
+        end: TaskEnd,
         stdout: OutputValue,
         stderr: OutputValue,
     ) -> Result<FinishOutcome> {
-        let filter = doc! {task::ID: id, task::STATUS: status::RUNNING, task::NODE: node};
-        let update = doc! {
-            "$set": {
-                task::STATUS: final_status,
-                task::STDOUT: Bson::from(stdout),
-                task::STDERR: Bson::from(stderr),
-                task::MTIME: DateTime::now(),
-                task::COMPLETE: true,
-            },
-            "$unset": {task::SLOT: ""},
+        let filter = doc! {task::ID: id, task::STATUS: status::RUNNING, task::NODE: node, task::ATTEMPT: attempt};
+        let mut set = doc! {
+            task::STDOUT: Bson::from(stdout),
+            task::STDERR: Bson::from(stderr),
+            task::MTIME: DateTime::now(),
         };
-        match self.collection(TASKS).update_one(filter, update).await {
+        let mut unset = doc! {task::SLOT: ""};
+        match end {
+            TaskEnd::Status(s) => {
+                set.insert(task::STATUS, s);
+                set.insert(task::COMPLETE, true);
+            }
+            TaskEnd::Retry { not_before } => {
+                set.insert(task::STATUS, status::QUEUED);
+                set.insert(task::NODE, Bson::Null);
+                unset.insert(task::COMPLETE, "");
+                match not_before {
+                    Some(t) => set.insert(task::NOT_BEFORE, t),
+                    None => unset.insert(task::NOT_BEFORE, ""),
+                };
+            }
+        }
+        match self
+            .collection(TASKS)
+            .update_one(filter, doc! {"$set": set, "$unset": unset})
+            .await
+        {
             Ok(r) if r.matched_count == 1 => Ok(FinishOutcome::Recorded),
             Ok(_) => Ok(FinishOutcome::NotOurs),
             Err(e) if super::is_document_too_large(&e) => Ok(FinishOutcome::TooLarge),
