@@ -5,6 +5,7 @@
 //! per-pass claim decisions.
 
 pub mod balance;
+pub mod chaining;
 pub mod claim_plan;
 pub mod config;
 pub mod error;

@@ -81,6 +81,8 @@ pub struct SpecFields {
     pub paused: bool,
     /// Most attempts a task gets; the next one fails it with "too many retries".
     pub max_retries: Option<u32>,
+    /// The queue (by name) that a succeeded task's `output` units are added to.
+    pub then: Option<String>,
 }
 
 impl Default for SpecFields {
@@ -91,6 +93,7 @@ impl Default for SpecFields {
             max_getwork: None,
             paused: false,
             max_retries: None,
+            then: None,
         }
     }
 }

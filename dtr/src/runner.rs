@@ -7,7 +7,9 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document};
 use disbatch_core::config::Config;
 use disbatch_core::model::status;
-use disbatch_core::store::{schema::task as field, AttemptEnd, FinishOutcome, Store, TaskEnd};
+use disbatch_core::store::{
+    schema::task as field, AttemptEnd, FinishOutcome, OnConflict, Store, TaskEnd,
+};
 use disbatch_core::{Error, Result};
 
 use crate::outcome::{decide, Exit, Outcome};
@@ -30,6 +32,8 @@ pub enum RunReport {
 struct RunFacts {
     exit: Option<Exit>,
     result: Option<Document>,
+    /// The queue to chain into and the result's `output`, when both exist.
+    chain: Option<(String, serde_json::Value)>,
 }
 
 pub async fn run_task(
@@ -86,6 +90,10 @@ pub async fn run_task(
                 TaskEnd::Status(_) => "failed",
                 TaskEnd::Retry { .. } => "retry",
             };
+            if let (TaskEnd::Status(status::SUCCEEDED), Some((then, output))) = (end, &facts.chain)
+            {
+                chain_output(store, task, then, output).await;
+            }
             (RunReport::Recorded(end), outcome)
         }
         FinishOutcome::NotOurs | FinishOutcome::TooLarge => {
@@ -120,6 +128,39 @@ pub async fn run_task(
     Ok(report)
 }
 
+/// Adds the units a succeeded task's `output` names to its queue's `then` queue. Runs only
+/// after the result was recorded as this attempt's, so a superseded run chains nothing; a
+/// failure here is logged and never changes the finished task.
+async fn chain_output(store: &Store, task: ObjectId, then: &str, output: &serde_json::Value) {
+    let units = disbatch_core::chaining::units_from_output(output, DateTime::now());
+    if units.is_empty() {
+        return;
+    }
+    let target = match store.find_queue(then).await {
+        Ok(Some(q)) => q.get_object_id("_id").ok(),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::error!(task = %task, then, error = %e, "could not read the `then` queue; output not chained");
+            return;
+        }
+    };
+    let Some(target) = target else {
+        tracing::warn!(task = %task, then, "the `then` queue does not exist; output not chained");
+        return;
+    };
+    match with_retries("chaining output", || {
+        store.add_units(target, units.clone(), OnConflict::Update)
+    })
+    .await
+    {
+        Ok(out) => tracing::info!(
+            task = %task, then, added = out.inserted.len(), updated = out.updated.len(), busy = out.busy.len(),
+            "chained output"
+        ),
+        Err(e) => tracing::error!(task = %task, then, error = %e, "could not chain output"),
+    }
+}
+
 /// How many attempts have started, this one included (`attempts` is incremented on start).
 fn attempts_started(doc: &Document) -> i64 {
     match doc.get(field::ATTEMPTS) {
@@ -136,6 +177,7 @@ struct Prepared {
     queue_name: String,
     queue_id: ObjectId,
     max_retries: Option<u32>,
+    then: Option<String>,
 }
 
 async fn prepare(
@@ -188,6 +230,7 @@ async fn prepare(
         queue_name: queue.name,
         queue_id,
         max_retries: queue.spec.max_retries,
+        then: queue.spec.then.clone(),
     })
 }
 
@@ -272,9 +315,17 @@ async fn run_and_capture(
     if let Some(note) = note {
         append_note(&spooled.stderr, &note).await?;
     }
+    let chain = match (
+        &prepared.then,
+        result.as_ref().and_then(|m| m.get("output")),
+    ) {
+        (Some(then), Some(output)) => Some((then.clone(), output.clone())),
+        _ => None,
+    };
     let facts = RunFacts {
         exit: Some(spooled.exit),
         result: result.and_then(|m| bson::to_document(&m).ok()),
+        chain,
     };
     let done = finished(
         end,

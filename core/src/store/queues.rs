@@ -106,6 +106,12 @@ fn spec_fields(d: &Document) -> Result<SpecFields, String> {
         max_retries: parse_limit(d.get(queue::MAX_RETRIES))
             .map_err(|e| format!("max_retries: {e}"))?
             .filter(|n| *n > 0),
+        then: match d.get(queue::THEN) {
+            None | Some(Bson::Null) => None,
+            Some(Bson::String(s)) if s.is_empty() => None,
+            Some(Bson::String(s)) => Some(s.clone()),
+            Some(other) => return Err(format!("then must be a queue name, found {other}")),
+        },
     })
 }
 

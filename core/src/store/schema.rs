@@ -77,6 +77,7 @@ pub mod queue {
     pub const DISABLED: &str = "disabled";
     pub const PAUSED: &str = "paused";
     pub const MAX_RETRIES: &str = "max_retries";
+    pub const THEN: &str = "then";
 }
 
 pub mod node {

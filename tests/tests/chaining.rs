@@ -1,0 +1,124 @@
+//! `then` chaining with a real DEN: a succeeded task's `output` becomes units of the next queue.
+
+use std::time::Duration;
+
+use bson::{doc, Document};
+use disbatch_tests::{wait_for, write_config, Den, TestDb};
+use serde_json::json;
+
+async fn set_queue(db: &TestDb, queue: bson::oid::ObjectId, set: Document) {
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": set})
+        .await
+        .expect("queue");
+}
+
+async fn unit(db: &TestDb, queue: bson::oid::ObjectId, key: &str) -> Option<Document> {
+    db.tasks()
+        .find_one(doc! {"queue": queue, "key": key})
+        .await
+        .expect("find")
+}
+
+#[tokio::test]
+async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
+    let db = TestDb::new("chain").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let first = db.insert_queue("first", "echo", 2).await;
+    // The next queue is paused so the chained units stay visible as queued.
+    let next = db.insert_queue("next", "echo", 0).await;
+    set_queue(&db, first, doc! {"then": "next"}).await;
+    let map_form = doc! {"result": {"status": 1, "output": {"m1": {"x": 1}, "m2": {}}}};
+    let list_form =
+        doc! {"result": {"output": ["l1", ["l2", {"y": 2}, {"priority": 7, "delay": 60}]]}};
+    let failed = doc! {"exit_code": 3, "result": {"output": ["never"]}};
+    let ids = db
+        .insert_tasks(
+            first,
+            vec![map_form.into(), list_form.into(), failed.into()],
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    wait_for("chained units", Duration::from_secs(10), || async {
+        db.count(doc! {"queue": next}).await == 4
+    })
+    .await;
+
+    let m1 = unit(&db, next, "m1").await.expect("m1");
+    assert_eq!(m1.get_document("params").ok(), Some(&doc! {"x": 1}));
+    assert_eq!(m1.get_i32("status").ok(), Some(-2));
+    assert!(unit(&db, next, "m2").await.is_some());
+    assert!(unit(&db, next, "l1").await.is_some());
+    let l2 = unit(&db, next, "l2").await.expect("l2");
+    assert_eq!(l2.get_i64("priority").ok(), Some(7));
+    let delay_ms = l2
+        .get_datetime("not_before")
+        .expect("not_before")
+        .timestamp_millis()
+        - bson::DateTime::now().timestamp_millis();
+    assert!(
+        delay_ms > 50_000,
+        "delay 60 s gave not_before {delay_ms} ms ahead"
+    );
+    assert!(
+        unit(&db, next, "never").await.is_none(),
+        "a failed task chains nothing"
+    );
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn chaining_updates_existing_units_and_tolerates_a_missing_then_queue() {
+    let db = TestDb::new("chain_update").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let first = db.insert_queue("first", "echo", 1).await;
+    let next = db.insert_queue("next", "echo", 0).await;
+    let orphan = db.insert_queue("orphan", "echo", 1).await;
+    set_queue(&db, first, doc! {"then": "next"}).await;
+    set_queue(&db, orphan, doc! {"then": "no-such-queue"}).await;
+    // An existing finished unit with the same key is re-run with the new params.
+    db.tasks()
+        .insert_one(
+            doc! {"queue": next, "key": "k", "status": 1, "params": {"old": true}, "node": "n0"},
+        )
+        .await
+        .expect("existing unit");
+    let a = db
+        .insert_tasks(
+            first,
+            vec![doc! {"result": {"output": {"k": {"new": true}}}}.into()],
+        )
+        .await;
+    let b = db
+        .insert_tasks(orphan, vec![doc! {"result": {"output": ["x"]}}.into()])
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&[a[0], b[0]], Duration::from_secs(30))
+        .await;
+    wait_for(
+        "the unit to be requeued",
+        Duration::from_secs(10),
+        || async {
+            unit(&db, next, "k")
+                .await
+                .and_then(|u| u.get_i32("status").ok())
+                == Some(-2)
+        },
+    )
+    .await;
+    let k = unit(&db, next, "k").await.expect("k");
+    assert_eq!(k.get_document("params").ok(), Some(&doc! {"new": true}));
+    assert_eq!(
+        db.task(b[0]).await.get_i32("status").ok(),
+        Some(1),
+        "a missing then queue never fails the task"
+    );
+    assert!(den
+        .log_text()
+        .contains("does not exist; output not chained"));
+    drop(den);
+    db.drop().await;
+}
