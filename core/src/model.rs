@@ -83,6 +83,9 @@ pub struct SpecFields {
     pub max_retries: Option<u32>,
     /// The queue (by name) that a succeeded task's `output` units are added to.
     pub then: Option<String>,
+    /// A continuous queue gets a synthetic task when it has none, at most every `interval`.
+    pub continuous: bool,
+    pub interval: std::time::Duration,
 }
 
 impl Default for SpecFields {
@@ -94,6 +97,8 @@ impl Default for SpecFields {
             paused: false,
             max_retries: None,
             then: None,
+            continuous: false,
+            interval: std::time::Duration::ZERO,
         }
     }
 }

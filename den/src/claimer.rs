@@ -12,6 +12,7 @@ use disbatch_core::Result;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::continuous::{make_continuous_units, ContinuousQueue};
 use crate::executor::Executor;
 use crate::plugin_check::PluginCheck;
 use crate::skip_log::SkipLog;
@@ -95,6 +96,17 @@ impl Claimer {
             self.report_once(problem);
         }
         let servable: Vec<Servable> = queues.iter().filter_map(|q| self.servable(q)).collect();
+        let continuous: Vec<ContinuousQueue> = servable
+            .iter()
+            .filter(|q| q.spec.continuous && q.threads > 0 && !q.spec.paused)
+            .map(|q| ContinuousQueue {
+                id: q.id,
+                interval: q.spec.interval,
+            })
+            .collect();
+        if !continuous.is_empty() {
+            make_continuous_units(&self.store, &continuous).await?;
+        }
         let ids: Vec<ObjectId> = servable.iter().map(|q| q.id).collect();
         let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
         let mut room = node_room(maxthreads, snapshot.on_node);

@@ -192,3 +192,54 @@ async fn delayed_tasks_wait_for_not_before_and_priority_sort_orders_by_priority_
     drop(den);
     db.drop().await;
 }
+
+#[tokio::test]
+async fn a_continuous_queue_gets_exactly_one_unit_per_interval_across_two_nodes() {
+    let db = TestDb::new("sched_continuous").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("tick", "echo", 2).await;
+    set_queue(&db, queue, doc! {"continuous": true, "interval": 1}).await;
+    let (n1, n2) = (Den::start(&config, "n1"), Den::start(&config, "n2"));
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    drop((n1, n2));
+    let mut cursor = db
+        .tasks()
+        .find(doc! {"queue": queue})
+        .sort(doc! {"ctime": 1})
+        .await
+        .expect("find");
+    let mut made = Vec::new();
+    while cursor.advance().await.expect("advance") {
+        made.push(cursor.deserialize_current().expect("task"));
+    }
+    assert!(
+        (4..=6).contains(&made.len()),
+        "4.5 s at one per second made {} units",
+        made.len()
+    );
+    let times: Vec<i64> = made
+        .iter()
+        .map(|t| t.get_datetime("ctime").expect("ctime").timestamp_millis())
+        .collect();
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 950,
+            "two units within one interval: {times:?}"
+        );
+    }
+    for t in &made {
+        let key = t.get_str("key").expect("key");
+        let (secs, ms) = key.split_once('.').expect("secs.ms");
+        assert!(secs.parse::<i64>().is_ok() && ms.len() == 3, "{key}");
+    }
+    let finished = made
+        .iter()
+        .filter(|t| t.get_i32("status").ok() == Some(1))
+        .count();
+    assert!(
+        finished + 1 >= made.len(),
+        "the units ran: {finished} of {}",
+        made.len()
+    );
+    db.drop().await;
+}

@@ -112,6 +112,20 @@ fn spec_fields(d: &Document) -> Result<SpecFields, String> {
             Some(Bson::String(s)) => Some(s.clone()),
             Some(other) => return Err(format!("then must be a queue name, found {other}")),
         },
+        continuous: parse_flag(d.get(queue::CONTINUOUS)),
+        interval: match d.get(queue::INTERVAL) {
+            None | Some(Bson::Null) => std::time::Duration::ZERO,
+            Some(Bson::Int32(n)) if *n >= 0 => std::time::Duration::from_secs(*n as u64),
+            Some(Bson::Int64(n)) if *n >= 0 => std::time::Duration::from_secs(*n as u64),
+            Some(Bson::Double(f)) if f.is_finite() && *f >= 0.0 && *f < 1.0e9 => {
+                std::time::Duration::from_secs_f64(*f)
+            }
+            Some(other) => {
+                return Err(format!(
+                    "interval must be non-negative seconds, found {other}"
+                ))
+            }
+        },
     })
 }
 
@@ -138,5 +152,28 @@ impl Store {
             .await
             .map_err(|e| Error::mongo(format!("creating queue {name}"), e))?;
         Ok(id)
+    }
+}
+
+impl Store {
+    /// Takes the turn to make a continuous queue's next synthetic task: true for exactly one
+    /// caller per interval, however many nodes ask (the database decides).
+    pub async fn take_continuous_turn(
+        &self,
+        id: ObjectId,
+        interval: std::time::Duration,
+    ) -> Result<bool> {
+        let now = bson::DateTime::now();
+        let next =
+            bson::DateTime::from_millis(now.timestamp_millis() + interval.as_millis() as i64);
+        let filter = doc! {
+            queue::ID: id,
+            "$or": [{queue::NEXT_CONTINUOUS: Bson::Null}, {queue::NEXT_CONTINUOUS: {"$lte": now}}],
+        };
+        self.collection(QUEUES)
+            .update_one(filter, doc! {"$set": {queue::NEXT_CONTINUOUS: next}})
+            .await
+            .map(|r| r.modified_count == 1)
+            .map_err(|e| Error::mongo(format!("taking the continuous turn of queue {id}"), e))
     }
 }

@@ -78,6 +78,11 @@ pub mod queue {
     pub const PAUSED: &str = "paused";
     pub const MAX_RETRIES: &str = "max_retries";
     pub const THEN: &str = "then";
+    pub const CONTINUOUS: &str = "continuous";
+    /// Seconds between a continuous queue's synthetic tasks.
+    pub const INTERVAL: &str = "interval";
+    /// Ours: when the next synthetic task may be made; the guard between nodes.
+    pub const NEXT_CONTINUOUS: &str = "next_continuous";
 }
 
 pub mod node {

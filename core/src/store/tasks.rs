@@ -301,6 +301,24 @@ impl Store {
         Ok(ids)
     }
 
+    /// True when a queue has a task claimable now or one claimed or running (Coordinate's
+    /// "available or pending"), which keeps a continuous queue from getting a new one.
+    pub async fn has_live_task(&self, queue: ObjectId) -> Result<bool> {
+        let filter = doc! {
+            task::QUEUE: queue,
+            "$or": [
+                {task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}},
+                {task::STATUS: status::QUEUED, "$or": [{task::NOT_BEFORE: Bson::Null}, {task::NOT_BEFORE: {"$lte": DateTime::now()}}]},
+            ],
+        };
+        self.collection(TASKS)
+            .find_one(filter)
+            .projection(doc! {task::ID: 1})
+            .await
+            .map(|d| d.is_some())
+            .map_err(|e| Error::mongo(format!("looking for live tasks of queue {queue}"), e))
+    }
+
     pub async fn get_task(&self, id: ObjectId) -> Result<Option<Document>> {
         self.collection(TASKS)
             .find_one(doc! {task::ID: id})

@@ -1,0 +1,62 @@
+//! The continuous-unit maker: a synthetic task for each continuous queue that is due and idle.
+
+use bson::oid::ObjectId;
+use bson::{DateTime, Document};
+use disbatch_core::store::{OnConflict, Store, Unit};
+use disbatch_core::Result;
+
+/// A continuous queue this node serves.
+pub struct ContinuousQueue {
+    pub id: ObjectId,
+    pub interval: std::time::Duration,
+}
+
+/// Makes the due synthetic tasks; returns how many. A queue that still has a claimable or
+/// running task gets none, and the turn is taken in the database first, so of all the
+/// nodes asking, one makes the task and the others make nothing.
+pub async fn make_continuous_units(store: &Store, queues: &[ContinuousQueue]) -> Result<u32> {
+    let mut made = 0;
+    for q in queues {
+        if store.has_live_task(q.id).await? || !store.take_continuous_turn(q.id, q.interval).await?
+        {
+            continue;
+        }
+        let unit = Unit {
+            key: unit_name(DateTime::now()),
+            params: Document::new(),
+            priority: None,
+            not_before: None,
+        };
+        let out = store
+            .add_units(q.id, vec![unit], OnConflict::Reject)
+            .await?;
+        made += out.inserted.len() as u32;
+    }
+    if made > 0 {
+        tracing::debug!(made, "made continuous tasks");
+    }
+    Ok(made)
+}
+
+/// Coordinate names a continuous unit by Unix time: `<seconds>.<milliseconds>`.
+pub fn unit_name(now: DateTime) -> String {
+    let ms = now.timestamp_millis();
+    format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_are_named_by_unix_time_with_milliseconds() {
+        assert_eq!(
+            unit_name(DateTime::from_millis(1_700_000_000_123)),
+            "1700000000.123"
+        );
+        assert_eq!(
+            unit_name(DateTime::from_millis(1_700_000_000_005)),
+            "1700000000.005"
+        );
+    }
+}
