@@ -69,7 +69,7 @@ pub struct Queue {
 }
 
 /// Coordinate work-spec fields stored additively on a queue document.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SpecFields {
     /// Higher runs first, across queues (default 0).
     pub priority: i64,
@@ -86,6 +86,10 @@ pub struct SpecFields {
     /// A continuous queue gets a synthetic task when it has none, at most every `interval`.
     pub continuous: bool,
     pub interval: std::time::Duration,
+    /// The runtime a node must serve to run this queue ("" when unset).
+    pub runtime: String,
+    /// Memory (GB) a node must have available to take this queue's tasks.
+    pub min_gb: Option<f64>,
 }
 
 impl Default for SpecFields {
@@ -99,6 +103,8 @@ impl Default for SpecFields {
             then: None,
             continuous: false,
             interval: std::time::Duration::ZERO,
+            runtime: String::new(),
+            min_gb: None,
         }
     }
 }

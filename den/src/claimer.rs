@@ -22,6 +22,8 @@ use crate::skip_log::SkipLog;
 pub struct QueueFilter {
     pub active: Vec<String>,
     pub ignore: Vec<String>,
+    /// Coordinate runtimes served; None serves every queue's runtime.
+    pub runtimes: Option<Vec<String>>,
 }
 
 impl QueueFilter {
@@ -217,6 +219,25 @@ impl Claimer {
                 return None;
             }
         };
+        if let Some(runtimes) = &self.filter.runtimes {
+            if !runtimes.contains(&q.spec.runtime) {
+                let reason = format!(
+                    "runtime {:?} is not one this node serves ({runtimes:?})",
+                    q.spec.runtime
+                );
+                self.skips.skipped(q.id, &q.name, reason);
+                return None;
+            }
+        }
+        if let Some(min_gb) = q.spec.min_gb {
+            let available = crate::host::available_gb().unwrap_or(f64::INFINITY);
+            if min_gb > available {
+                let reason =
+                    format!("needs {min_gb} GB; this node has {available:.1} GB available");
+                self.skips.skipped(q.id, &q.name, reason);
+                return None;
+            }
+        }
         if let Some(warning) = &q.sort_warning {
             self.report_once(format!("queue {} ({}): {warning}", q.name, q.id));
         }

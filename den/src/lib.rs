@@ -4,6 +4,7 @@ pub mod balancer;
 pub mod claimer;
 pub mod continuous;
 pub mod executor;
+pub mod host;
 pub mod node;
 pub mod plugin_check;
 pub mod reaper;

@@ -60,11 +60,13 @@ async fn main() -> anyhow::Result<()> {
     let filter = QueueFilter {
         active: config.activequeues.clone(),
         ignore: config.ignorequeues.clone(),
+        runtimes: config.runtimes.clone(),
     };
     let node = Node {
         claimer: Claimer::new(store.clone(), name.clone(), filter, plugins),
         executor: Executor::new(runner, config_path, name.clone()),
         balancer: disbatch_den::balancer::Balancer::new(&config.balance),
+        runtimes: config.runtimes.clone(),
         store,
         name,
         interval: config.loop_interval,

@@ -22,6 +22,8 @@ pub struct Node {
     pub executor: Executor,
     /// Runs QueueBalance when enabled and this node holds its lease.
     pub balancer: Balancer,
+    /// Reported on the node document.
+    pub runtimes: Option<Vec<String>>,
 }
 
 impl Node {
@@ -68,6 +70,7 @@ impl Node {
                 pid: std::process::id(),
                 version: disbatch_core::VERSION,
                 running: on_node,
+                runtimes: self.runtimes.as_deref(),
             })
             .await?;
         reap_orphaned_tasks(&self.store, &self.name).await?;

@@ -243,3 +243,40 @@ async fn a_continuous_queue_gets_exactly_one_unit_per_interval_across_two_nodes(
     );
     db.drop().await;
 }
+
+#[tokio::test]
+async fn a_node_serves_only_its_runtimes_and_queues_within_its_memory() {
+    let db = TestDb::new("sched_runtimes").await;
+    let config = write_config(&db, "node.json", json!({"runtimes": ["go"]}));
+    let go = db.insert_queue("go", "echo", 2).await;
+    let plain = db.insert_queue("plain", "echo", 2).await;
+    let huge = db.insert_queue("huge", "echo", 2).await;
+    set_queue(&db, go, doc! {"runtime": "go"}).await;
+    set_queue(&db, huge, doc! {"runtime": "go", "min_gb": 1.0e6}).await;
+    let ran = db.insert_tasks(go, vec![doc! {}.into()]).await;
+    let skipped = [
+        db.insert_tasks(plain, vec![doc! {}.into()]).await[0],
+        db.insert_tasks(huge, vec![doc! {}.into()]).await[0],
+    ];
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ran, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for id in skipped {
+        assert_eq!(db.task(id).await.get_i32("status").ok(), Some(-2));
+    }
+    let log = den.log_text();
+    assert!(
+        log.contains("runtime \\\"\\\" is not one this node serves")
+            || log.contains("runtime \"\" is not one this node serves"),
+        "{log}"
+    );
+    assert!(log.contains("needs 1000000 GB"), "{log}");
+    let node = db.node("n1").await;
+    assert_eq!(
+        node.get_array("runtimes").map(|r| r.len()).ok(),
+        Some(1),
+        "{node}"
+    );
+    drop(den);
+    db.drop().await;
+}

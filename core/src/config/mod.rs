@@ -76,6 +76,8 @@ pub struct Config {
     pub loop_interval: Duration,
     pub quiet: bool,
     pub web: WebSettings,
+    /// Coordinate runtimes this node serves (a queue's `runtime`, "" when unset); None serves all.
+    pub runtimes: Option<Vec<String>>,
     /// Names of Disbatch web extensions (`web_extensions` keys); `Disbatch::Web::Tasks`
     /// turns on the legacy 4.0 task routes.
     pub web_extensions: Vec<String>,

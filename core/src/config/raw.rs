@@ -65,6 +65,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     web: Option<RawWeb>,
     #[serde(default)]
+    runtimes: Option<Vec<String>>,
+    #[serde(default)]
     web_extensions: Option<serde_json::Map<String, Value>>,
 }
 
@@ -210,6 +212,7 @@ impl RawConfig {
             loop_interval,
             quiet: self.quiet.unwrap_or(false),
             web,
+            runtimes: self.runtimes,
             web_extensions: self
                 .web_extensions
                 .map(|m| m.keys().cloned().collect())

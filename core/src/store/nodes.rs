@@ -15,6 +15,8 @@ pub struct Heartbeat<'a> {
     pub pid: u32,
     pub version: &'a str,
     pub running: u32,
+    /// The runtimes this node serves, when limited.
+    pub runtimes: Option<&'a [String]>,
 }
 
 /// The node's own cap (`maxthreads`) as ops set it.
@@ -39,6 +41,7 @@ impl Store {
                     node::PID: beat.pid as i64,
                     node::VERSION: beat.version,
                     node::RUNNING: beat.running as i64,
+                    node::RUNTIMES: beat.runtimes.map_or(bson::Bson::Null, |r| r.into()),
                 }},
             )
             .upsert(true)

@@ -126,6 +126,18 @@ fn spec_fields(d: &Document) -> Result<SpecFields, String> {
                 ))
             }
         },
+        runtime: match d.get(queue::RUNTIME) {
+            None | Some(Bson::Null) => String::new(),
+            Some(Bson::String(s)) => s.clone(),
+            Some(other) => return Err(format!("runtime must be a string, found {other}")),
+        },
+        min_gb: match d.get(queue::MIN_GB) {
+            None | Some(Bson::Null) => None,
+            Some(Bson::Int32(n)) => Some(*n as f64),
+            Some(Bson::Int64(n)) => Some(*n as f64),
+            Some(Bson::Double(f)) if f.is_finite() => Some(*f),
+            Some(other) => return Err(format!("min_gb must be a number, found {other}")),
+        },
     })
 }
 

@@ -83,6 +83,8 @@ pub mod queue {
     pub const INTERVAL: &str = "interval";
     /// Ours: when the next synthetic task may be made; the guard between nodes.
     pub const NEXT_CONTINUOUS: &str = "next_continuous";
+    pub const RUNTIME: &str = "runtime";
+    pub const MIN_GB: &str = "min_gb";
 }
 
 pub mod node {
@@ -93,6 +95,7 @@ pub mod node {
     pub const PID: &str = "pid";
     pub const VERSION: &str = "version";
     pub const RUNNING: &str = "running";
+    pub const RUNTIMES: &str = "runtimes";
 }
 
 pub mod file {
