@@ -90,6 +90,8 @@ pub struct SpecFields {
     pub runtime: String,
     /// Memory (GB) a node must have available to take this queue's tasks.
     pub min_gb: Option<f64>,
+    /// The queue's `config`, as JSON, handed to its plugin.
+    pub config_json: Option<String>,
 }
 
 impl Default for SpecFields {
@@ -105,6 +107,7 @@ impl Default for SpecFields {
             interval: std::time::Duration::ZERO,
             runtime: String::new(),
             min_gb: None,
+            config_json: None,
         }
     }
 }

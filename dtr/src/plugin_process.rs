@@ -16,6 +16,8 @@ pub struct PluginCall<'a> {
     pub task_id: String,
     pub queue_name: String,
     pub queue_id: String,
+    /// The queue's `config` as JSON, when it has one.
+    pub queue_config: Option<String>,
     pub node: String,
 }
 
@@ -45,6 +47,9 @@ pub async fn run_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<S
         // Its own process group, so the whole tree can be signalled (timeouts, cancel).
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(config) = &call.queue_config {
+        cmd.env("DISBATCH_QUEUE_CONFIG", config);
+    }
     let mut child = cmd.spawn()?;
     if let Some(mut stdin) = child.stdin.take() {
         let json = call.task_json;

@@ -178,6 +178,7 @@ struct Prepared {
     queue_id: ObjectId,
     max_retries: Option<u32>,
     then: Option<String>,
+    config_json: Option<String>,
 }
 
 async fn prepare(
@@ -231,6 +232,7 @@ async fn prepare(
         queue_id,
         max_retries: queue.spec.max_retries,
         then: queue.spec.then.clone(),
+        config_json: queue.spec.config_json.clone(),
     })
 }
 
@@ -254,6 +256,7 @@ async fn run_and_capture(
         task_id: task.to_hex(),
         queue_name: prepared.queue_name,
         queue_id: prepared.queue_id.to_hex(),
+        queue_config: prepared.config_json.clone(),
         node: node.to_string(),
     };
     let finished = |end, stdout, stderr| Finished {

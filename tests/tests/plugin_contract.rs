@@ -117,3 +117,42 @@ async fn gridfs_reader_accepts_binary_chunks_from_standard_writers() {
     );
     db.drop().await;
 }
+
+#[tokio::test]
+async fn a_plugin_gets_its_queue_config_as_json() {
+    let db = TestDb::new("queue_config").await;
+    let plugin = db.path("env-plugin");
+    std::fs::write(
+        &plugin,
+        "#!/bin/sh\nprintf '%s' \"$DISBATCH_QUEUE_CONFIG\"\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let config = write_config(&db, "node.json", json!({"plugins": {"env": plugin}}));
+    let queue = db.insert_queue("cfg", "env", 1).await;
+    db.db
+        .collection::<Document>("queues")
+        .update_one(
+            doc! {"_id": queue},
+            doc! {"$set": {"config": {"a": 1, "nested": {"b": "x"}}}},
+        )
+        .await
+        .expect("config");
+    let bare = db.insert_queue("bare", "env", 1).await;
+    let ids = db.insert_tasks(queue, vec![doc! {}.into()]).await;
+    let bare_ids = db.insert_tasks(bare, vec![doc! {}.into()]).await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&[ids[0], bare_ids[0]], Duration::from_secs(30))
+        .await;
+    let out = db.task(ids[0]).await;
+    let seen: Value =
+        serde_json::from_str(out.get_str("stdout").unwrap_or("")).expect("JSON config");
+    assert_eq!(seen, json!({"a": 1, "nested": {"b": "x"}}));
+    assert_eq!(
+        db.task(bare_ids[0]).await.get_str("stdout").ok(),
+        Some(""),
+        "no config, no variable"
+    );
+    drop(den);
+    db.drop().await;
+}

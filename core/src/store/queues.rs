@@ -138,6 +138,10 @@ fn spec_fields(d: &Document) -> Result<SpecFields, String> {
             Some(Bson::Double(f)) if f.is_finite() => Some(*f),
             Some(other) => return Err(format!("min_gb must be a number, found {other}")),
         },
+        config_json: match d.get(queue::CONFIG) {
+            None | Some(Bson::Null) => None,
+            Some(c) => Some(c.clone().into_relaxed_extjson().to_string()),
+        },
     })
 }
 

@@ -85,6 +85,8 @@ pub mod queue {
     pub const NEXT_CONTINUOUS: &str = "next_continuous";
     pub const RUNTIME: &str = "runtime";
     pub const MIN_GB: &str = "min_gb";
+    /// Handed to the plugin as JSON (`DISBATCH_QUEUE_CONFIG`).
+    pub const CONFIG: &str = "config";
 }
 
 pub mod node {
