@@ -147,6 +147,11 @@ pub enum Command {
     Nodes,
     /// Task counts per queue in Coordinate's states (available, delayed, pending, finished, failed)
     Summary,
+    /// Coordinate work specs: `spec load FILE` creates or redefines their queues.
+    Spec {
+        #[command(subcommand)]
+        action: SpecAction,
+    },
     /// Set or clear a node's maxthreads.
     SetMaxthreads {
         /// Node name or id.
@@ -279,4 +284,17 @@ mod tests {
         assert!(args.json);
         assert_eq!(args.url, "http://x:1");
     }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SpecAction {
+    /// Load work specs (YAML or JSON: one spec, a list, several documents, or a `flows:` map).
+    /// Reloading a spec resets the queue fields it no longer sets, as Coordinate does.
+    Load {
+        /// The spec file, or - for stdin.
+        file: String,
+        /// Plugin for specs that do not name one.
+        #[arg(long)]
+        plugin: Option<String>,
+    },
 }

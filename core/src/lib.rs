@@ -17,6 +17,7 @@ pub mod queue_balance;
 pub mod scheduler;
 pub mod store;
 pub mod utf8;
+pub mod work_spec;
 
 pub use error::{Error, Result};
 

@@ -2,6 +2,7 @@
 
 mod nodes;
 mod queues;
+mod specs;
 mod task_ops;
 mod tasks;
 
@@ -12,7 +13,7 @@ use std::io::Write;
 
 use serde_json::Value;
 
-use crate::args::Command;
+use crate::args::{Command, SpecAction};
 use crate::client::{Client, Reply};
 
 /// What every command needs: the server and the output mode.
@@ -124,6 +125,9 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         }
         Command::Nodes => nodes::list(ctx, out).await,
         Command::Summary => queues::summary(ctx, out).await,
+        Command::Spec {
+            action: SpecAction::Load { file, plugin },
+        } => specs::load(ctx, out, &file, plugin.as_deref()).await,
         Command::SetMaxthreads { node, maxthreads } => {
             nodes::set_maxthreads(ctx, &node, maxthreads.0, out).await
         }

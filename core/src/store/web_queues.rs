@@ -140,3 +140,24 @@ impl Store {
             .collect())
     }
 }
+
+impl Store {
+    /// Creates or redefines the queue of a work spec by name; true when it was created.
+    pub async fn upsert_spec_queue(&self, load: &crate::work_spec::SpecLoad) -> Result<bool> {
+        let mut update = doc! {"$set": load.set.clone()};
+        if !load.unset.is_empty() {
+            let unset: Document = load
+                .unset
+                .iter()
+                .map(|f| (f.to_string(), Bson::String(String::new())))
+                .collect();
+            update.insert("$unset", unset);
+        }
+        self.collection(QUEUES)
+            .update_one(doc! {queue::NAME: &load.name}, update)
+            .upsert(true)
+            .await
+            .map(|r| r.upserted_id.is_some())
+            .map_err(|e| Error::mongo(format!("loading work spec {}", load.name), e))
+    }
+}

@@ -7,6 +7,7 @@ mod monitoring;
 mod nodes;
 pub mod openapi;
 mod queues;
+mod specs;
 mod summary;
 mod task_one;
 mod tasks_create;
@@ -63,6 +64,11 @@ pub fn table() -> Vec<Route> {
             "Queues with queued, running and completed counts",
         ),
         route(Method::POST, "/queues", "Create a queue"),
+        route(
+            Method::POST,
+            "/specs",
+            "Load Coordinate work specs into queues",
+        ),
         route(
             Method::GET,
             "/summary",
@@ -182,6 +188,7 @@ fn handler(method: &Method, path: &str) -> Option<MethodRouter<AppState>> {
         ("GET", "/plugins") => get(info::plugins),
         ("GET", "/queues") => get(queues::list),
         ("POST", "/queues") => post(queues::create),
+        ("POST", "/specs") => post(specs::load),
         ("GET", "/summary") => get(summary::get),
         ("POST", "/queues/{queue}/units") => post(units::add),
         ("GET", "/queues/{queue}") => get(queues::get),

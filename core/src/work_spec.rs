@@ -1,0 +1,208 @@
+//! Coordinate work-spec definitions as queue documents: the magic keys mapped onto queue
+//! fields, and the fields a reload resets when the definition no longer sets them.
+
+use bson::{doc, Bson, Document};
+use serde_json::{Map, Value};
+
+use crate::store::schema::queue;
+
+/// The cap a spec gets without `max_running`: Coordinate's "unlimited" would be a queue with
+/// `threads` missing, which Disbatch reads as paused. Node `maxthreads` still applies.
+pub const DEFAULT_SPEC_THREADS: i64 = 100;
+
+/// What loading one spec writes to its queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecLoad {
+    pub name: String,
+    pub set: Document,
+    /// Fields to remove: the spec no longer sets them, so they return to their defaults.
+    pub unset: Vec<&'static str>,
+}
+
+/// Maps a definition (`name` plus magic keys) to queue fields. `default_plugin` applies when
+/// the spec names none. The whole definition is kept as the queue's `config`.
+pub fn spec_load(
+    spec: &Map<String, Value>,
+    default_plugin: Option<&str>,
+) -> Result<SpecLoad, String> {
+    let name = match spec.get("name") {
+        Some(Value::String(n)) if !n.is_empty() && n.len() <= 200 => n.clone(),
+        _ => return Err("name must be a non-empty string of at most 200 bytes".into()),
+    };
+    let plugin = match spec.get("plugin") {
+        Some(Value::String(p)) if !p.is_empty() => p.clone(),
+        None => default_plugin
+            .ok_or("no plugin: set `plugin` in the spec or pass a default")?
+            .to_string(),
+        _ => return Err("plugin must be a string".into()),
+    };
+    let int = |k: &str| -> Result<Option<i64>, String> {
+        match spec.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|f| f.is_finite())
+                .map(|f| Some(f.trunc() as i64))
+                .ok_or(format!("{k} must be a number")),
+        }
+    };
+    let flag = |k: &str| -> Result<Option<bool>, String> {
+        match spec.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(format!("{k} must be true or false")),
+        }
+    };
+    let text = |k: &str| -> Result<Option<String>, String> {
+        match spec.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(format!("{k} must be a string")),
+        }
+    };
+    let mut set = doc! {queue::NAME: &name, queue::PLUGIN: &plugin};
+    let mut unset = vec![queue::NEXT_CONTINUOUS, queue::NICE, queue::PAUSED_THREADS];
+    let mut put =
+        |field: &'static str, value: Option<Bson>, unset: &mut Vec<&'static str>| match value {
+            Some(v) => {
+                set.insert(field, v);
+            }
+            None => unset.push(field),
+        };
+    // Weight comes from `weight`, else 20 − nice, clamped to at least 1 (Coordinate's rule).
+    let weight = match (int("weight")?, int("nice")?) {
+        (Some(w), _) => Some(w.max(1)),
+        (None, Some(n)) => Some((20 - n).max(1)),
+        (None, None) => None,
+    };
+    put(
+        queue::PRIORITY,
+        int("priority")?.map(Bson::Int64),
+        &mut unset,
+    );
+    put(queue::WEIGHT, weight.map(Bson::Int64), &mut unset);
+    put(
+        queue::DISABLED,
+        flag("disabled")?.map(Bson::Boolean),
+        &mut unset,
+    );
+    put(
+        queue::CONTINUOUS,
+        flag("continuous")?.map(Bson::Boolean),
+        &mut unset,
+    );
+    put(
+        queue::INTERVAL,
+        int("interval")?.filter(|i| *i > 0).map(Bson::Int64),
+        &mut unset,
+    );
+    put(
+        queue::MIN_GB,
+        spec.get("min_gb").and_then(Value::as_f64).map(Bson::Double),
+        &mut unset,
+    );
+    put(
+        queue::MAX_GETWORK,
+        int("max_getwork")?.filter(|n| *n > 0).map(Bson::Int64),
+        &mut unset,
+    );
+    put(
+        queue::MAX_RETRIES,
+        int("max_retries")?.filter(|n| *n > 0).map(Bson::Int64),
+        &mut unset,
+    );
+    put(
+        queue::THEN,
+        text("then")?.filter(|t| !t.is_empty()).map(Bson::String),
+        &mut unset,
+    );
+    put(
+        queue::RUNTIME,
+        text("runtime")?.filter(|t| !t.is_empty()).map(Bson::String),
+        &mut unset,
+    );
+    let max_running = int("max_running")?.filter(|n| *n > 0);
+    put(queue::MAX_RUNNING, max_running.map(Bson::Int64), &mut unset);
+    let threads = int("threads")?
+        .or(max_running)
+        .unwrap_or(DEFAULT_SPEC_THREADS);
+    set.insert(queue::THREADS, threads.max(0));
+    // Coordinate picks units by priority, then name.
+    set.insert(
+        queue::SORT,
+        text("sort")?.unwrap_or_else(|| "priority".into()),
+    );
+    let config = Bson::try_from(Value::Object(spec.clone()))
+        .map_err(|e| format!("spec is not storable: {e}"))?;
+    set.insert(queue::CONFIG, config);
+    Ok(SpecLoad { name, set, unset })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn load(v: Value) -> Result<SpecLoad, String> {
+        spec_load(v.as_object().expect("object"), Some("echo"))
+    }
+
+    #[test]
+    fn magic_keys_map_onto_queue_fields() {
+        let l = load(json!({"name": "a", "priority": 3, "nice": 5, "max_running": 4, "max_getwork": 2,
+                            "continuous": true, "interval": 60.9, "then": "b", "max_retries": 3, "runtime": "go"}))
+        .expect("ok");
+        assert_eq!(l.set.get_str("plugin").ok(), Some("echo"));
+        assert_eq!(l.set.get_i64("weight").ok(), Some(15));
+        assert_eq!(l.set.get_i64("threads").ok(), Some(4));
+        assert_eq!(l.set.get_i64("interval").ok(), Some(60));
+        assert_eq!(l.set.get_str("sort").ok(), Some("priority"));
+        assert_eq!(
+            l.set
+                .get_document("config")
+                .ok()
+                .and_then(|c| c.get_str("then").ok()),
+            Some("b")
+        );
+        assert!(
+            l.unset.contains(&"next_continuous"),
+            "a reload resets the continuous clock"
+        );
+        assert!(!l.unset.contains(&"priority"));
+    }
+
+    #[test]
+    fn absent_keys_are_reset_and_weight_is_clamped() {
+        let l = load(json!({"name": "a", "nice": 100})).expect("ok");
+        assert_eq!(l.set.get_i64("weight").ok(), Some(1));
+        assert_eq!(l.set.get_i64("threads").ok(), Some(DEFAULT_SPEC_THREADS));
+        for field in [
+            "priority",
+            "disabled",
+            "continuous",
+            "then",
+            "max_retries",
+            "max_getwork",
+        ] {
+            assert!(l.unset.contains(&field), "{field} resets");
+        }
+    }
+
+    #[test]
+    fn bad_definitions_are_refused_with_the_key() {
+        assert!(load(json!({"priority": 1}))
+            .expect_err("no name")
+            .contains("name"));
+        assert!(load(json!({"name": "a", "priority": "high"}))
+            .expect_err("bad")
+            .contains("priority"));
+        assert!(load(json!({"name": "a", "disabled": "yes"}))
+            .expect_err("bad")
+            .contains("disabled"));
+        assert!(
+            spec_load(json!({"name": "a"}).as_object().expect("o"), None)
+                .expect_err("plugin")
+                .contains("plugin")
+        );
+    }
+}
