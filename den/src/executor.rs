@@ -1,9 +1,9 @@
 //! The executor: starts one task runner per claimed task, in its own session, and watches it.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bson::oid::ObjectId;
 use tokio::process::Command;
@@ -15,7 +15,8 @@ pub struct Executor {
     runner: PathBuf,
     config: PathBuf,
     node: String,
-    live: Arc<AtomicU32>,
+    /// Runners started by this process and still alive: task → pid.
+    live: Arc<Mutex<HashMap<ObjectId, u32>>>,
     runner_exited: Arc<Notify>,
 }
 
@@ -25,14 +26,22 @@ impl Executor {
             runner,
             config,
             node,
-            live: Arc::new(AtomicU32::new(0)),
+            live: Arc::new(Mutex::new(HashMap::new())),
             runner_exited: Arc::new(Notify::new()),
         }
     }
 
     /// Runners started by this process that have not exited yet.
     pub fn live_runners(&self) -> u32 {
-        self.live.load(Ordering::Relaxed)
+        self.live.lock().map_or(0, |l| l.len() as u32)
+    }
+
+    /// The live runners (task, pid), reported on the node document as its child workers.
+    pub fn runners(&self) -> Vec<(ObjectId, u32)> {
+        self.live
+            .lock()
+            .map(|l| l.iter().map(|(t, p)| (*t, *p)).collect())
+            .unwrap_or_default()
     }
 
     /// Resolves when a runner exits (or already has since the last call).
@@ -61,7 +70,9 @@ impl Executor {
             });
         }
         let mut child = cmd.spawn()?;
-        self.live.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut live) = self.live.lock() {
+            live.insert(task, child.id().unwrap_or(0));
+        }
         let live = self.live.clone();
         let exited = self.runner_exited.clone();
         let pid = child.id();
@@ -77,7 +88,9 @@ impl Executor {
                     tracing::warn!(task = %task, ?pid, error = %e, "could not wait for task runner")
                 }
             }
-            live.fetch_sub(1, Ordering::Relaxed);
+            if let Ok(mut live) = live.lock() {
+                live.remove(&task);
+            }
             exited.notify_one();
         });
         tracing::info!(task = %task, ?pid, "started task runner");

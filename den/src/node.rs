@@ -63,6 +63,7 @@ impl Node {
     }
 
     async fn run_pass(&mut self, on_node: u32) -> Result<u32> {
+        let runners = self.executor.runners();
         let limit = self
             .store
             .heartbeat(&Heartbeat {
@@ -71,6 +72,7 @@ impl Node {
                 version: disbatch_core::VERSION,
                 running: on_node,
                 runtimes: self.runtimes.as_deref(),
+                runners: &runners,
             })
             .await?;
         reap_orphaned_tasks(&self.store, &self.name).await?;

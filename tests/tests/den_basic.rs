@@ -163,3 +163,55 @@ async fn unrunnable_tasks_fail_clearly_and_other_queues_keep_running() {
     assert_eq!(den.stop(), Some(0));
     db.drop().await;
 }
+
+#[tokio::test]
+async fn the_node_document_lists_its_live_runners() {
+    let db = TestDb::new("runners").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 1).await;
+    let id = db
+        .insert_tasks(queue, vec![doc! {"sleep_ms": 1500}.into()])
+        .await[0];
+    let den = Den::start(&config, "n1");
+    disbatch_tests::wait_for(
+        "the runner on the node document",
+        Duration::from_secs(20),
+        || async {
+            let node = node_or_empty(&db, "n1").await;
+            node.get_array("runners").is_ok_and(|r| {
+                r.iter().any(|x| {
+                    x.as_document().is_some_and(|d| {
+                        d.get_object_id("task").ok() == Some(id)
+                            && d.get_i64("pid").is_ok_and(|p| p > 0)
+                    })
+                })
+            })
+        },
+    )
+    .await;
+    db.wait_complete(&[id], Duration::from_secs(20)).await;
+    disbatch_tests::wait_for(
+        "the runner to leave the list",
+        Duration::from_secs(20),
+        || async {
+            node_or_empty(&db, "n1")
+                .await
+                .get_array("runners")
+                .is_ok_and(|r| r.is_empty())
+        },
+    )
+    .await;
+    drop(den);
+    db.drop().await;
+}
+
+/// The node document, or an empty one before the node's first heartbeat.
+async fn node_or_empty(db: &TestDb, name: &str) -> bson::Document {
+    let nodes = db.db.collection::<bson::Document>("nodes");
+    nodes
+        .find_one(doc! {"node": name})
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}

@@ -17,6 +17,8 @@ pub struct Heartbeat<'a> {
     pub running: u32,
     /// The runtimes this node serves, when limited.
     pub runtimes: Option<&'a [String]>,
+    /// This DEN's live task runners (task, pid): its child workers.
+    pub runners: &'a [(bson::oid::ObjectId, u32)],
 }
 
 /// The node's own cap (`maxthreads`) as ops set it.
@@ -42,6 +44,7 @@ impl Store {
                     node::VERSION: beat.version,
                     node::RUNNING: beat.running as i64,
                     node::RUNTIMES: beat.runtimes.map_or(bson::Bson::Null, |r| r.into()),
+                    node::RUNNERS: beat.runners.iter().map(|(task, pid)| doc! {"task": task, "pid": *pid as i64}).collect::<Vec<_>>(),
                 }},
             )
             .upsert(true)

@@ -98,6 +98,8 @@ pub mod node {
     pub const VERSION: &str = "version";
     pub const RUNNING: &str = "running";
     pub const RUNTIMES: &str = "runtimes";
+    /// Ours: live task runners `[{task, pid}]`, the node's child workers.
+    pub const RUNNERS: &str = "runners";
 }
 
 pub mod file {
