@@ -33,6 +33,9 @@ pub struct Args {
     /// File holding a Bearer token (DISBATCH_TOKEN is used when neither this nor --username is given).
     #[arg(long, value_name = "PATH", global = true)]
     pub token_file: Option<PathBuf>,
+    /// Namespace (database) to work in, when the server allows more than its own.
+    #[arg(long, env = "DISBATCH_NAMESPACE", global = true)]
+    pub namespace: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }

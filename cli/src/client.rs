@@ -50,13 +50,19 @@ impl fmt::Display for HttpError {
 impl std::error::Error for HttpError {}
 
 impl Client {
-    pub fn new(base_url: &str, auth: Auth) -> anyhow::Result<Self> {
+    pub fn new(base_url: &str, auth: Auth, namespace: Option<&str>) -> anyhow::Result<Self> {
         // The given text is not echoed: it may hold user:password@.
         let base = Url::parse(base_url).context("invalid --url")?;
         if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
             bail!("invalid --url: expected http://HOST[:PORT] or https://…");
         }
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(ns) = namespace {
+            let value = HeaderValue::from_str(ns).context("invalid --namespace")?;
+            headers.insert("x-disbatch-namespace", value);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .user_agent(concat!("disbatch-cli/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
             .build()

@@ -2,6 +2,7 @@
 
 pub mod envelope;
 pub mod error;
+pub mod namespace;
 pub mod params;
 pub mod render;
 pub mod request;

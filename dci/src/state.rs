@@ -18,6 +18,14 @@ impl AppState {
         AppState(Arc::new(Inner { store, config }))
     }
 
+    /// The same state on another database of the server (a request's namespace).
+    pub fn in_namespace(&self, database: &str) -> Self {
+        AppState(Arc::new(Inner {
+            store: self.0.store.with_database(database),
+            config: self.0.config.clone(),
+        }))
+    }
+
     /// True when the legacy 4.0 task routes are loaded (`web_extensions` names them).
     pub fn legacy_routes(&self) -> bool {
         self.0

@@ -94,6 +94,8 @@ pub struct WebSettings {
     pub live_window: Duration,
     /// Disbatch returned `{}` for a search with no match; `[]` unless this is set.
     pub empty_tasks_object: bool,
+    /// Databases besides `database` that requests may name as their namespace.
+    pub namespaces: Vec<String>,
 }
 
 impl WebSettings {

@@ -77,6 +77,8 @@ struct RawWeb {
     live_window_ms: Option<u64>,
     #[serde(default)]
     empty_tasks_object: bool,
+    #[serde(default)]
+    namespaces: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -182,7 +184,12 @@ impl RawConfig {
             max_body_bytes: web.max_body_bytes.unwrap_or(WebSettings::DEFAULT_MAX_BODY),
             live_window: Duration::from_millis(web.live_window_ms.unwrap_or(15_000)),
             empty_tasks_object: web.empty_tasks_object,
+            namespaces: web.namespaces,
         };
+        for ns in &web.namespaces {
+            validate_database_name(ns)
+                .map_err(|e| e.replace("key `database`", "key `web.namespaces`"))?;
+        }
         if web.max_body_bytes < 1024 {
             return Err("key `web.max_body_bytes`: must be at least 1024".into());
         }

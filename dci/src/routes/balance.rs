@@ -1,17 +1,16 @@
 //! `/balance`: the QueueBalance document, read and validated writes (Disbatch's rules).
 
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use disbatch_core::balance::validate_balance;
 use serde_json::{json, Value};
 
 use crate::error::ApiResult;
+use crate::namespace::Ns;
 use crate::params::Params;
 use crate::render::{self, json_response, Dates};
-use crate::state::AppState;
 
-pub async fn get(State(state): State<AppState>) -> ApiResult<Response> {
+pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     let (doc, names) =
         futures::try_join!(state.store.balance_document(), state.store.queue_names())?;
     let b = &state.config.balance;
@@ -33,7 +32,7 @@ pub async fn get(State(state): State<AppState>) -> ApiResult<Response> {
     Ok(json_response(&out, true))
 }
 
-pub async fn set(State(state): State<AppState>, p: Params) -> ApiResult<Response> {
+pub async fn set(Ns(state): Ns, p: Params) -> ApiResult<Response> {
     let body = p.body.unwrap_or(Value::Object(p.fields));
     let names = state.store.queue_names().await?;
     match validate_balance(

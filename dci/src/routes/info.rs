@@ -2,16 +2,15 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::State;
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::table;
 use crate::error::ApiResult;
+use crate::namespace::Ns;
 use crate::render::json_response;
-use crate::state::AppState;
 
-pub async fn info(State(state): State<AppState>) -> ApiResult<Response> {
+pub async fn info(Ns(state): Ns) -> ApiResult<Response> {
     let legacy = state.legacy_routes();
     let mut routes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in table().into_iter().filter(|r| legacy || !r.legacy) {
@@ -28,7 +27,7 @@ pub async fn info(State(state): State<AppState>) -> ApiResult<Response> {
     ))
 }
 
-pub async fn plugins(State(state): State<AppState>) -> ApiResult<Response> {
+pub async fn plugins(Ns(state): Ns) -> ApiResult<Response> {
     let names: Vec<Value> = state
         .config
         .plugins

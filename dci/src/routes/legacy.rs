@@ -1,6 +1,6 @@
 //! Disbatch 4.0's task routes (`Disbatch::Web::Tasks`), loaded only when `web_extensions` names them.
 
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::response::Response;
 use bson::{Bson, Document};
 use serde_json::{json, Map, Value};
@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value};
 use super::tasks_create::{create_from, resolve_queue};
 use super::tasks_search::task_json;
 use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
 use crate::params::Options;
 use crate::params::Params;
 use crate::render::json_response;
@@ -24,7 +25,7 @@ fn enabled(state: &AppState) -> ApiResult<()> {
 }
 
 /// `POST /tasks/search {filter, options, count, terse, pretty}`: an arbitrary-filter search.
-pub async fn search(State(state): State<AppState>, params: Params) -> ApiResult<Response> {
+pub async fn search(Ns(state): Ns, params: Params) -> ApiResult<Response> {
     enabled(&state)?;
     let p = params.fields;
     let (filter, options) = match (p.get("filter"), p.get("options")) {
@@ -121,7 +122,7 @@ fn check_oids(v: &Value) -> ApiResult<()> {
 
 /// `POST /tasks/:queue` with a JSON array of params.
 pub async fn create_in_queue(
-    State(state): State<AppState>,
+    Ns(state): Ns,
     Path(queue): Path<String>,
     p: Params,
 ) -> ApiResult<Response> {
@@ -135,7 +136,7 @@ pub async fn create_in_queue(
 
 /// `POST /tasks/:queue/:collection` with `{filter, params}`.
 pub async fn create_from_collection(
-    State(state): State<AppState>,
+    Ns(state): Ns,
     Path((queue, collection)): Path<(String, String)>,
     params: Params,
 ) -> ApiResult<Response> {

@@ -1,17 +1,16 @@
 //! `GET /monitoring`: Nagios-style checks of node heartbeats and QueueBalance (always 200).
 
-use axum::extract::State;
 use axum::response::Response;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiResult;
+use crate::namespace::Ns;
 use crate::render::json_response;
-use crate::state::AppState;
 
 /// Disbatch's freshness window for both checks.
 const FRESH_SECS: i64 = 60;
 
-pub async fn get(State(state): State<AppState>) -> ApiResult<Response> {
+pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     if !state.config.monitoring {
         let off = json!({"status": "OK", "message": "monitoring disabled"});
         return Ok(json_response(

@@ -1,12 +1,13 @@
 //! `/nodes`: node documents with live running counts, and ops' `maxthreads`.
 
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::response::Response;
 use bson::{Bson, Document};
 use serde_json::{json, Value};
 
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
 use crate::params::Params;
 use crate::render::{self, json_response, Dates};
 use crate::state::AppState;
@@ -33,7 +34,7 @@ fn node_json(d: &Document, running: u64, live_window_ms: i64) -> Value {
     v
 }
 
-pub async fn list(State(state): State<AppState>) -> ApiResult<Response> {
+pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
     let (nodes, running) =
         futures::try_join!(state.store.list_nodes(), state.store.running_per_node())?;
     let window = state.config.web.live_window.as_millis() as i64;
@@ -55,7 +56,7 @@ async fn find(state: &AppState, ident: &str) -> ApiResult<Document> {
         .ok_or_else(|| ApiError::not_found(format!("no node {ident}")))
 }
 
-pub async fn get(State(state): State<AppState>, Path(ident): Path<String>) -> ApiResult<Response> {
+pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let d = find(&state, &ident).await?;
     let name = d.get_str("node").unwrap_or_default().to_string();
     let running = state.store.running_per_node().await?;
@@ -67,7 +68,7 @@ pub async fn get(State(state): State<AppState>, Path(ident): Path<String>) -> Ap
 }
 
 pub async fn set_maxthreads(
-    State(state): State<AppState>,
+    Ns(state): Ns,
     Path(ident): Path<String>,
     params: Params,
 ) -> ApiResult<Response> {

@@ -1,15 +1,14 @@
 //! `GET /openapi.json`: an OpenAPI 3.0 document generated from the route table.
 
-use axum::extract::State;
 use axum::response::Response;
 use serde_json::{json, Map, Value};
 
 use super::table;
 use crate::error::ApiResult;
+use crate::namespace::Ns;
 use crate::render::json_response;
-use crate::state::AppState;
 
-pub async fn document(State(state): State<AppState>) -> ApiResult<Response> {
+pub async fn document(Ns(state): Ns) -> ApiResult<Response> {
     Ok(json_response(&openapi(state.legacy_routes()), false))
 }
 

@@ -1,6 +1,6 @@
 //! `/queues`: queue documents with Disbatch's counts; create, update, delete.
 
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use super::nodes::non_negative;
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
 use crate::params::Params;
 use crate::render::{self, json_response, Dates};
 use crate::state::AppState;
@@ -40,7 +41,7 @@ async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
     }))
 }
 
-pub async fn list(State(state): State<AppState>) -> ApiResult<Response> {
+pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
     let docs = state.store.queue_documents().await?;
     let rows = futures::future::try_join_all(
         docs.iter()
@@ -66,7 +67,7 @@ pub async fn find_id(state: &AppState, ident: &str) -> ApiResult<ObjectId> {
         .map_err(|_| ApiError::bad_request(format!("queue {ident} has no ObjectId _id")))
 }
 
-pub async fn get(State(state): State<AppState>, Path(ident): Path<String>) -> ApiResult<Response> {
+pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let d = find(&state, &ident).await?;
     Ok(json_response(&queue_json(&state, &d).await?, false))
 }
@@ -90,7 +91,7 @@ fn sort_value(v: &Value) -> ApiResult<Bson> {
     }
 }
 
-pub async fn create(State(state): State<AppState>, params: Params) -> ApiResult<Response> {
+pub async fn create(Ns(state): Ns, params: Params) -> ApiResult<Response> {
     let p = params.fields;
     let (id, _) = create_queue(&state, &p).await?;
     let mut out = envelope::insert_one(id);
@@ -137,7 +138,7 @@ pub async fn create_queue(
 }
 
 pub async fn update(
-    State(state): State<AppState>,
+    Ns(state): Ns,
     Path(ident): Path<String>,
     params: Params,
 ) -> ApiResult<Response> {
@@ -177,20 +178,14 @@ pub async fn update(
     Ok(json_response(&envelope::update(&counts), false))
 }
 
-pub async fn delete(
-    State(state): State<AppState>,
-    Path(ident): Path<String>,
-) -> ApiResult<Response> {
+pub async fn delete(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = find_id(&state, &ident).await?;
     let counts = state.store.delete_queue(id).await?;
     Ok(json_response(&envelope::delete(&counts), false))
 }
 
 /// `POST /queues/:queue/pause`: threads to 0, remembering the old value for resume.
-pub async fn pause(
-    State(state): State<AppState>,
-    Path(ident): Path<String>,
-) -> ApiResult<Response> {
+pub async fn pause(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = find_id(&state, &ident).await?;
     if !state.store.pause_queue(id).await? {
         return Err(ApiError::conflict(format!(
@@ -206,10 +201,7 @@ pub async fn pause(
 }
 
 /// `POST /queues/:queue/resume`: restores the threads a pause set aside.
-pub async fn resume(
-    State(state): State<AppState>,
-    Path(ident): Path<String>,
-) -> ApiResult<Response> {
+pub async fn resume(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = find_id(&state, &ident).await?;
     if !state.store.resume_queue(id).await? {
         return Err(ApiError::conflict(format!("queue {ident} is not paused")));
@@ -224,7 +216,7 @@ pub async fn resume(
 
 /// `POST /queues/:queue/retry {"status": [codes]}`: requeue a queue's failed/orphaned tasks.
 pub async fn retry(
-    State(state): State<AppState>,
+    Ns(state): Ns,
     Path(ident): Path<String>,
     params: Params,
 ) -> ApiResult<Response> {

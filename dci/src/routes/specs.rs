@@ -1,16 +1,15 @@
 //! `POST /specs`: load Coordinate work specs into queues (create, or redefine and reset).
 
-use axum::extract::State;
 use axum::response::Response;
 use disbatch_core::work_spec::spec_load;
 use serde_json::{json, Value};
 
 use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
 use crate::params::Params;
 use crate::render::json_response;
-use crate::state::AppState;
 
-pub async fn load(State(state): State<AppState>, p: Params) -> ApiResult<Response> {
+pub async fn load(Ns(state): Ns, p: Params) -> ApiResult<Response> {
     let default_plugin = match p.fields.get("plugin") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.as_str()),

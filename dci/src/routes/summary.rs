@@ -1,14 +1,13 @@
 //! `GET /summary`: every queue's tasks counted in Coordinate's unit states.
 
-use axum::extract::State;
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use crate::error::ApiResult;
+use crate::namespace::Ns;
 use crate::render::json_response;
-use crate::state::AppState;
 
-pub async fn get(State(state): State<AppState>) -> ApiResult<Response> {
+pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     let (queues, counts) =
         futures::try_join!(state.store.queue_documents(), state.store.summary())?;
     let rows: Vec<Value> = queues

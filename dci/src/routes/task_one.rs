@@ -1,7 +1,7 @@
 //! One task: `GET /tasks/:id` (JSON or HTML), its output streams, cancel, retry and delete.
 
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, RawQuery};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use bson::Bson;
@@ -10,15 +10,11 @@ use futures::StreamExt;
 
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
 use crate::render::{self, json_response, Dates};
 use crate::request::{object_id, wants_html};
-use crate::state::AppState;
 
-pub async fn get(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
+pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
     let html = wants_html(&headers);
     let oid = object_id("task", &id)?;
     let Some(task) = state.store.get_task(oid).await? else {
@@ -51,7 +47,7 @@ fn escape(s: &str) -> String {
 }
 
 pub async fn stdout(
-    state: State<AppState>,
+    state: Ns,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
@@ -59,7 +55,7 @@ pub async fn stdout(
 }
 
 pub async fn stderr(
-    state: State<AppState>,
+    state: Ns,
     Path(id): Path<String>,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
@@ -95,7 +91,7 @@ fn byte_range(query: Option<&str>) -> ApiResult<ByteRange> {
 /// A task's output, streamed whether inline or in GridFS, whole or a byte range; the whole
 /// size is in `X-Total-Length`.
 async fn output(
-    State(state): State<AppState>,
+    Ns(state): Ns,
     id: String,
     stream: &str,
     query: Option<String>,
@@ -197,17 +193,17 @@ fn control_result(
     }
 }
 
-pub async fn cancel(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+pub async fn cancel(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
     let outcome = state.store.cancel_task(object_id("task", &id)?).await?;
     control_result(&id, "cancelled", outcome, false)
 }
 
-pub async fn retry(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+pub async fn retry(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
     let outcome = state.store.retry_task(object_id("task", &id)?).await?;
     control_result(&id, "retried", outcome, false)
 }
 
-pub async fn delete(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+pub async fn delete(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
     let outcome = state.store.delete_task(object_id("task", &id)?).await?;
     control_result(&id, "deleted", outcome, true)
 }

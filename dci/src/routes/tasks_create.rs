@@ -1,6 +1,5 @@
 //! `POST /tasks`: one task, many, or one per document of another collection (Disbatch's shapes).
 
-use axum::extract::State;
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
@@ -9,6 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
 use crate::params::Params;
 use crate::render::json_response;
 use crate::state::AppState;
@@ -17,7 +17,7 @@ const NOT_ARRAY: &str = "'params' must be a JSON array of task params objects";
 const EMPTY_OBJECT: &str =
     "'params' must be a JSON array of task params objects with key/value pairs";
 
-pub async fn create(State(state): State<AppState>, p: Params) -> ApiResult<Response> {
+pub async fn create(Ns(state): Ns, p: Params) -> ApiResult<Response> {
     let fields = match p.body {
         // A bare array body is params for a queue given elsewhere; here there is none.
         Some(_) => return Err(ApiError::bad_request("invalid parameters passed")),

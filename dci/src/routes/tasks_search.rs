@@ -1,6 +1,5 @@
 //! `GET /tasks`: search and count by indexed prefixes, with Disbatch's dot options.
 
-use axum::extract::State;
 use axum::response::Response;
 use bson::{Bson, Document};
 use disbatch_core::store::QueryError;
@@ -8,12 +7,13 @@ use serde_json::{json, Value};
 
 use super::tasks_create::resolve_queue;
 use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
 use crate::params::Options;
 use crate::params::Params;
 use crate::render::{self, json_response, Dates};
 use crate::state::AppState;
 
-pub async fn search(State(state): State<AppState>, mut p: Params) -> ApiResult<Response> {
+pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
     // Disbatch only took queue ids here (a name gave a 500); names are resolved instead.
     if let Some(Value::String(q)) = p.fields.get("queue").cloned() {
         if !q.is_empty() && bson::oid::ObjectId::parse_str(&q).is_err() {

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::response::Response;
 use bson::{Bson, DateTime, Document};
 use disbatch_core::store::{OnConflict, Unit};
@@ -10,15 +10,11 @@ use serde_json::{json, Value};
 
 use super::queues::find_id;
 use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
 use crate::params::Params;
 use crate::render::json_response;
-use crate::state::AppState;
 
-pub async fn add(
-    State(state): State<AppState>,
-    Path(ident): Path<String>,
-    p: Params,
-) -> ApiResult<Response> {
+pub async fn add(Ns(state): Ns, Path(ident): Path<String>, p: Params) -> ApiResult<Response> {
     let on_conflict = match p.fields.get("on_conflict").and_then(Value::as_str) {
         None | Some("reject") => OnConflict::Reject,
         Some("update") => OnConflict::Update,
