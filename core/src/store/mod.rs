@@ -151,6 +151,16 @@ impl From<mongodb::results::DeleteResult> for WriteCounts {
     }
 }
 
+/// A count from an aggregation (`$sum` gives Int32, Int64 or Double); absent or negative is 0.
+pub(crate) fn count_value(value: Option<&bson::Bson>) -> u64 {
+    match value {
+        Some(bson::Bson::Int32(n)) => (*n).max(0) as u64,
+        Some(bson::Bson::Int64(n)) => (*n).max(0) as u64,
+        Some(bson::Bson::Double(d)) if d.is_finite() => d.max(0.0) as u64,
+        _ => 0,
+    }
+}
+
 /// E11000: the write would break a unique index.
 pub(crate) fn is_duplicate_key(err: &mongodb::error::Error) -> bool {
     use mongodb::error::{ErrorKind, WriteFailure};

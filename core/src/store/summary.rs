@@ -55,12 +55,7 @@ impl Store {
             let Ok(queue) = d.get_object_id("_id") else {
                 continue;
             };
-            let n = |k: &str| match d.get(k) {
-                Some(Bson::Int32(v)) => *v as u64,
-                Some(Bson::Int64(v)) => *v as u64,
-                Some(Bson::Double(v)) => *v as u64,
-                _ => 0,
-            };
+            let n = |k: &str| super::count_value(d.get(k));
             let c = StateCounts {
                 available: n("available"),
                 delayed: n("delayed"),

@@ -328,12 +328,7 @@ impl Store {
 }
 
 fn count_field(doc: &Document, key: &str) -> u32 {
-    match doc.get(key) {
-        Some(Bson::Int32(n)) => (*n).max(0) as u32,
-        Some(Bson::Int64(n)) => (*n).clamp(0, u32::MAX as i64) as u32,
-        Some(Bson::Double(d)) => d.max(0.0) as u32,
-        _ => 0,
-    }
+    super::count_value(doc.get(key)).min(u32::MAX as u64) as u32
 }
 
 fn slot_number(b: &Bson) -> Option<u32> {

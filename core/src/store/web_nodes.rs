@@ -46,12 +46,7 @@ impl Store {
             .map_err(|e| Error::mongo("counting running tasks per node", e))?
         {
             if let Ok(name) = d.get_str("_id") {
-                let n = match d.get("n") {
-                    Some(Bson::Int32(n)) => *n as u64,
-                    Some(Bson::Int64(n)) => *n as u64,
-                    _ => 0,
-                };
-                out.insert(name.to_string(), n);
+                out.insert(name.to_string(), super::count_value(d.get("n")));
             }
         }
         Ok(out)
