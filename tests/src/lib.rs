@@ -1,5 +1,6 @@
 //! Integration-test harness: a real MongoDB-wire server, one database per test, real binaries.
 
+pub mod api;
 mod browser;
 mod dci;
 mod den;
@@ -117,6 +118,14 @@ impl TestDb {
             .await
             .expect("find task")
             .expect("task exists")
+    }
+
+    /// `$set`s fields on a task, the way ops edit documents by hand.
+    pub async fn set_task(&self, id: ObjectId, fields: Document) {
+        self.tasks()
+            .update_one(doc! {"_id": id}, doc! {"$set": fields})
+            .await
+            .expect("update task");
     }
 
     /// A node's document, which the DEN upserts on every heartbeat.

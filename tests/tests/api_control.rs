@@ -4,33 +4,10 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::api::{delete_result, error, update_result};
 use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
 use reqwest::Method;
-use serde_json::{json, Value};
-
-fn update_result(matched: u64, modified: u64) -> Value {
-    json!({"MongoDB::UpdateResult": {
-        "acknowledged": 1, "matched_count": matched, "modified_count": modified,
-        "upserted_id": null, "write_errors": [], "write_concern_errors": [],
-    }})
-}
-
-fn delete_result(deleted: u64) -> Value {
-    json!({"MongoDB::DeleteResult": {
-        "acknowledged": 1, "deleted_count": deleted, "write_errors": [], "write_concern_errors": [],
-    }})
-}
-
-fn error(text: &str) -> Value {
-    json!({ "error": text })
-}
-
-async fn set(db: &TestDb, id: ObjectId, fields: Document) {
-    db.tasks()
-        .update_one(doc! {"_id": id}, doc! {"$set": fields})
-        .await
-        .expect("update task");
-}
+use serde_json::json;
 
 async fn status(db: &TestDb, id: ObjectId) -> i32 {
     db.task(id).await.get_i32("status").expect("status")
@@ -46,7 +23,7 @@ async fn tasks_with(db: &TestDb, statuses: &[i32]) -> Vec<ObjectId> {
         )
         .await;
     for (id, s) in ids.iter().zip(statuses) {
-        set(db, *id, doc! {"status": *s}).await;
+        db.set_task(*id, doc! {"status": *s}).await;
     }
     ids
 }
@@ -157,8 +134,7 @@ async fn finished_orphaned_cancelled_and_terminated_tasks_are_requeued() {
     let config = write_config(&db, "web.json", json!({}));
     let ids = tasks_with(&db, &[2, 1, -6, -5, -3, 3, -2, -4, 0, -1]).await;
     for id in &ids[..6] {
-        set(
-            &db,
+        db.set_task(
             *id,
             doc! {"node": "n1", "stdout": "out", "stderr": "err", "complete": true},
         )
@@ -344,7 +320,8 @@ async fn deleting_a_task_removes_it_and_its_output_files() {
     let ids = tasks_with(&db, &[1, 2, -2, -5, 0, -1]).await;
     let out = output_file(&db, ids[0], "stdout").await;
     let err = output_file(&db, ids[0], "stderr").await;
-    set(&db, ids[0], doc! {"stdout": out, "stderr": err}).await;
+    db.set_task(ids[0], doc! {"stdout": out, "stderr": err})
+        .await;
     output_file(&db, ids[1], "stdout").await;
     let dci = Dci::start(&config);
     let path = |id: ObjectId| format!("/tasks/{}", id.to_hex());

@@ -5,37 +5,12 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::api::{assert_sorted_keys, error};
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use reqwest::Method;
 use serde_json::{json, Value};
 
 const LEGACY: &str = "Disbatch::Web::Tasks";
-
-fn error(text: &str) -> Value {
-    json!({ "error": text })
-}
-
-fn assert_sorted_keys(v: &Value) {
-    // Only meaningful when parsing keeps the server's key order (serde_json `preserve_order`).
-    let probe: Value = serde_json::from_str(r#"{"b": 1, "a": 2}"#).expect("probe");
-    let first = probe.as_object().and_then(|m| m.keys().next().cloned());
-    assert_eq!(
-        first.as_deref(),
-        Some("b"),
-        "serde_json must keep key order"
-    );
-    match v {
-        Value::Object(m) => {
-            let keys: Vec<&String> = m.keys().collect();
-            let mut sorted = keys.clone();
-            sorted.sort();
-            assert_eq!(keys, sorted, "keys not sorted in {v}");
-            m.values().for_each(assert_sorted_keys);
-        }
-        Value::Array(items) => items.iter().for_each(assert_sorted_keys),
-        _ => {}
-    }
-}
 
 /// A request with a raw body: (status, content type, body as JSON, or as a string if not JSON).
 async fn raw(

@@ -4,43 +4,10 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::api::{assert_sorted_keys, error, update_result};
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use reqwest::Method;
 use serde_json::{json, Value};
-
-fn update_result(matched: u64, modified: u64) -> Value {
-    json!({"MongoDB::UpdateResult": {
-        "acknowledged": 1, "matched_count": matched, "modified_count": modified,
-        "upserted_id": null, "write_errors": [], "write_concern_errors": [],
-    }})
-}
-
-fn error(text: &str) -> Value {
-    json!({ "error": text })
-}
-
-/// Every object key at every depth is in sorted order (Disbatch encoded canonically).
-fn assert_sorted_keys(v: &Value) {
-    // Only meaningful when parsing keeps the server's key order (serde_json `preserve_order`).
-    let probe: Value = serde_json::from_str(r#"{"b": 1, "a": 2}"#).expect("probe");
-    let first = probe.as_object().and_then(|m| m.keys().next().cloned());
-    assert_eq!(
-        first.as_deref(),
-        Some("b"),
-        "serde_json must keep key order"
-    );
-    match v {
-        Value::Object(m) => {
-            let keys: Vec<&String> = m.keys().collect();
-            let mut sorted = keys.clone();
-            sorted.sort();
-            assert_eq!(keys, sorted, "keys not sorted in {v}");
-            m.values().for_each(assert_sorted_keys);
-        }
-        Value::Array(items) => items.iter().for_each(assert_sorted_keys),
-        _ => {}
-    }
-}
 
 /// A request with a raw body and content type, returning (status, JSON or text body).
 async fn raw(dci: &Dci, method: Method, path: &str, ct: &str, body: &str) -> (u16, Value) {
@@ -71,13 +38,6 @@ async fn insert_node(db: &TestDb, name: &str, age: Duration) -> ObjectId {
     id
 }
 
-async fn set_status(db: &TestDb, id: ObjectId, fields: Document) {
-    db.tasks()
-        .update_one(doc! {"_id": id}, doc! {"$set": fields})
-        .await
-        .expect("update task");
-}
-
 async fn queue_doc(db: &TestDb, name: &str) -> Option<Document> {
     db.db
         .collection::<Document>("queues")
@@ -103,9 +63,10 @@ async fn nodes_list_a_live_den_with_ids_millisecond_timestamps_and_running_count
             ],
         )
         .await;
-    set_status(&db, held[0], doc! {"status": 0, "node": "m0"}).await;
-    set_status(&db, held[1], doc! {"status": -1, "node": "m0"}).await;
-    set_status(&db, held[2], doc! {"status": 1, "node": "m0"}).await;
+    db.set_task(held[0], doc! {"status": 0, "node": "m0"}).await;
+    db.set_task(held[1], doc! {"status": -1, "node": "m0"})
+        .await;
+    db.set_task(held[2], doc! {"status": 1, "node": "m0"}).await;
 
     let den = Den::start(&config, "n1");
     let nodes = db.db.collection::<Document>("nodes");
@@ -300,7 +261,7 @@ async fn queues_list_counts_by_status_and_are_found_by_name_or_id() {
         )
         .await;
     for (id, s) in ids.iter().zip(statuses) {
-        set_status(&db, *id, doc! {"status": s}).await;
+        db.set_task(*id, doc! {"status": s}).await;
     }
     // A task of another queue is not counted for alpha.
     db.insert_tasks(beta, vec![doc! {"x": 1}.into()]).await;
@@ -645,15 +606,14 @@ async fn a_queue_retry_requeues_the_chosen_statuses() {
         )
         .await;
     for (id, s) in ids.iter().zip(statuses) {
-        set_status(
-            &db,
+        db.set_task(
             *id,
             doc! {"status": s, "node": "n1", "stdout": "out", "stderr": "err", "complete": s >= 1},
         )
         .await;
     }
     let foreign = db.insert_tasks(other, vec![doc! {"s": 2}.into()]).await[0];
-    set_status(&db, foreign, doc! {"status": 2}).await;
+    db.set_task(foreign, doc! {"status": 2}).await;
     let dci = Dci::start(&config);
     let status_of = |i: usize| {
         let db = &db;

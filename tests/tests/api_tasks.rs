@@ -5,6 +5,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::spec::BinarySubtype;
 use bson::{doc, Binary, Bson, DateTime, Document};
+use disbatch_tests::api::error;
 use disbatch_tests::{write_config, Dci, Den, TestDb};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -12,10 +13,6 @@ use serde_json::{json, Value};
 const NOT_ARRAY: &str = "'params' must be a JSON array of task params objects";
 const EMPTY_OBJECT: &str =
     "'params' must be a JSON array of task params objects with key/value pairs";
-
-fn error(text: &str) -> Value {
-    json!({ "error": text })
-}
 
 fn oid(id: ObjectId) -> Value {
     json!({"$oid": id.to_hex()})
@@ -79,13 +76,6 @@ async fn bytes(dci: &Dci, path: &str) -> (u16, String, Vec<u8>) {
         .unwrap_or_default()
         .to_string();
     (status, ct, r.bytes().await.expect("body").to_vec())
-}
-
-async fn set(db: &TestDb, id: ObjectId, fields: Document) {
-    db.tasks()
-        .update_one(doc! {"_id": id}, doc! {"$set": fields})
-        .await
-        .expect("update task");
 }
 
 /// A GridFS file in bucket `tasks` written by hand, chunks inserted in reverse order.
@@ -356,14 +346,12 @@ async fn fixture(db: &TestDb) -> Fixture {
     let ids = db
         .insert_tasks(queue, (0..6).map(|i| doc! {"i": i}.into()).collect())
         .await;
-    set(
-        db,
+    db.set_task(
         ids[1],
         doc! {"status": 1, "node": "n1", "stdout": "hello\n", "stderr": ""},
     )
     .await;
-    set(
-        db,
+    db.set_task(
         ids[2],
         doc! {"status": 2, "node": "n1", "stdout": "", "stderr": "boom"},
     )
@@ -375,14 +363,13 @@ async fn fixture(db: &TestDb) -> Fixture {
         vec![Bson::String("from ".into()), Bson::String("gridfs".into())],
     )
     .await;
-    set(
-        db,
+    db.set_task(
         ids[3],
         doc! {"status": 1, "node": "n2", "stdout": gridfs_out, "stderr": ""},
     )
     .await;
-    set(db, ids[4], doc! {"status": 0, "node": "n2"}).await;
-    set(db, ids[5], doc! {"stdout": ""}).await;
+    db.set_task(ids[4], doc! {"status": 0, "node": "n2"}).await;
+    db.set_task(ids[5], doc! {"stdout": ""}).await;
     Fixture {
         queue,
         empty_queue,
@@ -397,7 +384,7 @@ async fn searches_allow_only_indexed_prefixes_and_convert_values() {
     let config = write_config(&db, "web.json", json!({}));
     let other = db.insert_queue("other", "echo", 0).await;
     let foreign = db.insert_tasks(other, vec![doc! {"x": 1}.into()]).await[0];
-    set(&db, foreign, doc! {"status": 1, "node": "n1"}).await;
+    db.set_task(foreign, doc! {"status": 1, "node": "n1"}).await;
     let f = fixture(&db).await;
     let dci = Dci::start(&config);
     let q = f.queue.to_hex();
@@ -859,8 +846,7 @@ async fn output_streams_come_from_inline_text_and_gridfs_string_or_binary_chunks
             ],
         )
         .await;
-    set(
-        &db,
+    db.set_task(
         ids[0],
         doc! {"status": 1, "stdout": "line one\nline two\n", "stderr": "warn é\n"},
     )
@@ -882,8 +868,7 @@ async fn output_streams_come_from_inline_text_and_gridfs_string_or_binary_chunks
         ],
     )
     .await;
-    set(
-        &db,
+    db.set_task(
         ids[1],
         doc! {"status": 2, "stdout": bin_file, "stderr": text_file},
     )
