@@ -128,6 +128,18 @@ impl TestDb {
             .expect("update task");
     }
 
+    /// A node document whose last heartbeat was `age` ago, as a node that stopped would leave.
+    pub async fn insert_node(&self, name: &str, age: Duration) -> ObjectId {
+        let id = ObjectId::new();
+        let ts = DateTime::from_millis(DateTime::now().timestamp_millis() - age.as_millis() as i64);
+        self.db
+            .collection::<Document>("nodes")
+            .insert_one(doc! {"_id": id, "node": name, "timestamp": ts})
+            .await
+            .expect("insert node");
+        id
+    }
+
     /// A node's document, which the DEN upserts on every heartbeat.
     pub async fn node(&self, name: &str) -> Document {
         self.db

@@ -52,15 +52,6 @@ fn ids(body: &Value) -> Vec<ObjectId> {
         .collect()
 }
 
-async fn insert_node(db: &TestDb, name: &str, age: Duration) {
-    let ts = DateTime::from_millis(DateTime::now().timestamp_millis() - age.as_millis() as i64);
-    db.db
-        .collection::<Document>("nodes")
-        .insert_one(doc! {"node": name, "timestamp": ts})
-        .await
-        .expect("insert node");
-}
-
 #[tokio::test]
 async fn info_and_plugins_describe_this_server() {
     let db = TestDb::new("api_info").await;
@@ -269,7 +260,7 @@ async fn monitoring_reports_nodes_and_queuebalance() {
     let balance_off = json!({"status": "OK", "message": "queuebalance disabled"});
 
     // Off by default (and explicitly), whatever the state.
-    insert_node(&db, "old", Duration::from_secs(600)).await;
+    db.insert_node("old", Duration::from_secs(600)).await;
     for (file, extra) in [
         ("default.json", json!({})),
         (
@@ -302,7 +293,7 @@ async fn monitoring_reports_nodes_and_queuebalance() {
         )
     );
 
-    insert_node(&db, "old", Duration::from_secs(600)).await;
+    db.insert_node("old", Duration::from_secs(600)).await;
     let (status, body) = dci.get("/monitoring").await;
     assert_eq!(status, 200);
     assert_eq!(body["queuebalance"], balance_off);
@@ -867,7 +858,7 @@ async fn every_documented_route_exists_and_every_listed_route_is_documented() {
     let db = TestDb::new("api_openapi").await;
     let queue = db.insert_queue("q", "echo", 0).await;
     let task = db.insert_tasks(queue, vec![doc! {"a": 1}.into()]).await[0];
-    insert_node(&db, "n0", Duration::ZERO).await;
+    db.insert_node("n0", Duration::ZERO).await;
 
     for legacy in [false, true] {
         let extra = if legacy {

@@ -27,17 +27,6 @@ async fn raw(dci: &Dci, method: Method, path: &str, ct: &str, body: &str) -> (u1
     )
 }
 
-async fn insert_node(db: &TestDb, name: &str, age: Duration) -> ObjectId {
-    let id = ObjectId::new();
-    let ts = DateTime::from_millis(DateTime::now().timestamp_millis() - age.as_millis() as i64);
-    db.db
-        .collection::<Document>("nodes")
-        .insert_one(doc! {"_id": id, "node": name, "timestamp": ts})
-        .await
-        .expect("insert node");
-    id
-}
-
 async fn queue_doc(db: &TestDb, name: &str) -> Option<Document> {
     db.db
         .collection::<Document>("queues")
@@ -51,7 +40,7 @@ async fn nodes_list_a_live_den_with_ids_millisecond_timestamps_and_running_count
     let db = TestDb::new("api_nodes").await;
     let config = write_config(&db, "node.json", json!({}));
     // A node that stopped long ago, with two tasks it still holds; sorts before n1.
-    let stale = insert_node(&db, "m0", Duration::from_secs(600)).await;
+    let stale = db.insert_node("m0", Duration::from_secs(600)).await;
     let queue = db.insert_queue("paused", "echo", 0).await;
     let held = db
         .insert_tasks(
@@ -135,7 +124,7 @@ async fn nodes_list_a_live_den_with_ids_millisecond_timestamps_and_running_count
 #[tokio::test]
 async fn liveness_follows_the_configured_window() {
     let db = TestDb::new("api_nodes_live").await;
-    insert_node(&db, "slow", Duration::from_secs(20)).await;
+    db.insert_node("slow", Duration::from_secs(20)).await;
     let dci = Dci::start(&write_config(&db, "default.json", json!({})));
     let (status, node) = dci.get("/nodes/slow").await;
     assert_eq!(status, 200, "{node}");
@@ -156,7 +145,7 @@ async fn liveness_follows_the_configured_window() {
 async fn node_maxthreads_is_set_cleared_and_validated() {
     let db = TestDb::new("api_maxthreads").await;
     let config = write_config(&db, "web.json", json!({}));
-    let id = insert_node(&db, "n0", Duration::ZERO).await;
+    let id = db.insert_node("n0", Duration::ZERO).await;
     let dci = Dci::start(&config);
     let maxthreads = || async { db.node("n0").await.get("maxthreads").cloned() };
 
