@@ -36,6 +36,10 @@ pub struct Args {
     /// Namespace (database) to work in, when the server allows more than its own.
     #[arg(long, env = "DISBATCH_NAMESPACE", global = true)]
     pub namespace: Option<String>,
+    /// PEM file of the CA (or self-signed certificate) an https --url is signed by, when it
+    /// is not a public one.
+    #[arg(long, value_name = "FILE", env = "DISBATCH_CACERT", global = true)]
+    pub cacert: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -188,6 +192,29 @@ pub enum Command {
     Stdout { task_id: String },
     /// Stream a task's stderr.
     Stderr { task_id: String },
+    /// Create the MongoDB roles and users of the five components (talks to MongoDB, not the
+    /// DCI). The root password is read from stdin, without echo on a terminal.
+    CreateUsers {
+        /// Node config: `mongohost`, `database`, and `auth` with all five passwords.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// MongoDB user (auth database `admin`) allowed to create roles and users.
+        #[arg(long, alias = "root_user", value_name = "NAME")]
+        root_user: String,
+        /// `{collection: [actions]}` for the `plugin` role [default:
+        /// /etc/disbatch/plugin-permissions.json when it exists, else none].
+        #[arg(long, alias = "plugin_perms", value_name = "FILE")]
+        plugin_perms: Option<PathBuf>,
+        /// `{role: {collection: [actions]}}` added to the built-in roles.
+        #[arg(long, alias = "additional_perms", value_name = "FILE")]
+        additional_perms: Option<PathBuf>,
+        /// First create the root user in `admin` (works only while the server has no users).
+        #[arg(long, alias = "create_root")]
+        create_root: bool,
+        /// First drop the five roles and users (those that do not exist are skipped).
+        #[arg(long, alias = "drop_roles")]
+        drop_roles: bool,
+    },
     /// Print a shell completion script.
     Completions { shell: Shell },
 }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::io::Write;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
@@ -50,7 +51,13 @@ impl fmt::Display for HttpError {
 impl std::error::Error for HttpError {}
 
 impl Client {
-    pub fn new(base_url: &str, auth: Auth, namespace: Option<&str>) -> anyhow::Result<Self> {
+    /// `cacert`: a PEM file of extra trusted certificates, for a server with a private CA.
+    pub fn new(
+        base_url: &str,
+        auth: Auth,
+        namespace: Option<&str>,
+        cacert: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         // The given text is not echoed: it may hold user:password@.
         let base = Url::parse(base_url).context("invalid --url")?;
         if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
@@ -61,12 +68,16 @@ impl Client {
             let value = HeaderValue::from_str(ns).context("invalid --namespace")?;
             headers.insert("x-disbatch-namespace", value);
         }
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .default_headers(headers)
             .user_agent(concat!("disbatch-cli/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .context("building the HTTP client")?;
+            .connect_timeout(Duration::from_secs(10));
+        if let Some(path) = cacert {
+            for cert in ca_certificates(path)? {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        let http = http.build().context("building the HTTP client")?;
         Ok(Client { http, base, auth })
     }
 
@@ -154,10 +165,17 @@ impl Client {
             .map(|b| b.to_vec())
             .unwrap_or_default();
         let body = serde_json::from_slice::<Value>(&raw).ok();
-        let message = match &body {
+        let mut message = match &body {
             Some(value) => error_message(value),
             None => quote(&raw),
         };
+        if let Some(hint) = access_hint(status, &self.auth) {
+            message = if message.is_empty() {
+                hint.to_string()
+            } else {
+                format!("{message} ({hint})")
+            };
+        }
         Err(HttpError {
             method,
             url: shown(url),
@@ -167,6 +185,38 @@ impl Client {
         }
         .into())
     }
+}
+
+/// What to do about a 401 or 403, which the server's own text does not say for this client.
+fn access_hint(status: StatusCode, auth: &Auth) -> Option<&'static str> {
+    match (status, auth) {
+        (StatusCode::UNAUTHORIZED, Auth::None) => Some(
+            "the server needs a bearer token: put it in DISBATCH_TOKEN or a file given to --token-file",
+        ),
+        (StatusCode::UNAUTHORIZED, Auth::Bearer(_)) => {
+            Some("the server refused the token from DISBATCH_TOKEN or --token-file")
+        }
+        (StatusCode::UNAUTHORIZED, Auth::Basic { .. }) => {
+            Some("the server refused the user name and password")
+        }
+        (StatusCode::FORBIDDEN, _) => Some("your token's role cannot do this"),
+        _ => None,
+    }
+}
+
+/// The certificates of a `--cacert` PEM file; a file with none is an error, not a silent no-op.
+fn ca_certificates(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    let pem =
+        std::fs::read(path).with_context(|| format!("reading --cacert {}", path.display()))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .with_context(|| format!("--cacert {}: not a PEM certificate file", path.display()))?;
+    if certs.is_empty() {
+        bail!(
+            "--cacert {}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+            path.display()
+        );
+    }
+    Ok(certs)
 }
 
 fn endpoint(base: &Url, segments: &[&str]) -> Url {
@@ -266,6 +316,30 @@ mod tests {
             endpoint(&base, &["queues", "a b/c", "retry"]).as_str(),
             "https://h/disbatch/queues/a%20b%2Fc/retry"
         );
+    }
+
+    #[test]
+    fn refusals_say_what_to_do_about_them() {
+        let none = access_hint(StatusCode::UNAUTHORIZED, &Auth::None).unwrap_or_default();
+        assert!(
+            none.contains("DISBATCH_TOKEN") && none.contains("--token-file"),
+            "{none}"
+        );
+        let forbidden = access_hint(StatusCode::FORBIDDEN, &Auth::None).unwrap_or_default();
+        assert!(forbidden.contains("role"), "{forbidden}");
+        assert!(access_hint(StatusCode::NOT_FOUND, &Auth::None).is_none());
+    }
+
+    #[test]
+    fn a_cacert_file_without_certificates_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let e = ca_certificates(&junk).err().unwrap().to_string();
+        assert!(e.contains("--cacert") && e.contains("junk.pem"), "{e}");
+        let missing = dir.path().join("missing.pem");
+        let e = format!("{:#}", ca_certificates(&missing).err().unwrap());
+        assert!(e.contains("missing.pem"), "{e}");
     }
 
     #[test]

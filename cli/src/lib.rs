@@ -34,7 +34,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let auth = Auth::from_options(args.username.as_deref(), args.token_file.as_deref())?;
     let ctx = Ctx {
-        client: Client::new(&args.url, auth, args.namespace.as_deref())?,
+        client: Client::new(
+            &args.url,
+            auth,
+            args.namespace.as_deref(),
+            args.cacert.as_deref(),
+        )?,
         json: args.json,
     };
     let result = commands::dispatch(&ctx, args.command, &mut out).await;

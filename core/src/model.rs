@@ -66,6 +66,8 @@ pub struct Queue {
     pub sort_warning: Option<String>,
     /// The Coordinate work-spec view of the queue (defaults for a plain Disbatch queue).
     pub spec: SpecFields,
+    /// Lease, on_lost, timeout and kill grace (defaults for a plain Disbatch queue).
+    pub run: crate::run_policy::RunPolicy,
 }
 
 /// Coordinate work-spec fields stored additively on a queue document.

@@ -121,6 +121,32 @@ pub fn spec_load(
         text("runtime")?.filter(|t| !t.is_empty()).map(Bson::String),
         &mut unset,
     );
+    // The run policy is validated here so a bad spec is refused, not a skipped queue later.
+    let seconds = |k: &str| -> Result<Option<f64>, String> {
+        match spec.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or(format!("{k} must be a number of seconds")),
+        }
+    };
+    if let Some(lease) = seconds("lease")? {
+        crate::run_policy::lease_from(Some(lease))?;
+    }
+    put(
+        queue::LEASE,
+        seconds("lease")?.map(Bson::Double),
+        &mut unset,
+    );
+    let on_lost = text("on_lost")?;
+    crate::run_policy::OnLost::parse(on_lost.as_deref())?;
+    put(queue::ON_LOST, on_lost.map(Bson::String), &mut unset);
+    for key in [queue::TIMEOUT, queue::KILL_GRACE] {
+        let value = seconds(key)?;
+        crate::run_policy::parse_seconds(value, key)?;
+        put(key, value.map(Bson::Double), &mut unset);
+    }
     let max_running = int("max_running")?.filter(|n| *n > 0);
     put(queue::MAX_RUNNING, max_running.map(Bson::Int64), &mut unset);
     let threads = int("threads")?
@@ -185,6 +211,24 @@ mod tests {
             "max_getwork",
         ] {
             assert!(l.unset.contains(&field), "{field} resets");
+        }
+    }
+
+    #[test]
+    fn the_run_policy_is_mapped_and_checked() {
+        let l = load(json!({"name": "a", "lease": 10, "on_lost": "requeue", "timeout": 2.5}))
+            .expect("ok");
+        assert_eq!(l.set.get_f64("lease").ok(), Some(10.0));
+        assert_eq!(l.set.get_str("on_lost").ok(), Some("requeue"));
+        assert_eq!(l.set.get_f64("timeout").ok(), Some(2.5));
+        assert!(l.unset.contains(&"kill_grace"));
+        for (bad, key) in [
+            (json!({"name": "a", "lease": 1}), "lease"),
+            (json!({"name": "a", "on_lost": "retry"}), "on_lost"),
+            (json!({"name": "a", "timeout": -1}), "timeout"),
+            (json!({"name": "a", "kill_grace": "soon"}), "kill_grace"),
+        ] {
+            assert!(load(bad).expect_err("bad").contains(key), "{key}");
         }
     }
 

@@ -1,5 +1,6 @@
 //! The Disbatch command interface: the JSON REST API over the shared store.
 
+pub mod access;
 pub mod envelope;
 pub mod error;
 pub mod namespace;
@@ -8,6 +9,7 @@ pub mod render;
 pub mod request;
 pub mod routes;
 pub mod state;
+pub mod tls;
 
 pub use routes::router;
 pub use state::AppState;

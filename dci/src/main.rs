@@ -1,12 +1,15 @@
 //! `disbatch-web`: argument parsing, wiring and signals for the REST API server.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
+use axum_server::tls_rustls::RustlsConfig;
 use clap::Parser;
 use disbatch_core::config::{Component, Config};
 use disbatch_core::store::Store;
-use disbatch_dci::{router, AppState};
+use disbatch_dci::{router, tls, AppState};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Disbatch command interface: the JSON REST API.
@@ -33,6 +36,13 @@ async fn main() -> anyhow::Result<()> {
         .listen
         .or_else(|| config.web.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:8080".to_string());
+    // Certificates are checked before anything else, so a bad file fails the start at once.
+    let tls = config
+        .web
+        .tls
+        .as_ref()
+        .map(tls::server_config)
+        .transpose()?;
     let store = Store::connect(&config, Component::Web).await?;
     // Disbatch's DCI relied on a DEN having created the unique indexes; without them
     // duplicate queue names were accepted. Create them here too, but serve regardless.
@@ -45,20 +55,66 @@ async fn main() -> anyhow::Result<()> {
     let local = listener
         .local_addr()
         .context("reading the listen address")?;
-    tracing::info!(address = %local, database = %config.database, "disbatch-web listening");
-    println!("listening on http://{local}");
+    warn_if_exposed(local, &config);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(address = %local, database = %config.database, tls = tls.is_some(),
+        tokens = config.web.tokens.len(), "disbatch-web listening");
+    println!("listening on {scheme}://{local}");
     let app = router(AppState::new(store, config));
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            tracing::info!("stopping");
-        })
-        .await
-        .context("serving")?;
+    let stop = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("stopping");
+    };
+    match tls {
+        None => axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await
+            .context("serving")?,
+        Some(tls) => {
+            let handle = axum_server::Handle::new();
+            let stopper = handle.clone();
+            tokio::spawn(async move {
+                stop.await;
+                stopper.graceful_shutdown(Some(SHUTDOWN_GRACE));
+            });
+            let listener = listener
+                .into_std()
+                .context("handing the listener to the TLS server")?;
+            axum_server::from_tcp_rustls(listener, RustlsConfig::from_config(tls))
+                .context("starting the TLS server")?
+                .handle(handle)
+                .serve(app.into_make_service())
+                .await
+                .context("serving")?
+        }
+    }
     Ok(())
+}
+
+/// How long open HTTPS requests may run on after a stop signal before they are cut.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// An open API on a reachable address lets anyone change queues and tasks; say so loudly.
+fn warn_if_exposed(local: SocketAddr, config: &Config) {
+    if local.ip().is_loopback() {
+        return;
+    }
+    if config.web.tokens.is_empty() {
+        tracing::warn!(
+            address = %local,
+            "WARNING: listening on a non-loopback address with no web.tokens: anyone who can \
+             reach it can read and change queues and tasks"
+        );
+    } else if config.web.tls.is_none() {
+        tracing::warn!(
+            address = %local,
+            "WARNING: listening on a non-loopback address without web.tls: bearer tokens \
+             cross the network in clear text"
+        );
+    }
 }

@@ -43,8 +43,14 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>, body: &[u8]) -> ApiResult
     let ct = content_type(headers);
     let has_body = !body.iter().all(u8::is_ascii_whitespace);
     let value = if ct == "application/json" && has_body {
-        serde_json::from_slice::<Value>(body)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+        let value = serde_json::from_slice::<Value>(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+        if depth(&value) > MAX_DEPTH {
+            return Err(ApiError::bad_request(format!(
+                "JSON body is nested too deep: more than {MAX_DEPTH} levels (MongoDB's limit)"
+            )));
+        }
+        value
     } else if ct == "application/x-www-form-urlencoded" && has_body {
         form(body)
     } else {
@@ -64,6 +70,27 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>, body: &[u8]) -> ApiResult
         other => params.body = Some(other),
     }
     Ok(params)
+}
+
+/// MongoDB's own nesting limit. serde_json accepts 128 levels and some MongoDB-wire servers
+/// store more than 100, but a document that deep exhausts a worker thread's stack when it is
+/// read back, so the API stores nothing deeper than MongoDB would.
+pub const MAX_DEPTH: usize = 100;
+
+/// How deeply arrays and objects nest (a scalar is 0), without recursion.
+fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(d + 1);
+        stack.extend(children.map(|c| (c, d + 1)));
+    }
+    deepest
 }
 
 /// Form decoding; repeated keys become arrays, as in Perl's parser.
@@ -193,6 +220,23 @@ mod tests {
         assert!(parse(&HeaderMap::new(), Some(".limit=-1"), b"").is_err());
         assert!(parse(&HeaderMap::new(), Some(".fields=notjson"), b"").is_err());
         assert!(parse(&HeaderMap::new(), Some(".bogus=1"), b"").is_err());
+    }
+
+    #[test]
+    fn bodies_nested_deeper_than_mongodb_allows_are_400() {
+        let nested = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        let ok = parse(
+            &headers("application/json"),
+            None,
+            nested(MAX_DEPTH).as_bytes(),
+        );
+        assert!(ok.is_ok());
+        let deep = format!("{{\"params\": {}}}", nested(MAX_DEPTH));
+        let err = parse(&headers("application/json"), None, deep.as_bytes()).expect_err("deep");
+        assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);
+        assert!(err.body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("nested too deep")));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 "use strict";
 /*
  * Disbatch operator console — core: DOM and format helpers, the API helper, the modal,
- * hash routing and polling. The pages live in queues.js (queues, nodes), tasks.js (task
- * search, one task) and balance.js; each registers itself in PAGES as
+ * hash routing and polling. The access token (prompt and storage) is in access.js. The pages
+ * live in queues.js (queues, nodes), tasks.js (task search, one task) and balance.js; each
+ * registers itself in PAGES as
  *   { title, enter(main, ctx), refresh(ctx) }
  * enter() builds the page's static parts once; refresh() is called at once and then every
  * POLL_MS, fetches, and re-renders the parts that show server data.
@@ -256,6 +257,31 @@ function errorText(res, data, text) {
   return `HTTP ${res.status} ${res.statusText}${snippet ? ": " + snippet : ""}`;
 }
 
+/** An Error for a failed answer; 401 opens the token prompt, 403 says the role is too low. */
+function failure(res, data, text) {
+  let message = errorText(res, data, text);
+  if (res.status === 401) {
+    askToken(message);
+    message = `an access token is needed (${message})`;
+  } else if (res.status === 403) {
+    message = `Your token's role cannot do this (${message})`;
+  }
+  const err = new Error(message);
+  err.status = res.status;
+  err.data = data;
+  return err;
+}
+
+/** fetch with the access token, if any; a network failure becomes a readable Error. */
+async function send(path, opts) {
+  opts.headers = withToken(opts.headers || {});
+  try {
+    return await fetch(path, opts);
+  } catch (e) {
+    throw new Error(`cannot reach the server (${e.message})`);
+  }
+}
+
 /** api("POST", "queues", {…}) → parsed JSON, or throws Error(server message). */
 async function api(method, path, body) {
   const opts = { method, headers: { Accept: "application/json" }, cache: "no-store" };
@@ -263,12 +289,7 @@ async function api(method, path, body) {
     opts.headers["Content-Type"] = "application/json";
     opts.body = JSON.stringify(body);
   }
-  let res;
-  try {
-    res = await fetch(path, opts);
-  } catch (e) {
-    throw new Error(`cannot reach the server (${e.message})`);
-  }
+  const res = await send(path, opts);
   const text = await res.text();
   let data = null;
   if (text) {
@@ -278,29 +299,19 @@ async function api(method, path, body) {
       if (res.ok) throw new Error(`${method} ${path}: the answer is not JSON`);
     }
   }
-  if (!res.ok) {
-    const err = new Error(errorText(res, data, text));
-    err.status = res.status;
-    err.data = data;
-    throw err;
-  }
+  if (!res.ok) throw failure(res, data, text);
   return data;
 }
 
 /** A text resource (task output): { text, bytes, total } with total from X-Total-Length. */
 async function apiText(path) {
-  let res;
-  try {
-    res = await fetch(path, { cache: "no-store" });
-  } catch (e) {
-    throw new Error(`cannot reach the server (${e.message})`);
-  }
+  const res = await send(path, { cache: "no-store" });
   const buf = await res.arrayBuffer();
   const text = new TextDecoder("utf-8").decode(buf);
   if (!res.ok) {
     let data = null;
     try { data = JSON.parse(text); } catch (e) { /* not JSON */ }
-    throw new Error(errorText(res, data, text));
+    throw failure(res, data, text);
   }
   const header = res.headers.get("X-Total-Length");
   const total = header !== null && /^\d+$/.test(header) ? Number(header) : null;
@@ -469,7 +480,10 @@ async function refreshNow() {
       } catch (e) {
         if (!cur.ctx.alive()) continue;
         markError(e);
-        if (!cur.ctx.loaded) showMsg(document.getElementById("page-error"), e.message, "error");
+        // A 401 has the token prompt to explain it; saying it twice is noise.
+        if (!cur.ctx.loaded && e.status !== 401) {
+          showMsg(document.getElementById("page-error"), e.message, "error");
+        }
       }
     } while (again);
   } finally {
@@ -483,6 +497,9 @@ function tick() {
 }
 
 function start() {
+  document.getElementById("token-form").addEventListener("submit", submitToken);
+  document.getElementById("token-clear").addEventListener("click", forgetToken);
+  document.getElementById("token-clear").hidden = !storedToken();
   document.getElementById("confirm-yes").addEventListener("click", () => closeConfirm(true));
   document.getElementById("confirm-no").addEventListener("click", () => closeConfirm(false));
   document.getElementById("confirm").addEventListener("click", (e) => {

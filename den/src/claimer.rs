@@ -61,6 +61,8 @@ struct Servable {
     threads: u32,
     sort: QueueSort,
     spec: SpecFields,
+    /// How long a claim may wait for its runner to start before any node recovers it.
+    lease: std::time::Duration,
 }
 
 impl Claimer {
@@ -152,10 +154,9 @@ impl Claimer {
                 break;
             };
             let batch = batch_size(&specs[i], room).min(plan[i].wanted);
-            let sort = servable
-                .iter()
-                .find(|q| q.id == plan[i].queue)
-                .map_or(QueueSort::Default, |q| q.sort);
+            let queue = servable.iter().find(|q| q.id == plan[i].queue);
+            let sort = queue.map_or(QueueSort::Default, |q| q.sort);
+            let lease = queue.map_or(disbatch_core::run_policy::DEFAULT_LEASE, |q| q.lease);
             let mut claimed_here = 0;
             while claimed_here < batch {
                 let Some(slot) = plan[i].slots.pop() else {
@@ -163,7 +164,7 @@ impl Claimer {
                 };
                 match self
                     .store
-                    .claim_next_task(plan[i].queue, &self.node, sort, slot)
+                    .claim_next_task(plan[i].queue, &self.node, sort, slot, lease)
                     .await?
                 {
                     ClaimOutcome::Claimed(task) => {
@@ -247,6 +248,7 @@ impl Claimer {
             threads,
             sort: q.sort,
             spec: q.spec.clone(),
+            lease: q.run.lease,
         })
     }
 

@@ -49,6 +49,19 @@ impl Executor {
         self.runner_exited.notified().await
     }
 
+    /// Sends SIGUSR1 to the runner of `task`, if this process started it: the runner then
+    /// renews its lease at once and finds out what the database asks of it.
+    pub fn wake_runner(&self, task: ObjectId) {
+        let pid = self.live.lock().ok().and_then(|l| l.get(&task).copied());
+        let Some(pid) = pid.filter(|p| *p > 1) else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        if let Err(e) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1) {
+            tracing::debug!(task = %task, %pid, error = %e, "could not wake the task runner");
+        }
+    }
+
     /// Starts `disbatch-task-runner --config C --task ID --node N` with no shell. It runs in a
     /// new session so it outlives a restart or kill of this DEN and gets none of its signals.
     pub fn spawn_runner(&self, task: ObjectId) -> std::io::Result<()> {

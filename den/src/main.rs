@@ -70,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
         store,
         name,
         interval: config.loop_interval,
+        attempts_repaired: std::time::Instant::now(),
     };
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

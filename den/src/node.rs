@@ -1,7 +1,7 @@
 //! The node loop: heartbeat, reap, claim each pass; on shutdown, give back unstarted claims.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use disbatch_core::store::{Heartbeat, Store};
 use disbatch_core::Result;
@@ -9,10 +9,14 @@ use disbatch_core::Result;
 use crate::balancer::Balancer;
 use crate::claimer::Claimer;
 use crate::executor::Executor;
-use crate::reaper::reap_orphaned_tasks;
+use crate::reaper::reap;
 
-/// Longest wait between passes while the database keeps failing.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often a node looks for attempt records that a dead runner left open.
+const ATTEMPT_REPAIR_EVERY: Duration = Duration::from_secs(10);
+
+/// Longest wait between passes while the database keeps failing: short, so a node is back
+/// at work within seconds of the server's return.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 pub struct Node {
     pub store: Store,
@@ -24,6 +28,8 @@ pub struct Node {
     pub balancer: Balancer,
     /// Reported on the node document.
     pub runtimes: Option<Vec<String>>,
+    /// When this node last closed abandoned attempt records.
+    pub attempts_repaired: Instant,
 }
 
 impl Node {
@@ -32,10 +38,15 @@ impl Node {
         tokio::pin!(shutdown);
         let mut on_node = 0;
         let mut failures: u32 = 0;
+        let mut connected_since = Instant::now();
         loop {
+            if failures > 0 {
+                connected_since = Instant::now();
+            }
+            let connected_for = connected_since.elapsed();
             let wait = tokio::select! {
                 _ = &mut shutdown => break,
-                result = self.run_pass(on_node) => match result {
+                result = self.run_pass(on_node, connected_for) => match result {
                     Ok(now_on_node) => {
                         if failures > 0 {
                             tracing::info!(failures, "database reachable again; passes resumed");
@@ -62,7 +73,7 @@ impl Node {
         Ok(())
     }
 
-    async fn run_pass(&mut self, on_node: u32) -> Result<u32> {
+    async fn run_pass(&mut self, on_node: u32, connected_for: Duration) -> Result<u32> {
         let runners = self.executor.runners();
         let limit = self
             .store
@@ -75,7 +86,21 @@ impl Node {
                 runners: &runners,
             })
             .await?;
-        reap_orphaned_tasks(&self.store, &self.name).await?;
+        reap(&self.store, &self.name, connected_for).await?;
+        if self.attempts_repaired.elapsed() >= ATTEMPT_REPAIR_EVERY {
+            let closed = self
+                .store
+                .close_abandoned_attempts(ATTEMPT_REPAIR_EVERY)
+                .await?;
+            if closed > 0 {
+                tracing::info!(
+                    closed,
+                    "closed attempt records left open by runners that died"
+                );
+            }
+            self.attempts_repaired = Instant::now();
+        }
+        self.forward_cancel_requests().await?;
         let report = self.claimer.claim_tasks(&limit, &self.executor).await?;
         // After claiming, so balancing never delays a claim; new threads apply next pass.
         self.balancer.tick(&self.store, &self.name).await;
@@ -87,6 +112,18 @@ impl Node {
             );
         }
         Ok(report.on_node)
+    }
+
+    /// Wakes the runners of tasks an operator asked to cancel, so they stop within a pass
+    /// rather than at their next lease renewal.
+    async fn forward_cancel_requests(&self) -> Result<()> {
+        if self.executor.live_runners() == 0 {
+            return Ok(());
+        }
+        for task in self.store.cancel_requests(&self.name).await? {
+            self.executor.wake_runner(task);
+        }
+        Ok(())
     }
 
     /// Claimed-but-unstarted tasks go back to the queue; started runners keep running.
@@ -135,11 +172,7 @@ mod tests {
         let i = Duration::from_millis(100);
         assert_eq!(backoff(i, 1), Duration::from_millis(200));
         assert_eq!(backoff(i, 3), Duration::from_millis(800));
-        assert_eq!(
-            backoff(i, 50),
-            Duration::from_millis(25_600),
-            "the exponent stops at 2^8"
-        );
+        assert_eq!(backoff(i, 50), MAX_BACKOFF);
         assert_eq!(backoff(Duration::from_secs(1), 50), MAX_BACKOFF);
     }
 }

@@ -4,3 +4,4 @@ pub mod outcome;
 pub mod plugin_process;
 pub mod record;
 pub mod runner;
+pub mod supervisor;

@@ -3,12 +3,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use bson::oid::ObjectId;
 use clap::Parser;
 use disbatch_core::config::{Component, Config};
 use disbatch_core::output::GfsMode;
 use disbatch_core::store::Store;
 use disbatch_dtr::runner::run_task;
+use tokio::signal::unix::{signal, SignalKind};
 
 /// Runs one task claimed by a Disbatch node and records its result.
 #[derive(Parser, Debug)]
@@ -27,7 +29,8 @@ struct Args {
     gfs: Option<String>,
 }
 
-#[tokio::main]
+// One thread: the plugin's parent-death signal is tied to the thread that spawned it.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     disbatch_core::logging::init_logging("info");
     match run(Args::parse()).await {
@@ -40,6 +43,9 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    // First, before the task starts: SIGUSR1's default action would kill the runner, and the
+    // node sends it to point out a cancel request.
+    let wake = signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
     let task = ObjectId::parse_str(&args.task)
         .map_err(|_| anyhow::anyhow!("--task {:?} is not a task id (24 hex digits)", args.task))?;
     let loaded = Config::load(&args.config)?;
@@ -50,7 +56,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let node = config.node_name(args.node.as_deref())?;
     let store = Store::connect(&config, Component::TaskRunner).await?;
-    let report = run_task(&config, &store, task, &node).await?;
+    let report = run_task(&config, &store, task, &node, Some(wake)).await?;
     tracing::debug!(task = %task, ?report, "done");
     Ok(())
 }

@@ -1,10 +1,15 @@
-//! Runs a plugin executable without a shell, spooling its output to files, never to memory.
+//! Runs a plugin executable without a shell, in its own process group, with a controlled
+//! environment, spooling its output to files, never to memory; and stops the whole group.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
+use disbatch_core::plugin_env::PluginEnv;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 use crate::outcome::Exit;
 
@@ -14,39 +19,66 @@ pub struct PluginCall<'a> {
     pub executable: &'a Path,
     pub task_json: Vec<u8>,
     pub task_id: String,
+    /// The attempt's id, its fencing token: a plugin can tag side effects with it.
+    pub attempt: String,
     pub queue_name: String,
     pub queue_id: String,
     /// The queue's `config` as JSON, when it has one.
     pub queue_config: Option<String>,
     pub node: String,
+    /// Which of the runner's environment variables the plugin may see.
+    pub env: &'a PluginEnv,
 }
 
-/// Where a finished plugin left its output.
-#[derive(Debug)]
-pub struct Spooled {
-    pub exit: Exit,
+/// Where a plugin leaves its output.
+#[derive(Debug, Clone)]
+pub struct SpoolPaths {
     pub stdout: PathBuf,
     pub stderr: PathBuf,
     pub result: PathBuf,
 }
 
-/// Runs the plugin to completion in `spool`, with the task document on stdin.
-pub async fn run_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Spooled> {
-    let stdout = spool.join("stdout");
-    let stderr = spool.join("stderr");
-    let result = spool.join("result.json");
+/// A started plugin: its process and its process group.
+pub struct PluginProcess {
+    child: Child,
+    group: Option<Pid>,
+    pub paths: SpoolPaths,
+}
+
+/// Starts the plugin in `spool`, with the task document on stdin.
+pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<PluginProcess> {
+    let paths = SpoolPaths {
+        stdout: spool.join("stdout"),
+        stderr: spool.join("stderr"),
+        result: spool.join("result.json"),
+    };
     let mut cmd = Command::new(call.executable);
+    // Only allow-listed variables reach the plugin: a node's environment may hold secrets.
+    cmd.env_clear();
+    for (name, value) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| call.env.allows(n)) {
+            cmd.env(name, value);
+        }
+    }
     cmd.env("DISBATCH_TASK_ID", &call.task_id)
+        .env("DISBATCH_ATTEMPT", &call.attempt)
         .env("DISBATCH_QUEUE", &call.queue_name)
         .env("DISBATCH_QUEUE_ID", &call.queue_id)
         .env("DISBATCH_NODE", &call.node)
-        .env("DISBATCH_RESULT", &result)
+        .env("DISBATCH_RESULT", &paths.result)
         .stdin(Stdio::piped())
-        .stdout(std::fs::File::create(&stdout)?)
-        .stderr(std::fs::File::create(&stderr)?)
+        .stdout(std::fs::File::create(&paths.stdout)?)
+        .stderr(std::fs::File::create(&paths.stderr)?)
         // Its own process group, so the whole tree can be signalled (timeouts, cancel).
         .process_group(0)
         .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent. A runner killed
+    // outright takes its plugin with it, so a recovered task never runs twice at once.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
     if let Some(config) = &call.queue_config {
         cmd.env("DISBATCH_QUEUE_CONFIG", config);
     }
@@ -59,11 +91,36 @@ pub async fn run_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<S
             let _ = stdin.shutdown().await;
         });
     }
-    let status = child.wait().await?;
-    Ok(Spooled {
-        exit: status.into(),
-        stdout,
-        stderr,
-        result,
+    let group = child.id().map(|id| Pid::from_raw(id as i32));
+    Ok(PluginProcess {
+        child,
+        group,
+        paths,
     })
+}
+
+impl PluginProcess {
+    /// Waits for the plugin to exit. Cancel-safe: it can race a timer in `select!`.
+    pub async fn wait(&mut self) -> std::io::Result<Exit> {
+        self.child.wait().await.map(Exit::from)
+    }
+
+    /// Stops the plugin's whole process group: SIGTERM, up to `grace` to exit, then SIGKILL.
+    pub async fn stop(&mut self, grace: Duration) -> std::io::Result<Exit> {
+        self.signal_group(Signal::SIGTERM);
+        if let Ok(exit) = tokio::time::timeout(grace, self.child.wait()).await {
+            self.signal_group(Signal::SIGKILL); // children that ignored the TERM
+            return exit.map(Exit::from);
+        }
+        tracing::warn!(grace = ?grace, "plugin ignored SIGTERM; sending SIGKILL");
+        self.signal_group(Signal::SIGKILL);
+        self.child.wait().await.map(Exit::from)
+    }
+
+    fn signal_group(&self, signal: Signal) {
+        if let Some(group) = self.group {
+            // ESRCH: the group is already gone, which is what we want.
+            let _ = killpg(group, signal);
+        }
+    }
 }

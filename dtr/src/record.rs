@@ -66,6 +66,8 @@ pub struct Finished {
     pub end: TaskEnd,
     pub stdout: Captured,
     pub stderr: Captured,
+    /// The directory holding the spooled output, kept until the result is written.
+    pub spool: Option<tempfile::TempDir>,
 }
 
 /// Stores the outputs and the final status. If the server refuses the document as too large,
@@ -165,23 +167,34 @@ async fn output_value(
     }
 }
 
-/// Retries database operations with capped exponential backoff (about a minute in all):
-/// a runner that finished its work should not lose the result to a brief outage.
+/// How long a runner keeps trying to reach the database: a server restart or a failover
+/// must not cost a finished task its result.
+pub const PATIENCE: Duration = Duration::from_secs(15 * 60);
+/// Longest wait between tries, so the result lands within seconds of the server's return.
+const MAX_DELAY: Duration = Duration::from_secs(5);
+
+/// Retries database operations with capped exponential backoff for up to `PATIENCE`.
 pub async fn with_retries<T, F, Fut>(what: &str, mut op: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    const ATTEMPTS: u32 = 10;
+    let started = std::time::Instant::now();
     let mut delay = Duration::from_millis(100);
-    let mut attempt = 1;
+    let mut attempt: u32 = 1;
     loop {
         match op().await {
-            Err(e @ Error::Mongo { .. }) if attempt < ATTEMPTS => {
-                tracing::warn!(error = %e, attempt, retry_in = ?delay, "{what} failed; retrying");
+            Err(e @ Error::Mongo { .. }) if started.elapsed() < PATIENCE => {
+                tracing::warn!(error = %e, attempt, retry_in = ?delay, failing_for = ?started.elapsed(), "{what} failed; retrying");
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-                attempt += 1;
+                delay = (delay * 2).min(MAX_DELAY);
+                attempt = attempt.saturating_add(1);
+            }
+            Ok(v) => {
+                if attempt > 1 {
+                    tracing::info!(attempt, after = ?started.elapsed(), "{what} succeeded after the database came back");
+                }
+                return Ok(v);
             }
             other => return other,
         }

@@ -13,8 +13,9 @@ use disbatch_core::store::{
 use disbatch_core::{Error, Result};
 
 use crate::outcome::{decide, Exit, Outcome};
-use crate::plugin_process::{run_plugin, PluginCall};
+use crate::plugin_process::{start_plugin, PluginCall};
 use crate::record::{record_result, with_retries, Captured, Finished};
+use crate::supervisor::{supervise, Stopped};
 
 /// What became of the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,13 +35,24 @@ struct RunFacts {
     result: Option<Document>,
     /// The queue to chain into and the result's `output`, when both exist.
     chain: Option<(String, serde_json::Value)>,
+    /// How the supervisor ended the run, when it was not a plain exit.
+    stopped: Option<Stopped>,
 }
 
+/// A run that has a result to record, or one whose task was taken away meanwhile.
+enum Ran {
+    Finished(Box<Finished>, RunFacts),
+    LeaseLost(RunFacts),
+}
+
+/// Runs `task` as a new attempt; `wake` (SIGUSR1) makes the lease keeper look at the task
+/// at once, for cancel requests.
 pub async fn run_task(
     config: &Config,
     store: &Store,
     task: ObjectId,
     node: &str,
+    wake: Option<tokio::signal::unix::Signal>,
 ) -> Result<RunReport> {
     let attempt = ObjectId::new();
     let Some(doc) = with_retries("starting the task", || {
@@ -64,11 +76,12 @@ pub async fn run_task(
         end: TaskEnd::Status(status::FAILED),
         stdout: Captured::from_text("Unable to start"),
         stderr: Captured::from_text(reason),
+        spool: None,
     };
-    let (finished, facts) = match prepare(config, store, &doc, node).await {
+    let ran = match prepare(config, store, &doc, node).await {
         Err(reason) => {
             tracing::warn!(task = %task, "{reason}");
-            (unable(reason), RunFacts::default())
+            Ran::Finished(Box::new(unable(reason)), RunFacts::default())
         }
         // Coordinate's rule: max_retries N allows N attempts; the next one fails the task.
         Ok(p) if p.max_retries.is_some_and(|m| attempts > m as i64) => {
@@ -76,19 +89,50 @@ pub async fn run_task(
                 "too many retries: attempt {attempts} of a queue with max_retries {}",
                 p.max_retries.unwrap_or(0)
             );
-            (unable(reason), RunFacts::default())
+            Ran::Finished(Box::new(unable(reason)), RunFacts::default())
         }
-        Ok(p) => run_and_capture(&doc, p, task, attempt, attempts, node).await?,
+        Ok(p) => {
+            let run = Run {
+                store,
+                config,
+                task,
+                attempt,
+                attempts,
+                node,
+            };
+            run_and_capture(&doc, p, &run, wake).await?
+        }
+    };
+    let (finished, facts) = match ran {
+        Ran::Finished(f, facts) => (f, facts),
+        Ran::LeaseLost(facts) => {
+            close_attempt(store, task, attempt, "discarded", None, &facts).await;
+            return Ok(RunReport::Discarded);
+        }
     };
     let end = finished.end;
-    let recorded = record_result(store, config.gfs, &finished).await?;
+    let recorded = match record_result(store, config.gfs, &finished).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The output stays on local disk for an operator; the task's lease will pass and
+            // a node will recover it.
+            let mut finished = finished;
+            if let Some(dir) = finished.spool.take() {
+                let kept = dir.keep();
+                tracing::error!(task = %task, output = %kept.display(), "could not record the result; its output is kept");
+            }
+            return Err(e);
+        }
+    };
     let (report, outcome) = match recorded {
         FinishOutcome::Recorded => {
             tracing::info!(task = %task, ?end, "task finished");
-            let outcome = match end {
-                TaskEnd::Status(status::SUCCEEDED) => "succeeded",
-                TaskEnd::Status(_) => "failed",
-                TaskEnd::Retry { .. } => "retry",
+            let outcome = match (end, facts.stopped) {
+                (_, Some(Stopped::TimedOut(..))) => "timed_out",
+                (_, Some(Stopped::Cancelled(_))) => "cancelled",
+                (TaskEnd::Status(status::SUCCEEDED), _) => "succeeded",
+                (TaskEnd::Status(_), _) => "failed",
+                (TaskEnd::Retry { .. }, _) => "retry",
             };
             if let (TaskEnd::Status(status::SUCCEEDED), Some((then, output))) = (end, &facts.chain)
             {
@@ -101,12 +145,26 @@ pub async fn run_task(
             (RunReport::Discarded, "discarded")
         }
     };
+    let status = match end {
+        TaskEnd::Status(s) => Some(s),
+        TaskEnd::Retry { .. } => None,
+    };
+    close_attempt(store, task, attempt, outcome, status, &facts).await;
+    Ok(report)
+}
+
+/// The task's own record is already written; a lost attempt record is logged, not fatal.
+async fn close_attempt(
+    store: &Store,
+    task: ObjectId,
+    attempt: ObjectId,
+    outcome: &'static str,
+    status: Option<i32>,
+    facts: &RunFacts,
+) {
     let closing = AttemptEnd {
         outcome,
-        status: match end {
-            TaskEnd::Status(s) => Some(s),
-            TaskEnd::Retry { .. } => None,
-        },
+        status,
         exit_code: match facts.exit {
             Some(Exit::Code(c)) => Some(c),
             _ => None,
@@ -115,9 +173,8 @@ pub async fn run_task(
             Some(Exit::Signal(s)) => Some(s),
             _ => None,
         },
-        result: facts.result,
+        result: facts.result.clone(),
     };
-    // The task's own record is already written; a lost attempt record is logged, not fatal.
     if let Err(e) = with_retries("closing the attempt", || {
         store.record_attempt_end(attempt, &closing)
     })
@@ -125,7 +182,6 @@ pub async fn run_task(
     {
         tracing::error!(task = %task, attempt = %attempt, error = %e, "could not close the attempt record");
     }
-    Ok(report)
 }
 
 /// Adds the units a succeeded task's `output` names to its queue's `then` queue. Runs only
@@ -179,6 +235,17 @@ struct Prepared {
     max_retries: Option<u32>,
     then: Option<String>,
     config_json: Option<String>,
+    run: disbatch_core::run_policy::RunPolicy,
+}
+
+/// The attempt being run and where it is recorded.
+struct Run<'a> {
+    store: &'a Store,
+    config: &'a Config,
+    task: ObjectId,
+    attempt: ObjectId,
+    attempts: i64,
+    node: &'a str,
 }
 
 async fn prepare(
@@ -233,17 +300,24 @@ async fn prepare(
         max_retries: queue.spec.max_retries,
         then: queue.spec.then.clone(),
         config_json: queue.spec.config_json.clone(),
+        run: queue.run,
     })
 }
 
 async fn run_and_capture(
     doc: &Document,
     prepared: Prepared,
-    task: ObjectId,
-    attempt: ObjectId,
-    attempts: i64,
-    node: &str,
-) -> Result<(Finished, RunFacts)> {
+    run: &Run<'_>,
+    wake: Option<tokio::signal::unix::Signal>,
+) -> Result<Ran> {
+    let Run {
+        store,
+        config,
+        task,
+        attempt,
+        attempts,
+        node,
+    } = *run;
     let spool = tempfile::Builder::new()
         .prefix(&format!("disbatch-task-{task}-"))
         .tempdir()
@@ -254,21 +328,24 @@ async fn run_and_capture(
         executable: &prepared.executable,
         task_json,
         task_id: task.to_hex(),
+        attempt: attempt.to_hex(),
         queue_name: prepared.queue_name,
         queue_id: prepared.queue_id.to_hex(),
         queue_config: prepared.config_json.clone(),
         node: node.to_string(),
+        env: &config.plugin_env,
     };
-    let finished = |end, stdout, stderr| Finished {
+    let finished = |end, stdout, stderr, spool| Finished {
         task,
         node: node.to_string(),
         attempt,
         end,
         stdout,
         stderr,
+        spool,
     };
-    let spooled = match run_plugin(call, spool.path()).await {
-        Ok(s) => s,
+    let mut plugin = match start_plugin(call, spool.path()) {
+        Ok(p) => p,
         Err(e) => {
             let reason = format!(
                 "could not start plugin {}: {e}",
@@ -280,11 +357,27 @@ async fn run_and_capture(
                 end,
                 Captured::from_text("Unable to start"),
                 Captured::from_text(reason),
+                None,
             );
-            return Ok((done, RunFacts::default()));
+            return Ok(Ran::Finished(Box::new(done), RunFacts::default()));
         }
     };
-    let result = match tokio::fs::read(&spooled.result).await {
+    let stopped = supervise(store, task, attempt, prepared.run, &mut plugin, wake)
+        .await
+        .map_err(|e| Error::io("waiting for the plugin", e))?;
+    let paths = plugin.paths.clone();
+    let exit = match stopped {
+        Stopped::Exited(e) | Stopped::TimedOut(e, _) | Stopped::Cancelled(e) => e,
+        Stopped::LeaseLost(e) => {
+            let facts = RunFacts {
+                exit: Some(e),
+                stopped: Some(stopped),
+                ..RunFacts::default()
+            };
+            return Ok(Ran::LeaseLost(facts));
+        }
+    };
+    let result = match tokio::fs::read(&paths.result).await {
         Ok(bytes) => Some(bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(Error::io("reading the plugin's result file", e)),
@@ -294,29 +387,44 @@ async fn run_and_capture(
         mut note,
         retry,
         result,
-    } = decide(spooled.exit, result.as_deref());
-    let end = match retry {
-        Some(_) if prepared.max_retries.is_some_and(|m| attempts >= m as i64) => {
+    } = decide(exit, result.as_deref());
+    // Why the runner ended the plugin comes first; the exit's own remark follows.
+    let mut lead_note = |why: String| {
+        note = Some(match note.take() {
+            Some(n) => format!("{why}; {n}"),
+            None => why,
+        });
+    };
+    let end = match (stopped, retry) {
+        (Stopped::TimedOut(_, after), _) => {
+            lead_note(format!("timed out after {} s", after.as_secs_f64()));
+            TaskEnd::Status(status::FAILED)
+        }
+        (Stopped::Cancelled(_), _) => {
+            lead_note("cancelled by an operator while running".to_string());
+            TaskEnd::Status(status::CANCELLED)
+        }
+        (_, Some(_)) if prepared.max_retries.is_some_and(|m| attempts >= m as i64) => {
             let why = format!(
                 "too many retries: attempt {attempts} asked for another, max_retries is {}",
                 prepared.max_retries.unwrap_or(0)
             );
-            note = Some(match note {
+            note = Some(match note.take() {
                 Some(n) => format!("{n}; {why}"),
                 None => why,
             });
             TaskEnd::Status(status::FAILED)
         }
-        Some(delay) if delay > Duration::ZERO => TaskEnd::Retry {
+        (_, Some(delay)) if delay > Duration::ZERO => TaskEnd::Retry {
             not_before: Some(DateTime::from_millis(
                 DateTime::now().timestamp_millis() + delay.as_millis() as i64,
             )),
         },
-        Some(_) => TaskEnd::Retry { not_before: None },
-        None => TaskEnd::Status(status),
+        (_, Some(_)) => TaskEnd::Retry { not_before: None },
+        (_, None) => TaskEnd::Status(status),
     };
     if let Some(note) = note {
-        append_note(&spooled.stderr, &note).await?;
+        append_note(&paths.stderr, &note).await?;
     }
     let chain = match (
         &prepared.then,
@@ -326,16 +434,18 @@ async fn run_and_capture(
         _ => None,
     };
     let facts = RunFacts {
-        exit: Some(spooled.exit),
+        exit: Some(exit),
         result: result.and_then(|m| bson::to_document(&m).ok()),
         chain,
+        stopped: (!matches!(stopped, Stopped::Exited(_))).then_some(stopped),
     };
     let done = finished(
         end,
-        Captured::load(&spooled.stdout).await?,
-        Captured::load(&spooled.stderr).await?,
+        Captured::load(&paths.stdout).await?,
+        Captured::load(&paths.stderr).await?,
+        Some(spool),
     );
-    Ok((done, facts))
+    Ok(Ran::Finished(Box::new(done), facts))
 }
 
 /// The runner's own remarks go at the end of the task's stderr, on a line of their own.

@@ -1,7 +1,7 @@
 //! Running `disbatch-web` as a child process on a free port, with an HTTP client for it.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -14,17 +14,37 @@ pub struct Dci {
     pub http: reqwest::Client,
 }
 
+/// How to start a `disbatch-web` beyond its config; `Default` is what `Dci::start` does.
+#[derive(Default)]
+pub struct Launch {
+    /// PEM of a CA the client trusts (for a DCI with `web.tls`).
+    pub ca_pem: Option<Vec<u8>>,
+    /// Where the server's log (stderr) goes; inherited when unset.
+    pub log_file: Option<PathBuf>,
+    /// `RUST_LOG` for the server; `warn` when unset.
+    pub rust_log: Option<String>,
+}
+
 impl Dci {
     /// Starts the server on 127.0.0.1 with an OS-chosen port and waits until it listens.
     pub fn start(config: &Path) -> Dci {
+        Dci::launch(config, Launch::default())
+    }
+
+    /// `start` with a trusted CA, a log file or a log level.
+    pub fn launch(config: &Path, launch: Launch) -> Dci {
+        let stderr = match &launch.log_file {
+            Some(path) => Stdio::from(std::fs::File::create(path).expect("create the DCI log")),
+            None => Stdio::inherit(),
+        };
         let mut child = Command::new(bin_path("disbatch-web"))
             .arg("--config")
             .arg(config)
             .args(["--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", launch.rust_log.as_deref().unwrap_or("warn"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn disbatch-web");
         let stdout = child.stdout.take().expect("stdout");
@@ -35,13 +55,34 @@ impl Dci {
         let url = line
             .trim()
             .strip_prefix("listening on ")
+            .filter(|url| url.starts_with("http://") || url.starts_with("https://"))
             .unwrap_or_else(|| panic!("unexpected first line from disbatch-web: {line:?}"))
             .to_string();
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("http client");
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(60));
+        if let Some(pem) = &launch.ca_pem {
+            http = http.add_root_certificate(reqwest::Certificate::from_pem(pem).expect("CA PEM"));
+        }
+        let http = http.build().expect("http client");
         Dci { child, url, http }
+    }
+
+    /// Sends SIGTERM and waits (at most 20 s) for the exit, as a service manager would.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        kill(pid, Signal::SIGTERM).expect("SIGTERM disbatch-web");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for disbatch-web") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "disbatch-web did not stop within 20 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn at(&self, path: &str) -> String {

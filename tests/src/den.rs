@@ -42,6 +42,11 @@ pub struct Den {
 
 impl Den {
     pub fn start(config: &Path, node: &str) -> Den {
+        Den::start_with_env(config, node, &[])
+    }
+
+    /// Starts a node with extra environment variables (which its runners inherit).
+    pub fn start_with_env(config: &Path, node: &str, env: &[(&str, &str)]) -> Den {
         let log = config.with_file_name(format!("den-{node}-{}.log", std::process::id()));
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -55,6 +60,7 @@ impl Den {
             .arg("--node")
             .arg(node)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

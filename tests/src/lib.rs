@@ -2,8 +2,11 @@
 
 pub mod api;
 mod browser;
+pub mod chaos;
 mod dci;
 mod den;
+pub mod hostile_corpus;
+pub mod restartable;
 mod server;
 
 use std::path::{Path, PathBuf};
@@ -15,9 +18,9 @@ use bson::{doc, Bson, DateTime, Document};
 use mongodb::{Client, Collection, Database};
 
 pub use browser::{screenshot_dir, Browser};
-pub use dci::Dci;
+pub use dci::{Dci, Launch};
 pub use den::{write_config, Den};
-pub use server::server_uri;
+pub use server::{server_uri, start_auth_server};
 
 /// Where cargo put the workspace binaries: beside this executable, or one level up from
 /// `deps/` for test executables.
@@ -49,7 +52,11 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 impl TestDb {
     pub async fn new(test: &str) -> TestDb {
-        let uri = server_uri();
+        TestDb::on(server_uri(), test).await
+    }
+
+    /// A test database on a given server (a test's own, e.g. one it restarts).
+    pub async fn on(uri: String, test: &str) -> TestDb {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let mut name: String = format!("t_{}_{}_{n}", test, std::process::id())
             .chars()
@@ -118,6 +125,22 @@ impl TestDb {
             .await
             .expect("find task")
             .expect("task exists")
+    }
+
+    /// A task's attempt records, oldest first.
+    pub async fn attempts(&self, task: ObjectId) -> Vec<Document> {
+        let mut cursor = self
+            .db
+            .collection::<Document>("attempts")
+            .find(doc! {"task": task})
+            .sort(doc! {"start": 1})
+            .await
+            .expect("find attempts");
+        let mut out = Vec::new();
+        while cursor.advance().await.expect("advance attempts") {
+            out.push(cursor.deserialize_current().expect("attempt"));
+        }
+        out
     }
 
     /// `$set`s fields on a task, the way ops edit documents by hand.

@@ -11,12 +11,19 @@ static URI: OnceLock<String> = OnceLock::new();
 pub fn server_uri() -> String {
     URI.get_or_init(|| match std::env::var("DISBATCH_TEST_MONGODB_URI") {
         Ok(uri) if !uri.is_empty() => uri,
-        _ => start_private_server(),
+        _ => start_private_server(false),
     })
     .clone()
 }
 
-fn start_private_server() -> String {
+/// A new server of this process's own with access control on: every command but the
+/// handshake needs a login, and the first user can only be made through the localhost
+/// exception. Each call starts another server.
+pub fn start_auth_server() -> String {
+    start_private_server(true)
+}
+
+fn start_private_server(auth: bool) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/local-mongodb");
     let out = Command::new(script)
         .arg("--binary")
@@ -52,6 +59,9 @@ fn start_private_server() -> String {
         ])
         .arg(&data)
         .args(["--log-file-max", "16MB", "--cache-size", "256M"]);
+    }
+    if auth {
+        cmd.arg("--auth");
     }
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     // The server must not outlive this test process: it gets SIGTERM when the thread that

@@ -93,15 +93,19 @@ async fn queued_and_blocked_tasks_are_cancelled_others_conflict() {
         assert_eq!(t.get_i32("status").ok(), Some(-5), "{t}");
         assert!(t.get_datetime("mtime").expect("mtime").timestamp_millis() >= before);
     }
-    for (i, s) in [(2, 0), (3, -1)] {
-        let (code, body) = dci.post(&cancel(ids[i]), json!({})).await;
-        let text = format!(
-            "task {} is running (status {s}); it cannot be cancelled yet",
-            ids[i].to_hex()
-        );
-        assert_eq!((code, body), (409, error(&text)));
-        assert_eq!(status(&db, ids[i]).await, s, "unchanged");
-    }
+    // Running: the request is accepted (202) and left for the task's runner to carry out.
+    let (code, body) = dci.post(&cancel(ids[2]), json!({})).await;
+    assert_eq!((code, body), (202, update_result(1, 1)));
+    let t = db.task(ids[2]).await;
+    assert_eq!(t.get_i32("status").ok(), Some(0), "still running: {t}");
+    assert!(t.get_datetime("cancel_requested").is_ok(), "{t}");
+    // Claimed but not started: cancelled at once, its slot freed.
+    db.set_task(ids[3], doc! {"slot": 0_i64}).await;
+    let (code, body) = dci.post(&cancel(ids[3]), json!({})).await;
+    assert_eq!((code, body), (200, update_result(1, 1)));
+    let t = db.task(ids[3]).await;
+    assert_eq!(t.get_i32("status").ok(), Some(-5), "{t}");
+    assert!(t.get("slot").is_none(), "{t}");
     for (i, s) in [(4, 1), (5, 2), (6, -5), (7, -6)] {
         let (code, body) = dci.post(&cancel(ids[i]), json!({})).await;
         assert_eq!(code, 409, "status {s}: {body}");
@@ -270,7 +274,8 @@ async fn a_retried_failure_runs_again_on_a_den() {
 }
 
 #[tokio::test]
-async fn a_running_task_cannot_be_cancelled_retried_or_deleted() {
+/// Cancelling a running task is accepted and carried out by its runner (tests/run_control.rs).
+async fn a_running_task_cannot_be_retried_or_deleted() {
     let db = TestDb::new("api_running").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("echo", "echo", 1).await;
@@ -290,8 +295,6 @@ async fn a_running_task_cannot_be_cancelled_retried_or_deleted() {
             "task {hex} is running (status 0); it cannot be {action} yet"
         ))
     };
-    let (code, body) = dci.post(&format!("/tasks/{hex}/cancel"), json!({})).await;
-    assert_eq!((code, body), (409, running("cancelled")));
     let (code, body) = dci.post(&format!("/tasks/{hex}/retry"), json!({})).await;
     assert_eq!((code, body), (409, running("retried")));
     let (code, body) = dci

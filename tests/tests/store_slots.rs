@@ -28,7 +28,13 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
     db.insert_tasks(other, vec![doc! {}.into()]).await;
 
     let first = store
-        .claim_next_task(queue, "n1", QueueSort::Fifo, 0)
+        .claim_next_task(
+            queue,
+            "n1",
+            QueueSort::Fifo,
+            0,
+            std::time::Duration::from_secs(30),
+        )
         .await
         .expect("claim");
     let ClaimOutcome::Claimed(first) = first else {
@@ -36,13 +42,25 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
     };
     // Same slot of the same queue, from another node: the database refuses it.
     let again = store
-        .claim_next_task(queue, "n2", QueueSort::Fifo, 0)
+        .claim_next_task(
+            queue,
+            "n2",
+            QueueSort::Fifo,
+            0,
+            std::time::Duration::from_secs(30),
+        )
         .await
         .expect("claim");
     assert_eq!(again, ClaimOutcome::SlotTaken);
     // Slot 0 of another queue is a different slot.
     let elsewhere = store
-        .claim_next_task(other, "n2", QueueSort::Fifo, 0)
+        .claim_next_task(
+            other,
+            "n2",
+            QueueSort::Fifo,
+            0,
+            std::time::Duration::from_secs(30),
+        )
         .await
         .expect("claim");
     assert!(matches!(elsewhere, ClaimOutcome::Claimed(_)));
@@ -76,7 +94,13 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
     let outcome = finish(attempt).await.expect("finish");
     assert_eq!(outcome, disbatch_core::store::FinishOutcome::Recorded);
     let next = store
-        .claim_next_task(queue, "n2", QueueSort::Fifo, 0)
+        .claim_next_task(
+            queue,
+            "n2",
+            QueueSort::Fifo,
+            0,
+            std::time::Duration::from_secs(30),
+        )
         .await
         .expect("claim");
     assert!(matches!(next, ClaimOutcome::Claimed(_)), "{next:?}");

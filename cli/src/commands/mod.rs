@@ -5,6 +5,7 @@ mod queues;
 mod specs;
 mod task_ops;
 mod tasks;
+pub mod users;
 
 pub use queues::update_body;
 pub use tasks::{task_params, tasks_body};
@@ -147,5 +148,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         Command::Stderr { task_id } => task_ops::output(ctx, &task_id, "stderr", out).await,
         // Handled before a client exists: it needs no server.
         Command::Completions { .. } => Ok(()),
+        // Handled in main: it talks to MongoDB, not to the DCI.
+        Command::CreateUsers { .. } => Ok(()),
     }
 }

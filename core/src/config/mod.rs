@@ -63,6 +63,8 @@ pub struct Config {
     /// Passwords by Disbatch user name (`disbatchd`, `task_runner`, …).
     pub auth: BTreeMap<String, String>,
     pub plugins: PluginTable,
+    /// The node's environment variables its plugins may see (`plugin_env` adds to a base set).
+    pub plugin_env: crate::plugin_env::PluginEnv,
     pub task_runner: Option<PathBuf>,
     pub gfs: GfsMode,
     /// Queue ids (hex) this node serves exclusively; wins over `ignorequeues`.
@@ -96,10 +98,88 @@ pub struct WebSettings {
     pub empty_tasks_object: bool,
     /// Databases besides `database` that requests may name as their namespace.
     pub namespaces: Vec<String>,
+    /// Bearer tokens (`web.tokens`); none leaves the API open, as Disbatch 4 was.
+    pub tokens: Vec<WebToken>,
+    /// HTTPS instead of HTTP when set (`web.tls`).
+    pub tls: Option<WebTls>,
 }
 
 impl WebSettings {
     pub const DEFAULT_MAX_BODY: u64 = 64 * 1024 * 1024;
+    /// Shorter tokens are refused: they could be guessed.
+    pub const MIN_TOKEN_CHARS: usize = 16;
+}
+
+/// What a web token may do; each role includes the ones before it (`Ord` follows that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    Read,
+    Operate,
+    Admin,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Read, Role::Operate, Role::Admin];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Operate => "operate",
+            Role::Admin => "admin",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One `web.tokens` entry. The secret is private and left out of `Debug`, so printing a
+/// config can never leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebToken {
+    pub name: String,
+    pub role: Role,
+    secret: String,
+}
+
+impl WebToken {
+    pub fn new(name: impl Into<String>, role: Role, secret: impl Into<String>) -> Self {
+        WebToken {
+            name: name.into(),
+            role,
+            secret: secret.into(),
+        }
+    }
+
+    /// The token text a client must send; compare it in constant time, never log it.
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+}
+
+impl std::fmt::Debug for WebToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebToken")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+/// The DCI's certificate chain and private key (PEM), resolved against the config's directory.
+/// They are read when the DCI starts, not here: other components share the config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// A config and the non-fatal findings (unknown keys, ignored attributes) to log at start.

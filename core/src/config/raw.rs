@@ -8,7 +8,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::attributes::TlsSettings;
-use super::{BalanceSettings, Config, WebSettings, DEFAULT_LOOP_INTERVAL, MIN_LOOP_INTERVAL};
+use super::{
+    BalanceSettings, Config, Role, WebSettings, WebTls, WebToken, DEFAULT_LOOP_INTERVAL,
+    MIN_LOOP_INTERVAL,
+};
 use crate::output::GfsMode;
 use crate::plugin::PluginTable;
 
@@ -42,6 +45,8 @@ pub(super) struct RawConfig {
     plugins: Option<Value>,
     #[serde(default)]
     plugin_dirs: Option<Vec<String>>,
+    #[serde(default)]
+    plugin_env: Option<Vec<String>>,
     #[serde(default)]
     task_runner: Option<String>,
     #[serde(default)]
@@ -79,6 +84,17 @@ struct RawWeb {
     empty_tasks_object: bool,
     #[serde(default)]
     namespaces: Vec<String>,
+    #[serde(default)]
+    tls: Option<RawWebTls>,
+    /// Checked by hand, not by serde: serde's type errors quote the value, which may be a secret.
+    #[serde(default)]
+    tokens: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawWebTls {
+    cert_file: String,
+    key_file: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -147,6 +163,10 @@ impl RawConfig {
             .collect();
         let plugins = PluginTable::from_config(self.plugins.as_ref(), plugin_dirs, base)
             .map_err(|e| format!("key `plugins`: {e}"))?;
+        let plugin_env = crate::plugin_env::PluginEnv::with_extra(
+            self.plugin_env.as_deref().unwrap_or_default(),
+        )
+        .map_err(|e| format!("key `plugin_env`: {e}"))?;
         let gfs = match self.gfs {
             None | Some(Value::Null) => GfsMode::Auto,
             Some(v) => GfsMode::from_config(&v).map_err(|e| format!("key `gfs`: {e}"))?,
@@ -179,12 +199,16 @@ impl RawConfig {
         };
         let balance = self.balance.unwrap_or_default();
         let web = self.web.unwrap_or_default();
+        let tokens = web_tokens(web.tokens, base, warnings)?;
+        let web_tls = web.tls.map(|t| web_tls(t, base)).transpose()?;
         let web = WebSettings {
             listen: web.listen,
             max_body_bytes: web.max_body_bytes.unwrap_or(WebSettings::DEFAULT_MAX_BODY),
             live_window: Duration::from_millis(web.live_window_ms.unwrap_or(15_000)),
             empty_tasks_object: web.empty_tasks_object,
             namespaces: web.namespaces,
+            tokens,
+            tls: web_tls,
         };
         for ns in &web.namespaces {
             validate_database_name(ns)
@@ -200,6 +224,7 @@ impl RawConfig {
             tls,
             auth: self.auth.unwrap_or_default(),
             plugins,
+            plugin_env,
             task_runner: self
                 .task_runner
                 .as_deref()
@@ -262,6 +287,130 @@ fn queue_ids(key: &str, ids: Option<Vec<String>>) -> Result<Vec<String>, String>
         }
     }
     Ok(ids.into_iter().map(|s| s.to_ascii_lowercase()).collect())
+}
+
+fn web_tls(raw: RawWebTls, base: &Path) -> Result<WebTls, String> {
+    let file = |key: &str, value: &str| {
+        if value.trim().is_empty() {
+            Err(format!("key `web.tls.{key}` must not be empty"))
+        } else {
+            Ok(resolve(base, value))
+        }
+    };
+    Ok(WebTls {
+        cert_file: file("cert_file", &raw.cert_file)?,
+        key_file: file("key_file", &raw.key_file)?,
+    })
+}
+
+/// `web.tokens`: `[{"name", "role", "token" | "token_file"}]`. No message here may contain
+/// a token's text, only the key that holds it.
+fn web_tokens(
+    value: Option<Value>,
+    base: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<WebToken>, String> {
+    let entries = match value {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(entries)) => entries,
+        Some(_) => {
+            return Err(
+                "key `web.tokens` must be an array of {\"name\", \"role\", \"token\" or \"token_file\"} objects"
+                    .into(),
+            )
+        }
+    };
+    let mut tokens: Vec<WebToken> = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.into_iter().enumerate() {
+        let at = format!("web.tokens[{i}]");
+        let token = web_token(&at, entry, base, warnings)?;
+        if tokens.iter().any(|t| t.name == token.name) {
+            return Err(format!(
+                "key `{at}.name`: {:?} is used by an earlier token; names must be unique",
+                token.name
+            ));
+        }
+        if let Some(j) = tokens.iter().position(|t| t.secret() == token.secret()) {
+            return Err(format!(
+                "key `{at}`: the same token as `web.tokens[{j}]`; each name needs its own token"
+            ));
+        }
+        tokens.push(token);
+    }
+    Ok(tokens)
+}
+
+fn web_token(
+    at: &str,
+    entry: Value,
+    base: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<WebToken, String> {
+    let Value::Object(map) = entry else {
+        return Err(format!(
+            "key `{at}` must be an object with \"name\", \"role\" and \"token\" or \"token_file\""
+        ));
+    };
+    let text = |key: &str| -> Result<Option<&str>, String> {
+        match map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(_) => Err(format!("key `{at}.{key}` must be a string")),
+        }
+    };
+    let name = match text("name")? {
+        Some(n) if !n.trim().is_empty() => n.to_string(),
+        Some(_) => return Err(format!("key `{at}.name` must not be empty")),
+        None => return Err(format!("key `{at}.name` is required")),
+    };
+    let role = match text("role")? {
+        Some(r) => Role::parse(r).ok_or_else(|| {
+            format!("key `{at}.role`: unknown role {r:?}; use read, operate or admin")
+        })?,
+        None => return Err(format!("key `{at}.role` is required")),
+    };
+    let secret = match (text("token")?, text("token_file")?) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "key `{at}`: give `token` or `token_file`, not both"
+            ))
+        }
+        (None, None) => return Err(format!("key `{at}`: `token` or `token_file` is required")),
+        (Some(token), None) => checked_secret(&format!("{at}.token"), token)?,
+        (None, Some(file)) => {
+            let path = resolve(base, file);
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                format!("key `{at}.token_file`: cannot read {}: {e}", path.display())
+            })?;
+            // A file's final newline is not part of the token.
+            checked_secret(&format!("{at}.token_file"), text.trim())?
+        }
+    };
+    for key in map.keys() {
+        if !matches!(key.as_str(), "name" | "role" | "token" | "token_file") {
+            warnings.push(format!("unknown key `{at}.{key}` is ignored"));
+        }
+    }
+    Ok(WebToken::new(name, role, secret))
+}
+
+/// A token must fit in an `Authorization: Bearer` header and be long enough not to be guessed.
+fn checked_secret(key: &str, token: &str) -> Result<String, String> {
+    if token.is_empty() {
+        return Err(format!("key `{key}`: the token is empty"));
+    }
+    if !token.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(format!(
+            "key `{key}`: the token may hold only printable ASCII without spaces"
+        ));
+    }
+    if token.len() < WebSettings::MIN_TOKEN_CHARS {
+        return Err(format!(
+            "key `{key}`: the token is shorter than {} characters",
+            WebSettings::MIN_TOKEN_CHARS
+        ));
+    }
+    Ok(token.to_string())
 }
 
 /// Paths in the config are relative to the config file, so a checkout can carry its own config.

@@ -145,3 +145,174 @@ fn node_names_are_validated() {
             .contains("`node`")
     );
 }
+
+fn web(web: &str) -> String {
+    format!(r#"{{"mongohost": "mongodb://h", "database": "d", "web": {web}}}"#)
+}
+
+const SECRET: &str = "s3cret-s3cret-s3cret";
+
+#[test]
+fn web_tokens_and_tls_are_read_with_paths_resolved() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("admin.token"), "admin-token-from-a-file\n").expect("write");
+    let text = web(&format!(
+        r#"{{"tokens": [{{"name": "ops", "role": "operate", "token": "{SECRET}"}},
+                        {{"name": "boss", "role": "admin", "token_file": "admin.token", "note": 1}}],
+            "tls": {{"cert_file": "cert.pem", "key_file": "/abs/key.pem"}}}}"#
+    ));
+    let loaded = Config::parse(&dir.path().join("config.json"), &text).expect("ok");
+    assert_eq!(
+        loaded.warnings,
+        ["unknown key `web.tokens[1].note` is ignored"]
+    );
+    let w = loaded.config.web;
+    assert_eq!(w.tokens.len(), 2);
+    assert_eq!(
+        (
+            w.tokens[0].name.as_str(),
+            w.tokens[0].role,
+            w.tokens[0].secret()
+        ),
+        ("ops", Role::Operate, SECRET)
+    );
+    assert_eq!(
+        (
+            w.tokens[1].name.as_str(),
+            w.tokens[1].role,
+            w.tokens[1].secret()
+        ),
+        ("boss", Role::Admin, "admin-token-from-a-file")
+    );
+    let tls = w.tls.expect("tls");
+    assert_eq!(tls.cert_file, dir.path().join("cert.pem"));
+    assert_eq!(tls.key_file, Path::new("/abs/key.pem"));
+}
+
+#[test]
+fn no_tokens_leaves_the_api_open_and_roles_are_ordered() {
+    let c = parse(r#"{"mongohost": "mongodb://h", "database": "d"}"#)
+        .expect("ok")
+        .config;
+    assert!(c.web.tokens.is_empty() && c.web.tls.is_none());
+    assert!(parse(&web(r#"{"tokens": []}"#))
+        .expect("ok")
+        .config
+        .web
+        .tokens
+        .is_empty());
+    assert!(Role::Read < Role::Operate && Role::Operate < Role::Admin);
+    assert_eq!(Role::parse("operate"), Some(Role::Operate));
+    assert_eq!(Role::parse("Admin"), None);
+}
+
+#[test]
+fn bad_web_tokens_are_refused_naming_the_key_and_never_the_token() {
+    let entry = |fields: &str| web(&format!(r#"{{"tokens": [{fields}]}}"#));
+    let cases = [
+        (
+            entry(&format!(
+                r#"{{"name": "a", "role": "root", "token": "{SECRET}"}}"#
+            )),
+            "web.tokens[0].role",
+            "unknown role",
+        ),
+        (
+            entry(r#"{"name": "a", "role": "read", "token": ""}"#),
+            "web.tokens[0].token",
+            "empty",
+        ),
+        (
+            entry(r#"{"name": "a", "role": "read", "token": "short-secret"}"#),
+            "web.tokens[0].token",
+            "shorter than 16",
+        ),
+        (
+            entry(r#"{"name": "a", "role": "read", "token": "has a space inside it"}"#),
+            "web.tokens[0].token",
+            "printable ASCII",
+        ),
+        (
+            entry(&format!(
+                r#"{{"name": "a", "role": "read", "token": "{SECRET}"}},
+                   {{"name": "a", "role": "admin", "token": "another-long-secret"}}"#
+            )),
+            "web.tokens[1].name",
+            "unique",
+        ),
+        (
+            entry(&format!(
+                r#"{{"name": "a", "role": "read", "token": "{SECRET}"}},
+                   {{"name": "b", "role": "admin", "token": "{SECRET}"}}"#
+            )),
+            "web.tokens[1]",
+            "same token",
+        ),
+        (
+            entry(r#"{"name": "a", "role": "read", "token_file": "/nonexistent/disbatch.token"}"#),
+            "web.tokens[0].token_file",
+            "/nonexistent/disbatch.token",
+        ),
+        (
+            entry(&format!(
+                r#"{{"name": "a", "role": "read", "token": "{SECRET}", "token_file": "f"}}"#
+            )),
+            "web.tokens[0]",
+            "not both",
+        ),
+        (
+            entry(r#"{"name": "a", "role": "read"}"#),
+            "web.tokens[0]",
+            "required",
+        ),
+        (
+            entry(&format!(r#"{{"role": "read", "token": "{SECRET}"}}"#)),
+            "web.tokens[0].name",
+            "required",
+        ),
+        (
+            entry(&format!(r#"{{"name": "a", "token": "{SECRET}"}}"#)),
+            "web.tokens[0].role",
+            "required",
+        ),
+        (entry(&format!(r#""{SECRET}""#)), "web.tokens[0]", "object"),
+        (
+            web(&format!(r#"{{"tokens": "{SECRET}"}}"#)),
+            "web.tokens",
+            "array",
+        ),
+        (
+            entry(r#"{"name": "a", "role": "read", "token": 12345678901234567890}"#),
+            "web.tokens[0].token",
+            "string",
+        ),
+    ];
+    for (text, key, problem) in cases {
+        let e = error_of(&text);
+        assert!(
+            e.contains(&format!("`{key}")) && e.contains(problem),
+            "{key}: {e}"
+        );
+        for secret in [SECRET, "short-secret", "12345678901234567890"] {
+            assert!(!e.contains(secret), "the token leaked into: {e}");
+        }
+    }
+}
+
+#[test]
+fn token_debug_output_hides_the_secret() {
+    let text = web(&format!(
+        r#"{{"tokens": [{{"name": "ops", "role": "read", "token": "{SECRET}"}}]}}"#
+    ));
+    let c = parse(&text).expect("ok").config;
+    let shown = format!("{c:?}");
+    assert!(shown.contains("ops") && !shown.contains(SECRET), "{shown}");
+}
+
+#[test]
+fn web_tls_needs_both_files() {
+    let e = error_of(&web(r#"{"tls": {"cert_file": "c.pem"}}"#));
+    assert!(e.contains("web.tls") && e.contains("key_file"), "{e}");
+    let e = error_of(&web(r#"{"tls": {"cert_file": "", "key_file": "k.pem"}}"#));
+    assert!(e.contains("`web.tls.cert_file`"), "{e}");
+}

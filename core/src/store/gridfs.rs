@@ -158,6 +158,27 @@ impl Store {
         Ok(out)
     }
 
+    /// Describes the first chunk of an output file that holds neither text nor binary data
+    /// (edited by hand or corrupt), so a reader can refuse it before streaming anything.
+    pub async fn unreadable_chunk(&self, id: ObjectId) -> Result<Option<String>> {
+        let found = self
+            .collection(CHUNKS)
+            .find_one(doc! {
+                chunk::FILES_ID: id,
+                chunk::DATA: {"$not": {"$type": ["string", "binData"]}},
+            })
+            .projection(doc! {chunk::N: 1, chunk::DATA: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("checking GridFS file {id}"), e))?;
+        Ok(found.map(|c| {
+            let n = c.get(chunk::N).map_or("?".to_string(), |n| n.to_string());
+            let data = c
+                .get(chunk::DATA)
+                .map_or("nothing".to_string(), |d| format!("{:?}", d.element_type()));
+            format!("chunk {n} holds {data}, not text or binary data")
+        }))
+    }
+
     /// The files document of a stored output, if it exists.
     pub async fn output_file(&self, id: ObjectId) -> Result<Option<Document>> {
         self.collection(FILES)

@@ -4,6 +4,7 @@ mod attempts;
 mod balance;
 mod balance_lease;
 mod gridfs;
+mod leases;
 mod lookup;
 mod nodes;
 mod queues;
@@ -14,6 +15,7 @@ mod task_create;
 mod task_query;
 mod tasks;
 mod units;
+mod users;
 mod web_nodes;
 mod web_queues;
 
@@ -26,6 +28,7 @@ use mongodb::{Client, Collection, Database};
 pub use attempts::AttemptEnd;
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
+pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
 pub use nodes::{Heartbeat, NodeLimit};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
@@ -33,6 +36,10 @@ pub use task_create::Template;
 pub use task_query::{IndexSets, QueryError, TaskQuery};
 pub use tasks::{ClaimOutcome, FinishOutcome, OutputValue, RunningSnapshot, TaskEnd};
 pub use units::{OnConflict, Unit, UnitsOutcome};
+pub use users::{
+    create_role_command, parse_additional, parse_perms, passwords, roles, Perms, RoleSpec,
+    UserAdmin, COMPONENTS,
+};
 pub use web_queues::QueueCounts;
 
 use crate::config::{Component, Config};
@@ -49,23 +56,7 @@ impl Store {
     /// Connects as `component`'s MongoDB user (from `auth`), with TLS from `attributes`.
     /// The driver connects lazily; the first operation reports an unreachable server.
     pub async fn connect(config: &Config, component: Component) -> Result<Store> {
-        let mut options = ClientOptions::parse(&config.mongohost)
-            .await
-            .map_err(|e| Error::mongo("parsing `mongohost`", e))?;
-        options.app_name = Some(format!("disbatch-rs/{}", component.user()));
-        if options.server_selection_timeout.is_none() {
-            // Fail an operation within a pass or two rather than the driver's 30 s default,
-            // so loops log the outage and retry instead of stalling silently.
-            options.server_selection_timeout = Some(Duration::from_secs(10));
-        }
-        if config.tls.enabled {
-            let tls = TlsOptions::builder()
-                .ca_file_path(config.tls.ca_file.clone())
-                .cert_key_file_path(config.tls.cert_key_file.clone())
-                .allow_invalid_certificates(config.tls.allow_invalid_certificates.then_some(true))
-                .build();
-            options.tls = Some(Tls::Enabled(tls));
-        }
+        let mut options = client_options(config, component.user()).await?;
         if let Some(password) = config.auth.get(component.user()) {
             options.credential = Some(
                 Credential::builder()
@@ -120,6 +111,29 @@ impl Store {
     fn collection(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
     }
+}
+
+/// Driver options from `mongohost` and `attributes` (TLS), before any credential: shared by
+/// the components and by `create-users`, which logs in as the root user instead.
+pub(crate) async fn client_options(config: &Config, user: &str) -> Result<ClientOptions> {
+    let mut options = ClientOptions::parse(&config.mongohost)
+        .await
+        .map_err(|e| Error::mongo("parsing `mongohost`", e))?;
+    options.app_name = Some(format!("disbatch-rs/{user}"));
+    if options.server_selection_timeout.is_none() {
+        // Fail an operation within a pass or two rather than the driver's 30 s default,
+        // so loops log the outage and retry instead of stalling silently.
+        options.server_selection_timeout = Some(Duration::from_secs(10));
+    }
+    if config.tls.enabled {
+        let tls = TlsOptions::builder()
+            .ca_file_path(config.tls.ca_file.clone())
+            .cert_key_file_path(config.tls.cert_key_file.clone())
+            .allow_invalid_certificates(config.tls.allow_invalid_certificates.then_some(true))
+            .build();
+        options.tls = Some(Tls::Enabled(tls));
+    }
+    Ok(options)
 }
 
 /// What a write matched and changed, for the API's result envelopes.

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::{
     parse_flag, parse_integer, parse_limit, Queue, QueueSort, SpecFields, DEFAULT_WEIGHT,
 };
+use crate::run_policy::{self, OnLost, RunPolicy};
 
 impl Store {
     /// All queues in natural order. Documents without an ObjectId `_id` are reported, not fatal.
@@ -71,11 +72,13 @@ fn queue_from_document(d: &Document) -> Result<Queue, String> {
     // `max_running` is Coordinate's name for the global cap; `threads` wins when both exist.
     let cap = d.get(queue::THREADS).or_else(|| d.get(queue::MAX_RUNNING));
     let spec = spec_fields(d);
-    // An unreadable work-spec field makes the queue unservable, reported like bad threads.
-    let threads = match (parse_limit(cap), &spec) {
-        (Ok(t), Ok(_)) => Ok(t.unwrap_or(0)),
-        (Err(e), _) => Err(format!("threads: {e}")),
-        (_, Err(e)) => Err(e.clone()),
+    let run = run_policy(d);
+    // An unreadable work-spec or run-policy field makes the queue unservable, reported like
+    // bad threads.
+    let threads = match (parse_limit(cap), &spec, &run) {
+        (Ok(t), Ok(_), Ok(_)) => Ok(t.unwrap_or(0)),
+        (Err(e), _, _) => Err(format!("threads: {e}")),
+        (_, Err(e), _) | (_, _, Err(e)) => Err(e.clone()),
     };
     let (sort, sort_warning) = QueueSort::parse(d.get(queue::SORT));
     Ok(Queue {
@@ -86,6 +89,39 @@ fn queue_from_document(d: &Document) -> Result<Queue, String> {
         sort,
         sort_warning,
         spec: spec.unwrap_or_default(),
+        run: run.unwrap_or_default(),
+    })
+}
+
+/// Lease, on_lost, timeout and kill grace; a value that cannot be read is the skip reason.
+fn run_policy(d: &Document) -> Result<RunPolicy, String> {
+    let seconds = |key: &str| -> Result<Option<f64>, String> {
+        match d.get(key) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::Int32(n)) => Ok(Some(*n as f64)),
+            Some(Bson::Int64(n)) => Ok(Some(*n as f64)),
+            Some(Bson::Double(f)) => Ok(Some(*f)),
+            Some(Bson::String(s)) => s
+                .trim()
+                .parse::<f64>()
+                .map(Some)
+                .map_err(|_| format!("{key} must be a number of seconds, found {s:?}")),
+            Some(other) => Err(format!("{key} must be a number of seconds, found {other}")),
+        }
+    };
+    let on_lost = match d.get(queue::ON_LOST) {
+        None | Some(Bson::Null) => OnLost::default(),
+        Some(Bson::String(s)) => OnLost::parse(Some(s))?,
+        Some(other) => return Err(format!("on_lost must be a string, found {other}")),
+    };
+    Ok(RunPolicy {
+        lease: run_policy::lease_from(seconds(queue::LEASE)?)?,
+        on_lost,
+        // A timeout of 0 means none, as an unset one does.
+        timeout: run_policy::parse_seconds(seconds(queue::TIMEOUT)?, queue::TIMEOUT)?
+            .filter(|t| !t.is_zero()),
+        kill_grace: run_policy::parse_seconds(seconds(queue::KILL_GRACE)?, queue::KILL_GRACE)?
+            .unwrap_or(run_policy::DEFAULT_KILL_GRACE),
     })
 }
 

@@ -37,6 +37,11 @@ pub mod task {
     /// How many attempts have started, and the current one's id (its fencing token).
     pub const ATTEMPTS: &str = "attempts";
     pub const ATTEMPT: &str = "attempt";
+    /// Ours: a claimed or running task is recovered by any node once this date passes;
+    /// its runner keeps moving it forward. Unset when the task ends.
+    pub const LEASE_UNTIL: &str = "lease_until";
+    /// Ours: when an operator asked to cancel a running task; its runner stops the plugin.
+    pub const CANCEL_REQUESTED: &str = "cancel_requested";
 }
 
 /// Ours: one record per run of a task.
@@ -50,7 +55,8 @@ pub mod attempt {
     pub const PID: &str = "pid";
     pub const START: &str = "start";
     pub const END: &str = "end";
-    /// running, succeeded, failed, retry, discarded.
+    /// running, succeeded, failed, retry, cancelled, timed_out, discarded, or lost (its lease
+    /// passed and another node recovered the task).
     pub const OUTCOME: &str = "outcome";
     pub const STATUS: &str = "status";
     pub const EXIT_CODE: &str = "exit_code";
@@ -87,6 +93,14 @@ pub mod queue {
     pub const MIN_GB: &str = "min_gb";
     /// Handed to the plugin as JSON (`DISBATCH_QUEUE_CONFIG`).
     pub const CONFIG: &str = "config";
+    /// Ours, seconds: a running task's lease (default 30).
+    pub const LEASE: &str = "lease";
+    /// Ours: "orphan" (default) or "requeue", for a task whose lease passed.
+    pub const ON_LOST: &str = "on_lost";
+    /// Ours, seconds: the most a plugin may run before it is stopped and the task fails.
+    pub const TIMEOUT: &str = "timeout";
+    /// Ours, seconds between SIGTERM and SIGKILL when a plugin is stopped (default 5).
+    pub const KILL_GRACE: &str = "kill_grace";
 }
 
 pub mod node {
@@ -166,10 +180,25 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
     vec![
         (TASKS, unique_where_present(task::SLOT)),
         (TASKS, unique_where_present(task::KEY)),
+        // Only claimed and running tasks carry a lease, so recovery scans just those.
+        (
+            TASKS,
+            IndexModel::builder()
+                .keys(doc! {task::LEASE_UNTIL: 1})
+                .options(IndexOptions::builder().sparse(true).build())
+                .build(),
+        ),
         (
             ATTEMPTS,
             IndexModel::builder()
                 .keys(doc! {attempt::TASK: 1, attempt::START: 1})
+                .build(),
+        ),
+        // The repair of attempts left open by a dead runner looks only at open ones.
+        (
+            ATTEMPTS,
+            IndexModel::builder()
+                .keys(doc! {attempt::OUTCOME: 1, attempt::START: 1})
                 .build(),
         ),
     ]

@@ -13,6 +13,8 @@ use crate::model::status;
 #[derive(Debug, Clone, PartialEq)]
 pub enum ControlOutcome {
     Done(WriteCounts),
+    /// Asked of a running task's runner, which carries it out within seconds.
+    Requested(WriteCounts),
     NotFound,
     /// The task is in a status the action does not apply to.
     WrongStatus(Bson),
@@ -27,11 +29,34 @@ pub fn is_retryable(s: i64) -> bool {
 }
 
 impl Store {
-    /// Queued or blocked → cancelled.
+    /// Queued, blocked or claimed-but-unstarted → cancelled at once (a claimed task's runner
+    /// then finds nothing to start); running → a cancel request its runner acts on.
     pub async fn cancel_task(&self, id: ObjectId) -> Result<ControlOutcome> {
-        let filter = doc! {task::ID: id, task::STATUS: {"$in": [status::QUEUED, status::BLOCKED]}};
-        let update = doc! {"$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()}};
-        self.control_one(id, filter, update, "cancelling").await
+        let waiting = [status::QUEUED, status::BLOCKED, status::CLAIMED];
+        let filter = doc! {task::ID: id, task::STATUS: {"$in": waiting.to_vec()}};
+        let update = doc! {
+            "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
+            "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
+        };
+        let r = self
+            .collection(TASKS)
+            .update_one(filter, update)
+            .await
+            .map_err(|e| Error::mongo(format!("cancelling task {id}"), e))?;
+        if r.matched_count == 1 {
+            return Ok(ControlOutcome::Done(WriteCounts::from(r)));
+        }
+        let running = doc! {task::ID: id, task::STATUS: status::RUNNING};
+        let request = doc! {"$set": {task::CANCEL_REQUESTED: DateTime::now()}};
+        let r = self
+            .collection(TASKS)
+            .update_one(running, request)
+            .await
+            .map_err(|e| Error::mongo(format!("asking to cancel task {id}"), e))?;
+        if r.matched_count == 1 {
+            return Ok(ControlOutcome::Requested(WriteCounts::from(r)));
+        }
+        self.why_not(id).await
     }
 
     /// A finished, orphaned, cancelled or terminated task back to queued, output cleared.
@@ -143,6 +168,6 @@ fn requeue_update() -> bson::Document {
             task::STDERR: Bson::Null,
             task::MTIME: DateTime::now(),
         },
-        "$unset": {task::COMPLETE: "", task::SLOT: ""},
+        "$unset": {task::COMPLETE: "", task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""},
     }
 }

@@ -118,14 +118,16 @@ impl Store {
         Ok(snap)
     }
 
-    /// Claims the next queued task of `queue` for `node`, holding `slot`. The slot's unique
-    /// index makes the database refuse a claim beyond the queue's `threads`, whichever node asks.
+    /// Claims the next queued task of `queue` for `node`, holding `slot`, with a lease of
+    /// `lease` for its runner to start in. The slot's unique index makes the database refuse
+    /// a claim beyond the queue's `threads`, whichever node asks.
     pub async fn claim_next_task(
         &self,
         queue: ObjectId,
         node: &str,
         sort: QueueSort,
         slot: u32,
+        lease: Duration,
     ) -> Result<ClaimOutcome> {
         // `node: -1` marked unclaimed tasks in Disbatch 3; 4.103 still claims them.
         // A delayed task (Coordinate's not_before) waits; `null` also matches a missing field.
@@ -140,6 +142,7 @@ impl Store {
             task::STATUS: status::CLAIMED,
             task::MTIME: DateTime::now(),
             task::SLOT: slot as i64,
+            task::LEASE_UNTIL: super::leases::deadline(lease),
         }};
         let tasks = self.collection(TASKS);
         let mut action = tasks
@@ -189,9 +192,10 @@ impl Store {
             .map_err(|e| Error::mongo(format!("starting task {id}"), e))
     }
 
-    /// Records a result in one write: outputs, `mtime`, the slot freed, and either a final
-    /// status with `complete: true` or, for a retry, back to queued (after `not_before`).
-    /// Conditional on the task still running on `node` as `attempt`.
+    /// Records a result in one write: outputs, `mtime`, the slot and lease freed, and either a
+    /// final status with `complete: true` or, for a retry, back to queued (after `not_before`).
+    /// Conditional on the task still being `node`'s as `attempt`: running, or orphaned when its
+    /// lease passed during an outage (the result is real; no other attempt has started).
     pub async fn finish_task(
         &self,
         id: ObjectId,
@@ -201,13 +205,18 @@ impl Store {
         stdout: OutputValue,
         stderr: OutputValue,
     ) -> Result<FinishOutcome> {
-        let filter = doc! {task::ID: id, task::STATUS: status::RUNNING, task::NODE: node, task::ATTEMPT: attempt};
+        let filter = doc! {
+            task::ID: id,
+            task::STATUS: {"$in": [status::RUNNING, status::ORPHANED]},
+            task::NODE: node,
+            task::ATTEMPT: attempt,
+        };
         let mut set = doc! {
             task::STDOUT: Bson::from(stdout),
             task::STDERR: Bson::from(stderr),
             task::MTIME: DateTime::now(),
         };
-        let mut unset = doc! {task::SLOT: ""};
+        let mut unset = doc! {task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""};
         match end {
             TaskEnd::Status(s) => {
                 set.insert(task::STATUS, s);
@@ -239,12 +248,14 @@ impl Store {
     }
 
     /// Disbatch's orphan rule: tasks this node claimed but never started, older than `age`,
-    /// become orphaned (-6). Handles BSON-date and legacy epoch-seconds `mtime`.
+    /// become orphaned (-6). Handles BSON-date and legacy epoch-seconds `mtime`. Claims with a
+    /// lease are left to lease recovery, which requeues them sooner.
     pub async fn reap_orphans(&self, node: &str, age: Duration) -> Result<u64> {
         let cutoff_ms = DateTime::now().timestamp_millis() - age.as_millis() as i64;
         let filter = doc! {
             task::NODE: node,
             task::STATUS: status::CLAIMED,
+            task::LEASE_UNTIL: {"$exists": false},
             "$or": [
                 {task::MTIME: {"$lt": DateTime::from_millis(cutoff_ms)}},
                 {task::MTIME: {"$lt": cutoff_ms as f64 / 1000.0}},
@@ -270,7 +281,7 @@ impl Store {
         }
         let update = doc! {
             "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
-            "$unset": {task::SLOT: ""},
+            "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
         };
         self.collection(TASKS)
             .update_many(filter, update)

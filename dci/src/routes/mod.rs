@@ -15,34 +15,48 @@ mod tasks_search;
 mod ui;
 mod units;
 
+use std::sync::Arc;
+
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
+use axum::middleware::from_fn_with_state;
 use axum::routing::{delete, get, post, MethodRouter};
 use axum::Router;
+use disbatch_core::config::Role;
 
+use crate::access::{gate, Access, Gate};
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// One route: method, axum path, a summary for the OpenAPI document, whether it is a legacy
-/// route (listed only when loaded), and its handler — in one entry, so a listed route cannot
-/// lack a handler.
+/// One route: method, axum path, the role a token needs for it, a summary for the OpenAPI
+/// document, whether it is a legacy route (listed only when loaded), and its handler — in one
+/// entry, so a listed route cannot lack a handler or a role.
 pub struct Route {
     pub method: Method,
     pub path: &'static str,
+    /// `None`: public. Only the console's shell is, and it holds no data.
+    pub role: Option<Role>,
     pub summary: &'static str,
     pub legacy: bool,
     pub handler: fn() -> MethodRouter<AppState>,
 }
 
+const PUBLIC: Option<Role> = None;
+const READ: Option<Role> = Some(Role::Read);
+const OPERATE: Option<Role> = Some(Role::Operate);
+const ADMIN: Option<Role> = Some(Role::Admin);
+
 fn route(
     method: Method,
     path: &'static str,
+    role: Option<Role>,
     summary: &'static str,
     handler: fn() -> MethodRouter<AppState>,
 ) -> Route {
     Route {
         method,
         path,
+        role,
         summary,
         legacy: false,
         handler,
@@ -52,215 +66,264 @@ fn route(
 fn legacy(
     method: Method,
     path: &'static str,
+    role: Option<Role>,
     summary: &'static str,
     handler: fn() -> MethodRouter<AppState>,
 ) -> Route {
     Route {
         legacy: true,
-        ..route(method, path, summary, handler)
+        ..route(method, path, role, summary, handler)
     }
 }
 
 pub fn table() -> Vec<Route> {
     vec![
-        route(Method::GET, "/", "The operator console (HTML)", || {
-            get(ui::index)
-        }),
+        route(
+            Method::GET,
+            "/",
+            PUBLIC,
+            "The operator console (HTML)",
+            || get(ui::index),
+        ),
         route(
             Method::GET,
             "/ui/{file}",
+            PUBLIC,
             "Console assets built into the server",
             || get(ui::asset),
         ),
         route(
             Method::GET,
             "/info",
+            READ,
             "Database, web extensions and routes",
             || get(info::info),
         ),
         route(
             Method::GET,
             "/nodes",
+            READ,
             "Nodes with running counts and liveness",
             || get(nodes::list),
         ),
         route(
             Method::GET,
             "/nodes/{node}",
+            READ,
             "One node by id or name",
             || get(nodes::get),
         ),
         route(
             Method::POST,
             "/nodes/{node}",
+            OPERATE,
             "Set a node's maxthreads",
             || post(nodes::set_maxthreads),
         ),
         route(
             Method::GET,
             "/plugins",
+            READ,
             "Plugins allowed by the config",
             || get(info::plugins),
         ),
         route(
             Method::GET,
             "/queues",
+            READ,
             "Queues with queued, running and completed counts",
             || get(queues::list),
         ),
-        route(Method::POST, "/queues", "Create a queue", || {
+        route(Method::POST, "/queues", ADMIN, "Create a queue", || {
             post(queues::create)
         }),
         route(
             Method::POST,
             "/specs",
+            ADMIN,
             "Load Coordinate work specs into queues",
             || post(specs::load),
         ),
         route(
             Method::GET,
             "/summary",
+            READ,
             "Task counts per queue in Coordinate's unit states",
             || get(summary::get),
         ),
         route(
             Method::POST,
             "/queues/{queue}/units",
+            OPERATE,
             "Add work units by key (reject or update existing keys)",
             || post(units::add),
         ),
         route(
             Method::GET,
             "/queues/{queue}",
+            READ,
             "One queue by id or name",
             || get(queues::get),
         ),
         route(
             Method::POST,
             "/queues/{queue}",
+            OPERATE,
             "Update a queue's name, plugin, threads or sort",
             || post(queues::update),
         ),
         route(
             Method::DELETE,
             "/queues/{queue}",
+            ADMIN,
             "Delete a queue (its tasks are kept)",
             || delete(queues::delete),
         ),
         route(
             Method::POST,
             "/queues/{queue}/retry",
+            OPERATE,
             "Requeue a queue's tasks in the given statuses",
             || post(queues::retry),
         ),
         route(
             Method::POST,
             "/queues/{queue}/pause",
+            OPERATE,
             "Pause a queue: threads to 0, remembered",
             || post(queues::pause),
         ),
         route(
             Method::POST,
             "/queues/{queue}/resume",
+            OPERATE,
             "Resume a paused queue with its old threads",
             || post(queues::resume),
         ),
         route(
             Method::POST,
             "/tasks",
+            OPERATE,
             "Create tasks: one, many, or from another collection",
             || post(tasks_create::create),
         ),
         route(
             Method::GET,
             "/tasks",
+            READ,
             "Search or count tasks by indexed fields",
             || get(tasks_search::search),
         ),
         route(
             Method::GET,
             "/tasks/{id}",
+            READ,
             "One task (JSON, or HTML for browsers)",
             || get(task_one::get),
         ),
         route(
             Method::DELETE,
             "/tasks/{id}",
+            OPERATE,
             "Delete a task that is not running, and its output files",
             || delete(task_one::delete),
         ),
         route(
             Method::POST,
             "/tasks/{id}/cancel",
+            OPERATE,
             "Cancel a queued task",
             || post(task_one::cancel),
         ),
         route(
             Method::POST,
             "/tasks/{id}/retry",
+            OPERATE,
             "Requeue a finished, orphaned or cancelled task",
             || post(task_one::retry),
         ),
         route(
             Method::GET,
             "/tasks/{id}/stdout",
+            READ,
             "A task's stdout as text, inline or from GridFS",
             || get(task_one::stdout),
         ),
         route(
             Method::GET,
             "/tasks/{id}/stderr",
+            READ,
             "A task's stderr as text, inline or from GridFS",
             || get(task_one::stderr),
         ),
-        route(Method::GET, "/balance", "The QueueBalance document", || {
-            get(balance::get)
-        }),
+        route(
+            Method::GET,
+            "/balance",
+            READ,
+            "The QueueBalance document",
+            || get(balance::get),
+        ),
         route(
             Method::POST,
             "/balance",
+            ADMIN,
             "Update QueueBalance settings",
             || post(balance::set),
         ),
         route(
             Method::GET,
             "/monitoring",
+            READ,
             "Node and QueueBalance health checks",
             || get(monitoring::get),
         ),
         route(
             Method::GET,
             "/openapi.json",
+            READ,
             "This API as an OpenAPI 3.0 document",
             || get(openapi::document),
         ),
         legacy(
             Method::POST,
             "/tasks/search",
+            READ,
             "Legacy 4.0 search with an arbitrary filter",
             || post(legacy::search),
         ),
         legacy(
             Method::POST,
             "/tasks/{id}",
+            OPERATE,
             "Legacy 4.0: create tasks in a queue from a params array",
             || post(legacy::create_in_queue),
         ),
         legacy(
             Method::POST,
             "/tasks/{id}/{collection}",
+            OPERATE,
             "Legacy 4.0: create tasks from a collection",
             || post(legacy::create_from_collection),
         ),
     ]
 }
 
-/// Builds the router from the table; legacy routes answer 404 unless loaded.
+/// Builds the router from the table; legacy routes answer 404 unless loaded. Each route but
+/// the public ones checks the caller's token against its role before its handler runs (and
+/// before any body is read).
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.web.max_body_bytes as usize;
+    let access = Arc::new(Access::new(&state.config.web.tokens));
     let mut by_path: Vec<(&'static str, MethodRouter<AppState>)> = Vec::new();
     for r in table() {
-        let h = (r.handler)();
+        let mut h = (r.handler)();
+        if let Some(role) = r.role {
+            let g = Gate {
+                access: access.clone(),
+                role,
+            };
+            h = h.route_layer(from_fn_with_state(g, gate));
+        }
         match by_path.iter_mut().find(|(p, _)| *p == r.path) {
             Some((_, existing)) => *existing = std::mem::take(existing).merge(h),
             None => by_path.push((r.path, h)),
@@ -286,4 +349,41 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
         axum::http::StatusCode::METHOD_NOT_ALLOWED,
         format!("method {method} not allowed for {}", uri.path()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The policy in dci/API.md: only the console shell is public, reading is `read`, and
+    /// every change needs at least `operate`.
+    #[test]
+    fn every_route_has_the_role_its_kind_calls_for() {
+        for r in table() {
+            let what = format!("{} {}", r.method, r.path);
+            if matches!(r.path, "/" | "/ui/{file}") {
+                assert_eq!(r.role, PUBLIC, "{what}");
+            } else if r.method == Method::GET
+                || (r.method == Method::POST && r.path == "/tasks/search")
+            {
+                assert_eq!(r.role, READ, "{what}");
+            } else {
+                assert!(
+                    r.role >= OPERATE,
+                    "{what} changes data: needs operate or admin"
+                );
+            }
+        }
+        let role = |method: Method, path: &str| {
+            table()
+                .into_iter()
+                .find(|r| r.method == method && r.path == path)
+                .and_then(|r| r.role)
+        };
+        for path in ["/queues", "/specs", "/balance"] {
+            assert_eq!(role(Method::POST, path), Some(Role::Admin), "POST {path}");
+        }
+        assert_eq!(role(Method::DELETE, "/queues/{queue}"), Some(Role::Admin));
+        assert_eq!(role(Method::POST, "/tasks"), Some(Role::Operate));
+    }
 }

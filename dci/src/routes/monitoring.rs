@@ -65,8 +65,10 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
                     _ => 0,
                 };
                 let status = doc.get_str("status").unwrap_or("");
-                if now - ts > FRESH_SECS {
-                    json!({"status": "CRITICAL", "message": format!("queuebalanced not running for {}s", now - ts)})
+                // Saturating: the timestamp is whatever was stored, i64::MIN included.
+                let age = now.saturating_sub(ts);
+                if age > FRESH_SECS {
+                    json!({"status": "CRITICAL", "message": format!("queuebalanced not running for {age}s")})
                 } else if matches!(status, "OK" | "WARNING" | "CRITICAL") {
                     json!({"status": status, "message": doc.get_str("message").unwrap_or("")})
                 } else {

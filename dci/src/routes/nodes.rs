@@ -22,7 +22,12 @@ fn node_json(d: &Document, running: u64, live_window_ms: i64) -> Value {
         if let Some(ts) = ts {
             map.insert("timestamp".into(), render::date(ts, Dates::Millis));
         }
-        let age = ts.map(|t| bson::DateTime::now().timestamp_millis() - t.timestamp_millis());
+        // Saturating: ops can store any date, even i64::MIN milliseconds.
+        let age = ts.map(|t| {
+            bson::DateTime::now()
+                .timestamp_millis()
+                .saturating_sub(t.timestamp_millis())
+        });
         map.insert(
             "live".into(),
             Value::Bool(age.is_some_and(|a| a <= live_window_ms)),

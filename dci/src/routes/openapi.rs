@@ -32,6 +32,29 @@ pub fn openapi(legacy: bool) -> Value {
                 "503": {"description": "Database unavailable"},
             },
         });
+        if let Value::Object(o) = &mut op {
+            // The role matters only when web.tokens is set; without tokens every route is open.
+            match r.role {
+                Some(role) => {
+                    o.insert("x-disbatch-role".into(), json!(role.as_str()));
+                    o.insert("security".into(), json!([{"bearer": []}]));
+                    if let Some(Value::Object(responses)) = o.get_mut("responses") {
+                        responses.insert(
+                            "401".into(),
+                            json!({"description": "No valid bearer token (when web.tokens is set)"}),
+                        );
+                        responses.insert(
+                            "403".into(),
+                            json!({"description": format!("The token's role is below {role}")}),
+                        );
+                    }
+                }
+                None => {
+                    o.insert("x-disbatch-role".into(), json!("public"));
+                    o.insert("security".into(), json!([]));
+                }
+            }
+        }
         if r.method != axum::http::Method::GET && r.method != axum::http::Method::DELETE {
             if let Value::Object(o) = &mut op {
                 o.insert(
@@ -53,5 +76,6 @@ pub fn openapi(legacy: bool) -> Value {
         "info": {"title": "disbatch-web", "version": disbatch_core::VERSION,
                  "description": "The Disbatch 4 REST API with disbatch-rs extensions. See dci/API.md."},
         "paths": paths,
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     })
 }

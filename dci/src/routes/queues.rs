@@ -2,13 +2,16 @@
 
 use axum::extract::Path;
 use axum::response::Response;
+use axum::Extension;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
+use disbatch_core::config::Role;
 use disbatch_core::store::schema::queue as field;
 use disbatch_core::store::WriteCounts;
 use serde_json::{json, Map, Value};
 
 use super::nodes::non_negative;
+use crate::access::Caller;
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
@@ -137,14 +140,19 @@ pub async fn create_queue(
     Ok((id, fields))
 }
 
+/// The route is `operate` (threads, sort); a new name or plugin changes what runs, so `admin`.
 pub async fn update(
     Ns(state): Ns,
     Path(ident): Path<String>,
+    Extension(caller): Extension<Caller>,
     params: Params,
 ) -> ApiResult<Response> {
     let p = params.fields;
     if p.is_empty() {
         return Err(ApiError::bad_request("no params"));
+    }
+    if p.contains_key("name") || p.contains_key("plugin") {
+        caller.require(Role::Admin, "changing a queue's name or plugin")?;
     }
     let mut set = Document::new();
     for (k, v) in &p {

@@ -113,6 +113,12 @@ async fn output(
             (bytes.len() as u64, Body::from(bytes[start..end].to_vec()))
         }
         Some(Bson::ObjectId(file)) => {
+            // Once streaming starts the status is sent; a corrupt chunk is refused before.
+            if let Some(problem) = state.store.unreadable_chunk(*file).await? {
+                return Err(ApiError::conflict(format!(
+                    "the {stream} of task {id} cannot be read: GridFS file {file}: {problem}"
+                )));
+            }
             let total = state
                 .store
                 .output_file(*file)
@@ -178,6 +184,12 @@ fn control_result(
                 envelope::update(&counts)
             };
             Ok(json_response(&body, false))
+        }
+        // Accepted, not done: the runner stops the plugin and records -5 within seconds.
+        ControlOutcome::Requested(counts) => {
+            let mut response = json_response(&envelope::update(&counts), false);
+            *response.status_mut() = axum::http::StatusCode::ACCEPTED;
+            Ok(response)
         }
         ControlOutcome::NotFound => Err(ApiError::not_found(format!("no task with id {id}"))),
         ControlOutcome::WrongStatus(status) => {

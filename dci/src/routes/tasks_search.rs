@@ -79,8 +79,16 @@ pub async fn task_json(state: &AppState, mut d: Document, o: &Options) -> ApiRes
                 d.insert(field, "[terse mode]");
             }
             Some(Bson::ObjectId(id)) if o.full => {
-                let bytes = state.store.read_output_file(*id).await?;
-                d.insert(field, String::from_utf8_lossy(&bytes).into_owned());
+                // One corrupt file must not fail a whole search: its field says why instead.
+                let text = match state.store.read_output_file(*id).await {
+                    Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                    Err(e @ disbatch_core::Error::BadDocument { .. }) => {
+                        tracing::warn!(file = %id, error = %e, "unreadable task output");
+                        format!("[unreadable output: {e}]")
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                d.insert(field, text);
             }
             _ => {}
         }

@@ -9,6 +9,7 @@ use crate::error::{ApiError, ApiResult};
 /// Every console file: name, content type, content.
 const ASSETS: &[(&str, &str, &str)] = &[
     ("app.js", JS, include_str!("../../ui/app.js")),
+    ("access.js", JS, include_str!("../../ui/access.js")),
     ("queues.js", JS, include_str!("../../ui/queues.js")),
     ("tasks.js", JS, include_str!("../../ui/tasks.js")),
     ("balance.js", JS, include_str!("../../ui/balance.js")),

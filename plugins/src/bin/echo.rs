@@ -4,7 +4,10 @@
 //! `stderr` (string) is written to stderr; `append_to` (path) gets `$DISBATCH_TASK_ID` and a
 //! newline appended; `sleep_ms` (integer) sleeps; `invalid_utf8` (bool) writes non-UTF-8 bytes
 //! to stdout; `result` (any JSON) is written to `$DISBATCH_RESULT`; `abort` (bool) dies by
-//! SIGABRT; `exit_code` (0..=255) is the exit code.
+//! SIGABRT; `exit_code` (0..=255) is the exit code. For the reliability tests: `ignore_term`
+//! (bool) ignores SIGTERM (applied first); `print_env` (array of names) prints `NAME=value` or
+//! `NAME unset` lines after the params; `sleep_first_ms` (integer) sleeps only on the task's
+//! first attempt (the task document's `attempts` is 1 or missing), after `sleep_ms`.
 //!
 //! Exit codes besides `exit_code`: 2 bad input, 3 output write error, 4 file/env error.
 
@@ -39,6 +42,9 @@ struct Options {
     result: Option<Value>,
     abort: bool,
     exit_code: u8,
+    ignore_term: bool,
+    print_env: Vec<String>,
+    sleep_first_ms: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -52,13 +58,30 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<u8, Fail> {
-    let params = read_params()?;
-    let line = format!("{params}\n");
-    write_stdout(line.as_bytes())?;
+    let (params, attempts) = read_params()?;
     let opts = match &params {
         Value::Object(map) => parse_options(map)?,
         _ => Options::default(),
     };
+    if opts.ignore_term {
+        // SAFETY: installs SIG_IGN, no handler code runs.
+        unsafe {
+            nix::sys::signal::signal(
+                nix::sys::signal::SIGTERM,
+                nix::sys::signal::SigHandler::SigIgn,
+            )
+        }
+        .map_err(|e| Fail::new(4, format!("cannot ignore SIGTERM: {e}")))?;
+    }
+    let line = format!("{params}\n");
+    write_stdout(line.as_bytes())?;
+    for name in &opts.print_env {
+        let line = match std::env::var(name) {
+            Ok(v) => format!("{name}={v}\n"),
+            Err(_) => format!("{name} unset\n"),
+        };
+        write_stdout(line.as_bytes())?;
+    }
     if let Some(text) = &opts.stderr {
         io::stderr()
             .write_all(text.as_bytes())
@@ -69,6 +92,9 @@ fn run() -> Result<u8, Fail> {
         append_task_id(path)?;
     }
     if let Some(ms) = opts.sleep_ms {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    if let Some(ms) = opts.sleep_first_ms.filter(|_| attempts <= 1) {
         std::thread::sleep(Duration::from_millis(ms));
     }
     if opts.invalid_utf8 {
@@ -83,8 +109,9 @@ fn run() -> Result<u8, Fail> {
     Ok(opts.exit_code)
 }
 
-/// Reads the task document from stdin and returns its `params` (null if missing).
-fn read_params() -> Result<Value, Fail> {
+/// Reads the task document from stdin and returns its `params` (null if missing) and how
+/// many attempts it has started (0 if missing).
+fn read_params() -> Result<(Value, u64), Fail> {
     let mut input = Vec::new();
     io::stdin()
         .read_to_end(&mut input)
@@ -92,7 +119,10 @@ fn read_params() -> Result<Value, Fail> {
     let task: Value = serde_json::from_slice(&input)
         .map_err(|e| Fail::new(2, format!("stdin is not a valid JSON task document: {e}")))?;
     match task {
-        Value::Object(mut task) => Ok(task.remove("params").unwrap_or(Value::Null)),
+        Value::Object(mut task) => {
+            let attempts = task.get("attempts").and_then(Value::as_u64).unwrap_or(0);
+            Ok((task.remove("params").unwrap_or(Value::Null), attempts))
+        }
         _ => Err(Fail::new(
             2,
             "stdin is not a JSON object (expected the task document)",
@@ -121,6 +151,22 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
                 .ok_or_else(|| bad("sleep_ms", "a non-negative integer"))?,
         ),
     };
+    let sleep_first_ms = match get("sleep_first_ms") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or_else(|| bad("sleep_first_ms", "a non-negative integer"))?,
+        ),
+    };
+    let print_env = match get("print_env") {
+        None => Vec::new(),
+        Some(Value::Array(names)) => names
+            .iter()
+            .map(|n| n.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("print_env", "an array of strings"))?,
+        Some(_) => return Err(bad("print_env", "an array of strings")),
+    };
     let exit_code = match get("exit_code") {
         None => 0,
         Some(v) => v
@@ -136,6 +182,9 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
         result: params.get("result").cloned(),
         abort: flag("abort")?,
         exit_code,
+        ignore_term: flag("ignore_term")?,
+        print_env,
+        sleep_first_ms,
     })
 }
 

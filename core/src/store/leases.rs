@@ -1,0 +1,193 @@
+//! Task leases: renewal by the runner, recovery of tasks whose lease passed, and the
+//! cancel requests a runner must notice.
+
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+
+use super::schema::{attempt, task, ATTEMPTS, TASKS};
+use super::Store;
+use crate::error::{Error, Result};
+use crate::model::status;
+
+/// What a renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Still this attempt's; `cancel_requested` when an operator asked it to stop.
+    Held { cancel_requested: bool },
+    /// The task no longer runs as this attempt (recovered, deleted or changed by hand).
+    Lost,
+}
+
+/// A claimed or running task whose lease has passed, as recovery read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpiredTask {
+    pub id: ObjectId,
+    pub queue: Option<ObjectId>,
+    pub status: i32,
+    pub node: Option<String>,
+    pub attempt: Option<ObjectId>,
+    /// Attempts started so far (this one included).
+    pub attempts: i64,
+    pub cancel_requested: bool,
+    pub lease_until: DateTime,
+}
+
+/// Where recovery sends an expired task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Queued again for any node.
+    Requeue,
+    /// Orphaned (-6), Disbatch's terminal state for a lost task.
+    Orphan,
+    /// Cancelled (-5): an operator had asked, and the runner is gone.
+    Cancel,
+}
+
+pub fn deadline(lease: Duration) -> DateTime {
+    DateTime::from_millis(
+        DateTime::now()
+            .timestamp_millis()
+            .saturating_add(lease.as_millis().min(i64::MAX as u128) as i64),
+    )
+}
+
+impl Store {
+    /// Moves the lease of `id` forward while it still runs as `attempt`, and reports whether
+    /// an operator asked to cancel it.
+    pub async fn renew_lease(
+        &self,
+        id: ObjectId,
+        attempt: ObjectId,
+        lease: Duration,
+    ) -> Result<LeaseState> {
+        let found = self
+            .collection(TASKS)
+            .find_one_and_update(
+                doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status::RUNNING},
+                doc! {"$set": {task::LEASE_UNTIL: deadline(lease)}},
+            )
+            .projection(doc! {task::CANCEL_REQUESTED: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("renewing the lease of task {id}"), e))?;
+        Ok(match found {
+            Some(d) => LeaseState::Held {
+                cancel_requested: d.get(task::CANCEL_REQUESTED).is_some(),
+            },
+            None => LeaseState::Lost,
+        })
+    }
+
+    /// Claimed or running tasks, on any node, whose lease passed before now; at most `limit`,
+    /// longest expired first.
+    pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredTask>> {
+        let filter = doc! {
+            task::LEASE_UNTIL: {"$lt": DateTime::now()},
+            task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]},
+        };
+        let docs: Vec<Document> = self
+            .collection(TASKS)
+            .find(filter)
+            .sort(doc! {task::LEASE_UNTIL: 1})
+            .limit(limit)
+            .projection(doc! {
+                task::QUEUE: 1, task::STATUS: 1, task::NODE: 1, task::ATTEMPT: 1,
+                task::ATTEMPTS: 1, task::CANCEL_REQUESTED: 1, task::LEASE_UNTIL: 1,
+            })
+            .await
+            .map_err(|e| Error::mongo("finding tasks whose lease passed", e))?
+            .try_collect()
+            .await
+            .map_err(|e| Error::mongo("finding tasks whose lease passed", e))?;
+        Ok(docs.iter().filter_map(expired_task).collect())
+    }
+
+    /// Recovers one expired task, unless it changed since it was read (renewed, finished, or
+    /// recovered by another node). Returns whether this call recovered it; the attempt it
+    /// lost is closed as `lost`.
+    pub async fn recover_task(&self, t: &ExpiredTask, how: Recovery) -> Result<bool> {
+        let mut filter = doc! {
+            task::ID: t.id,
+            task::STATUS: t.status,
+            task::LEASE_UNTIL: t.lease_until,
+        };
+        filter.insert(task::ATTEMPT, t.attempt.map_or(Bson::Null, Bson::ObjectId));
+        let mut set = doc! {task::MTIME: DateTime::now()};
+        match how {
+            Recovery::Requeue => {
+                set.insert(task::STATUS, status::QUEUED);
+                set.insert(task::NODE, Bson::Null);
+            }
+            Recovery::Orphan => {
+                set.insert(task::STATUS, status::ORPHANED);
+            }
+            Recovery::Cancel => {
+                set.insert(task::STATUS, status::CANCELLED);
+            }
+        }
+        let update = doc! {
+            "$set": set,
+            "$unset": {task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""},
+        };
+        let r = self
+            .collection(TASKS)
+            .update_one(filter, update)
+            .await
+            .map_err(|e| Error::mongo(format!("recovering task {}", t.id), e))?;
+        if r.modified_count == 0 {
+            return Ok(false);
+        }
+        if let Some(a) = t.attempt.filter(|_| t.status == status::RUNNING) {
+            self.collection(ATTEMPTS)
+                .update_one(
+                    doc! {attempt::ID: a, attempt::OUTCOME: "running"},
+                    doc! {"$set": {attempt::OUTCOME: "lost", attempt::END: DateTime::now()}},
+                )
+                .await
+                .map_err(|e| Error::mongo(format!("closing lost attempt {a}"), e))?;
+        }
+        Ok(true)
+    }
+
+    /// Running tasks on `node` that an operator asked to cancel.
+    pub async fn cancel_requests(&self, node: &str) -> Result<Vec<ObjectId>> {
+        let docs: Vec<Document> = self
+            .collection(TASKS)
+            .find(doc! {
+                task::NODE: node,
+                task::STATUS: status::RUNNING,
+                task::CANCEL_REQUESTED: {"$exists": true},
+            })
+            .projection(doc! {task::ID: 1})
+            .await
+            .map_err(|e| Error::mongo("finding cancel requests", e))?
+            .try_collect()
+            .await
+            .map_err(|e| Error::mongo("finding cancel requests", e))?;
+        Ok(docs
+            .iter()
+            .filter_map(|d| d.get_object_id(task::ID).ok())
+            .collect())
+    }
+}
+
+fn expired_task(d: &Document) -> Option<ExpiredTask> {
+    let status = match d.get(task::STATUS)? {
+        Bson::Int32(n) => *n,
+        Bson::Int64(n) => i32::try_from(*n).ok()?,
+        Bson::Double(f) => *f as i32,
+        _ => return None,
+    };
+    Some(ExpiredTask {
+        id: d.get_object_id(task::ID).ok()?,
+        queue: d.get_object_id(task::QUEUE).ok(),
+        status,
+        node: d.get_str(task::NODE).ok().map(str::to_string),
+        attempt: d.get_object_id(task::ATTEMPT).ok(),
+        attempts: super::count_value(d.get(task::ATTEMPTS)).min(i64::MAX as u64) as i64,
+        cancel_requested: d.get(task::CANCEL_REQUESTED).is_some(),
+        lease_until: d.get_datetime(task::LEASE_UNTIL).ok().copied()?,
+    })
+}

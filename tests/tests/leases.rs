@@ -1,0 +1,198 @@
+//! Leases with real nodes and runners: recovery by any node, on_lost, fencing of a runner
+//! that lost its lease, and the plugin dying with its runner.
+
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Document};
+use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+
+async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": set})
+        .await
+        .expect("queue");
+}
+
+/// Waits for the task's first attempt record and returns its runner's pid and attempt id.
+async fn running_attempt(db: &TestDb, id: ObjectId) -> (Pid, ObjectId) {
+    wait_for("the task to run", Duration::from_secs(30), || async {
+        db.task(id).await.get_i32("status").ok() == Some(0) && !db.attempts(id).await.is_empty()
+    })
+    .await;
+    let a = db.attempts(id).await.remove(0);
+    let pid = a.get_i64("pid").expect("runner pid");
+    (
+        Pid::from_raw(pid as i32),
+        a.get_object_id("_id").expect("attempt id"),
+    )
+}
+
+/// Processes whose environment names this attempt: its plugin, while it lives.
+fn processes_of_attempt(attempt: ObjectId) -> Vec<u32> {
+    let needle = format!("DISBATCH_ATTEMPT={}", attempt.to_hex());
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+        })
+        .collect()
+}
+
+fn outcomes(records: &[Document]) -> Vec<String> {
+    records
+        .iter()
+        .map(|a| a.get_str("outcome").unwrap_or("?").to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_runner_killed_outright_is_recovered_by_another_node_and_requeued() {
+    let db = TestDb::new("lease_requeue").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 1).await;
+    set_queue(&db, queue, doc! {"lease": 3, "on_lost": "requeue"}).await;
+    let runs = db.path("runs.txt");
+    let runs_path = runs.to_string_lossy().to_string();
+    let id = db
+        .insert_tasks(
+            queue,
+            vec![doc! {"append_to": runs_path, "sleep_first_ms": 60_000}.into()],
+        )
+        .await[0];
+    let mut n1 = Den::start(&config, "n1");
+    let (runner, first) = running_attempt(&db, id).await;
+    wait_for("the plugin to start", Duration::from_secs(10), || async {
+        !processes_of_attempt(first).is_empty()
+    })
+    .await;
+    n1.kill_hard();
+    kill(runner, Signal::SIGKILL).expect("kill the runner");
+    let killed = Instant::now();
+    wait_for(
+        "the plugin to die with its runner",
+        Duration::from_secs(5),
+        || async { processes_of_attempt(first).is_empty() },
+    )
+    .await;
+
+    let n2 = Den::start(&config, "n2");
+    wait_for("recovery", Duration::from_secs(30), || async {
+        db.task(id).await.get_i32("status").ok() != Some(0)
+    })
+    .await;
+    let recovered_after = killed.elapsed();
+    db.wait_complete(&[id], Duration::from_secs(30)).await;
+    let task = db.task(id).await;
+    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(task.get_str("node").ok(), Some("n2"), "{task}");
+    assert_eq!(task.get_i32("attempts").ok(), Some(2), "{task}");
+    assert!(
+        task.get("lease_until").is_none() && task.get("slot").is_none(),
+        "{task}"
+    );
+    let records = db.attempts(id).await;
+    assert_eq!(outcomes(&records), ["lost", "succeeded"], "{records:?}");
+    assert_eq!(records[0].get_str("node").ok(), Some("n1"));
+    assert_eq!(
+        task.get_object_id("attempt").ok(),
+        records[1].get_object_id("_id").ok()
+    );
+    assert_eq!(read_lines(&runs).len(), 2);
+    let log = n2.log_text();
+    assert!(
+        log.contains("recovered a task whose lease passed"),
+        "n2 logs the recovery: {log}"
+    );
+    // Lease 3 s, plus a new node's own 3 + 5 s before it trusts its view after connecting.
+    println!("killed runner's task recovered by another node after {recovered_after:?}");
+    assert!(
+        recovered_after < Duration::from_secs(20),
+        "{recovered_after:?}"
+    );
+    drop(n2);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_lost_task_is_orphaned_by_default_and_frees_its_slot() {
+    let db = TestDb::new("lease_orphan").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 1).await;
+    set_queue(&db, queue, doc! {"lease": 3}).await;
+    let id = db
+        .insert_tasks(queue, vec![doc! {"sleep_first_ms": 60_000}.into()])
+        .await[0];
+    let den = Den::start(&config, "n1");
+    let (runner, _) = running_attempt(&db, id).await;
+    kill(runner, Signal::SIGKILL).expect("kill the runner");
+    wait_for(
+        "the task to be orphaned",
+        Duration::from_secs(30),
+        || async { db.task(id).await.get_i32("status").ok() == Some(-6) },
+    )
+    .await;
+    let task = db.task(id).await;
+    assert!(
+        task.get("slot").is_none() && task.get("lease_until").is_none(),
+        "{task}"
+    );
+    assert_eq!(outcomes(&db.attempts(id).await), ["lost"]);
+    // threads is 1: the next task runs only if the lost one's slot was freed.
+    let next = db.insert_tasks(queue, vec![doc! {}.into()]).await;
+    db.wait_complete(&next, Duration::from_secs(30)).await;
+    assert_eq!(db.task(id).await.get_i32("status").ok(), Some(-6));
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_paused_runner_that_lost_its_lease_cannot_overwrite_the_next_attempt() {
+    let db = TestDb::new("lease_fencing").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 1).await;
+    set_queue(&db, queue, doc! {"lease": 3, "on_lost": "requeue"}).await;
+    let id = db
+        .insert_tasks(
+            queue,
+            vec![doc! {"sleep_first_ms": 4_000, "print_env": ["DISBATCH_ATTEMPT"]}.into()],
+        )
+        .await[0];
+    let den = Den::start(&config, "n1");
+    let (runner, first) = running_attempt(&db, id).await;
+    // A runner stopped dead (a paused VM, a partition): its lease passes, the task moves on.
+    kill(runner, Signal::SIGSTOP).expect("stop the runner");
+    db.wait_complete(&[id], Duration::from_secs(40)).await;
+    let done = db.task(id).await;
+    let second = done.get_object_id("attempt").expect("attempt");
+    assert_ne!(second, first);
+    let stdout = done.get_str("stdout").expect("stdout").to_string();
+    assert!(
+        stdout.contains(&format!("DISBATCH_ATTEMPT={}", second.to_hex())),
+        "the plugin was told its attempt: {stdout}"
+    );
+    // The first runner wakes up; its plugin has finished meanwhile. It must record nothing.
+    kill(runner, Signal::SIGCONT).expect("continue the runner");
+    wait_for(
+        "the first runner to exit",
+        Duration::from_secs(30),
+        || async { kill(runner, None).is_err() },
+    )
+    .await;
+    let after = db.task(id).await;
+    assert_eq!(after.get_i32("status").ok(), Some(1), "{after}");
+    assert_eq!(after.get_object_id("attempt").ok(), Some(second));
+    assert_eq!(after.get_str("stdout").ok(), Some(stdout.as_str()));
+    let records = db.attempts(id).await;
+    assert_eq!(outcomes(&records), ["lost", "succeeded"], "{records:?}");
+    drop(den);
+    db.drop().await;
+}

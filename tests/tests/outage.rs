@@ -1,0 +1,88 @@
+//! A database outage mid-run with a real node and runners: nobody crashes, results made
+//! during the outage are written when the server is back, no task is lost or run twice.
+
+use std::time::{Duration, Instant};
+
+use bson::doc;
+use disbatch_tests::restartable::RestartableServer;
+use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
+use serde_json::json;
+
+/// 20 s by default; DISBATCH_OUTAGE_SECS=60 runs the full minute.
+fn outage() -> Duration {
+    let secs = std::env::var("DISBATCH_OUTAGE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    Duration::from_secs(secs)
+}
+
+#[tokio::test]
+async fn a_server_outage_mid_run_loses_no_result_and_runs_nothing_twice() {
+    let mut server = RestartableServer::start();
+    let db = TestDb::on(server.uri(), "outage").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 3).await;
+    db.db
+        .collection::<bson::Document>("queues")
+        .update_one(
+            doc! {"_id": queue},
+            doc! {"$set": {"lease": 3, "on_lost": "requeue"}},
+        )
+        .await
+        .expect("queue");
+    let runs = db.path("runs.txt");
+    let append = runs.to_string_lossy().to_string();
+    let outage = outage();
+    let during = outage.as_millis() as i64 / 2;
+    let after = outage.as_millis() as i64 + 5_000;
+    // One plugin ends during the outage, one after it; the rest are queued behind them.
+    let mut params = vec![
+        doc! {"append_to": &append, "sleep_ms": during}.into(),
+        doc! {"append_to": &append, "sleep_ms": after}.into(),
+    ];
+    params.extend((0..8).map(|_| doc! {"append_to": &append}.into()));
+    let slow = db.insert_tasks(queue, params[..2].to_vec()).await;
+    let mut den = Den::start(&config, "n1");
+    wait_for(
+        "both slow tasks to run",
+        Duration::from_secs(30),
+        || async {
+            db.count(doc! {"_id": {"$in": slow.clone()}, "status": 0})
+                .await
+                == 2
+        },
+    )
+    .await;
+    let quick = db.insert_tasks(queue, params[2..].to_vec()).await;
+
+    server.kill();
+    let down = Instant::now();
+    tokio::time::sleep(outage).await;
+    assert!(den.is_running(), "the node survived the outage");
+    server.restart();
+    println!("server down for {:?}", down.elapsed());
+
+    let mut all = slow.clone();
+    all.extend(&quick);
+    db.wait_complete(&all, Duration::from_secs(90)).await;
+    for id in &all {
+        let task = db.task(*id).await;
+        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(task.get_i32("attempts").ok(), Some(1), "ran once: {task}");
+    }
+    let lines = read_lines(&runs);
+    assert_eq!(lines.len(), all.len(), "each plugin ran once: {lines:?}");
+    assert!(den.is_running());
+    let log = den.log_text();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(log.contains("pass failed"), "the node logged the outage");
+    assert!(log.contains("database reachable again"), "and the return");
+    assert!(
+        log.contains("after the database came back"),
+        "a runner wrote its result after the outage: {log}"
+    );
+    den.stop();
+    drop(db);
+    drop(server);
+}

@@ -1,0 +1,163 @@
+//! Control over a running plugin with real nodes and runners: queue timeouts (TERM, grace,
+//! KILL), cancelling a running task, and the environment a plugin is given.
+
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Document};
+use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
+use serde_json::json;
+
+async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": set})
+        .await
+        .expect("queue");
+}
+
+async fn wait_running(db: &TestDb, id: ObjectId) -> Instant {
+    wait_for("the task to run", Duration::from_secs(30), || async {
+        db.task(id).await.get_i32("status").ok() == Some(0)
+    })
+    .await;
+    Instant::now()
+}
+
+/// The last attempt's outcome, once the runner has closed it.
+async fn closed_outcome(db: &TestDb, id: ObjectId) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let outcome = db
+            .attempts(id)
+            .await
+            .last()
+            .and_then(|a| a.get_str("outcome").ok().map(str::to_string))
+            .unwrap_or_default();
+        if !outcome.is_empty() && outcome != "running" {
+            return outcome;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the attempt of {id} never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_plugin_past_its_queue_timeout_is_stopped_and_the_task_fails() {
+    let db = TestDb::new("timeout").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 2).await;
+    set_queue(&db, queue, doc! {"timeout": 1, "kill_grace": 1}).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"sleep_ms": 30_000}.into(),
+                // Ignores SIGTERM: only the SIGKILL after the grace period stops it.
+                doc! {"sleep_ms": 30_000, "ignore_term": true}.into(),
+            ],
+        )
+        .await;
+    let started = Instant::now();
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    let took = started.elapsed();
+    for (id, signal) in ids.iter().zip([15, 9]) {
+        let task = db.task(*id).await;
+        assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+        let stderr = task.get_str("stderr").unwrap_or("");
+        assert!(
+            stderr.contains("[disbatch] timed out after 1 s"),
+            "{stderr}"
+        );
+        assert_eq!(closed_outcome(&db, *id).await, "timed_out");
+        let attempt = db.attempts(*id).await.remove(0);
+        assert_eq!(attempt.get_i32("signal").ok(), Some(signal), "{attempt}");
+    }
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_running_task_stops_its_plugin_within_seconds() {
+    let db = TestDb::new("cancel_running").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 1).await;
+    let id = db
+        .insert_tasks(queue, vec![doc! {"sleep_ms": 60_000}.into()])
+        .await[0];
+    let den = Den::start(&config, "n1");
+    let dci = Dci::start(&config);
+    wait_running(&db, id).await;
+    let asked = Instant::now();
+    let (code, body) = dci
+        .post(&format!("/tasks/{}/cancel", id.to_hex()), json!({}))
+        .await;
+    assert_eq!(code, 202, "{body}");
+    wait_for("the cancel to land", Duration::from_secs(10), || async {
+        db.task(id).await.get_i32("status").ok() == Some(-5)
+    })
+    .await;
+    let latency = asked.elapsed();
+    println!("running task cancelled {latency:?} after the request");
+    let task = db.task(id).await;
+    assert!(
+        task.get_str("stderr")
+            .unwrap_or("")
+            .contains("cancelled by an operator"),
+        "{task}"
+    );
+    assert!(
+        task.get("cancel_requested").is_none() && task.get("slot").is_none(),
+        "{task}"
+    );
+    assert_eq!(closed_outcome(&db, id).await, "cancelled");
+    assert!(latency < Duration::from_secs(5), "{latency:?}");
+    drop(dci);
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_plugin_sees_only_allow_listed_environment_variables() {
+    let db = TestDb::new("plugin_env").await;
+    let config = write_config(&db, "node.json", json!({"plugin_env": ["APP_*"]}));
+    let queue = db.insert_queue("q", "echo", 1).await;
+    let names = [
+        "APP_MODE",
+        "SECRET_TOKEN",
+        "PATH",
+        "DISBATCH_ATTEMPT",
+        "DISBATCH_LEAKED",
+    ];
+    let id = db
+        .insert_tasks(queue, vec![doc! {"print_env": names.to_vec()}.into()])
+        .await[0];
+    let den = Den::start_with_env(
+        &config,
+        "n1",
+        &[
+            ("APP_MODE", "blue"),
+            ("SECRET_TOKEN", "hunter2"),
+            ("DISBATCH_LEAKED", "x"),
+        ],
+    );
+    db.wait_complete(&[id], Duration::from_secs(30)).await;
+    let task = db.task(id).await;
+    let stdout = task.get_str("stdout").unwrap_or("");
+    assert!(stdout.contains("APP_MODE=blue\n"), "{stdout}");
+    assert!(stdout.contains("SECRET_TOKEN unset\n"), "{stdout}");
+    assert!(stdout.contains("DISBATCH_LEAKED unset\n"), "{stdout}");
+    assert!(stdout.contains("PATH="), "{stdout}");
+    let attempt = task.get_object_id("attempt").expect("attempt");
+    assert!(
+        stdout.contains(&format!("DISBATCH_ATTEMPT={}\n", attempt.to_hex())),
+        "{stdout}"
+    );
+    drop(den);
+    db.drop().await;
+}
