@@ -50,7 +50,9 @@ fn unit_from_item(item: &Value, now: DateTime) -> Option<Unit> {
                 .and_then(Value::as_f64)
                 .unwrap_or(0.0);
             let not_before = (delay >= 1.0).then(|| {
-                DateTime::from_millis(now.timestamp_millis() + (delay.trunc() as i64) * 1000)
+                // `as` saturates; the arithmetic must too, for a plugin's absurd delay.
+                let millis = (delay.trunc() as i64).saturating_mul(1000);
+                DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
             });
             Some(unit(key, params, priority.map(|p| p as i64), not_before))
         }

@@ -9,6 +9,7 @@ pub mod chaining;
 pub mod claim_plan;
 pub mod config;
 pub mod error;
+pub mod handoff;
 pub mod logging;
 pub mod model;
 pub mod output;

@@ -68,6 +68,8 @@ pub struct Queue {
     pub spec: SpecFields,
     /// Lease, on_lost, timeout and kill grace (defaults for a plain Disbatch queue).
     pub run: crate::run_policy::RunPolicy,
+    /// The document as read, handed to task runners so they need not read it again.
+    pub raw: bson::Document,
 }
 
 /// Coordinate work-spec fields stored additively on a queue document.

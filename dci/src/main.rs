@@ -23,8 +23,18 @@ struct Args {
     listen: Option<String>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Documents may nest as deep as the server allows (about 180 levels); reading and
+    // rendering them recurses, which 2 MiB worker stacks cannot always hold.
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(16 * 1024 * 1024)
+        .build()
+        .context("starting the async runtime")?
+        .block_on(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     disbatch_core::logging::init_logging("info");
     let args = Args::parse();
     let loaded = Config::load(&args.config)?;

@@ -43,19 +43,14 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>, body: &[u8]) -> ApiResult
     let ct = content_type(headers);
     let has_body = !body.iter().all(u8::is_ascii_whitespace);
     let value = if ct == "application/json" && has_body {
-        let value = serde_json::from_slice::<Value>(body)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
-        if depth(&value) > MAX_DEPTH {
-            return Err(ApiError::bad_request(format!(
-                "JSON body is nested too deep: more than {MAX_DEPTH} levels (MongoDB's limit)"
-            )));
-        }
-        value
+        serde_json::from_slice::<Value>(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
     } else if ct == "application/x-www-form-urlencoded" && has_body {
         form(body)
     } else {
         form(query.unwrap_or("").as_bytes())
     };
+    check_storable(&value)?;
     let mut params = Params::default();
     match value {
         Value::Object(map) => {
@@ -77,20 +72,32 @@ pub fn parse(headers: &HeaderMap, query: Option<&str>, body: &[u8]) -> ApiResult
 /// read back, so the API stores nothing deeper than MongoDB would.
 pub const MAX_DEPTH: usize = 100;
 
-/// How deeply arrays and objects nest (a scalar is 0), without recursion.
-fn depth(value: &Value) -> usize {
-    let mut deepest = 0;
+/// Refuses what no BSON document can hold, before it reaches the database as a driver
+/// error: nesting beyond MAX_DEPTH, and names with a NUL byte (BSON keys are C strings).
+/// Walks without recursion, so the check itself cannot exhaust the stack.
+fn check_storable(value: &Value) -> ApiResult<()> {
     let mut stack = vec![(value, 0usize)];
-    while let Some((v, d)) = stack.pop() {
+    while let Some((v, depth)) = stack.pop() {
         let children: Box<dyn Iterator<Item = &Value>> = match v {
             Value::Array(items) => Box::new(items.iter()),
-            Value::Object(map) => Box::new(map.values()),
+            Value::Object(map) => {
+                if let Some(key) = map.keys().find(|k| k.contains('\0')) {
+                    return Err(ApiError::bad_request(format!(
+                        "parameter name {key:?} contains a NUL byte, which MongoDB cannot store"
+                    )));
+                }
+                Box::new(map.values())
+            }
             _ => continue,
         };
-        deepest = deepest.max(d + 1);
-        stack.extend(children.map(|c| (c, d + 1)));
+        if depth + 1 > MAX_DEPTH {
+            return Err(ApiError::bad_request(format!(
+                "parameters are nested too deep: more than {MAX_DEPTH} levels (MongoDB's limit)"
+            )));
+        }
+        stack.extend(children.map(|c| (c, depth + 1)));
     }
-    deepest
+    Ok(())
 }
 
 /// Form decoding; repeated keys become arrays, as in Perl's parser.
@@ -237,6 +244,31 @@ mod tests {
         assert!(err.body["error"]
             .as_str()
             .is_some_and(|e| e.contains("nested too deep")));
+    }
+
+    #[test]
+    fn names_with_nul_bytes_are_400_from_json_forms_and_queries() {
+        let json = parse(
+            &headers("application/json"),
+            None,
+            br#"{"a": [{"b\u0000": 1}]}"#,
+        );
+        let form = parse(
+            &headers("application/x-www-form-urlencoded"),
+            None,
+            b"a%00=1",
+        );
+        let query = parse(&HeaderMap::new(), Some("x%00y=1"), b"");
+        for result in [json, form, query] {
+            let err = result.expect_err("NUL in a name");
+            assert!(err.body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("NUL")));
+        }
+        assert!(
+            parse(&HeaderMap::new(), Some("x=a%00b"), b"").is_ok(),
+            "NUL in a value is data"
+        );
     }
 
     #[test]

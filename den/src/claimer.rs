@@ -1,20 +1,23 @@
 //! The claimer (producer): each pass, claims the tasks that queue and node limits allow.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use bson::oid::ObjectId;
 use disbatch_core::claim_plan::{node_room, plan_claims, QueueState};
-use disbatch_core::model::SpecFields;
-use disbatch_core::model::{Queue, QueueSort};
+use disbatch_core::handoff::Handoff;
+use disbatch_core::model::Queue;
 use disbatch_core::scheduler::{batch_size, pick_spec, SpecState};
-use disbatch_core::store::{ClaimOutcome, NodeLimit, Store};
+use disbatch_core::store::{NodeLimit, RunClaim, Store};
 use disbatch_core::Result;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::continuous::{make_continuous_units, ContinuousQueue};
 use crate::executor::Executor;
+use crate::metrics::DenMetrics;
 use crate::plugin_check::PluginCheck;
+use crate::running_view::RunningView;
 use crate::skip_log::SkipLog;
 
 /// Which queues this node serves (`activequeues` wins over `ignorequeues`, as in Disbatch).
@@ -53,20 +56,26 @@ pub struct Claimer {
     skips: SkipLog,
     reported: HashSet<String>,
     rng: StdRng,
+    servable: Vec<Servable>,
+    queue_names: HashMap<ObjectId, String>,
+    view: RunningView,
+    metrics: DenMetrics,
 }
 
-/// A queue this node may claim from this pass.
+/// A queue this node may claim from, as of the last refresh.
 struct Servable {
-    id: ObjectId,
+    queue: Queue,
     threads: u32,
-    sort: QueueSort,
-    spec: SpecFields,
-    /// How long a claim may wait for its runner to start before any node recovers it.
-    lease: std::time::Duration,
 }
 
 impl Claimer {
-    pub fn new(store: Store, node: String, filter: QueueFilter, plugins: PluginCheck) -> Self {
+    pub fn new(
+        store: Store,
+        node: String,
+        filter: QueueFilter,
+        plugins: PluginCheck,
+        metrics: DenMetrics,
+    ) -> Self {
         Claimer {
             store,
             node,
@@ -75,15 +84,33 @@ impl Claimer {
             skips: SkipLog::default(),
             reported: HashSet::new(),
             rng: StdRng::from_os_rng(),
+            servable: Vec::new(),
+            queue_names: HashMap::new(),
+            view: RunningView::default(),
+            metrics,
         }
     }
 
     /// Claims up to the limits and starts a runner for each task as soon as it is claimed.
+    /// With `refresh`, the queues and the running counts are read again from the database;
+    /// otherwise the last reading is used, kept current with what this node itself claimed and
+    /// which of its runners exited, so a wake-up costs only the claims themselves.
     pub async fn claim_tasks(
         &mut self,
         limit: &NodeLimit,
         executor: &Executor,
+        refresh: bool,
     ) -> Result<PassReport> {
+        for exited in executor.take_exited() {
+            self.view.runner_exited(exited.queue, exited.slot);
+            if let Some(name) = self.queue_names.get(&exited.queue) {
+                self.metrics
+                    .runner_exited(name, exited.ran_for, exited.success);
+            }
+        }
+        if refresh || self.view.is_stale() {
+            self.refresh().await?;
+        }
         let maxthreads = match limit {
             NodeLimit::Unlimited => None,
             NodeLimit::Max(n) => Some(*n),
@@ -95,52 +122,35 @@ impl Claimer {
                 return Ok(PassReport::default());
             }
         };
-        let (queues, problems) = self.store.list_queues().await?;
-        for problem in problems {
-            self.report_once(problem);
-        }
-        let servable: Vec<Servable> = queues.iter().filter_map(|q| self.servable(q)).collect();
-        let continuous: Vec<ContinuousQueue> = servable
-            .iter()
-            .filter(|q| q.spec.continuous && q.threads > 0 && !q.spec.paused)
-            .map(|q| ContinuousQueue {
-                id: q.id,
-                interval: q.spec.interval,
-            })
-            .collect();
-        if !continuous.is_empty() {
-            make_continuous_units(&self.store, &continuous).await?;
-        }
-        let ids: Vec<ObjectId> = servable.iter().map(|q| q.id).collect();
-        let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
-        let mut room = node_room(maxthreads, snapshot.on_node);
+        let mut room = node_room(maxthreads, self.view.on_node);
         let mut report = PassReport {
             claimed: 0,
-            on_node: snapshot.on_node,
+            on_node: self.view.on_node,
         };
-        if room == 0 || servable.is_empty() {
+        if room == 0 || self.servable.is_empty() {
             return Ok(report);
         }
-        let states: Vec<QueueState> = servable
+        let states: Vec<QueueState> = self
+            .servable
             .iter()
             .map(|q| QueueState {
-                id: q.id,
+                id: q.queue.id,
                 threads: q.threads,
-                running: snapshot.per_queue.get(&q.id).copied().unwrap_or(0),
-                held_slots: snapshot.slots.get(&q.id).cloned().unwrap_or_default(),
+                running: self.view.running(q.queue.id),
+                held_slots: self.view.slots(q.queue.id),
             })
             .collect();
         let mut plan = plan_claims(&states, &mut self.rng);
         let mut specs: Vec<SpecState> = plan
             .iter()
             .map(|claims| {
-                let q = servable.iter().find(|q| q.id == claims.queue);
-                let spec = q.map(|q| q.spec.clone()).unwrap_or_default();
+                let q = self.servable.iter().find(|q| q.queue.id == claims.queue);
+                let spec = q.map(|q| q.queue.spec.clone()).unwrap_or_default();
                 SpecState {
                     priority: spec.priority,
                     weight: spec.weight,
                     cap: q.map_or(0, |q| q.threads),
-                    running: snapshot.per_queue.get(&claims.queue).copied().unwrap_or(0),
+                    running: self.view.running(claims.queue),
                     max_getwork: spec.max_getwork,
                     paused: spec.paused,
                     available: claims.wanted > 0,
@@ -154,38 +164,71 @@ impl Claimer {
                 break;
             };
             let batch = batch_size(&specs[i], room).min(plan[i].wanted);
-            let queue = servable.iter().find(|q| q.id == plan[i].queue);
-            let sort = queue.map_or(QueueSort::Default, |q| q.sort);
-            let lease = queue.map_or(disbatch_core::run_policy::DEFAULT_LEASE, |q| q.lease);
+            let Some(queue) = self
+                .servable
+                .iter()
+                .find(|q| q.queue.id == plan[i].queue)
+                .map(|q| q.queue.clone())
+            else {
+                specs[i].available = false;
+                continue;
+            };
             let mut claimed_here = 0;
             while claimed_here < batch {
                 let Some(slot) = plan[i].slots.pop() else {
                     break;
                 };
-                match self
+                let attempt = ObjectId::new();
+                let asked = Instant::now();
+                let outcome = self
                     .store
-                    .claim_next_task(plan[i].queue, &self.node, sort, slot, lease)
-                    .await?
-                {
-                    ClaimOutcome::Claimed(task) => {
+                    .claim_task_to_run(
+                        queue.id,
+                        &self.node,
+                        queue.sort,
+                        slot,
+                        queue.run.lease,
+                        attempt,
+                    )
+                    .await?;
+                match outcome {
+                    RunClaim::Claimed(task) => {
+                        self.metrics.claimed(&queue.name, asked.elapsed());
                         claimed_here += 1;
                         plan[i].wanted -= 1;
                         specs[i].running += 1;
                         room -= 1;
                         report.claimed += 1;
-                        report.on_node += 1;
-                        if let Err(e) = executor.spawn_runner(task) {
-                            tracing::error!(task = %task, error = %e, "could not start the task runner; giving the task back");
-                            self.store.give_back_claimed(&self.node, Some(task)).await?;
-                            report.on_node -= 1;
-                            return Ok(report);
+                        self.view.claimed(queue.id, slot);
+                        let handoff = Handoff {
+                            task: *task,
+                            attempt,
+                            queue: queue.raw.clone(),
+                        };
+                        let id = handoff.task.get_object_id("_id").ok();
+                        match executor.spawn_runner(&handoff, Some(slot)) {
+                            Ok(()) => self.metrics.runner_started(&queue.name),
+                            Err(e) => {
+                                tracing::error!(task = ?id, error = %e, "could not start the task runner; giving the task back");
+                                if let Some(id) = id {
+                                    self.store.give_back_attempt(id, attempt).await?;
+                                }
+                                self.view.runner_exited(queue.id, Some(slot));
+                                report.on_node = self.view.on_node;
+                                return Ok(report);
+                            }
                         }
                     }
-                    ClaimOutcome::Empty => {
+                    RunClaim::Empty => {
+                        self.metrics.claim_missed(&queue.name);
                         plan[i].wanted = 0;
                         break;
                     }
-                    ClaimOutcome::SlotTaken => {} // another node won this slot; try the next
+                    RunClaim::SlotTaken => {
+                        // Another node holds it: remember, so later passes skip it too.
+                        self.metrics.claim_missed(&queue.name);
+                        self.view.slot_taken(queue.id, slot);
+                    }
                 }
             }
             // With max_getwork the batch was the queue's share of this pass.
@@ -194,7 +237,34 @@ impl Claimer {
                 specs[i].available = false;
             }
         }
+        report.on_node = self.view.on_node;
         Ok(report)
+    }
+
+    /// Reads the queues and the running counts again, and makes continuous queues' units.
+    async fn refresh(&mut self) -> Result<()> {
+        let (queues, problems) = self.store.list_queues().await?;
+        for problem in problems {
+            self.report_once(problem);
+        }
+        self.servable = queues.iter().filter_map(|q| self.servable(q)).collect();
+        self.queue_names = queues.iter().map(|q| (q.id, q.name.clone())).collect();
+        let continuous: Vec<ContinuousQueue> = self
+            .servable
+            .iter()
+            .filter(|q| q.queue.spec.continuous && q.threads > 0 && !q.queue.spec.paused)
+            .map(|q| ContinuousQueue {
+                id: q.queue.id,
+                interval: q.queue.spec.interval,
+            })
+            .collect();
+        if !continuous.is_empty() {
+            make_continuous_units(&self.store, &continuous).await?;
+        }
+        let ids: Vec<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
+        let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
+        self.view = RunningView::from_snapshot(snapshot);
+        Ok(())
     }
 
     /// Decides whether this node can serve a queue now, logging the reason when not.
@@ -244,11 +314,8 @@ impl Claimer {
         }
         self.skips.served(q.id, &q.name);
         Some(Servable {
-            id: q.id,
+            queue: q.clone(),
             threads,
-            sort: q.sort,
-            spec: q.spec.clone(),
-            lease: q.run.lease,
         })
     }
 

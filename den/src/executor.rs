@@ -4,10 +4,31 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
+use disbatch_core::handoff::Handoff;
+use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tokio::sync::Notify;
+
+/// A runner this process started, while it lives.
+#[derive(Debug, Clone)]
+struct Live {
+    pid: u32,
+    queue: ObjectId,
+    slot: Option<u32>,
+}
+
+/// A runner that exited: the slot it held is free (unless another node took the task).
+#[derive(Debug, Clone)]
+pub struct Exited {
+    pub task: ObjectId,
+    pub queue: ObjectId,
+    pub slot: Option<u32>,
+    pub ran_for: Duration,
+    pub success: bool,
+}
 
 /// Spawns runners and wakes the node loop when one exits (a slot may have freed up).
 #[derive(Debug, Clone)]
@@ -15,8 +36,10 @@ pub struct Executor {
     runner: PathBuf,
     config: PathBuf,
     node: String,
-    /// Runners started by this process and still alive: task → pid.
-    live: Arc<Mutex<HashMap<ObjectId, u32>>>,
+    /// Runners started by this process and still alive.
+    live: Arc<Mutex<HashMap<ObjectId, Live>>>,
+    /// Runners that exited since the claimer last looked.
+    exited: Arc<Mutex<Vec<Exited>>>,
     runner_exited: Arc<Notify>,
 }
 
@@ -27,6 +50,7 @@ impl Executor {
             config,
             node,
             live: Arc::new(Mutex::new(HashMap::new())),
+            exited: Arc::new(Mutex::new(Vec::new())),
             runner_exited: Arc::new(Notify::new()),
         }
     }
@@ -40,7 +64,7 @@ impl Executor {
     pub fn runners(&self) -> Vec<(ObjectId, u32)> {
         self.live
             .lock()
-            .map(|l| l.iter().map(|(t, p)| (*t, *p)).collect())
+            .map(|l| l.iter().map(|(t, r)| (*t, r.pid)).collect())
             .unwrap_or_default()
     }
 
@@ -49,10 +73,22 @@ impl Executor {
         self.runner_exited.notified().await
     }
 
+    /// The runners that exited since the last call.
+    pub fn take_exited(&self) -> Vec<Exited> {
+        self.exited
+            .lock()
+            .map(|mut e| std::mem::take(&mut *e))
+            .unwrap_or_default()
+    }
+
     /// Sends SIGUSR1 to the runner of `task`, if this process started it: the runner then
     /// renews its lease at once and finds out what the database asks of it.
     pub fn wake_runner(&self, task: ObjectId) {
-        let pid = self.live.lock().ok().and_then(|l| l.get(&task).copied());
+        let pid = self
+            .live
+            .lock()
+            .ok()
+            .and_then(|l| l.get(&task).map(|r| r.pid));
         let Some(pid) = pid.filter(|p| *p > 1) else {
             return;
         };
@@ -62,9 +98,19 @@ impl Executor {
         }
     }
 
-    /// Starts `disbatch-task-runner --config C --task ID --node N` with no shell. It runs in a
-    /// new session so it outlives a restart or kill of this DEN and gets none of its signals.
-    pub fn spawn_runner(&self, task: ObjectId) -> std::io::Result<()> {
+    /// Starts `disbatch-task-runner --config C --task ID --node N --handoff` with no shell,
+    /// handing it the claimed task on stdin. It runs in a new session so it outlives a restart
+    /// or kill of this DEN and gets none of its signals.
+    pub fn spawn_runner(&self, handoff: &Handoff, slot: Option<u32>) -> std::io::Result<()> {
+        let task = handoff
+            .task
+            .get_object_id("_id")
+            .map_err(|_| std::io::Error::other("the claimed task has no ObjectId _id"))?;
+        let queue = handoff
+            .task
+            .get_object_id("queue")
+            .map_err(|_| std::io::Error::other("the claimed task has no queue id"))?;
+        let input = handoff.encode().map_err(std::io::Error::other)?;
         let mut cmd = Command::new(&self.runner);
         cmd.arg("--config")
             .arg(&self.config)
@@ -72,7 +118,8 @@ impl Executor {
             .arg(task.to_hex())
             .arg("--node")
             .arg(&self.node)
-            .stdin(Stdio::null())
+            .arg("--handoff")
+            .stdin(Stdio::piped())
             .kill_on_drop(false);
         // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
         unsafe {
@@ -83,30 +130,54 @@ impl Executor {
             });
         }
         let mut child = cmd.spawn()?;
+        let pid = child.id();
+        if let Some(mut stdin) = child.stdin.take() {
+            tokio::spawn(async move {
+                if let Err(e) = stdin.write_all(&input).await {
+                    tracing::warn!(task = %task, error = %e, "could not hand the task to its runner");
+                }
+            });
+        }
         if let Ok(mut live) = self.live.lock() {
-            live.insert(task, child.id().unwrap_or(0));
+            let runner = Live {
+                pid: pid.unwrap_or(0),
+                queue,
+                slot,
+            };
+            live.insert(task, runner);
         }
         let live = self.live.clone();
-        let exited = self.runner_exited.clone();
-        let pid = child.id();
+        let exited = self.exited.clone();
+        let notify = self.runner_exited.clone();
+        let started = Instant::now();
         tokio::spawn(async move {
-            match child.wait().await {
+            let success = match child.wait().await {
                 Ok(status) if status.success() => {
-                    tracing::debug!(task = %task, ?pid, "task runner finished")
+                    tracing::debug!(task = %task, ?pid, "task runner finished");
+                    true
                 }
                 Ok(status) => {
-                    tracing::warn!(task = %task, ?pid, %status, "task runner exited abnormally")
+                    tracing::warn!(task = %task, ?pid, %status, "task runner exited abnormally");
+                    false
                 }
                 Err(e) => {
-                    tracing::warn!(task = %task, ?pid, error = %e, "could not wait for task runner")
+                    tracing::warn!(task = %task, ?pid, error = %e, "could not wait for task runner");
+                    false
                 }
+            };
+            let runner = live.lock().ok().and_then(|mut l| l.remove(&task));
+            if let (Some(runner), Ok(mut exited)) = (runner, exited.lock()) {
+                exited.push(Exited {
+                    task,
+                    queue: runner.queue,
+                    slot: runner.slot,
+                    ran_for: started.elapsed(),
+                    success,
+                });
             }
-            if let Ok(mut live) = live.lock() {
-                live.remove(&task);
-            }
-            exited.notify_one();
+            notify.notify_one();
         });
-        tracing::info!(task = %task, ?pid, "started task runner");
+        tracing::debug!(task = %task, ?pid, "started task runner");
         Ok(())
     }
 }

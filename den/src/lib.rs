@@ -5,9 +5,12 @@ pub mod claimer;
 pub mod continuous;
 pub mod executor;
 pub mod host;
+pub mod metrics;
 pub mod node;
+pub mod notifier;
 pub mod plugin_check;
 pub mod reaper;
+pub mod running_view;
 pub mod skip_log;
 
 pub use node::Node;

@@ -8,6 +8,8 @@ use disbatch_core::config::{Component, Config};
 use disbatch_core::store::Store;
 use disbatch_den::claimer::{Claimer, QueueFilter};
 use disbatch_den::executor::{check_runner, default_runner, Executor};
+use disbatch_den::metrics::{serve_metrics, DenMetrics};
+use disbatch_den::notifier::Notifier;
 use disbatch_den::plugin_check::PluginCheck;
 use disbatch_den::Node;
 use tokio::signal::unix::{signal, SignalKind};
@@ -24,8 +26,18 @@ struct Args {
     node: Option<String>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Documents may nest as deep as the server allows (about 180 levels); reading and
+    // rendering them recurses, which 2 MiB worker stacks cannot always hold.
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(16 * 1024 * 1024)
+        .build()
+        .context("starting the async runtime")?
+        .block_on(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     disbatch_core::logging::init_logging("info");
     let args = Args::parse();
     let config_path = std::path::absolute(&args.config)
@@ -36,10 +48,42 @@ async fn main() -> anyhow::Result<()> {
     }
     let config = loaded.config;
     let name = config.node_name(args.node.as_deref())?;
-    let runner = check_runner(&default_runner(config.task_runner.as_deref()))
-        .map_err(anyhow::Error::msg)
-        .context("refusing to start")?;
+    let runner = check_runner(&default_runner(config.task_runner.as_deref())).map_err(|e| {
+        let from = if config.task_runner.is_some() {
+            format!("key `task_runner` of {}", config_path.display())
+        } else {
+            format!(
+                "the default (no `task_runner` in {})",
+                config_path.display()
+            )
+        };
+        anyhow::anyhow!("refusing to start: {from}: {e}")
+    })?;
     tracing::info!(node = %name, database = %config.database, runner = %runner.display(), "starting Disbatch execution node");
+    let metrics = DenMetrics::new();
+    // Bound before anything else starts, so a taken port stops the node at once.
+    let (stopping, stop_seen) = tokio::sync::watch::channel(false);
+    if let Some(addr) = config.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding `metrics_listen` {addr}"))?;
+        let bound = listener
+            .local_addr()
+            .context("reading the metrics listener's address")?;
+        tracing::info!(address = %bound, "serving metrics");
+        println!("metrics on http://{bound}");
+        let mut stop_seen = stop_seen;
+        let stopped = async move {
+            // A dropped sender (main returning) stops the listener as well.
+            let _ = stop_seen.wait_for(|stop| *stop).await;
+        };
+        let served = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_metrics(listener, served, stopped).await {
+                tracing::error!(error = %e, "the metrics listener stopped");
+            }
+        });
+    }
 
     let store = Store::connect(&config, Component::Den).await?;
     store
@@ -63,14 +107,21 @@ async fn main() -> anyhow::Result<()> {
         runtimes: config.runtimes.clone(),
     };
     let node = Node {
-        claimer: Claimer::new(store.clone(), name.clone(), filter, plugins),
+        claimer: Claimer::new(
+            store.clone(),
+            name.clone(),
+            filter,
+            plugins,
+            metrics.clone(),
+        ),
         executor: Executor::new(runner, config_path, name.clone()),
         balancer: disbatch_den::balancer::Balancer::new(&config.balance),
         runtimes: config.runtimes.clone(),
+        notifier: Some(Notifier::start(store.clone(), metrics.clone())),
         store,
         name,
         interval: config.loop_interval,
-        attempts_repaired: std::time::Instant::now(),
+        metrics,
     };
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -79,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
             _ = term.recv() => tracing::info!("SIGTERM received"),
             _ = int.recv() => tracing::info!("SIGINT received"),
         }
+        let _ = stopping.send(true);
     };
     if let Err(e) = node.run(shutdown).await {
         bail!("node stopped: {e}");

@@ -1,18 +1,18 @@
-//! The node loop: heartbeat, reap, claim each pass; on shutdown, give back unstarted claims.
+//! The node loop: maintenance passes (heartbeat, recovery) on a timer, claim passes on every
+//! wake-up; on shutdown, give back unstarted claims.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use disbatch_core::store::{Heartbeat, Store};
+use disbatch_core::store::{Heartbeat, NodeLimit, Store};
 use disbatch_core::Result;
 
 use crate::balancer::Balancer;
 use crate::claimer::Claimer;
 use crate::executor::Executor;
+use crate::metrics::DenMetrics;
+use crate::notifier::Notifier;
 use crate::reaper::reap;
-
-/// How often a node looks for attempt records that a dead runner left open.
-const ATTEMPT_REPAIR_EVERY: Duration = Duration::from_secs(10);
 
 /// Longest wait between passes while the database keeps failing: short, so a node is back
 /// at work within seconds of the server's return.
@@ -21,6 +21,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub struct Node {
     pub store: Store,
     pub name: String,
+    /// Between maintenance passes (heartbeat, recovery, a fresh reading of queues).
     pub interval: Duration,
     pub claimer: Claimer,
     pub executor: Executor,
@@ -28,52 +29,114 @@ pub struct Node {
     pub balancer: Balancer,
     /// Reported on the node document.
     pub runtimes: Option<Vec<String>>,
-    /// When this node last closed abandoned attempt records.
-    pub attempts_repaired: Instant,
+    pub metrics: DenMetrics,
+    /// Change streams; None polls on the timer only.
+    pub notifier: Option<Notifier>,
+}
+
+/// Why the loop woke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    Timer,
+    RunnerExited,
+    Change,
 }
 
 impl Node {
-    /// Runs passes until `shutdown` resolves; a failed pass is logged and retried with backoff.
+    /// Runs passes until `shutdown` resolves: a maintenance pass every `interval`, and claim
+    /// passes in between whenever a runner exits or a change stream reports work. A failed
+    /// pass is logged and retried with backoff.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<()> {
         tokio::pin!(shutdown);
-        let mut on_node = 0;
         let mut failures: u32 = 0;
         let mut connected_since = Instant::now();
+        let mut limit = NodeLimit::Unlimited;
+        let mut next_maintenance = Instant::now();
+        let mut wake = Wake::Timer;
         loop {
             if failures > 0 {
                 connected_since = Instant::now();
             }
-            let connected_for = connected_since.elapsed();
-            let wait = tokio::select! {
-                _ = &mut shutdown => break,
-                result = self.run_pass(on_node, connected_for) => match result {
-                    Ok(now_on_node) => {
-                        if failures > 0 {
-                            tracing::info!(failures, "database reachable again; passes resumed");
-                        }
-                        failures = 0;
-                        on_node = now_on_node;
-                        self.interval
-                    }
-                    Err(e) => {
-                        failures = failures.saturating_add(1);
-                        let wait = backoff(self.interval, failures);
-                        tracing::error!(error = %e, failures, retry_in = ?wait, "pass failed");
-                        wait
-                    }
-                },
+            let started = Instant::now();
+            let maintenance = failures > 0 || started >= next_maintenance;
+            let pass = async {
+                if maintenance {
+                    limit = self.maintain(connected_since.elapsed()).await?;
+                }
+                let refresh = maintenance
+                    || self
+                        .notifier
+                        .as_ref()
+                        .is_some_and(Notifier::take_queues_changed);
+                let report = self
+                    .claimer
+                    .claim_tasks(&limit, &self.executor, refresh)
+                    .await?;
+                if maintenance {
+                    // After claiming, so balancing never delays a claim; new threads apply
+                    // at the next reading.
+                    self.balancer.tick(&self.store, &self.name).await;
+                }
+                Ok::<_, disbatch_core::Error>(report)
             };
-            tokio::select! {
+            let result = tokio::select! {
                 _ = &mut shutdown => break,
-                _ = tokio::time::sleep(wait) => {}
-                _ = self.executor.runner_exited(), if failures == 0 => {}
+                result = pass => result,
+            };
+            self.metrics.pass(started.elapsed());
+            let wait = match result {
+                Ok(report) => {
+                    if failures > 0 {
+                        tracing::info!(failures, "database reachable again; passes resumed");
+                    }
+                    failures = 0;
+                    if maintenance {
+                        next_maintenance = started + self.interval;
+                    }
+                    if report.claimed > 0 {
+                        tracing::debug!(
+                            claimed = report.claimed,
+                            on_node = report.on_node,
+                            ?wake,
+                            "pass claimed tasks"
+                        );
+                    }
+                    next_maintenance.saturating_duration_since(Instant::now())
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    self.metrics.db_error("pass");
+                    let wait = backoff(self.interval, failures);
+                    tracing::error!(error = %e, failures, retry_in = ?wait, "pass failed");
+                    wait
+                }
+            };
+            let notifier = self.notifier.clone();
+            let changed = async {
+                match &notifier {
+                    Some(n) => n.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            wake = tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep(wait) => Wake::Timer,
+                _ = self.executor.runner_exited(), if failures == 0 => Wake::RunnerExited,
+                _ = changed, if failures == 0 => Wake::Change,
+            };
+            // Change-stream wake-ups are counted per event by the notifier.
+            match wake {
+                Wake::Timer => self.metrics.wakeup("timer"),
+                Wake::RunnerExited => self.metrics.wakeup("runner_exit"),
+                Wake::Change => {}
             }
         }
         self.shut_down().await;
         Ok(())
     }
 
-    async fn run_pass(&mut self, on_node: u32, connected_for: Duration) -> Result<u32> {
+    /// Heartbeat, recovery and cancel requests; returns the node's `maxthreads` as read back.
+    async fn maintain(&mut self, connected_for: Duration) -> Result<NodeLimit> {
         let runners = self.executor.runners();
         let limit = self
             .store
@@ -81,37 +144,23 @@ impl Node {
                 node: &self.name,
                 pid: std::process::id(),
                 version: disbatch_core::VERSION,
-                running: on_node,
+                running: runners.len() as u32,
                 runtimes: self.runtimes.as_deref(),
                 runners: &runners,
             })
             .await?;
-        reap(&self.store, &self.name, connected_for).await?;
-        if self.attempts_repaired.elapsed() >= ATTEMPT_REPAIR_EVERY {
-            let closed = self
-                .store
-                .close_abandoned_attempts(ATTEMPT_REPAIR_EVERY)
-                .await?;
-            if closed > 0 {
-                tracing::info!(
-                    closed,
-                    "closed attempt records left open by runners that died"
-                );
+        let reaped = reap(&self.store, &self.name, connected_for).await?;
+        for (how, n) in [
+            ("requeue", reaped.requeued),
+            ("orphan", reaped.orphaned),
+            ("cancel", reaped.cancelled),
+        ] {
+            for _ in 0..n {
+                self.metrics.recovered(how);
             }
-            self.attempts_repaired = Instant::now();
         }
         self.forward_cancel_requests().await?;
-        let report = self.claimer.claim_tasks(&limit, &self.executor).await?;
-        // After claiming, so balancing never delays a claim; new threads apply next pass.
-        self.balancer.tick(&self.store, &self.name).await;
-        if report.claimed > 0 {
-            tracing::debug!(
-                claimed = report.claimed,
-                on_node = report.on_node,
-                "pass claimed tasks"
-            );
-        }
-        Ok(report.on_node)
+        Ok(limit)
     }
 
     /// Wakes the runners of tasks an operator asked to cancel, so they stop within a pass

@@ -93,8 +93,9 @@ pub async fn reap(store: &Store, node: &str, connected_for: Duration) -> Result<
         if !store.recover_task(t, how).await? {
             continue; // renewed, finished or recovered by another node meanwhile
         }
-        let late_ms = disbatch_core::store::deadline(Duration::ZERO).timestamp_millis()
-            - t.lease_until.timestamp_millis();
+        let late_ms = disbatch_core::store::deadline(Duration::ZERO)
+            .timestamp_millis()
+            .saturating_sub(t.lease_until.timestamp_millis());
         tracing::warn!(
             task = %t.id, from_node = t.node.as_deref().unwrap_or("?"), status = t.status,
             recovery = ?how, lease_passed_ms = late_ms, "recovered a task whose lease passed"
@@ -123,6 +124,7 @@ mod tests {
             attempts,
             cancel_requested: false,
             lease_until: DateTime::now(),
+            started: None,
         }
     }
 

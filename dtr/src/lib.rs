@@ -1,7 +1,9 @@
 //! The task runner: starts one claimed task, runs its plugin, and records the result.
 
+mod capture;
 pub mod outcome;
 pub mod plugin_process;
+pub mod prepare;
 pub mod record;
 pub mod runner;
 pub mod supervisor;

@@ -7,9 +7,10 @@ use anyhow::Context;
 use bson::oid::ObjectId;
 use clap::Parser;
 use disbatch_core::config::{Component, Config};
+use disbatch_core::handoff::Handoff;
 use disbatch_core::output::GfsMode;
 use disbatch_core::store::Store;
-use disbatch_dtr::runner::run_task;
+use disbatch_dtr::runner::{run_handed_off, run_task};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Runs one task claimed by a Disbatch node and records its result.
@@ -27,6 +28,10 @@ struct Args {
     /// Overrides the config's `gfs` (Disbatch passes `--gfs auto` or `--gfs 1`).
     #[arg(long)]
     gfs: Option<String>,
+    /// The node already claimed the task as a running attempt and writes it, its attempt and
+    /// its queue to stdin (BSON); the runner then reads nothing from the database first.
+    #[arg(long)]
+    handoff: bool,
 }
 
 // One thread: the plugin's parent-death signal is tied to the thread that spawned it.
@@ -56,7 +61,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let node = config.node_name(args.node.as_deref())?;
     let store = Store::connect(&config, Component::TaskRunner).await?;
-    let report = run_task(&config, &store, task, &node, Some(wake)).await?;
+    let report = if args.handoff {
+        let handoff = read_handoff().await?;
+        anyhow::ensure!(
+            handoff.task.get_object_id("_id").ok() == Some(task),
+            "the handoff on stdin is for another task than --task {}",
+            args.task
+        );
+        run_handed_off(&config, &store, handoff, &node, Some(wake)).await?
+    } else {
+        run_task(&config, &store, task, &node, Some(wake)).await?
+    };
     tracing::debug!(task = %task, ?report, "done");
     Ok(())
+}
+
+async fn read_handoff() -> anyhow::Result<Handoff> {
+    use std::io::Read;
+    // Nothing else runs yet, so a blocking read of the node's pipe is fine.
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut bytes)
+        .context("reading the handoff from stdin")?;
+    Handoff::decode(&bytes).map_err(anyhow::Error::msg)
 }

@@ -1,21 +1,23 @@
-//! One task's run: start it as an attempt, find its plugin, run it, decide how it ends,
-//! record the result and close the attempt.
-
-use std::time::Duration;
+//! One task's run as an attempt: get the task (claimed for us, or started here), run its
+//! plugin, then record the attempt and the task's result, fenced on the attempt.
 
 use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document};
 use disbatch_core::config::Config;
+use disbatch_core::handoff::Handoff;
 use disbatch_core::model::status;
 use disbatch_core::store::{
-    schema::task as field, AttemptEnd, FinishOutcome, OnConflict, Store, TaskEnd,
+    parse_queue, schema::task as field, AttemptEnd, AttemptRecord, FinishOutcome, OnConflict,
+    Store, TaskEnd,
 };
-use disbatch_core::{Error, Result};
+use disbatch_core::Result;
+use tokio::signal::unix::Signal;
 
-use crate::outcome::{decide, Exit, Outcome};
-use crate::plugin_process::{start_plugin, PluginCall};
+use crate::capture::run_and_capture;
+use crate::outcome::Exit;
+use crate::prepare::{prepare, QueueLookup};
 use crate::record::{record_result, with_retries, Captured, Finished};
-use crate::supervisor::{supervise, Stopped};
+use crate::supervisor::Stopped;
 
 /// What became of the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,31 +32,68 @@ pub enum RunReport {
 
 /// How the plugin process ended and what its result file said, for the attempt record.
 #[derive(Debug, Default)]
-struct RunFacts {
-    exit: Option<Exit>,
-    result: Option<Document>,
+pub(crate) struct RunFacts {
+    pub exit: Option<Exit>,
+    pub result: Option<Document>,
     /// The queue to chain into and the result's `output`, when both exist.
-    chain: Option<(String, serde_json::Value)>,
+    pub chain: Option<(String, serde_json::Value)>,
     /// How the supervisor ended the run, when it was not a plain exit.
-    stopped: Option<Stopped>,
+    pub stopped: Option<Stopped>,
 }
 
 /// A run that has a result to record, or one whose task was taken away meanwhile.
-enum Ran {
+pub(crate) enum Ran {
     Finished(Box<Finished>, RunFacts),
     LeaseLost(RunFacts),
 }
 
-/// Runs `task` as a new attempt; `wake` (SIGUSR1) makes the lease keeper look at the task
-/// at once, for cancel requests.
+/// The attempt being run and where it is recorded.
+#[derive(Clone, Copy)]
+pub(crate) struct Run<'a> {
+    pub store: &'a Store,
+    pub config: &'a Config,
+    pub task: ObjectId,
+    pub attempt: ObjectId,
+    pub attempts: i64,
+    pub node: &'a str,
+}
+
+/// Runs a task its node claimed and handed over (the common case): no database round trip
+/// before the plugin starts; the attempt record and the result are the only writes.
+pub async fn run_handed_off(
+    config: &Config,
+    store: &Store,
+    handoff: Handoff,
+    node: &str,
+    wake: Option<Signal>,
+) -> Result<RunReport> {
+    let started = DateTime::now();
+    let task = handoff.task.get_object_id(field::ID).map_err(|_| {
+        disbatch_core::Error::Invalid("the handed-over task has no ObjectId _id".into())
+    })?;
+    let queue: QueueLookup = Ok(parse_queue(&handoff.queue).ok());
+    let run = Run {
+        store,
+        config,
+        task,
+        attempt: handoff.attempt,
+        attempts: attempts_started(&handoff.task),
+        node,
+    };
+    run_attempt(&run, &handoff.task, queue, started, wake).await
+}
+
+/// Starts a task this node claimed (`-1`) as a new attempt and runs it: for a runner started
+/// by hand or by a Disbatch-style node.
 pub async fn run_task(
     config: &Config,
     store: &Store,
     task: ObjectId,
     node: &str,
-    wake: Option<tokio::signal::unix::Signal>,
+    wake: Option<Signal>,
 ) -> Result<RunReport> {
     let attempt = ObjectId::new();
+    let started = DateTime::now();
     let Some(doc) = with_retries("starting the task", || {
         store.start_task(task, node, attempt)
     })
@@ -63,12 +102,38 @@ pub async fn run_task(
         tracing::info!(task = %task, node, "task is not claimed by this node; nothing to run");
         return Ok(RunReport::NotClaimed);
     };
-    let queue = doc.get_object_id(field::QUEUE).ok();
-    with_retries("recording the attempt", || {
-        store.record_attempt_start(attempt, task, queue, node, std::process::id())
-    })
-    .await?;
-    let attempts = attempts_started(&doc);
+    let queue: QueueLookup = match doc.get_object_id(field::QUEUE) {
+        Ok(q) => with_retries("reading the queue", || store.queue_by_id(q))
+            .await
+            .map_err(|e| e.to_string()),
+        Err(_) => Ok(None),
+    };
+    let run = Run {
+        store,
+        config,
+        task,
+        attempt,
+        attempts: attempts_started(&doc),
+        node,
+    };
+    run_attempt(&run, &doc, queue, started, wake).await
+}
+
+async fn run_attempt(
+    run: &Run<'_>,
+    doc: &Document,
+    queue: QueueLookup,
+    started: DateTime,
+    wake: Option<Signal>,
+) -> Result<RunReport> {
+    let Run {
+        store,
+        config,
+        task,
+        attempt,
+        attempts,
+        node,
+    } = *run;
     let unable = |reason: String| Finished {
         task,
         node: node.to_string(),
@@ -78,7 +143,7 @@ pub async fn run_task(
         stderr: Captured::from_text(reason),
         spool: None,
     };
-    let ran = match prepare(config, store, &doc, node).await {
+    let ran = match prepare(config, queue, doc, node) {
         Err(reason) => {
             tracing::warn!(task = %task, "{reason}");
             Ran::Finished(Box::new(unable(reason)), RunFacts::default())
@@ -91,26 +156,44 @@ pub async fn run_task(
             );
             Ran::Finished(Box::new(unable(reason)), RunFacts::default())
         }
-        Ok(p) => {
-            let run = Run {
-                store,
-                config,
-                task,
-                attempt,
-                attempts,
-                node,
-            };
-            run_and_capture(&doc, p, &run, wake).await?
-        }
+        Ok(p) => run_and_capture(doc, p, run, wake).await?,
+    };
+    let queue_id = doc.get_object_id(field::QUEUE).ok();
+    let record = |end: AttemptEnd| AttemptRecord {
+        id: attempt,
+        task,
+        queue: queue_id,
+        node: node.to_string(),
+        pid: std::process::id(),
+        start: started,
+        end,
     };
     let (finished, facts) = match ran {
         Ran::Finished(f, facts) => (f, facts),
         Ran::LeaseLost(facts) => {
-            close_attempt(store, task, attempt, "discarded", None, &facts).await;
+            // Recovery has already recorded this attempt as lost; this only fills a gap.
+            let discarded = record(attempt_end("discarded", None, &facts));
+            let _ =
+                with_retries("recording the attempt", || store.insert_attempt(&discarded)).await;
             return Ok(RunReport::Discarded);
         }
     };
     let end = finished.end;
+    let outcome = match (end, facts.stopped) {
+        (_, Some(Stopped::TimedOut(..))) => "timed_out",
+        (_, Some(Stopped::Cancelled(_))) => "cancelled",
+        (TaskEnd::Status(status::SUCCEEDED), _) => "succeeded",
+        (TaskEnd::Status(_), _) => "failed",
+        (TaskEnd::Retry { .. }, _) => "retry",
+    };
+    let final_status = match end {
+        TaskEnd::Status(s) => Some(s),
+        TaskEnd::Retry { .. } => None,
+    };
+    // The attempt record goes first: if this runner dies before the result lands, recovery
+    // marks the record lost, so a record never claims a result the task does not show.
+    let closing = record(attempt_end(outcome, final_status, &facts));
+    let inserted = with_retries("recording the attempt", || store.insert_attempt(&closing)).await?;
     let recorded = match record_result(store, config.gfs, &finished).await {
         Ok(r) => r,
         Err(e) => {
@@ -124,45 +207,33 @@ pub async fn run_task(
             return Err(e);
         }
     };
-    let (report, outcome) = match recorded {
+    match recorded {
         FinishOutcome::Recorded => {
             tracing::info!(task = %task, ?end, "task finished");
-            let outcome = match (end, facts.stopped) {
-                (_, Some(Stopped::TimedOut(..))) => "timed_out",
-                (_, Some(Stopped::Cancelled(_))) => "cancelled",
-                (TaskEnd::Status(status::SUCCEEDED), _) => "succeeded",
-                (TaskEnd::Status(_), _) => "failed",
-                (TaskEnd::Retry { .. }, _) => "retry",
-            };
             if let (TaskEnd::Status(status::SUCCEEDED), Some((then, output))) = (end, &facts.chain)
             {
                 chain_output(store, task, then, output).await;
             }
-            (RunReport::Recorded(end), outcome)
+            Ok(RunReport::Recorded(end))
         }
         FinishOutcome::NotOurs | FinishOutcome::TooLarge => {
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
-            (RunReport::Discarded, "discarded")
+            if inserted {
+                if let Err(e) = with_retries("updating the attempt", || {
+                    store.change_attempt_outcome(attempt, outcome, "discarded")
+                })
+                .await
+                {
+                    tracing::error!(task = %task, attempt = %attempt, error = %e, "could not mark the attempt discarded");
+                }
+            }
+            Ok(RunReport::Discarded)
         }
-    };
-    let status = match end {
-        TaskEnd::Status(s) => Some(s),
-        TaskEnd::Retry { .. } => None,
-    };
-    close_attempt(store, task, attempt, outcome, status, &facts).await;
-    Ok(report)
+    }
 }
 
-/// The task's own record is already written; a lost attempt record is logged, not fatal.
-async fn close_attempt(
-    store: &Store,
-    task: ObjectId,
-    attempt: ObjectId,
-    outcome: &'static str,
-    status: Option<i32>,
-    facts: &RunFacts,
-) {
-    let closing = AttemptEnd {
+fn attempt_end(outcome: &'static str, status: Option<i32>, facts: &RunFacts) -> AttemptEnd {
+    AttemptEnd {
         outcome,
         status,
         exit_code: match facts.exit {
@@ -174,13 +245,6 @@ async fn close_attempt(
             _ => None,
         },
         result: facts.result.clone(),
-    };
-    if let Err(e) = with_retries("closing the attempt", || {
-        store.record_attempt_end(attempt, &closing)
-    })
-    .await
-    {
-        tracing::error!(task = %task, attempt = %attempt, error = %e, "could not close the attempt record");
     }
 }
 
@@ -224,263 +288,5 @@ fn attempts_started(doc: &Document) -> i64 {
         Some(Bson::Int64(n)) => *n,
         Some(Bson::Double(n)) => *n as i64,
         _ => 1,
-    }
-}
-
-/// Everything needed to start the plugin, or the reason it cannot start (stored as stderr).
-struct Prepared {
-    executable: std::path::PathBuf,
-    queue_name: String,
-    queue_id: ObjectId,
-    max_retries: Option<u32>,
-    then: Option<String>,
-    config_json: Option<String>,
-    run: disbatch_core::run_policy::RunPolicy,
-}
-
-/// The attempt being run and where it is recorded.
-struct Run<'a> {
-    store: &'a Store,
-    config: &'a Config,
-    task: ObjectId,
-    attempt: ObjectId,
-    attempts: i64,
-    node: &'a str,
-}
-
-async fn prepare(
-    config: &Config,
-    store: &Store,
-    doc: &Document,
-    node: &str,
-) -> Result<Prepared, String> {
-    let task = doc
-        .get_object_id(field::ID)
-        .map(|i| i.to_hex())
-        .unwrap_or_default();
-    let queue_id = doc
-        .get_object_id(field::QUEUE)
-        .map_err(|_| format!("task {task} has no valid queue id"))?;
-    let queue = store
-        .queue_by_id(queue_id)
-        .await
-        .map_err(|e| format!("could not read queue {queue_id} of task {task}: {e}"))?
-        .ok_or_else(|| {
-            format!(
-                "No plugin defined for task {task} in queue {queue_id}: the queue does not exist"
-            )
-        })?;
-    let plugin = queue.plugin.map_err(|e| {
-        format!(
-            "No plugin defined for task {task} in queue {}: {e}",
-            queue.name
-        )
-    })?;
-    let executable = config
-        .plugins
-        .resolve(&plugin)
-        .map_err(|e| format!("cannot run task {task} on node {node}: {e}"))?;
-    match doc
-        .get(field::PARAMS)
-        .or_else(|| doc.get(field::LEGACY_PARAMS))
-    {
-        Some(Bson::Document(_)) => {}
-        Some(other) => {
-            return Err(format!(
-                "task {task} cannot run: params must be an object, found {}",
-                bson_type_name(other)
-            ))
-        }
-        None => return Err(format!("task {task} cannot run: it has no params object")),
-    }
-    Ok(Prepared {
-        executable,
-        queue_name: queue.name,
-        queue_id,
-        max_retries: queue.spec.max_retries,
-        then: queue.spec.then.clone(),
-        config_json: queue.spec.config_json.clone(),
-        run: queue.run,
-    })
-}
-
-async fn run_and_capture(
-    doc: &Document,
-    prepared: Prepared,
-    run: &Run<'_>,
-    wake: Option<tokio::signal::unix::Signal>,
-) -> Result<Ran> {
-    let Run {
-        store,
-        config,
-        task,
-        attempt,
-        attempts,
-        node,
-    } = *run;
-    let spool = tempfile::Builder::new()
-        .prefix(&format!("disbatch-task-{task}-"))
-        .tempdir()
-        .map_err(|e| Error::io("creating the output spool directory", e))?;
-    let task_json = serde_json::to_vec(&Bson::Document(doc.clone()).into_relaxed_extjson())
-        .map_err(|e| Error::Invalid(format!("encoding task {task} as JSON: {e}")))?;
-    let call = PluginCall {
-        executable: &prepared.executable,
-        task_json,
-        task_id: task.to_hex(),
-        attempt: attempt.to_hex(),
-        queue_name: prepared.queue_name,
-        queue_id: prepared.queue_id.to_hex(),
-        queue_config: prepared.config_json.clone(),
-        node: node.to_string(),
-        env: &config.plugin_env,
-    };
-    let finished = |end, stdout, stderr, spool| Finished {
-        task,
-        node: node.to_string(),
-        attempt,
-        end,
-        stdout,
-        stderr,
-        spool,
-    };
-    let mut plugin = match start_plugin(call, spool.path()) {
-        Ok(p) => p,
-        Err(e) => {
-            let reason = format!(
-                "could not start plugin {}: {e}",
-                prepared.executable.display()
-            );
-            tracing::warn!(task = %task, "{reason}");
-            let end = TaskEnd::Status(status::FAILED);
-            let done = finished(
-                end,
-                Captured::from_text("Unable to start"),
-                Captured::from_text(reason),
-                None,
-            );
-            return Ok(Ran::Finished(Box::new(done), RunFacts::default()));
-        }
-    };
-    let stopped = supervise(store, task, attempt, prepared.run, &mut plugin, wake)
-        .await
-        .map_err(|e| Error::io("waiting for the plugin", e))?;
-    let paths = plugin.paths.clone();
-    let exit = match stopped {
-        Stopped::Exited(e) | Stopped::TimedOut(e, _) | Stopped::Cancelled(e) => e,
-        Stopped::LeaseLost(e) => {
-            let facts = RunFacts {
-                exit: Some(e),
-                stopped: Some(stopped),
-                ..RunFacts::default()
-            };
-            return Ok(Ran::LeaseLost(facts));
-        }
-    };
-    let result = match tokio::fs::read(&paths.result).await {
-        Ok(bytes) => Some(bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(Error::io("reading the plugin's result file", e)),
-    };
-    let Outcome {
-        status,
-        mut note,
-        retry,
-        result,
-    } = decide(exit, result.as_deref());
-    // Why the runner ended the plugin comes first; the exit's own remark follows.
-    let mut lead_note = |why: String| {
-        note = Some(match note.take() {
-            Some(n) => format!("{why}; {n}"),
-            None => why,
-        });
-    };
-    let end = match (stopped, retry) {
-        (Stopped::TimedOut(_, after), _) => {
-            lead_note(format!("timed out after {} s", after.as_secs_f64()));
-            TaskEnd::Status(status::FAILED)
-        }
-        (Stopped::Cancelled(_), _) => {
-            lead_note("cancelled by an operator while running".to_string());
-            TaskEnd::Status(status::CANCELLED)
-        }
-        (_, Some(_)) if prepared.max_retries.is_some_and(|m| attempts >= m as i64) => {
-            let why = format!(
-                "too many retries: attempt {attempts} asked for another, max_retries is {}",
-                prepared.max_retries.unwrap_or(0)
-            );
-            note = Some(match note.take() {
-                Some(n) => format!("{n}; {why}"),
-                None => why,
-            });
-            TaskEnd::Status(status::FAILED)
-        }
-        (_, Some(delay)) if delay > Duration::ZERO => TaskEnd::Retry {
-            not_before: Some(DateTime::from_millis(
-                DateTime::now().timestamp_millis() + delay.as_millis() as i64,
-            )),
-        },
-        (_, Some(_)) => TaskEnd::Retry { not_before: None },
-        (_, None) => TaskEnd::Status(status),
-    };
-    if let Some(note) = note {
-        append_note(&paths.stderr, &note).await?;
-    }
-    let chain = match (
-        &prepared.then,
-        result.as_ref().and_then(|m| m.get("output")),
-    ) {
-        (Some(then), Some(output)) => Some((then.clone(), output.clone())),
-        _ => None,
-    };
-    let facts = RunFacts {
-        exit: Some(exit),
-        result: result.and_then(|m| bson::to_document(&m).ok()),
-        chain,
-        stopped: (!matches!(stopped, Stopped::Exited(_))).then_some(stopped),
-    };
-    let done = finished(
-        end,
-        Captured::load(&paths.stdout).await?,
-        Captured::load(&paths.stderr).await?,
-        Some(spool),
-    );
-    Ok(Ran::Finished(Box::new(done), facts))
-}
-
-/// The runner's own remarks go at the end of the task's stderr, on a line of their own.
-async fn append_note(stderr: &std::path::Path, note: &str) -> Result<()> {
-    use std::io::SeekFrom;
-    use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
-    let context = |e| Error::io("appending to the task's stderr", e);
-    let mut file = tokio::fs::OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create(true)
-        .open(stderr)
-        .await
-        .map_err(context)?;
-    // Only the last byte decides whether the note needs its own line; stderr may be huge.
-    let len = file.metadata().await.map_err(context)?.len();
-    let mut last = [b'\n'];
-    if len > 0 {
-        file.seek(SeekFrom::Start(len - 1)).await.map_err(context)?;
-        file.read_exact(&mut last).await.map_err(context)?;
-    }
-    let text = format!(
-        "{}[disbatch] {note}\n",
-        if last[0] == b'\n' { "" } else { "\n" }
-    );
-    file.write_all(text.as_bytes()).await.map_err(context)
-}
-
-fn bson_type_name(b: &Bson) -> &'static str {
-    match b {
-        Bson::String(_) => "a string",
-        Bson::Array(_) => "an array",
-        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => "a number",
-        Bson::Boolean(_) => "a boolean",
-        Bson::Null => "null",
-        _ => "a non-object value",
     }
 }

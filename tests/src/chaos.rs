@@ -187,28 +187,44 @@ pub async fn run_chaos(opts: &ChaosOptions) -> ChaosReport {
     report
 }
 
-/// A runner of a running task, chosen at random: (task, attempt, pid).
+/// A runner of a running task, chosen at random from the nodes' documents: (task, attempt,
+/// pid).
 async fn random_runner(db: &TestDb, rng: &mut StdRng) -> Option<(ObjectId, ObjectId, Pid)> {
     let mut cursor = db
         .db
-        .collection::<Document>("attempts")
-        .find(doc! {"outcome": "running"})
+        .collection::<Document>("nodes")
+        .find(doc! {})
         .await
         .ok()?;
-    let mut running = Vec::new();
+    let mut runners = Vec::new();
     while cursor.advance().await.unwrap_or(false) {
-        if let Ok(a) = cursor.deserialize_current() {
-            running.push(a);
+        let Ok(node) = cursor.deserialize_current() else {
+            continue;
+        };
+        for r in node
+            .get_array("runners")
+            .map(|a| a.to_vec())
+            .unwrap_or_default()
+        {
+            if let Some(r) = r.as_document() {
+                if let (Ok(task), Ok(pid)) = (r.get_object_id("task"), r.get_i64("pid")) {
+                    runners.push((task, pid));
+                }
+            }
         }
     }
-    if running.is_empty() {
+    if runners.is_empty() {
         return None;
     }
-    let a = &running[rng.random_range(0..running.len())];
+    let (task, pid) = runners[rng.random_range(0..runners.len())];
+    let doc = db.tasks().find_one(doc! {"_id": task}).await.ok()??;
+    if doc.get_i32("status").ok() != Some(0) {
+        return None;
+    }
     Some((
-        a.get_object_id("task").ok()?,
-        a.get_object_id("_id").ok()?,
-        Pid::from_raw(a.get_i64("pid").ok()? as i32),
+        task,
+        doc.get_object_id("attempt").ok()?,
+        Pid::from_raw(pid as i32),
     ))
 }
 

@@ -1,11 +1,15 @@
 //! Integration-test harness: a real MongoDB-wire server, one database per test, real binaries.
 
 pub mod api;
+pub mod bench;
 mod browser;
 pub mod chaos;
 mod dci;
 mod den;
+pub mod exposition;
+pub mod hostile;
 pub mod hostile_corpus;
+pub mod hostile_requests;
 pub mod restartable;
 mod server;
 

@@ -18,18 +18,35 @@ async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
         .expect("queue");
 }
 
-/// Waits for the task's first attempt record and returns its runner's pid and attempt id.
+/// Waits for the task to run and returns its runner's pid (from its node's document) and
+/// the attempt it runs as.
 async fn running_attempt(db: &TestDb, id: ObjectId) -> (Pid, ObjectId) {
-    wait_for("the task to run", Duration::from_secs(30), || async {
-        db.task(id).await.get_i32("status").ok() == Some(0) && !db.attempts(id).await.is_empty()
-    })
-    .await;
-    let a = db.attempts(id).await.remove(0);
-    let pid = a.get_i64("pid").expect("runner pid");
-    (
-        Pid::from_raw(pid as i32),
-        a.get_object_id("_id").expect("attempt id"),
-    )
+    let mut found = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while found.is_none() {
+        assert!(Instant::now() < deadline, "task {id} never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let task = db.task(id).await;
+        let (Ok(0), Ok(attempt), Ok(node)) = (
+            task.get_i32("status"),
+            task.get_object_id("attempt"),
+            task.get_str("node"),
+        ) else {
+            continue;
+        };
+        let nodes = db.db.collection::<Document>("nodes");
+        let Ok(Some(n)) = nodes.find_one(doc! {"node": node}).await else {
+            continue;
+        };
+        let pid = n.get_array("runners").ok().and_then(|runners| {
+            runners.iter().find_map(|r| {
+                let r = r.as_document()?;
+                (r.get_object_id("task").ok() == Some(id)).then(|| r.get_i64("pid").ok())?
+            })
+        });
+        found = pid.map(|p| (Pid::from_raw(p as i32), attempt));
+    }
+    found.expect("found")
 }
 
 /// Processes whose environment names this attempt: its plugin, while it lives.

@@ -83,6 +83,8 @@ pub struct Config {
     /// Names of Disbatch web extensions (`web_extensions` keys); `Disbatch::Web::Tasks`
     /// turns on the legacy 4.0 task routes.
     pub web_extensions: Vec<String>,
+    /// Where a DEN serves `GET /metrics` (`metrics_listen`); none: no listener.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// The DCI's own settings (`web`).

@@ -17,6 +17,12 @@ use crate::plugin::PluginTable;
 
 /// Disbatch accepts comments and trailing commas in its JSON config; so do we.
 pub(super) fn parse_relaxed_json(text: &str) -> Result<Value, String> {
+    // The parser recurses; a hostile file nested thousands deep would overflow the stack.
+    if let Some(depth) = nesting_beyond(text, MAX_NESTING) {
+        return Err(format!(
+            "nested deeper than {MAX_NESTING} levels (at byte {depth}); no config needs that"
+        ));
+    }
     let options = jsonc_parser::ParseOptions {
         allow_comments: true,
         allow_trailing_commas: true,
@@ -28,6 +34,53 @@ pub(super) fn parse_relaxed_json(text: &str) -> Result<Value, String> {
         Ok(None) => Err("the file is empty".into()),
         Err(e) => Err(format!("not valid JSON: {e}")),
     }
+}
+
+const MAX_NESTING: usize = 128;
+
+/// The byte offset where brackets outside strings nest deeper than `max`, if they do.
+fn nesting_beyond(text: &str, max: usize) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, b) in text.bytes().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > max {
+                    return Some(i);
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Settings that must be JSON objects: serde would also take an array for them, by position.
+const OBJECT_KEYS: &[&[&str]] = &[&["balance"], &["web"], &["web", "tls"], &["auth"]];
+
+fn check_objects(value: &Value) -> Result<(), String> {
+    for path in OBJECT_KEYS {
+        let mut at = Some(value);
+        for key in *path {
+            at = at.and_then(|v| v.get(*key));
+        }
+        match at {
+            None | Some(Value::Null) | Some(Value::Object(_)) => {}
+            Some(_) => return Err(format!("key `{}`: must be an object", path.join("."))),
+        }
+    }
+    Ok(())
 }
 
 /// Keys Disbatch 4 defines that this implementation accepts but does not use.
@@ -73,6 +126,8 @@ pub(super) struct RawConfig {
     runtimes: Option<Vec<String>>,
     #[serde(default)]
     web_extensions: Option<serde_json::Map<String, Value>>,
+    #[serde(default)]
+    metrics_listen: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -112,6 +167,7 @@ struct RawBalance {
 impl RawConfig {
     /// Type-checks every key, naming the key on failure and collecting unknown keys as warnings.
     pub(super) fn from_value(value: Value, warnings: &mut Vec<String>) -> Result<Self, String> {
+        check_objects(&value)?;
         let mut unknown = Vec::new();
         let raw: RawConfig = {
             // serde_ignored marks `Option` layers as `?`; operators know keys, not layers.
@@ -214,6 +270,17 @@ impl RawConfig {
             validate_database_name(ns)
                 .map_err(|e| e.replace("key `database`", "key `web.namespaces`"))?;
         }
+        let metrics_listen = self
+            .metrics_listen
+            .as_deref()
+            .map(|a| {
+                a.trim().parse::<std::net::SocketAddr>().map_err(|_| {
+                    format!(
+                        "key `metrics_listen`: {a:?} is not a socket address; use IP:PORT, e.g. \"127.0.0.1:9101\""
+                    )
+                })
+            })
+            .transpose()?;
         if web.max_body_bytes < 1024 {
             return Err("key `web.max_body_bytes`: must be at least 1024".into());
         }
@@ -249,6 +316,7 @@ impl RawConfig {
                 .web_extensions
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default(),
+            metrics_listen,
         })
     }
 }

@@ -316,3 +316,63 @@ fn web_tls_needs_both_files() {
     let e = error_of(&web(r#"{"tls": {"cert_file": "", "key_file": "k.pem"}}"#));
     assert!(e.contains("`web.tls.cert_file`"), "{e}");
 }
+
+#[test]
+fn metrics_listen_is_a_socket_address_and_off_by_default() {
+    let base = r#""mongohost": "mongodb://h", "database": "d""#;
+    let c = parse(&format!("{{{base}}}")).expect("ok").config;
+    assert_eq!(c.metrics_listen, None);
+    let c = parse(&format!(
+        r#"{{{base}, "metrics_listen": "127.0.0.1:9101"}}"#
+    ))
+    .expect("ok")
+    .config;
+    assert_eq!(
+        c.metrics_listen,
+        Some("127.0.0.1:9101".parse().expect("addr"))
+    );
+    let c = parse(&format!(r#"{{{base}, "metrics_listen": "[::1]:0"}}"#))
+        .expect("ok")
+        .config;
+    assert_eq!(c.metrics_listen, Some("[::1]:0".parse().expect("addr")));
+    for bad in [
+        r#""localhost:9101""#,
+        r#""127.0.0.1""#,
+        r#""127.0.0.1:99999""#,
+        r#""""#,
+    ] {
+        let e = error_of(&format!(r#"{{{base}, "metrics_listen": {bad}}}"#));
+        assert!(
+            e.contains("`metrics_listen`") && e.contains("socket address"),
+            "{bad}: {e}"
+        );
+    }
+    let e = error_of(&format!(r#"{{{base}, "metrics_listen": 9101}}"#));
+    assert!(e.contains("`metrics_listen`"), "{e}");
+}
+
+#[test]
+fn deep_nesting_and_arrays_for_objects_are_refused() {
+    let base = r#""mongohost": "mongodb://h", "database": "d""#;
+    let deep = format!(
+        r#"{{{base}, "x": {}1{}}}"#,
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    let e = error_of(&deep);
+    assert!(e.contains("nested deeper than 128"), "{e}");
+    // Brackets inside strings do not count.
+    let quoted = format!(r#"{{{base}, "web_root": "{}"}}"#, "[".repeat(500));
+    assert!(parse(&quoted).is_ok());
+    for (json, key) in [
+        (r#""balance": [true, true]"#, "`balance`"),
+        (r#""web": []"#, "`web`"),
+        (r#""web": {"tls": ["c", "k"]}"#, "`web.tls`"),
+    ] {
+        let e = error_of(&format!("{{{base}, {json}}}"));
+        assert!(
+            e.contains(key) && e.contains("must be an object"),
+            "{json}: {e}"
+        );
+    }
+}

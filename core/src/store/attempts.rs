@@ -20,7 +20,61 @@ pub struct AttemptEnd {
     pub result: Option<Document>,
 }
 
+/// A whole attempt record, written once when the attempt ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    pub id: ObjectId,
+    pub task: ObjectId,
+    pub queue: Option<ObjectId>,
+    pub node: String,
+    /// The runner's process id.
+    pub pid: u32,
+    pub start: DateTime,
+    pub end: AttemptEnd,
+}
+
 impl Store {
+    /// Writes an ended attempt's record in one round trip. Returns false when a record already
+    /// exists: recovery closed the attempt as lost, so its result will not count either.
+    pub async fn insert_attempt(&self, r: &AttemptRecord) -> Result<bool> {
+        let opt = |v: Option<i32>| v.map_or(Bson::Null, Bson::Int32);
+        let record = doc! {
+            attempt::ID: r.id, attempt::TASK: r.task,
+            attempt::QUEUE: r.queue.map_or(Bson::Null, Bson::ObjectId),
+            attempt::NODE: &r.node, attempt::PID: r.pid as i64, attempt::START: r.start,
+            attempt::END: DateTime::now(), attempt::OUTCOME: r.end.outcome,
+            attempt::STATUS: opt(r.end.status), attempt::EXIT_CODE: opt(r.end.exit_code),
+            attempt::SIGNAL: opt(r.end.signal),
+            attempt::RESULT: r.end.result.clone().map_or(Bson::Null, Bson::Document),
+        };
+        match self.collection(ATTEMPTS).insert_one(record).await {
+            Ok(_) => Ok(true),
+            Err(e) if super::is_duplicate_key(&e) => Ok(false),
+            Err(e) => Err(Error::mongo(
+                format!("recording attempt {} of task {}", r.id, r.task),
+                e,
+            )),
+        }
+    }
+
+    /// Changes an attempt's outcome from `from` to `to`; a record recovery marked `lost`
+    /// stays lost.
+    pub async fn change_attempt_outcome(
+        &self,
+        id: ObjectId,
+        from: &str,
+        to: &'static str,
+    ) -> Result<()> {
+        self.collection(ATTEMPTS)
+            .update_one(
+                doc! {attempt::ID: id, attempt::OUTCOME: from},
+                doc! {"$set": {attempt::OUTCOME: to}},
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::mongo(format!("updating attempt {id}"), e))
+    }
+
     pub async fn record_attempt_start(
         &self,
         id: ObjectId,
@@ -70,75 +124,5 @@ impl Store {
             .try_collect()
             .await
             .map_err(|e| Error::mongo(format!("listing attempts of task {task}"), e))
-    }
-}
-
-/// What a closed-by-repair attempt is called, from its task as it stands.
-fn outcome_from_task(task: Option<&Document>, attempt_id: ObjectId) -> &'static str {
-    let Some(task) = task else {
-        return "abandoned"; // the task was deleted
-    };
-    if task.get_object_id(super::schema::task::ATTEMPT).ok() != Some(attempt_id) {
-        return "abandoned";
-    }
-    match task.get(super::schema::task::STATUS) {
-        Some(Bson::Int32(1)) => "succeeded",
-        Some(Bson::Int32(s)) if *s >= 2 => "failed",
-        Some(Bson::Int32(-5)) => "cancelled",
-        _ => "abandoned",
-    }
-}
-
-impl Store {
-    /// Closes attempt records left open by a runner that died after its task moved on (its
-    /// result written, or the task recovered): older than `age`, and whose task no longer
-    /// runs as that attempt. Returns how many were closed.
-    pub async fn close_abandoned_attempts(&self, age: std::time::Duration) -> Result<u64> {
-        use super::schema::{task, TASKS};
-        let cutoff = DateTime::from_millis(
-            DateTime::now().timestamp_millis() - age.as_millis().min(i64::MAX as u128) as i64,
-        );
-        let open: Vec<Document> = self
-            .collection(ATTEMPTS)
-            .find(doc! {attempt::OUTCOME: "running", attempt::START: {"$lt": cutoff}})
-            .projection(doc! {attempt::ID: 1, attempt::TASK: 1})
-            .limit(200)
-            .await
-            .map_err(|e| Error::mongo("finding open attempts", e))?
-            .try_collect()
-            .await
-            .map_err(|e| Error::mongo("finding open attempts", e))?;
-        let mut closed = 0;
-        for a in open {
-            let (Ok(id), Ok(task_id)) =
-                (a.get_object_id(attempt::ID), a.get_object_id(attempt::TASK))
-            else {
-                continue;
-            };
-            let task = self
-                .collection(TASKS)
-                .find_one(doc! {task::ID: task_id})
-                .projection(doc! {task::ATTEMPT: 1, task::STATUS: 1})
-                .await
-                .map_err(|e| Error::mongo(format!("reading task {task_id}"), e))?;
-            let still_running = task.as_ref().is_some_and(|t| {
-                t.get_object_id(task::ATTEMPT).ok() == Some(id)
-                    && matches!(t.get(task::STATUS), Some(Bson::Int32(-1 | 0)))
-            });
-            if still_running {
-                continue;
-            }
-            let outcome = outcome_from_task(task.as_ref(), id);
-            let r = self
-                .collection(ATTEMPTS)
-                .update_one(
-                    doc! {attempt::ID: id, attempt::OUTCOME: "running"},
-                    doc! {"$set": {attempt::OUTCOME: outcome, attempt::END: DateTime::now()}},
-                )
-                .await
-                .map_err(|e| Error::mongo(format!("closing abandoned attempt {id}"), e))?;
-            closed += r.modified_count;
-        }
-        Ok(closed)
     }
 }

@@ -33,6 +33,8 @@ pub struct ExpiredTask {
     pub attempts: i64,
     pub cancel_requested: bool,
     pub lease_until: DateTime,
+    /// When the attempt was claimed (`mtime`, unchanged while a task runs).
+    pub started: Option<DateTime>,
 }
 
 /// Where recovery sends an expired task.
@@ -94,7 +96,7 @@ impl Store {
             .limit(limit)
             .projection(doc! {
                 task::QUEUE: 1, task::STATUS: 1, task::NODE: 1, task::ATTEMPT: 1,
-                task::ATTEMPTS: 1, task::CANCEL_REQUESTED: 1, task::LEASE_UNTIL: 1,
+                task::ATTEMPTS: 1, task::CANCEL_REQUESTED: 1, task::LEASE_UNTIL: 1, task::MTIME: 1,
             })
             .await
             .map_err(|e| Error::mongo("finding tasks whose lease passed", e))?
@@ -139,12 +141,23 @@ impl Store {
         if r.modified_count == 0 {
             return Ok(false);
         }
+        // The runner writes its attempt's record when it ends; recovery writes it instead, or
+        // overrules one written by a runner that died before its result landed.
         if let Some(a) = t.attempt.filter(|_| t.status == status::RUNNING) {
             self.collection(ATTEMPTS)
                 .update_one(
-                    doc! {attempt::ID: a, attempt::OUTCOME: "running"},
-                    doc! {"$set": {attempt::OUTCOME: "lost", attempt::END: DateTime::now()}},
+                    doc! {attempt::ID: a},
+                    doc! {
+                        "$set": {attempt::OUTCOME: "lost", attempt::END: DateTime::now()},
+                        "$setOnInsert": {
+                            attempt::TASK: t.id,
+                            attempt::QUEUE: t.queue.map_or(Bson::Null, Bson::ObjectId),
+                            attempt::NODE: t.node.clone().map_or(Bson::Null, Bson::String),
+                            attempt::START: t.started.map_or(Bson::Null, Bson::DateTime),
+                        },
+                    },
                 )
+                .upsert(true)
                 .await
                 .map_err(|e| Error::mongo(format!("closing lost attempt {a}"), e))?;
         }
@@ -189,5 +202,6 @@ fn expired_task(d: &Document) -> Option<ExpiredTask> {
         attempts: super::count_value(d.get(task::ATTEMPTS)).min(i64::MAX as u64) as i64,
         cancel_requested: d.get(task::CANCEL_REQUESTED).is_some(),
         lease_until: d.get_datetime(task::LEASE_UNTIL).ok().copied()?,
+        started: d.get_datetime(task::MTIME).ok().copied(),
     })
 }

@@ -3,9 +3,11 @@
 mod attempts;
 mod balance;
 mod balance_lease;
+mod claim_run;
 mod gridfs;
 mod leases;
 mod lookup;
+mod metrics;
 mod nodes;
 mod queues;
 pub mod schema;
@@ -16,6 +18,7 @@ mod task_query;
 mod tasks;
 mod units;
 mod users;
+mod watch;
 mod web_nodes;
 mod web_queues;
 
@@ -25,11 +28,14 @@ use bson::Document;
 use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
-pub use attempts::AttemptEnd;
+pub use attempts::{AttemptEnd, AttemptRecord};
+pub use claim_run::RunClaim;
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
+pub use metrics::{FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, NodeLimit};
+pub use queues::parse_queue;
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
 pub use task_create::Template;
@@ -40,6 +46,7 @@ pub use users::{
     create_role_command, parse_additional, parse_perms, passwords, roles, Perms, RoleSpec,
     UserAdmin, COMPONENTS,
 };
+pub use watch::WorkSignal;
 pub use web_queues::QueueCounts;
 
 use crate::config::{Component, Config};

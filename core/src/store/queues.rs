@@ -27,7 +27,7 @@ impl Store {
             .await
             .map_err(|e| Error::mongo("listing queues", e))?
         {
-            match queue_from_document(&d) {
+            match parse_queue(&d) {
                 Ok(q) => queues.push(q),
                 Err(message) => problems.push(message),
             }
@@ -42,7 +42,7 @@ impl Store {
             .await
             .map_err(|e| Error::mongo(format!("reading queue {id}"), e))?;
         found
-            .map(|d| queue_from_document(&d))
+            .map(|d| parse_queue(&d))
             .transpose()
             .map_err(|message| Error::BadDocument {
                 collection: QUEUES,
@@ -52,7 +52,8 @@ impl Store {
     }
 }
 
-fn queue_from_document(d: &Document) -> Result<Queue, String> {
+/// Reads a queue document as the claimer and runner see it; Err names the skip reason.
+pub fn parse_queue(d: &Document) -> Result<Queue, String> {
     let id = d.get_object_id(queue::ID).map_err(|_| {
         format!(
             "queue document with _id {:?} is skipped: _id is not an ObjectId",
@@ -90,6 +91,7 @@ fn queue_from_document(d: &Document) -> Result<Queue, String> {
         sort_warning,
         spec: spec.unwrap_or_default(),
         run: run.unwrap_or_default(),
+        raw: d.clone(),
     })
 }
 
@@ -135,7 +137,7 @@ fn spec_fields(d: &Document) -> Result<SpecFields, String> {
     Ok(SpecFields {
         priority: priority.unwrap_or(0),
         weight: weight
-            .or(nice.map(|n| DEFAULT_WEIGHT - n))
+            .or(nice.map(|n| DEFAULT_WEIGHT.saturating_sub(n)))
             .unwrap_or(DEFAULT_WEIGHT),
         max_getwork,
         paused: parse_flag(d.get(queue::DISABLED)) || parse_flag(d.get(queue::PAUSED)),
@@ -216,8 +218,9 @@ impl Store {
         interval: std::time::Duration,
     ) -> Result<bool> {
         let now = bson::DateTime::now();
-        let next =
-            bson::DateTime::from_millis(now.timestamp_millis() + interval.as_millis() as i64);
+        // saturating: a huge interval means "not again", not an overflow.
+        let millis = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
+        let next = bson::DateTime::from_millis(now.timestamp_millis().saturating_add(millis));
         let filter = doc! {
             queue::ID: id,
             "$or": [{queue::NEXT_CONTINUOUS: Bson::Null}, {queue::NEXT_CONTINUOUS: {"$lte": now}}],

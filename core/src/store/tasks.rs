@@ -129,14 +129,7 @@ impl Store {
         slot: u32,
         lease: Duration,
     ) -> Result<ClaimOutcome> {
-        // `node: -1` marked unclaimed tasks in Disbatch 3; 4.103 still claims them.
-        // A delayed task (Coordinate's not_before) waits; `null` also matches a missing field.
-        let filter = doc! {
-            task::NODE: {"$in": [Bson::Null, Bson::Int32(-1)]},
-            task::STATUS: status::QUEUED,
-            task::QUEUE: queue,
-            "$or": [{task::NOT_BEFORE: Bson::Null}, {task::NOT_BEFORE: {"$lte": DateTime::now()}}],
-        };
+        let filter = super::claim_run::claimable(queue, DateTime::now());
         let update = doc! {"$set": {
             task::NODE: node,
             task::STATUS: status::CLAIMED,
@@ -194,8 +187,9 @@ impl Store {
 
     /// Records a result in one write: outputs, `mtime`, the slot and lease freed, and either a
     /// final status with `complete: true` or, for a retry, back to queued (after `not_before`).
-    /// Conditional on the task still being `node`'s as `attempt`: running, or orphaned when its
-    /// lease passed during an outage (the result is real; no other attempt has started).
+    /// Conditional on the task still running on `node` as `attempt`: once recovery has taken
+    /// a task from an attempt, that attempt's result never lands, so a task and its attempt
+    /// records always agree.
     pub async fn finish_task(
         &self,
         id: ObjectId,
@@ -207,7 +201,7 @@ impl Store {
     ) -> Result<FinishOutcome> {
         let filter = doc! {
             task::ID: id,
-            task::STATUS: {"$in": [status::RUNNING, status::ORPHANED]},
+            task::STATUS: status::RUNNING,
             task::NODE: node,
             task::ATTEMPT: attempt,
         };

@@ -3,6 +3,7 @@
 mod balance;
 mod info;
 mod legacy;
+mod metrics;
 mod monitoring;
 mod nodes;
 pub mod openapi;
@@ -276,6 +277,13 @@ pub fn table() -> Vec<Route> {
             READ,
             "Node and QueueBalance health checks",
             || get(monitoring::get),
+        ),
+        route(
+            Method::GET,
+            "/metrics",
+            READ,
+            "Queue, task and node gauges in Prometheus text format",
+            || get(metrics::get),
         ),
         route(
             Method::GET,

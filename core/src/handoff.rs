@@ -1,0 +1,70 @@
+//! What a node hands the task runner it starts, on the runner's stdin: the claimed task, its
+//! attempt and its queue, as one BSON document, so the runner need not read them again.
+
+use bson::oid::ObjectId;
+use bson::{doc, Document};
+
+/// A claimed task ready to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Handoff {
+    /// The task document as the claim returned it.
+    pub task: Document,
+    /// The attempt the claim started: the runner's fencing token.
+    pub attempt: ObjectId,
+    /// The queue document as the node read it.
+    pub queue: Document,
+}
+
+impl Handoff {
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let d = doc! {"task": &self.task, "attempt": self.attempt, "queue": &self.queue};
+        let mut out = Vec::new();
+        d.to_writer(&mut out)
+            .map_err(|e| format!("encoding the handoff: {e}"))?;
+        Ok(out)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Handoff, String> {
+        let d = Document::from_reader(bytes)
+            .map_err(|e| format!("the handoff on stdin is not a BSON document: {e}"))?;
+        let field = |k: &str| {
+            d.get_document(k)
+                .cloned()
+                .map_err(|_| format!("the handoff has no `{k}` document"))
+        };
+        Ok(Handoff {
+            task: field("task")?,
+            queue: field("queue")?,
+            attempt: d
+                .get_object_id("attempt")
+                .map_err(|_| "the handoff has no `attempt` id".to_string())?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handoff_round_trips_exactly() {
+        let h = Handoff {
+            task: doc! {"_id": ObjectId::new(), "params": {"n": 1_i64, "when": bson::DateTime::now()}},
+            attempt: ObjectId::new(),
+            queue: doc! {"name": "q", "threads": 3},
+        };
+        let bytes = h.encode().unwrap();
+        assert_eq!(Handoff::decode(&bytes).unwrap(), h);
+    }
+
+    #[test]
+    fn garbage_is_a_clear_error() {
+        assert!(Handoff::decode(b"not bson")
+            .unwrap_err()
+            .contains("not a BSON"));
+        let no_attempt = doc! {"task": {}, "queue": {}};
+        let mut bytes = Vec::new();
+        no_attempt.to_writer(&mut bytes).unwrap();
+        assert!(Handoff::decode(&bytes).unwrap_err().contains("attempt"));
+    }
+}

@@ -1,0 +1,54 @@
+//! Change streams that tell a node there may be work: tasks queued or requeued, slots freed,
+//! queues changed.
+
+use futures::{Stream, StreamExt};
+use mongodb::change_stream::event::ChangeStreamEvent;
+
+use super::schema::{task, QUEUES, TASKS};
+use super::Store;
+use crate::error::{Error, Result};
+use bson::{doc, Document};
+
+/// What a change was about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkSignal {
+    /// A task became claimable, or a queue slot was freed.
+    Tasks,
+    /// A queue document changed (threads, pause, a new queue…).
+    Queues,
+}
+
+impl Store {
+    /// Opens both change streams; fails at once when the server has none (a standalone
+    /// mongod), so the caller can fall back to polling.
+    pub async fn watch_for_work(&self) -> Result<impl Stream<Item = Result<WorkSignal>> + Send> {
+        let claimable = doc! {"$match": {"$or": [
+            {"operationType": "insert"},
+            {format!("updateDescription.updatedFields.{}", task::STATUS): crate::model::status::QUEUED},
+            {"updateDescription.removedFields": task::SLOT},
+        ]}};
+        // Only the resume token travels; the event's content does not matter.
+        let slim = doc! {"$project": {"operationType": 1}};
+        let tasks = self
+            .collection(TASKS)
+            .watch()
+            .pipeline([claimable, slim.clone()])
+            .await
+            .map_err(|e| Error::mongo("watching tasks", e))?;
+        let queues = self
+            .collection(QUEUES)
+            .watch()
+            .pipeline([slim])
+            .await
+            .map_err(|e| Error::mongo("watching queues", e))?;
+        let signal = |what: WorkSignal, context: &'static str| {
+            move |e: std::result::Result<ChangeStreamEvent<Document>, mongodb::error::Error>| {
+                e.map(|_| what).map_err(|e| Error::mongo(context, e))
+            }
+        };
+        Ok(futures::stream::select(
+            tasks.map(signal(WorkSignal::Tasks, "watching tasks")),
+            queues.map(signal(WorkSignal::Queues, "watching queues")),
+        ))
+    }
+}

@@ -1,0 +1,399 @@
+//! The node's own counters and histograms, and the optional listener serving them to Prometheus.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// A claim is one or two database round trips: milliseconds normally, seconds when it struggles.
+const ROUND_TRIP_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Tasks run from well under a second to hours.
+const TASK_BUCKETS: &[f64] = &[
+    0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
+];
+const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit"];
+const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel"];
+
+/// The node's metrics; clones share them. Recording is a hash lookup under a read lock and an
+/// atomic add: a label value allocates only the first time it is seen.
+#[derive(Clone, Default)]
+pub struct DenMetrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    claims: IntCounterVec,
+    claim_misses: IntCounterVec,
+    claim_latency: Histogram,
+    passes: IntCounter,
+    pass_duration: Histogram,
+    wakeups: IntCounterVec,
+    runners_started: IntCounterVec,
+    runner_exits: IntCounterVec,
+    task_duration: HistogramVec,
+    runners: IntGaugeVec,
+    db_errors: IntCounterVec,
+    recoveries: IntCounterVec,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        let registry = Registry::new();
+        let inner = Inner {
+            claims: counter_vec(
+                &registry,
+                "disbatch_den_claims_total",
+                "Tasks this node claimed",
+                &["queue"],
+            ),
+            claim_misses: counter_vec(
+                &registry,
+                "disbatch_den_claim_misses_total",
+                "Claim attempts that found no task or lost the slot to another node",
+                &["queue"],
+            ),
+            claim_latency: histogram(
+                &registry,
+                "disbatch_den_claim_latency_seconds",
+                "Database round trip of a successful claim",
+                ROUND_TRIP_BUCKETS,
+            ),
+            passes: counter(&registry, "disbatch_den_passes_total", "Node passes run"),
+            pass_duration: histogram(
+                &registry,
+                "disbatch_den_pass_duration_seconds",
+                "Duration of a node pass (heartbeat, recovery, claims)",
+                ROUND_TRIP_BUCKETS,
+            ),
+            wakeups: counter_vec(
+                &registry,
+                "disbatch_den_wakeups_total",
+                "What started a pass: timer, change_stream or runner_exit",
+                &["source"],
+            ),
+            runners_started: counter_vec(
+                &registry,
+                "disbatch_den_runners_started_total",
+                "Task runners started",
+                &["queue"],
+            ),
+            runner_exits: counter_vec(
+                &registry,
+                "disbatch_den_runner_exits_total",
+                "Task runners that exited, by result (success or failure)",
+                &["queue", "result"],
+            ),
+            task_duration: histogram_vec(
+                &registry,
+                "disbatch_den_task_duration_seconds",
+                "Time from a task runner's start to its exit",
+                &["queue"],
+                TASK_BUCKETS,
+            ),
+            runners: gauge_vec(
+                &registry,
+                "disbatch_den_runners",
+                "Task runners alive now",
+                &["queue"],
+            ),
+            db_errors: counter_vec(
+                &registry,
+                "disbatch_den_db_errors_total",
+                "Database operations that failed, by operation",
+                &["operation"],
+            ),
+            recoveries: counter_vec(
+                &registry,
+                "disbatch_den_recoveries_total",
+                "Tasks recovered after their lease passed: requeue, orphan or cancel",
+                &["how"],
+            ),
+            registry,
+        };
+        // Known label values start at 0, so rates work from the first scrape.
+        for source in WAKEUP_SOURCES {
+            let _ = inner.wakeups.get_metric_with_label_values(&[source]);
+        }
+        for how in RECOVERIES {
+            let _ = inner.recoveries.get_metric_with_label_values(&[how]);
+        }
+        inner
+    }
+}
+
+impl DenMetrics {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One task claimed; `latency` is the claim's database round trip.
+    pub fn claimed(&self, queue: &str, latency: Duration) {
+        inc(&self.inner.claims, &[queue]);
+        self.inner.claim_latency.observe(latency.as_secs_f64());
+    }
+
+    /// A claim attempt that found nothing or lost the slot.
+    pub fn claim_missed(&self, queue: &str) {
+        inc(&self.inner.claim_misses, &[queue]);
+    }
+
+    /// One node pass.
+    pub fn pass(&self, duration: Duration) {
+        self.inner.passes.inc();
+        self.inner.pass_duration.observe(duration.as_secs_f64());
+    }
+
+    /// `source`: "timer", "change_stream" or "runner_exit".
+    pub fn wakeup(&self, source: &'static str) {
+        inc(&self.inner.wakeups, &[source]);
+    }
+
+    pub fn runner_started(&self, queue: &str) {
+        inc(&self.inner.runners_started, &[queue]);
+        if let Ok(g) = self.inner.runners.get_metric_with_label_values(&[queue]) {
+            g.inc();
+        }
+    }
+
+    pub fn runner_exited(&self, queue: &str, duration: Duration, success: bool) {
+        let result = if success { "success" } else { "failure" };
+        inc(&self.inner.runner_exits, &[queue, result]);
+        if let Ok(h) = self
+            .inner
+            .task_duration
+            .get_metric_with_label_values(&[queue])
+        {
+            h.observe(duration.as_secs_f64());
+        }
+        if let Ok(g) = self.inner.runners.get_metric_with_label_values(&[queue]) {
+            g.dec();
+        }
+    }
+
+    pub fn db_error(&self, operation: &'static str) {
+        inc(&self.inner.db_errors, &[operation]);
+    }
+
+    /// `how`: "requeue", "orphan" or "cancel".
+    pub fn recovered(&self, how: &'static str) {
+        inc(&self.inner.recoveries, &[how]);
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of every metric recorded so far.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding into memory fails only for a family without samples, which gather() drops.
+        if let Err(e) = TextEncoder::new().encode(&self.inner.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "encoding metrics");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves; anything else is 404.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: DenMetrics,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .fallback(not_found)
+        .with_state(metrics);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn scrape(State(metrics): State<DenMetrics>) -> Response {
+    ([(CONTENT_TYPE, prometheus::TEXT_FORMAT)], metrics.render()).into_response()
+}
+
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        "not found: this listener serves GET /metrics only\n",
+    )
+        .into_response()
+}
+
+fn inc(counters: &IntCounterVec, labels: &[&str]) {
+    // Fails only on a wrong label count, which the callers here fix at compile time.
+    if let Ok(c) = counters.get_metric_with_label_values(labels) {
+        c.inc();
+    }
+}
+
+// The definitions below are constants of this file: a failure is a bug the unit tests catch,
+// never something input or the database can cause.
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::with_opts(Opts::new(name, help)).expect("static counter definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric names are unique");
+    c
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static counter definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric names are unique");
+    c
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("static gauge definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric names are unique");
+    g
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        .expect("static histogram definition");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("metric names are unique");
+    h
+}
+
+fn histogram_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: &[f64],
+) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("static histogram definition");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("metric names are unique");
+    h
+}
+
+// The integration tests' checker, shared rather than copied; den uses only part of it.
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../tests/src/exposition.rs"]
+mod exposition;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn has(text: &str, line: &str) -> bool {
+        text.lines().any(|l| l == line)
+    }
+
+    #[test]
+    fn a_new_node_renders_its_unlabelled_and_known_label_families() {
+        let text = DenMetrics::new().render();
+        exposition::check(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        for line in [
+            "# TYPE disbatch_den_passes_total counter",
+            "disbatch_den_passes_total 0",
+            "disbatch_den_claim_latency_seconds_count 0",
+            "disbatch_den_pass_duration_seconds_bucket{le=\"+Inf\"} 0",
+            "disbatch_den_wakeups_total{source=\"change_stream\"} 0",
+            "disbatch_den_recoveries_total{how=\"orphan\"} 0",
+        ] {
+            assert!(has(&text, line), "{line} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn every_call_shows_in_its_family() {
+        let m = DenMetrics::new();
+        let clone = m.clone();
+        m.claimed("q1", Duration::from_millis(3));
+        clone.claimed("q1", Duration::from_millis(30));
+        m.claim_missed("q\"2\\\nx");
+        m.pass(Duration::from_millis(20));
+        m.wakeup("timer");
+        m.wakeup("timer");
+        m.runner_started("q1");
+        m.runner_started("q1");
+        m.runner_exited("q1", Duration::from_secs(2), true);
+        m.db_error("claim");
+        m.recovered("requeue");
+        let text = m.render();
+        exposition::check(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        for line in [
+            "disbatch_den_claims_total{queue=\"q1\"} 2",
+            "disbatch_den_claim_latency_seconds_count 2",
+            "disbatch_den_claim_latency_seconds_bucket{le=\"0.005\"} 1",
+            "disbatch_den_claim_latency_seconds_bucket{le=\"0.05\"} 2",
+            "disbatch_den_claim_misses_total{queue=\"q\\\"2\\\\\\nx\"} 1",
+            "disbatch_den_passes_total 1",
+            "disbatch_den_pass_duration_seconds_count 1",
+            "disbatch_den_wakeups_total{source=\"timer\"} 2",
+            "disbatch_den_runners_started_total{queue=\"q1\"} 2",
+            "disbatch_den_runners{queue=\"q1\"} 1",
+            "disbatch_den_runner_exits_total{queue=\"q1\",result=\"success\"} 1",
+            "disbatch_den_task_duration_seconds_bucket{queue=\"q1\",le=\"1\"} 0",
+            "disbatch_den_task_duration_seconds_bucket{queue=\"q1\",le=\"5\"} 1",
+            "disbatch_den_task_duration_seconds_sum{queue=\"q1\"} 2",
+            "disbatch_den_db_errors_total{operation=\"claim\"} 1",
+            "disbatch_den_recoveries_total{how=\"requeue\"} 1",
+        ] {
+            assert!(has(&text, line), "{line} missing from\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_listener_serves_metrics_only_and_stops_on_shutdown() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let metrics = DenMetrics::new();
+        metrics.pass(Duration::from_millis(1));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_metrics(listener, metrics, async {
+            let _ = stopped.await;
+        }));
+        let fetch = |path: &'static str| async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            s.write_all(req.as_bytes()).await.expect("send");
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.expect("read");
+            out
+        };
+        let ok = fetch("/metrics").await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        assert!(ok.contains("text/plain; version=0.0.4"), "{ok}");
+        assert!(ok.contains("\r\n\r\n"), "{ok}");
+        let body = ok.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        assert!(has(body, "disbatch_den_passes_total 1"), "{body}");
+        let missing = fetch("/other").await;
+        assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+        let _ = stop.send(());
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the listener stops on shutdown")
+            .expect("join")
+            .expect("serve");
+    }
+}

@@ -1,0 +1,81 @@
+//! The notifier: wakes the node loop when work may have appeared, through change streams on
+//! `tasks` and `queues`; when the server has none, the loop's timer is the fallback.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use disbatch_core::store::{Store, WorkSignal};
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use crate::metrics::DenMetrics;
+
+/// Longest wait before trying to open the streams again after they failed.
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
+#[derive(Clone)]
+pub struct Notifier {
+    wake: Arc<Notify>,
+    queues_changed: Arc<AtomicBool>,
+}
+
+impl Notifier {
+    /// Starts watching in the background.
+    pub fn start(store: Store, metrics: DenMetrics) -> Notifier {
+        let notifier = Notifier {
+            wake: Arc::new(Notify::new()),
+            queues_changed: Arc::new(AtomicBool::new(false)),
+        };
+        tokio::spawn(watch(store, notifier.clone(), metrics));
+        notifier
+    }
+
+    /// Resolves at the next signal (or at once if one came since the last call).
+    pub async fn notified(&self) {
+        self.wake.notified().await
+    }
+
+    /// True once after a queue document changed: the claimer must read queues again.
+    pub fn take_queues_changed(&self) -> bool {
+        self.queues_changed.swap(false, Ordering::AcqRel)
+    }
+}
+
+async fn watch(store: Store, notifier: Notifier, metrics: DenMetrics) {
+    let mut retry = Duration::from_secs(1);
+    let mut said_polling = false;
+    loop {
+        match store.watch_for_work().await {
+            Ok(stream) => {
+                tracing::info!("watching tasks and queues: claims start on change events");
+                said_polling = false;
+                retry = Duration::from_secs(1);
+                let mut stream = std::pin::pin!(stream);
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(WorkSignal::Tasks) => {}
+                        Ok(WorkSignal::Queues) => {
+                            notifier.queues_changed.store(true, Ordering::Release)
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "change stream failed; polling until it is back");
+                            metrics.db_error("change_stream");
+                            break;
+                        }
+                    }
+                    metrics.wakeup("change_stream");
+                    notifier.wake.notify_one();
+                }
+            }
+            Err(e) => {
+                if !said_polling {
+                    tracing::warn!(error = %e, "no change streams on this server; polling every pass");
+                    said_polling = true;
+                }
+            }
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(MAX_RETRY);
+    }
+}

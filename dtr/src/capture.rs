@@ -1,0 +1,186 @@
+//! Runs the prepared plugin under its supervisor and turns how it ended into the task's
+//! end and captured output.
+
+use std::time::Duration;
+
+use bson::{Bson, DateTime, Document};
+use disbatch_core::model::status;
+use disbatch_core::store::TaskEnd;
+use disbatch_core::{Error, Result};
+
+use crate::outcome::{decide, Outcome};
+use crate::plugin_process::{start_plugin, PluginCall};
+use crate::prepare::Prepared;
+use crate::record::{Captured, Finished};
+use crate::runner::{Ran, Run, RunFacts};
+use crate::supervisor::{supervise, Stopped};
+
+pub(crate) async fn run_and_capture(
+    doc: &Document,
+    prepared: Prepared,
+    run: &Run<'_>,
+    wake: Option<tokio::signal::unix::Signal>,
+) -> Result<Ran> {
+    let Run {
+        store,
+        config,
+        task,
+        attempt,
+        attempts,
+        node,
+    } = *run;
+    let spool = tempfile::Builder::new()
+        .prefix(&format!("disbatch-task-{task}-"))
+        .tempdir()
+        .map_err(|e| Error::io("creating the output spool directory", e))?;
+    let task_json = serde_json::to_vec(&Bson::Document(doc.clone()).into_relaxed_extjson())
+        .map_err(|e| Error::Invalid(format!("encoding task {task} as JSON: {e}")))?;
+    let call = PluginCall {
+        executable: &prepared.executable,
+        task_json,
+        task_id: task.to_hex(),
+        attempt: attempt.to_hex(),
+        queue_name: prepared.queue_name,
+        queue_id: prepared.queue_id.to_hex(),
+        queue_config: prepared.config_json.clone(),
+        node: node.to_string(),
+        env: &config.plugin_env,
+    };
+    let finished = |end, stdout, stderr, spool| Finished {
+        task,
+        node: node.to_string(),
+        attempt,
+        end,
+        stdout,
+        stderr,
+        spool,
+    };
+    let mut plugin = match start_plugin(call, spool.path()) {
+        Ok(p) => p,
+        Err(e) => {
+            let reason = format!(
+                "could not start plugin {}: {e}",
+                prepared.executable.display()
+            );
+            tracing::warn!(task = %task, "{reason}");
+            let end = TaskEnd::Status(status::FAILED);
+            let done = finished(
+                end,
+                Captured::from_text("Unable to start"),
+                Captured::from_text(reason),
+                None,
+            );
+            return Ok(Ran::Finished(Box::new(done), RunFacts::default()));
+        }
+    };
+    let stopped = supervise(store, task, attempt, prepared.run, &mut plugin, wake)
+        .await
+        .map_err(|e| Error::io("waiting for the plugin", e))?;
+    let paths = plugin.paths.clone();
+    let exit = match stopped {
+        Stopped::Exited(e) | Stopped::TimedOut(e, _) | Stopped::Cancelled(e) => e,
+        Stopped::LeaseLost(e) => {
+            let facts = RunFacts {
+                exit: Some(e),
+                stopped: Some(stopped),
+                ..RunFacts::default()
+            };
+            return Ok(Ran::LeaseLost(facts));
+        }
+    };
+    let result = match tokio::fs::read(&paths.result).await {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io("reading the plugin's result file", e)),
+    };
+    let Outcome {
+        status,
+        mut note,
+        retry,
+        result,
+    } = decide(exit, result.as_deref());
+    // Why the runner ended the plugin comes first; the exit's own remark follows.
+    let mut lead_note = |why: String| {
+        note = Some(match note.take() {
+            Some(n) => format!("{why}; {n}"),
+            None => why,
+        });
+    };
+    let end = match (stopped, retry) {
+        (Stopped::TimedOut(_, after), _) => {
+            lead_note(format!("timed out after {} s", after.as_secs_f64()));
+            TaskEnd::Status(status::FAILED)
+        }
+        (Stopped::Cancelled(_), _) => {
+            lead_note("cancelled by an operator while running".to_string());
+            TaskEnd::Status(status::CANCELLED)
+        }
+        (_, Some(_)) if prepared.max_retries.is_some_and(|m| attempts >= m as i64) => {
+            let why = format!(
+                "too many retries: attempt {attempts} asked for another, max_retries is {}",
+                prepared.max_retries.unwrap_or(0)
+            );
+            note = Some(match note.take() {
+                Some(n) => format!("{n}; {why}"),
+                None => why,
+            });
+            TaskEnd::Status(status::FAILED)
+        }
+        (_, Some(delay)) if delay > Duration::ZERO => TaskEnd::Retry {
+            not_before: Some(DateTime::from_millis(
+                DateTime::now().timestamp_millis() + delay.as_millis() as i64,
+            )),
+        },
+        (_, Some(_)) => TaskEnd::Retry { not_before: None },
+        (_, None) => TaskEnd::Status(status),
+    };
+    if let Some(note) = note {
+        append_note(&paths.stderr, &note).await?;
+    }
+    let chain = match (
+        &prepared.then,
+        result.as_ref().and_then(|m| m.get("output")),
+    ) {
+        (Some(then), Some(output)) => Some((then.clone(), output.clone())),
+        _ => None,
+    };
+    let facts = RunFacts {
+        exit: Some(exit),
+        result: result.and_then(|m| bson::to_document(&m).ok()),
+        chain,
+        stopped: (!matches!(stopped, Stopped::Exited(_))).then_some(stopped),
+    };
+    let done = finished(
+        end,
+        Captured::load(&paths.stdout).await?,
+        Captured::load(&paths.stderr).await?,
+        Some(spool),
+    );
+    Ok(Ran::Finished(Box::new(done), facts))
+}
+
+/// The runner's own remarks go at the end of the task's stderr, on a line of their own.
+async fn append_note(stderr: &std::path::Path, note: &str) -> Result<()> {
+    use std::io::SeekFrom;
+    use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+    let context = |e| Error::io("appending to the task's stderr", e);
+    let mut file = tokio::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .open(stderr)
+        .await
+        .map_err(context)?;
+    // Only the last byte decides whether the note needs its own line; stderr may be huge.
+    let len = file.metadata().await.map_err(context)?.len();
+    let mut last = [b'\n'];
+    if len > 0 {
+        file.seek(SeekFrom::Start(len - 1)).await.map_err(context)?;
+        file.read_exact(&mut last).await.map_err(context)?;
+    }
+    let text = format!(
+        "{}[disbatch] {note}\n",
+        if last[0] == b'\n' { "" } else { "\n" }
+    );
+    file.write_all(text.as_bytes()).await.map_err(context)
+}

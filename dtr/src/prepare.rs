@@ -1,0 +1,88 @@
+//! Everything a plugin needs before it starts — its executable, its queue's settings, a valid
+//! `params` — or the reason the task cannot run, which becomes its stderr.
+
+use bson::oid::ObjectId;
+use bson::{Bson, Document};
+use disbatch_core::config::Config;
+use disbatch_core::model::Queue;
+use disbatch_core::run_policy::RunPolicy;
+use disbatch_core::store::schema::task as field;
+
+/// A task ready to run.
+pub struct Prepared {
+    pub executable: std::path::PathBuf,
+    pub queue_name: String,
+    pub queue_id: ObjectId,
+    pub max_retries: Option<u32>,
+    pub then: Option<String>,
+    pub config_json: Option<String>,
+    pub run: RunPolicy,
+}
+
+/// The queue as the runner found it: read, missing, or unreadable (with the reason).
+pub type QueueLookup = Result<Option<Queue>, String>;
+
+pub fn prepare(
+    config: &Config,
+    queue: QueueLookup,
+    doc: &Document,
+    node: &str,
+) -> Result<Prepared, String> {
+    let task = doc
+        .get_object_id(field::ID)
+        .map(|i| i.to_hex())
+        .unwrap_or_default();
+    let queue_id = doc
+        .get_object_id(field::QUEUE)
+        .map_err(|_| format!("task {task} has no valid queue id"))?;
+    let queue = queue
+        .map_err(|e| format!("could not read queue {queue_id} of task {task}: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "No plugin defined for task {task} in queue {queue_id}: the queue does not exist"
+            )
+        })?;
+    let plugin = queue.plugin.map_err(|e| {
+        format!(
+            "No plugin defined for task {task} in queue {}: {e}",
+            queue.name
+        )
+    })?;
+    let executable = config
+        .plugins
+        .resolve(&plugin)
+        .map_err(|e| format!("cannot run task {task} on node {node}: {e}"))?;
+    match doc
+        .get(field::PARAMS)
+        .or_else(|| doc.get(field::LEGACY_PARAMS))
+    {
+        Some(Bson::Document(_)) => {}
+        Some(other) => {
+            return Err(format!(
+                "task {task} cannot run: params must be an object, found {}",
+                bson_type_name(other)
+            ))
+        }
+        None => return Err(format!("task {task} cannot run: it has no params object")),
+    }
+    Ok(Prepared {
+        executable,
+        queue_name: queue.name,
+        queue_id,
+        max_retries: queue.spec.max_retries,
+        then: queue.spec.then.clone(),
+        config_json: queue.spec.config_json.clone(),
+        run: queue.run,
+    })
+}
+
+fn bson_type_name(b: &Bson) -> &'static str {
+    match b {
+        Bson::String(_) => "a string",
+        Bson::Array(_) => "an array",
+        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => "a number",
+        Bson::Boolean(_) => "a boolean",
+        Bson::Null => "null",
+        _ => "a non-object value",
+    }
+}

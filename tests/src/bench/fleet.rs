@@ -1,0 +1,584 @@
+//! A fleet of real DENs on one database behind the counting proxy, and the measurements taken
+//! on it: the idle baseline, enqueue→start latency on an idle fleet, and bulk runs.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use disbatch_core::model::status;
+use disbatch_core::store::schema::{attempt, queue as qf, task, ATTEMPTS, QUEUES};
+use mongodb::Collection;
+use serde::Serialize;
+use serde_json::json;
+
+use super::ceiling::enqueue;
+use super::procfs::{self, CpuTicks, RunnerSampler, RunnerSamples};
+use super::proxy::{Counts, HostUri, Proxy, Tally};
+use super::stats::Latency;
+use crate::{bin_path, write_config, Den, TestDb};
+
+/// What an idle fleet costs: requests and CPU while no task exists.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleReport {
+    pub secs: f64,
+    pub requests_per_sec: f64,
+    pub monitoring_per_sec: f64,
+    /// App requests per second by `process label`.
+    pub by_command_per_sec: BTreeMap<String, f64>,
+    /// Each DEN's CPU use, percent of one core.
+    pub den_cpu_percent: Vec<f64>,
+    #[serde(skip)]
+    counts: Counts,
+}
+
+/// Requests per task during a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RoundTrips {
+    /// App requests per task, with the idle fleet's rate over the run subtracted.
+    pub per_task: f64,
+    /// App requests per task as counted.
+    pub raw_per_task: f64,
+    /// The driver's monitoring requests per task (not in `per_task`).
+    pub monitoring_per_task: f64,
+    /// Per task by process kind (`den`, `dtr`), as counted.
+    pub by_process: BTreeMap<String, f64>,
+    /// Per task by `process label`, idle subtracted.
+    pub by_command: BTreeMap<String, f64>,
+    /// New connections per task (each runner opens its own).
+    pub connections_per_task: f64,
+}
+
+/// One bulk run: `tasks` tasks worked from a backlog of `depth`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub dens: usize,
+    pub depth: usize,
+    pub repeat: usize,
+    pub queued_at_go: u64,
+    /// Tasks that ran (a few more than asked: runs in flight when the queue was paused).
+    pub tasks: usize,
+    /// "tasks" when the asked number succeeded, "time" when the run's time limit came first
+    /// (deep queues on a server whose claims slow down with depth).
+    pub stopped_by: &'static str,
+    /// From the first claim to the last completion.
+    pub busy_secs: f64,
+    pub tasks_per_sec: f64,
+    /// Where `busy_secs` starts: the proxy's first claim, or the moment the queue opened.
+    pub first_claim_from: &'static str,
+    /// Attempt start minus the later of the task's ctime and the moment the queue opened:
+    /// time spent queued behind the backlog plus the claim and the runner's start.
+    pub queued_to_start: Latency,
+    pub round_trips: RoundTrips,
+    /// Request→reply time at the proxy by `process label`: what each command costs the
+    /// server (a claim's latency is its `den findAndModify tasks` entry, or whatever the
+    /// DEN claims with).
+    pub reply_ms: BTreeMap<String, Latency>,
+    pub den_cpu_ms_per_task: f64,
+    /// The runners' CPU (with their plugins), as the DENs reaped them.
+    pub runner_cpu_ms_per_task: f64,
+    /// The server's CPU, when it runs on this machine.
+    pub server_cpu_ms_per_task: Option<f64>,
+    pub den_peak_rss_kib: u64,
+    pub runners: RunnerSamples,
+}
+
+/// Real DENs on a database of their own; stopped when dropped.
+pub struct Fleet {
+    pub db: TestDb,
+    proxy: Proxy,
+    dens: Vec<Den>,
+    pids: Vec<u32>,
+    queue: ObjectId,
+    pub threads: u32,
+    server_pid: Option<u32>,
+}
+
+fn short(who: &str) -> &str {
+    match who.strip_prefix("disbatch-rs/").unwrap_or(who) {
+        "disbatchd" => "den",
+        "task_runner" => "dtr",
+        other => other,
+    }
+}
+
+fn flatten(tally: &Tally) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (who, labels) in tally {
+        for (label, n) in labels {
+            *out.entry(format!("{} {label}", short(who))).or_default() += n;
+        }
+    }
+    out
+}
+
+fn ticks(pids: &[u32]) -> CpuTicks {
+    let mut sum = CpuTicks::default();
+    for pid in pids {
+        if let Some(t) = procfs::cpu_ticks(*pid) {
+            sum.own += t.own;
+            sum.children += t.children;
+        }
+    }
+    sum
+}
+
+impl Fleet {
+    /// Starts `dens` nodes whose `mongohost` is a new counting proxy in front of `server`.
+    pub async fn start(
+        uri: &str,
+        server: &HostUri,
+        dens: usize,
+        threads: u32,
+        loop_ms: u64,
+    ) -> anyhow::Result<Fleet> {
+        let db = TestDb::on(uri.to_string(), &format!("bench_{dens}den")).await;
+        let proxy = Proxy::start(server.host.clone())
+            .await
+            .context("starting the counting proxy")?;
+        let config = write_config(
+            &db,
+            "bench.json",
+            json!({
+                "mongohost": server.with_host(&proxy.addr.to_string()),
+                "plugins": {"noop": bin_path("disbatch-plugin-noop")},
+                "loop_interval_ms": loop_ms,
+            }),
+        );
+        let queue = db.insert_queue("bench", "noop", 0).await;
+        let dens: Vec<Den> = (0..dens)
+            .map(|i| Den::start(&config, &format!("bench-{i}")))
+            .collect();
+        let pids = dens.iter().map(|d| d.pid().as_raw() as u32).collect();
+        let local = server.host.starts_with("127.0.0.1:")
+            || server.host.starts_with("localhost:")
+            || server.host.starts_with("[::1]:");
+        let server_pid = server
+            .host
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .filter(|_| local)
+            .and_then(procfs::listener_pid);
+        let fleet = Fleet {
+            db,
+            proxy,
+            dens,
+            pids,
+            queue,
+            threads,
+            server_pid,
+        };
+        fleet.wait_heartbeats().await?;
+        Ok(fleet)
+    }
+
+    async fn wait_heartbeats(&self) -> anyhow::Result<()> {
+        let nodes = self.db.db.collection::<Document>("nodes");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let n = nodes
+                .count_documents(doc! {})
+                .await
+                .context("counting nodes")?;
+            if n as usize >= self.dens.len() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = self.dens.iter().map(|d| d.log_text()).collect();
+                bail!(
+                    "{n} of {} DENs reported within 30 s; logs:\n{}",
+                    self.dens.len(),
+                    logs.join("\n---\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn count(&self, filter: Document) -> anyhow::Result<u64> {
+        self.db
+            .tasks()
+            .count_documents(filter)
+            .await
+            .context("counting tasks")
+    }
+
+    fn queues(&self) -> Collection<Document> {
+        self.db.db.collection(QUEUES)
+    }
+
+    fn attempts(&self) -> Collection<Document> {
+        self.db.db.collection(ATTEMPTS)
+    }
+
+    /// Opens (`threads`) or closes (0) the queue, as ops pause one.
+    async fn set_threads(&self, threads: u32) -> anyhow::Result<()> {
+        self.queues()
+            .update_one(
+                doc! {qf::ID: self.queue},
+                doc! {"$set": {qf::THREADS: threads as i64}},
+            )
+            .await
+            .context("setting the queue's threads")?;
+        Ok(())
+    }
+
+    /// The idle baseline: requests and DEN CPU over `secs` with no task at all.
+    pub async fn idle(&self, secs: Duration) -> anyhow::Result<IdleReport> {
+        // Start-up work (indexes, first passes) stays out of the window.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let per_den0: Vec<Option<CpuTicks>> =
+            self.pids.iter().map(|p| procfs::cpu_ticks(*p)).collect();
+        let c0 = self.proxy.snapshot();
+        let t0 = Instant::now();
+        tokio::time::sleep(secs).await;
+        let elapsed = t0.elapsed().as_secs_f64();
+        let counts = self.proxy.snapshot().since(&c0);
+        let hz = procfs::clock_ticks();
+        let den_cpu_percent = self
+            .pids
+            .iter()
+            .zip(per_den0)
+            .map(|(pid, before)| match (before, procfs::cpu_ticks(*pid)) {
+                (Some(b), Some(a)) => (a.own - b.own) as f64 / hz / elapsed * 100.0,
+                _ => f64::NAN,
+            })
+            .collect();
+        Ok(IdleReport {
+            secs: elapsed,
+            requests_per_sec: counts.app_total() as f64 / elapsed,
+            monitoring_per_sec: counts.monitoring_total() as f64 / elapsed,
+            by_command_per_sec: flatten(&counts.app)
+                .into_iter()
+                .map(|(k, n)| (k, n as f64 / elapsed))
+                .collect(),
+            den_cpu_percent,
+            counts,
+        })
+    }
+
+    /// Enqueue→start on an idle fleet: `n` tasks inserted one at a time, `gap` apart.
+    pub async fn idle_latency(&self, n: usize, gap: Duration) -> anyhow::Result<Latency> {
+        self.set_threads(self.threads).await?;
+        let mut tick = tokio::time::interval(gap);
+        for _ in 0..n {
+            tick.tick().await;
+            let now = DateTime::now();
+            self.db
+                .tasks()
+                .insert_one(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED,
+                task::NODE: Bson::Null, task::PARAMS: {}, task::CTIME: now, task::MTIME: now,
+                task::STDOUT: Bson::Null, task::STDERR: Bson::Null})
+                .await
+                .context("enqueueing a latency probe")?;
+        }
+        self.wait_succeeded(n, Duration::from_secs(60), false)
+            .await?;
+        self.set_threads(0).await?;
+        self.wait_drained(Duration::from_secs(60)).await?;
+        let samples = self.samples().await?;
+        self.clear_finished().await?;
+        let waits: Vec<f64> = samples.iter().map(|s| (s.start - s.ctime) as f64).collect();
+        Ok(Latency::of(&waits))
+    }
+
+    /// One bulk run: tops the backlog up to `depth`, opens the queue, and closes it again
+    /// once `tasks` have succeeded or `max_secs` have passed; counts everything between
+    /// opening and the last runner's exit.
+    pub async fn run(
+        &self,
+        depth: usize,
+        tasks: usize,
+        repeat: usize,
+        idle: &IdleReport,
+        max_secs: Duration,
+    ) -> anyhow::Result<RunReport> {
+        let queued = self
+            .count(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED})
+            .await?;
+        enqueue(
+            &self.db.tasks(),
+            self.queue,
+            depth.saturating_sub(queued as usize),
+        )
+        .await?;
+        let queued_at_go = self
+            .count(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED})
+            .await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        let c0 = self.proxy.snapshot();
+        let cpu0 = ticks(&self.pids);
+        let server0 = self.server_pid.and_then(procfs::cpu_ticks);
+        let sampler = RunnerSampler::start(self.pids.clone(), Duration::from_millis(20));
+        let t0 = Instant::now();
+        let go = DateTime::now().timestamp_millis();
+        self.proxy.mark();
+        self.set_threads(self.threads).await?;
+        let all = self.wait_succeeded(tasks, max_secs, true).await?;
+        self.set_threads(0).await?;
+        self.wait_drained(Duration::from_secs(60)).await?;
+        let window = t0.elapsed().as_secs_f64();
+        let counts = self.proxy.snapshot().since(&c0);
+        let cpu1 = ticks(&self.pids);
+        let server1 = self.server_pid.and_then(procfs::cpu_ticks);
+        let runners = sampler.finish();
+        let den_peak_rss_kib = self
+            .pids
+            .iter()
+            .filter_map(|p| procfs::peak_rss_kib(*p))
+            .max()
+            .unwrap_or(0);
+
+        if counts.unparsed_connections > 0 {
+            bail!(
+                "the proxy could not read {} connection(s) as MongoDB wire protocol: the \
+                 request counts would be wrong",
+                counts.unparsed_connections
+            );
+        }
+        let samples = self.samples().await?;
+        self.clear_finished().await?;
+        let done = samples.len();
+        if done == 0 {
+            bail!("no task ran");
+        }
+        let (first_claim, first_claim_from) = match first_claim(&counts, idle) {
+            Some(ms) if ms >= go => (ms, "proxy"),
+            _ => (go, "go"),
+        };
+        let last = samples.iter().map(|s| s.mtime).max().unwrap_or(first_claim);
+        let busy_secs = ((last - first_claim) as f64 / 1000.0).max(1e-3);
+        let waits: Vec<f64> = samples
+            .iter()
+            .map(|s| (s.start - s.ctime.max(go)) as f64)
+            .collect();
+        let hz = procfs::clock_ticks();
+        let per_task_ms = |ticks: u64| ticks as f64 / hz * 1000.0 / done as f64;
+        Ok(RunReport {
+            dens: self.dens.len(),
+            depth,
+            repeat,
+            queued_at_go,
+            tasks: done,
+            stopped_by: if all { "tasks" } else { "time" },
+            busy_secs,
+            tasks_per_sec: done as f64 / busy_secs,
+            first_claim_from,
+            queued_to_start: Latency::of(&waits),
+            round_trips: round_trips(&counts, idle, window, done),
+            reply_ms: counts
+                .reply_ms
+                .iter()
+                .flat_map(|(who, labels)| {
+                    labels
+                        .iter()
+                        .filter(|(_, v)| !v.is_empty())
+                        .map(move |(label, v)| (format!("{} {label}", short(who)), Latency::of(v)))
+                })
+                .collect(),
+            den_cpu_ms_per_task: per_task_ms(cpu1.own.saturating_sub(cpu0.own)),
+            runner_cpu_ms_per_task: per_task_ms(cpu1.children.saturating_sub(cpu0.children)),
+            server_cpu_ms_per_task: match (server0, server1) {
+                (Some(a), Some(b)) => Some(per_task_ms(b.own.saturating_sub(a.own))),
+                _ => None,
+            },
+            den_peak_rss_kib,
+            runners,
+        })
+    }
+
+    /// Waits until `n` attempts have succeeded (true) or, when `partial`, until `timeout`
+    /// passes with at least one (false). Fails at once if any attempt ends otherwise.
+    async fn wait_succeeded(
+        &self,
+        n: usize,
+        timeout: Duration,
+        partial: bool,
+    ) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let ok = self
+                .attempts()
+                .count_documents(doc! {attempt::OUTCOME: "succeeded"})
+                .await
+                .context("counting attempts")?;
+            if ok as usize >= n {
+                return Ok(true);
+            }
+            let bad = self
+                .attempts()
+                .find_one(doc! {attempt::OUTCOME: {"$nin": ["succeeded", "running"]}})
+                .await
+                .context("looking for failed attempts")?;
+            if let Some(bad) = bad {
+                bail!("an attempt did not succeed: {bad}");
+            }
+            if Instant::now() > deadline && partial && ok > 0 {
+                return Ok(false);
+            }
+            if Instant::now() > deadline {
+                let mut states = Vec::new();
+                for s in [status::QUEUED, status::CLAIMED, status::RUNNING] {
+                    states.push((
+                        s,
+                        self.count(doc! {task::QUEUE: self.queue, task::STATUS: s})
+                            .await?,
+                    ));
+                }
+                bail!("{ok} of {n} tasks succeeded within {timeout:?}; tasks by status {states:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until no task is claimed or running, no attempt is open and no runner is alive.
+    async fn wait_drained(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let busy = self
+                .count(doc! {task::QUEUE: self.queue,
+                task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}})
+                .await?;
+            let open = self
+                .attempts()
+                .count_documents(doc! {attempt::OUTCOME: "running"})
+                .await
+                .context("counting open attempts")?;
+            let live = self
+                .pids
+                .iter()
+                .map(|p| procfs::children(*p).len())
+                .sum::<usize>();
+            if busy == 0 && open == 0 && live == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("after {timeout:?}: {busy} tasks busy, {open} attempts open, {live} runners alive");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Every succeeded attempt with its task's ctime and completion mtime (ms since epoch).
+    async fn samples(&self) -> anyhow::Result<Vec<Sample>> {
+        let mut cursor = self
+            .attempts()
+            .find(doc! {attempt::OUTCOME: "succeeded"})
+            .projection(doc! {attempt::TASK: 1, attempt::START: 1})
+            .await
+            .context("reading attempts")?;
+        let mut starts = BTreeMap::new();
+        while cursor.advance().await.context("reading attempts")? {
+            let a = cursor.deserialize_current().context("attempt")?;
+            if let (Ok(t), Ok(s)) = (
+                a.get_object_id(attempt::TASK),
+                a.get_datetime(attempt::START),
+            ) {
+                starts.insert(t, s.timestamp_millis());
+            }
+        }
+        let ids: Vec<ObjectId> = starts.keys().copied().collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(1000) {
+            let mut cursor = self
+                .db
+                .tasks()
+                .find(doc! {task::ID: {"$in": chunk.to_vec()}})
+                .projection(doc! {task::CTIME: 1, task::MTIME: 1})
+                .await
+                .context("reading tasks")?;
+            while cursor.advance().await.context("reading tasks")? {
+                let t = cursor.deserialize_current().context("task")?;
+                let (Ok(id), Ok(ctime), Ok(mtime)) = (
+                    t.get_object_id(task::ID),
+                    t.get_datetime(task::CTIME),
+                    t.get_datetime(task::MTIME),
+                ) else {
+                    continue;
+                };
+                if let Some(start) = starts.get(&id) {
+                    out.push(Sample {
+                        ctime: ctime.timestamp_millis(),
+                        start: *start,
+                        mtime: mtime.timestamp_millis(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Finished tasks and all attempt records go, so each run starts from the same shape.
+    async fn clear_finished(&self) -> anyhow::Result<()> {
+        self.db
+            .tasks()
+            .delete_many(doc! {task::QUEUE: self.queue, task::COMPLETE: true})
+            .await
+            .context("deleting finished tasks")?;
+        self.attempts()
+            .delete_many(doc! {})
+            .await
+            .context("deleting attempts")?;
+        Ok(())
+    }
+
+    /// Stops the DENs and drops the database.
+    pub async fn finish(mut self) {
+        for den in &mut self.dens {
+            den.stop();
+        }
+        self.db.drop().await;
+    }
+}
+
+struct Sample {
+    ctime: i64,
+    start: i64,
+    mtime: i64,
+}
+
+/// The earliest write to `tasks` after the mark that the idle fleet never makes: a claim.
+fn first_claim(counts: &Counts, idle: &IdleReport) -> Option<i64> {
+    let idle_labels: Vec<&String> = idle.counts.app.values().flat_map(|m| m.keys()).collect();
+    counts
+        .first_seen
+        .iter()
+        .filter(|(label, _)| {
+            let write = label.starts_with("findAndModify ") || label.starts_with("update ");
+            write && label.ends_with(" tasks") && !idle_labels.contains(label)
+        })
+        .map(|(_, ms)| *ms)
+        .min()
+}
+
+fn round_trips(counts: &Counts, idle: &IdleReport, window: f64, done: usize) -> RoundTrips {
+    let n = done as f64;
+    let scale = window / idle.secs.max(1e-9);
+    let idle_flat = flatten(&idle.counts.app);
+    let mut by_command = BTreeMap::new();
+    let mut subtracted_total = 0.0;
+    for (label, count) in flatten(&counts.app) {
+        let idle_share = idle_flat.get(&label).copied().unwrap_or(0) as f64 * scale;
+        let net = (count as f64 - idle_share).max(0.0);
+        subtracted_total += net;
+        if net > 0.0 {
+            by_command.insert(label, net / n);
+        }
+    }
+    let mut by_process = BTreeMap::new();
+    for (who, labels) in &counts.app {
+        *by_process.entry(short(who).to_string()).or_insert(0.0) +=
+            labels.values().sum::<u64>() as f64 / n;
+    }
+    RoundTrips {
+        per_task: subtracted_total / n,
+        raw_per_task: counts.app_total() as f64 / n,
+        monitoring_per_task: counts.monitoring_total() as f64 / n,
+        by_process,
+        by_command,
+        connections_per_task: counts.connections as f64 / n,
+    }
+}

@@ -1,0 +1,299 @@
+//! `disbatch-bench`: task execution measured end to end on real DENs, runners and a real
+//! server — throughput, enqueue→start latency, round trips (counted by a wire proxy), CPU,
+//! RSS — judged against the server's own raw claim rate.
+
+pub mod ceiling;
+pub mod fleet;
+pub mod procfs;
+pub mod proxy;
+pub mod report;
+pub mod standalone;
+pub mod stats;
+pub mod wire;
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+use fleet::Fleet;
+use proxy::HostUri;
+use report::{BenchReport, FleetReport};
+
+/// What to measure and how much.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchOptions {
+    /// The server; None uses the test harness's (`DISBATCH_TEST_MONGODB_URI`, else a private
+    /// server started the way scripts/local-mongodb starts one).
+    pub uri: Option<String>,
+    pub dens: Vec<usize>,
+    /// Tasks worked per run.
+    pub tasks: usize,
+    /// Queue depths (backlogs) to work from.
+    pub depths: Vec<usize>,
+    /// The queue's `threads`; None gives 8 per DEN.
+    pub threads: Option<u32>,
+    pub repeat: usize,
+    pub idle: Duration,
+    /// Tasks enqueued one at a time into the idle fleet, and the gap between them.
+    pub latency_tasks: usize,
+    pub latency_gap: Duration,
+    /// Ceiling: depths drained (up to `ceiling_drain_limit`) or sampled, by claimer counts.
+    pub ceiling_depths: Vec<usize>,
+    pub ceiling_concurrency: Vec<usize>,
+    pub ceiling_drain_limit: usize,
+    pub ceiling_sample_claims: usize,
+    pub ceiling_sample_time: Duration,
+    pub runner_runs: usize,
+    /// The DENs' `loop_interval_ms` (the DEN's own default unless set).
+    pub loop_ms: u64,
+    /// A run stops after `tasks` tasks or this long, whichever comes first: on a server whose
+    /// claims slow down with depth, deep runs are sampled.
+    pub run_secs: Duration,
+    pub json: Option<std::path::PathBuf>,
+}
+
+impl BenchOptions {
+    /// The issue's scale points; about 10 minutes on 2 cores.
+    pub fn full() -> Self {
+        BenchOptions {
+            uri: None,
+            dens: vec![1, 2, 4],
+            tasks: 1000,
+            depths: vec![1000, 100_000],
+            threads: None,
+            repeat: 3,
+            idle: Duration::from_secs(10),
+            latency_tasks: 200,
+            latency_gap: Duration::from_millis(20),
+            ceiling_depths: vec![1000, 100_000],
+            ceiling_concurrency: vec![1, 4, 16],
+            ceiling_drain_limit: 2000,
+            ceiling_sample_claims: 2000,
+            ceiling_sample_time: Duration::from_secs(5),
+            runner_runs: 20,
+            loop_ms: disbatch_core::config::DEFAULT_LOOP_INTERVAL.as_millis() as u64,
+            run_secs: Duration::from_secs(30),
+            json: None,
+        }
+    }
+
+    /// About a minute: smaller numbers, one repeat.
+    pub fn quick() -> Self {
+        BenchOptions {
+            dens: vec![1, 2],
+            tasks: 200,
+            depths: vec![200, 5000],
+            repeat: 1,
+            idle: Duration::from_secs(3),
+            latency_tasks: 50,
+            ceiling_depths: vec![200, 5000],
+            ceiling_sample_time: Duration::from_secs(2),
+            runner_runs: 5,
+            run_secs: Duration::from_secs(10),
+            ..BenchOptions::full()
+        }
+    }
+
+    fn threads_for(&self, dens: usize) -> u32 {
+        self.threads.unwrap_or(8 * dens as u32)
+    }
+}
+
+pub const USAGE: &str = "usage: disbatch-bench [--quick] [--uri URI] [--dens 1,2,4] [--tasks N] \
+[--depth 1000,100000] [--threads N] [--repeat N] [--run-secs S] [--idle-secs S] \
+[--latency-tasks N] [--loop-ms MS] [--json FILE]";
+
+fn list(flag: &str, v: &str) -> Result<Vec<usize>, String> {
+    let items: Result<Vec<usize>, _> = v.split(',').map(|s| s.trim().parse::<usize>()).collect();
+    match items {
+        Ok(items) if !items.is_empty() && items.iter().all(|n| *n > 0) => Ok(items),
+        _ => Err(format!(
+            "{flag} {v:?}: expected positive whole numbers separated by commas"
+        )),
+    }
+}
+
+fn number(flag: &str, v: &str) -> Result<u64, String> {
+    v.parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{flag} {v:?}: expected a positive whole number"))
+}
+
+/// Parses the command line (without the program name). `--quick` sets the base wherever it
+/// appears; the other options override it.
+pub fn parse_args(args: &[String]) -> Result<BenchOptions, String> {
+    let mut o = if args.iter().any(|a| a == "--quick") {
+        BenchOptions::quick()
+    } else {
+        BenchOptions::full()
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        if flag == "--quick" {
+            continue;
+        }
+        let value = it
+            .next()
+            .ok_or_else(|| format!("{flag}: missing value (or unknown flag)"))?;
+        match flag.as_str() {
+            "--uri" => o.uri = Some(value.clone()),
+            "--dens" => o.dens = list(flag, value)?,
+            "--tasks" => o.tasks = number(flag, value)? as usize,
+            "--depth" => o.depths = list(flag, value)?,
+            "--threads" => {
+                o.threads = Some(u32::try_from(number(flag, value)?).map_err(|e| e.to_string())?)
+            }
+            "--repeat" => o.repeat = number(flag, value)? as usize,
+            "--idle-secs" => o.idle = Duration::from_secs(number(flag, value)?),
+            "--latency-tasks" => o.latency_tasks = number(flag, value)? as usize,
+            "--loop-ms" => o.loop_ms = number(flag, value)?,
+            "--run-secs" => o.run_secs = Duration::from_secs(number(flag, value)?),
+            "--json" => o.json = Some(value.into()),
+            _ => return Err(format!("unknown option {flag}")),
+        }
+    }
+    // The ceiling is measured at the depths the scenarios use.
+    o.ceiling_depths = o.depths.clone();
+    Ok(o)
+}
+
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Progress on stderr, with seconds since the first line, so stdout carries only the report.
+pub fn progress(line: &str) {
+    let started = STARTED.get_or_init(std::time::Instant::now);
+    eprintln!("[bench {:>6.1}s] {line}", started.elapsed().as_secs_f64());
+}
+
+/// Runs every measurement of `o` and judges the targets.
+pub async fn run_bench(o: &BenchOptions, command: String) -> anyhow::Result<BenchReport> {
+    progress("starting");
+    let uri = o.uri.clone().unwrap_or_else(crate::server_uri);
+    let server = HostUri::parse(&uri).map_err(anyhow::Error::msg)?;
+    let info = standalone::server_info(&uri, &server).await?;
+    progress(&format!("server {} version {}", info.host, info.version));
+    let proxy_cost = standalone::proxy_cost(&uri, &server, 200).await?;
+    let ceiling = ceiling::measure(
+        &uri,
+        &o.ceiling_depths,
+        &o.ceiling_concurrency,
+        o.ceiling_drain_limit,
+        o.ceiling_sample_claims,
+        o.ceiling_sample_time,
+    )
+    .await
+    .context("measuring the raw claim ceiling")?;
+    let runner = standalone::runner(&uri, &server, o.runner_runs)
+        .await
+        .context("timing the task runner alone")?;
+    progress(&format!(
+        "runner alone: p50 {:.1} ms, {:.2} requests",
+        runner.spawn_to_exit.p50_ms, runner.requests_per_run
+    ));
+    let mut fleets = Vec::new();
+    for &dens in &o.dens {
+        fleets.push(measure_fleet(o, &uri, &server, dens).await?);
+    }
+    let verdicts = report::verdicts(&fleets, &ceiling);
+    Ok(BenchReport {
+        command,
+        machine: procfs::machine(),
+        server: info,
+        loop_interval_ms: o.loop_ms,
+        proxy_cost,
+        ceiling,
+        runner,
+        fleets,
+        verdicts,
+    })
+}
+
+async fn measure_fleet(
+    o: &BenchOptions,
+    uri: &str,
+    server: &HostUri,
+    dens: usize,
+) -> anyhow::Result<FleetReport> {
+    let threads = o.threads_for(dens);
+    let fleet = Fleet::start(uri, server, dens, threads, o.loop_ms).await?;
+    let result = async {
+        let idle = fleet.idle(o.idle).await.context("idle baseline")?;
+        progress(&format!(
+            "{dens} DEN idle: {:.2} requests/s, CPU {:?}",
+            idle.requests_per_sec, idle.den_cpu_percent
+        ));
+        let latency = fleet
+            .idle_latency(o.latency_tasks, o.latency_gap)
+            .await
+            .context("enqueue→start on an idle fleet")?;
+        progress(&format!(
+            "{dens} DEN enqueue→start p50 {:.1} ms p99 {:.1} ms",
+            latency.p50_ms, latency.p99_ms
+        ));
+        let mut runs = Vec::new();
+        for &depth in &o.depths {
+            for repeat in 1..=o.repeat {
+                let tasks = o.tasks.min(depth);
+                let r = fleet
+                    .run(depth, tasks, repeat, &idle, o.run_secs)
+                    .await
+                    .with_context(|| format!("{dens} DEN, depth {depth}, run {repeat}"))?;
+                progress(&format!(
+                    "{dens} DEN depth {depth} run {repeat}: {} tasks, {:.1} tasks/s, {:.2} requests/task",
+                    r.tasks, r.tasks_per_sec, r.round_trips.per_task
+                ));
+                runs.push(r);
+            }
+        }
+        Ok::<_, anyhow::Error>(FleetReport {
+            dens,
+            threads,
+            idle,
+            idle_enqueue_to_start: latency,
+            runs,
+        })
+    }
+    .await;
+    fleet.finish().await;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn options_parse_and_bad_input_is_refused() {
+        let o = parse_args(&args(
+            "--dens 1,4 --tasks 50 --depth 100 --quick --json out.json",
+        ))
+        .expect("parses");
+        assert_eq!(o.dens, [1, 4]);
+        assert_eq!(o.tasks, 50);
+        assert_eq!(o.depths, [100]);
+        assert_eq!(o.ceiling_depths, [100]);
+        assert_eq!(o.repeat, 1, "--quick applies wherever it is");
+        assert_eq!(o.json.as_deref(), Some(std::path::Path::new("out.json")));
+        assert_eq!(o.threads_for(4), 32);
+        assert_eq!(parse_args(&[]).expect("defaults"), {
+            let mut f = BenchOptions::full();
+            f.ceiling_depths = f.depths.clone();
+            f
+        });
+        for bad in [
+            "--dens",
+            "--dens 0",
+            "--dens 1,x",
+            "--tasks -3",
+            "--frobs 2",
+            "--repeat 0",
+        ] {
+            assert!(parse_args(&args(bad)).is_err(), "{bad} should be refused");
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! `disbatch-bench`: the task-execution benchmark (see BENCHMARKS.md), report on stdout.
+//!
+//! Usage: disbatch-bench [--quick] [--uri URI] [--dens 1,2,4] [--tasks N] [--depth 1000,100000]
+//! [--threads N] [--repeat N] [--run-secs S] [--idle-secs S] [--latency-tasks N] [--loop-ms MS]
+//! [--json FILE]
+
+use std::process::ExitCode;
+
+use disbatch_tests::bench::{parse_args, run_bench, USAGE};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let opts = match parse_args(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("disbatch-bench: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("disbatch-bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let command = std::iter::once("disbatch-bench".to_string())
+        .chain(args.iter().map(|a| {
+            if a.contains("://") {
+                "URI".to_string() // a URI may carry a password
+            } else {
+                a.clone()
+            }
+        }))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let report = match runtime.block_on(run_bench(&opts, command)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("disbatch-bench: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("{report}");
+    if let Some(path) = &opts.json {
+        let written = serde_json::to_string_pretty(&report)
+            .map_err(|e| e.to_string())
+            .and_then(|text| std::fs::write(path, text).map_err(|e| e.to_string()));
+        if let Err(e) = written {
+            eprintln!("disbatch-bench: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}

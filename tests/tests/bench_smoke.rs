@@ -1,0 +1,152 @@
+//! The benchmark in miniature against the real binaries: every figure present and sane, the
+//! proxy saw both DENs' and runners' requests, and nothing is left behind. Not a timed test.
+
+use std::time::Duration;
+
+use bson::doc;
+use disbatch_tests::bench::{run_bench, BenchOptions};
+use disbatch_tests::{server_uri, TestDb};
+
+fn finite_positive(what: &str, v: f64) {
+    assert!(v.is_finite() && v > 0.0, "{what} should be > 0, got {v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_bench_run_reports_every_figure() {
+    let options = BenchOptions {
+        uri: Some(server_uri()),
+        dens: vec![1],
+        tasks: 50,
+        depths: vec![100],
+        repeat: 1,
+        idle: Duration::from_secs(2),
+        latency_tasks: 20,
+        ceiling_depths: vec![100, 300],
+        ceiling_concurrency: vec![1, 4],
+        ceiling_drain_limit: 100,
+        ceiling_sample_claims: 50,
+        runner_runs: 3,
+        run_secs: Duration::from_secs(120),
+        ..BenchOptions::quick()
+    };
+    let report = run_bench(&options, "bench_smoke".into())
+        .await
+        .expect("the bench runs");
+
+    assert!(report.machine.cores > 0);
+    assert!(!report.server.version.is_empty());
+    finite_positive("direct ping p50", report.proxy_cost.direct.p50_ms);
+    finite_positive("proxied ping p50", report.proxy_cost.proxied.p50_ms);
+
+    assert_eq!(report.ceiling.len(), 4, "2 depths × 2 concurrencies");
+    for p in &report.ceiling {
+        finite_positive("claims/s", p.claims_per_sec);
+        finite_positive("claim p50", p.latency.p50_ms);
+        if p.depth == 100 {
+            assert!(
+                p.drained && p.claims == 100,
+                "a shallow queue is drained: {p:?}"
+            );
+        } else {
+            assert!(
+                !p.drained && p.claims == 50,
+                "a deep queue is sampled: {p:?}"
+            );
+        }
+    }
+
+    let r = &report.runner;
+    assert_eq!((r.runs, r.spawn_to_exit.n), (3, 3));
+    finite_positive("runner spawn→exit", r.spawn_to_exit.p50_ms);
+    finite_positive("runner requests", r.requests_per_run);
+    assert!(
+        r.by_command.keys().any(|k| k.ends_with(" tasks")),
+        "the runner writes its task: {:?}",
+        r.by_command
+    );
+    if std::path::Path::new("/usr/bin/time").exists() {
+        assert!(r.peak_rss_kib.is_some_and(|k| k > 1000), "{r:?}");
+    }
+
+    assert_eq!(report.fleets.len(), 1);
+    let f = &report.fleets[0];
+    assert_eq!((f.dens, f.threads), (1, 8));
+    finite_positive("idle requests/s", f.idle.requests_per_sec);
+    assert!(f
+        .idle
+        .by_command_per_sec
+        .keys()
+        .any(|k| k.starts_with("den ") && k.ends_with(" nodes")));
+    assert_eq!(f.idle.den_cpu_percent.len(), 1);
+    assert!(f.idle.den_cpu_percent[0].is_finite() && f.idle.den_cpu_percent[0] >= 0.0);
+    assert_eq!(f.idle_enqueue_to_start.n, 20);
+    finite_positive("idle enqueue→start p50", f.idle_enqueue_to_start.p50_ms);
+
+    assert_eq!(f.runs.len(), 1);
+    let run = &f.runs[0];
+    assert_eq!((run.depth, run.queued_at_go), (100, 100));
+    assert!(run.tasks >= 50 && run.tasks <= 100, "{}", run.tasks);
+    assert_eq!(run.stopped_by, "tasks");
+    finite_positive("tasks/s", run.tasks_per_sec);
+    finite_positive("busy seconds", run.busy_secs);
+    assert_eq!(run.queued_to_start.n, run.tasks);
+    let rt = &run.round_trips;
+    finite_positive("requests/task", rt.per_task);
+    assert!(rt.raw_per_task >= rt.per_task, "{rt:?}");
+    finite_positive("connections/task", rt.connections_per_task);
+    for who in ["den", "dtr"] {
+        finite_positive(
+            &format!("{who} requests/task"),
+            rt.by_process.get(who).copied().unwrap_or(0.0),
+        );
+    }
+    assert!(
+        rt.by_command
+            .keys()
+            .any(|k| k.starts_with("den ") && k.ends_with(" tasks")),
+        "the DEN's claims were counted: {:?}",
+        rt.by_command
+    );
+    let den_replies: Vec<_> = run
+        .reply_ms
+        .iter()
+        .filter(|(k, l)| k.starts_with("den ") && l.n > 0)
+        .collect();
+    assert!(!den_replies.is_empty(), "{:?}", run.reply_ms);
+    for (k, l) in den_replies {
+        assert!(l.p50_ms.is_finite() && l.p50_ms >= 0.0, "{k}: {l:?}");
+    }
+    finite_positive("DEN CPU/task", run.den_cpu_ms_per_task);
+    finite_positive("runner CPU/task", run.runner_cpu_ms_per_task);
+    assert!(run.den_peak_rss_kib > 1000);
+
+    assert_eq!(report.verdicts.len(), 4, "{:?}", report.verdicts);
+    assert!(report.verdicts.iter().all(|v| v.measured.is_finite()));
+    let text = report.to_string();
+    assert_eq!(
+        text.matches("PASS ").count() + text.matches("FAIL ").count(),
+        4,
+        "{text}"
+    );
+    let json = serde_json::to_value(&report).expect("json");
+    assert!(json["fleets"][0]["runs"][0]["round_trips"]["per_task"].is_number());
+
+    // The bench's databases are gone.
+    let db = TestDb::new("bench_smoke_check").await;
+    let pid = std::process::id().to_string();
+    let left: Vec<String> = db
+        .client
+        .list_database_names()
+        .await
+        .expect("list databases")
+        .into_iter()
+        .filter(|n| n.contains("bench") && n.contains(&pid) && !n.contains("smoke_check"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    db.db
+        .collection::<bson::Document>("x")
+        .insert_one(doc! {})
+        .await
+        .expect("server still fine");
+    db.drop().await;
+}
