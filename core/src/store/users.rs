@@ -61,14 +61,16 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             // Heartbeat is an upserting findAndModify.
             (NODES, &["insert", "update", "createIndex"]),
             // Ours besides Disbatch's: the continuous-unit turn (`next_continuous`) and the
-            // QueueBalance threads the DEN writes.
-            (QUEUES, &["update", "createIndex"]),
-            // `insert` is ours: continuous queues get their synthetic units from the DEN.
-            (TASKS, &["insert", "update", "createIndex"]),
+            // QueueBalance threads the DEN writes; `changeStream` wakes claims on changes.
+            (QUEUES, &["update", "createIndex", "changeStream"]),
+            // `insert` is ours: continuous queues get their synthetic units from the DEN;
+            // `changeStream`: queued tasks and freed slots wake claims.
+            (TASKS, &["insert", "update", "createIndex", "changeStream"]),
             (CHUNKS, &["createIndex"]),
             (FILES, &["createIndex"]),
-            // Ours: lease recovery marks the lost attempt; the DEN creates the attempts index.
-            (ATTEMPTS, &["update", "createIndex"]),
+            // Ours: lease recovery writes the lost attempt's record (an upsert: the runner
+            // may have died before writing it); the DEN creates the attempts index.
+            (ATTEMPTS, &["insert", "update", "createIndex"]),
             // Ours: the QueueBalance singleton lease, taken by upsert.
             (LEASES, &["insert", "update"]),
             // Ours: QueueBalance runs inside the DEN and upserts its status.
@@ -97,7 +99,7 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             // `remove` is ours: the chunks of a failed upload are deleted.
             (CHUNKS, &["insert", "remove"]),
             (FILES, &["insert"]),
-            // Ours: one record per run, opened and closed by the runner.
+            // Ours: one record per run, written when it ends (`update`: a discarded result).
             (ATTEMPTS, &["insert", "update"]),
         ],
         // Disbatch's separate queuebalanced; ours runs inside the DEN as `disbatchd`.
@@ -428,11 +430,11 @@ mod tests {
         let expected: Perms = [
             ("", set(&["find"])),
             ("nodes", set(&["insert", "update", "createIndex"])),
-            ("queues", set(&["update", "createIndex"])),
-            ("tasks", set(&["insert", "update", "createIndex"])),
+            ("queues", set(&["update", "createIndex", "changeStream"])),
+            ("tasks", set(&["insert", "update", "createIndex", "changeStream"])),
             ("tasks.chunks", set(&["createIndex"])),
             ("tasks.files", set(&["createIndex"])),
-            ("attempts", set(&["update", "createIndex"])),
+            ("attempts", set(&["insert", "update", "createIndex"])),
             ("leases", set(&["insert", "update"])),
             ("balance", set(&["insert", "update"])),
         ]

@@ -304,10 +304,14 @@ impl Fleet {
             depth.saturating_sub(queued as usize),
         )
         .await?;
+        self.settle(idle).await?;
+        // A closed queue can still see a claim or two from a node's stale reading; those runs
+        // belong to no measurement.
+        self.wait_drained(Duration::from_secs(60)).await?;
+        self.clear_finished().await?;
         let queued_at_go = self
             .count(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED})
             .await?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
 
         let c0 = self.proxy.snapshot();
         let cpu0 = ticks(&self.pids);
@@ -339,8 +343,16 @@ impl Fleet {
                 counts.unparsed_connections
             );
         }
-        let samples = self.samples().await?;
+        let mut samples = self.samples().await?;
         self.clear_finished().await?;
+        let early = samples.len();
+        samples.retain(|s| s.start >= go);
+        if samples.len() < early {
+            super::progress(&format!(
+                "warning: {} task(s) started before the queue opened; left out",
+                early - samples.len()
+            ));
+        }
         let done = samples.len();
         if done == 0 {
             bail!("no task ran");
@@ -390,6 +402,24 @@ impl Fleet {
         })
     }
 
+    /// Waits until the fleet's traffic is back to its idle rate: DENs that watch for new tasks
+    /// read every inserted backlog task, and that cost is the enqueue's, not the run's.
+    async fn settle(&self, idle: &IdleReport) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let quiet = idle.requests_per_sec * 1.5 + 2.0;
+        loop {
+            let before = self.proxy.snapshot();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let rate = self.proxy.snapshot().since(&before).app_total() as f64;
+            if rate <= quiet {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the fleet still made {rate} requests/s 120 s after the backlog was enqueued (idle: {:.1}/s)", idle.requests_per_sec);
+            }
+        }
+    }
+
     /// Waits until `n` attempts have succeeded (true) or, when `partial`, until `timeout`
     /// passes with at least one (false). Fails at once if any attempt ends otherwise.
     async fn wait_succeeded(
@@ -434,9 +464,12 @@ impl Fleet {
         }
     }
 
-    /// Waits until no task is claimed or running, no attempt is open and no runner is alive.
+    /// Waits until, for a whole second, no task is claimed or running, no attempt is open, no
+    /// runner is alive and no DEN request is unanswered: a node that decided to claim just
+    /// before the queue closed has a claim in flight that the database does not show yet.
     async fn wait_drained(&self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
+        let mut quiet_since: Option<Instant> = None;
         loop {
             let busy = self
                 .count(doc! {task::QUEUE: self.queue,
@@ -452,13 +485,19 @@ impl Fleet {
                 .iter()
                 .map(|p| procfs::children(*p).len())
                 .sum::<usize>();
-            if busy == 0 && open == 0 && live == 0 {
-                return Ok(());
+            let in_flight = self.proxy.in_flight();
+            if busy == 0 && open == 0 && live == 0 && in_flight <= 0 {
+                let since = *quiet_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_secs(1) {
+                    return Ok(());
+                }
+            } else {
+                quiet_since = None;
             }
             if Instant::now() > deadline {
-                bail!("after {timeout:?}: {busy} tasks busy, {open} attempts open, {live} runners alive");
+                bail!("after {timeout:?}: {busy} tasks busy, {open} attempts open, {live} runners alive, {in_flight} requests in flight");
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

@@ -72,7 +72,7 @@ impl BenchOptions {
             ceiling_sample_time: Duration::from_secs(5),
             runner_runs: 20,
             loop_ms: disbatch_core::config::DEFAULT_LOOP_INTERVAL.as_millis() as u64,
-            run_secs: Duration::from_secs(30),
+            run_secs: Duration::from_secs(20),
             json: None,
         }
     }

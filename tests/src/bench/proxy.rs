@@ -36,6 +36,10 @@ pub struct Counts {
     /// Milliseconds from each app request to its reply, as the proxy saw them.
     #[serde(skip)]
     pub reply_ms: BTreeMap<String, BTreeMap<String, Vec<f64>>>,
+    /// App requests sent and not answered yet, change-stream `getMore`s (which wait for
+    /// events by design) aside.
+    #[serde(skip)]
+    pub in_flight: i64,
 }
 
 impl Counts {
@@ -73,6 +77,7 @@ impl Counts {
                     (who.clone(), labels.collect())
                 })
                 .collect(),
+            in_flight: self.in_flight,
         }
     }
 }
@@ -155,6 +160,11 @@ impl Proxy {
         self.counts.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
+    /// App requests awaiting their reply (`getMore` aside): a node mid-claim.
+    pub fn in_flight(&self) -> i64 {
+        self.counts.lock().map_or(0, |c| c.in_flight)
+    }
+
     /// Forgets when labels were first seen: the next sighting of each is recorded anew.
     pub fn mark(&self) {
         if let Ok(mut c) = self.counts.lock() {
@@ -205,6 +215,11 @@ impl Conn {
     }
 }
 
+/// Whether a request counts as in flight while unanswered: a `getMore` may wait for events.
+fn awaited(label: &str) -> bool {
+    label != "getMore" && !label.starts_with("getMore ")
+}
+
 /// Requests waiting for their reply, by request id: who sent it, its label, when.
 type Pending = Mutex<HashMap<i32, (String, String, Instant)>>;
 
@@ -217,6 +232,9 @@ fn replied(reply: &Request, pending: &Pending, counts: &Mutex<Counts>) {
         return; // an exhaust stream's later replies, or a monitoring reply
     };
     if let Ok(mut c) = counts.lock() {
+        if awaited(&label) {
+            c.in_flight -= 1;
+        }
         c.reply_ms
             .entry(who)
             .or_default()
@@ -252,6 +270,11 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Mutex<Counts>>)
             };
             parser.feed(&buf[..n], &mut |r| {
                 if let Some(label) = conn.count(&r, &counts) {
+                    if awaited(&label) {
+                        if let Ok(mut c) = counts.lock() {
+                            c.in_flight += 1;
+                        }
+                    }
                     if let Ok(mut p) = pending.lock() {
                         p.insert(r.request_id, (conn.who.clone(), label, Instant::now()));
                     }
@@ -288,6 +311,12 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Mutex<Counts>>)
     tokio::select! {
         _ = upstream => {}
         _ = downstream => {}
+    }
+    let unanswered = pending
+        .lock()
+        .map_or(0, |p| p.values().filter(|(_, l, _)| awaited(l)).count());
+    if let Ok(mut c) = counts.lock() {
+        c.in_flight -= unanswered as i64;
     }
 }
 
@@ -428,6 +457,7 @@ mod tests {
         assert_eq!(d.monitoring_total(), 0);
 
         let pending: Pending = Mutex::new(HashMap::new());
+        counts.lock().expect("lock").in_flight = 1;
         if let Some(label) = pooled.count(&req("find", Some("queues"), None), &counts) {
             pending
                 .lock()
@@ -441,6 +471,7 @@ mod tests {
         reply.response_to = 99;
         replied(&reply, &pending, &counts);
         let timed = counts.lock().expect("lock").clone();
+        assert_eq!(timed.in_flight, 0, "the reply ended the request");
         assert_eq!(timed.reply_ms["den"]["find queues"].len(), 1);
         assert_eq!(timed.since(&timed).reply_ms["den"]["find queues"].len(), 0);
     }
