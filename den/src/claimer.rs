@@ -109,7 +109,7 @@ impl Claimer {
             }
         }
         if refresh || self.view.is_stale() {
-            self.refresh().await?;
+            self.refresh(executor.live_runners()).await?;
         }
         let maxthreads = match limit {
             NodeLimit::Unlimited => None,
@@ -242,7 +242,7 @@ impl Claimer {
     }
 
     /// Reads the queues and the running counts again, and makes continuous queues' units.
-    async fn refresh(&mut self) -> Result<()> {
+    async fn refresh(&mut self, executor_live: u32) -> Result<()> {
         let (queues, problems) = self.store.list_queues().await?;
         for problem in problems {
             self.report_once(problem);
@@ -263,7 +263,7 @@ impl Claimer {
         }
         let ids: Vec<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
-        self.view = RunningView::from_snapshot(snapshot);
+        self.view = RunningView::from_snapshot(snapshot, executor_live);
         Ok(())
     }
 

@@ -20,11 +20,14 @@ pub struct RunningView {
 }
 
 impl RunningView {
-    pub fn from_snapshot(s: RunningSnapshot) -> Self {
+    /// `live` is how many runners this process has not yet seen exit: one may have written
+    /// its result (so the snapshot no longer counts it) and still be exiting; its exit will
+    /// be subtracted later, so the node count must include it now or run over `maxthreads`.
+    pub fn from_snapshot(s: RunningSnapshot, live: u32) -> Self {
         RunningView {
             per_queue: s.per_queue,
             slots: s.slots,
-            on_node: s.on_node,
+            on_node: s.on_node.max(live),
             read_at: Some(Instant::now()),
         }
     }
@@ -72,7 +75,7 @@ mod tests {
     #[test]
     fn own_claims_and_exits_move_the_view() {
         let q = ObjectId::new();
-        let mut v = RunningView::from_snapshot(RunningSnapshot::default());
+        let mut v = RunningView::from_snapshot(RunningSnapshot::default(), 0);
         assert!(!v.is_stale());
         v.claimed(q, 2);
         v.claimed(q, 0);
@@ -81,6 +84,16 @@ mod tests {
         v.runner_exited(q, Some(2));
         assert_eq!((v.running(q), v.on_node), (1, 1));
         assert_eq!(v.slots(q), BTreeSet::from([0]));
+    }
+
+    #[test]
+    fn a_runner_still_exiting_counts_until_its_exit_is_seen() {
+        let q = ObjectId::new();
+        // The database no longer counts it; this process still has one live runner.
+        let mut v = RunningView::from_snapshot(RunningSnapshot::default(), 1);
+        assert_eq!(v.on_node, 1);
+        v.runner_exited(q, None);
+        assert_eq!(v.on_node, 0);
     }
 
     #[test]

@@ -134,6 +134,7 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
         names("tasks").await,
         [
             "_id_",
+            "lease_until_1",
             "node_1_status_1_queue_1",
             "node_1_status_1_queue_1__id_-1",
             "node_1_status_1_queue_1__id_1",

@@ -194,13 +194,6 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
                 .keys(doc! {attempt::TASK: 1, attempt::START: 1})
                 .build(),
         ),
-        // The repair of attempts left open by a dead runner looks only at open ones.
-        (
-            ATTEMPTS,
-            IndexModel::builder()
-                .keys(doc! {attempt::OUTCOME: 1, attempt::START: 1})
-                .build(),
-        ),
     ]
 }
 

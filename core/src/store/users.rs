@@ -431,7 +431,10 @@ mod tests {
             ("", set(&["find"])),
             ("nodes", set(&["insert", "update", "createIndex"])),
             ("queues", set(&["update", "createIndex", "changeStream"])),
-            ("tasks", set(&["insert", "update", "createIndex", "changeStream"])),
+            (
+                "tasks",
+                set(&["insert", "update", "createIndex", "changeStream"]),
+            ),
             ("tasks.chunks", set(&["createIndex"])),
             ("tasks.files", set(&["createIndex"])),
             ("attempts", set(&["insert", "update", "createIndex"])),
