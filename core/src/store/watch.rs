@@ -1,5 +1,7 @@
-//! Change streams that tell a node there may be work: tasks queued or requeued, slots freed,
-//! queues changed.
+//! Change streams that tell a node there may be work: tasks queued or requeued, queues
+//! changed. Freed slots are not watched: every node would read every task's finish (one
+//! getMore per task per node, measured); a node's own runner exits wake it, and other nodes'
+//! freed slots show in its next reading (at most a second).
 
 use futures::{Stream, StreamExt};
 use mongodb::change_stream::event::ChangeStreamEvent;
@@ -12,7 +14,7 @@ use bson::{doc, Document};
 /// What a change was about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkSignal {
-    /// A task became claimable, or a queue slot was freed.
+    /// A task became claimable.
     Tasks,
     /// A queue document changed (threads, pause, a new queue…).
     Queues,
@@ -25,7 +27,6 @@ impl Store {
         let claimable = doc! {"$match": {"$or": [
             {"operationType": "insert"},
             {format!("updateDescription.updatedFields.{}", task::STATUS): crate::model::status::QUEUED},
-            {"updateDescription.removedFields": task::SLOT},
         ]}};
         // Only the resume token travels; the event's content does not matter.
         let slim = doc! {"$project": {"operationType": 1}};

@@ -13,9 +13,10 @@ use mongodb::Collection;
 use serde::Serialize;
 use serde_json::json;
 
+use super::accounting::{first_claim, reply_latencies, round_trips, RoundTrips};
 use super::ceiling::enqueue;
 use super::procfs::{self, CpuTicks, RunnerSampler, RunnerSamples};
-use super::proxy::{Counts, HostUri, Proxy, Tally};
+use super::proxy::{Counts, HostUri, Proxy};
 use super::stats::Latency;
 use crate::{bin_path, write_config, Den, TestDb};
 
@@ -30,24 +31,7 @@ pub struct IdleReport {
     /// Each DEN's CPU use, percent of one core.
     pub den_cpu_percent: Vec<f64>,
     #[serde(skip)]
-    counts: Counts,
-}
-
-/// Requests per task during a run.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct RoundTrips {
-    /// App requests per task, with the idle fleet's rate over the run subtracted.
-    pub per_task: f64,
-    /// App requests per task as counted.
-    pub raw_per_task: f64,
-    /// The driver's monitoring requests per task (not in `per_task`).
-    pub monitoring_per_task: f64,
-    /// Per task by process kind (`den`, `dtr`), as counted.
-    pub by_process: BTreeMap<String, f64>,
-    /// Per task by `process label`, idle subtracted.
-    pub by_command: BTreeMap<String, f64>,
-    /// New connections per task (each runner opens its own).
-    pub connections_per_task: f64,
+    pub(super) counts: Counts,
 }
 
 /// One bulk run: `tasks` tasks worked from a backlog of `depth`.
@@ -57,7 +41,7 @@ pub struct RunReport {
     pub depth: usize,
     pub repeat: usize,
     pub queued_at_go: u64,
-    /// Tasks that ran (a few more than asked: runs in flight when the queue was paused).
+    /// Tasks that ran: more than asked when nodes claimed before they saw the queue close.
     pub tasks: usize,
     /// "tasks" when the asked number succeeded, "time" when the run's time limit came first
     /// (deep queues on a server whose claims slow down with depth).
@@ -93,24 +77,6 @@ pub struct Fleet {
     queue: ObjectId,
     pub threads: u32,
     server_pid: Option<u32>,
-}
-
-fn short(who: &str) -> &str {
-    match who.strip_prefix("disbatch-rs/").unwrap_or(who) {
-        "disbatchd" => "den",
-        "task_runner" => "dtr",
-        other => other,
-    }
-}
-
-fn flatten(tally: &Tally) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for (who, labels) in tally {
-        for (label, n) in labels {
-            *out.entry(format!("{} {label}", short(who))).or_default() += n;
-        }
-    }
-    out
 }
 
 fn ticks(pids: &[u32]) -> CpuTicks {
@@ -250,7 +216,7 @@ impl Fleet {
             secs: elapsed,
             requests_per_sec: counts.app_total() as f64 / elapsed,
             monitoring_per_sec: counts.monitoring_total() as f64 / elapsed,
-            by_command_per_sec: flatten(&counts.app)
+            by_command_per_sec: super::accounting::flatten(&counts.app)
                 .into_iter()
                 .map(|(k, n)| (k, n as f64 / elapsed))
                 .collect(),
@@ -260,7 +226,12 @@ impl Fleet {
     }
 
     /// Enqueue→start on an idle fleet: `n` tasks inserted one at a time, `gap` apart.
-    pub async fn idle_latency(&self, n: usize, gap: Duration) -> anyhow::Result<Latency> {
+    pub async fn idle_latency(
+        &self,
+        idle: &IdleReport,
+        n: usize,
+        gap: Duration,
+    ) -> anyhow::Result<Latency> {
         self.set_threads(self.threads).await?;
         let mut tick = tokio::time::interval(gap);
         for _ in 0..n {
@@ -277,7 +248,7 @@ impl Fleet {
         self.wait_succeeded(n, Duration::from_secs(60), false)
             .await?;
         self.set_threads(0).await?;
-        self.wait_drained(Duration::from_secs(60)).await?;
+        self.wait_drained(idle, Duration::from_secs(60)).await?;
         let samples = self.samples().await?;
         self.clear_finished().await?;
         let waits: Vec<f64> = samples.iter().map(|s| (s.start - s.ctime) as f64).collect();
@@ -285,15 +256,16 @@ impl Fleet {
     }
 
     /// One bulk run: tops the backlog up to `depth`, opens the queue, and closes it again
-    /// once `tasks` have succeeded or `max_secs` have passed; counts everything between
-    /// opening and the last runner's exit.
+    /// once `tasks` have succeeded or `max_secs` (when given) have passed; counts everything
+    /// between opening and the last runner's exit. Without `max_secs`, not reaching `tasks`
+    /// within 10 minutes is an error.
     pub async fn run(
         &self,
         depth: usize,
         tasks: usize,
         repeat: usize,
         idle: &IdleReport,
-        max_secs: Duration,
+        max_secs: Option<Duration>,
     ) -> anyhow::Result<RunReport> {
         let queued = self
             .count(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED})
@@ -307,7 +279,7 @@ impl Fleet {
         self.settle(idle).await?;
         // A closed queue can still see a claim or two from a node's stale reading; those runs
         // belong to no measurement.
-        self.wait_drained(Duration::from_secs(60)).await?;
+        self.wait_drained(idle, Duration::from_secs(60)).await?;
         self.clear_finished().await?;
         let queued_at_go = self
             .count(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED})
@@ -321,9 +293,12 @@ impl Fleet {
         let go = DateTime::now().timestamp_millis();
         self.proxy.mark();
         self.set_threads(self.threads).await?;
-        let all = self.wait_succeeded(tasks, max_secs, true).await?;
+        let limit = max_secs.unwrap_or(Duration::from_secs(600));
+        let all = self
+            .wait_succeeded(tasks, limit, max_secs.is_some())
+            .await?;
         self.set_threads(0).await?;
-        self.wait_drained(Duration::from_secs(60)).await?;
+        self.wait_drained(idle, Duration::from_secs(60)).await?;
         let window = t0.elapsed().as_secs_f64();
         let counts = self.proxy.snapshot().since(&c0);
         let cpu1 = ticks(&self.pids);
@@ -381,16 +356,7 @@ impl Fleet {
             first_claim_from,
             queued_to_start: Latency::of(&waits),
             round_trips: round_trips(&counts, idle, window, done),
-            reply_ms: counts
-                .reply_ms
-                .iter()
-                .flat_map(|(who, labels)| {
-                    labels
-                        .iter()
-                        .filter(|(_, v)| !v.is_empty())
-                        .map(move |(label, v)| (format!("{} {label}", short(who)), Latency::of(v)))
-                })
-                .collect(),
+            reply_ms: reply_latencies(&counts),
             den_cpu_ms_per_task: per_task_ms(cpu1.own.saturating_sub(cpu0.own)),
             runner_cpu_ms_per_task: per_task_ms(cpu1.children.saturating_sub(cpu0.children)),
             server_cpu_ms_per_task: match (server0, server1) {
@@ -465,9 +431,11 @@ impl Fleet {
     }
 
     /// Waits until, for a whole second, no task is claimed or running, no attempt is open, no
-    /// runner is alive and no DEN request is unanswered: a node that decided to claim just
-    /// before the queue closed has a claim in flight that the database does not show yet.
-    async fn wait_drained(&self, timeout: Duration) -> anyhow::Result<()> {
+    /// runner is alive and no request unanswered but those an idle node makes too: a node that
+    /// decided to claim just before the queue closed has a claim in flight that the database
+    /// does not show yet.
+    async fn wait_drained(&self, idle: &IdleReport, timeout: Duration) -> anyhow::Result<()> {
+        let idle_labels: Vec<&String> = idle.counts.app.values().flat_map(|m| m.keys()).collect();
         let deadline = Instant::now() + timeout;
         let mut quiet_since: Option<Instant> = None;
         loop {
@@ -485,8 +453,9 @@ impl Fleet {
                 .iter()
                 .map(|p| procfs::children(*p).len())
                 .sum::<usize>();
-            let in_flight = self.proxy.in_flight();
-            if busy == 0 && open == 0 && live == 0 && in_flight <= 0 {
+            let mut in_flight = self.proxy.in_flight();
+            in_flight.retain(|label, _| !idle_labels.contains(&label));
+            if busy == 0 && open == 0 && live == 0 && in_flight.is_empty() {
                 let since = *quiet_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= Duration::from_secs(1) {
                     return Ok(());
@@ -495,7 +464,7 @@ impl Fleet {
                 quiet_since = None;
             }
             if Instant::now() > deadline {
-                bail!("after {timeout:?}: {busy} tasks busy, {open} attempts open, {live} runners alive, {in_flight} requests in flight");
+                bail!("after {timeout:?}: {busy} tasks busy, {open} attempts open, {live} runners alive, requests in flight {in_flight:?}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -577,47 +546,4 @@ struct Sample {
     ctime: i64,
     start: i64,
     mtime: i64,
-}
-
-/// The earliest write to `tasks` after the mark that the idle fleet never makes: a claim.
-fn first_claim(counts: &Counts, idle: &IdleReport) -> Option<i64> {
-    let idle_labels: Vec<&String> = idle.counts.app.values().flat_map(|m| m.keys()).collect();
-    counts
-        .first_seen
-        .iter()
-        .filter(|(label, _)| {
-            let write = label.starts_with("findAndModify ") || label.starts_with("update ");
-            write && label.ends_with(" tasks") && !idle_labels.contains(label)
-        })
-        .map(|(_, ms)| *ms)
-        .min()
-}
-
-fn round_trips(counts: &Counts, idle: &IdleReport, window: f64, done: usize) -> RoundTrips {
-    let n = done as f64;
-    let scale = window / idle.secs.max(1e-9);
-    let idle_flat = flatten(&idle.counts.app);
-    let mut by_command = BTreeMap::new();
-    let mut subtracted_total = 0.0;
-    for (label, count) in flatten(&counts.app) {
-        let idle_share = idle_flat.get(&label).copied().unwrap_or(0) as f64 * scale;
-        let net = (count as f64 - idle_share).max(0.0);
-        subtracted_total += net;
-        if net > 0.0 {
-            by_command.insert(label, net / n);
-        }
-    }
-    let mut by_process = BTreeMap::new();
-    for (who, labels) in &counts.app {
-        *by_process.entry(short(who).to_string()).or_insert(0.0) +=
-            labels.values().sum::<u64>() as f64 / n;
-    }
-    RoundTrips {
-        per_task: subtracted_total / n,
-        raw_per_task: counts.app_total() as f64 / n,
-        monitoring_per_task: counts.monitoring_total() as f64 / n,
-        by_process,
-        by_command,
-        connections_per_task: counts.connections as f64 / n,
-    }
 }

@@ -2,6 +2,7 @@
 //! server — throughput, enqueue→start latency, round trips (counted by a wire proxy), CPU,
 //! RSS — judged against the server's own raw claim rate.
 
+pub mod accounting;
 pub mod ceiling;
 pub mod fleet;
 pub mod procfs;
@@ -46,8 +47,9 @@ pub struct BenchOptions {
     pub runner_runs: usize,
     /// The DENs' `loop_interval_ms` (the DEN's own default unless set).
     pub loop_ms: u64,
-    /// A run stops after `tasks` tasks or this long, whichever comes first: on a server whose
-    /// claims slow down with depth, deep runs are sampled.
+    /// A run from a backlog deeper than `tasks` stops after `tasks` tasks or this long,
+    /// whichever comes first: on a server whose claims slow down with depth, deep runs are
+    /// sampled. Runs that drain their queue always run every task.
     pub run_secs: Duration,
     pub json: Option<std::path::PathBuf>,
 }
@@ -69,10 +71,10 @@ impl BenchOptions {
             ceiling_concurrency: vec![1, 4, 16],
             ceiling_drain_limit: 2000,
             ceiling_sample_claims: 2000,
-            ceiling_sample_time: Duration::from_secs(5),
+            ceiling_sample_time: Duration::from_secs(3),
             runner_runs: 20,
             loop_ms: disbatch_core::config::DEFAULT_LOOP_INTERVAL.as_millis() as u64,
-            run_secs: Duration::from_secs(20),
+            run_secs: Duration::from_secs(15),
             json: None,
         }
     }
@@ -224,7 +226,7 @@ async fn measure_fleet(
             idle.requests_per_sec, idle.den_cpu_percent
         ));
         let latency = fleet
-            .idle_latency(o.latency_tasks, o.latency_gap)
+            .idle_latency(&idle, o.latency_tasks, o.latency_gap)
             .await
             .context("enqueue→start on an idle fleet")?;
         progress(&format!(
@@ -235,8 +237,9 @@ async fn measure_fleet(
         for &depth in &o.depths {
             for repeat in 1..=o.repeat {
                 let tasks = o.tasks.min(depth);
+                let limit = (depth > tasks).then_some(o.run_secs);
                 let r = fleet
-                    .run(depth, tasks, repeat, &idle, o.run_secs)
+                    .run(depth, tasks, repeat, &idle, limit)
                     .await
                     .with_context(|| format!("{dens} DEN, depth {depth}, run {repeat}"))?;
                 progress(&format!(

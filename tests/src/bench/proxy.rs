@@ -39,7 +39,7 @@ pub struct Counts {
     /// App requests sent and not answered yet, change-stream `getMore`s (which wait for
     /// events by design) aside.
     #[serde(skip)]
-    pub in_flight: i64,
+    pub in_flight: BTreeMap<String, i64>,
 }
 
 impl Counts {
@@ -77,7 +77,7 @@ impl Counts {
                     (who.clone(), labels.collect())
                 })
                 .collect(),
-            in_flight: self.in_flight,
+            in_flight: self.in_flight.clone(),
         }
     }
 }
@@ -160,9 +160,18 @@ impl Proxy {
         self.counts.lock().map(|c| c.clone()).unwrap_or_default()
     }
 
-    /// App requests awaiting their reply (`getMore` aside): a node mid-claim.
-    pub fn in_flight(&self) -> i64 {
-        self.counts.lock().map_or(0, |c| c.in_flight)
+    /// App requests awaiting their reply (`getMore` aside) by label: a node mid-claim.
+    pub fn in_flight(&self) -> BTreeMap<String, i64> {
+        self.counts
+            .lock()
+            .map(|c| {
+                c.in_flight
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(l, n)| (l.clone(), *n))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Forgets when labels were first seen: the next sighting of each is recorded anew.
@@ -233,7 +242,7 @@ fn replied(reply: &Request, pending: &Pending, counts: &Mutex<Counts>) {
     };
     if let Ok(mut c) = counts.lock() {
         if awaited(&label) {
-            c.in_flight -= 1;
+            *c.in_flight.entry(label.clone()).or_default() -= 1;
         }
         c.reply_ms
             .entry(who)
@@ -272,7 +281,7 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Mutex<Counts>>)
                 if let Some(label) = conn.count(&r, &counts) {
                     if awaited(&label) {
                         if let Ok(mut c) = counts.lock() {
-                            c.in_flight += 1;
+                            *c.in_flight.entry(label.clone()).or_default() += 1;
                         }
                     }
                     if let Ok(mut p) = pending.lock() {
@@ -312,11 +321,16 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Mutex<Counts>>)
         _ = upstream => {}
         _ = downstream => {}
     }
-    let unanswered = pending
-        .lock()
-        .map_or(0, |p| p.values().filter(|(_, l, _)| awaited(l)).count());
+    let unanswered: Vec<String> = pending.lock().map_or(Vec::new(), |p| {
+        p.values()
+            .filter(|(_, l, _)| awaited(l))
+            .map(|(_, l, _)| l.clone())
+            .collect()
+    });
     if let Ok(mut c) = counts.lock() {
-        c.in_flight -= unanswered as i64;
+        for label in unanswered {
+            *c.in_flight.entry(label).or_default() -= 1;
+        }
     }
 }
 
@@ -457,7 +471,11 @@ mod tests {
         assert_eq!(d.monitoring_total(), 0);
 
         let pending: Pending = Mutex::new(HashMap::new());
-        counts.lock().expect("lock").in_flight = 1;
+        counts
+            .lock()
+            .expect("lock")
+            .in_flight
+            .insert("find queues".into(), 1);
         if let Some(label) = pooled.count(&req("find", Some("queues"), None), &counts) {
             pending
                 .lock()
@@ -471,7 +489,7 @@ mod tests {
         reply.response_to = 99;
         replied(&reply, &pending, &counts);
         let timed = counts.lock().expect("lock").clone();
-        assert_eq!(timed.in_flight, 0, "the reply ended the request");
+        assert_eq!(timed.in_flight["find queues"], 0, "the reply ended it");
         assert_eq!(timed.reply_ms["den"]["find queues"].len(), 1);
         assert_eq!(timed.since(&timed).reply_ms["den"]["find queues"].len(), 0);
     }

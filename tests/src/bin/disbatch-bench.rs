@@ -6,7 +6,28 @@
 
 use std::process::ExitCode;
 
-use disbatch_tests::bench::{parse_args, run_bench, USAGE};
+use disbatch_tests::bench::report::BenchReport;
+use disbatch_tests::bench::{parse_args, run_bench, BenchOptions, USAGE};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Runs the bench until it ends or SIGINT/SIGTERM arrives. On a signal the bench is dropped,
+/// which stops the DENs it started; without this, Ctrl-C would leave them running.
+async fn run_until_signal(
+    opts: &BenchOptions,
+    command: String,
+) -> Option<anyhow::Result<BenchReport>> {
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return Some(Err(anyhow::anyhow!("cannot install the signal handlers")));
+    };
+    tokio::select! {
+        report = run_bench(opts, command) => Some(report),
+        _ = int.recv() => None,
+        _ = term.recv() => None,
+    }
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -38,11 +59,15 @@ fn main() -> ExitCode {
         }))
         .collect::<Vec<_>>()
         .join(" ");
-    let report = match runtime.block_on(run_bench(&opts, command)) {
-        Ok(r) => r,
-        Err(e) => {
+    let report = match runtime.block_on(run_until_signal(&opts, command)) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => {
             eprintln!("disbatch-bench: {e:#}");
             return ExitCode::FAILURE;
+        }
+        None => {
+            eprintln!("disbatch-bench: interrupted; the DENs it started were stopped");
+            return ExitCode::from(130);
         }
     };
     println!("{report}");
