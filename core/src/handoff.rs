@@ -4,6 +4,8 @@
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 
+use crate::store::schema::task;
+
 /// A claimed task ready to run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Handoff {
@@ -16,6 +18,15 @@ pub struct Handoff {
 }
 
 impl Handoff {
+    /// The task's id; a claimed task always has an ObjectId one (claims skip others).
+    pub fn task_id(&self) -> Option<ObjectId> {
+        self.task.get_object_id(task::ID).ok()
+    }
+
+    pub fn queue_id(&self) -> Option<ObjectId> {
+        self.task.get_object_id(task::QUEUE).ok()
+    }
+
     pub fn encode(&self) -> Result<Vec<u8>, String> {
         let d = doc! {"task": &self.task, "attempt": self.attempt, "queue": &self.queue};
         let mut out = Vec::new();

@@ -205,7 +205,7 @@ impl Claimer {
                             attempt,
                             queue: queue.raw.clone(),
                         };
-                        let id = handoff.task.get_object_id("_id").ok();
+                        let id = handoff.task_id();
                         match executor.spawn_runner(&handoff, Some(slot)) {
                             Ok(()) => self.metrics.runner_started(&queue.name),
                             Err(e) => {

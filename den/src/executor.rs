@@ -103,13 +103,11 @@ impl Executor {
     /// or kill of this DEN and gets none of its signals.
     pub fn spawn_runner(&self, handoff: &Handoff, slot: Option<u32>) -> std::io::Result<()> {
         let task = handoff
-            .task
-            .get_object_id("_id")
-            .map_err(|_| std::io::Error::other("the claimed task has no ObjectId _id"))?;
+            .task_id()
+            .ok_or_else(|| std::io::Error::other("the claimed task has no ObjectId _id"))?;
         let queue = handoff
-            .task
-            .get_object_id("queue")
-            .map_err(|_| std::io::Error::other("the claimed task has no queue id"))?;
+            .queue_id()
+            .ok_or_else(|| std::io::Error::other("the claimed task has no queue id"))?;
         let input = handoff.encode().map_err(std::io::Error::other)?;
         let mut cmd = Command::new(&self.runner);
         cmd.arg("--config")

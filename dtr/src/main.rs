@@ -64,7 +64,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let report = if args.handoff {
         let handoff = read_handoff().await?;
         anyhow::ensure!(
-            handoff.task.get_object_id("_id").ok() == Some(task),
+            handoff.task_id() == Some(task),
             "the handoff on stdin is for another task than --task {}",
             args.task
         );

@@ -15,21 +15,11 @@ pub struct RestartableServer {
 
 impl RestartableServer {
     pub fn start() -> RestartableServer {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/local-mongodb");
-        let out = Command::new(script)
-            .arg("--binary")
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/local-mongodb --binary");
-        assert!(
-            out.status.success(),
-            "scripts/local-mongodb --binary failed"
-        );
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
         let port = listener.local_addr().expect("addr").port();
         drop(listener);
         let mut server = RestartableServer {
-            bin: String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            bin: crate::server::server_binary(),
             port,
             data: tempfile::tempdir().expect("data dir").keep(),
             child: None,

@@ -23,7 +23,8 @@ pub fn start_auth_server() -> String {
     start_private_server(true)
 }
 
-fn start_private_server(auth: bool) -> String {
+/// The server executable: mongod on PATH, else SecantusDB's, built once by the script.
+pub fn server_binary() -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/local-mongodb");
     let out = Command::new(script)
         .arg("--binary")
@@ -34,7 +35,11 @@ fn start_private_server(auth: bool) -> String {
         out.status.success(),
         "scripts/local-mongodb --binary failed"
     );
-    let bin = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn start_private_server(auth: bool) -> String {
+    let bin = server_binary();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
     let port = listener.local_addr().expect("addr").port();
     drop(listener);

@@ -8,24 +8,8 @@ use records::closed_attempts_of;
 use serde_json::json;
 
 mod records {
-    use bson::{doc, Document};
+    use bson::Document;
     use disbatch_tests::TestDb;
-
-    /// A task's attempt records, oldest first.
-    pub async fn attempts_of(db: &TestDb, task: bson::oid::ObjectId) -> Vec<Document> {
-        let mut cursor = db
-            .db
-            .collection::<Document>("attempts")
-            .find(doc! {"task": task})
-            .sort(doc! {"start": 1})
-            .await
-            .expect("find attempts");
-        let mut out = Vec::new();
-        while cursor.advance().await.expect("advance") {
-            out.push(cursor.deserialize_current().expect("attempt"));
-        }
-        out
-    }
 
     /// A task's `count` attempt records once all are closed: the DTR closes an attempt
     /// only after the task's own result is written, so a finished task may briefly show
@@ -37,7 +21,7 @@ mod records {
     ) -> Vec<Document> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            let records = attempts_of(db, task).await;
+            let records = db.attempts(task).await;
             let closed = records
                 .iter()
                 .all(|a| a.get_str("outcome").is_ok_and(|o| o != "running"));

@@ -75,45 +75,6 @@ impl Store {
             .map_err(|e| Error::mongo(format!("updating attempt {id}"), e))
     }
 
-    pub async fn record_attempt_start(
-        &self,
-        id: ObjectId,
-        task: ObjectId,
-        queue: Option<ObjectId>,
-        node: &str,
-        pid: u32,
-    ) -> Result<()> {
-        let record = doc! {
-            attempt::ID: id, attempt::TASK: task, attempt::QUEUE: queue.map_or(Bson::Null, Bson::ObjectId),
-            attempt::NODE: node, attempt::PID: pid as i64, attempt::START: DateTime::now(),
-            attempt::END: Bson::Null, attempt::OUTCOME: "running",
-        };
-        self.collection(ATTEMPTS)
-            .insert_one(record)
-            .await
-            .map(|_| ())
-            .map_err(|e| Error::mongo(format!("recording attempt {id} of task {task}"), e))
-    }
-
-    pub async fn record_attempt_end(&self, id: ObjectId, end: &AttemptEnd) -> Result<()> {
-        let opt = |v: Option<i32>| v.map_or(Bson::Null, Bson::Int32);
-        let set = doc! {
-            attempt::END: DateTime::now(), attempt::OUTCOME: end.outcome, attempt::STATUS: opt(end.status),
-            attempt::EXIT_CODE: opt(end.exit_code), attempt::SIGNAL: opt(end.signal),
-            attempt::RESULT: end.result.clone().map_or(Bson::Null, Bson::Document),
-        };
-        // A discarded result must not hide that recovery already closed the attempt as lost.
-        let mut filter = doc! {attempt::ID: id};
-        if end.outcome == "discarded" {
-            filter.insert(attempt::OUTCOME, "running");
-        }
-        self.collection(ATTEMPTS)
-            .update_one(filter, doc! {"$set": set})
-            .await
-            .map(|_| ())
-            .map_err(|e| Error::mongo(format!("closing attempt {id}"), e))
-    }
-
     /// A task's attempts, oldest first.
     pub async fn attempts_of(&self, task: ObjectId) -> Result<Vec<Document>> {
         self.collection(ATTEMPTS)

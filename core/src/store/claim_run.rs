@@ -55,13 +55,8 @@ impl Store {
         let mut action = tasks
             .find_one_and_update(filter, update)
             .return_document(ReturnDocument::After);
-        match sort {
-            QueueSort::Fifo => action = action.sort(doc! {task::ID: 1}),
-            QueueSort::Lifo => action = action.sort(doc! {task::ID: -1}),
-            QueueSort::Priority => {
-                action = action.sort(doc! {task::PRIORITY: -1, task::KEY: 1, task::ID: 1})
-            }
-            QueueSort::Default => {}
+        if let Some(order) = claim_order(sort) {
+            action = action.sort(order);
         }
         match action.await {
             Ok(Some(doc)) => Ok(RunClaim::Claimed(Box::new(doc))),
@@ -86,6 +81,16 @@ impl Store {
             .await
             .map(|r| r.modified_count == 1)
             .map_err(|e| Error::mongo(format!("giving back task {id}"), e))
+    }
+}
+
+/// The order a queue's `sort` gives its claims; None is the server's natural order.
+pub(crate) fn claim_order(sort: QueueSort) -> Option<Document> {
+    match sort {
+        QueueSort::Fifo => Some(doc! {task::ID: 1}),
+        QueueSort::Lifo => Some(doc! {task::ID: -1}),
+        QueueSort::Priority => Some(doc! {task::PRIORITY: -1, task::KEY: 1, task::ID: 1}),
+        QueueSort::Default => None,
     }
 }
 

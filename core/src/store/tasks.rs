@@ -141,13 +141,8 @@ impl Store {
         let mut action = tasks
             .find_one_and_update(filter, update)
             .projection(doc! {task::ID: 1});
-        match sort {
-            QueueSort::Fifo => action = action.sort(doc! {task::ID: 1}),
-            QueueSort::Lifo => action = action.sort(doc! {task::ID: -1}),
-            QueueSort::Priority => {
-                action = action.sort(doc! {task::PRIORITY: -1, task::KEY: 1, task::ID: 1})
-            }
-            QueueSort::Default => {}
+        if let Some(order) = super::claim_run::claim_order(sort) {
+            action = action.sort(order);
         }
         match action.await {
             Ok(Some(doc)) => doc
