@@ -1,5 +1,6 @@
 //! What a node hands the task runner it starts, on the runner's stdin: the claimed task, its
-//! attempt and its queue, as one BSON document, so the runner need not read them again.
+//! attempt and its queue, as one BSON document, so the runner need not read them again. The
+//! pipe stays open when the node relays the runner's result (`relay`).
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
@@ -15,6 +16,8 @@ pub struct Handoff {
     pub attempt: ObjectId,
     /// The queue document as the node read it.
     pub queue: Document,
+    /// The node takes the runner's completion on stdout and answers on stdin (see `relay`).
+    pub relay: bool,
 }
 
 impl Handoff {
@@ -28,7 +31,9 @@ impl Handoff {
     }
 
     pub fn encode(&self) -> Result<Vec<u8>, String> {
-        let d = doc! {"task": &self.task, "attempt": self.attempt, "queue": &self.queue};
+        let d = doc! {
+            "task": &self.task, "attempt": self.attempt, "queue": &self.queue, "relay": self.relay,
+        };
         let mut out = Vec::new();
         d.to_writer(&mut out)
             .map_err(|e| format!("encoding the handoff: {e}"))?;
@@ -38,6 +43,10 @@ impl Handoff {
     pub fn decode(bytes: &[u8]) -> Result<Handoff, String> {
         let d = Document::from_reader(bytes)
             .map_err(|e| format!("the handoff on stdin is not a BSON document: {e}"))?;
+        Handoff::from_document(&d)
+    }
+
+    pub fn from_document(d: &Document) -> Result<Handoff, String> {
         let field = |k: &str| {
             d.get_document(k)
                 .cloned()
@@ -49,6 +58,7 @@ impl Handoff {
             attempt: d
                 .get_object_id("attempt")
                 .map_err(|_| "the handoff has no `attempt` id".to_string())?,
+            relay: d.get_bool("relay").unwrap_or(false),
         })
     }
 }
@@ -63,6 +73,7 @@ mod tests {
             task: doc! {"_id": ObjectId::new(), "params": {"n": 1_i64, "when": bson::DateTime::now()}},
             attempt: ObjectId::new(),
             queue: doc! {"name": "q", "threads": 3},
+            relay: true,
         };
         let bytes = h.encode().unwrap();
         assert_eq!(Handoff::decode(&bytes).unwrap(), h);

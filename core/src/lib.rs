@@ -16,6 +16,7 @@ pub mod output;
 pub mod plugin;
 pub mod plugin_env;
 pub mod queue_balance;
+pub mod relay;
 pub mod run_policy;
 pub mod scheduler;
 pub mod store;

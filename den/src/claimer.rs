@@ -204,6 +204,7 @@ impl Claimer {
                             task: *task,
                             attempt,
                             queue: queue.raw.clone(),
+                            relay: executor.relays(),
                         };
                         let id = handoff.task_id();
                         match executor.spawn_runner(&handoff, Some(slot)) {

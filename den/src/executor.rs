@@ -1,6 +1,7 @@
 //! The executor: starts one task runner per claimed task, in its own session, and watches it.
 
 use std::collections::HashMap;
+use std::io::{PipeWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -8,9 +9,14 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use disbatch_core::handoff::Handoff;
-use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
+use disbatch_core::relay::{read_frame, Ack, Completion};
+use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
+
+use crate::completer::Completer;
+
+/// What an empty pipe takes without blocking on Linux (its default capacity).
+const PIPE_CAPACITY: usize = 64 * 1024;
 
 /// A runner this process started, while it lives.
 #[derive(Debug, Clone)]
@@ -41,18 +47,31 @@ pub struct Executor {
     /// Runners that exited since the claimer last looked.
     exited: Arc<Mutex<Vec<Exited>>>,
     runner_exited: Arc<Notify>,
+    /// Stores runners' results; None leaves each runner to store its own.
+    completer: Option<Completer>,
 }
 
 impl Executor {
-    pub fn new(runner: PathBuf, config: PathBuf, node: String) -> Self {
+    pub fn new(
+        runner: PathBuf,
+        config: PathBuf,
+        node: String,
+        completer: Option<Completer>,
+    ) -> Self {
         Executor {
             runner,
             config,
             node,
+            completer,
             live: Arc::new(Mutex::new(HashMap::new())),
             exited: Arc::new(Mutex::new(Vec::new())),
             runner_exited: Arc::new(Notify::new()),
         }
+    }
+
+    /// Whether runners hand their results to this node (`Handoff::relay`).
+    pub fn relays(&self) -> bool {
+        self.completer.is_some()
     }
 
     /// Runners started by this process that have not exited yet.
@@ -117,8 +136,19 @@ impl Executor {
             .arg("--node")
             .arg(&self.node)
             .arg("--handoff")
-            .stdin(Stdio::piped())
             .kill_on_drop(false);
+        // The handoff goes into the pipe before the runner exists, so a node killed right
+        // after starting it cannot leave it waiting for a task that never comes.
+        let (stdin, mut handoff_pipe) = std::io::pipe()?;
+        let prefilled = input.len() <= PIPE_CAPACITY;
+        if prefilled {
+            handoff_pipe.write_all(&input)?;
+        }
+        cmd.stdin(stdin);
+        let completer = self.completer.clone().filter(|_| handoff.relay);
+        if completer.is_some() {
+            cmd.stdout(Stdio::piped());
+        }
         // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
         unsafe {
             cmd.pre_exec(|| {
@@ -129,13 +159,21 @@ impl Executor {
         }
         let mut child = cmd.spawn()?;
         let pid = child.id();
-        if let Some(mut stdin) = child.stdin.take() {
-            tokio::spawn(async move {
-                if let Err(e) = stdin.write_all(&input).await {
-                    tracing::warn!(task = %task, error = %e, "could not hand the task to its runner");
+        let stdout = child.stdout.take();
+        tokio::spawn(async move {
+            let mut to_runner = Some(handoff_pipe);
+            if !prefilled {
+                to_runner = write_blocking(to_runner, input).await;
+                if to_runner.is_none() {
+                    tracing::warn!(task = %task, "could not hand the task to its runner");
+                    return;
                 }
-            });
-        }
+            }
+            // Without relaying, the pipe closes here: the runner reads only the handoff.
+            if let (Some(completer), Some(stdout), Some(pipe)) = (completer, stdout, to_runner) {
+                relay_result(task, &completer, pipe, stdout).await;
+            }
+        });
         if let Ok(mut live) = self.live.lock() {
             let runner = Live {
                 pid: pid.unwrap_or(0),
@@ -178,6 +216,51 @@ impl Executor {
         tracing::debug!(task = %task, ?pid, "started task runner");
         Ok(())
     }
+}
+
+/// Takes the runner's result from its stdout, stores it, and answers on its stdin. A runner
+/// that stores its own result (large output, a database error here) just closes stdout.
+async fn relay_result(
+    task: ObjectId,
+    completer: &Completer,
+    stdin: PipeWriter,
+    mut stdout: ChildStdout,
+) {
+    let frame = match read_frame(&mut stdout).await {
+        Ok(Some(frame)) => frame,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(task = %task, error = %e, "unreadable result from the task runner; it will store its own");
+            return;
+        }
+    };
+    let ack = match Completion::decode(&frame) {
+        Ok(c) if c.task() == task => completer.store_result(c).await,
+        Ok(c) => {
+            tracing::warn!(task = %task, reported = %c.task(), "the task runner reported another task; it will store its own");
+            Ack::RecordYourself
+        }
+        Err(e) => {
+            tracing::warn!(task = %task, error = %e, "malformed result from the task runner; it will store its own");
+            Ack::RecordYourself
+        }
+    };
+    let mut answer = Vec::new();
+    if ack.encode().to_writer(&mut answer).is_ok()
+        && write_blocking(Some(stdin), answer).await.is_none()
+    {
+        tracing::debug!(task = %task, "the task runner left before its answer");
+    }
+}
+
+/// Writes to a runner's stdin off the async threads (a std pipe blocks when full); returns
+/// the pipe again unless the write failed.
+async fn write_blocking(pipe: Option<PipeWriter>, bytes: Vec<u8>) -> Option<PipeWriter> {
+    let mut pipe = pipe?;
+    tokio::task::spawn_blocking(move || pipe.write_all(&bytes).map(|()| pipe))
+        .await
+        .ok()?
+        .ok()
 }
 
 /// The task runner to use: the config's `task_runner`, else the one installed beside this

@@ -2,6 +2,7 @@
 
 pub mod balancer;
 pub mod claimer;
+pub mod completer;
 pub mod continuous;
 pub mod executor;
 pub mod host;

@@ -7,6 +7,7 @@ use clap::Parser;
 use disbatch_core::config::{Component, Config};
 use disbatch_core::store::Store;
 use disbatch_den::claimer::{Claimer, QueueFilter};
+use disbatch_den::completer::Completer;
 use disbatch_den::executor::{check_runner, default_runner, Executor};
 use disbatch_den::metrics::{serve_metrics, DenMetrics};
 use disbatch_den::notifier::Notifier;
@@ -114,7 +115,12 @@ async fn serve() -> anyhow::Result<()> {
             plugins,
             metrics.clone(),
         ),
-        executor: Executor::new(runner, config_path, name.clone()),
+        executor: Executor::new(
+            runner,
+            config_path,
+            name.clone(),
+            Some(Completer::start(store.clone(), metrics.clone())),
+        ),
         balancer: disbatch_den::balancer::Balancer::new(&config.balance),
         runtimes: config.runtimes.clone(),
         notifier: Some(Notifier::start(store.clone(), metrics.clone())),

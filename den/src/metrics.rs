@@ -25,6 +25,9 @@ const TASK_BUCKETS: &[f64] = &[
 ];
 const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit"];
 const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel"];
+const RESULT_ANSWERS: &[&str] = &["recorded", "not_ours", "record_yourself"];
+/// Results stored per batch: one when the node is quiet, tens under load.
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// The node's metrics; clones share them. Recording is a hash lookup under a read lock and an
 /// atomic add: a label value allocates only the first time it is seen.
@@ -47,6 +50,8 @@ struct Inner {
     runners: IntGaugeVec,
     db_errors: IntCounterVec,
     recoveries: IntCounterVec,
+    results: IntCounterVec,
+    result_batch: Histogram,
 }
 
 impl Default for Inner {
@@ -121,11 +126,26 @@ impl Default for Inner {
                 "Tasks recovered after their lease passed: requeue, orphan or cancel",
                 &["how"],
             ),
+            results: counter_vec(
+                &registry,
+                "disbatch_den_results_total",
+                "Results runners handed to this node, by answer: recorded, not_ours (the task had changed hands) or record_yourself (left to the runner)",
+                &["answer"],
+            ),
+            result_batch: histogram(
+                &registry,
+                "disbatch_den_result_batch_size",
+                "Results stored per batch (one insert of attempt records, one update of tasks)",
+                BATCH_BUCKETS,
+            ),
             registry,
         };
         // Known label values start at 0, so rates work from the first scrape.
         for source in WAKEUP_SOURCES {
             let _ = inner.wakeups.get_metric_with_label_values(&[source]);
+        }
+        for answer in RESULT_ANSWERS {
+            let _ = inner.results.get_metric_with_label_values(&[answer]);
         }
         for how in RECOVERIES {
             let _ = inner.recoveries.get_metric_with_label_values(&[how]);
@@ -185,6 +205,14 @@ impl DenMetrics {
 
     pub fn db_error(&self, operation: &'static str) {
         inc(&self.inner.db_errors, &[operation]);
+    }
+
+    /// One batch of runners' results stored, with the answer each runner got.
+    pub fn results_stored(&self, answers: &[&'static str]) {
+        self.inner.result_batch.observe(answers.len() as f64);
+        for answer in answers {
+            inc(&self.inner.results, &[answer]);
+        }
     }
 
     /// `how`: "requeue", "orphan" or "cancel".

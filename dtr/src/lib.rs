@@ -1,6 +1,8 @@
 //! The task runner: starts one claimed task, runs its plugin, and records the result.
 
 mod capture;
+pub mod connection;
+pub mod node_link;
 pub mod outcome;
 pub mod plugin_process;
 pub mod prepare;

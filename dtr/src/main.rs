@@ -1,15 +1,14 @@
 //! `disbatch-task-runner`: argument parsing and wiring for running one claimed task.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Context;
 use bson::oid::ObjectId;
 use clap::Parser;
-use disbatch_core::config::{Component, Config};
-use disbatch_core::handoff::Handoff;
+use disbatch_core::config::Config;
 use disbatch_core::output::GfsMode;
-use disbatch_core::store::Store;
+use disbatch_dtr::connection::LazyStore;
+use disbatch_dtr::node_link::NodeLink;
 use disbatch_dtr::runner::{run_handed_off, run_task};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -36,15 +35,18 @@ struct Args {
 
 // One thread: the plugin's parent-death signal is tied to the thread that spawned it.
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+async fn main() {
     disbatch_core::logging::init_logging("info");
-    match run(Args::parse()).await {
-        Ok(()) => ExitCode::SUCCESS,
+    let code = match run(Args::parse()).await {
+        Ok(()) => 0,
         Err(e) => {
             tracing::error!("task runner failed: {e:#}");
-            ExitCode::FAILURE
+            1
         }
-    }
+    };
+    // Exit here: a read of the node's pipe that timed out still waits on a blocking thread,
+    // and the runtime would wait for it on the way out.
+    std::process::exit(code)
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -60,28 +62,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("--gfs: {e}"))?;
     }
     let node = config.node_name(args.node.as_deref())?;
-    let store = Store::connect(&config, Component::TaskRunner).await?;
+    // Connected only when something needs the database: a relayed result needs none.
+    let store = LazyStore::new(&config);
     let report = if args.handoff {
-        let handoff = read_handoff().await?;
+        let mut link = NodeLink::open();
+        let handoff = link.read_handoff().await.map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             handoff.task_id() == Some(task),
             "the handoff on stdin is for another task than --task {}",
             args.task
         );
-        run_handed_off(&config, &store, handoff, &node, Some(wake)).await?
+        let link = handoff.relay.then_some(&mut link);
+        run_handed_off(&config, &store, handoff, &node, Some(wake), link).await?
     } else {
         run_task(&config, &store, task, &node, Some(wake)).await?
     };
     tracing::debug!(task = %task, ?report, "done");
     Ok(())
-}
-
-async fn read_handoff() -> anyhow::Result<Handoff> {
-    use std::io::Read;
-    // Nothing else runs yet, so a blocking read of the node's pipe is fine.
-    let mut bytes = Vec::new();
-    std::io::stdin()
-        .read_to_end(&mut bytes)
-        .context("reading the handoff from stdin")?;
-    Handoff::decode(&bytes).map_err(anyhow::Error::msg)
 }

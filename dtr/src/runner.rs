@@ -6,14 +6,19 @@ use bson::{Bson, DateTime, Document};
 use disbatch_core::config::Config;
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::status;
+use disbatch_core::output::{plan_output, GfsMode, Placement};
+use disbatch_core::relay::{Ack, Completion, MAX_RELAYED_OUTPUT};
+use disbatch_core::run_policy::DEFAULT_LEASE;
 use disbatch_core::store::{
     parse_queue, schema::task as field, AttemptEnd, AttemptRecord, FinishOutcome, OnConflict,
-    Store, TaskEnd,
+    TaskEnd,
 };
 use disbatch_core::Result;
 use tokio::signal::unix::Signal;
 
 use crate::capture::run_and_capture;
+use crate::connection::LazyStore;
+use crate::node_link::NodeLink;
 use crate::outcome::Exit;
 use crate::prepare::{prepare, QueueLookup};
 use crate::record::{record_result, with_retries, Captured, Finished};
@@ -50,7 +55,7 @@ pub(crate) enum Ran {
 /// The attempt being run and where it is recorded.
 #[derive(Clone, Copy)]
 pub(crate) struct Run<'a> {
-    pub store: &'a Store,
+    pub store: &'a LazyStore,
     pub config: &'a Config,
     pub task: ObjectId,
     pub attempt: ObjectId,
@@ -59,13 +64,15 @@ pub(crate) struct Run<'a> {
 }
 
 /// Runs a task its node claimed and handed over (the common case): no database round trip
-/// before the plugin starts; the attempt record and the result are the only writes.
+/// before the plugin starts. With `link` the node stores the attempt record and the result
+/// (in batches, on its own connections); without, they are this runner's only writes.
 pub async fn run_handed_off(
     config: &Config,
-    store: &Store,
+    store: &LazyStore,
     handoff: Handoff,
     node: &str,
     wake: Option<Signal>,
+    link: Option<&mut NodeLink>,
 ) -> Result<RunReport> {
     let started = DateTime::now();
     let task = handoff.task.get_object_id(field::ID).map_err(|_| {
@@ -80,22 +87,22 @@ pub async fn run_handed_off(
         attempts: attempts_started(&handoff.task),
         node,
     };
-    run_attempt(&run, &handoff.task, queue, started, wake).await
+    run_attempt(&run, &handoff.task, queue, started, wake, link).await
 }
 
 /// Starts a task this node claimed (`-1`) as a new attempt and runs it: for a runner started
 /// by hand or by a Disbatch-style node.
 pub async fn run_task(
     config: &Config,
-    store: &Store,
+    store: &LazyStore,
     task: ObjectId,
     node: &str,
     wake: Option<Signal>,
 ) -> Result<RunReport> {
     let attempt = ObjectId::new();
     let started = DateTime::now();
-    let Some(doc) = with_retries("starting the task", || {
-        store.start_task(task, node, attempt)
+    let Some(doc) = with_retries("starting the task", || async {
+        store.get().await?.start_task(task, node, attempt).await
     })
     .await?
     else {
@@ -103,9 +110,11 @@ pub async fn run_task(
         return Ok(RunReport::NotClaimed);
     };
     let queue: QueueLookup = match doc.get_object_id(field::QUEUE) {
-        Ok(q) => with_retries("reading the queue", || store.queue_by_id(q))
-            .await
-            .map_err(|e| e.to_string()),
+        Ok(q) => with_retries("reading the queue", || async {
+            store.get().await?.queue_by_id(q).await
+        })
+        .await
+        .map_err(|e| e.to_string()),
         Err(_) => Ok(None),
     };
     let run = Run {
@@ -116,7 +125,7 @@ pub async fn run_task(
         attempts: attempts_started(&doc),
         node,
     };
-    run_attempt(&run, &doc, queue, started, wake).await
+    run_attempt(&run, &doc, queue, started, wake, None).await
 }
 
 async fn run_attempt(
@@ -125,6 +134,7 @@ async fn run_attempt(
     queue: QueueLookup,
     started: DateTime,
     wake: Option<Signal>,
+    link: Option<&mut NodeLink>,
 ) -> Result<RunReport> {
     let Run {
         store,
@@ -143,7 +153,10 @@ async fn run_attempt(
         stderr: Captured::from_text(reason),
         spool: None,
     };
-    let ran = match prepare(config, queue, doc, node) {
+    let prepared = prepare(config, queue, doc, node);
+    // A third of the lease: the node answers long before the task could be recovered.
+    let patience = prepared.as_ref().map_or(DEFAULT_LEASE, |p| p.run.lease) / 3;
+    let ran = match prepared {
         Err(reason) => {
             tracing::warn!(task = %task, "{reason}");
             Ran::Finished(Box::new(unable(reason)), RunFacts::default())
@@ -173,8 +186,10 @@ async fn run_attempt(
         Ran::LeaseLost(facts) => {
             // Recovery has already recorded this attempt as lost; this only fills a gap.
             let discarded = record(attempt_end("discarded", None, &facts));
-            let _ =
-                with_retries("recording the attempt", || store.insert_attempt(&discarded)).await;
+            let _ = with_retries("recording the attempt", || async {
+                store.get().await?.insert_attempt(&discarded).await
+            })
+            .await;
             return Ok(RunReport::Discarded);
         }
     };
@@ -193,8 +208,21 @@ async fn run_attempt(
     // The attempt record goes first: if this runner dies before the result lands, recovery
     // marks the record lost, so a record never claims a result the task does not show.
     let closing = record(attempt_end(outcome, final_status, &facts));
-    let inserted = with_retries("recording the attempt", || store.insert_attempt(&closing)).await?;
-    let recorded = match record_result(store, config.gfs, &finished).await {
+    let relayed = match (link, relayable(&finished, &closing, config.gfs)) {
+        (Some(link), Some(completion)) => Some(link.report(&completion, patience).await),
+        _ => None,
+    };
+    match relayed {
+        Some(Ack::Recorded) => return Ok(recorded(store, task, end, &facts).await),
+        Some(Ack::NotOurs) => {
+            tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
+            return Ok(RunReport::Discarded);
+        }
+        Some(Ack::RecordYourself) | None => {}
+    }
+    let db = store.get().await?;
+    let inserted = with_retries("recording the attempt", || db.insert_attempt(&closing)).await?;
+    let outcome_of_write = match record_result(db, config.gfs, &finished).await {
         Ok(r) => r,
         Err(e) => {
             // The output stays on local disk for an operator; the task's lease will pass and
@@ -207,20 +235,25 @@ async fn run_attempt(
             return Err(e);
         }
     };
-    match recorded {
-        FinishOutcome::Recorded => {
-            tracing::info!(task = %task, ?end, "task finished");
-            if let (TaskEnd::Status(status::SUCCEEDED), Some((then, output))) = (end, &facts.chain)
-            {
-                chain_output(store, task, then, output).await;
-            }
-            Ok(RunReport::Recorded(end))
+    let stored_by_node = || async {
+        // The node may have stored it after all, and only its answer was lost.
+        relayed.is_some()
+            && with_retries("reading the task back", || {
+                db.task_shows_result(task, attempt, end)
+            })
+            .await
+            .unwrap_or(false)
+    };
+    match outcome_of_write {
+        FinishOutcome::Recorded => Ok(recorded(store, task, end, &facts).await),
+        FinishOutcome::NotOurs if stored_by_node().await => {
+            Ok(recorded(store, task, end, &facts).await)
         }
         FinishOutcome::NotOurs | FinishOutcome::TooLarge => {
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
             if inserted {
                 if let Err(e) = with_retries("updating the attempt", || {
-                    store.change_attempt_outcome(attempt, outcome, "discarded")
+                    db.change_attempt_outcome(attempt, outcome, "discarded")
                 })
                 .await
                 {
@@ -230,6 +263,38 @@ async fn run_attempt(
             Ok(RunReport::Discarded)
         }
     }
+}
+
+/// A result the node can store for this runner: inline output of modest size. Anything
+/// else (GridFS, dropped output) stays with the runner, which holds the spooled files.
+fn relayable(finished: &Finished, record: &AttemptRecord, gfs: GfsMode) -> Option<Completion> {
+    let (Captured::Text(stdout), Captured::Text(stderr)) = (&finished.stdout, &finished.stderr)
+    else {
+        return None;
+    };
+    let (out, err) = (stdout.len() as u64, stderr.len() as u64);
+    let plan = plan_output(gfs, out, err);
+    let inline = plan.stdout == Placement::Inline && plan.stderr == Placement::Inline;
+    (inline && out + err <= MAX_RELAYED_OUTPUT).then(|| Completion {
+        record: record.clone(),
+        end: finished.end,
+        stdout: stdout.clone(),
+        stderr: stderr.clone(),
+    })
+}
+
+/// The result is stored as this attempt's: chain its output, if its queue chains.
+async fn recorded(store: &LazyStore, task: ObjectId, end: TaskEnd, facts: &RunFacts) -> RunReport {
+    tracing::info!(task = %task, ?end, "task finished");
+    if let (TaskEnd::Status(status::SUCCEEDED), Some((then, output))) = (end, &facts.chain) {
+        match store.get().await {
+            Ok(db) => chain_output(db, task, then, output).await,
+            Err(e) => {
+                tracing::error!(task = %task, then, error = %e, "could not connect; output not chained")
+            }
+        }
+    }
+    RunReport::Recorded(end)
 }
 
 fn attempt_end(outcome: &'static str, status: Option<i32>, facts: &RunFacts) -> AttemptEnd {
@@ -251,7 +316,12 @@ fn attempt_end(outcome: &'static str, status: Option<i32>, facts: &RunFacts) -> 
 /// Adds the units a succeeded task's `output` names to its queue's `then` queue. Runs only
 /// after the result was recorded as this attempt's, so a superseded run chains nothing; a
 /// failure here is logged and never changes the finished task.
-async fn chain_output(store: &Store, task: ObjectId, then: &str, output: &serde_json::Value) {
+async fn chain_output(
+    store: &disbatch_core::store::Store,
+    task: ObjectId,
+    then: &str,
+    output: &serde_json::Value,
+) {
     let units = disbatch_core::chaining::units_from_output(output, DateTime::now());
     if units.is_empty() {
         return;

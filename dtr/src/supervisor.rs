@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use disbatch_core::run_policy::RunPolicy;
-use disbatch_core::store::{LeaseState, Store};
+use disbatch_core::store::LeaseState;
 use tokio::signal::unix::Signal;
 use tokio::sync::mpsc;
 
+use crate::connection::LazyStore;
 use crate::outcome::Exit;
 use crate::plugin_process::PluginProcess;
 
@@ -35,7 +36,7 @@ enum LeaseNews {
 /// Runs the plugin to its end while renewing the lease every `policy.renew_every()` and at
 /// once on `wake` (SIGUSR1 from the node, which saw a cancel request).
 pub async fn supervise(
-    store: &Store,
+    store: &LazyStore,
     task: ObjectId,
     attempt: ObjectId,
     policy: RunPolicy,
@@ -84,7 +85,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 async fn keep_lease(
-    store: Store,
+    store: LazyStore,
     task: ObjectId,
     attempt: ObjectId,
     lease: Duration,
@@ -97,7 +98,11 @@ async fn keep_lease(
             _ = tokio::time::sleep(every) => {}
             Some(()) = recv(&mut wake) => {}
         }
-        match store.renew_lease(task, attempt, lease).await {
+        let renewed = match store.get().await {
+            Ok(db) => db.renew_lease(task, attempt, lease).await,
+            Err(e) => Err(e),
+        };
+        match renewed {
             Ok(LeaseState::Held {
                 cancel_requested: false,
             }) => {}

@@ -37,16 +37,7 @@ impl Store {
     /// Writes an ended attempt's record in one round trip. Returns false when a record already
     /// exists: recovery closed the attempt as lost, so its result will not count either.
     pub async fn insert_attempt(&self, r: &AttemptRecord) -> Result<bool> {
-        let opt = |v: Option<i32>| v.map_or(Bson::Null, Bson::Int32);
-        let record = doc! {
-            attempt::ID: r.id, attempt::TASK: r.task,
-            attempt::QUEUE: r.queue.map_or(Bson::Null, Bson::ObjectId),
-            attempt::NODE: &r.node, attempt::PID: r.pid as i64, attempt::START: r.start,
-            attempt::END: DateTime::now(), attempt::OUTCOME: r.end.outcome,
-            attempt::STATUS: opt(r.end.status), attempt::EXIT_CODE: opt(r.end.exit_code),
-            attempt::SIGNAL: opt(r.end.signal),
-            attempt::RESULT: r.end.result.clone().map_or(Bson::Null, Bson::Document),
-        };
+        let record = attempt_document(r);
         match self.collection(ATTEMPTS).insert_one(record).await {
             Ok(_) => Ok(true),
             Err(e) if super::is_duplicate_key(&e) => Ok(false),
@@ -85,5 +76,19 @@ impl Store {
             .try_collect()
             .await
             .map_err(|e| Error::mongo(format!("listing attempts of task {task}"), e))
+    }
+}
+
+/// An ended attempt's record as stored.
+pub(crate) fn attempt_document(r: &AttemptRecord) -> Document {
+    let opt = |v: Option<i32>| v.map_or(Bson::Null, Bson::Int32);
+    doc! {
+        attempt::ID: r.id, attempt::TASK: r.task,
+        attempt::QUEUE: r.queue.map_or(Bson::Null, Bson::ObjectId),
+        attempt::NODE: &r.node, attempt::PID: r.pid as i64, attempt::START: r.start,
+        attempt::END: DateTime::now(), attempt::OUTCOME: r.end.outcome,
+        attempt::STATUS: opt(r.end.status), attempt::EXIT_CODE: opt(r.end.exit_code),
+        attempt::SIGNAL: opt(r.end.signal),
+        attempt::RESULT: r.end.result.clone().map_or(Bson::Null, Bson::Document),
     }
 }

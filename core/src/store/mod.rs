@@ -4,6 +4,7 @@ mod attempts;
 mod balance;
 mod balance_lease;
 mod claim_run;
+mod completions;
 mod gridfs;
 mod leases;
 mod lookup;

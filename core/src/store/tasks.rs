@@ -194,38 +194,9 @@ impl Store {
         stdout: OutputValue,
         stderr: OutputValue,
     ) -> Result<FinishOutcome> {
-        let filter = doc! {
-            task::ID: id,
-            task::STATUS: status::RUNNING,
-            task::NODE: node,
-            task::ATTEMPT: attempt,
-        };
-        let mut set = doc! {
-            task::STDOUT: Bson::from(stdout),
-            task::STDERR: Bson::from(stderr),
-            task::MTIME: DateTime::now(),
-        };
-        let mut unset = doc! {task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""};
-        match end {
-            TaskEnd::Status(s) => {
-                set.insert(task::STATUS, s);
-                set.insert(task::COMPLETE, true);
-            }
-            TaskEnd::Retry { not_before } => {
-                set.insert(task::STATUS, status::QUEUED);
-                set.insert(task::NODE, Bson::Null);
-                unset.insert(task::COMPLETE, "");
-                match not_before {
-                    Some(t) => set.insert(task::NOT_BEFORE, t),
-                    None => unset.insert(task::NOT_BEFORE, ""),
-                };
-            }
-        }
-        match self
-            .collection(TASKS)
-            .update_one(filter, doc! {"$set": set, "$unset": unset})
-            .await
-        {
+        let (filter, update) =
+            finish_statement(id, node, attempt, end, stdout, stderr, DateTime::now());
+        match self.collection(TASKS).update_one(filter, update).await {
             Ok(r) if r.matched_count == 1 => Ok(FinishOutcome::Recorded),
             Ok(_) => Ok(FinishOutcome::NotOurs),
             Err(e) if super::is_document_too_large(&e) => Ok(FinishOutcome::TooLarge),
@@ -337,4 +308,45 @@ fn slot_number(b: &Bson) -> Option<u32> {
         Bson::Int64(n) => u32::try_from(*n).ok(),
         _ => None,
     }
+}
+
+/// The fenced result write of one attempt: its filter and update. The write matches only
+/// while the task still runs as this attempt on this node.
+pub(crate) fn finish_statement(
+    id: ObjectId,
+    node: &str,
+    attempt: ObjectId,
+    end: TaskEnd,
+    stdout: OutputValue,
+    stderr: OutputValue,
+    now: DateTime,
+) -> (Document, Document) {
+    let filter = doc! {
+        task::ID: id,
+        task::STATUS: status::RUNNING,
+        task::NODE: node,
+        task::ATTEMPT: attempt,
+    };
+    let mut set = doc! {
+        task::STDOUT: Bson::from(stdout),
+        task::STDERR: Bson::from(stderr),
+        task::MTIME: now,
+    };
+    let mut unset = doc! {task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""};
+    match end {
+        TaskEnd::Status(s) => {
+            set.insert(task::STATUS, s);
+            set.insert(task::COMPLETE, true);
+        }
+        TaskEnd::Retry { not_before } => {
+            set.insert(task::STATUS, status::QUEUED);
+            set.insert(task::NODE, Bson::Null);
+            unset.insert(task::COMPLETE, "");
+            match not_before {
+                Some(t) => set.insert(task::NOT_BEFORE, t),
+                None => unset.insert(task::NOT_BEFORE, ""),
+            };
+        }
+    }
+    (filter, doc! {"$set": set, "$unset": unset})
 }

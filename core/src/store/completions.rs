@@ -1,0 +1,248 @@
+//! Results a node records for its runners: many ended attempts in two round trips, the
+//! attempt records in one `insert`, then the fenced task results in one `update`.
+
+use std::collections::HashMap;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+
+use super::attempts::attempt_document;
+use super::schema::{task, ATTEMPTS, TASKS};
+use super::tasks::finish_statement;
+use super::{OutputValue, Store, TaskEnd};
+use crate::error::{Error, Result};
+use crate::model::status;
+use crate::relay::{Ack, Completion};
+
+/// Keeps each `update` command under the 16 MiB a command document may hold.
+const MAX_COMMAND_BYTES: usize = 12 * 1024 * 1024;
+
+impl Store {
+    /// Records ended attempts as their runners would, one answer per completion, in order.
+    /// The attempt records go first, so a record never claims a result its task does not
+    /// show. Err means nothing can be said of any of them: their runners record their own.
+    pub async fn record_completions(&self, batch: &[Completion]) -> Result<Vec<Ack>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut acks = vec![Ack::Recorded; batch.len()];
+        let inserted = self.insert_attempt_records(batch, &mut acks).await?;
+        let now = DateTime::now();
+        let statements: Vec<(usize, Document)> = batch
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| acks[*i] == Ack::Recorded)
+            .map(|(i, c)| {
+                let (q, u) = finish_statement(
+                    c.record.task,
+                    &c.record.node,
+                    c.record.id,
+                    c.end,
+                    OutputValue::Text(c.stdout.clone()),
+                    OutputValue::Text(c.stderr.clone()),
+                    now,
+                );
+                (i, doc! {"q": q, "u": u, "multi": false, "upsert": false})
+            })
+            .collect();
+        let mut unmatched = Vec::new();
+        for chunk in chunks_by_size(&statements) {
+            let (matched, refused) = self.update_tasks(chunk).await?;
+            for i in refused {
+                acks[i] = Ack::RecordYourself;
+            }
+            if matched < chunk.len() as u64 {
+                unmatched.extend(
+                    chunk
+                        .iter()
+                        .map(|(i, _)| *i)
+                        .filter(|i| acks[*i] == Ack::Recorded),
+                );
+            }
+        }
+        if !unmatched.is_empty() {
+            // The `update` command counts matches per command, not per statement: ask the
+            // tasks which of them carry this batch's write.
+            let shown = self.tasks_showing(batch, &unmatched, now).await?;
+            for i in unmatched {
+                if !shown.contains(&batch[i].record.task) {
+                    acks[i] = Ack::NotOurs;
+                }
+            }
+        }
+        for (i, c) in batch.iter().enumerate() {
+            if acks[i] == Ack::NotOurs && inserted[i] {
+                self.change_attempt_outcome(c.record.id, c.record.end.outcome, "discarded")
+                    .await?;
+            }
+        }
+        Ok(acks)
+    }
+
+    /// Whether the task shows `attempt` ended as `end`: a runner whose node stored its
+    /// result, but whose answer never arrived, finds out here.
+    pub async fn task_shows_result(
+        &self,
+        id: ObjectId,
+        attempt: ObjectId,
+        end: TaskEnd,
+    ) -> Result<bool> {
+        let status = match end {
+            TaskEnd::Status(s) => s,
+            TaskEnd::Retry { .. } => status::QUEUED,
+        };
+        self.collection(TASKS)
+            .find_one(doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status})
+            .projection(doc! {task::ID: 1})
+            .await
+            .map(|d| d.is_some())
+            .map_err(|e| Error::mongo(format!("reading task {id}"), e))
+    }
+
+    /// Inserts the records unordered; returns which this call inserted. A record that already
+    /// exists (recovery closed the attempt as lost) does not stop the result's write, which
+    /// is fenced anyway; any other refusal hands that completion back to its runner.
+    async fn insert_attempt_records(
+        &self,
+        batch: &[Completion],
+        acks: &mut [Ack],
+    ) -> Result<Vec<bool>> {
+        use mongodb::error::ErrorKind;
+        let mut inserted = vec![true; batch.len()];
+        let records: Vec<Document> = batch.iter().map(|c| attempt_document(&c.record)).collect();
+        match self
+            .collection(ATTEMPTS)
+            .insert_many(records)
+            .ordered(false)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) => match e.kind.as_ref() {
+                ErrorKind::InsertMany(failure) if failure.write_concern_error.is_none() => {
+                    for w in failure.write_errors.iter().flatten() {
+                        let Some(slot) = inserted.get_mut(w.index) else {
+                            continue;
+                        };
+                        *slot = false;
+                        if w.code != 11000 {
+                            acks[w.index] = Ack::RecordYourself;
+                        }
+                    }
+                }
+                _ => return Err(Error::mongo("recording attempts for runners", e)),
+            },
+        }
+        Ok(inserted)
+    }
+
+    /// One unordered `update` of tasks: how many statements matched, and which were refused.
+    async fn update_tasks(&self, statements: &[(usize, Document)]) -> Result<(u64, Vec<usize>)> {
+        let updates: Vec<Document> = statements.iter().map(|(_, s)| s.clone()).collect();
+        let reply = self
+            .db
+            .run_command(doc! {"update": TASKS, "updates": updates, "ordered": false})
+            .await
+            .map_err(|e| Error::mongo("recording results for runners", e))?;
+        let matched = super::count_value(reply.get("n"));
+        let mut refused = Vec::new();
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            for e in errors.iter().filter_map(Bson::as_document) {
+                let index = super::count_value(e.get("index")) as usize;
+                if let Some((i, _)) = statements.get(index) {
+                    refused.push(*i);
+                }
+            }
+        }
+        if let Ok(wce) = reply.get_document("writeConcernError") {
+            return Err(Error::Invalid(format!(
+                "recording results for runners: write concern error {wce}"
+            )));
+        }
+        Ok((matched, refused))
+    }
+
+    /// The tasks among `which` that show the result this batch wrote (its attempt, status and
+    /// `mtime`): the rest had changed hands.
+    async fn tasks_showing(
+        &self,
+        batch: &[Completion],
+        which: &[usize],
+        written_at: DateTime,
+    ) -> Result<std::collections::HashSet<ObjectId>> {
+        let ids: Vec<ObjectId> = which.iter().map(|i| batch[*i].record.task).collect();
+        let mut expected: HashMap<ObjectId, (ObjectId, i32)> = HashMap::new();
+        for i in which {
+            let c = &batch[*i];
+            let status = match c.end {
+                TaskEnd::Status(s) => s,
+                TaskEnd::Retry { .. } => status::QUEUED,
+            };
+            expected.insert(c.record.task, (c.record.id, status));
+        }
+        let docs: Vec<Document> = self
+            .collection(TASKS)
+            .find(doc! {task::ID: {"$in": ids}, task::MTIME: written_at})
+            .projection(doc! {task::ATTEMPT: 1, task::STATUS: 1})
+            .await
+            .map_err(|e| Error::mongo("reading back recorded results", e))?
+            .try_collect()
+            .await
+            .map_err(|e| Error::mongo("reading back recorded results", e))?;
+        Ok(docs
+            .iter()
+            .filter_map(|d| {
+                let id = d.get_object_id(task::ID).ok()?;
+                let (attempt, status) = expected.get(&id)?;
+                let stored_status = match d.get(task::STATUS) {
+                    Some(Bson::Int32(n)) => Some(*n as i64),
+                    Some(Bson::Int64(n)) => Some(*n),
+                    _ => None,
+                };
+                (d.get_object_id(task::ATTEMPT).ok() == Some(*attempt)
+                    && stored_status == Some(*status as i64))
+                .then_some(id)
+            })
+            .collect())
+    }
+}
+
+/// Splits statements into runs whose encoded size stays under `MAX_COMMAND_BYTES`; a single
+/// statement over it goes alone (the server then refuses it, and its runner takes over).
+fn chunks_by_size(statements: &[(usize, Document)]) -> Vec<&[(usize, Document)]> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (n, (_, s)) in statements.iter().enumerate() {
+        let size = bson::to_vec(s).map_or(MAX_COMMAND_BYTES, |v| v.len());
+        if n > start && bytes + size > MAX_COMMAND_BYTES {
+            chunks.push(&statements[start..n]);
+            start = n;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < statements.len() {
+        chunks.push(&statements[start..]);
+    }
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_split_by_size_and_keep_their_order() {
+        let small = |i: usize| (i, doc! {"q": {"_id": i as i64}});
+        let big = |i: usize| (i, doc! {"u": "x".repeat(5 * 1024 * 1024)});
+        let all = vec![small(0), big(1), big(2), small(3), big(4), small(5)];
+        let chunks = chunks_by_size(&all);
+        let order: Vec<Vec<usize>> = chunks
+            .iter()
+            .map(|c| c.iter().map(|(i, _)| *i).collect())
+            .collect();
+        assert_eq!(order, vec![vec![0, 1, 2, 3], vec![4, 5]]);
+        assert!(chunks_by_size(&[]).is_empty());
+    }
+}

@@ -1,0 +1,47 @@
+//! The runner's database connection, opened on first use: a task whose node records its
+//! result, and that neither renews a lease nor chains, never connects at all.
+
+use std::sync::Arc;
+
+use disbatch_core::config::{Component, Config};
+use disbatch_core::store::Store;
+use disbatch_core::Result;
+use tokio::sync::OnceCell;
+
+/// A `Store` that connects when first asked for; clones share one connection.
+#[derive(Clone)]
+pub struct LazyStore(Arc<Inner>);
+
+struct Inner {
+    config: Config,
+    store: OnceCell<Store>,
+}
+
+impl LazyStore {
+    pub fn new(config: &Config) -> LazyStore {
+        LazyStore(Arc::new(Inner {
+            config: config.clone(),
+            store: OnceCell::new(),
+        }))
+    }
+
+    /// A store that is already connected (tests, and callers that hold one).
+    pub fn from_store(config: &Config, store: Store) -> LazyStore {
+        LazyStore(Arc::new(Inner {
+            config: config.clone(),
+            store: OnceCell::new_with(Some(store)),
+        }))
+    }
+
+    pub async fn get(&self) -> Result<&Store> {
+        self.0
+            .store
+            .get_or_try_init(|| Store::connect(&self.0.config, Component::TaskRunner))
+            .await
+    }
+
+    /// Whether anything has needed the database yet.
+    pub fn connected(&self) -> bool {
+        self.0.store.initialized()
+    }
+}

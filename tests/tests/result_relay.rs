@@ -1,0 +1,269 @@
+//! Results relayed through the node: runners hand their ended attempts to their DEN, which
+//! stores them in batches (one insert of attempt records, one update of tasks) and answers
+//! each runner; a runner whose node is gone stores its own.
+
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime};
+use disbatch_core::config::{Component, Config};
+use disbatch_core::relay::{Ack, Completion};
+use disbatch_core::store::{AttemptEnd, AttemptRecord, Store, TaskEnd};
+use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
+use serde_json::json;
+
+async fn store_for(db: &TestDb) -> Store {
+    let path = write_config(db, "store.json", json!({}));
+    let loaded = Config::load(&path).expect("config");
+    let store = Store::connect(&loaded.config, Component::Den)
+        .await
+        .expect("connect");
+    store.ensure_indexes().await.expect("indexes");
+    store
+}
+
+fn completion(
+    task: ObjectId,
+    attempt: ObjectId,
+    end: TaskEnd,
+    outcome: &'static str,
+) -> Completion {
+    Completion {
+        record: AttemptRecord {
+            id: attempt,
+            task,
+            queue: None,
+            node: "n1".into(),
+            pid: 7,
+            start: DateTime::now(),
+            end: AttemptEnd {
+                outcome,
+                status: match end {
+                    TaskEnd::Status(s) => Some(s),
+                    TaskEnd::Retry { .. } => None,
+                },
+                exit_code: Some(0),
+                signal: None,
+                result: None,
+            },
+        },
+        end,
+        stdout: format!("out of {task}"),
+        stderr: String::new(),
+    }
+}
+
+/// A task running as `attempt` on n1, as a claim leaves it.
+async fn running(db: &TestDb, queue: ObjectId, attempt: ObjectId) -> ObjectId {
+    let id = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    db.set_task(
+        id,
+        doc! {"status": 0, "node": "n1", "attempt": attempt, "attempts": 1},
+    )
+    .await;
+    id
+}
+
+#[tokio::test]
+async fn a_batch_stores_each_result_or_says_why_not() {
+    let db = TestDb::new("relay_batch").await;
+    let store = store_for(&db).await;
+    let queue = db.insert_queue("q", "echo", 4).await;
+    let (a1, a2, a3, a4) = (
+        ObjectId::new(),
+        ObjectId::new(),
+        ObjectId::new(),
+        ObjectId::new(),
+    );
+    let ours = running(&db, queue, a1).await;
+    // Recovered and started again elsewhere: another attempt owns it now.
+    let taken = running(&db, queue, ObjectId::new()).await;
+    // Recovery already closed this attempt's record; the task still runs as it.
+    let closed = running(&db, queue, a3).await;
+    db.db
+        .collection::<bson::Document>("attempts")
+        .insert_one(doc! {"_id": a3, "task": closed, "outcome": "lost"})
+        .await
+        .expect("lost record");
+    let retried = running(&db, queue, a4).await;
+    let batch = vec![
+        completion(ours, a1, TaskEnd::Status(1), "succeeded"),
+        completion(taken, a2, TaskEnd::Status(2), "failed"),
+        completion(closed, a3, TaskEnd::Status(1), "succeeded"),
+        completion(retried, a4, TaskEnd::Retry { not_before: None }, "retry"),
+    ];
+    let acks = store.record_completions(&batch).await.expect("batch");
+    assert_eq!(
+        acks,
+        vec![Ack::Recorded, Ack::NotOurs, Ack::Recorded, Ack::Recorded]
+    );
+
+    let t = db.task(ours).await;
+    assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+    assert_eq!(
+        t.get_str("stdout").ok(),
+        Some(format!("out of {ours}").as_str())
+    );
+    assert_eq!(t.get_bool("complete").ok(), Some(true));
+    let t = db.task(closed).await;
+    assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+    let t = db.task(taken).await;
+    assert_eq!(t.get_i32("status").ok(), Some(0), "untouched: {t}");
+    assert_eq!(t.get("stdout"), Some(&Bson::Null));
+    let t = db.task(retried).await;
+    assert_eq!(
+        (t.get_i32("status").ok(), t.get("node")),
+        (Some(-2), Some(&Bson::Null)),
+        "{t}"
+    );
+
+    let outcome = |attempts: Vec<bson::Document>| {
+        attempts
+            .iter()
+            .map(|a| a.get_str("outcome").unwrap_or("?").to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(outcome(db.attempts(ours).await), ["succeeded"]);
+    assert_eq!(
+        outcome(db.attempts(taken).await),
+        ["discarded"],
+        "the record says the result was not kept"
+    );
+    assert_eq!(
+        outcome(db.attempts(closed).await),
+        ["lost"],
+        "recovery's record stays"
+    );
+    assert_eq!(outcome(db.attempts(retried).await), ["retry"]);
+
+    // Stored twice (a runner whose answer was lost stores it again): nothing changes.
+    assert!(store
+        .task_shows_result(ours, a1, TaskEnd::Status(1))
+        .await
+        .expect("read"));
+    assert!(!store
+        .task_shows_result(ours, a1, TaskEnd::Status(2))
+        .await
+        .expect("read"));
+    assert!(!store
+        .task_shows_result(taken, a2, TaskEnd::Status(2))
+        .await
+        .expect("read"));
+    let again = store.record_completions(&batch[..1]).await.expect("again");
+    assert_eq!(again, vec![Ack::NotOurs]);
+    assert_eq!(
+        outcome(db.attempts(ours).await),
+        ["succeeded"],
+        "a stored result is never marked discarded"
+    );
+    assert!(store
+        .record_completions(&[])
+        .await
+        .expect("empty")
+        .is_empty());
+    db.drop().await;
+}
+
+async fn scrape(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body")
+}
+
+#[tokio::test]
+async fn a_node_stores_its_runners_results_and_answers_each() {
+    let db = TestDb::new("relay_node").await;
+    let config = write_config(&db, "node.json", json!({"metrics_listen": "127.0.0.1:0"}));
+    let queue = db.insert_queue("q", "echo", 4).await;
+    let mut params: Vec<Bson> = (0..12).map(|i| doc! {"n": i}.into()).collect();
+    params.push(doc! {"exit_code": 3, "stderr": "broke"}.into());
+    let ids = db.insert_tasks(queue, params).await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    for (i, id) in ids.iter().enumerate() {
+        let t = db.task(*id).await;
+        let attempts = db.attempts(*id).await;
+        assert_eq!(attempts.len(), 1, "{attempts:?}");
+        if i < 12 {
+            assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+            // The echo plugin prints its params.
+            assert_eq!(
+                t.get_str("stdout").ok(),
+                Some(format!("{{\"n\":{i}}}\n").as_str()),
+                "{t}"
+            );
+            assert_eq!(attempts[0].get_str("outcome").ok(), Some("succeeded"));
+        } else {
+            assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+            assert!(t.get_str("stderr").unwrap_or("").contains("broke"), "{t}");
+            assert_eq!(attempts[0].get_str("outcome").ok(), Some("failed"));
+            assert_eq!(attempts[0].get_i32("exit_code").ok(), Some(3));
+        }
+    }
+    let base = den
+        .log_text()
+        .lines()
+        .find_map(|l| l.strip_prefix("metrics on ").map(str::to_string))
+        .expect("metrics line");
+    // A runner exits once its answer arrives, so by now every answer was counted.
+    let text = scrape(&base).await;
+    let e = exposition::check(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+    let answers = |a: &str| e.value("disbatch_den_results_total", &[("answer", a)]);
+    assert_eq!(
+        answers("recorded"),
+        Some(13.0),
+        "every result went through the node:\n{text}"
+    );
+    assert_eq!(answers("not_ours"), Some(0.0));
+    assert_eq!(answers("record_yourself"), Some(0.0));
+    assert_eq!(
+        e.value("disbatch_den_result_batch_size_sum", &[]),
+        Some(13.0),
+        "{text}"
+    );
+    assert!(
+        !den.log_text().contains("recording the result here"),
+        "{}",
+        den.log_text()
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_runner_whose_node_is_gone_stores_its_own_result() {
+    let db = TestDb::new("relay_orphan").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let runs = db.path("runs.txt");
+    let id = db
+        .insert_tasks(
+            queue,
+            vec![doc! {"sleep_ms": 800, "append_to": runs.to_string_lossy().to_string()}.into()],
+        )
+        .await[0];
+    let mut den = Den::start(&config, "n1");
+    wait_for("the plugin to start", Duration::from_secs(30), || async {
+        read_lines(&runs).len() == 1
+    })
+    .await;
+    den.kill_hard();
+    db.wait_complete(&[id], Duration::from_secs(30)).await;
+    let t = db.task(id).await;
+    assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+    assert!(
+        t.get_str("stdout").unwrap_or("").contains("sleep_ms"),
+        "{t}"
+    );
+    let attempts = db.attempts(id).await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0].get_str("outcome").ok(), Some("succeeded"));
+    // The runner shares the node's log: it said why it stored the result itself.
+    wait_for("the runner's note", Duration::from_secs(5), || async {
+        den.log_text().contains("recording the result here")
+    })
+    .await;
+    db.drop().await;
+}
