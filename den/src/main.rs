@@ -123,7 +123,12 @@ async fn serve() -> anyhow::Result<()> {
         ),
         balancer: disbatch_den::balancer::Balancer::new(&config.balance),
         runtimes: config.runtimes.clone(),
-        notifier: Some(Notifier::start(store.clone(), metrics.clone())),
+        notifier: if config.change_streams {
+            Some(Notifier::start(store.clone(), metrics.clone()))
+        } else {
+            tracing::info!("change streams are off (`change_streams`): claiming on the timer and on runner exits");
+            None
+        },
         store,
         name,
         interval: config.loop_interval,

@@ -414,6 +414,14 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
     for refusal in ["not authorized", "Unauthorized", "requires authentication"] {
         assert!(!log.contains(refusal), "the DEN was refused: {log}");
     }
+    // As its own user the node stored its runners' results, in one bulkWrite a batch.
+    for fallback in [
+        "recording the result here",
+        "no bulkWrite",
+        "they will store them",
+    ] {
+        assert!(!log.contains(fallback), "{fallback}: {log}");
+    }
 
     // Our additions that the run above does not reach: the DCI's index creation (it only
     // warns when refused), lease recovery closing an attempt, a failed upload's cleanup.

@@ -65,9 +65,33 @@ async fn running(db: &TestDb, queue: ObjectId, attempt: ObjectId) -> ObjectId {
 }
 
 #[tokio::test]
-async fn a_batch_stores_each_result_or_says_why_not() {
+async fn a_batch_stores_each_result_or_says_why_not_in_one_bulk_write() {
     let db = TestDb::new("relay_batch").await;
     let store = store_for(&db).await;
+    batch_answers(&db, &store).await;
+    let hello = db
+        .client
+        .database("admin")
+        .run_command(doc! {"hello": 1})
+        .await
+        .expect("hello");
+    // bulkWrite came with wire version 25 (MongoDB 8.0); SecantusDB has it too.
+    let has_bulk_write = hello.get_i32("maxWireVersion").unwrap_or(0) >= 25;
+    assert_eq!(store.uses_bulk_write(), Some(has_bulk_write));
+    db.drop().await;
+}
+
+/// Servers before MongoDB 8.0 have no `bulkWrite`: one insert, then one update.
+#[tokio::test]
+async fn a_batch_stores_each_result_or_says_why_not_in_two_writes() {
+    let db = TestDb::new("relay_batch2").await;
+    let store = store_for(&db).await.without_bulk_write();
+    batch_answers(&db, &store).await;
+    assert_eq!(store.uses_bulk_write(), Some(false));
+    db.drop().await;
+}
+
+async fn batch_answers(db: &TestDb, store: &Store) {
     let queue = db.insert_queue("q", "echo", 4).await;
     let (a1, a2, a3, a4) = (
         ObjectId::new(),
@@ -75,17 +99,17 @@ async fn a_batch_stores_each_result_or_says_why_not() {
         ObjectId::new(),
         ObjectId::new(),
     );
-    let ours = running(&db, queue, a1).await;
+    let ours = running(db, queue, a1).await;
     // Recovered and started again elsewhere: another attempt owns it now.
-    let taken = running(&db, queue, ObjectId::new()).await;
+    let taken = running(db, queue, ObjectId::new()).await;
     // Recovery already closed this attempt's record; the task still runs as it.
-    let closed = running(&db, queue, a3).await;
+    let closed = running(db, queue, a3).await;
     db.db
         .collection::<bson::Document>("attempts")
         .insert_one(doc! {"_id": a3, "task": closed, "outcome": "lost"})
         .await
         .expect("lost record");
-    let retried = running(&db, queue, a4).await;
+    let retried = running(db, queue, a4).await;
     let batch = vec![
         completion(ours, a1, TaskEnd::Status(1), "succeeded"),
         completion(taken, a2, TaskEnd::Status(2), "failed"),
@@ -161,7 +185,6 @@ async fn a_batch_stores_each_result_or_says_why_not() {
         .await
         .expect("empty")
         .is_empty());
-    db.drop().await;
 }
 
 async fn scrape(base: &str) -> String {

@@ -48,3 +48,53 @@ async fn a_task_queued_into_an_idle_node_starts_without_waiting_for_the_timer() 
     drop(den);
     db.drop().await;
 }
+
+/// The fallback a server without change streams gets: claims on the node's timer (and on
+/// runner exits). `change_streams: false` chooses it on a server that has them.
+#[tokio::test]
+async fn without_change_streams_a_node_claims_on_its_timer() {
+    let db = TestDb::new("wakeups_polling").await;
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"loop_interval_ms": 300, "change_streams": false, "metrics_listen": "127.0.0.1:0"}),
+    );
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let den = Den::start(&config, "n1");
+    wait_for("the node to start", Duration::from_secs(30), || async {
+        den.log_text().contains("change streams are off")
+    })
+    .await;
+    let mut latencies = Vec::new();
+    for _ in 0..4 {
+        let queued = Instant::now();
+        let id = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+        db.wait_complete(&[id], Duration::from_secs(10)).await;
+        latencies.push(queued.elapsed());
+        // Queue the next one at another point of the timer's cycle.
+        tokio::time::sleep(Duration::from_millis(70)).await;
+    }
+    latencies.sort();
+    assert!(
+        latencies[3] < Duration::from_secs(3),
+        "each task ran within a few timer passes: {latencies:?}"
+    );
+    let base = den
+        .log_text()
+        .lines()
+        .find_map(|l| l.strip_prefix("metrics on ").map(str::to_string))
+        .expect("metrics line");
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    let e = disbatch_tests::exposition::check(&text).unwrap_or_else(|err| panic!("{err}"));
+    let wakeups = |s: &str| e.value("disbatch_den_wakeups_total", &[("source", s)]);
+    assert_eq!(wakeups("change_stream"), Some(0.0), "{text}");
+    assert!(wakeups("timer").is_some_and(|n| n >= 4.0), "{text}");
+    assert!(!den.log_text().contains("watching tasks and queues"));
+    drop(den);
+    db.drop().await;
+}

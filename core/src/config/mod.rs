@@ -85,6 +85,9 @@ pub struct Config {
     pub web_extensions: Vec<String>,
     /// Where a DEN serves `GET /metrics` (`metrics_listen`); none: no listener.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Whether a DEN watches `tasks` and `queues` for work (`change_streams`, default true);
+    /// false: it claims on its timer and on runner exits only.
+    pub change_streams: bool,
 }
 
 /// The DCI's own settings (`web`).

@@ -128,6 +128,8 @@ pub(super) struct RawConfig {
     web_extensions: Option<serde_json::Map<String, Value>>,
     #[serde(default)]
     metrics_listen: Option<String>,
+    #[serde(default)]
+    change_streams: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -317,6 +319,7 @@ impl RawConfig {
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default(),
             metrics_listen,
+            change_streams: self.change_streams.unwrap_or(true),
         })
     }
 }

@@ -376,3 +376,18 @@ fn deep_nesting_and_arrays_for_objects_are_refused() {
         );
     }
 }
+
+#[test]
+fn change_streams_are_on_unless_turned_off() {
+    let base = r#""mongohost": "mongodb://h", "database": "d""#;
+    assert!(
+        parse(&format!("{{{base}}}"))
+            .expect("ok")
+            .config
+            .change_streams
+    );
+    let off = parse(&format!(r#"{{{base}, "change_streams": false}}"#)).expect("ok");
+    assert!(!off.config.change_streams);
+    let e = error_of(&format!(r#"{{{base}, "change_streams": "no"}}"#));
+    assert!(e.contains("change_streams"), "{e}");
+}

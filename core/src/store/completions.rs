@@ -2,6 +2,7 @@
 //! attempt records in one `insert`, then the fenced task results in one `update`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
@@ -10,7 +11,7 @@ use futures::TryStreamExt;
 use super::attempts::attempt_document;
 use super::schema::{task, ATTEMPTS, TASKS};
 use super::tasks::finish_statement;
-use super::{OutputValue, Store, TaskEnd};
+use super::{OutputValue, Store, TaskEnd, BULK_WRITE_MISSING, BULK_WRITE_WORKS};
 use crate::error::{Error, Result};
 use crate::model::status;
 use crate::relay::{Ack, Completion};
@@ -18,42 +19,190 @@ use crate::relay::{Ack, Completion};
 /// Keeps each `update` command under the 16 MiB a command document may hold.
 const MAX_COMMAND_BYTES: usize = 12 * 1024 * 1024;
 
+/// What storing a batch has established so far, per completion.
+struct Progress {
+    acks: Vec<Ack>,
+    /// Whether this call inserted the attempt record.
+    inserted: Vec<bool>,
+    /// Completions whose task write went out but whose match is not known.
+    unknown: Vec<usize>,
+}
+
 impl Store {
     /// Records ended attempts as their runners would, one answer per completion, in order.
     /// The attempt records go first, so a record never claims a result its task does not
-    /// show. Err means nothing can be said of any of them: their runners record their own.
+    /// show. One `bulkWrite` round trip on MongoDB 8.0+ (two, `insert` then `update`, before).
+    /// Err means nothing can be said of any of them: their runners record their own.
     pub async fn record_completions(&self, batch: &[Completion]) -> Result<Vec<Ack>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        let now = DateTime::now();
+        let bulk = match self.bulk_write.load(Ordering::Relaxed) {
+            BULK_WRITE_MISSING => None,
+            _ => self.record_in_bulk_writes(batch, now).await?,
+        };
+        let mut progress = match bulk {
+            Some(p) => p,
+            None => self.record_in_two_writes(batch, now).await?,
+        };
+        if !progress.unknown.is_empty() {
+            let shown = self.tasks_showing(batch, &progress.unknown, now).await?;
+            for i in std::mem::take(&mut progress.unknown) {
+                if !shown.contains(&batch[i].record.task) {
+                    progress.acks[i] = Ack::NotOurs;
+                }
+            }
+        }
+        for (i, c) in batch.iter().enumerate() {
+            if progress.acks[i] == Ack::NotOurs && progress.inserted[i] {
+                self.change_attempt_outcome(c.record.id, c.record.end.outcome, "discarded")
+                    .await?;
+            }
+        }
+        Ok(progress.acks)
+    }
+
+    /// Whether results went out in `bulkWrite` commands; None until the first batch.
+    pub fn uses_bulk_write(&self) -> Option<bool> {
+        match self.bulk_write.load(Ordering::Relaxed) {
+            BULK_WRITE_WORKS => Some(true),
+            BULK_WRITE_MISSING => Some(false),
+            _ => None,
+        }
+    }
+
+    /// A store that never tries `bulkWrite`, as on a server before MongoDB 8.0 (for tests).
+    pub fn without_bulk_write(&self) -> Store {
+        Store {
+            bulk_write: std::sync::Arc::new(AtomicU8::new(BULK_WRITE_MISSING)),
+            ..self.clone()
+        }
+    }
+
+    /// Each completion's record insert and task update, in that order, in ordered
+    /// `bulkWrite` commands: per-operation results, one round trip for the batch. An error
+    /// stops an ordered command, so the rest goes again after the failed operation. None:
+    /// this server has no `bulkWrite` (or refuses it to this user).
+    async fn record_in_bulk_writes(
+        &self,
+        batch: &[Completion],
+        now: DateTime,
+    ) -> Result<Option<Progress>> {
+        let attempts_ns = format!("{}.{ATTEMPTS}", self.db.name());
+        let tasks_ns = format!("{}.{TASKS}", self.db.name());
+        let mut ops: Vec<(usize, Document)> = Vec::with_capacity(batch.len() * 2);
+        for (i, c) in batch.iter().enumerate() {
+            let (filter, update) = result_write(c, now);
+            ops.push((
+                i,
+                doc! {"insert": 0, "document": attempt_document(&c.record)},
+            ));
+            ops.push((
+                i,
+                doc! {"update": 1, "filter": filter, "updateMods": update, "multi": false},
+            ));
+        }
+        let mut p = Progress {
+            acks: vec![Ack::Recorded; batch.len()],
+            inserted: vec![false; batch.len()],
+            unknown: Vec::new(),
+        };
+        let admin = self.client.database("admin");
+        let mut start = 0;
+        while start < ops.len() {
+            let chunk = chunks_by_size(&ops[start..])[0];
+            let command = doc! {
+                "bulkWrite": 1,
+                "ops": chunk.iter().map(|(_, op)| op.clone()).collect::<Vec<_>>(),
+                "nsInfo": [{"ns": &attempts_ns}, {"ns": &tasks_ns}],
+                "ordered": true,
+                "errorsOnly": false,
+            };
+            let reply = match admin.run_command(command).await {
+                Ok(reply) => reply,
+                Err(e) if bulk_write_missing(&e) => {
+                    if self.bulk_write.swap(BULK_WRITE_MISSING, Ordering::Relaxed)
+                        != BULK_WRITE_MISSING
+                    {
+                        tracing::info!(error = %e, "no bulkWrite on this server: results are stored with two writes a batch");
+                    }
+                    return Ok(None);
+                }
+                Err(e) => return Err(Error::mongo("recording results for runners", e)),
+            };
+            self.bulk_write.store(BULK_WRITE_WORKS, Ordering::Relaxed);
+            let mut next = start + chunk.len();
+            let results = reply
+                .get_document("cursor")
+                .and_then(|c| c.get_array("firstBatch"))
+                .map(|b| b.iter().filter_map(Bson::as_document).collect::<Vec<_>>())
+                .unwrap_or_default();
+            let mut seen = vec![false; chunk.len()];
+            for r in results {
+                let idx = super::count_value(r.get("idx")) as usize;
+                let Some((i, _)) = chunk.get(idx) else {
+                    continue;
+                };
+                seen[idx] = true;
+                let is_insert = (start + idx).is_multiple_of(2);
+                let ok = super::count_value(r.get("ok")) == 1;
+                let code = r.get_i32("code").unwrap_or(0);
+                match (is_insert, ok) {
+                    (true, true) => p.inserted[*i] = true,
+                    // Recovery closed the attempt already: the fenced result write decides.
+                    (true, false) if code == 11000 => next = start + idx + 1,
+                    (true, false) => {
+                        p.acks[*i] = Ack::RecordYourself;
+                        next = start + idx + 2;
+                    }
+                    (false, true) if super::count_value(r.get("n")) == 0 => {
+                        p.acks[*i] = Ack::NotOurs
+                    }
+                    (false, true) => {}
+                    (false, false) => {
+                        p.acks[*i] = Ack::RecordYourself;
+                        next = start + idx + 1;
+                    }
+                }
+            }
+            // Without an error every operation reports; a reply cut short leaves the rest
+            // to be read back from the tasks.
+            if next == start + chunk.len() {
+                for (idx, (i, _)) in chunk.iter().enumerate() {
+                    if !seen[idx] && !(start + idx).is_multiple_of(2) && p.acks[*i] == Ack::Recorded
+                    {
+                        p.unknown.push(*i);
+                    }
+                }
+            }
+            start = next;
+        }
+        Ok(Some(p))
+    }
+
+    /// One unordered `insert` of the records, then one unordered `update` of the tasks.
+    async fn record_in_two_writes(&self, batch: &[Completion], now: DateTime) -> Result<Progress> {
         let mut acks = vec![Ack::Recorded; batch.len()];
         let inserted = self.insert_attempt_records(batch, &mut acks).await?;
-        let now = DateTime::now();
         let statements: Vec<(usize, Document)> = batch
             .iter()
             .enumerate()
             .filter(|(i, _)| acks[*i] == Ack::Recorded)
             .map(|(i, c)| {
-                let (q, u) = finish_statement(
-                    c.record.task,
-                    &c.record.node,
-                    c.record.id,
-                    c.end,
-                    OutputValue::Text(c.stdout.clone()),
-                    OutputValue::Text(c.stderr.clone()),
-                    now,
-                );
+                let (q, u) = result_write(c, now);
                 (i, doc! {"q": q, "u": u, "multi": false, "upsert": false})
             })
             .collect();
-        let mut unmatched = Vec::new();
+        let mut unknown = Vec::new();
         for chunk in chunks_by_size(&statements) {
             let (matched, refused) = self.update_tasks(chunk).await?;
             for i in refused {
                 acks[i] = Ack::RecordYourself;
             }
+            // The `update` command counts matches per command, not per statement.
             if matched < chunk.len() as u64 {
-                unmatched.extend(
+                unknown.extend(
                     chunk
                         .iter()
                         .map(|(i, _)| *i)
@@ -61,23 +210,11 @@ impl Store {
                 );
             }
         }
-        if !unmatched.is_empty() {
-            // The `update` command counts matches per command, not per statement: ask the
-            // tasks which of them carry this batch's write.
-            let shown = self.tasks_showing(batch, &unmatched, now).await?;
-            for i in unmatched {
-                if !shown.contains(&batch[i].record.task) {
-                    acks[i] = Ack::NotOurs;
-                }
-            }
-        }
-        for (i, c) in batch.iter().enumerate() {
-            if acks[i] == Ack::NotOurs && inserted[i] {
-                self.change_attempt_outcome(c.record.id, c.record.end.outcome, "discarded")
-                    .await?;
-            }
-        }
-        Ok(acks)
+        Ok(Progress {
+            acks,
+            inserted,
+            unknown,
+        })
     }
 
     /// Whether the task shows `attempt` ended as `end`: a runner whose node stored its
@@ -205,6 +342,26 @@ impl Store {
             })
             .collect())
     }
+}
+
+/// The fenced task update that records one completion's result.
+fn result_write(c: &Completion, now: DateTime) -> (Document, Document) {
+    finish_statement(
+        c.record.task,
+        &c.record.node,
+        c.record.id,
+        c.end,
+        OutputValue::Text(c.stdout.clone()),
+        OutputValue::Text(c.stderr.clone()),
+        now,
+    )
+}
+
+/// The server does not know `bulkWrite` (before 8.0: CommandNotFound), or will not let this
+/// user run it (Unauthorized): the two-command path does the same work.
+fn bulk_write_missing(err: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    matches!(err.kind.as_ref(), ErrorKind::Command(e) if matches!(e.code, 59 | 13 | 115))
 }
 
 /// Splits statements into runs whose encoded size stays under `MAX_COMMAND_BYTES`; a single

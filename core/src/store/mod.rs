@@ -23,6 +23,8 @@ mod watch;
 mod web_nodes;
 mod web_queues;
 
+use std::sync::atomic::AtomicU8;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::Document;
@@ -58,7 +60,13 @@ use crate::error::{Error, Result};
 pub struct Store {
     client: Client,
     db: Database,
+    /// Whether the server takes `bulkWrite` (BULK_WRITE_*), learnt on first use.
+    bulk_write: Arc<AtomicU8>,
 }
+
+const BULK_WRITE_UNKNOWN: u8 = 0;
+const BULK_WRITE_WORKS: u8 = 1;
+const BULK_WRITE_MISSING: u8 = 2;
 
 impl Store {
     /// Connects as `component`'s MongoDB user (from `auth`), with TLS from `attributes`.
@@ -77,7 +85,11 @@ impl Store {
         let client =
             Client::with_options(options).map_err(|e| Error::mongo("creating the client", e))?;
         let db = client.database(&config.database);
-        Ok(Store { client, db })
+        Ok(Store {
+            client,
+            db,
+            bulk_write: Arc::new(AtomicU8::new(BULK_WRITE_UNKNOWN)),
+        })
     }
 
     /// A store on another database of the same server (tests use one database each).
@@ -85,6 +97,7 @@ impl Store {
         Store {
             client: self.client.clone(),
             db: self.client.database(name),
+            bulk_write: self.bulk_write.clone(),
         }
     }
 
