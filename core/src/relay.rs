@@ -1,12 +1,15 @@
 //! The runner↔node pipes: a runner reports its ended attempt to its node on stdout and the
-//! node answers on the runner's stdin once the result is stored, so results are written in
-//! batches over the node's pooled connections and a runner need not connect at all.
+//! node answers on the runner's `ANSWER_FD` once the result is stored, so results are written
+//! in batches over the node's pooled connections and a runner need not connect at all.
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::store::{AttemptEnd, AttemptRecord, TaskEnd};
+
+/// The runner's descriptor for the node's answers (stdin closes after the handoff).
+pub const ANSWER_FD: i32 = 3;
 
 /// Largest frame either side accepts: a completion carries at most `MAX_RELAYED_OUTPUT` of
 /// output, plus its attempt record.

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::io::{PipeWriter, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use disbatch_core::handoff::Handoff;
-use disbatch_core::relay::{read_frame, Ack, Completion};
+use disbatch_core::relay::{read_frame, Ack, Completion, ANSWER_FD};
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
 
@@ -146,31 +147,52 @@ impl Executor {
         }
         cmd.stdin(stdin);
         let completer = self.completer.clone().filter(|_| handoff.relay);
-        if completer.is_some() {
-            cmd.stdout(Stdio::piped());
-        }
-        // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+        // Answers go on their own pipe (the runner's ANSWER_FD), so stdin still closes after
+        // the handoff, as any runner that reads it to its end expects.
+        let answers = match completer {
+            Some(_) => {
+                cmd.stdout(Stdio::piped());
+                Some(std::io::pipe()?)
+            }
+            None => None,
+        };
+        let answer_fd = answers.as_ref().map(|(r, _)| r.as_raw_fd());
+        // SAFETY: setsid, dup2 and fcntl are async-signal-safe and touch no memory of the
+        // parent; answer_fd is open (its pipe outlives spawn()).
         unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid()
-                    .map(|_| ())
-                    .map_err(std::io::Error::from)
+            cmd.pre_exec(move || {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if let Some(fd) = answer_fd {
+                    // dup2 leaves the copy without close-on-exec; the original already at
+                    // ANSWER_FD needs the flag cleared instead.
+                    let kept = if fd == ANSWER_FD {
+                        nix::libc::fcntl(fd, nix::libc::F_SETFD, 0)
+                    } else {
+                        nix::libc::dup2(fd, ANSWER_FD)
+                    };
+                    if kept < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
             });
         }
         let mut child = cmd.spawn()?;
         let pid = child.id();
         let stdout = child.stdout.take();
+        // Only the runner reads answers: its end closes here, so a runner's death is EPIPE.
+        let answer_pipe = answers.map(|(_, w)| w);
+        // A handoff already in the pipe is complete: closing our end now gives EOF after it.
+        let unwritten = (!prefilled).then_some(handoff_pipe);
         tokio::spawn(async move {
-            let mut to_runner = Some(handoff_pipe);
-            if !prefilled {
-                to_runner = write_blocking(to_runner, input).await;
-                if to_runner.is_none() {
+            if let Some(pipe) = unwritten {
+                // Dropping the returned pipe closes it once the handoff is through.
+                if write_blocking(Some(pipe), input).await.is_none() {
                     tracing::warn!(task = %task, "could not hand the task to its runner");
                     return;
                 }
             }
-            // Without relaying, the pipe closes here: the runner reads only the handoff.
-            if let (Some(completer), Some(stdout), Some(pipe)) = (completer, stdout, to_runner) {
+            if let (Some(completer), Some(stdout), Some(pipe)) = (completer, stdout, answer_pipe) {
                 relay_result(task, &completer, pipe, stdout).await;
             }
         });
@@ -218,12 +240,12 @@ impl Executor {
     }
 }
 
-/// Takes the runner's result from its stdout, stores it, and answers on its stdin. A runner
+/// Takes the runner's result from its stdout, stores it, and answers on its ANSWER_FD. A runner
 /// that stores its own result (large output, a database error here) just closes stdout.
 async fn relay_result(
     task: ObjectId,
     completer: &Completer,
-    stdin: PipeWriter,
+    answers: PipeWriter,
     mut stdout: ChildStdout,
 ) {
     let frame = match read_frame(&mut stdout).await {
@@ -247,7 +269,7 @@ async fn relay_result(
     };
     let mut answer = Vec::new();
     if ack.encode().to_writer(&mut answer).is_ok()
-        && write_blocking(Some(stdin), answer).await.is_none()
+        && write_blocking(Some(answers), answer).await.is_none()
     {
         tracing::debug!(task = %task, "the task runner left before its answer");
     }

@@ -8,7 +8,7 @@ use clap::Parser;
 use disbatch_core::config::Config;
 use disbatch_core::output::GfsMode;
 use disbatch_dtr::connection::LazyStore;
-use disbatch_dtr::node_link::NodeLink;
+use disbatch_dtr::node_link::{read_handoff, NodeLink};
 use disbatch_dtr::runner::{run_handed_off, run_task};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -65,15 +65,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // Connected only when something needs the database: a relayed result needs none.
     let store = LazyStore::new(&config);
     let report = if args.handoff {
-        let mut link = NodeLink::open();
-        let handoff = link.read_handoff().await.map_err(anyhow::Error::msg)?;
+        let handoff = read_handoff().await.map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             handoff.task_id() == Some(task),
             "the handoff on stdin is for another task than --task {}",
             args.task
         );
-        let link = handoff.relay.then_some(&mut link);
-        run_handed_off(&config, &store, handoff, &node, Some(wake), link).await?
+        let mut link = if handoff.relay {
+            NodeLink::open()
+        } else {
+            None
+        };
+        run_handed_off(&config, &store, handoff, &node, Some(wake), link.as_mut()).await?
     } else {
         run_task(&config, &store, task, &node, Some(wake)).await?
     };

@@ -290,3 +290,44 @@ async fn a_runner_whose_node_is_gone_stores_its_own_result() {
     .await;
     db.drop().await;
 }
+
+/// Stdin closes right after the handoff (answers come on their own pipe), so a runner that
+/// reads stdin to its end, here a wrapper script, still gets its task, and the runner it
+/// execs still hands its result to the node.
+#[tokio::test]
+async fn a_runner_that_reads_stdin_to_its_end_still_runs_and_relays() {
+    use std::os::unix::fs::PermissionsExt;
+    let db = TestDb::new("relay_stdin_eof").await;
+    let wrapper = db.path("runner.sh");
+    let saved = db.path("handoff.bin");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nset -e\ncat > \"{saved}.$$\"\nexec {runner} \"$@\" < \"{saved}.$$\"\n",
+            saved = saved.display(),
+            runner = disbatch_tests::bin_path("disbatch-task-runner").display()
+        ),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"task_runner": wrapper.to_string_lossy()}),
+    );
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let ids = db
+        .insert_tasks(queue, (0..3).map(|i| doc! {"n": i}.into()).collect())
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    for id in &ids {
+        let t = db.task(*id).await;
+        assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+        assert_eq!(db.attempts(*id).await.len(), 1);
+    }
+    let log = den.log_text();
+    assert!(!log.contains("recording the result here"), "{log}");
+    assert!(!log.contains("answer pipe is missing"), "{log}");
+    db.drop().await;
+}

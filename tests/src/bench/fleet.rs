@@ -20,6 +20,10 @@ use super::proxy::{Counts, HostUri, Proxy};
 use super::stats::Latency;
 use crate::{bin_path, write_config, Den, TestDb};
 
+/// How long a fleet may take to go quiet after a run: at 100 000 queued tasks SecantusDB
+/// takes tens of seconds per claim with four nodes asking at once (60 s was not enough).
+const DRAIN_LIMIT: Duration = Duration::from_secs(300);
+
 /// What an idle fleet costs: requests and CPU while no task exists.
 #[derive(Debug, Clone, Serialize)]
 pub struct IdleReport {
@@ -248,7 +252,7 @@ impl Fleet {
         self.wait_succeeded(n, Duration::from_secs(60), false)
             .await?;
         self.set_threads(0).await?;
-        self.wait_drained(idle, Duration::from_secs(60)).await?;
+        self.wait_drained(idle, DRAIN_LIMIT).await?;
         let samples = self.samples().await?;
         self.clear_finished().await?;
         let waits: Vec<f64> = samples.iter().map(|s| (s.start - s.ctime) as f64).collect();
@@ -279,7 +283,7 @@ impl Fleet {
         self.settle(idle).await?;
         // A closed queue can still see a claim or two from a node's stale reading; those runs
         // belong to no measurement.
-        self.wait_drained(idle, Duration::from_secs(60)).await?;
+        self.wait_drained(idle, DRAIN_LIMIT).await?;
         self.clear_finished().await?;
         let queued_at_go = self
             .count(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED})
@@ -298,7 +302,7 @@ impl Fleet {
             .wait_succeeded(tasks, limit, max_secs.is_some())
             .await?;
         self.set_threads(0).await?;
-        self.wait_drained(idle, Duration::from_secs(60)).await?;
+        self.wait_drained(idle, DRAIN_LIMIT).await?;
         let window = t0.elapsed().as_secs_f64();
         let counts = self.proxy.snapshot().since(&c0);
         let cpu1 = ticks(&self.pids);
