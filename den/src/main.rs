@@ -49,6 +49,10 @@ async fn serve() -> anyhow::Result<()> {
     }
     let config = loaded.config;
     let name = config.node_name(args.node.as_deref())?;
+    match disbatch_den::host::raise_open_file_limit() {
+        Ok(limit) => tracing::debug!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
+    }
     let runner = check_runner(&default_runner(config.task_runner.as_deref())).map_err(|e| {
         let from = if config.task_runner.is_some() {
             format!("key `task_runner` of {}", config_path.display())
