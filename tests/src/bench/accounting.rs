@@ -126,6 +126,7 @@ mod tests {
             monitoring_per_sec: 0.0,
             by_command_per_sec: BTreeMap::new(),
             den_cpu_percent: vec![0.1],
+            server_cpu_percent: None,
             counts: Counts {
                 app: tally(&[(DEN, "findAndModify nodes", 10), (DEN, "update tasks", 10)]),
                 ..Counts::default()

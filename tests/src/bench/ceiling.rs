@@ -8,23 +8,39 @@ use anyhow::Context;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_core::config::{Component, Config};
-use disbatch_core::model::status;
+use disbatch_core::model::{status, QueueSort};
 use disbatch_core::store::schema::{task, TASKS};
-use disbatch_core::store::Store;
+use disbatch_core::store::{RunClaim, Store};
 use mongodb::{Client, Collection};
 use serde::Serialize;
 
+use super::procfs;
+use super::proxy::HostUri;
 use super::stats::Latency;
+
+/// Which claim a measurement makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimPath {
+    /// The plain `findOneAndUpdate` the issue names: the server's ceiling.
+    Raw,
+    /// The DEN's own claim (`Store::claim_task_to_run`: its full filter, slot and attempt),
+    /// alone: what our filter costs on this server, without a fleet competing for the CPU.
+    Disbatch,
+}
 
 /// One measurement: `concurrency` claimers against a queue `depth` deep.
 #[derive(Debug, Clone, Serialize)]
 pub struct CeilingPoint {
+    pub path: ClaimPath,
     pub depth: usize,
     pub concurrency: usize,
     pub claims: usize,
     pub secs: f64,
     pub claims_per_sec: f64,
     pub latency: Latency,
+    /// The server's CPU time over the run ÷ claims, when it runs on this machine.
+    pub server_cpu_ms_per_claim: Option<f64>,
     /// True when the claimers emptied the queue; false when the claim or time budget ended
     /// the measurement first (deep queues are sampled, not drained).
     pub drained: bool,
@@ -58,7 +74,8 @@ pub async fn store_for(uri: &str, database: &str) -> anyhow::Result<Store> {
     Ok(Store::connect(&loaded.config, Component::Den).await?)
 }
 
-/// Measures claims at each depth (each drained queue is restored between concurrencies).
+/// Measures claims at each depth (each drained queue is restored between concurrencies), then
+/// the DEN's own claim with one claimer.
 /// A queue deeper than `drain_limit` is sampled: `sample_claims` claims or `sample_time`.
 pub async fn measure(
     uri: &str,
@@ -73,8 +90,16 @@ pub async fn measure(
     let store = store_for(uri, &name).await?;
     store.ensure_indexes().await?;
     let coll: Collection<Document> = client.database(&name).collection(TASKS);
+    let server_pid = HostUri::parse(uri)
+        .ok()
+        .and_then(|h| super::fleet::local_server_pid(&h));
+    let scratch = Scratch {
+        coll,
+        store,
+        server_pid,
+    };
     let result = measure_in(
-        &coll,
+        &scratch,
         depths,
         concurrencies,
         drain_limit,
@@ -86,35 +111,68 @@ pub async fn measure(
     result
 }
 
+/// Where claims are measured: the scratch collection, a Store on its database for the DEN's
+/// claim, and the server's process when it is local.
+struct Scratch {
+    coll: Collection<Document>,
+    store: Store,
+    server_pid: Option<u32>,
+}
+
 async fn measure_in(
-    coll: &Collection<Document>,
+    scratch: &Scratch,
     depths: &[usize],
     concurrencies: &[usize],
     drain_limit: usize,
     sample_claims: usize,
     sample_time: Duration,
 ) -> anyhow::Result<Vec<CeilingPoint>> {
+    let Scratch {
+        coll,
+        store,
+        server_pid,
+    } = scratch;
     let mut points = Vec::new();
     for &depth in depths {
         let queue = ObjectId::new();
         enqueue(coll, queue, depth).await?;
         let drain = depth <= drain_limit;
-        for &k in concurrencies {
-            let (budget, time) = if drain {
-                (depth, Duration::from_secs(120))
-            } else {
-                (sample_claims, sample_time)
+        let (budget, time) = if drain {
+            (depth, Duration::from_secs(120))
+        } else {
+            (sample_claims, sample_time)
+        };
+        let runs = concurrencies
+            .iter()
+            .map(|&k| (ClaimPath::Raw, k.max(1)))
+            .chain([(ClaimPath::Disbatch, 1)]);
+        for (path, k) in runs {
+            let claimer = match path {
+                ClaimPath::Raw => None,
+                ClaimPath::Disbatch => Some(store),
             };
-            let point = claim_run(coll, queue, depth, k.max(1), budget, time).await?;
+            let cpu0 = server_pid.and_then(procfs::cpu_ticks);
+            let mut point = claim_run(coll, claimer, queue, depth, k, budget, time).await?;
+            if let (Some(a), Some(b)) = (cpu0, server_pid.and_then(procfs::cpu_ticks)) {
+                let ms = b.own.saturating_sub(a.own) as f64 / procfs::clock_ticks() * 1000.0;
+                point.server_cpu_ms_per_claim = Some(ms / point.claims.max(1) as f64);
+            }
+            let what = match path {
+                ClaimPath::Raw => "ceiling",
+                ClaimPath::Disbatch => "DEN claim alone",
+            };
             crate::bench::progress(&format!(
-                "ceiling depth {depth} ×{k}: {:.0} claims/s, p50 {:.2} ms",
+                "{what} depth {depth} ×{k}: {:.0} claims/s, p50 {:.2} ms",
                 point.claims_per_sec, point.latency.p50_ms
             ));
             points.push(point);
-            // Back to full depth for the next concurrency.
+            // Back to full depth for the next run.
             coll.update_many(
                 doc! {task::QUEUE: queue},
-                doc! {"$set": {task::STATUS: status::QUEUED, task::NODE: Bson::Null}},
+                doc! {
+                    "$set": {task::STATUS: status::QUEUED, task::NODE: Bson::Null},
+                    "$unset": {task::SLOT: "", task::LEASE_UNTIL: "", task::ATTEMPT: "", task::ATTEMPTS: ""},
+                },
             )
             .await
             .context("restoring the scratch queue")?;
@@ -126,8 +184,10 @@ async fn measure_in(
     Ok(points)
 }
 
+/// Claims with `concurrency` workers; `store` set makes them DEN claims (each its own slot).
 async fn claim_run(
     coll: &Collection<Document>,
+    store: Option<&Store>,
     queue: ObjectId,
     depth: usize,
     concurrency: usize,
@@ -135,12 +195,15 @@ async fn claim_run(
     time: Duration,
 ) -> anyhow::Result<CeilingPoint> {
     let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(budget));
+    let next_slot = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let started = Instant::now();
     let deadline = started + time;
     let mut workers = Vec::new();
     for i in 0..concurrency {
         let coll = coll.clone();
+        let store = store.cloned();
         let remaining = remaining.clone();
+        let next_slot = next_slot.clone();
         let node = format!("ceiling-{i}");
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -155,40 +218,64 @@ async fn claim_run(
                     .is_ok()
             {
                 let t = Instant::now();
-                let claimed = coll
-                    .find_one_and_update(
-                        doc! {task::STATUS: status::QUEUED, task::NODE: Bson::Null, task::QUEUE: queue},
-                        doc! {"$set": {task::STATUS: status::CLAIMED, task::NODE: &node,
-                        task::MTIME: DateTime::now()}},
-                    )
-                    .sort(doc! {task::ID: 1})
-                    .projection(doc! {task::ID: 1})
-                    .await?;
-                if claimed.is_none() {
+                let claimed = match &store {
+                    None => coll
+                        .find_one_and_update(
+                            doc! {task::STATUS: status::QUEUED, task::NODE: Bson::Null, task::QUEUE: queue},
+                            doc! {"$set": {task::STATUS: status::CLAIMED, task::NODE: &node,
+                            task::MTIME: DateTime::now()}},
+                        )
+                        .sort(doc! {task::ID: 1})
+                        .projection(doc! {task::ID: 1})
+                        .await
+                        .context("claiming")?
+                        .is_some(),
+                    Some(store) => {
+                        let slot = next_slot.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let outcome = store
+                            .claim_task_to_run(
+                                queue,
+                                &node,
+                                QueueSort::Fifo,
+                                slot,
+                                Duration::from_secs(60),
+                                ObjectId::new(),
+                            )
+                            .await?;
+                        matches!(outcome, RunClaim::Claimed(_))
+                    }
+                };
+                if !claimed {
                     emptied = true;
                     break;
                 }
                 latencies.push(t.elapsed().as_secs_f64() * 1000.0);
             }
-            Ok::<_, mongodb::error::Error>((latencies, emptied))
+            Ok::<_, anyhow::Error>((latencies, emptied))
         }));
     }
     let mut all = Vec::new();
     let mut drained = false;
     for w in workers {
-        let (lat, emptied) = w.await.context("claimer task")?.context("claiming")?;
+        let (lat, emptied) = w.await.context("claimer task")??;
         all.extend(lat);
         drained |= emptied;
     }
     let secs = started.elapsed().as_secs_f64();
     drained |= depth <= budget && all.len() >= depth;
     Ok(CeilingPoint {
+        path: if store.is_some() {
+            ClaimPath::Disbatch
+        } else {
+            ClaimPath::Raw
+        },
         depth,
         concurrency,
         claims: all.len(),
         secs,
         claims_per_sec: all.len() as f64 / secs.max(1e-9),
         latency: Latency::of(&all),
+        server_cpu_ms_per_claim: None,
         drained,
     })
 }

@@ -24,6 +24,20 @@ use crate::{bin_path, write_config, Den, TestDb};
 /// takes tens of seconds per claim with four nodes asking at once (60 s was not enough).
 const DRAIN_LIMIT: Duration = Duration::from_secs(300);
 
+/// The server's process when it listens on this machine, for its CPU time.
+pub(super) fn local_server_pid(server: &HostUri) -> Option<u32> {
+    let local = server.host.starts_with("127.0.0.1:")
+        || server.host.starts_with("localhost:")
+        || server.host.starts_with("[::1]:");
+    server
+        .host
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .filter(|_| local)
+        .and_then(procfs::listener_pid)
+}
+
 /// What an idle fleet costs: requests and CPU while no task exists.
 #[derive(Debug, Clone, Serialize)]
 pub struct IdleReport {
@@ -34,6 +48,9 @@ pub struct IdleReport {
     pub by_command_per_sec: BTreeMap<String, f64>,
     /// Each DEN's CPU use, percent of one core.
     pub den_cpu_percent: Vec<f64>,
+    /// The server's CPU use over the same window (when it runs on this machine): what an idle
+    /// fleet's change streams and periodic readings cost it.
+    pub server_cpu_percent: Option<f64>,
     #[serde(skip)]
     pub(super) counts: Counts,
 }
@@ -121,16 +138,7 @@ impl Fleet {
             .map(|i| Den::start(&config, &format!("bench-{i}")))
             .collect();
         let pids = dens.iter().map(|d| d.pid().as_raw() as u32).collect();
-        let local = server.host.starts_with("127.0.0.1:")
-            || server.host.starts_with("localhost:")
-            || server.host.starts_with("[::1]:");
-        let server_pid = server
-            .host
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .filter(|_| local)
-            .and_then(procfs::listener_pid);
+        let server_pid = local_server_pid(server);
         let fleet = Fleet {
             db,
             proxy,
@@ -201,6 +209,7 @@ impl Fleet {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let per_den0: Vec<Option<CpuTicks>> =
             self.pids.iter().map(|p| procfs::cpu_ticks(*p)).collect();
+        let server0 = self.server_pid.and_then(procfs::cpu_ticks);
         let c0 = self.proxy.snapshot();
         let t0 = Instant::now();
         tokio::time::sleep(secs).await;
@@ -216,6 +225,10 @@ impl Fleet {
                 _ => f64::NAN,
             })
             .collect();
+        let server_cpu_percent = match (server0, self.server_pid.and_then(procfs::cpu_ticks)) {
+            (Some(b), Some(a)) => Some(a.own.saturating_sub(b.own) as f64 / hz / elapsed * 100.0),
+            _ => None,
+        };
         Ok(IdleReport {
             secs: elapsed,
             requests_per_sec: counts.app_total() as f64 / elapsed,
@@ -225,6 +238,7 @@ impl Fleet {
                 .map(|(k, n)| (k, n as f64 / elapsed))
                 .collect(),
             den_cpu_percent,
+            server_cpu_percent,
             counts,
         })
     }

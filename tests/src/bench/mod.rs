@@ -222,8 +222,8 @@ async fn measure_fleet(
     let result = async {
         let idle = fleet.idle(o.idle).await.context("idle baseline")?;
         progress(&format!(
-            "{dens} DEN idle: {:.2} requests/s, CPU {:?}",
-            idle.requests_per_sec, idle.den_cpu_percent
+            "{dens} DEN idle: {:.2} requests/s, CPU {:?}, server CPU {:?}",
+            idle.requests_per_sec, idle.den_cpu_percent, idle.server_cpu_percent
         ));
         let latency = fleet
             .idle_latency(&idle, o.latency_tasks, o.latency_gap)

@@ -5,7 +5,7 @@ use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
-use super::ceiling::CeilingPoint;
+use super::ceiling::{CeilingPoint, ClaimPath};
 use super::fleet::{IdleReport, RunReport};
 use super::procfs::Machine;
 use super::standalone::{ProxyCost, RunnerReport, ServerInfo};
@@ -48,12 +48,9 @@ pub struct BenchReport {
 
 /// The best raw claim rate measured at the ceiling depth nearest `depth`.
 fn ceiling_at(points: &[CeilingPoint], depth: usize) -> Option<&CeilingPoint> {
-    let nearest = points
-        .iter()
-        .map(|p| p.depth)
-        .min_by_key(|d| d.abs_diff(depth))?;
-    points
-        .iter()
+    let raw = || points.iter().filter(|p| p.path == ClaimPath::Raw);
+    let nearest = raw().map(|p| p.depth).min_by_key(|d| d.abs_diff(depth))?;
+    raw()
         .filter(|p| p.depth == nearest)
         .max_by(|a, b| a.claims_per_sec.total_cmp(&b.claims_per_sec))
 }
@@ -190,23 +187,29 @@ impl fmt::Display for BenchReport {
         )?;
         writeln!(
             out,
-            "Raw claim ceiling (findOneAndUpdate, sort _id, same driver)"
+            "Raw claim ceiling (findOneAndUpdate, sort _id, same driver), and the DEN's own claim alone"
         )?;
         writeln!(
             out,
-            "| depth | claimers | claims | claims/s | p50 ms | p99 ms | drained |"
+            "| claim | depth | claimers | claims | claims/s | p50 ms | p99 ms | server CPU ms/claim | drained |"
         )?;
-        writeln!(out, "|---:|---:|---:|---:|---:|---:|---|")?;
+        writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---|")?;
         for p in &self.ceiling {
             writeln!(
                 out,
-                "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} |",
+                "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {} |",
+                match p.path {
+                    ClaimPath::Raw => "raw",
+                    ClaimPath::Disbatch => "DEN's",
+                },
                 p.depth,
                 p.concurrency,
                 p.claims,
                 p.claims_per_sec,
                 p.latency.p50_ms,
                 p.latency.p99_ms,
+                p.server_cpu_ms_per_claim
+                    .map_or("n/a".into(), |v| format!("{v:.2}")),
                 if p.drained { "yes" } else { "sampled" }
             )?;
         }
@@ -261,6 +264,9 @@ fn fleet_table(out: &mut fmt::Formatter<'_>, f: &FleetReport) -> fmt::Result {
             .collect::<Vec<_>>()
             .join(", ")
     )?;
+    if let Some(server) = i.server_cpu_percent {
+        writeln!(out, "  idle server CPU {server:.2}%")?;
+    }
     writeln!(out, "  idle requests/s: {}", fmt_map(&i.by_command_per_sec))?;
     let l = &f.idle_enqueue_to_start;
     writeln!(
