@@ -119,6 +119,7 @@ impl Fleet {
         dens: usize,
         threads: u32,
         loop_ms: u64,
+        change_streams: bool,
     ) -> anyhow::Result<Fleet> {
         let db = TestDb::on(uri.to_string(), &format!("bench_{dens}den")).await;
         let proxy = Proxy::start(server.host.clone())
@@ -131,6 +132,7 @@ impl Fleet {
                 "mongohost": server.with_host(&proxy.addr.to_string()),
                 "plugins": {"noop": bin_path("disbatch-plugin-noop")},
                 "loop_interval_ms": loop_ms,
+                "change_streams": change_streams,
             }),
         );
         let queue = db.insert_queue("bench", "noop", 0).await;

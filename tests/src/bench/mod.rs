@@ -47,6 +47,9 @@ pub struct BenchOptions {
     pub runner_runs: usize,
     /// The DENs' `loop_interval_ms` (the DEN's own default unless set).
     pub loop_ms: u64,
+    /// The DENs' `change_streams`; `--polling` turns them off, to measure the fallback and
+    /// what the streams cost the server.
+    pub change_streams: bool,
     /// A run from a backlog deeper than `tasks` stops after `tasks` tasks or this long,
     /// whichever comes first: on a server whose claims slow down with depth, deep runs are
     /// sampled. Runs that drain their queue always run every task.
@@ -74,6 +77,7 @@ impl BenchOptions {
             ceiling_sample_time: Duration::from_secs(3),
             runner_runs: 20,
             loop_ms: disbatch_core::config::DEFAULT_LOOP_INTERVAL.as_millis() as u64,
+            change_streams: true,
             run_secs: Duration::from_secs(15),
             json: None,
         }
@@ -103,7 +107,7 @@ impl BenchOptions {
 
 pub const USAGE: &str = "usage: disbatch-bench [--quick] [--uri URI] [--dens 1,2,4] [--tasks N] \
 [--depth 1000,100000] [--threads N] [--repeat N] [--run-secs S] [--idle-secs S] \
-[--latency-tasks N] [--loop-ms MS] [--json FILE]";
+[--latency-tasks N] [--loop-ms MS] [--polling] [--json FILE]";
 
 fn list(flag: &str, v: &str) -> Result<Vec<usize>, String> {
     let items: Result<Vec<usize>, _> = v.split(',').map(|s| s.trim().parse::<usize>()).collect();
@@ -133,6 +137,10 @@ pub fn parse_args(args: &[String]) -> Result<BenchOptions, String> {
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         if flag == "--quick" {
+            continue;
+        }
+        if flag == "--polling" {
+            o.change_streams = false;
             continue;
         }
         let value = it
@@ -203,6 +211,7 @@ pub async fn run_bench(o: &BenchOptions, command: String) -> anyhow::Result<Benc
         machine: procfs::machine(),
         server: info,
         loop_interval_ms: o.loop_ms,
+        change_streams: o.change_streams,
         proxy_cost,
         ceiling,
         runner,
@@ -218,7 +227,7 @@ async fn measure_fleet(
     dens: usize,
 ) -> anyhow::Result<FleetReport> {
     let threads = o.threads_for(dens);
-    let fleet = Fleet::start(uri, server, dens, threads, o.loop_ms).await?;
+    let fleet = Fleet::start(uri, server, dens, threads, o.loop_ms, o.change_streams).await?;
     let result = async {
         let idle = fleet.idle(o.idle).await.context("idle baseline")?;
         progress(&format!(
@@ -283,6 +292,12 @@ mod tests {
         assert_eq!(o.repeat, 1, "--quick applies wherever it is");
         assert_eq!(o.json.as_deref(), Some(std::path::Path::new("out.json")));
         assert_eq!(o.threads_for(4), 32);
+        assert!(o.change_streams);
+        assert!(
+            !parse_args(&args("--polling --quick"))
+                .expect("parses")
+                .change_streams
+        );
         assert_eq!(parse_args(&[]).expect("defaults"), {
             let mut f = BenchOptions::full();
             f.ceiling_depths = f.depths.clone();

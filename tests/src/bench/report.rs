@@ -39,6 +39,8 @@ pub struct BenchReport {
     pub machine: Machine,
     pub server: ServerInfo,
     pub loop_interval_ms: u64,
+    /// The DENs' `change_streams` setting (false: they poll).
+    pub change_streams: bool,
     pub proxy_cost: ProxyCost,
     pub ceiling: Vec<CeilingPoint>,
     pub runner: RunnerReport,
@@ -174,11 +176,12 @@ impl fmt::Display for BenchReport {
         )?;
         writeln!(
             out,
-            "server:  {} version {} (set {})  DEN loop_interval_ms {}",
+            "server:  {} version {} (set {})  DEN loop_interval_ms {}, change_streams {}",
             self.server.host,
             self.server.version,
             self.server.set_name.as_deref().unwrap_or("-"),
-            self.loop_interval_ms
+            self.loop_interval_ms,
+            self.change_streams
         )?;
         writeln!(
             out,
