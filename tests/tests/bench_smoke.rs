@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bson::doc;
+use disbatch_tests::bench::ceiling::ClaimPath;
 use disbatch_tests::bench::{run_bench, BenchOptions};
 use disbatch_tests::{server_uri, TestDb};
 
@@ -38,10 +39,36 @@ async fn a_tiny_bench_run_reports_every_figure() {
     finite_positive("direct ping p50", report.proxy_cost.direct.p50_ms);
     finite_positive("proxied ping p50", report.proxy_cost.proxied.p50_ms);
 
-    assert_eq!(report.ceiling.len(), 4, "2 depths × 2 concurrencies");
+    assert_eq!(
+        report.ceiling.len(),
+        6,
+        "2 depths × (2 raw concurrencies + the DEN's claim alone)"
+    );
+    for depth in [100, 300] {
+        let paths: Vec<(ClaimPath, usize)> = report
+            .ceiling
+            .iter()
+            .filter(|p| p.depth == depth)
+            .map(|p| (p.path, p.concurrency))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                (ClaimPath::Raw, 1),
+                (ClaimPath::Raw, 4),
+                (ClaimPath::Disbatch, 1)
+            ]
+        );
+    }
+    // The harness's server runs on this machine, so its CPU time is readable.
+    let local = report.server.host.starts_with("127.0.0.1:");
     for p in &report.ceiling {
         finite_positive("claims/s", p.claims_per_sec);
         finite_positive("claim p50", p.latency.p50_ms);
+        if local {
+            let cpu = p.server_cpu_ms_per_claim;
+            assert!(cpu.is_some_and(|c| c.is_finite() && c >= 0.0), "{p:?}");
+        }
         if p.depth == 100 {
             assert!(
                 p.drained && p.claims == 100,
@@ -78,6 +105,12 @@ async fn a_tiny_bench_run_reports_every_figure() {
         .keys()
         .any(|k| k.starts_with("den ") && k.ends_with(" nodes")));
     assert_eq!(f.idle.den_cpu_percent.len(), 1);
+    if local {
+        assert!(f
+            .idle
+            .server_cpu_percent
+            .is_some_and(|c| c.is_finite() && c >= 0.0));
+    }
     assert!(f.idle.den_cpu_percent[0].is_finite() && f.idle.den_cpu_percent[0] >= 0.0);
     assert_eq!(f.idle_enqueue_to_start.n, 20);
     finite_positive("idle enqueue→start p50", f.idle_enqueue_to_start.p50_ms);
