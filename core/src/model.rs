@@ -23,7 +23,9 @@ pub enum QueueSort {
     Fifo,
     /// Newest `_id` first.
     Lifo,
-    /// The server's natural (insertion) order.
+    /// Disbatch's default: "natural (insertion) order", which MongoDB does not define. Claimed
+    /// in `_id` order, which is insertion order for tasks made by one creator, and the order
+    /// an index-driven claim on mongod returns anyway.
     Default,
     /// Coordinate's order: task `priority` descending, then `key` ascending.
     Priority,

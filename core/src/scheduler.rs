@@ -77,16 +77,41 @@ pub fn claim_count(spec: &SpecState, node_room: u32) -> u32 {
     room.min(getwork).min(node_room)
 }
 
-/// Tasks to claim for one pick. Without `max_getwork` one task at a time, so every claim
-/// is a fresh draw over updated running counts and weights balance within a single pass;
-/// with it, one batch of up to `max_getwork`, which is then that queue's share of the pass.
-pub fn batch_size(spec: &SpecState, node_room: u32) -> u32 {
-    let n = claim_count(spec, node_room);
-    if spec.max_getwork.is_some() {
-        n
-    } else {
-        n.min(1)
+/// Shares a node's room among specs for one round of a pass: Coordinate's pick, made one
+/// task at a time over running counts moved by each pick, so weights balance within the pass;
+/// each spec's share is then claimed as one batch. A spec takes at most `most[i]` (its free
+/// slots) and, with `max_getwork`, at most that many.
+pub fn share_room<R: Rng + ?Sized>(
+    specs: &[SpecState],
+    node_room: u32,
+    most: &[u32],
+    rng: &mut R,
+) -> Vec<u32> {
+    let mut specs = specs.to_vec();
+    let limits: Vec<u32> = specs
+        .iter()
+        .zip(most)
+        .map(|(s, most)| claim_count(s, u32::MAX).min(*most))
+        .collect();
+    let mut shares = vec![0u32; specs.len()];
+    for (s, limit) in specs.iter_mut().zip(&limits) {
+        if *limit == 0 {
+            s.available = false;
+        }
     }
+    let mut room = node_room;
+    while room > 0 {
+        let Some(i) = pick_spec(&specs, rng) else {
+            break;
+        };
+        shares[i] += 1;
+        specs[i].running += 1;
+        room -= 1;
+        if shares[i] >= limits[i] {
+            specs[i].available = false;
+        }
+    }
+    shares
 }
 
 #[cfg(test)]
@@ -186,28 +211,25 @@ mod tests {
     }
 
     #[test]
-    fn batches_are_single_claims_unless_max_getwork_is_set() {
-        let mut s = spec(0, 20, 0);
-        s.cap = 10;
-        assert_eq!(batch_size(&s, 100), 1);
-        s.max_getwork = Some(4);
-        assert_eq!(batch_size(&s, 100), 4);
-        assert_eq!(batch_size(&s, 3), 3);
-        s.running = 10;
-        assert_eq!(batch_size(&s, 100), 0);
-    }
-
-    #[test]
-    fn one_claim_per_draw_spreads_a_pass_by_weight() {
-        // One node pass with room 22 over weights 1 and 10: each draw sees the updated
-        // running counts, so the room splits about 2 : 20.
+    fn a_round_shares_the_room_by_weight_within_limits() {
+        // Room 22 over weights 1 and 10: each draw sees the updated running counts, so the
+        // room splits about 2 : 20.
         let mut rng = StdRng::seed_from_u64(7);
-        let mut specs = [spec(0, 1, 0), spec(0, 10, 0)];
-        for _ in 0..22 {
-            let i = pick_spec(&specs, &mut rng).expect("eligible");
-            specs[i].running += batch_size(&specs[i], 1);
-        }
-        assert_eq!(specs[0].running + specs[1].running, 22);
-        assert!((1..=4).contains(&specs[0].running), "{specs:?}");
+        let specs = [spec(0, 1, 0), spec(0, 10, 0)];
+        let shares = share_room(&specs, 22, &[100, 100], &mut rng);
+        assert_eq!(shares.iter().sum::<u32>(), 22);
+        assert!((1..=4).contains(&shares[0]), "{shares:?}");
+        // Free slots, the cap and max_getwork bound a share; the rest goes elsewhere.
+        let mut capped = spec(0, 10, 0);
+        capped.max_getwork = Some(3);
+        let mut full = spec(0, 10, 0);
+        full.cap = 2;
+        let shares = share_room(&[capped, full, spec(0, 1, 0)], 10, &[100, 100, 1], &mut rng);
+        assert_eq!(shares, vec![3, 2, 1]);
+        // No room, or nothing eligible: nothing.
+        assert_eq!(share_room(&specs, 0, &[5, 5], &mut rng), vec![0, 0]);
+        assert_eq!(share_room(&specs, 5, &[0, 0], &mut rng), vec![0, 0]);
+        // Unlimited node room ends when every spec reached its limit.
+        assert_eq!(share_room(&specs, u32::MAX, &[4, 6], &mut rng), vec![4, 6]);
     }
 }

@@ -4,11 +4,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use bson::oid::ObjectId;
-use disbatch_core::claim_plan::{node_room, plan_claims, QueueState};
+use disbatch_core::claim_plan::{node_room, plan_claims, spread_picks, QueueClaims, QueueState};
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::Queue;
-use disbatch_core::scheduler::{batch_size, pick_spec, SpecState};
-use disbatch_core::store::{NodeLimit, RunClaim, Store};
+use disbatch_core::scheduler::{share_room, SpecState};
+use disbatch_core::store::{ClaimWindow, NodeLimit, Pick, PickOutcome, Store};
 use disbatch_core::Result;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -40,12 +40,33 @@ impl QueueFilter {
     }
 }
 
+/// Most tasks one pass claims; a pass that reaches it is followed by another at once.
+const MAX_PASS_CLAIMS: u32 = 256;
+/// Most candidates read for one batch.
+const MAX_CANDIDATES: usize = 512;
+/// Most claim rounds in one pass: a round claims for every queue the scheduler shares room to.
+const MAX_ROUNDS: usize = 4;
+
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PassReport {
     pub claimed: u32,
     /// Tasks claimed or running on this node after the pass.
     pub on_node: u32,
+    /// The pass stopped at its claim limit: run the next one without waiting.
+    pub more: bool,
+}
+
+/// What one queue's batch did.
+#[derive(Debug, Default, Clone, Copy)]
+struct BatchReport {
+    claimed: u32,
+    /// Picks another node took first (the task or the slot).
+    lost: u32,
+    /// Fewer claimable tasks than wanted.
+    ran_dry: bool,
+    /// A runner could not be started; the batch's unstarted tasks were given back.
+    spawn_failed: bool,
 }
 
 pub struct Claimer {
@@ -59,6 +80,8 @@ pub struct Claimer {
     servable: Vec<Servable>,
     queue_names: HashMap<ObjectId, String>,
     view: RunningView,
+    /// Per queue: where its head was last read.
+    windows: HashMap<ObjectId, ClaimWindow>,
     metrics: DenMetrics,
 }
 
@@ -87,6 +110,7 @@ impl Claimer {
             servable: Vec::new(),
             queue_names: HashMap::new(),
             view: RunningView::default(),
+            windows: HashMap::new(),
             metrics,
         }
     }
@@ -122,10 +146,10 @@ impl Claimer {
                 return Ok(PassReport::default());
             }
         };
-        let mut room = node_room(maxthreads, self.view.on_node);
+        let mut room = node_room(maxthreads, self.view.on_node).min(MAX_PASS_CLAIMS);
         let mut report = PassReport {
-            claimed: 0,
             on_node: self.view.on_node,
+            ..PassReport::default()
         };
         if room == 0 || self.servable.is_empty() {
             return Ok(report);
@@ -140,7 +164,7 @@ impl Claimer {
                 held_slots: self.view.slots(q.queue.id),
             })
             .collect();
-        let mut plan = plan_claims(&states, &mut self.rng);
+        let mut plan = plan_claims(&states, room, &mut self.rng);
         let mut specs: Vec<SpecState> = plan
             .iter()
             .map(|claims| {
@@ -157,89 +181,154 @@ impl Claimer {
                 }
             })
             .collect();
-        // Coordinate's scheduler picks a queue, the node claims a batch from it, and the
-        // pick is made again with the new running counts until the node is full.
-        while room > 0 {
-            let Some(i) = pick_spec(&specs, &mut self.rng) else {
+        // Rounds: the room is shared by the scheduler, each queue's share claimed in one
+        // batch; a queue that came up short for reasons other than running dry goes again.
+        for _ in 0..MAX_ROUNDS {
+            let most: Vec<u32> = plan.iter().map(|c| c.wanted).collect();
+            let shares = share_room(&specs, room, &most, &mut self.rng);
+            if shares.iter().all(|n| *n == 0) {
                 break;
-            };
-            let batch = batch_size(&specs[i], room).min(plan[i].wanted);
-            let Some(queue) = self
-                .servable
-                .iter()
-                .find(|q| q.queue.id == plan[i].queue)
-                .map(|q| q.queue.clone())
-            else {
-                specs[i].available = false;
-                continue;
-            };
-            let mut claimed_here = 0;
-            while claimed_here < batch {
-                let Some(slot) = plan[i].slots.pop() else {
-                    break;
+            }
+            for (i, share) in shares.into_iter().enumerate() {
+                if share == 0 || room == 0 {
+                    continue;
+                }
+                let Some(queue) = self
+                    .servable
+                    .iter()
+                    .find(|q| q.queue.id == plan[i].queue)
+                    .map(|q| q.queue.clone())
+                else {
+                    specs[i].available = false;
+                    continue;
                 };
-                let attempt = ObjectId::new();
-                let asked = Instant::now();
-                let outcome = self
-                    .store
-                    .claim_task_to_run(
-                        queue.id,
-                        &self.node,
-                        queue.sort,
-                        slot,
-                        queue.run.lease,
-                        attempt,
-                    )
+                let batch = self
+                    .claim_batch(&queue, &mut plan[i], share.min(room), executor)
                     .await?;
-                match outcome {
-                    RunClaim::Claimed(task) => {
-                        self.metrics.claimed(&queue.name, asked.elapsed());
-                        claimed_here += 1;
-                        plan[i].wanted -= 1;
-                        specs[i].running += 1;
-                        room -= 1;
-                        report.claimed += 1;
-                        self.view.claimed(queue.id, slot);
-                        let handoff = Handoff {
-                            task: *task,
-                            attempt,
-                            queue: queue.raw.clone(),
-                            relay: executor.relays(),
-                        };
-                        let id = handoff.task_id();
-                        match executor.spawn_runner(&handoff, Some(slot)) {
-                            Ok(()) => self.metrics.runner_started(&queue.name),
-                            Err(e) => {
-                                tracing::error!(task = ?id, error = %e, "could not start the task runner; giving the task back");
-                                if let Some(id) = id {
-                                    self.store.give_back_attempt(id, attempt).await?;
-                                }
-                                self.view.runner_exited(queue.id, Some(slot));
-                                report.on_node = self.view.on_node;
-                                return Ok(report);
-                            }
-                        }
-                    }
-                    RunClaim::Empty => {
-                        self.metrics.claim_missed(&queue.name);
-                        plan[i].wanted = 0;
-                        break;
-                    }
-                    RunClaim::SlotTaken => {
-                        // Another node holds it: remember, so later passes skip it too.
-                        self.metrics.claim_missed(&queue.name);
-                        self.view.slot_taken(queue.id, slot);
-                    }
+                plan[i].wanted = plan[i].wanted.saturating_sub(batch.claimed);
+                specs[i].running += batch.claimed;
+                room -= batch.claimed.min(room);
+                report.claimed += batch.claimed;
+                if batch.spawn_failed {
+                    report.on_node = self.view.on_node;
+                    return Ok(report);
+                }
+                // With max_getwork the batch was the queue's share of this pass.
+                let progress = batch.claimed > 0 || batch.lost > 0;
+                if batch.ran_dry
+                    || !progress
+                    || specs[i].max_getwork.is_some()
+                    || plan[i].wanted == 0
+                    || plan[i].slots.is_empty()
+                {
+                    specs[i].available = false;
                 }
             }
-            // With max_getwork the batch was the queue's share of this pass.
-            let share_taken = specs[i].max_getwork.is_some();
-            if share_taken || plan[i].wanted == 0 || plan[i].slots.is_empty() || claimed_here == 0 {
-                specs[i].available = false;
+            if room == 0 {
+                break;
             }
         }
         report.on_node = self.view.on_node;
+        report.more = report.claimed >= MAX_PASS_CLAIMS;
         Ok(report)
+    }
+
+    /// Claims up to `n` tasks of `queue` in one batch and starts their runners.
+    async fn claim_batch(
+        &mut self,
+        queue: &Queue,
+        plan: &mut QueueClaims,
+        n: u32,
+        executor: &Executor,
+    ) -> Result<BatchReport> {
+        let mut report = BatchReport::default();
+        let n = n.min(plan.slots.len() as u32) as usize;
+        if n == 0 {
+            report.ran_dry = true;
+            return Ok(report);
+        }
+        let asked = Instant::now();
+        let spread = self.view.claimers(queue.id) as usize;
+        let read = n.saturating_mul(spread).min(MAX_CANDIDATES).max(n);
+        let window = self.windows.entry(queue.id).or_default();
+        let candidates = self
+            .store
+            .claim_candidates(queue.id, queue.sort, read, window)
+            .await?;
+        report.ran_dry = candidates.len() < n;
+        let chosen = spread_picks(candidates, n, &mut self.rng);
+        let picks: Vec<Pick> = chosen
+            .into_iter()
+            .filter_map(|task| {
+                plan.slots.pop().map(|slot| Pick {
+                    task,
+                    slot,
+                    attempt: ObjectId::new(),
+                })
+            })
+            .collect();
+        if picks.is_empty() {
+            self.metrics.claim_missed(&queue.name);
+            return Ok(report);
+        }
+        let outcomes = self
+            .store
+            .claim_picks(&self.node, queue.run.lease, &picks)
+            .await?;
+        let latency = asked.elapsed();
+        let mut claimed = Vec::new();
+        for (pick, outcome) in picks.into_iter().zip(outcomes) {
+            match outcome {
+                PickOutcome::Claimed(task) => {
+                    self.metrics.claimed(&queue.name, latency);
+                    self.view.claimed(queue.id, pick.slot);
+                    report.claimed += 1;
+                    claimed.push((task, pick));
+                }
+                PickOutcome::Lost => {
+                    self.metrics.claim_missed(&queue.name);
+                    report.lost += 1;
+                    plan.slots.push(pick.slot);
+                }
+                PickOutcome::SlotTaken => {
+                    // Another node holds it: remember, so later passes skip it too.
+                    self.metrics.claim_missed(&queue.name);
+                    report.lost += 1;
+                    self.view.slot_taken(queue.id, pick.slot);
+                }
+            }
+        }
+        let relay = executor.relays();
+        let mut handoffs = claimed.into_iter().map(|(task, pick)| {
+            let handoff = Handoff {
+                task: *task,
+                attempt: pick.attempt,
+                queue: queue.raw.clone(),
+                relay,
+            };
+            (handoff, pick.slot)
+        });
+        while let Some((handoff, slot)) = handoffs.next() {
+            let Err(e) = executor.spawn_runner(&handoff, Some(slot)) else {
+                self.metrics.runner_started(&queue.name);
+                continue;
+            };
+            tracing::error!(task = ?handoff.task_id(), error = %e, "could not start the task runner; giving the batch's unstarted tasks back");
+            report.spawn_failed = true;
+            for (handoff, slot) in std::iter::once((handoff, slot)).chain(handoffs) {
+                if let Some(id) = handoff.task_id() {
+                    self.store.give_back_attempt(id, handoff.attempt).await?;
+                }
+                self.view.runner_exited(queue.id, Some(slot));
+            }
+            break;
+        }
+        Ok(report)
+    }
+
+    /// Forgets where each queue's head was: tasks may have been queued again behind it.
+    pub fn reset_windows(&mut self) {
+        self.windows.values_mut().for_each(ClaimWindow::reset);
     }
 
     /// Reads the queues and the running counts again, and makes continuous queues' units.
@@ -250,6 +339,8 @@ impl Claimer {
         }
         self.servable = queues.iter().filter_map(|q| self.servable(q)).collect();
         self.queue_names = queues.iter().map(|q| (q.id, q.name.clone())).collect();
+        let servable: HashSet<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
+        self.windows.retain(|id, _| servable.contains(id));
         let continuous: Vec<ContinuousQueue> = self
             .servable
             .iter()

@@ -68,6 +68,9 @@ impl Node {
                         .notifier
                         .as_ref()
                         .is_some_and(Notifier::take_queues_changed);
+                if self.notifier.as_ref().is_some_and(Notifier::take_requeued) {
+                    self.claimer.reset_windows();
+                }
                 let report = self
                     .claimer
                     .claim_tasks(&limit, &self.executor, refresh)
@@ -101,7 +104,11 @@ impl Node {
                             "pass claimed tasks"
                         );
                     }
-                    next_maintenance.saturating_duration_since(Instant::now())
+                    if report.more {
+                        Duration::ZERO
+                    } else {
+                        next_maintenance.saturating_duration_since(Instant::now())
+                    }
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);

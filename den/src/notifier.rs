@@ -18,6 +18,7 @@ const MAX_RETRY: Duration = Duration::from_secs(30);
 pub struct Notifier {
     wake: Arc<Notify>,
     queues_changed: Arc<AtomicBool>,
+    requeued: Arc<AtomicBool>,
 }
 
 impl Notifier {
@@ -26,6 +27,7 @@ impl Notifier {
         let notifier = Notifier {
             wake: Arc::new(Notify::new()),
             queues_changed: Arc::new(AtomicBool::new(false)),
+            requeued: Arc::new(AtomicBool::new(false)),
         };
         tokio::spawn(watch(store, notifier.clone(), metrics));
         notifier
@@ -39,6 +41,11 @@ impl Notifier {
     /// True once after a queue document changed: the claimer must read queues again.
     pub fn take_queues_changed(&self) -> bool {
         self.queues_changed.swap(false, Ordering::AcqRel)
+    }
+
+    /// True once after a task was queued again: claim windows may have passed it by.
+    pub fn take_requeued(&self) -> bool {
+        self.requeued.swap(false, Ordering::AcqRel)
     }
 }
 
@@ -55,6 +62,9 @@ async fn watch(store: Store, notifier: Notifier, metrics: DenMetrics) {
                 while let Some(event) = stream.next().await {
                     match event {
                         Ok(WorkSignal::Tasks) => {}
+                        Ok(WorkSignal::Requeued) => {
+                            notifier.requeued.store(true, Ordering::Release)
+                        }
                         Ok(WorkSignal::Queues) => {
                             notifier.queues_changed.store(true, Ordering::Release)
                         }

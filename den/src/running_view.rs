@@ -15,6 +15,7 @@ const MAX_AGE: Duration = Duration::from_secs(1);
 pub struct RunningView {
     per_queue: HashMap<ObjectId, u32>,
     slots: HashMap<ObjectId, BTreeSet<u32>>,
+    other_nodes: HashMap<ObjectId, u32>,
     pub on_node: u32,
     read_at: Option<Instant>,
 }
@@ -27,6 +28,7 @@ impl RunningView {
         RunningView {
             per_queue: s.per_queue,
             slots: s.slots,
+            other_nodes: s.other_nodes,
             on_node: s.on_node.max(live),
             read_at: Some(Instant::now()),
         }
@@ -42,6 +44,15 @@ impl RunningView {
 
     pub fn slots(&self, queue: ObjectId) -> BTreeSet<u32> {
         self.slots.get(&queue).cloned().unwrap_or_default()
+    }
+
+    /// How many nodes, this one included, were claiming from `queue` at the last reading.
+    pub fn claimers(&self, queue: ObjectId) -> u32 {
+        self.other_nodes
+            .get(&queue)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(1)
     }
 
     pub fn claimed(&mut self, queue: ObjectId, slot: u32) {
@@ -84,6 +95,16 @@ mod tests {
         v.runner_exited(q, Some(2));
         assert_eq!((v.running(q), v.on_node), (1, 1));
         assert_eq!(v.slots(q), BTreeSet::from([0]));
+    }
+
+    #[test]
+    fn claimers_count_this_node_and_the_others_seen() {
+        let q = ObjectId::new();
+        let mut s = RunningSnapshot::default();
+        s.other_nodes.insert(q, 3);
+        let v = RunningView::from_snapshot(s, 0);
+        assert_eq!(v.claimers(q), 4);
+        assert_eq!(v.claimers(ObjectId::new()), 1);
     }
 
     #[test]

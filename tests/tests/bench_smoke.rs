@@ -41,22 +41,23 @@ async fn a_tiny_bench_run_reports_every_figure() {
 
     assert_eq!(
         report.ceiling.len(),
-        6,
-        "2 depths × (2 raw concurrencies + the DEN's claim alone)"
+        8,
+        "2 depths × (2 raw concurrencies + the DEN's claim alone, batches of 1 and 8)"
     );
     for depth in [100, 300] {
-        let paths: Vec<(ClaimPath, usize)> = report
+        let paths: Vec<(ClaimPath, usize, usize)> = report
             .ceiling
             .iter()
             .filter(|p| p.depth == depth)
-            .map(|p| (p.path, p.concurrency))
+            .map(|p| (p.path, p.concurrency, p.batch))
             .collect();
         assert_eq!(
             paths,
             [
-                (ClaimPath::Raw, 1),
-                (ClaimPath::Raw, 4),
-                (ClaimPath::Disbatch, 1)
+                (ClaimPath::Raw, 1, 1),
+                (ClaimPath::Raw, 4, 1),
+                (ClaimPath::Disbatch, 1, 1),
+                (ClaimPath::Disbatch, 1, 8)
             ]
         );
     }

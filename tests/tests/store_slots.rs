@@ -1,9 +1,12 @@
 //! The store against a real server: indexes, and the slot index that caps a queue across nodes.
 
+use std::time::Duration;
+
 use bson::doc;
+use bson::oid::ObjectId;
 use disbatch_core::config::{Component, Config};
 use disbatch_core::model::QueueSort;
-use disbatch_core::store::{ClaimOutcome, Store};
+use disbatch_core::store::{ClaimWindow, Pick, PickOutcome, Store};
 use disbatch_tests::{write_config, TestDb};
 use serde_json::json;
 
@@ -17,6 +20,35 @@ async fn store_for(db: &TestDb) -> Store {
     store
 }
 
+/// Reads the queue's head and claims `slots.len()` of its tasks for `node`, one slot each.
+async fn claim(store: &Store, queue: ObjectId, node: &str, slots: &[u32]) -> Vec<PickOutcome> {
+    let mut window = ClaimWindow::default();
+    let candidates = store
+        .claim_candidates(queue, QueueSort::Fifo, slots.len(), &mut window)
+        .await
+        .expect("read candidates");
+    let picks: Vec<Pick> = candidates
+        .into_iter()
+        .zip(slots)
+        .map(|(task, slot)| Pick {
+            task,
+            slot: *slot,
+            attempt: ObjectId::new(),
+        })
+        .collect();
+    store
+        .claim_picks(node, Duration::from_secs(30), &picks)
+        .await
+        .expect("claim")
+}
+
+fn claimed(outcome: &PickOutcome) -> &bson::Document {
+    match outcome {
+        PickOutcome::Claimed(task) => task,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
     let db = TestDb::new("slots").await;
@@ -27,57 +59,24 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
         .await;
     db.insert_tasks(other, vec![doc! {}.into()]).await;
 
-    let first = store
-        .claim_next_task(
-            queue,
-            "n1",
-            QueueSort::Fifo,
-            0,
-            std::time::Duration::from_secs(30),
-        )
-        .await
-        .expect("claim");
-    let ClaimOutcome::Claimed(first) = first else {
-        panic!("expected a claim, got {first:?}")
-    };
+    let first = claim(&store, queue, "n1", &[0]).await;
+    let first = claimed(&first[0]).clone();
+    let first_id = first.get_object_id("_id").expect("id");
+    let attempt = first.get_object_id("attempt").expect("attempt");
+    assert_eq!(first.get_i32("attempts").ok(), Some(1));
     // Same slot of the same queue, from another node: the database refuses it.
-    let again = store
-        .claim_next_task(
-            queue,
-            "n2",
-            QueueSort::Fifo,
-            0,
-            std::time::Duration::from_secs(30),
-        )
-        .await
-        .expect("claim");
-    assert_eq!(again, ClaimOutcome::SlotTaken);
+    let again = claim(&store, queue, "n2", &[0]).await;
+    assert_eq!(again, [PickOutcome::SlotTaken]);
     // Slot 0 of another queue is a different slot.
-    let elsewhere = store
-        .claim_next_task(
-            other,
-            "n2",
-            QueueSort::Fifo,
-            0,
-            std::time::Duration::from_secs(30),
-        )
-        .await
-        .expect("claim");
-    assert!(matches!(elsewhere, ClaimOutcome::Claimed(_)));
+    let elsewhere = claim(&store, other, "n2", &[0]).await;
+    claimed(&elsewhere[0]);
     // Tasks without a slot (queued, finished, Perl-claimed) never collide.
     assert_eq!(db.count(doc! {"queue": queue, "status": -2}).await, 2);
 
     // Finishing frees the slot for the next claim; only the current attempt may finish.
-    let attempt = bson::oid::ObjectId::new();
-    let started = store
-        .start_task(first, "n1", attempt)
-        .await
-        .expect("start")
-        .expect("started");
-    assert_eq!(started.get_i32("attempts").ok(), Some(1));
     let finish = |attempt| {
         store.finish_task(
-            first,
+            first_id,
             "n1",
             attempt,
             disbatch_core::store::TaskEnd::Status(1),
@@ -85,7 +84,7 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
             disbatch_core::store::OutputValue::Null,
         )
     };
-    let stale = finish(bson::oid::ObjectId::new()).await.expect("finish");
+    let stale = finish(ObjectId::new()).await.expect("finish");
     assert_eq!(
         stale,
         disbatch_core::store::FinishOutcome::NotOurs,
@@ -93,18 +92,9 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
     );
     let outcome = finish(attempt).await.expect("finish");
     assert_eq!(outcome, disbatch_core::store::FinishOutcome::Recorded);
-    let next = store
-        .claim_next_task(
-            queue,
-            "n2",
-            QueueSort::Fifo,
-            0,
-            std::time::Duration::from_secs(30),
-        )
-        .await
-        .expect("claim");
-    assert!(matches!(next, ClaimOutcome::Claimed(_)), "{next:?}");
-    let finished = db.task(first).await;
+    let next = claim(&store, queue, "n2", &[0]).await;
+    claimed(&next[0]);
+    let finished = db.task(first_id).await;
     assert!(
         finished.get("slot").is_none(),
         "slot is unset on completion: {finished}"

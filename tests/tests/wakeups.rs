@@ -65,6 +65,47 @@ async fn without_change_streams_a_node_claims_on_its_timer() {
         den.log_text().contains("change streams are off")
     })
     .await;
+    let base = den
+        .log_text()
+        .lines()
+        .find_map(|l| l.strip_prefix("metrics on ").map(str::to_string))
+        .expect("metrics line");
+    let scrape = || async {
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("body");
+        let e = disbatch_tests::exposition::check(&text).unwrap_or_else(|err| panic!("{err}"));
+        let wakeups = |s: &str| e.value("disbatch_den_wakeups_total", &[("source", s)]);
+        let woken: f64 = ["timer", "runner_exit", "change_stream"]
+            .iter()
+            .map(|s| wakeups(s).unwrap_or(0.0))
+            .sum();
+        let passes = e.value("disbatch_den_passes_total", &[]).unwrap_or(0.0);
+        // A wake-up is counted before its pass runs; the start-up pass is not a wake-up.
+        let settled = passes >= woken + 1.0;
+        (
+            wakeups("timer").unwrap_or(0.0),
+            wakeups("change_stream"),
+            settled,
+            text,
+        )
+    };
+    // Begin once a timer pass has run to its end: every task below needs a wake-up of its own.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let timer_before = loop {
+        let (timer, _, settled, _) = scrape().await;
+        if timer >= 1.0 && settled {
+            break timer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no settled timer pass within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let mut latencies = Vec::new();
     for _ in 0..4 {
         let queued = Instant::now();
@@ -79,21 +120,12 @@ async fn without_change_streams_a_node_claims_on_its_timer() {
         latencies[3] < Duration::from_secs(3),
         "each task ran within a few timer passes: {latencies:?}"
     );
-    let base = den
-        .log_text()
-        .lines()
-        .find_map(|l| l.strip_prefix("metrics on ").map(str::to_string))
-        .expect("metrics line");
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body");
-    let e = disbatch_tests::exposition::check(&text).unwrap_or_else(|err| panic!("{err}"));
-    let wakeups = |s: &str| e.value("disbatch_den_wakeups_total", &[("source", s)]);
-    assert_eq!(wakeups("change_stream"), Some(0.0), "{text}");
-    assert!(wakeups("timer").is_some_and(|n| n >= 4.0), "{text}");
+    let (timer, change_stream, _, text) = scrape().await;
+    assert_eq!(change_stream, Some(0.0), "{text}");
+    assert!(
+        timer - timer_before >= 4.0,
+        "each task waited for a timer pass: {timer_before} → {timer}\n{text}"
+    );
     assert!(!den.log_text().contains("watching tasks and queues"));
     drop(den);
     db.drop().await;

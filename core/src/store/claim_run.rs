@@ -1,72 +1,15 @@
-//! The hot path's store side: claiming a task straight into running as a new attempt, in
-//! one round trip that also returns the whole task for its runner.
-
-use std::time::Duration;
+//! What claims share: which tasks are claimable, in which order, and giving a claim back.
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use mongodb::options::ReturnDocument;
 
 use super::schema::{task, TASKS};
 use super::Store;
 use crate::error::{Error, Result};
 use crate::model::{status, QueueSort};
 
-/// The outcome of one claim.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RunClaim {
-    /// The task, after the claim: running on this node as the given attempt.
-    Claimed(Box<Document>),
-    /// No claimable task in the queue.
-    Empty,
-    /// Another node holds the slot: the queue may be full.
-    SlotTaken,
-}
-
 impl Store {
-    /// Claims the next queued task of `queue` for `node` as running attempt `attempt`,
-    /// holding `slot` (the unique `{queue, slot}` index makes the database refuse a claim
-    /// beyond the queue's `threads`) and a lease of `lease`. Disbatch's `-1` claimed state is
-    /// skipped: the runner is started at once, and a task whose runner never starts is
-    /// recovered by lease like any other.
-    pub async fn claim_task_to_run(
-        &self,
-        queue: ObjectId,
-        node: &str,
-        sort: QueueSort,
-        slot: u32,
-        lease: Duration,
-        attempt: ObjectId,
-    ) -> Result<RunClaim> {
-        let now = DateTime::now();
-        let filter = claimable(queue, now);
-        let update = doc! {
-            "$set": {
-                task::NODE: node,
-                task::STATUS: status::RUNNING,
-                task::MTIME: now,
-                task::SLOT: slot as i64,
-                task::LEASE_UNTIL: super::leases::deadline(lease),
-                task::ATTEMPT: attempt,
-            },
-            "$inc": {task::ATTEMPTS: 1},
-        };
-        let tasks = self.collection(TASKS);
-        let mut action = tasks
-            .find_one_and_update(filter, update)
-            .return_document(ReturnDocument::After);
-        if let Some(order) = claim_order(sort) {
-            action = action.sort(order);
-        }
-        match action.await {
-            Ok(Some(doc)) => Ok(RunClaim::Claimed(Box::new(doc))),
-            Ok(None) => Ok(RunClaim::Empty),
-            Err(e) if super::is_duplicate_key(&e) => Ok(RunClaim::SlotTaken),
-            Err(e) => Err(Error::mongo(format!("claiming a task of queue {queue}"), e)),
-        }
-    }
-
-    /// Puts a task claimed by `claim_task_to_run` back in the queue when its runner could not
+    /// Puts a task claimed by `claim_picks` back in the queue when its runner could not
     /// be started; conditional on the attempt, so it never undoes a later claim.
     pub async fn give_back_attempt(&self, id: ObjectId, attempt: ObjectId) -> Result<bool> {
         self.collection(TASKS)
@@ -84,7 +27,7 @@ impl Store {
     }
 }
 
-/// The order a queue's `sort` gives its claims; None is the server's natural order.
+/// The order a queue's `sort` gives its claims; None leaves it to the server.
 pub(crate) fn claim_order(sort: QueueSort) -> Option<Document> {
     match sort {
         QueueSort::Fifo => Some(doc! {task::ID: 1}),

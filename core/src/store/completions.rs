@@ -121,12 +121,8 @@ impl Store {
             };
             let reply = match admin.run_command(command).await {
                 Ok(reply) => reply,
-                Err(e) if bulk_write_missing(&e) => {
-                    if self.bulk_write.swap(BULK_WRITE_MISSING, Ordering::Relaxed)
-                        != BULK_WRITE_MISSING
-                    {
-                        tracing::info!(error = %e, "no bulkWrite on this server: results are stored with two writes a batch");
-                    }
+                Err(e) if super::bulk_write_missing(&e) => {
+                    self.note_bulk_write_missing(&e);
                     return Ok(None);
                 }
                 Err(e) => return Err(Error::mongo("recording results for runners", e)),
@@ -355,13 +351,6 @@ fn result_write(c: &Completion, now: DateTime) -> (Document, Document) {
         OutputValue::Text(c.stderr.clone()),
         now,
     )
-}
-
-/// The server does not know `bulkWrite` (before 8.0: CommandNotFound), or will not let this
-/// user run it (Unauthorized): the two-command path does the same work.
-fn bulk_write_missing(err: &mongodb::error::Error) -> bool {
-    use mongodb::error::ErrorKind;
-    matches!(err.kind.as_ref(), ErrorKind::Command(e) if matches!(e.code, 59 | 13 | 115))
 }
 
 /// Splits statements into runs whose encoded size stays under `MAX_COMMAND_BYTES`; a single

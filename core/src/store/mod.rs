@@ -3,6 +3,7 @@
 mod attempts;
 mod balance;
 mod balance_lease;
+mod claim_batch;
 mod claim_run;
 mod completions;
 mod gridfs;
@@ -23,7 +24,7 @@ mod watch;
 mod web_nodes;
 mod web_queues;
 
-use std::sync::atomic::AtomicU8;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
 pub use attempts::{AttemptEnd, AttemptRecord};
-pub use claim_run::RunClaim;
+pub use claim_batch::{ClaimWindow, Pick, PickOutcome};
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
@@ -43,7 +44,7 @@ pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
 pub use task_create::Template;
 pub use task_query::{IndexSets, QueryError, TaskQuery};
-pub use tasks::{ClaimOutcome, FinishOutcome, OutputValue, RunningSnapshot, TaskEnd};
+pub use tasks::{FinishOutcome, OutputValue, RunningSnapshot, TaskEnd};
 pub use units::{OnConflict, Unit, UnitsOutcome};
 pub use users::{
     create_role_command, parse_additional, parse_perms, passwords, roles, Perms, RoleSpec,
@@ -129,6 +130,13 @@ impl Store {
             .map_err(|e| Error::mongo("ping", e))
     }
 
+    /// Remembers that this server takes no `bulkWrite`, saying so once.
+    fn note_bulk_write_missing(&self, err: &mongodb::error::Error) {
+        if self.bulk_write.swap(BULK_WRITE_MISSING, Ordering::Relaxed) != BULK_WRITE_MISSING {
+            tracing::info!(error = %err, "no bulkWrite on this server: claims and results use older commands");
+        }
+    }
+
     fn collection(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
     }
@@ -194,6 +202,13 @@ pub(crate) fn count_value(value: Option<&bson::Bson>) -> u64 {
         Some(bson::Bson::Double(d)) if d.is_finite() => d.max(0.0) as u64,
         _ => 0,
     }
+}
+
+/// The server does not know `bulkWrite` (before 8.0: CommandNotFound), or will not let this
+/// user run it (Unauthorized): callers then do the same work with older commands.
+pub(crate) fn bulk_write_missing(err: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    matches!(err.kind.as_ref(), ErrorKind::Command(e) if matches!(e.code, 59 | 13 | 115))
 }
 
 /// E11000: the write would break a unique index.

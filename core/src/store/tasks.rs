@@ -11,7 +11,7 @@ use mongodb::options::ReturnDocument;
 use super::schema::{task, TASKS};
 use super::Store;
 use crate::error::{Error, Result};
-use crate::model::{status, QueueSort};
+use crate::model::status;
 
 /// Running (claimed or started) tasks as one aggregate saw them.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -22,16 +22,8 @@ pub struct RunningSnapshot {
     pub slots: HashMap<ObjectId, BTreeSet<u32>>,
     /// Tasks claimed or running on this node, in any queue.
     pub on_node: u32,
-}
-
-/// The outcome of one claim attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimOutcome {
-    Claimed(ObjectId),
-    /// No queued task in the queue.
-    Empty,
-    /// Another node holds the slot: the queue may be full.
-    SlotTaken,
+    /// Per queue: how many other nodes hold its claimed or running tasks.
+    pub other_nodes: HashMap<ObjectId, u32>,
 }
 
 /// A stream's value as stored on the task: inline text, a GridFS file id, or nothing.
@@ -90,6 +82,7 @@ impl Store {
                 "n": {"$sum": 1},
                 "mine": {"$sum": {"$cond": [{"$eq": [format!("${}", task::NODE), node]}, 1, 0]}},
                 "slots": {"$push": format!("${}", task::SLOT)},
+                "nodes": {"$addToSet": format!("${}", task::NODE)},
             }},
         ];
         let mut cursor = self
@@ -114,49 +107,13 @@ impl Store {
                 .map(|slots| slots.iter().filter_map(slot_number).collect())
                 .unwrap_or_default();
             snap.slots.insert(queue, held);
+            let others = group.get_array("nodes").map_or(0, |nodes| {
+                nodes.iter().filter(|n| n.as_str() != Some(node)).count()
+            });
+            snap.other_nodes
+                .insert(queue, u32::try_from(others).unwrap_or(u32::MAX));
         }
         Ok(snap)
-    }
-
-    /// Claims the next queued task of `queue` for `node`, holding `slot`, with a lease of
-    /// `lease` for its runner to start in. The slot's unique index makes the database refuse
-    /// a claim beyond the queue's `threads`, whichever node asks.
-    pub async fn claim_next_task(
-        &self,
-        queue: ObjectId,
-        node: &str,
-        sort: QueueSort,
-        slot: u32,
-        lease: Duration,
-    ) -> Result<ClaimOutcome> {
-        let filter = super::claim_run::claimable(queue, DateTime::now());
-        let update = doc! {"$set": {
-            task::NODE: node,
-            task::STATUS: status::CLAIMED,
-            task::MTIME: DateTime::now(),
-            task::SLOT: slot as i64,
-            task::LEASE_UNTIL: super::leases::deadline(lease),
-        }};
-        let tasks = self.collection(TASKS);
-        let mut action = tasks
-            .find_one_and_update(filter, update)
-            .projection(doc! {task::ID: 1});
-        if let Some(order) = super::claim_run::claim_order(sort) {
-            action = action.sort(order);
-        }
-        match action.await {
-            Ok(Some(doc)) => doc
-                .get_object_id(task::ID)
-                .map(ClaimOutcome::Claimed)
-                .map_err(|_| Error::BadDocument {
-                    collection: TASKS,
-                    id: format!("{:?}", doc.get(task::ID)),
-                    message: "claimed task has no ObjectId _id".into(),
-                }),
-            Ok(None) => Ok(ClaimOutcome::Empty),
-            Err(e) if super::is_duplicate_key(&e) => Ok(ClaimOutcome::SlotTaken),
-            Err(e) => Err(Error::mongo(format!("claiming a task of queue {queue}"), e)),
-        }
     }
 
     /// Moves a task claimed by `node` to running as attempt `attempt` (its fencing token,

@@ -4,7 +4,7 @@
 //! freed slots show in its next reading (at most a second).
 
 use futures::{Stream, StreamExt};
-use mongodb::change_stream::event::ChangeStreamEvent;
+use mongodb::change_stream::event::{ChangeStreamEvent, OperationType};
 
 use super::schema::{task, QUEUES, TASKS};
 use super::Store;
@@ -14,8 +14,10 @@ use bson::{doc, Document};
 /// What a change was about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkSignal {
-    /// A task became claimable.
+    /// A task was queued.
     Tasks,
+    /// A task was queued again (a retry, a task given back): possibly behind a claim window.
+    Requeued,
     /// A queue document changed (threads, pause, a new queue…).
     Queues,
 }
@@ -42,14 +44,16 @@ impl Store {
             .pipeline([slim])
             .await
             .map_err(|e| Error::mongo("watching queues", e))?;
-        let signal = |what: WorkSignal, context: &'static str| {
-            move |e: std::result::Result<ChangeStreamEvent<Document>, mongodb::error::Error>| {
-                e.map(|_| what).map_err(|e| Error::mongo(context, e))
-            }
-        };
-        Ok(futures::stream::select(
-            tasks.map(signal(WorkSignal::Tasks, "watching tasks")),
-            queues.map(signal(WorkSignal::Queues, "watching queues")),
-        ))
+        let context = "watching tasks";
+        let tasks = tasks.map(move |e| match e {
+            Ok(event) if event.operation_type == OperationType::Insert => Ok(WorkSignal::Tasks),
+            Ok(_) => Ok(WorkSignal::Requeued),
+            Err(e) => Err(Error::mongo(context, e)),
+        });
+        let queues = queues.map(|e: std::result::Result<ChangeStreamEvent<Document>, _>| {
+            e.map(|_| WorkSignal::Queues)
+                .map_err(|e| Error::mongo("watching queues", e))
+        });
+        Ok(futures::stream::select(tasks, queues))
     }
 }

@@ -1,6 +1,8 @@
 //! The server's raw claim rate: concurrent `findOneAndUpdate` claims with the same driver on
 //! the same machine, against a scratch `tasks` collection with Disbatch's own indexes.
 
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicU32, AtomicUsize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +12,7 @@ use bson::{doc, Bson, DateTime, Document};
 use disbatch_core::config::{Component, Config};
 use disbatch_core::model::{status, QueueSort};
 use disbatch_core::store::schema::{task, TASKS};
-use disbatch_core::store::{RunClaim, Store};
+use disbatch_core::store::{ClaimWindow, Pick, PickOutcome, Store};
 use mongodb::{Client, Collection};
 use serde::Serialize;
 
@@ -24,8 +26,9 @@ use super::stats::Latency;
 pub enum ClaimPath {
     /// The plain `findOneAndUpdate` the issue names: the server's ceiling.
     Raw,
-    /// The DEN's own claim (`Store::claim_task_to_run`: its full filter, slot and attempt),
-    /// alone: what our filter costs on this server, without a fleet competing for the CPU.
+    /// The DEN's own claim (`Store::claim_candidates` then `Store::claim_picks`: its full
+    /// filter and claim window, slots and attempts), alone: what our claim costs on this
+    /// server, without a fleet competing for the CPU.
     Disbatch,
 }
 
@@ -35,6 +38,9 @@ pub struct CeilingPoint {
     pub path: ClaimPath,
     pub depth: usize,
     pub concurrency: usize,
+    /// Tasks each claim asks for (the DEN's claim takes a batch; the raw one takes 1).
+    pub batch: usize,
+    /// Tasks claimed.
     pub claims: usize,
     pub secs: f64,
     pub claims_per_sec: f64,
@@ -144,15 +150,23 @@ async fn measure_in(
         };
         let runs = concurrencies
             .iter()
-            .map(|&k| (ClaimPath::Raw, k.max(1)))
-            .chain([(ClaimPath::Disbatch, 1)]);
-        for (path, k) in runs {
+            .map(|&k| (ClaimPath::Raw, k.max(1), 1))
+            .chain(DEN_BATCHES.iter().map(|&b| (ClaimPath::Disbatch, 1, b)));
+        for (path, k, batch) in runs {
             let claimer = match path {
                 ClaimPath::Raw => None,
                 ClaimPath::Disbatch => Some(store),
             };
             let cpu0 = server_pid.and_then(procfs::cpu_ticks);
-            let mut point = claim_run(coll, claimer, queue, depth, k, budget, time).await?;
+            let run = ClaimRun {
+                queue,
+                depth,
+                concurrency: k,
+                batch,
+                budget,
+                time,
+            };
+            let mut point = claim_run(coll, claimer, &run).await?;
             if let (Some(a), Some(b)) = (cpu0, server_pid.and_then(procfs::cpu_ticks)) {
                 let ms = b.own.saturating_sub(a.own) as f64 / procfs::clock_ticks() * 1000.0;
                 point.server_cpu_ms_per_claim = Some(ms / point.claims.max(1) as f64);
@@ -162,7 +176,7 @@ async fn measure_in(
                 ClaimPath::Disbatch => "DEN claim alone",
             };
             crate::bench::progress(&format!(
-                "{what} depth {depth} ×{k}: {:.0} claims/s, p50 {:.2} ms",
+                "{what} depth {depth} ×{k}, batch {batch}: {:.0} claims/s, p50 {:.2} ms",
                 point.claims_per_sec, point.latency.p50_ms
             ));
             points.push(point);
@@ -184,42 +198,54 @@ async fn measure_in(
     Ok(points)
 }
 
-/// Claims with `concurrency` workers; `store` set makes them DEN claims (each its own slot).
-async fn claim_run(
-    coll: &Collection<Document>,
-    store: Option<&Store>,
+/// The batches the DEN's own claim is measured at: one task (an idle node), and a node's
+/// default share of the bench's queue (8 threads).
+const DEN_BATCHES: [usize; 2] = [1, 8];
+
+/// One claim measurement's shape.
+struct ClaimRun {
     queue: ObjectId,
     depth: usize,
     concurrency: usize,
+    /// Tasks per claim (the DEN's claim only).
+    batch: usize,
+    /// Most tasks claimed, and the time allowed.
     budget: usize,
     time: Duration,
+}
+
+/// Claims with `concurrency` workers; `store` set makes them DEN claims (each task its own
+/// slot, `batch` tasks per claim). Latencies are per claim call.
+async fn claim_run(
+    coll: &Collection<Document>,
+    store: Option<&Store>,
+    run: &ClaimRun,
 ) -> anyhow::Result<CeilingPoint> {
-    let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(budget));
-    let next_slot = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let remaining = Arc::new(AtomicUsize::new(run.budget));
+    let next_slot = Arc::new(AtomicU32::new(0));
     let started = Instant::now();
-    let deadline = started + time;
+    let deadline = started + run.time;
     let mut workers = Vec::new();
-    for i in 0..concurrency {
+    for i in 0..run.concurrency {
         let coll = coll.clone();
         let store = store.cloned();
         let remaining = remaining.clone();
         let next_slot = next_slot.clone();
         let node = format!("ceiling-{i}");
+        let (queue, batch) = (run.queue, run.batch);
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
+            let mut claimed_tasks = 0;
             let mut emptied = false;
-            while Instant::now() < deadline
-                && remaining
-                    .fetch_update(
-                        std::sync::atomic::Ordering::SeqCst,
-                        std::sync::atomic::Ordering::SeqCst,
-                        |n| n.checked_sub(1),
-                    )
-                    .is_ok()
-            {
+            let mut window = ClaimWindow::default();
+            while Instant::now() < deadline {
+                let Ok(before) = remaining.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(batch.min(n).max(1))) else {
+                    break;
+                };
+                let want = batch.min(before).max(1);
                 let t = Instant::now();
                 let claimed = match &store {
-                    None => coll
+                    None => usize::from(coll
                         .find_one_and_update(
                             doc! {task::STATUS: status::QUEUED, task::NODE: Bson::Null, task::QUEUE: queue},
                             doc! {"$set": {task::STATUS: status::CLAIMED, task::NODE: &node,
@@ -229,51 +255,61 @@ async fn claim_run(
                         .projection(doc! {task::ID: 1})
                         .await
                         .context("claiming")?
-                        .is_some(),
+                        .is_some()),
                     Some(store) => {
-                        let slot = next_slot.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        let outcome = store
-                            .claim_task_to_run(
-                                queue,
-                                &node,
-                                QueueSort::Fifo,
-                                slot,
-                                Duration::from_secs(60),
-                                ObjectId::new(),
-                            )
+                        let candidates = store
+                            .claim_candidates(queue, QueueSort::Fifo, want, &mut window)
                             .await?;
-                        matches!(outcome, RunClaim::Claimed(_))
+                        let picks: Vec<Pick> = candidates
+                            .into_iter()
+                            .map(|task| Pick {
+                                task,
+                                slot: next_slot.fetch_add(1, SeqCst),
+                                attempt: ObjectId::new(),
+                            })
+                            .collect();
+                        let outcomes = store
+                            .claim_picks(&node, Duration::from_secs(60), &picks)
+                            .await?;
+                        outcomes
+                            .iter()
+                            .filter(|o| matches!(o, PickOutcome::Claimed(_)))
+                            .count()
                     }
                 };
-                if !claimed {
+                if claimed == 0 {
                     emptied = true;
                     break;
                 }
+                claimed_tasks += claimed;
                 latencies.push(t.elapsed().as_secs_f64() * 1000.0);
             }
-            Ok::<_, anyhow::Error>((latencies, emptied))
+            Ok::<_, anyhow::Error>((latencies, claimed_tasks, emptied))
         }));
     }
     let mut all = Vec::new();
+    let mut claims = 0;
     let mut drained = false;
     for w in workers {
-        let (lat, emptied) = w.await.context("claimer task")??;
+        let (lat, n, emptied) = w.await.context("claimer task")??;
         all.extend(lat);
+        claims += n;
         drained |= emptied;
     }
     let secs = started.elapsed().as_secs_f64();
-    drained |= depth <= budget && all.len() >= depth;
+    drained |= run.depth <= run.budget && claims >= run.depth;
     Ok(CeilingPoint {
         path: if store.is_some() {
             ClaimPath::Disbatch
         } else {
             ClaimPath::Raw
         },
-        depth,
-        concurrency,
-        claims: all.len(),
+        depth: run.depth,
+        concurrency: run.concurrency,
+        batch: run.batch,
+        claims,
         secs,
-        claims_per_sec: all.len() as f64 / secs.max(1e-9),
+        claims_per_sec: claims as f64 / secs.max(1e-9),
         latency: Latency::of(&all),
         server_cpu_ms_per_claim: None,
         drained,

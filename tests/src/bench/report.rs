@@ -194,19 +194,20 @@ impl fmt::Display for BenchReport {
         )?;
         writeln!(
             out,
-            "| claim | depth | claimers | claims | claims/s | p50 ms | p99 ms | server CPU ms/claim | drained |"
+            "| claim | depth | claimers | tasks per claim | tasks claimed | tasks/s | p50 ms per claim | p99 ms | server CPU ms/task | drained |"
         )?;
-        writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---|")?;
+        writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
         for p in &self.ceiling {
             writeln!(
                 out,
-                "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {} |",
                 match p.path {
                     ClaimPath::Raw => "raw",
                     ClaimPath::Disbatch => "DEN's",
                 },
                 p.depth,
                 p.concurrency,
+                p.batch,
                 p.claims,
                 p.claims_per_sec,
                 p.latency.p50_ms,

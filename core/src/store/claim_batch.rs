@@ -1,0 +1,401 @@
+//! Batched claims: a queue's next claimable tasks read in its claim order, then claimed by
+//! `_id` together (one `bulkWrite`), each as a running attempt holding its own queue slot.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::options::ReturnDocument;
+
+use super::claim_run::{claim_order, claimable};
+use super::schema::{task, TASKS};
+use super::{Store, BULK_WRITE_MISSING, BULK_WRITE_WORKS};
+use crate::error::{Error, Result};
+use crate::model::{status, QueueSort};
+
+/// How many claimable tasks ahead a window reaches.
+const WINDOW_SIZE: i64 = 64;
+/// A window is read afresh at least this often, so a task that became claimable behind it
+/// (a delayed retry that came due, a task given back) waits at most this long.
+const WINDOW_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// Where a node reads a queue claimed in `_id` order: the `_id` range of the claimable tasks
+/// it last found at the head. A server may charge a query for every pending task it matches
+/// (SecantusDB does, index or not), so reading only the window keeps a claim's cost flat
+/// however deep the queue is; the head is read again once the window is drained.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimWindow {
+    range: Option<WindowRange>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct WindowRange {
+    first: ObjectId,
+    /// None when the head read reached the end of the queue: tasks queued later belong in.
+    last: Option<ObjectId>,
+    /// Whether Disbatch 3's unclaimed marker (`node: -1`) was seen inside the range.
+    legacy_nodes: bool,
+    read_at: Instant,
+}
+
+impl ClaimWindow {
+    /// Forgets the window: the next read starts from the queue's head.
+    pub fn reset(&mut self) {
+        self.range = None;
+    }
+
+    fn current(&self) -> Option<&WindowRange> {
+        self.range
+            .as_ref()
+            .filter(|r| r.read_at.elapsed() < WINDOW_MAX_AGE)
+    }
+}
+
+/// A candidate to claim, the slot it is to hold and the attempt it starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pick {
+    pub task: Document,
+    pub slot: u32,
+    pub attempt: ObjectId,
+}
+
+/// What became of one pick.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PickOutcome {
+    /// The task as it now stands: running on this node as the pick's attempt.
+    Claimed(Box<Document>),
+    /// Another node claimed it first, or it changed since it was read.
+    Lost,
+    /// Another node holds the slot.
+    SlotTaken,
+}
+
+impl Store {
+    /// Reads up to `limit` claimable tasks of `queue`, in the queue's claim order. Queues
+    /// claimed in `_id` order (fifo, default) are read within `window`.
+    pub async fn claim_candidates(
+        &self,
+        queue: ObjectId,
+        sort: QueueSort,
+        limit: usize,
+        window: &mut ClaimWindow,
+    ) -> Result<Vec<Document>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        if !matches!(sort, QueueSort::Fifo | QueueSort::Default) {
+            let order = claim_order(sort).unwrap_or_else(|| doc! {task::ID: 1});
+            return self
+                .read_tasks(claimable(queue, DateTime::now()), order, limit)
+                .await;
+        }
+        let read_head = window.current().is_none();
+        if read_head {
+            window.range = self.read_window(queue).await?;
+        }
+        let Some(range) = window.range.clone() else {
+            return Ok(Vec::new());
+        };
+        let found = self.read_in_window(queue, &range, limit).await?;
+        if (found.len() as i64) < limit && range.last.is_some() && !read_head {
+            // Drained: move the window to the head and read again.
+            window.range = self.read_window(queue).await?;
+            return match window.range.clone() {
+                Some(range) => self.read_in_window(queue, &range, limit).await,
+                None => Ok(Vec::new()),
+            };
+        }
+        Ok(found)
+    }
+
+    /// Claims each pick as a running attempt of this node with a lease of `lease`, if it is
+    /// still queued as it was read. The slot's unique index refuses a claim beyond the
+    /// queue's `threads`, whichever node asks. One `bulkWrite` on MongoDB 8.0+, otherwise one
+    /// `findOneAndUpdate` per pick.
+    pub async fn claim_picks(
+        &self,
+        node: &str,
+        lease: Duration,
+        picks: &[Pick],
+    ) -> Result<Vec<PickOutcome>> {
+        let now = DateTime::now();
+        let deadline = super::leases::deadline(lease);
+        let writes: Vec<(Document, Document, Document)> = picks
+            .iter()
+            .map(|p| {
+                let set = doc! {
+                    task::NODE: node,
+                    task::STATUS: status::RUNNING,
+                    task::MTIME: now,
+                    task::SLOT: p.slot as i64,
+                    task::LEASE_UNTIL: deadline,
+                    task::ATTEMPT: p.attempt,
+                };
+                let update = doc! {"$set": set.clone(), "$inc": {task::ATTEMPTS: 1}};
+                (still_as_read(&p.task), update, set)
+            })
+            .collect();
+        if picks.len() > 1 && self.bulk_write.load(Ordering::Relaxed) != BULK_WRITE_MISSING {
+            if let Some(outcomes) = self.claim_in_bulk_write(picks, &writes).await? {
+                return Ok(outcomes);
+            }
+        }
+        let claims = writes.into_iter().map(|(filter, update, _)| async move {
+            let result = self
+                .collection(TASKS)
+                .find_one_and_update(filter, update)
+                .return_document(ReturnDocument::After)
+                .await;
+            match result {
+                Ok(Some(doc)) => Ok(PickOutcome::Claimed(Box::new(doc))),
+                Ok(None) => Ok(PickOutcome::Lost),
+                Err(e) if super::is_duplicate_key(&e) => Ok(PickOutcome::SlotTaken),
+                Err(e) => Err(Error::mongo("claiming a task", e)),
+            }
+        });
+        futures::future::join_all(claims)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// The picks' claims in one unordered `bulkWrite`; None when this server has none.
+    async fn claim_in_bulk_write(
+        &self,
+        picks: &[Pick],
+        writes: &[(Document, Document, Document)],
+    ) -> Result<Option<Vec<PickOutcome>>> {
+        let ops: Vec<Document> = writes
+            .iter()
+            .map(|(filter, update, _)| {
+                doc! {"update": 0, "filter": filter, "updateMods": update, "multi": false}
+            })
+            .collect();
+        let command = doc! {
+            "bulkWrite": 1,
+            "ops": ops,
+            "nsInfo": [{"ns": format!("{}.{TASKS}", self.db.name())}],
+            "ordered": false,
+            "errorsOnly": false,
+        };
+        let reply = match self.client.database("admin").run_command(command).await {
+            Ok(reply) => reply,
+            Err(e) if super::bulk_write_missing(&e) => {
+                self.note_bulk_write_missing(&e);
+                return Ok(None);
+            }
+            Err(e) => return Err(Error::mongo("claiming tasks", e)),
+        };
+        self.bulk_write.store(BULK_WRITE_WORKS, Ordering::Relaxed);
+        let mut outcomes: Vec<Option<PickOutcome>> = vec![None; picks.len()];
+        let results = reply
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .map(|b| b.iter().filter_map(Bson::as_document).collect::<Vec<_>>())
+            .unwrap_or_default();
+        for r in results {
+            let idx = super::count_value(r.get("idx")) as usize;
+            let (Some(pick), Some((_, _, set))) = (picks.get(idx), writes.get(idx)) else {
+                continue;
+            };
+            let ok = super::count_value(r.get("ok")) == 1;
+            outcomes[idx] = Some(match (ok, r.get_i32("code").unwrap_or(0)) {
+                (true, _) if super::count_value(r.get("n")) == 1 => {
+                    PickOutcome::Claimed(Box::new(claimed_document(&pick.task, set)))
+                }
+                (true, _) => PickOutcome::Lost,
+                (false, 11000) => PickOutcome::SlotTaken,
+                (false, code) => {
+                    tracing::warn!(code, error = ?r.get("errmsg"), task = ?pick.task.get(task::ID), "the server refused to claim a task");
+                    PickOutcome::Lost
+                }
+            });
+        }
+        if outcomes.iter().any(Option::is_none) {
+            // A reply cut short: what the missing claims did is read back by their attempts.
+            let unknown: Vec<ObjectId> = picks
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| o.is_none())
+                .map(|(p, _)| p.attempt)
+                .collect();
+            let found: Vec<Document> = self
+                .collection(TASKS)
+                .find(doc! {task::ATTEMPT: {"$in": unknown}})
+                .await
+                .map_err(|e| Error::mongo("reading back claimed tasks", e))?
+                .try_collect()
+                .await
+                .map_err(|e| Error::mongo("reading back claimed tasks", e))?;
+            for (pick, outcome) in picks.iter().zip(outcomes.iter_mut()) {
+                if outcome.is_none() {
+                    let doc = found
+                        .iter()
+                        .find(|d| d.get_object_id(task::ATTEMPT).ok() == Some(pick.attempt));
+                    *outcome = Some(match doc {
+                        Some(d) => PickOutcome::Claimed(Box::new(d.clone())),
+                        None => PickOutcome::Lost,
+                    });
+                }
+            }
+        }
+        Ok(Some(outcomes.into_iter().flatten().collect()))
+    }
+
+    /// The `_id` range of the first claimable tasks of `queue`; None when there are none.
+    async fn read_window(&self, queue: ObjectId) -> Result<Option<WindowRange>> {
+        let head: Vec<Document> = self
+            .collection(TASKS)
+            .find(claimable(queue, DateTime::now()))
+            .sort(doc! {task::ID: 1})
+            .projection(doc! {task::ID: 1, task::NODE: 1})
+            .limit(WINDOW_SIZE)
+            .await
+            .map_err(|e| Error::mongo(format!("reading the head of queue {queue}"), e))?
+            .try_collect()
+            .await
+            .map_err(|e| Error::mongo(format!("reading the head of queue {queue}"), e))?;
+        let ids: Vec<ObjectId> = head
+            .iter()
+            .filter_map(|d| d.get_object_id(task::ID).ok())
+            .collect();
+        let (Some(first), Some(last)) = (ids.first(), ids.last()) else {
+            return Ok(None);
+        };
+        Ok(Some(WindowRange {
+            first: *first,
+            last: (head.len() as i64 >= WINDOW_SIZE).then_some(*last),
+            legacy_nodes: head
+                .iter()
+                .any(|d| d.get(task::NODE) == Some(&Bson::Int32(-1))),
+            read_at: Instant::now(),
+        }))
+    }
+
+    /// The claimable tasks of `queue` inside `range`, oldest first. The filter is
+    /// `claimable`'s, shaped so a planner can bound it by `_id` (an ObjectId range instead of
+    /// `$type`, and `node: null` unless the range holds Disbatch 3's `-1`).
+    async fn read_in_window(
+        &self,
+        queue: ObjectId,
+        range: &WindowRange,
+        limit: i64,
+    ) -> Result<Vec<Document>> {
+        let mut filter = claimable(queue, DateTime::now());
+        let mut ids = doc! {"$gte": range.first};
+        if let Some(last) = range.last {
+            ids.insert("$lte", last);
+        }
+        filter.insert(task::ID, ids);
+        if !range.legacy_nodes {
+            filter.insert(task::NODE, Bson::Null);
+        }
+        self.read_tasks(filter, doc! {task::ID: 1}, limit).await
+    }
+
+    async fn read_tasks(
+        &self,
+        filter: Document,
+        order: Document,
+        limit: i64,
+    ) -> Result<Vec<Document>> {
+        self.collection(TASKS)
+            .find(filter)
+            .sort(order)
+            .limit(limit)
+            .await
+            .map_err(|e| Error::mongo("reading claimable tasks", e))?
+            .try_collect()
+            .await
+            .map_err(|e| Error::mongo("reading claimable tasks", e))
+    }
+}
+
+/// The task is still queued and unclaimed exactly as read: every write to a task moves its
+/// `mtime`, so a task changed since (claimed and given back, edited) is not claimed blind.
+fn still_as_read(read: &Document) -> Document {
+    let field = |name: &str| read.get(name).cloned().unwrap_or(Bson::Null);
+    doc! {
+        task::ID: field(task::ID),
+        task::STATUS: status::QUEUED,
+        task::NODE: field(task::NODE),
+        task::MTIME: field(task::MTIME),
+    }
+}
+
+/// The claimed task as the claim left it: what was read, with the claim's fields set and
+/// `attempts` counted up (its numeric type kept, as `$inc` keeps it).
+fn claimed_document(read: &Document, set: &Document) -> Document {
+    let mut doc = read.clone();
+    let attempts = match read.get(task::ATTEMPTS) {
+        Some(Bson::Int64(n)) => Bson::Int64(n + 1),
+        Some(Bson::Double(n)) => Bson::Double(n + 1.0),
+        Some(Bson::Int32(n)) => Bson::Int32(n + 1),
+        _ => Bson::Int32(1),
+    };
+    for (k, v) in set {
+        doc.insert(k.clone(), v.clone());
+    }
+    doc.insert(task::ATTEMPTS, attempts);
+    doc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claimed_document_carries_the_claim_and_counts_the_attempt() {
+        let id = ObjectId::new();
+        let read = doc! {"_id": id, "status": -2, "node": Bson::Null, "params": {"a": 1}, "attempts": 2_i64};
+        let set = doc! {"node": "n1", "status": 0, "slot": 3_i64};
+        let doc = claimed_document(&read, &set);
+        assert_eq!(doc.get_str("node").ok(), Some("n1"));
+        assert_eq!(doc.get_i32("status").ok(), Some(0));
+        assert_eq!(doc.get_i64("attempts").ok(), Some(3));
+        assert_eq!(doc.get_document("params").ok(), Some(&doc! {"a": 1}));
+        let first = claimed_document(&doc! {"_id": id}, &set);
+        assert_eq!(first.get_i32("attempts").ok(), Some(1));
+        let double = claimed_document(&doc! {"_id": id, "attempts": 1.0}, &set);
+        assert_eq!(double.get_f64("attempts").ok(), Some(2.0));
+    }
+
+    #[test]
+    fn a_claim_matches_only_the_task_as_read() {
+        let id = ObjectId::new();
+        let at = DateTime::from_millis(5);
+        let filter = still_as_read(&doc! {"_id": id, "node": -1, "mtime": at, "status": -2});
+        assert_eq!(
+            filter,
+            doc! {"_id": id, "status": -2, "node": -1, "mtime": at}
+        );
+        // Missing fields match only documents still missing them (null matches missing).
+        let bare = still_as_read(&doc! {"_id": id});
+        assert_eq!(bare.get("mtime"), Some(&Bson::Null));
+        assert_eq!(bare.get("node"), Some(&Bson::Null));
+    }
+
+    #[test]
+    fn an_old_window_is_read_again() {
+        let mut w = ClaimWindow {
+            range: Some(WindowRange {
+                first: ObjectId::new(),
+                last: None,
+                legacy_nodes: false,
+                read_at: Instant::now(),
+            }),
+        };
+        assert!(w.current().is_some());
+        if let Some(r) = w.range.as_mut() {
+            r.read_at = Instant::now()
+                .checked_sub(WINDOW_MAX_AGE)
+                .unwrap_or_else(Instant::now);
+        }
+        assert!(w.current().is_none() || WINDOW_MAX_AGE.is_zero());
+        w.reset();
+        assert!(w.range.is_none());
+    }
+}
