@@ -253,7 +253,7 @@ impl Claimer {
         let window = self.windows.entry(queue.id).or_default();
         let candidates = self
             .store
-            .claim_candidates(queue.id, queue.sort, read, window)
+            .claim_candidates(queue.id, queue.sort, read, spread, window)
             .await?;
         report.ran_dry = candidates.len() < n;
         let chosen = spread_picks(candidates, n, &mut self.rng);

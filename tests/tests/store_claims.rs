@@ -31,7 +31,7 @@ async fn claim_batch(
     next_slot: &mut u32,
 ) -> Vec<(Pick, PickOutcome)> {
     let candidates = store
-        .claim_candidates(queue, QueueSort::Fifo, n, window)
+        .claim_candidates(queue, QueueSort::Fifo, n, 1, window)
         .await
         .expect("read candidates");
     let picks: Vec<Pick> = candidates
@@ -120,7 +120,7 @@ async fn a_task_changed_since_it_was_read_is_not_claimed_blind() {
         .insert_tasks(queue, (0..4).map(|i| doc! {"n": i}.into()).collect())
         .await;
     let candidates = store
-        .claim_candidates(queue, QueueSort::Fifo, 4, &mut ClaimWindow::default())
+        .claim_candidates(queue, QueueSort::Fifo, 4, 1, &mut ClaimWindow::default())
         .await
         .expect("read");
     assert_eq!(candidates.len(), 4);
@@ -186,7 +186,7 @@ async fn claims_through_a_window_miss_nothing_and_skip_what_is_not_claimable() {
         if i % 10 == 3 {
             task.insert("node", -1);
         }
-        if i == 70 {
+        if i == 150 {
             task.insert(
                 "not_before",
                 DateTime::from_millis(now.timestamp_millis() + 3_600_000),
@@ -211,12 +211,12 @@ async fn claims_through_a_window_miss_nothing_and_skip_what_is_not_claimable() {
 
     let (mut window, mut slot) = (ClaimWindow::default(), 0);
     let mut order = Vec::new();
-    // Claim 70 (a window and then some), then give back the 6th: it is behind the window now.
-    while order.len() < 70 {
+    // Claim 140 (a window and then some), then give back the 6th: it is behind the window now.
+    while order.len() < 140 {
         let batch = claim_batch(&store, queue, &mut window, 7, &mut slot).await;
         order.extend(claimed_ids(&batch));
     }
-    assert_eq!(order[..], expected[..70], "oldest first, across windows");
+    assert_eq!(order[..], expected[..140], "oldest first, across windows");
     let given_back = order[5];
     let attempt = db
         .task(given_back)
@@ -297,7 +297,7 @@ async fn two_claimers_at_once_never_exceed_threads_or_share_a_task() {
             slots.rotate_left(by);
             slots.truncate(5);
             let candidates = store
-                .claim_candidates(queue, QueueSort::Fifo, slots.len() * 2, &mut window)
+                .claim_candidates(queue, QueueSort::Fifo, slots.len() * 2, 2, &mut window)
                 .await
                 .expect("read");
             let picks: Vec<Pick> = candidates

@@ -24,7 +24,7 @@ async fn store_for(db: &TestDb) -> Store {
 async fn claim(store: &Store, queue: ObjectId, node: &str, slots: &[u32]) -> Vec<PickOutcome> {
     let mut window = ClaimWindow::default();
     let candidates = store
-        .claim_candidates(queue, QueueSort::Fifo, slots.len(), &mut window)
+        .claim_candidates(queue, QueueSort::Fifo, slots.len(), 1, &mut window)
         .await
         .expect("read candidates");
     let picks: Vec<Pick> = candidates

@@ -15,8 +15,12 @@ use super::{Store, BULK_WRITE_MISSING, BULK_WRITE_WORKS};
 use crate::error::{Error, Result};
 use crate::model::{status, QueueSort};
 
-/// How many claimable tasks ahead a window reaches.
-const WINDOW_SIZE: i64 = 64;
+/// How many claimable tasks ahead a window reaches per node claiming from the queue: read
+/// whole, with the head. Larger windows mean fewer head reads (which cost a server like
+/// SecantusDB the whole backlog), smaller ones cheaper reads within the window.
+const WINDOW_SIZE: i64 = 128;
+/// Windows grow with the number of claimers up to this many times `WINDOW_SIZE`.
+const MAX_WINDOWS: usize = 8;
 /// A window is read afresh at least this often, so a task that became claimable behind it
 /// (a delayed retry that came due, a task given back) waits at most this long.
 const WINDOW_MAX_AGE: Duration = Duration::from_secs(5);
@@ -74,12 +78,14 @@ pub enum PickOutcome {
 
 impl Store {
     /// Reads up to `limit` claimable tasks of `queue`, in the queue's claim order. Queues
-    /// claimed in `_id` order (fifo, default) are read within `window`.
+    /// claimed in `_id` order (fifo, default) are read within `window`, which reaches as far
+    /// ahead for each of the `claimers` (nodes claiming from the queue) as for one alone.
     pub async fn claim_candidates(
         &self,
         queue: ObjectId,
         sort: QueueSort,
         limit: usize,
+        claimers: usize,
         window: &mut ClaimWindow,
     ) -> Result<Vec<Document>> {
         if limit == 0 {
@@ -92,23 +98,21 @@ impl Store {
                 .read_tasks(claimable(queue, DateTime::now()), order, limit)
                 .await;
         }
-        let read_head = window.current().is_none();
-        if read_head {
-            window.range = self.read_window(queue).await?;
+        if let Some(range) = window.current().cloned() {
+            let found = self.read_in_window(queue, &range, limit).await?;
+            // A window reaching the queue's end stays: tasks queued since belong in it.
+            if found.len() as i64 >= limit || range.last.is_none() {
+                return Ok(found);
+            }
         }
-        let Some(range) = window.range.clone() else {
-            return Ok(Vec::new());
-        };
-        let found = self.read_in_window(queue, &range, limit).await?;
-        if (found.len() as i64) < limit && range.last.is_some() && !read_head {
-            // Drained: move the window to the head and read again.
-            window.range = self.read_window(queue).await?;
-            return match window.range.clone() {
-                Some(range) => self.read_in_window(queue, &range, limit).await,
-                None => Ok(Vec::new()),
-            };
-        }
-        Ok(found)
+        // No window yet, or it is drained: read the head, which also makes the next window.
+        let size = i64::try_from(claimers.clamp(1, MAX_WINDOWS))
+            .map_or(WINDOW_SIZE, |n| WINDOW_SIZE * n)
+            .max(limit);
+        let mut head = self.read_head(queue, size).await?;
+        window.range = window_over(&head, size);
+        head.truncate(limit as usize);
+        Ok(head)
     }
 
     /// Claims each pick as a running attempt of this node with a lease of `lease`, if it is
@@ -245,34 +249,10 @@ impl Store {
         Ok(Some(outcomes.into_iter().flatten().collect()))
     }
 
-    /// The `_id` range of the first claimable tasks of `queue`; None when there are none.
-    async fn read_window(&self, queue: ObjectId) -> Result<Option<WindowRange>> {
-        let head: Vec<Document> = self
-            .collection(TASKS)
-            .find(claimable(queue, DateTime::now()))
-            .sort(doc! {task::ID: 1})
-            .projection(doc! {task::ID: 1, task::NODE: 1})
-            .limit(WINDOW_SIZE)
+    /// The first `n` claimable tasks of `queue`, oldest first.
+    async fn read_head(&self, queue: ObjectId, n: i64) -> Result<Vec<Document>> {
+        self.read_tasks(claimable(queue, DateTime::now()), doc! {task::ID: 1}, n)
             .await
-            .map_err(|e| Error::mongo(format!("reading the head of queue {queue}"), e))?
-            .try_collect()
-            .await
-            .map_err(|e| Error::mongo(format!("reading the head of queue {queue}"), e))?;
-        let ids: Vec<ObjectId> = head
-            .iter()
-            .filter_map(|d| d.get_object_id(task::ID).ok())
-            .collect();
-        let (Some(first), Some(last)) = (ids.first(), ids.last()) else {
-            return Ok(None);
-        };
-        Ok(Some(WindowRange {
-            first: *first,
-            last: (head.len() as i64 >= WINDOW_SIZE).then_some(*last),
-            legacy_nodes: head
-                .iter()
-                .any(|d| d.get(task::NODE) == Some(&Bson::Int32(-1))),
-            read_at: Instant::now(),
-        }))
     }
 
     /// The claimable tasks of `queue` inside `range`, oldest first. The filter is
@@ -312,6 +292,24 @@ impl Store {
             .await
             .map_err(|e| Error::mongo("reading claimable tasks", e))
     }
+}
+
+/// The window a head read of up to `asked` tasks makes: from its first task to its last, or
+/// open-ended when it reached the end of the queue. None when it found nothing.
+fn window_over(head: &[Document], asked: i64) -> Option<WindowRange> {
+    let ids: Vec<ObjectId> = head
+        .iter()
+        .filter_map(|d| d.get_object_id(task::ID).ok())
+        .collect();
+    let (first, last) = (ids.first()?, ids.last()?);
+    Some(WindowRange {
+        first: *first,
+        last: (head.len() as i64 >= asked).then_some(*last),
+        legacy_nodes: head
+            .iter()
+            .any(|d| d.get(task::NODE) == Some(&Bson::Int32(-1))),
+        read_at: Instant::now(),
+    })
 }
 
 /// The task is still queued and unclaimed exactly as read: every write to a task moves its
@@ -376,6 +374,24 @@ mod tests {
         let bare = still_as_read(&doc! {"_id": id});
         assert_eq!(bare.get("mtime"), Some(&Bson::Null));
         assert_eq!(bare.get("node"), Some(&Bson::Null));
+    }
+
+    #[test]
+    fn a_head_read_makes_the_window() {
+        let ids: Vec<ObjectId> = (0..3).map(|_| ObjectId::new()).collect();
+        let head: Vec<Document> = ids
+            .iter()
+            .map(|id| doc! {"_id": id, "node": Bson::Null})
+            .collect();
+        let full = window_over(&head, 3).expect("window");
+        assert_eq!((full.first, full.last), (ids[0], Some(ids[2])));
+        assert!(!full.legacy_nodes);
+        let open = window_over(&head, 4).expect("window");
+        assert_eq!(open.last, None, "the head reached the queue's end");
+        let mut legacy = head.clone();
+        legacy[1].insert("node", -1);
+        assert!(window_over(&legacy, 3).expect("window").legacy_nodes);
+        assert!(window_over(&[], 3).is_none());
     }
 
     #[test]

@@ -258,7 +258,7 @@ async fn claim_run(
                         .is_some()),
                     Some(store) => {
                         let candidates = store
-                            .claim_candidates(queue, QueueSort::Fifo, want, &mut window)
+                            .claim_candidates(queue, QueueSort::Fifo, want, 1, &mut window)
                             .await?;
                         let picks: Vec<Pick> = candidates
                             .into_iter()

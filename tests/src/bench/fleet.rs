@@ -98,6 +98,8 @@ pub struct Fleet {
     queue: ObjectId,
     pub threads: u32,
     server_pid: Option<u32>,
+    /// The nodes' config file: every runner they start names it.
+    config: std::path::PathBuf,
 }
 
 fn ticks(pids: &[u32]) -> CpuTicks {
@@ -149,6 +151,7 @@ impl Fleet {
             queue,
             threads,
             server_pid,
+            config,
         };
         fleet.wait_heartbeats().await?;
         Ok(fleet)
@@ -557,6 +560,15 @@ impl Fleet {
     pub async fn finish(mut self) {
         for den in &mut self.dens {
             den.stop();
+        }
+        // Runners outlive their node by design, and one started by a claim that was in flight
+        // as the last run ended would retry its result for minutes against the bench's proxy,
+        // which is going away: the bench's runners end with the bench.
+        for pid in procfs::processes_naming(&self.config.to_string_lossy()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
         self.db.drop().await;
     }

@@ -68,6 +68,21 @@ pub fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+/// Live processes one of whose arguments is exactly `arg`.
+pub fn processes_naming(arg: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+        })
+        .collect()
+}
+
 /// What sampling saw of the runners.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RunnerSamples {
@@ -214,6 +229,22 @@ pub fn machine() -> Machine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn processes_are_found_by_an_argument() {
+        let arg = format!("/tmp/no-such-config-{}.json", std::process::id());
+        // A shell waiting in its own `read` builtin: no child process left behind.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read line", "sh", &arg])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn sh");
+        let found = processes_naming(&arg);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(found, [child.id()]);
+        assert!(processes_naming(&format!("{arg}.other")).is_empty());
+    }
 
     #[test]
     fn reads_this_process() {
