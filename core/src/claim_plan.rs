@@ -1,10 +1,40 @@
-//! Per-pass claim decisions: how many tasks each queue may take and which slots to try.
+//! Per-pass claim decisions: how many tasks each queue may take, which slots to try and which
+//! of the tasks read to claim. Nodes claiming from one queue keep to lanes of their own
+//! (every `of`-th slot and candidate), so they rarely reach for the same slot or task.
 
 use std::collections::BTreeSet;
 
 use bson::oid::ObjectId;
 use rand::seq::SliceRandom;
 use rand::Rng;
+
+/// This node's share of a queue: lane `index` of `of`, one per node claiming from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane {
+    pub index: u32,
+    pub of: u32,
+}
+
+impl Lane {
+    /// A node alone on its queue.
+    pub const SOLE: Lane = Lane { index: 0, of: 1 };
+
+    /// The lane of `me` among the nodes seen claiming a queue (`me` counted once, whether
+    /// seen or not): nodes that see the same set agree on their lanes without talking.
+    pub fn among<'a>(me: &str, seen: impl IntoIterator<Item = &'a str>) -> Lane {
+        let mut nodes: BTreeSet<&str> = seen.into_iter().collect();
+        nodes.insert(me);
+        let index = nodes.iter().position(|n| *n == me).unwrap_or(0);
+        Lane {
+            index: u32::try_from(index).unwrap_or(0),
+            of: u32::try_from(nodes.len()).unwrap_or(u32::MAX).max(1),
+        }
+    }
+
+    fn owns(&self, i: u64) -> bool {
+        i % u64::from(self.of.max(1)) == u64::from(self.index)
+    }
+}
 
 /// One queue's state at the start of a pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +45,12 @@ pub struct QueueState {
     /// Claimed or running tasks on every node, including Perl nodes' slotless ones.
     pub running: u32,
     pub held_slots: BTreeSet<u32>,
+    pub lane: Lane,
+    /// Slots held at either of the last two readings. A node sharing the queue tries another
+    /// lane's slot only if it is in none of them: free for a second and more, its node is not
+    /// using it, while a slot that was just freed is likely taken again by its own node by
+    /// now (a refused slot costs the database a write).
+    pub contested: BTreeSet<u32>,
 }
 
 /// What the claimer may try for one queue this pass.
@@ -23,8 +59,8 @@ pub struct QueueClaims {
     pub queue: ObjectId,
     /// Most tasks to claim.
     pub wanted: u32,
-    /// Free slots, in the order to try them. A slot another node takes first costs one
-    /// refused claim, so nodes try free slots in different (random) orders.
+    /// Free slots, in the order to try them (popped from the end): this node's lane first,
+    /// each part in random order. A slot another node takes first costs one refused claim.
     pub slots: Vec<u32>,
 }
 
@@ -40,62 +76,124 @@ pub fn plan_claims<R: Rng + ?Sized>(
         .iter()
         .filter_map(|q| {
             let by_count = q.threads.saturating_sub(q.running);
-            let free = q
-                .threads
-                .saturating_sub(held_below(&q.held_slots, q.threads));
-            let wanted = by_count.min(free).min(most);
+            let slots = Slots {
+                threads: q.threads,
+                held: &q.held_slots,
+                contested: &q.contested,
+                lane: q.lane,
+            };
+            let usable = slots.usable_count();
+            // Other lanes' slots only once its own are full: a node that can still grow in its
+            // lane leaves the others to their nodes.
+            let own_free = slots.own_free();
+            let reach = if own_free > 0 { own_free } else { usable };
+            let wanted = by_count.min(reach).min(most);
             if wanted == 0 {
                 return None;
             }
-            // Spare free slots beyond `wanted`: a slot another node took is replaced at once.
+            // Spare usable slots beyond `wanted`: a slot another node took is replaced at once.
             Some(QueueClaims {
                 queue: q.id,
                 wanted,
-                slots: free_slots(q.threads, &q.held_slots, free.min(most), rng),
+                slots: slots.pick(usable.min(most), rng),
             })
         })
         .collect()
 }
 
-/// How many held slots lie below `threads` (slots above it are left from a lowered limit).
-fn held_below(held: &BTreeSet<u32>, threads: u32) -> u32 {
-    u32::try_from(held.range(..threads).count()).unwrap_or(u32::MAX)
-}
-
-/// `n` distinct free slots below `threads`, in random order; `n` must not exceed the free count.
-fn free_slots<R: Rng + ?Sized>(
+/// A queue's slots as one node may use them: free ones of its lane, and free ones of other
+/// lanes that no reading lately saw held.
+struct Slots<'a> {
     threads: u32,
-    held: &BTreeSet<u32>,
-    n: u32,
-    rng: &mut R,
-) -> Vec<u32> {
-    let free = threads.saturating_sub(held_below(held, threads));
-    if free <= n.saturating_mul(4).max(1024) {
-        let mut slots: Vec<u32> = (0..threads).filter(|s| !held.contains(s)).collect();
-        slots.shuffle(rng);
-        slots.truncate(n as usize);
-        return slots;
-    }
-    // Mostly free: draw until `n` distinct free ones (each draw succeeds with odds > 3/4).
-    let mut chosen = BTreeSet::new();
-    let mut slots = Vec::with_capacity(n as usize);
-    while slots.len() < n as usize {
-        let s = rng.random_range(0..threads);
-        if !held.contains(&s) && chosen.insert(s) {
-            slots.push(s);
-        }
-    }
-    slots
+    held: &'a BTreeSet<u32>,
+    contested: &'a BTreeSet<u32>,
+    lane: Lane,
 }
 
-/// Which of `candidates` (read `spread` per task wanted, in claim order) this node claims:
-/// `n` of them at random, kept in claim order. Nodes reading the same head then mostly claim
-/// different tasks instead of all racing for the first ones; alone, a node takes the first `n`.
-pub fn spread_picks<T, R: Rng + ?Sized>(candidates: Vec<T>, n: usize, rng: &mut R) -> Vec<T> {
+impl Slots<'_> {
+    fn usable(&self, s: u32) -> bool {
+        s < self.threads
+            && !self.held.contains(&s)
+            && (self.lane.owns(u64::from(s)) || !self.contested.contains(&s))
+    }
+
+    /// Free slots of this node's lane.
+    fn own_free(&self) -> u32 {
+        let lane = self.lane;
+        let stripe =
+            u64::from(self.threads.saturating_sub(lane.index)).div_ceil(u64::from(lane.of.max(1)));
+        let held = self
+            .held
+            .range(..self.threads)
+            .filter(|s| lane.owns(u64::from(**s)))
+            .count() as u64;
+        u32::try_from(stripe.saturating_sub(held)).unwrap_or(u32::MAX)
+    }
+
+    fn usable_count(&self) -> u32 {
+        let held = self.held.range(..self.threads).count();
+        let shunned = self
+            .contested
+            .range(..self.threads)
+            .filter(|s| !self.held.contains(s) && !self.lane.owns(u64::from(**s)))
+            .count();
+        let taken = u32::try_from(held + shunned).unwrap_or(u32::MAX);
+        self.threads.saturating_sub(taken)
+    }
+
+    /// `n` distinct usable slots, to be popped from the end: the lane's last (so first), each
+    /// part in random order. `n` must not exceed the usable count.
+    fn pick<R: Rng + ?Sized>(&self, n: u32, rng: &mut R) -> Vec<u32> {
+        let usable = self.usable_count();
+        if usable <= n.saturating_mul(4).max(1024) {
+            let (mut own, mut other): (Vec<u32>, Vec<u32>) = (0..self.threads)
+                .filter(|s| self.usable(*s))
+                .partition(|s| self.lane.owns(u64::from(*s)));
+            own.shuffle(rng);
+            other.shuffle(rng);
+            own.truncate(n as usize);
+            other.truncate((n as usize).saturating_sub(own.len()));
+            other.extend(own);
+            return other;
+        }
+        // Mostly usable: draw until `n` distinct ones (each draw succeeds with odds > 3/4),
+        // from the lane's stripe while it has them.
+        let lane = self.lane;
+        let stripe =
+            u64::from(self.threads.saturating_sub(lane.index)).div_ceil(u64::from(lane.of));
+        let mut chosen = BTreeSet::new();
+        let mut slots = Vec::with_capacity(n as usize);
+        let mut misses = 0usize;
+        while slots.len() < n as usize {
+            let s = if misses < 4 * n as usize && stripe > 0 {
+                let k = rng.random_range(0..stripe);
+                u32::try_from(u64::from(lane.index) + k * u64::from(lane.of)).unwrap_or(0)
+            } else {
+                rng.random_range(0..self.threads)
+            };
+            if self.usable(s) && chosen.insert(s) {
+                slots.push(s);
+            } else {
+                misses += 1;
+            }
+        }
+        slots.reverse();
+        slots
+    }
+}
+
+/// Which of `candidates` (read `lane.of` per task wanted, in claim order) this node claims:
+/// those whose `key` falls in its lane first, then any others, `n` in all, kept in claim
+/// order. The key is the task's own (its id), not its place in a read, so nodes whose reads
+/// of the head differ still reach for different tasks.
+pub fn lane_picks<T>(candidates: Vec<T>, n: usize, lane: Lane, key: impl Fn(&T) -> u64) -> Vec<T> {
     if candidates.len() <= n {
         return candidates;
     }
-    let mut chosen = rand::seq::index::sample(rng, candidates.len(), n).into_vec();
+    let owned: Vec<bool> = candidates.iter().map(|c| lane.owns(key(c))).collect();
+    let own = (0..candidates.len()).filter(|i| owned[*i]);
+    let other = (0..candidates.len()).filter(|i| !owned[*i]);
+    let mut chosen: Vec<usize> = own.chain(other).take(n).collect();
     chosen.sort_unstable();
     let mut chosen = chosen.into_iter().peekable();
     candidates
@@ -125,6 +223,8 @@ mod tests {
             threads,
             running,
             held_slots: held.iter().copied().collect(),
+            lane: Lane::SOLE,
+            contested: BTreeSet::new(),
         }
     }
 
@@ -178,22 +278,113 @@ mod tests {
     }
 
     #[test]
-    fn picks_spread_over_the_candidates_in_claim_order() {
-        let mut rng = StdRng::seed_from_u64(11);
-        assert_eq!(spread_picks(vec![1, 2, 3], 5, &mut rng), vec![1, 2, 3]);
-        assert_eq!(spread_picks(vec![1, 2, 3], 3, &mut rng), vec![1, 2, 3]);
-        let mut seen = BTreeSet::new();
-        for _ in 0..200 {
-            let picks = spread_picks((0..32).collect::<Vec<u32>>(), 8, &mut rng);
-            assert_eq!(picks.len(), 8);
-            assert!(
-                picks.windows(2).all(|w| w[0] < w[1]),
-                "in order, distinct: {picks:?}"
-            );
-            seen.extend(picks);
-        }
-        assert_eq!(seen.len(), 32, "every candidate can be picked");
-        assert!(spread_picks(Vec::<u32>::new(), 3, &mut rng).is_empty());
+    fn lanes_are_agreed_from_the_nodes_seen() {
+        assert_eq!(Lane::among("b", ["a", "c"]), Lane { index: 1, of: 3 });
+        assert_eq!(Lane::among("b", ["b", "a"]), Lane { index: 1, of: 2 });
+        assert_eq!(Lane::among("a", []), Lane::SOLE);
+        // Every node of a set gets its own lane.
+        let nodes = ["n3", "n1", "n2", "n4"];
+        let lanes: BTreeSet<u32> = nodes
+            .iter()
+            .map(|me| Lane::among(me, nodes).index)
+            .collect();
+        assert_eq!(lanes, BTreeSet::from([0, 1, 2, 3]));
+    }
+
+    #[test]
+    fn picks_keep_to_the_lane_and_to_claim_order() {
+        let lane = Lane { index: 1, of: 3 };
+        let key = |c: &u32| u64::from(*c);
+        assert_eq!(lane_picks(vec![1, 2, 3], 5, lane, key), vec![1, 2, 3]);
+        assert_eq!(
+            lane_picks((0..12).collect(), 4, lane, key),
+            vec![1, 4, 7, 10]
+        );
+        // Too few in the lane: the rest comes from the others, still in claim order.
+        assert_eq!(lane_picks((0..6).collect(), 4, lane, key), vec![0, 1, 2, 4]);
+        assert_eq!(
+            lane_picks((0..10).collect(), 3, Lane::SOLE, key),
+            vec![0, 1, 2]
+        );
+        // Nodes of one set pick disjoint tasks even when their reads differ.
+        let all: Vec<Vec<u32>> = (0..4)
+            .map(|index| {
+                let read: Vec<u32> = (index..index + 40).collect();
+                lane_picks(read, 8, Lane { index, of: 4 }, key)
+            })
+            .collect();
+        let union: BTreeSet<u32> = all.iter().flatten().copied().collect();
+        assert_eq!(union.len(), 32);
+        assert!(lane_picks(Vec::<u32>::new(), 3, lane, key).is_empty());
+    }
+
+    #[test]
+    fn slots_are_tried_in_the_lane_first() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let mut q = queue(12, 0, &[4]);
+        q.lane = Lane { index: 1, of: 3 };
+        let plan = plan_claims(&[q.clone()], 100, &mut rng);
+        let order: Vec<u32> = plan[0].slots.iter().rev().copied().collect();
+        let (first, rest) = order.split_at(3);
+        let mut first = first.to_vec();
+        first.sort();
+        assert_eq!(first, vec![1, 7, 10], "the lane's free slots first");
+        assert!(rest.iter().all(|s| s % 3 != 1), "{rest:?}");
+        // Another lane's slot held at a recent reading is left to its node.
+        let mut shared = queue(12, 4, &[1, 4, 7, 10]);
+        shared.lane = Lane { index: 1, of: 3 };
+        shared.contested = BTreeSet::from([0, 2, 3, 5, 6, 8, 9, 1, 40]);
+        let plan = plan_claims(&[shared.clone()], 100, &mut rng);
+        let mut slots = plan[0].slots.clone();
+        slots.sort();
+        assert_eq!(
+            slots,
+            vec![11],
+            "free at the last two readings: unused by its node"
+        );
+        assert_eq!(plan[0].wanted, 1);
+        shared.contested.insert(11);
+        assert!(
+            plan_claims(&[shared], 100, &mut rng).is_empty(),
+            "nothing usable"
+        );
+        // Its own lane's slots are usable whatever the readings said, and while it has free
+        // ones, a node takes no more than those.
+        let mut own = queue(6, 0, &[]);
+        own.lane = Lane { index: 0, of: 2 };
+        own.contested = (0..6).collect();
+        let plan = plan_claims(&[own.clone()], 100, &mut rng);
+        let mut slots = plan[0].slots.clone();
+        slots.sort();
+        assert_eq!(slots, vec![0, 2, 4]);
+        own.contested.clear();
+        assert_eq!(plan_claims(&[own], 100, &mut rng)[0].wanted, 3);
+        let slots = |threads, held: &[u32], lane| {
+            let held: BTreeSet<u32> = held.iter().copied().collect();
+            let none = BTreeSet::new();
+            Slots {
+                threads,
+                held: &held,
+                contested: &none,
+                lane,
+            }
+            .own_free()
+        };
+        assert_eq!(slots(12, &[], Lane { index: 2, of: 5 }), 2);
+        // Slots 3, 7, … below u32::MAX: 2^30 − 1 of them, one held.
+        assert_eq!(
+            slots(u32::MAX, &[3], Lane { index: 3, of: 4 }),
+            (1 << 30) - 2
+        );
+        // A huge queue draws from its lane too.
+        q.threads = u32::MAX;
+        let plan = plan_claims(&[q], 64, &mut rng);
+        assert_eq!(plan[0].slots.len(), 64);
+        assert!(
+            plan[0].slots.iter().all(|s| s % 3 == 1),
+            "{:?}",
+            plan[0].slots
+        );
     }
 
     #[test]

@@ -4,11 +4,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use bson::oid::ObjectId;
-use disbatch_core::claim_plan::{node_room, plan_claims, spread_picks, QueueClaims, QueueState};
+use disbatch_core::claim_plan::{lane_picks, node_room, plan_claims, QueueClaims, QueueState};
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::Queue;
 use disbatch_core::scheduler::{share_room, SpecState};
-use disbatch_core::store::{ClaimWindow, NodeLimit, Pick, PickOutcome, Store};
+use disbatch_core::store::{claim_key, ClaimWindow, NodeLimit, Pick, PickOutcome, Store};
 use disbatch_core::Result;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -162,6 +162,8 @@ impl Claimer {
                 threads: q.threads,
                 running: self.view.running(q.queue.id),
                 held_slots: self.view.slots(q.queue.id),
+                lane: self.view.lane(q.queue.id, &self.node),
+                contested: self.view.contested(q.queue.id),
             })
             .collect();
         let mut plan = plan_claims(&states, room, &mut self.rng);
@@ -248,15 +250,18 @@ impl Claimer {
             return Ok(report);
         }
         let asked = Instant::now();
-        let spread = self.view.claimers(queue.id) as usize;
-        let read = n.saturating_mul(spread).min(MAX_CANDIDATES).max(n);
+        let lane = self.view.lane(queue.id, &self.node);
+        let read = n
+            .saturating_mul(lane.of as usize)
+            .min(MAX_CANDIDATES)
+            .max(n);
         let window = self.windows.entry(queue.id).or_default();
         let candidates = self
             .store
-            .claim_candidates(queue.id, queue.sort, read, spread, window)
+            .claim_candidates(queue.id, queue.sort, read, lane.of as usize, window)
             .await?;
         report.ran_dry = candidates.len() < n;
-        let chosen = spread_picks(candidates, n, &mut self.rng);
+        let chosen = lane_picks(candidates, n, lane, claim_key);
         let picks: Vec<Pick> = chosen
             .into_iter()
             .filter_map(|task| {
@@ -268,7 +273,7 @@ impl Claimer {
             })
             .collect();
         if picks.is_empty() {
-            self.metrics.claim_missed(&queue.name);
+            self.metrics.claim_missed(&queue.name, "empty");
             return Ok(report);
         }
         let outcomes = self
@@ -286,13 +291,13 @@ impl Claimer {
                     claimed.push((task, pick));
                 }
                 PickOutcome::Lost => {
-                    self.metrics.claim_missed(&queue.name);
+                    self.metrics.claim_missed(&queue.name, "lost");
                     report.lost += 1;
                     plan.slots.push(pick.slot);
                 }
                 PickOutcome::SlotTaken => {
                     // Another node holds it: remember, so later passes skip it too.
-                    self.metrics.claim_missed(&queue.name);
+                    self.metrics.claim_missed(&queue.name, "slot_taken");
                     report.lost += 1;
                     self.view.slot_taken(queue.id, pick.slot);
                 }
@@ -355,7 +360,7 @@ impl Claimer {
         }
         let ids: Vec<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
-        self.view = RunningView::from_snapshot(snapshot, executor_live);
+        self.view.read(snapshot, executor_live);
         Ok(())
     }
 

@@ -67,13 +67,13 @@ impl Default for Inner {
             claim_misses: counter_vec(
                 &registry,
                 "disbatch_den_claim_misses_total",
-                "Claim attempts that found no task or lost the slot to another node",
-                &["queue"],
+                "Claims that came to nothing, by reason: empty (the read found no task), lost (another node claimed the task first, or it changed since the read) or slot_taken (another node holds the slot)",
+                &["queue", "reason"],
             ),
             claim_latency: histogram(
                 &registry,
                 "disbatch_den_claim_latency_seconds",
-                "Database round trip of a successful claim",
+                "Time to claim a batch (its read and its claim), once per task claimed",
                 ROUND_TRIP_BUCKETS,
             ),
             passes: counter(&registry, "disbatch_den_passes_total", "Node passes run"),
@@ -159,15 +159,15 @@ impl DenMetrics {
         Self::default()
     }
 
-    /// One task claimed; `latency` is the claim's database round trip.
+    /// One task claimed; `latency` is its batch's read and claim.
     pub fn claimed(&self, queue: &str, latency: Duration) {
         inc(&self.inner.claims, &[queue]);
         self.inner.claim_latency.observe(latency.as_secs_f64());
     }
 
-    /// A claim attempt that found nothing or lost the slot.
-    pub fn claim_missed(&self, queue: &str) {
-        inc(&self.inner.claim_misses, &[queue]);
+    /// A claim that came to nothing: `reason` is "empty", "lost" or "slot_taken".
+    pub fn claim_missed(&self, queue: &str, reason: &'static str) {
+        inc(&self.inner.claim_misses, &[queue, reason]);
     }
 
     /// One node pass.
@@ -355,7 +355,7 @@ mod tests {
         let clone = m.clone();
         m.claimed("q1", Duration::from_millis(3));
         clone.claimed("q1", Duration::from_millis(30));
-        m.claim_missed("q\"2\\\nx");
+        m.claim_missed("q\"2\\\nx", "lost");
         m.pass(Duration::from_millis(20));
         m.wakeup("timer");
         m.wakeup("timer");
@@ -371,7 +371,7 @@ mod tests {
             "disbatch_den_claim_latency_seconds_count 2",
             "disbatch_den_claim_latency_seconds_bucket{le=\"0.005\"} 1",
             "disbatch_den_claim_latency_seconds_bucket{le=\"0.05\"} 2",
-            "disbatch_den_claim_misses_total{queue=\"q\\\"2\\\\\\nx\"} 1",
+            "disbatch_den_claim_misses_total{queue=\"q\\\"2\\\\\\nx\",reason=\"lost\"} 1",
             "disbatch_den_passes_total 1",
             "disbatch_den_pass_duration_seconds_count 1",
             "disbatch_den_wakeups_total{source=\"timer\"} 2",

@@ -5,17 +5,26 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
+use disbatch_core::claim_plan::Lane;
 use disbatch_core::store::RunningSnapshot;
 
 /// Past this age the view is read again even without a maintenance pass: other nodes' claims
 /// and exits only show up in a reading.
 const MAX_AGE: Duration = Duration::from_secs(1);
+/// A node seen holding a queue's tasks keeps its lane this long: with short tasks a busy node
+/// often holds none at the moment of a reading, and lanes that change with every reading
+/// would have nodes reach for each other's slots and tasks.
+const LANE_MEMORY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Default)]
 pub struct RunningView {
     per_queue: HashMap<ObjectId, u32>,
     slots: HashMap<ObjectId, BTreeSet<u32>>,
-    other_nodes: HashMap<ObjectId, u32>,
+    /// Per queue: the slots held at the last two readings, and at the last one.
+    contested: HashMap<ObjectId, BTreeSet<u32>>,
+    read_slots: HashMap<ObjectId, BTreeSet<u32>>,
+    /// Per queue: the nodes seen holding its tasks, and when last.
+    claimers: HashMap<ObjectId, HashMap<String, Instant>>,
     pub on_node: u32,
     read_at: Option<Instant>,
 }
@@ -24,14 +33,26 @@ impl RunningView {
     /// `live` is how many runners this process has not yet seen exit: one may have written
     /// its result (so the snapshot no longer counts it) and still be exiting; its exit will
     /// be subtracted later, so the node count must include it now or run over `maxthreads`.
-    pub fn from_snapshot(s: RunningSnapshot, live: u32) -> Self {
-        RunningView {
-            per_queue: s.per_queue,
-            slots: s.slots,
-            other_nodes: s.other_nodes,
-            on_node: s.on_node.max(live),
-            read_at: Some(Instant::now()),
+    pub fn read(&mut self, s: RunningSnapshot, live: u32) {
+        let now = Instant::now();
+        for (queue, nodes) in s.nodes {
+            let seen = self.claimers.entry(queue).or_default();
+            seen.extend(nodes.into_iter().map(|n| (n, now)));
         }
+        for seen in self.claimers.values_mut() {
+            seen.retain(|_, at| now.duration_since(*at) < LANE_MEMORY);
+        }
+        self.claimers.retain(|_, seen| !seen.is_empty());
+        self.per_queue = s.per_queue;
+        let mut contested = s.slots.clone();
+        for (queue, held) in std::mem::take(&mut self.read_slots) {
+            contested.entry(queue).or_default().extend(held);
+        }
+        self.contested = contested;
+        self.read_slots = s.slots.clone();
+        self.slots = s.slots;
+        self.on_node = s.on_node.max(live);
+        self.read_at = Some(now);
     }
 
     pub fn is_stale(&self) -> bool {
@@ -46,13 +67,18 @@ impl RunningView {
         self.slots.get(&queue).cloned().unwrap_or_default()
     }
 
-    /// How many nodes, this one included, were claiming from `queue` at the last reading.
-    pub fn claimers(&self, queue: ObjectId) -> u32 {
-        self.other_nodes
-            .get(&queue)
-            .copied()
-            .unwrap_or(0)
-            .saturating_add(1)
+    /// Slots held at either of the last two readings.
+    pub fn contested(&self, queue: ObjectId) -> BTreeSet<u32> {
+        self.contested.get(&queue).cloned().unwrap_or_default()
+    }
+
+    /// This node's lane among the nodes seen claiming from `queue` lately.
+    pub fn lane(&self, queue: ObjectId, me: &str) -> Lane {
+        let seen = self.claimers.get(&queue);
+        Lane::among(
+            me,
+            seen.into_iter().flat_map(|s| s.keys().map(String::as_str)),
+        )
     }
 
     pub fn claimed(&mut self, queue: ObjectId, slot: u32) {
@@ -86,7 +112,8 @@ mod tests {
     #[test]
     fn own_claims_and_exits_move_the_view() {
         let q = ObjectId::new();
-        let mut v = RunningView::from_snapshot(RunningSnapshot::default(), 0);
+        let mut v = RunningView::default();
+        v.read(RunningSnapshot::default(), 0);
         assert!(!v.is_stale());
         v.claimed(q, 2);
         v.claimed(q, 0);
@@ -98,20 +125,58 @@ mod tests {
     }
 
     #[test]
-    fn claimers_count_this_node_and_the_others_seen() {
+    fn contested_slots_are_those_held_at_either_of_two_readings() {
+        let q = ObjectId::new();
+        let reading = |held: &[u32]| {
+            let mut s = RunningSnapshot::default();
+            s.slots.insert(q, held.iter().copied().collect());
+            s
+        };
+        let mut v = RunningView::default();
+        v.read(reading(&[1, 2]), 0);
+        v.claimed(q, 7);
+        assert_eq!(v.contested(q), BTreeSet::from([1, 2]));
+        v.read(reading(&[2, 3]), 0);
+        assert_eq!(v.contested(q), BTreeSet::from([1, 2, 3]));
+        v.read(reading(&[]), 0);
+        assert_eq!(v.contested(q), BTreeSet::from([2, 3]));
+        v.read(reading(&[]), 0);
+        assert!(v.contested(q).is_empty());
+    }
+
+    #[test]
+    fn a_lane_counts_this_node_and_the_others_seen() {
         let q = ObjectId::new();
         let mut s = RunningSnapshot::default();
-        s.other_nodes.insert(q, 3);
-        let v = RunningView::from_snapshot(s, 0);
-        assert_eq!(v.claimers(q), 4);
-        assert_eq!(v.claimers(ObjectId::new()), 1);
+        s.nodes.insert(q, vec!["a".into(), "c".into(), "d".into()]);
+        let mut v = RunningView::default();
+        v.read(s, 0);
+        assert_eq!(v.lane(q, "b"), Lane { index: 1, of: 4 });
+        assert_eq!(v.lane(q, "c"), Lane { index: 1, of: 3 });
+        assert_eq!(v.lane(ObjectId::new(), "b"), Lane::SOLE);
+        // A node between tasks at the next reading keeps its lane.
+        let mut s = RunningSnapshot::default();
+        s.nodes.insert(q, vec!["a".into()]);
+        v.read(s, 0);
+        assert_eq!(v.lane(q, "b"), Lane { index: 1, of: 4 });
+        // Forgotten once unseen for LANE_MEMORY.
+        for seen in v.claimers.values_mut() {
+            for at in seen.values_mut() {
+                *at = Instant::now()
+                    .checked_sub(LANE_MEMORY)
+                    .unwrap_or_else(Instant::now);
+            }
+        }
+        v.read(RunningSnapshot::default(), 0);
+        assert_eq!(v.lane(q, "b"), Lane::SOLE);
     }
 
     #[test]
     fn a_runner_still_exiting_counts_until_its_exit_is_seen() {
         let q = ObjectId::new();
         // The database no longer counts it; this process still has one live runner.
-        let mut v = RunningView::from_snapshot(RunningSnapshot::default(), 1);
+        let mut v = RunningView::default();
+        v.read(RunningSnapshot::default(), 1);
         assert_eq!(v.on_node, 1);
         v.runner_exited(q, None);
         assert_eq!(v.on_node, 0);

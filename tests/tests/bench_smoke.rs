@@ -166,6 +166,22 @@ async fn a_tiny_bench_run_reports_every_figure() {
     for (k, l) in den_replies {
         assert!(l.p50_ms.is_finite() && l.p50_ms >= 0.0, "{k}: {l:?}");
     }
+    // The DENs' own counts: every task run was claimed once; misses are counted, not guessed.
+    let c = &run.contention;
+    assert!(
+        (0.99..=1.2).contains(&c.claimed_per_task),
+        "claims per task from the DEN metrics: {c:?}"
+    );
+    assert!(
+        [
+            c.lost_per_task,
+            c.slot_taken_per_task,
+            c.empty_reads_per_task
+        ]
+        .iter()
+        .all(|v| v.is_finite() && *v >= 0.0),
+        "{c:?}"
+    );
     finite_positive("DEN CPU/task", run.den_cpu_ms_per_task);
     finite_positive("runner CPU/task", run.runner_cpu_ms_per_task);
     assert!(run.den_peak_rss_kib > 1000);

@@ -76,6 +76,15 @@ pub enum PickOutcome {
     SlotTaken,
 }
 
+/// A claimable task's key for sharing work between nodes: its id's counter, which runs on
+/// from one task to the next a creator makes; 0 for an id that is no ObjectId.
+pub fn claim_key(task: &Document) -> u64 {
+    task.get_object_id(task::ID).map_or(0, |id| {
+        let b = id.bytes();
+        u64::from(b[9]) << 16 | u64::from(b[10]) << 8 | u64::from(b[11])
+    })
+}
+
 impl Store {
     /// Reads up to `limit` claimable tasks of `queue`, in the queue's claim order. Queues
     /// claimed in `_id` order (fifo, default) are read within `window`, which reaches as far
@@ -359,6 +368,16 @@ mod tests {
         assert_eq!(first.get_i32("attempts").ok(), Some(1));
         let double = claimed_document(&doc! {"_id": id, "attempts": 1.0}, &set);
         assert_eq!(double.get_f64("attempts").ok(), Some(2.0));
+    }
+
+    #[test]
+    fn a_claim_key_is_the_ids_counter() {
+        let id = ObjectId::from_bytes([0, 0, 0, 1, 9, 9, 9, 9, 9, 0, 1, 2]);
+        assert_eq!(claim_key(&doc! {"_id": id}), 258);
+        assert_eq!(claim_key(&doc! {"_id": "text"}), 0);
+        let a = ObjectId::new();
+        let b = ObjectId::new();
+        assert_eq!(claim_key(&doc! {"_id": b}), claim_key(&doc! {"_id": a}) + 1);
     }
 
     #[test]

@@ -33,7 +33,7 @@ use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
 pub use attempts::{AttemptEnd, AttemptRecord};
-pub use claim_batch::{ClaimWindow, Pick, PickOutcome};
+pub use claim_batch::{claim_key, ClaimWindow, Pick, PickOutcome};
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};

@@ -22,8 +22,8 @@ pub struct RunningSnapshot {
     pub slots: HashMap<ObjectId, BTreeSet<u32>>,
     /// Tasks claimed or running on this node, in any queue.
     pub on_node: u32,
-    /// Per queue: how many other nodes hold its claimed or running tasks.
-    pub other_nodes: HashMap<ObjectId, u32>,
+    /// Per queue: the nodes holding its claimed or running tasks.
+    pub nodes: HashMap<ObjectId, Vec<String>>,
 }
 
 /// A stream's value as stored on the task: inline text, a GridFS file id, or nothing.
@@ -107,11 +107,13 @@ impl Store {
                 .map(|slots| slots.iter().filter_map(slot_number).collect())
                 .unwrap_or_default();
             snap.slots.insert(queue, held);
-            let others = group.get_array("nodes").map_or(0, |nodes| {
-                nodes.iter().filter(|n| n.as_str() != Some(node)).count()
+            let nodes = group.get_array("nodes").map_or(Vec::new(), |nodes| {
+                nodes
+                    .iter()
+                    .filter_map(|n| n.as_str().map(str::to_string))
+                    .collect()
             });
-            snap.other_nodes
-                .insert(queue, u32::try_from(others).unwrap_or(u32::MAX));
+            snap.nodes.insert(queue, nodes);
         }
         Ok(snap)
     }

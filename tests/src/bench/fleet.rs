@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::accounting::{first_claim, reply_latencies, round_trips, RoundTrips};
 use super::ceiling::enqueue;
+use super::contention::{ClaimCounts, Contention};
 use super::procfs::{self, CpuTicks, RunnerSampler, RunnerSamples};
 use super::proxy::{Counts, HostUri, Proxy};
 use super::stats::Latency;
@@ -76,6 +77,8 @@ pub struct RunReport {
     /// time spent queued behind the backlog plus the claim and the runner's start.
     pub queued_to_start: Latency,
     pub round_trips: RoundTrips,
+    /// Claims per task, from the DENs' metrics: how often nodes got in each other's way.
+    pub contention: Contention,
     /// Request→reply time at the proxy by `process label`: what each command costs the
     /// server (a claim's latency is its `den findAndModify tasks` entry, or whatever the
     /// DEN claims with).
@@ -89,6 +92,29 @@ pub struct RunReport {
     pub runners: RunnerSamples,
 }
 
+/// Each DEN's metrics URL, as it prints it once listening.
+async fn metrics_listeners(dens: &[Den]) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut urls = Vec::new();
+    for den in dens {
+        loop {
+            let url = den
+                .log_text()
+                .lines()
+                .find_map(|l| l.strip_prefix("metrics on ").map(str::to_string));
+            if let Some(url) = url {
+                urls.push(url);
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("a DEN printed no metrics address within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(urls)
+}
+
 /// Real DENs on a database of their own; stopped when dropped.
 pub struct Fleet {
     pub db: TestDb,
@@ -100,6 +126,8 @@ pub struct Fleet {
     server_pid: Option<u32>,
     /// The nodes' config file: every runner they start names it.
     config: std::path::PathBuf,
+    /// Each DEN's metrics listener.
+    metrics: Vec<String>,
 }
 
 fn ticks(pids: &[u32]) -> CpuTicks {
@@ -135,6 +163,7 @@ impl Fleet {
                 "plugins": {"noop": bin_path("disbatch-plugin-noop")},
                 "loop_interval_ms": loop_ms,
                 "change_streams": change_streams,
+                "metrics_listen": "127.0.0.1:0",
             }),
         );
         let queue = db.insert_queue("bench", "noop", 0).await;
@@ -143,6 +172,7 @@ impl Fleet {
             .collect();
         let pids = dens.iter().map(|d| d.pid().as_raw() as u32).collect();
         let server_pid = local_server_pid(server);
+        let metrics = metrics_listeners(&dens).await?;
         let fleet = Fleet {
             db,
             proxy,
@@ -152,6 +182,7 @@ impl Fleet {
             threads,
             server_pid,
             config,
+            metrics,
         };
         fleet.wait_heartbeats().await?;
         Ok(fleet)
@@ -311,6 +342,7 @@ impl Fleet {
         let c0 = self.proxy.snapshot();
         let cpu0 = ticks(&self.pids);
         let server0 = self.server_pid.and_then(procfs::cpu_ticks);
+        let claims0 = ClaimCounts::scrape(&self.metrics).await?;
         let sampler = RunnerSampler::start(self.pids.clone(), Duration::from_millis(20));
         let t0 = Instant::now();
         let go = DateTime::now().timestamp_millis();
@@ -327,6 +359,7 @@ impl Fleet {
         let cpu1 = ticks(&self.pids);
         let server1 = self.server_pid.and_then(procfs::cpu_ticks);
         let runners = sampler.finish();
+        let claims1 = ClaimCounts::scrape(&self.metrics).await?;
         let den_peak_rss_kib = self
             .pids
             .iter()
@@ -379,6 +412,7 @@ impl Fleet {
             first_claim_from,
             queued_to_start: Latency::of(&waits),
             round_trips: round_trips(&counts, idle, window, done),
+            contention: claims1.per_task_since(&claims0, done),
             reply_ms: reply_latencies(&counts),
             den_cpu_ms_per_task: per_task_ms(cpu1.own.saturating_sub(cpu0.own)),
             runner_cpu_ms_per_task: per_task_ms(cpu1.children.saturating_sub(cpu0.children)),

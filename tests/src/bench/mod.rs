@@ -4,6 +4,7 @@
 
 pub mod accounting;
 pub mod ceiling;
+pub mod contention;
 pub mod fleet;
 pub mod procfs;
 pub mod proxy;

@@ -239,7 +239,13 @@ mod tests {
             .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("spawn sh");
-        let found = processes_naming(&arg);
+        // Until its exec the child still shows the test's own command line.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut found = processes_naming(&arg);
+        while found.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            found = processes_naming(&arg);
+        }
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(found, [child.id()]);

@@ -322,6 +322,12 @@ fn fleet_table(out: &mut fmt::Formatter<'_>, f: &FleetReport) -> fmt::Result {
                 last.round_trips.connections_per_task,
                 last.first_claim_from
             )?;
+            let c = &last.contention;
+            writeln!(
+                out,
+                "    claims per task (DEN metrics): claimed {:.2}, lost to another node {:.3}, slot taken {:.3}, empty reads {:.3}",
+                c.claimed_per_task, c.lost_per_task, c.slot_taken_per_task, c.empty_reads_per_task
+            )?;
         }
     }
     Ok(())
