@@ -171,24 +171,31 @@ impl Store {
     /// lease are left to lease recovery, which requeues them sooner.
     pub async fn reap_orphans(&self, node: &str, age: Duration) -> Result<u64> {
         let cutoff_ms = DateTime::now().timestamp_millis() - age.as_millis() as i64;
-        let filter = doc! {
-            task::NODE: node,
-            task::STATUS: status::CLAIMED,
-            task::LEASE_UNTIL: {"$exists": false},
-            "$or": [
-                {task::MTIME: {"$lt": DateTime::from_millis(cutoff_ms)}},
-                {task::MTIME: {"$lt": cutoff_ms as f64 / 1000.0}},
-            ],
-        };
         let update = doc! {
             "$set": {task::STATUS: status::ORPHANED, task::MTIME: DateTime::now()},
             "$unset": {task::SLOT: ""},
         };
-        self.collection(TASKS)
-            .update_many(filter, update)
-            .await
-            .map(|r| r.modified_count)
-            .map_err(|e| Error::mongo("reaping orphaned tasks", e))
+        // One write per `mtime` type rather than one `$or` of both: SecantusDB answers the `$or`
+        // by reading every task (180 ms at 100 000 queued, against 3 ms each this way).
+        let mut reaped = 0;
+        for before in [
+            Bson::DateTime(DateTime::from_millis(cutoff_ms)),
+            Bson::Double(cutoff_ms as f64 / 1000.0),
+        ] {
+            let filter = doc! {
+                task::NODE: node,
+                task::STATUS: status::CLAIMED,
+                task::LEASE_UNTIL: {"$exists": false},
+                task::MTIME: {"$lt": before},
+            };
+            reaped += self
+                .collection(TASKS)
+                .update_many(filter, update.clone())
+                .await
+                .map(|r| r.modified_count)
+                .map_err(|e| Error::mongo("reaping orphaned tasks", e))?;
+        }
+        Ok(reaped)
     }
 
     /// Returns tasks claimed by `node` but not yet started to the queue (on shutdown, or
