@@ -123,6 +123,21 @@ impl TestDb {
         ids
     }
 
+    /// A store on this database as a DEN connects (indexes ensured), for tests of the store
+    /// itself.
+    pub async fn den_store(&self) -> disbatch_core::store::Store {
+        let path = write_config(self, "store.json", serde_json::json!({}));
+        let loaded = disbatch_core::config::Config::load(&path).expect("config");
+        let store = disbatch_core::store::Store::connect(
+            &loaded.config,
+            disbatch_core::config::Component::Den,
+        )
+        .await
+        .expect("connect");
+        store.ensure_indexes().await.expect("indexes");
+        store
+    }
+
     pub async fn task(&self, id: ObjectId) -> Document {
         self.tasks()
             .find_one(doc! {"_id": id})

@@ -6,21 +6,10 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
-use disbatch_core::config::{Component, Config};
 use disbatch_core::relay::{Ack, Completion};
 use disbatch_core::store::{AttemptEnd, AttemptRecord, Store, TaskEnd};
 use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
-
-async fn store_for(db: &TestDb) -> Store {
-    let path = write_config(db, "store.json", json!({}));
-    let loaded = Config::load(&path).expect("config");
-    let store = Store::connect(&loaded.config, Component::Den)
-        .await
-        .expect("connect");
-    store.ensure_indexes().await.expect("indexes");
-    store
-}
 
 fn completion(
     task: ObjectId,
@@ -67,7 +56,7 @@ async fn running(db: &TestDb, queue: ObjectId, attempt: ObjectId) -> ObjectId {
 #[tokio::test]
 async fn a_batch_stores_each_result_or_says_why_not_in_one_bulk_write() {
     let db = TestDb::new("relay_batch").await;
-    let store = store_for(&db).await;
+    let store = db.den_store().await;
     batch_answers(&db, &store).await;
     let hello = db
         .client
@@ -85,7 +74,7 @@ async fn a_batch_stores_each_result_or_says_why_not_in_one_bulk_write() {
 #[tokio::test]
 async fn a_batch_stores_each_result_or_says_why_not_in_two_writes() {
     let db = TestDb::new("relay_batch2").await;
-    let store = store_for(&db).await.without_bulk_write();
+    let store = db.den_store().await.without_bulk_write();
     batch_answers(&db, &store).await;
     assert_eq!(store.uses_bulk_write(), Some(false));
     db.drop().await;

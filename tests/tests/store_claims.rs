@@ -6,21 +6,9 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::config::{Component, Config};
 use disbatch_core::model::QueueSort;
 use disbatch_core::store::{ClaimWindow, Pick, PickOutcome, Store};
-use disbatch_tests::{write_config, TestDb};
-use serde_json::json;
-
-async fn store_for(db: &TestDb) -> Store {
-    let path = write_config(db, "store.json", json!({}));
-    let loaded = Config::load(&path).expect("config");
-    let store = Store::connect(&loaded.config, Component::Den)
-        .await
-        .expect("connect");
-    store.ensure_indexes().await.expect("indexes");
-    store
-}
+use disbatch_tests::TestDb;
 
 /// Claims up to `n` tasks of `queue` through `window`, with slots from `next_slot` on.
 async fn claim_batch(
@@ -66,7 +54,7 @@ fn claimed_ids(batch: &[(Pick, PickOutcome)]) -> Vec<ObjectId> {
 #[tokio::test]
 async fn a_batch_is_claimed_in_order_and_each_task_comes_back_as_stored() {
     let db = TestDb::new("claims_batch").await;
-    let store = store_for(&db).await;
+    let store = db.den_store().await;
     let queue = db.insert_queue("q", "echo", 100).await;
     let params: Vec<Bson> = (0..10).map(|i| doc! {"n": i, "s": "x"}.into()).collect();
     let ids = db.insert_tasks(queue, params).await;
@@ -114,7 +102,7 @@ async fn a_batch_is_claimed_in_order_and_each_task_comes_back_as_stored() {
 #[tokio::test]
 async fn a_task_changed_since_it_was_read_is_not_claimed_blind() {
     let db = TestDb::new("claims_changed").await;
-    let store = store_for(&db).await;
+    let store = db.den_store().await;
     let queue = db.insert_queue("q", "echo", 100).await;
     let ids = db
         .insert_tasks(queue, (0..4).map(|i| doc! {"n": i}.into()).collect())
@@ -171,7 +159,7 @@ async fn a_task_changed_since_it_was_read_is_not_claimed_blind() {
 #[tokio::test]
 async fn claims_through_a_window_miss_nothing_and_skip_what_is_not_claimable() {
     let db = TestDb::new("claims_window").await;
-    let store = store_for(&db).await;
+    let store = db.den_store().await;
     let queue = db.insert_queue("q", "echo", 1000).await;
     let now = DateTime::now();
     let mut expected = Vec::new();
@@ -278,7 +266,7 @@ async fn claims_through_a_window_miss_nothing_and_skip_what_is_not_claimable() {
 #[tokio::test]
 async fn two_claimers_at_once_never_exceed_threads_or_share_a_task() {
     let db = TestDb::new("claims_race").await;
-    let a = store_for(&db).await;
+    let a = db.den_store().await;
     let b = a.with_database(a.database_name());
     let threads = 16u32;
     let queue = db.insert_queue("q", "echo", threads as i32).await;

@@ -4,21 +4,9 @@ use std::time::Duration;
 
 use bson::doc;
 use bson::oid::ObjectId;
-use disbatch_core::config::{Component, Config};
 use disbatch_core::model::QueueSort;
 use disbatch_core::store::{ClaimWindow, Pick, PickOutcome, Store};
-use disbatch_tests::{write_config, TestDb};
-use serde_json::json;
-
-async fn store_for(db: &TestDb) -> Store {
-    let path = write_config(db, "store.json", json!({}));
-    let loaded = Config::load(&path).expect("config");
-    let store = Store::connect(&loaded.config, Component::Den)
-        .await
-        .expect("connect");
-    store.ensure_indexes().await.expect("indexes");
-    store
-}
+use disbatch_tests::TestDb;
 
 /// Reads the queue's head and claims `slots.len()` of its tasks for `node`, one slot each.
 async fn claim(store: &Store, queue: ObjectId, node: &str, slots: &[u32]) -> Vec<PickOutcome> {
@@ -52,7 +40,7 @@ fn claimed(outcome: &PickOutcome) -> &bson::Document {
 #[tokio::test]
 async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
     let db = TestDb::new("slots").await;
-    let store = store_for(&db).await;
+    let store = db.den_store().await;
     let queue = db.insert_queue("q", "echo", 2).await;
     let other = db.insert_queue("other", "echo", 2).await;
     db.insert_tasks(queue, vec![doc! {}.into(), doc! {}.into(), doc! {}.into()])
@@ -106,7 +94,7 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
 #[tokio::test]
 async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
     let db = TestDb::new("indexes").await;
-    let store = store_for(&db).await;
+    let store = db.den_store().await;
     store.ensure_indexes().await.expect("idempotent");
     let names = |coll: &'static str| {
         let db = db.db.clone();

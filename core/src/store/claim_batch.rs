@@ -11,7 +11,7 @@ use mongodb::options::ReturnDocument;
 
 use super::claim_run::{claim_order, claimable};
 use super::schema::{task, TASKS};
-use super::{Store, BULK_WRITE_MISSING, BULK_WRITE_WORKS};
+use super::{Store, BULK_WRITE_MISSING};
 use crate::error::{Error, Result};
 use crate::model::{status, QueueSort};
 
@@ -194,21 +194,10 @@ impl Store {
             "ordered": false,
             "errorsOnly": false,
         };
-        let reply = match self.client.database("admin").run_command(command).await {
-            Ok(reply) => reply,
-            Err(e) if super::bulk_write_missing(&e) => {
-                self.note_bulk_write_missing(&e);
-                return Ok(None);
-            }
-            Err(e) => return Err(Error::mongo("claiming tasks", e)),
+        let Some(results) = self.run_bulk_write(command, "claiming tasks").await? else {
+            return Ok(None);
         };
-        self.bulk_write.store(BULK_WRITE_WORKS, Ordering::Relaxed);
         let mut outcomes: Vec<Option<PickOutcome>> = vec![None; picks.len()];
-        let results = reply
-            .get_document("cursor")
-            .and_then(|c| c.get_array("firstBatch"))
-            .map(|b| b.iter().filter_map(Bson::as_document).collect::<Vec<_>>())
-            .unwrap_or_default();
         for r in results {
             let idx = super::count_value(r.get("idx")) as usize;
             let (Some(pick), Some((_, _, set))) = (picks.get(idx), writes.get(idx)) else {

@@ -108,7 +108,6 @@ impl Store {
             inserted: vec![false; batch.len()],
             unknown: Vec::new(),
         };
-        let admin = self.client.database("admin");
         let mut start = 0;
         while start < ops.len() {
             let chunk = chunks_by_size(&ops[start..])[0];
@@ -119,21 +118,13 @@ impl Store {
                 "ordered": true,
                 "errorsOnly": false,
             };
-            let reply = match admin.run_command(command).await {
-                Ok(reply) => reply,
-                Err(e) if super::bulk_write_missing(&e) => {
-                    self.note_bulk_write_missing(&e);
-                    return Ok(None);
-                }
-                Err(e) => return Err(Error::mongo("recording results for runners", e)),
+            let Some(results) = self
+                .run_bulk_write(command, "recording results for runners")
+                .await?
+            else {
+                return Ok(None);
             };
-            self.bulk_write.store(BULK_WRITE_WORKS, Ordering::Relaxed);
             let mut next = start + chunk.len();
-            let results = reply
-                .get_document("cursor")
-                .and_then(|c| c.get_array("firstBatch"))
-                .map(|b| b.iter().filter_map(Bson::as_document).collect::<Vec<_>>())
-                .unwrap_or_default();
             let mut seen = vec![false; chunk.len()];
             for r in results {
                 let idx = super::count_value(r.get("idx")) as usize;

@@ -130,11 +130,37 @@ impl Store {
             .map_err(|e| Error::mongo("ping", e))
     }
 
-    /// Remembers that this server takes no `bulkWrite`, saying so once.
-    fn note_bulk_write_missing(&self, err: &mongodb::error::Error) {
-        if self.bulk_write.swap(BULK_WRITE_MISSING, Ordering::Relaxed) != BULK_WRITE_MISSING {
-            tracing::info!(error = %err, "no bulkWrite on this server: claims and results use older commands");
-        }
+    /// Runs a `bulkWrite` command (MongoDB 8.0+) and returns its per-operation results in
+    /// order of report; None when this server has none, which is remembered (said once).
+    async fn run_bulk_write(
+        &self,
+        command: Document,
+        context: &'static str,
+    ) -> Result<Option<Vec<Document>>> {
+        let reply = match self.client.database("admin").run_command(command).await {
+            Ok(reply) => reply,
+            Err(e) if bulk_write_missing(&e) => {
+                if self.bulk_write.swap(BULK_WRITE_MISSING, Ordering::Relaxed) != BULK_WRITE_MISSING
+                {
+                    tracing::info!(error = %e, "no bulkWrite on this server: claims and results use older commands");
+                }
+                return Ok(None);
+            }
+            Err(e) => return Err(Error::mongo(context, e)),
+        };
+        self.bulk_write.store(BULK_WRITE_WORKS, Ordering::Relaxed);
+        Ok(Some(
+            reply
+                .get_document("cursor")
+                .and_then(|c| c.get_array("firstBatch"))
+                .map(|b| {
+                    b.iter()
+                        .filter_map(bson::Bson::as_document)
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default(),
+        ))
     }
 
     fn collection(&self, name: &str) -> Collection<Document> {
