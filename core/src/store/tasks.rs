@@ -72,11 +72,18 @@ impl Store {
         node: &str,
         queues: &[ObjectId],
     ) -> Result<RunningSnapshot> {
+        // One branch per queue, each an equality on the leading field of an index: SecantusDB
+        // answers `status ∈ running ∧ (queue ∈ list ∨ node)` by reading every task (140 ms at
+        // 100 000 queued, once a second per node) but this by index (0.6 ms); mongod plans both
+        // as index scans.
+        let running = doc! {"$in": RUNNING.to_vec()};
+        let mut branches: Vec<Document> = queues
+            .iter()
+            .map(|q| doc! {task::QUEUE: q, task::STATUS: running.clone()})
+            .collect();
+        branches.push(doc! {task::NODE: node, task::STATUS: running});
         let pipeline = vec![
-            doc! {"$match": {
-                task::STATUS: {"$in": RUNNING.to_vec()},
-                "$or": [{task::QUEUE: {"$in": queues.to_vec()}}, {task::NODE: node}],
-            }},
+            doc! {"$match": {"$or": branches}},
             doc! {"$group": {
                 "_id": format!("${}", task::QUEUE),
                 "n": {"$sum": 1},
