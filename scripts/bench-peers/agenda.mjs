@@ -7,13 +7,15 @@
 //   node agenda.mjs --uri URI --plugin PATH [--inproc] [--workers 1,2,4] [--depth 1000,100000]
 //                   [--jobs 1000] [--run-secs 15] [--concurrency 8] [--repeat 3]
 //                   [--latency-jobs 200] [--server-pid PID] [--process-every '1 second']
-//                   [--lock-limit N]
+//                   [--lock-limit N] [--polling]
 //
 // Measured as in tests/src/bench: `depth` jobs queued, a run ends after `jobs` of them or
 // `run-secs`; throughput = jobs run ÷ (first start → last finish); idle
 // enqueue→start = job start − the moment it was saved, jobs saved one at a time 20 ms apart
 // into an idle fleet; requests = commands the workers' drivers sent (command monitoring; the
 // driver's own monitoring `hello`s are not commands); CPU from /proc, children included.
+// Before the fleets, Agenda's claim query alone (one claimer) gives its own ceiling on this
+// server, as disbatch-bench's raw findOneAndUpdate gives ours.
 //
 // `--lock-limit` (default: the concurrency) caps the jobs a worker locks ahead of running them.
 // Agenda's own default, 0, means no cap: a worker then locks its whole backlog one
@@ -55,6 +57,7 @@ function args(argv) {
     else if (a === '--concurrency') out.concurrency = Number(v());
     else if (a === '--plugin') out.plugin = v();
     else if (a === '--inproc') out.inproc = true;
+    else if (a === '--polling') out.polling = true;
     else if (a === '--server-pid') out.serverPid = Number(v());
     else if (a === '--latency-jobs') out.latencyJobs = Number(v());
     else if (a === '--repeat') out.repeat = Number(v());
@@ -82,12 +85,21 @@ function args(argv) {
 async function worker(opt) {
   const client = new MongoClient(opt.uri, { monitorCommands: true, appName: 'agenda-worker' });
   let requests = 0;
-  client.on('commandStarted', () => requests++);
+  // Per command: how many, and the driver's round-trip time, to show where a job's cost goes.
+  const byCommand = {};
+  const entry = (name) => (byCommand[name] ??= { n: 0, ms: 0 });
+  client.on('commandStarted', (e) => {
+    requests++;
+    entry(e.commandName).n++;
+  });
+  client.on('commandSucceeded', (e) => (entry(e.commandName).ms += e.duration));
+  client.on('commandFailed', (e) => (entry(e.commandName).ms += e.duration));
   await client.connect();
   const db = client.db(opt.db);
   const agenda = new Agenda({
     backend: new MongoBackend({ mongo: db }),
-    notificationChannel: new MongoChangeStreamNotificationChannel({ db }),
+    // Change-stream wake-ups, as our DENs use; --polling is Agenda's default (processEvery).
+    notificationChannel: opt.polling ? undefined : new MongoChangeStreamNotificationChannel({ db }),
     processEvery: opt.processEvery ?? '1 second',
     maxConcurrency: opt.concurrency,
     defaultConcurrency: opt.concurrency,
@@ -116,8 +128,11 @@ async function worker(opt) {
     { concurrency: opt.concurrency, lockLimit: opt.lockLimit },
   );
   process.on('message', async (m) => {
-    if (m === 'requests') process.send({ requests });
+    if (m === 'requests') process.send({ requests, byCommand });
     if (m === 'stop') {
+      // Claims still in flight fail once the client closes; the worker is leaving anyway.
+      process.on('uncaughtException', () => process.exit(0));
+      process.on('unhandledRejection', () => process.exit(0));
       flush();
       await agenda.stop();
       await client.close();
@@ -159,6 +174,7 @@ async function startFleet(opt, dbName, n) {
     const a = ['--worker', '--uri', opt.uri, '--db', dbName, '--concurrency', String(opt.concurrency)];
     a.push('--lock-limit', String(opt.lockLimit));
     if (opt.inproc) a.push('--inproc');
+    if (opt.polling) a.push('--polling');
     else a.push('--plugin', opt.plugin);
     if (opt.processEvery) a.push('--process-every', opt.processEvery);
     const child = fork(me, a, { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
@@ -182,14 +198,24 @@ async function startFleet(opt, dbName, n) {
             const on = (m) => {
               if (m.requests !== undefined) {
                 w.child.off('message', on);
-                resolve(m.requests);
+                resolve(m);
               }
             };
             w.child.on('message', on);
             w.child.send('requests');
           }),
       ),
-    ).then((xs) => xs.reduce((a, b) => a + b, 0));
+    ).then((xs) => {
+      const by = {};
+      for (const x of xs) {
+        for (const [k, v] of Object.entries(x.byCommand)) {
+          by[k] ??= { n: 0, ms: 0 };
+          by[k].n += v.n;
+          by[k].ms += v.ms;
+        }
+      }
+      return { total: xs.reduce((a, x) => a + x.requests, 0), by };
+    });
   const cpu = () => workers.reduce((a, w) => a + cpuMs(w.child.pid), 0);
   const stop = async () => {
     const peak = Math.max(...workers.map((w) => hwmMiB(w.child.pid)));
@@ -253,7 +279,14 @@ async function oneRun(opt, client, n, depth, run) {
     tasks_run: ran,
     drained: ran >= depth,
     tasks_per_s: ran === 0 ? 0 : ran / ((last - first) / 1000),
-    requests_per_task: (reqAfter - reqBefore) / ran,
+    requests_per_task: (reqAfter.total - reqBefore.total) / ran,
+    // command: [per job, driver ms per job]
+    by_command: Object.fromEntries(
+      Object.entries(reqAfter.by).map(([k, v]) => {
+        const b = reqBefore.by[k] ?? { n: 0, ms: 0 };
+        return [k, [(v.n - b.n) / ran, (v.ms - b.ms) / ran]];
+      }),
+    ),
     worker_cpu_ms_per_task: (cpuAfter - cpuBefore) / ran,
     server_cpu_ms_per_task: (serverAfter - serverBefore) / ran,
   };
@@ -282,7 +315,7 @@ async function idleRun(opt, client, n) {
   await sleep(idleMs);
   const result = {
     worker_idle_cpu_pct: ((fleet.cpu() - idleCpu0) / idleMs) * 100,
-    idle_requests_per_s: ((await fleet.requests()) - idleReq0) / (idleMs / 1000),
+    idle_requests_per_s: ((await fleet.requests()).total - idleReq0.total) / (idleMs / 1000),
   };
   if (opt.serverPid) result.server_idle_cpu_pct = ((cpuMs(opt.serverPid) - idleSrv0) / idleMs) * 100;
   for (let i = 0; i < opt.latencyJobs; i++) {
@@ -300,20 +333,72 @@ async function idleRun(opt, client, n) {
   return result;
 }
 
+// Agenda's claim alone, its ceiling here: the findOneAndUpdate of
+// MongoJobRepository.getNextJobToRun (@agendajs/mongo-backend 4.0.3) with its sort and index,
+// one claimer, on a backlog of `depth`, drained up to 1 000 claims or sampled for 5 s.
+async function claimAlone(opt, client, depth) {
+  const dbName = `peer_agenda_${process.pid}_claim_${depth}`;
+  const db = client.db(dbName);
+  await db.dropDatabase();
+  const saver = new Agenda({ backend: new MongoBackend({ mongo: db }) });
+  saver.define(JOB, async () => {});
+  await saver.ready;
+  await enqueue(db, saver, depth, Date.now());
+  const jobs = db.collection('agendaJobs');
+  const sort = { nextRunAt: 1, priority: -1 };
+  const times = [];
+  const serverBefore = opt.serverPid ? cpuMs(opt.serverPid) : NaN;
+  const t0 = Date.now();
+  while (times.length < Math.min(depth, 1000) && Date.now() - t0 < 5000) {
+    const now = new Date();
+    const c0 = performance.now();
+    const job = await jobs.findOneAndUpdate(
+      {
+        name: JOB,
+        disabled: { $ne: true },
+        $or: [
+          { lockedAt: { $eq: null }, nextRunAt: { $lte: now } },
+          { lockedAt: { $lte: new Date(now.getTime() - 600_000) } },
+        ],
+      },
+      { $set: { lockedAt: now, lastModifiedBy: null } },
+      { returnDocument: 'after', sort },
+    );
+    if (!job) break;
+    times.push(performance.now() - c0);
+  }
+  const secs = (Date.now() - t0) / 1000;
+  const serverAfter = opt.serverPid ? cpuMs(opt.serverPid) : NaN;
+  await saver.stop();
+  await db.dropDatabase();
+  return {
+    claims: times.length,
+    claims_per_s: times.length / secs,
+    p50_ms: pct(times, 50),
+    p99_ms: pct(times, 99),
+    server_cpu_ms_per_claim: (serverAfter - serverBefore) / times.length,
+  };
+}
+
 async function coordinator(opt) {
   const client = new MongoClient(opt.uri);
   await client.connect();
+  for (const depth of opt.depth) {
+    const alone = await claimAlone(opt, client, depth);
+    console.log(JSON.stringify({ peer: 'agenda', claim_alone: true, depth, ...alone }));
+  }
   for (const n of opt.workers) {
     for (const depth of opt.depth) {
       const runs = [];
       for (let r = 0; r < opt.repeat; r++) runs.push(await oneRun(opt, client, n, depth, r));
-      const keys = Object.keys(runs[0]).filter((k) => k !== 'drained');
+      const keys = Object.keys(runs[0]).filter((k) => k !== 'drained' && k !== 'by_command');
       const med = Object.fromEntries(keys.map((k) => [k, median(runs.map((x) => x[k]))]));
       const tput = runs.map((x) => x.tasks_per_s);
       console.log(
         JSON.stringify({
           peer: 'agenda',
           mode: opt.inproc ? 'in-process no-op' : 'no-op plugin per job',
+          wakeups: opt.polling ? 'polling' : 'change stream',
           workers: n,
           concurrency: opt.concurrency,
           lock_limit: opt.lockLimit,
@@ -323,6 +408,7 @@ async function coordinator(opt) {
           tasks_per_s_min: Math.min(...tput),
           tasks_per_s_max: Math.max(...tput),
           ...med,
+          by_command_last_run: runs[runs.length - 1].by_command,
         }),
       );
     }
