@@ -239,6 +239,17 @@ async function waitFor(events, n, deadline) {
   while (events.length < n && Date.now() < deadline) await sleep(20);
 }
 
+// An empty database of its own for one measurement, and an Agenda that saves jobs into it
+// without processing any.
+async function freshDatabase(client, dbName) {
+  const db = client.db(dbName);
+  await db.dropDatabase();
+  const saver = new Agenda({ backend: new MongoBackend({ mongo: db }) });
+  saver.define(JOB, async () => {});
+  await saver.ready;
+  return { db, saver };
+}
+
 // Queues `depth` jobs as Agenda stores them: one saved by Agenda itself, the rest copies of
 // its document (Agenda saves one insert at a time; copies keep a 100 000-deep queue quick).
 async function enqueue(db, saver, depth, saved) {
@@ -255,11 +266,7 @@ async function enqueue(db, saver, depth, saved) {
 // Throughput from a backlog of `depth`: a run ends after `jobs` jobs or `run-secs`, as ours do.
 async function oneRun(opt, client, n, depth, run) {
   const dbName = `peer_agenda_${process.pid}_${n}_${depth}_${run}`;
-  const db = client.db(dbName);
-  await db.dropDatabase();
-  const saver = new Agenda({ backend: new MongoBackend({ mongo: db }) });
-  saver.define(JOB, async () => {});
-  await saver.ready;
+  const { db, saver } = await freshDatabase(client, dbName);
   await enqueue(db, saver, depth, Date.now());
   const target = Math.min(opt.jobs, depth);
   const serverBefore = opt.serverPid ? cpuMs(opt.serverPid) : NaN;
@@ -301,11 +308,7 @@ async function oneRun(opt, client, n, depth, run) {
 // left behind is counted as latency.
 async function idleRun(opt, client, n) {
   const dbName = `peer_agenda_${process.pid}_${n}_idle`;
-  const db = client.db(dbName);
-  await db.dropDatabase();
-  const saver = new Agenda({ backend: new MongoBackend({ mongo: db }) });
-  saver.define(JOB, async () => {});
-  await saver.ready;
+  const { db, saver } = await freshDatabase(client, dbName);
   const fleet = await startFleet(opt, dbName, n);
   await sleep(1000);
   const idleCpu0 = fleet.cpu();
@@ -338,11 +341,7 @@ async function idleRun(opt, client, n) {
 // one claimer, on a backlog of `depth`, drained up to 1 000 claims or sampled for 5 s.
 async function claimAlone(opt, client, depth) {
   const dbName = `peer_agenda_${process.pid}_claim_${depth}`;
-  const db = client.db(dbName);
-  await db.dropDatabase();
-  const saver = new Agenda({ backend: new MongoBackend({ mongo: db }) });
-  saver.define(JOB, async () => {});
-  await saver.ready;
+  const { db, saver } = await freshDatabase(client, dbName);
   await enqueue(db, saver, depth, Date.now());
   const jobs = db.collection('agendaJobs');
   const sort = { nextRunAt: 1, priority: -1 };
