@@ -1,0 +1,198 @@
+// pg-boss (Node.js, PostgreSQL; the most used PostgreSQL-backed job queue on npm) run the way
+// `disbatch-bench` runs our fleet: N worker processes on a local PostgreSQL, M queued no-op
+// jobs, each running the same no-op plugin executable as a child process (as a DEN runs one
+// per task), or nothing at all (`--inproc`). Prints one JSON line per configuration. Run it
+// through `scripts/bench-peers/run pgboss`, which installs the pinned packages and starts the
+// PostgreSQL server.
+//
+//   node pgboss.mjs --uri postgres://... --plugin PATH [--inproc] [--workers 1,2,4]
+//                   [--depth 1000,100000] [--jobs 1000] [--run-secs 15] [--concurrency 8]
+//                   [--repeat 3] [--latency-jobs 200] [--server-pid POSTMASTER_PID]
+//                   [--polling-secs 0.5]
+//
+// How each figure is taken: common.mjs. Requests are the SQL statements pg-boss sent. A
+// worker's concurrency is `concurrency` pg-boss workers (`work()` calls) of batch size 1, each
+// fetching its next job as soon as it finished one and polling every `--polling-secs` (default
+// 0.5, pg-boss's minimum and fastest; its default is 2) when the queue is empty: pg-boss
+// wakes no worker across processes. The server's CPU is the postmaster's and its backends'.
+// Before the fleets, pg-boss's fetch alone (one claimer) gives its ceiling on this server.
+
+import { fileURLToPath } from 'node:url';
+import PgBoss from 'pg-boss';
+import pg from 'pg';
+import {
+  measureIdle,
+  measureRun,
+  parseArgs,
+  pct,
+  runJob,
+  runMain,
+  startFleet,
+  summarize,
+  treeCpuMs,
+  workerChannel,
+} from './common.mjs';
+
+const QUEUE = 'noop';
+
+function options(argv) {
+  const opt = parseArgs(argv, { '--polling-secs': 'pollingSecs' });
+  opt.pollingSecs = opt.pollingSecs === undefined ? 0.5 : Number(opt.pollingSecs);
+  if (!(opt.pollingSecs >= 0.5)) throw new Error(`--polling-secs: at least 0.5 (pg-boss's minimum)`);
+  return opt;
+}
+
+// A statement's kind, for the per-command split: pg-boss's statements are long CTEs.
+function kind(text) {
+  if (/SKIP LOCKED/i.test(text)) return 'fetch';
+  if (/'completed'/.test(text)) return 'complete';
+  return (text.trim().match(/^\w+/)?.[0] ?? '?').toLowerCase();
+}
+
+function newBoss(opt, schema, extra = {}) {
+  return new PgBoss({ connectionString: opt.uri, schema, ...extra });
+}
+
+// ---- worker: one pg-boss process -----------------------------------------------------------
+
+async function worker(opt) {
+  const boss = newBoss(opt, opt.db, { max: opt.concurrency + 2 });
+  const channel = workerChannel(() => boss.stop({ graceful: true, wait: true, timeout: 5000 }));
+  const db = boss.getDb();
+  const executeSql = db.executeSql.bind(db);
+  db.executeSql = async (text, values) => {
+    const what = kind(text);
+    channel.count(what);
+    const t0 = performance.now();
+    try {
+      return await executeSql(text, values);
+    } finally {
+      channel.took(what, performance.now() - t0);
+    }
+  };
+  boss.on('error', (e) => console.error(`pg-boss worker: ${e.message ?? e}`));
+  await boss.start();
+  for (let i = 0; i < opt.concurrency; i++) {
+    await boss.work(QUEUE, { batchSize: 1, pollingIntervalSeconds: opt.pollingSecs }, async ([job]) => {
+      const start = Date.now();
+      try {
+        await runJob(opt);
+      } catch (e) {
+        channel.failed();
+        throw e;
+      }
+      channel.ran(job.data.saved, start, Date.now());
+    });
+  }
+  channel.ready();
+}
+
+// ---- coordinator ---------------------------------------------------------------------------
+
+function workerArgs(opt, schema) {
+  const a = ['--uri', opt.uri, '--db', schema, '--concurrency', String(opt.concurrency)];
+  a.push('--polling-secs', String(opt.pollingSecs));
+  a.push(...(opt.inproc ? ['--inproc'] : ['--plugin', opt.plugin]));
+  return a;
+}
+
+// A schema of its own for one measurement, with pg-boss's tables and the queue, and a pg-boss
+// that sends jobs into it without working any.
+async function freshSchema(opt, pool, schema) {
+  await pool.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+  const saver = newBoss(opt, schema, { supervise: false, schedule: false });
+  saver.on('error', (e) => console.error(`pg-boss saver: ${e.message ?? e}`));
+  await saver.start();
+  await saver.createQueue(QUEUE);
+  const drop = async () => {
+    await saver.stop({ graceful: false, wait: true });
+    await pool.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+  };
+  return { saver, drop };
+}
+
+async function enqueue(saver, depth, saved) {
+  for (let i = 0; i < depth; i += 10_000) {
+    const k = Math.min(10_000, depth - i);
+    await saver.insert(Array.from({ length: k }, () => ({ name: QUEUE, data: { saved } })));
+  }
+}
+
+async function oneRun(opt, pool, n, depth, run) {
+  const schema = `peer_pgboss_${process.pid}_${n}_${depth}_${run}`;
+  const { saver, drop } = await freshSchema(opt, pool, schema);
+  await enqueue(saver, depth, Date.now());
+  const serverCpu = () => (opt.serverPid ? treeCpuMs(opt.serverPid) : NaN);
+  const fleet = await startFleet(fileURLToPath(import.meta.url), workerArgs(opt, schema), n);
+  const result = await measureRun(opt, fleet, depth, serverCpu);
+  result.worker_peak_rss_mib = await fleet.stop();
+  await drop();
+  return result;
+}
+
+async function idleRun(opt, pool, n) {
+  const schema = `peer_pgboss_${process.pid}_${n}_idle`;
+  const { saver, drop } = await freshSchema(opt, pool, schema);
+  const serverCpu = () => (opt.serverPid ? treeCpuMs(opt.serverPid) : NaN);
+  const fleet = await startFleet(fileURLToPath(import.meta.url), workerArgs(opt, schema), n);
+  const result = await measureIdle(opt, fleet, (saved) => saver.send(QUEUE, { saved }), serverCpu);
+  await fleet.stop();
+  await drop();
+  return result;
+}
+
+// pg-boss's fetch alone (its SKIP LOCKED claim of one job), one claimer, on a backlog of
+// `depth`, drained up to 1 000 claims or sampled for 5 s.
+async function claimAlone(opt, pool, depth) {
+  const schema = `peer_pgboss_${process.pid}_claim_${depth}`;
+  const { saver, drop } = await freshSchema(opt, pool, schema);
+  await enqueue(saver, depth, Date.now());
+  const times = [];
+  const serverBefore = opt.serverPid ? treeCpuMs(opt.serverPid) : NaN;
+  const t0 = Date.now();
+  while (times.length < Math.min(depth, 1000) && Date.now() - t0 < 5000) {
+    const c0 = performance.now();
+    const jobs = await saver.fetch(QUEUE, { batchSize: 1 });
+    if (!jobs.length) break;
+    times.push(performance.now() - c0);
+  }
+  const secs = (Date.now() - t0) / 1000;
+  const serverAfter = opt.serverPid ? treeCpuMs(opt.serverPid) : NaN;
+  await drop();
+  return {
+    claims: times.length,
+    claims_per_s: times.length / secs,
+    p50_ms: pct(times, 50),
+    p99_ms: pct(times, 99),
+    server_cpu_ms_per_claim: (serverAfter - serverBefore) / times.length,
+  };
+}
+
+async function coordinator(opt) {
+  const pool = new pg.Pool({ connectionString: opt.uri, max: 2 });
+  for (const depth of opt.depth) {
+    const alone = await claimAlone(opt, pool, depth);
+    console.log(JSON.stringify({ peer: 'pg-boss', claim_alone: true, depth, ...alone }));
+  }
+  for (const n of opt.workers) {
+    for (const depth of opt.depth) {
+      const runs = [];
+      for (let r = 0; r < opt.repeat; r++) runs.push(await oneRun(opt, pool, n, depth, r));
+      const head = {
+        peer: 'pg-boss',
+        mode: opt.inproc ? 'in-process no-op' : 'no-op plugin per job',
+        polling_secs: opt.pollingSecs,
+        workers: n,
+        concurrency: opt.concurrency,
+        depth,
+      };
+      console.log(summarize(head, runs));
+    }
+    const idle = await idleRun(opt, pool, n);
+    console.log(JSON.stringify({ peer: 'pg-boss', idle_fleet: true, workers: n, ...idle }));
+  }
+  await pool.end();
+}
+
+const opt = options(process.argv.slice(2));
+runMain('pg-boss', () => (opt.worker ? worker(opt) : coordinator(opt)));
