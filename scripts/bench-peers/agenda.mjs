@@ -6,7 +6,8 @@
 //
 //   node agenda.mjs --uri URI --plugin PATH [--inproc] [--workers 1,2,4] [--depth 1000,100000]
 //                   [--jobs 1000] [--run-secs 15] [--concurrency 8] [--repeat 3]
-//                   [--latency-jobs 200] [--server-pid PID] [--lock-limit N] [--polling]
+//                   [--latency-jobs 200] [--latency-gap-ms 20] [--server-pid PID] [--lock-limit N]
+//                   [--polling]
 //
 // How each figure is taken: common.mjs. Requests are the commands the workers' drivers sent
 // (command monitoring; the driver's own monitoring `hello`s are not commands). Before the

@@ -7,7 +7,7 @@
 //
 //   node pgboss.mjs --uri postgres://... --plugin PATH [--inproc] [--workers 1,2,4]
 //                   [--depth 1000,100000] [--jobs 1000] [--run-secs 15] [--concurrency 8]
-//                   [--repeat 3] [--latency-jobs 200] [--server-pid POSTMASTER_PID]
+//                   [--repeat 3] [--latency-jobs 200] [--latency-gap-ms 20] [--server-pid POSTMASTER_PID]
 //                   [--polling-secs 0.5]
 //
 // How each figure is taken: common.mjs. Requests are the SQL statements pg-boss sent. A
@@ -15,6 +15,9 @@
 // fetching its next job as soon as it finished one and polling every `--polling-secs` (default
 // 0.5, pg-boss's minimum and fastest; its default is 2) when the queue is empty: pg-boss
 // wakes no worker across processes. The server's CPU is the postmaster's and its backends'.
+// A pg-boss 10 work() loop waits out the rest of its polling interval after every fetch, jobs
+// or not, so a worker runs at most concurrency ÷ polling interval jobs a second (16 with the
+// defaults here): raising that means more loops or bigger batches, i.e. more jobs at once.
 // Before the fleets, pg-boss's fetch alone (one claimer) gives its ceiling on this server.
 
 import { fileURLToPath } from 'node:url';
