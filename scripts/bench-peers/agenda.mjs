@@ -30,11 +30,11 @@ import {
   measureIdle,
   measureRun,
   parseArgs,
-  pct,
   runJob,
   runMain,
+  runMatrix,
   startFleet,
-  summarize,
+  timeClaims,
   workerChannel,
 } from './common.mjs';
 
@@ -152,19 +152,14 @@ async function idleRun(opt, client, n) {
 
 // Agenda's claim alone, its ceiling here: the findOneAndUpdate of
 // MongoJobRepository.getNextJobToRun (@agendajs/mongo-backend 4.0.3) with its sort and index,
-// one claimer, on a backlog of `depth`, drained up to 1 000 claims or sampled for 5 s.
+// one claimer, on a backlog of `depth`.
 async function claimAlone(opt, client, depth) {
   const dbName = `peer_agenda_${process.pid}_claim_${depth}`;
   const { db, saver } = await freshDatabase(client, dbName);
   await enqueue(db, saver, depth, Date.now());
   const jobs = db.collection('agendaJobs');
-  const sort = { nextRunAt: 1, priority: -1 };
-  const times = [];
-  const serverBefore = opt.serverPid ? cpuMs(opt.serverPid) : NaN;
-  const t0 = Date.now();
-  while (times.length < Math.min(depth, 1000) && Date.now() - t0 < 5000) {
+  const claimOnce = async () => {
     const now = new Date();
-    const c0 = performance.now();
     const job = await jobs.findOneAndUpdate(
       {
         name: JOB,
@@ -175,49 +170,26 @@ async function claimAlone(opt, client, depth) {
         ],
       },
       { $set: { lockedAt: now, lastModifiedBy: null } },
-      { returnDocument: 'after', sort },
+      { returnDocument: 'after', sort: { nextRunAt: 1, priority: -1 } },
     );
-    if (!job) break;
-    times.push(performance.now() - c0);
-  }
-  const secs = (Date.now() - t0) / 1000;
-  const serverAfter = opt.serverPid ? cpuMs(opt.serverPid) : NaN;
+    return job !== null;
+  };
+  const serverCpu = () => (opt.serverPid ? cpuMs(opt.serverPid) : NaN);
+  const result = await timeClaims(depth, claimOnce, serverCpu);
   await saver.stop();
   await db.dropDatabase();
-  return {
-    claims: times.length,
-    claims_per_s: times.length / secs,
-    p50_ms: pct(times, 50),
-    p99_ms: pct(times, 99),
-    server_cpu_ms_per_claim: (serverAfter - serverBefore) / times.length,
-  };
+  return result;
 }
 
 async function coordinator(opt) {
   const client = new MongoClient(opt.uri);
   await client.connect();
-  for (const depth of opt.depth) {
-    const alone = await claimAlone(opt, client, depth);
-    console.log(JSON.stringify({ peer: 'agenda', claim_alone: true, depth, ...alone }));
-  }
-  for (const n of opt.workers) {
-    for (const depth of opt.depth) {
-      const runs = [];
-      for (let r = 0; r < opt.repeat; r++) runs.push(await oneRun(opt, client, n, depth, r));
-      const head = {
-        peer: 'agenda',
-        mode: opt.inproc ? 'in-process no-op' : 'no-op plugin per job',
-        wakeups: opt.polling ? 'polling' : 'change stream',
-        workers: n,
-        concurrency: opt.concurrency,
-        lock_limit: opt.lockLimit,
-        depth,
-      };
-      console.log(summarize(head, runs));
-    }
-    const idle = await idleRun(opt, client, n);
-    console.log(JSON.stringify({ peer: 'agenda', idle_fleet: true, workers: n, ...idle }));
-  }
+  const wakeups = opt.polling ? 'polling' : 'change stream';
+  await runMatrix(opt, 'agenda', { wakeups, lock_limit: opt.lockLimit }, {
+    claimAlone: (depth) => claimAlone(opt, client, depth),
+    oneRun: (n, depth, run) => oneRun(opt, client, n, depth, run),
+    idleRun: (n) => idleRun(opt, client, n),
+  });
   await client.close();
 }
 

@@ -294,6 +294,52 @@ export async function measureIdle(opt, fleet, save, serverCpu) {
   return result;
 }
 
+/**
+ * One claimer's claims, timed: `claimOnce()` claims one job and resolves whether it found one.
+ * Up to 1 000 claims (or the whole backlog), at most 5 s.
+ */
+export async function timeClaims(depth, claimOnce, serverCpu) {
+  const times = [];
+  const serverBefore = serverCpu();
+  const t0 = Date.now();
+  while (times.length < Math.min(depth, 1000) && Date.now() - t0 < 5000) {
+    const c0 = performance.now();
+    if (!(await claimOnce())) break;
+    times.push(performance.now() - c0);
+  }
+  const secs = (Date.now() - t0) / 1000;
+  return {
+    claims: times.length,
+    claims_per_s: times.length / secs,
+    p50_ms: pct(times, 50),
+    p99_ms: pct(times, 99),
+    server_cpu_ms_per_claim: (serverCpu() - serverBefore) / times.length,
+  };
+}
+
+/**
+ * A peer's whole matrix, one JSON line each: its claim alone at each depth, then for each
+ * worker count `repeat` runs at each depth and an idle fleet. `settings` are the peer's own
+ * options worth printing; the three measurements are the peer's.
+ */
+export async function runMatrix(opt, peer, settings, { claimAlone, oneRun, idleRun }) {
+  for (const depth of opt.depth) {
+    const alone = await claimAlone(depth);
+    console.log(JSON.stringify({ peer, claim_alone: true, ...settings, depth, ...alone }));
+  }
+  const mode = opt.inproc ? 'in-process no-op' : 'no-op plugin per job';
+  for (const workers of opt.workers) {
+    for (const depth of opt.depth) {
+      const runs = [];
+      for (let r = 0; r < opt.repeat; r++) runs.push(await oneRun(workers, depth, r));
+      const head = { peer, mode, ...settings, workers, concurrency: opt.concurrency, depth };
+      console.log(summarize(head, runs));
+    }
+    const idle = await idleRun(workers);
+    console.log(JSON.stringify({ peer, idle_fleet: true, workers, ...idle }));
+  }
+}
+
 /** One JSON line for `runs` of one configuration: medians, and the throughput's range. */
 export function summarize(head, runs) {
   const keys = Object.keys(runs[0]).filter((k) => k !== 'drained' && k !== 'by_command');

@@ -27,11 +27,11 @@ import {
   measureIdle,
   measureRun,
   parseArgs,
-  pct,
   runJob,
   runMain,
+  runMatrix,
   startFleet,
-  summarize,
+  timeClaims,
   treeCpuMs,
   workerChannel,
 } from './common.mjs';
@@ -150,57 +150,25 @@ async function idleRun(opt, pool, n) {
 }
 
 // pg-boss's fetch alone (its SKIP LOCKED claim of one job), one claimer, on a backlog of
-// `depth`, drained up to 1 000 claims or sampled for 5 s.
+// `depth`.
 async function claimAlone(opt, pool, depth) {
   const schema = `peer_pgboss_${process.pid}_claim_${depth}`;
   const { saver, drop } = await freshSchema(opt, pool, schema);
   await enqueue(opt, pool, schema, saver, depth, Date.now());
-  const times = [];
-  const serverBefore = opt.serverPid ? treeCpuMs(opt.serverPid) : NaN;
-  const t0 = Date.now();
-  while (times.length < Math.min(depth, 1000) && Date.now() - t0 < 5000) {
-    const c0 = performance.now();
-    const jobs = await saver.fetch(QUEUE, { batchSize: 1 });
-    if (!jobs.length) break;
-    times.push(performance.now() - c0);
-  }
-  const secs = (Date.now() - t0) / 1000;
-  const serverAfter = opt.serverPid ? treeCpuMs(opt.serverPid) : NaN;
+  const serverCpu = () => (opt.serverPid ? treeCpuMs(opt.serverPid) : NaN);
+  const claimOnce = async () => (await saver.fetch(QUEUE, { batchSize: 1 })).length > 0;
+  const result = await timeClaims(depth, claimOnce, serverCpu);
   await drop();
-  return {
-    claims: times.length,
-    claims_per_s: times.length / secs,
-    p50_ms: pct(times, 50),
-    p99_ms: pct(times, 99),
-    server_cpu_ms_per_claim: (serverAfter - serverBefore) / times.length,
-  };
+  return result;
 }
 
 async function coordinator(opt) {
   const pool = new pg.Pool({ connectionString: opt.uri, max: 2 });
-  for (const depth of opt.depth) {
-    const alone = await claimAlone(opt, pool, depth);
-    const analyzed = !opt.noAnalyze;
-    console.log(JSON.stringify({ peer: 'pg-boss', claim_alone: true, analyzed, depth, ...alone }));
-  }
-  for (const n of opt.workers) {
-    for (const depth of opt.depth) {
-      const runs = [];
-      for (let r = 0; r < opt.repeat; r++) runs.push(await oneRun(opt, pool, n, depth, r));
-      const head = {
-        peer: 'pg-boss',
-        mode: opt.inproc ? 'in-process no-op' : 'no-op plugin per job',
-        polling_secs: opt.pollingSecs,
-        analyzed: !opt.noAnalyze,
-        workers: n,
-        concurrency: opt.concurrency,
-        depth,
-      };
-      console.log(summarize(head, runs));
-    }
-    const idle = await idleRun(opt, pool, n);
-    console.log(JSON.stringify({ peer: 'pg-boss', idle_fleet: true, workers: n, ...idle }));
-  }
+  await runMatrix(opt, 'pg-boss', { polling_secs: opt.pollingSecs, analyzed: !opt.noAnalyze }, {
+    claimAlone: (depth) => claimAlone(opt, pool, depth),
+    oneRun: (n, depth, run) => oneRun(opt, pool, n, depth, run),
+    idleRun: (n) => idleRun(opt, pool, n),
+  });
   await pool.end();
 }
 
