@@ -25,18 +25,7 @@ import { fileURLToPath } from 'node:url';
 import { MongoClient, ObjectId } from 'mongodb';
 import { Agenda } from 'agenda';
 import { MongoBackend, MongoChangeStreamNotificationChannel } from '@agendajs/mongo-backend';
-import {
-  cpuMs,
-  measureIdle,
-  measureRun,
-  parseArgs,
-  runJob,
-  runMain,
-  runMatrix,
-  startFleet,
-  timeClaims,
-  workerChannel,
-} from './common.mjs';
+import { cpuMs, parseArgs, runJob, runMain, runMatrix, workerChannel } from './common.mjs';
 
 const JOB = 'noop';
 
@@ -101,7 +90,7 @@ function workerArgs(opt, dbName) {
   return a;
 }
 
-// An empty database of its own for one measurement, and an Agenda that saves jobs into it
+// An empty database of its own for one measurement, with an Agenda that saves jobs into it
 // without processing any.
 async function freshDatabase(client, dbName) {
   const db = client.db(dbName);
@@ -109,86 +98,60 @@ async function freshDatabase(client, dbName) {
   const saver = new Agenda({ backend: new MongoBackend({ mongo: db }) });
   saver.define(JOB, async () => {});
   await saver.ready;
-  return { db, saver };
+  const jobs = db.collection('agendaJobs');
+  return {
+    enqueue: (depth) => enqueue(jobs, saver, depth, Date.now()),
+    save: (saved) => saver.now(JOB, { saved }),
+    claimOnce: () => claimOnce(jobs),
+    drop: async () => {
+      await saver.stop();
+      await db.dropDatabase();
+    },
+  };
 }
 
 // Queues `depth` jobs as Agenda stores them: one saved by Agenda itself, the rest copies of
 // its document (Agenda saves one insert at a time; copies keep a 100 000-deep queue quick).
-async function enqueue(db, saver, depth, saved) {
+async function enqueue(jobs, saver, depth, saved) {
   const first = await saver.now(JOB, { saved });
-  const doc = await db.collection('agendaJobs').findOne({ _id: new ObjectId(String(first.attrs._id)) });
+  const doc = await jobs.findOne({ _id: new ObjectId(String(first.attrs._id)) });
   if (!doc) throw new Error('the job Agenda saved is not in agendaJobs');
   delete doc._id;
   for (let i = 1; i < depth; i += 10_000) {
     const k = Math.min(10_000, depth - i);
-    await db.collection('agendaJobs').insertMany(Array.from({ length: k }, () => ({ ...doc })));
+    await jobs.insertMany(Array.from({ length: k }, () => ({ ...doc })));
   }
 }
 
-async function oneRun(opt, client, n, depth, run) {
-  const dbName = `peer_agenda_${process.pid}_${n}_${depth}_${run}`;
-  const { db, saver } = await freshDatabase(client, dbName);
-  await enqueue(db, saver, depth, Date.now());
-  const serverCpu = () => (opt.serverPid ? cpuMs(opt.serverPid) : NaN);
-  const fleet = await startFleet(fileURLToPath(import.meta.url), workerArgs(opt, dbName), n);
-  const result = await measureRun(opt, fleet, depth, serverCpu);
-  result.worker_peak_rss_mib = await fleet.stop();
-  await saver.stop();
-  await db.dropDatabase();
-  return result;
-}
-
-async function idleRun(opt, client, n) {
-  const dbName = `peer_agenda_${process.pid}_${n}_idle`;
-  const { db, saver } = await freshDatabase(client, dbName);
-  const serverCpu = () => (opt.serverPid ? cpuMs(opt.serverPid) : NaN);
-  const fleet = await startFleet(fileURLToPath(import.meta.url), workerArgs(opt, dbName), n);
-  const result = await measureIdle(opt, fleet, (saved) => saver.now(JOB, { saved }), serverCpu);
-  await fleet.stop();
-  await saver.stop();
-  await db.dropDatabase();
-  return result;
-}
-
-// Agenda's claim alone, its ceiling here: the findOneAndUpdate of
-// MongoJobRepository.getNextJobToRun (@agendajs/mongo-backend 4.0.3) with its sort and index,
-// one claimer, on a backlog of `depth`.
-async function claimAlone(opt, client, depth) {
-  const dbName = `peer_agenda_${process.pid}_claim_${depth}`;
-  const { db, saver } = await freshDatabase(client, dbName);
-  await enqueue(db, saver, depth, Date.now());
-  const jobs = db.collection('agendaJobs');
-  const claimOnce = async () => {
-    const now = new Date();
-    const job = await jobs.findOneAndUpdate(
-      {
-        name: JOB,
-        disabled: { $ne: true },
-        $or: [
-          { lockedAt: { $eq: null }, nextRunAt: { $lte: now } },
-          { lockedAt: { $lte: new Date(now.getTime() - 600_000) } },
-        ],
-      },
-      { $set: { lockedAt: now, lastModifiedBy: null } },
-      { returnDocument: 'after', sort: { nextRunAt: 1, priority: -1 } },
-    );
-    return job !== null;
-  };
-  const serverCpu = () => (opt.serverPid ? cpuMs(opt.serverPid) : NaN);
-  const result = await timeClaims(depth, claimOnce, serverCpu);
-  await saver.stop();
-  await db.dropDatabase();
-  return result;
+// Agenda's claim, for its ceiling here: the findOneAndUpdate of
+// MongoJobRepository.getNextJobToRun (@agendajs/mongo-backend 4.0.3) with its sort and index.
+async function claimOnce(jobs) {
+  const now = new Date();
+  const job = await jobs.findOneAndUpdate(
+    {
+      name: JOB,
+      disabled: { $ne: true },
+      $or: [
+        { lockedAt: { $eq: null }, nextRunAt: { $lte: now } },
+        { lockedAt: { $lte: new Date(now.getTime() - 600_000) } },
+      ],
+    },
+    { $set: { lockedAt: now, lastModifiedBy: null } },
+    { returnDocument: 'after', sort: { nextRunAt: 1, priority: -1 } },
+  );
+  return job !== null;
 }
 
 async function coordinator(opt) {
   const client = new MongoClient(opt.uri);
   await client.connect();
-  const wakeups = opt.polling ? 'polling' : 'change stream';
-  await runMatrix(opt, 'agenda', { wakeups, lock_limit: opt.lockLimit }, {
-    claimAlone: (depth) => claimAlone(opt, client, depth),
-    oneRun: (n, depth, run) => oneRun(opt, client, n, depth, run),
-    idleRun: (n) => idleRun(opt, client, n),
+  await runMatrix(opt, {
+    name: 'agenda',
+    settings: { wakeups: opt.polling ? 'polling' : 'change stream', lock_limit: opt.lockLimit },
+    script: fileURLToPath(import.meta.url),
+    serverCpu: () => (opt.serverPid ? cpuMs(opt.serverPid) : NaN),
+    workerArgs: (dbName) => workerArgs(opt, dbName),
+    fresh: (dbName) => freshDatabase(client, dbName),
   });
   await client.close();
 }

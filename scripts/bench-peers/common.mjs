@@ -6,11 +6,11 @@ import { readFileSync, readdirSync } from 'node:fs';
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-export function pct(xs, p) {
+function pct(xs, p) {
   const s = [...xs].sort((a, b) => a - b);
   return s.length ? s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))] : NaN;
 }
-export const median = (xs) => pct(xs, 50);
+const median = (xs) => pct(xs, 50);
 
 const TICKS = 100; // USER_HZ on Linux
 
@@ -45,7 +45,7 @@ export function treeCpuMs(pid) {
   return total;
 }
 
-export function hwmMiB(pid) {
+function hwmMiB(pid) {
   const m = readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmHWM:\s+(\d+) kB/);
   return m ? Number(m[1]) / 1024 : NaN;
 }
@@ -156,12 +156,12 @@ export function workerChannel(stop) {
 
 // Workers still running: a failed run must not leave them polling the server.
 const liveWorkers = new Set();
-export function killWorkers() {
+function killWorkers() {
   for (const w of liveWorkers) w.kill('SIGKILL');
 }
 
 /** Starts `n` worker processes of `script` with `args` and waits until each is ready. */
-export async function startFleet(script, args, n) {
+async function startFleet(script, args, n) {
   const events = [];
   const failures = { count: 0 };
   const workers = [];
@@ -222,7 +222,7 @@ export async function startFleet(script, args, n) {
 }
 
 /** Resolves once `n` jobs ran, or at `deadline` (ms since the epoch) with however many did. */
-export async function waitFor(events, n, deadline) {
+async function waitFor(events, n, deadline) {
   while (events.length < n && Date.now() < deadline) await sleep(20);
 }
 
@@ -230,7 +230,7 @@ export async function waitFor(events, n, deadline) {
  * Throughput from a backlog: `fleet` already started on `depth` queued jobs; the run ends after
  * `jobs` of them or `run-secs`, as ours do. `serverCpu` reads the server's CPU (ms) or NaN.
  */
-export async function measureRun(opt, fleet, depth, serverCpu) {
+async function measureRun(opt, fleet, depth, serverCpu) {
   const serverBefore = serverCpu();
   const cpuBefore = fleet.cpu();
   const reqBefore = await fleet.requests();
@@ -267,7 +267,7 @@ export async function measureRun(opt, fleet, depth, serverCpu) {
  * is disbatch-bench's; a fleet that runs fewer than 50 jobs a second needs a longer gap, or
  * the figure is its backlog's wait, not its wake-up.
  */
-export async function measureIdle(opt, fleet, save, serverCpu) {
+async function measureIdle(opt, fleet, save, serverCpu) {
   await sleep(1000);
   const cpu0 = fleet.cpu();
   const req0 = await fleet.requests();
@@ -298,7 +298,7 @@ export async function measureIdle(opt, fleet, save, serverCpu) {
  * One claimer's claims, timed: `claimOnce()` claims one job and resolves whether it found one.
  * Up to 1 000 claims (or the whole backlog), at most 5 s.
  */
-export async function timeClaims(depth, claimOnce, serverCpu) {
+async function timeClaims(depth, claimOnce, serverCpu) {
   const times = [];
   const serverBefore = serverCpu();
   const t0 = Date.now();
@@ -319,29 +319,50 @@ export async function timeClaims(depth, claimOnce, serverCpu) {
 
 /**
  * A peer's whole matrix, one JSON line each: its claim alone at each depth, then for each
- * worker count `repeat` runs at each depth and an idle fleet. `settings` are the peer's own
- * options worth printing; the three measurements are the peer's.
+ * worker count `repeat` runs at each depth and an idle fleet. Each measurement gets a store of
+ * its own (a database or schema, named here). The peer supplies:
+ *   name, settings (its options worth printing), script (its file, run again as each worker),
+ *   serverCpu() (ms, or NaN), workerArgs(store), and
+ *   fresh(store) → { enqueue(depth), save(savedAtMs), claimOnce() → found a job?, drop() }.
  */
-export async function runMatrix(opt, peer, settings, { claimAlone, oneRun, idleRun }) {
+export async function runMatrix(opt, peer) {
+  const tag = `peer_${peer.name.replace(/\W/g, '')}_${process.pid}`;
   for (const depth of opt.depth) {
-    const alone = await claimAlone(depth);
-    console.log(JSON.stringify({ peer, claim_alone: true, ...settings, depth, ...alone }));
+    const store = await peer.fresh(`${tag}_claim_${depth}`);
+    await store.enqueue(depth);
+    const alone = await timeClaims(depth, store.claimOnce, peer.serverCpu);
+    await store.drop();
+    console.log(JSON.stringify({ peer: peer.name, claim_alone: true, ...peer.settings, depth, ...alone }));
   }
   const mode = opt.inproc ? 'in-process no-op' : 'no-op plugin per job';
   for (const workers of opt.workers) {
     for (const depth of opt.depth) {
       const runs = [];
-      for (let r = 0; r < opt.repeat; r++) runs.push(await oneRun(workers, depth, r));
-      const head = { peer, mode, ...settings, workers, concurrency: opt.concurrency, depth };
+      for (let r = 0; r < opt.repeat; r++) {
+        const name = `${tag}_${workers}_${depth}_${r}`;
+        const store = await peer.fresh(name);
+        await store.enqueue(depth);
+        const fleet = await startFleet(peer.script, peer.workerArgs(name), workers);
+        const result = await measureRun(opt, fleet, depth, peer.serverCpu);
+        result.worker_peak_rss_mib = await fleet.stop();
+        await store.drop();
+        runs.push(result);
+      }
+      const head = { peer: peer.name, mode, ...peer.settings, workers, concurrency: opt.concurrency, depth };
       console.log(summarize(head, runs));
     }
-    const idle = await idleRun(workers);
-    console.log(JSON.stringify({ peer, idle_fleet: true, workers, ...idle }));
+    const name = `${tag}_${workers}_idle`;
+    const store = await peer.fresh(name);
+    const fleet = await startFleet(peer.script, peer.workerArgs(name), workers);
+    const idle = await measureIdle(opt, fleet, store.save, peer.serverCpu);
+    await fleet.stop();
+    await store.drop();
+    console.log(JSON.stringify({ peer: peer.name, idle_fleet: true, workers, ...idle }));
   }
 }
 
 /** One JSON line for `runs` of one configuration: medians, and the throughput's range. */
-export function summarize(head, runs) {
+function summarize(head, runs) {
   const keys = Object.keys(runs[0]).filter((k) => k !== 'drained' && k !== 'by_command');
   const med = Object.fromEntries(keys.map((k) => [k, median(runs.map((x) => x[k]))]));
   const tput = runs.map((x) => x.tasks_per_s);

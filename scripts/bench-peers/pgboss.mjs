@@ -23,18 +23,7 @@
 import { fileURLToPath } from 'node:url';
 import PgBoss from 'pg-boss';
 import pg from 'pg';
-import {
-  measureIdle,
-  measureRun,
-  parseArgs,
-  runJob,
-  runMain,
-  runMatrix,
-  startFleet,
-  timeClaims,
-  treeCpuMs,
-  workerChannel,
-} from './common.mjs';
+import { parseArgs, runJob, runMain, runMatrix, treeCpuMs, workerChannel } from './common.mjs';
 
 const QUEUE = 'noop';
 
@@ -107,11 +96,16 @@ async function freshSchema(opt, pool, schema) {
   saver.on('error', (e) => console.error(`pg-boss saver: ${e.message ?? e}`));
   await saver.start();
   await saver.createQueue(QUEUE);
-  const drop = async () => {
-    await saver.stop({ graceful: false, wait: true });
-    await pool.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+  return {
+    enqueue: (depth) => enqueue(opt, pool, schema, saver, depth, Date.now()),
+    save: (saved) => saver.send(QUEUE, { saved }),
+    // pg-boss's fetch: its SKIP LOCKED claim of one job.
+    claimOnce: async () => (await saver.fetch(QUEUE, { batchSize: 1 })).length > 0,
+    drop: async () => {
+      await saver.stop({ graceful: false, wait: true });
+      await pool.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    },
   };
-  return { saver, drop };
 }
 
 // Queues `depth` jobs in batches, then has PostgreSQL gather the job table's statistics, as
@@ -126,48 +120,15 @@ async function enqueue(opt, pool, schema, saver, depth, saved) {
   if (!opt.noAnalyze) await pool.query(`ANALYZE ${schema}.job`);
 }
 
-async function oneRun(opt, pool, n, depth, run) {
-  const schema = `peer_pgboss_${process.pid}_${n}_${depth}_${run}`;
-  const { saver, drop } = await freshSchema(opt, pool, schema);
-  await enqueue(opt, pool, schema, saver, depth, Date.now());
-  const serverCpu = () => (opt.serverPid ? treeCpuMs(opt.serverPid) : NaN);
-  const fleet = await startFleet(fileURLToPath(import.meta.url), workerArgs(opt, schema), n);
-  const result = await measureRun(opt, fleet, depth, serverCpu);
-  result.worker_peak_rss_mib = await fleet.stop();
-  await drop();
-  return result;
-}
-
-async function idleRun(opt, pool, n) {
-  const schema = `peer_pgboss_${process.pid}_${n}_idle`;
-  const { saver, drop } = await freshSchema(opt, pool, schema);
-  const serverCpu = () => (opt.serverPid ? treeCpuMs(opt.serverPid) : NaN);
-  const fleet = await startFleet(fileURLToPath(import.meta.url), workerArgs(opt, schema), n);
-  const result = await measureIdle(opt, fleet, (saved) => saver.send(QUEUE, { saved }), serverCpu);
-  await fleet.stop();
-  await drop();
-  return result;
-}
-
-// pg-boss's fetch alone (its SKIP LOCKED claim of one job), one claimer, on a backlog of
-// `depth`.
-async function claimAlone(opt, pool, depth) {
-  const schema = `peer_pgboss_${process.pid}_claim_${depth}`;
-  const { saver, drop } = await freshSchema(opt, pool, schema);
-  await enqueue(opt, pool, schema, saver, depth, Date.now());
-  const serverCpu = () => (opt.serverPid ? treeCpuMs(opt.serverPid) : NaN);
-  const claimOnce = async () => (await saver.fetch(QUEUE, { batchSize: 1 })).length > 0;
-  const result = await timeClaims(depth, claimOnce, serverCpu);
-  await drop();
-  return result;
-}
-
 async function coordinator(opt) {
   const pool = new pg.Pool({ connectionString: opt.uri, max: 2 });
-  await runMatrix(opt, 'pg-boss', { polling_secs: opt.pollingSecs, analyzed: !opt.noAnalyze }, {
-    claimAlone: (depth) => claimAlone(opt, pool, depth),
-    oneRun: (n, depth, run) => oneRun(opt, pool, n, depth, run),
-    idleRun: (n) => idleRun(opt, pool, n),
+  await runMatrix(opt, {
+    name: 'pg-boss',
+    settings: { polling_secs: opt.pollingSecs, analyzed: !opt.noAnalyze },
+    script: fileURLToPath(import.meta.url),
+    serverCpu: () => (opt.serverPid ? treeCpuMs(opt.serverPid) : NaN),
+    workerArgs: (schema) => workerArgs(opt, schema),
+    fresh: (schema) => freshSchema(opt, pool, schema),
   });
   await pool.end();
 }
