@@ -25,7 +25,7 @@ import { fileURLToPath } from 'node:url';
 import { MongoClient, ObjectId } from 'mongodb';
 import { Agenda } from 'agenda';
 import { MongoBackend, MongoChangeStreamNotificationChannel } from '@agendajs/mongo-backend';
-import { cpuMs, parseArgs, runJob, runMain, runMatrix, workerChannel } from './common.mjs';
+import { cpuMs, parseArgs, runMain, runMatrix, workerChannel } from './common.mjs';
 
 const JOB = 'noop';
 
@@ -43,7 +43,7 @@ function options(argv) {
 async function worker(opt) {
   const client = new MongoClient(opt.uri, { monitorCommands: true, appName: 'agenda-worker' });
   let agenda;
-  const channel = workerChannel(async () => {
+  const channel = workerChannel(opt, async () => {
     await agenda.stop();
     await client.close();
   });
@@ -62,20 +62,10 @@ async function worker(opt) {
     lockLimit: opt.lockLimit,
     defaultLockLimit: opt.lockLimit,
   });
-  agenda.define(
-    JOB,
-    async (job) => {
-      const start = Date.now();
-      try {
-        await runJob(opt);
-      } catch (e) {
-        channel.failed();
-        throw e;
-      }
-      channel.ran(job.attrs.data.saved, start, Date.now());
-    },
-    { concurrency: opt.concurrency, lockLimit: opt.lockLimit },
-  );
+  agenda.define(JOB, (job) => channel.job(job.attrs.data.saved), {
+    concurrency: opt.concurrency,
+    lockLimit: opt.lockLimit,
+  });
   await agenda.start();
   channel.ready();
 }

@@ -102,7 +102,7 @@ export function parseArgs(argv, flags = {}) {
 }
 
 /** The job itself: the no-op plugin as a child process, or nothing (`--inproc`). */
-export function runJob(opt) {
+function runJob(opt) {
   if (opt.inproc) return Promise.resolve();
   return new Promise((resolve, reject) =>
     execFile(opt.plugin, [], (e) => (e ? reject(e) : resolve())),
@@ -112,10 +112,11 @@ export function runJob(opt) {
 // ---- inside a worker process ---------------------------------------------------------------
 
 /**
- * Connects a worker to its coordinator: `ran`/`failed` report jobs, `count` a request to the
- * database by command (with its round-trip ms once known). `stop` is the peer's own shutdown.
+ * Connects a worker to its coordinator: `job(saved)` runs one job and reports it (a failed one
+ * is counted, then rethrown to the peer), `count` and `took` a request to the database by
+ * command and its round-trip ms. `stop` is the peer's own shutdown.
  */
-export function workerChannel(stop) {
+export function workerChannel(opt, stop) {
   // The coordinator is gone (it failed or was killed): nobody is left to measure.
   process.on('disconnect', () => process.exit(1));
   let events = [];
@@ -141,8 +142,16 @@ export function workerChannel(stop) {
     }
   });
   return {
-    ran: (saved, start, end) => events.push({ saved, start, end }),
-    failed: () => failed++,
+    job: async (saved) => {
+      const start = Date.now();
+      try {
+        await runJob(opt);
+      } catch (e) {
+        failed++;
+        throw e;
+      }
+      events.push({ saved, start, end: Date.now() });
+    },
     count: (command) => {
       requests++;
       entry(command).n++;

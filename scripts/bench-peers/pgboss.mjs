@@ -23,7 +23,7 @@
 import { fileURLToPath } from 'node:url';
 import PgBoss from 'pg-boss';
 import pg from 'pg';
-import { parseArgs, runJob, runMain, runMatrix, treeCpuMs, workerChannel } from './common.mjs';
+import { parseArgs, runMain, runMatrix, treeCpuMs, workerChannel } from './common.mjs';
 
 const QUEUE = 'noop';
 
@@ -49,7 +49,7 @@ function newBoss(opt, schema, extra = {}) {
 
 async function worker(opt) {
   const boss = newBoss(opt, opt.db, { max: opt.concurrency + 2 });
-  const channel = workerChannel(() => boss.stop({ graceful: true, wait: true, timeout: 5000 }));
+  const channel = workerChannel(opt, () => boss.stop({ graceful: true, wait: true, timeout: 5000 }));
   const db = boss.getDb();
   const executeSql = db.executeSql.bind(db);
   db.executeSql = async (text, values) => {
@@ -65,16 +65,8 @@ async function worker(opt) {
   boss.on('error', (e) => console.error(`pg-boss worker: ${e.message ?? e}`));
   await boss.start();
   for (let i = 0; i < opt.concurrency; i++) {
-    await boss.work(QUEUE, { batchSize: 1, pollingIntervalSeconds: opt.pollingSecs }, async ([job]) => {
-      const start = Date.now();
-      try {
-        await runJob(opt);
-      } catch (e) {
-        channel.failed();
-        throw e;
-      }
-      channel.ran(job.data.saved, start, Date.now());
-    });
+    const options = { batchSize: 1, pollingIntervalSeconds: opt.pollingSecs };
+    await boss.work(QUEUE, options, ([job]) => channel.job(job.data.saved));
   }
   channel.ready();
 }
