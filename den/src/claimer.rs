@@ -1,6 +1,7 @@
 //! The claimer (producer): each pass, claims the tasks that queue and node limits allow.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bson::oid::ObjectId;
@@ -118,12 +119,15 @@ impl Claimer {
     /// Claims up to the limits and starts a runner for each task as soon as it is claimed.
     /// With `refresh`, the queues and the running counts are read again from the database;
     /// otherwise the last reading is used, kept current with what this node itself claimed and
-    /// which of its runners exited, so a wake-up costs only the claims themselves.
+    /// which of its runners exited, so a wake-up costs only the claims themselves. Once
+    /// `stopping` is set, no further batch is claimed; a batch already claimed still gets its
+    /// runners.
     pub async fn claim_tasks(
         &mut self,
         limit: &NodeLimit,
         executor: &Executor,
         refresh: bool,
+        stopping: &AtomicBool,
     ) -> Result<PassReport> {
         for exited in executor.take_exited() {
             self.view.runner_exited(exited.queue, exited.slot);
@@ -131,6 +135,9 @@ impl Claimer {
                 self.metrics
                     .runner_exited(name, exited.ran_for, exited.success);
             }
+        }
+        if stopping.load(Ordering::Relaxed) {
+            return Ok(PassReport::default());
         }
         if refresh || self.view.is_stale() {
             self.refresh(executor.live_runners()).await?;
@@ -192,6 +199,10 @@ impl Claimer {
                 break;
             }
             for (i, share) in shares.into_iter().enumerate() {
+                if stopping.load(Ordering::Relaxed) {
+                    report.on_node = self.view.on_node;
+                    return Ok(report);
+                }
                 if share == 0 || room == 0 {
                     continue;
                 }

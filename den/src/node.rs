@@ -2,6 +2,7 @@
 //! wake-up; on shutdown, give back unstarted claims.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use disbatch_core::store::{Heartbeat, NodeLimit, Store};
@@ -17,6 +18,10 @@ use crate::reaper::reap;
 /// Longest wait between passes while the database keeps failing: short, so a node is back
 /// at work within seconds of the server's return.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a stopping node lets the pass in flight finish. Claims already sent must reach
+/// their spawns: a pass dropped between the two leaves tasks marked running that no runner
+/// will finish until their leases run out. Against a live server a pass takes milliseconds.
+const STOPPING_PASS_GRACE: Duration = Duration::from_secs(10);
 
 pub struct Node {
     pub store: Store,
@@ -53,38 +58,47 @@ impl Node {
         let mut limit = NodeLimit::Unlimited;
         let mut next_maintenance = Instant::now();
         let mut wake = Wake::Timer;
+        // Set on shutdown: the pass in flight finishes but sends no new claims.
+        let stopping = AtomicBool::new(false);
         loop {
             if failures > 0 {
                 connected_since = Instant::now();
             }
             let started = Instant::now();
             let maintenance = failures > 0 || started >= next_maintenance;
-            let pass = async {
-                if maintenance {
-                    limit = self.maintain(connected_since.elapsed()).await?;
+            let result = {
+                let pass = async {
+                    if maintenance {
+                        limit = self.maintain(connected_since.elapsed()).await?;
+                    }
+                    let refresh = maintenance
+                        || self
+                            .notifier
+                            .as_ref()
+                            .is_some_and(Notifier::take_queues_changed);
+                    if self.notifier.as_ref().is_some_and(Notifier::take_requeued) {
+                        self.claimer.reset_windows();
+                    }
+                    let report = self
+                        .claimer
+                        .claim_tasks(&limit, &self.executor, refresh, &stopping)
+                        .await?;
+                    if maintenance && !stopping.load(Ordering::Relaxed) {
+                        // After claiming, so balancing never delays a claim; new threads apply
+                        // at the next reading.
+                        self.balancer.tick(&self.store, &self.name).await;
+                    }
+                    Ok::<_, disbatch_core::Error>(report)
+                };
+                tokio::pin!(pass);
+                tokio::select! {
+                    result = &mut pass => result,
+                    _ = &mut shutdown => {
+                        stopping.store(true, Ordering::Relaxed);
+                        finish_pass_in_flight(pass).await;
+                        break;
+                    }
                 }
-                let refresh = maintenance
-                    || self
-                        .notifier
-                        .as_ref()
-                        .is_some_and(Notifier::take_queues_changed);
-                if self.notifier.as_ref().is_some_and(Notifier::take_requeued) {
-                    self.claimer.reset_windows();
-                }
-                let report = self
-                    .claimer
-                    .claim_tasks(&limit, &self.executor, refresh)
-                    .await?;
-                if maintenance {
-                    // After claiming, so balancing never delays a claim; new threads apply
-                    // at the next reading.
-                    self.balancer.tick(&self.store, &self.name).await;
-                }
-                Ok::<_, disbatch_core::Error>(report)
-            };
-            let result = tokio::select! {
-                _ = &mut shutdown => break,
-                result = pass => result,
             };
             self.metrics.pass(started.elapsed());
             let wait = match result {
@@ -211,6 +225,18 @@ impl Node {
                 "running tasks continue in their own sessions"
             );
         }
+    }
+}
+
+/// Lets a pass cut short by shutdown reach the spawns of the claims it already sent.
+async fn finish_pass_in_flight<T>(pass: impl Future<Output = Result<T>>) {
+    match tokio::time::timeout(STOPPING_PASS_GRACE, pass).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "the pass in flight at shutdown failed"),
+        Err(_) => tracing::warn!(
+            grace = ?STOPPING_PASS_GRACE,
+            "the pass in flight at shutdown did not finish; tasks it claimed are recovered when their leases run out"
+        ),
     }
 }
 

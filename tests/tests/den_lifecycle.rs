@@ -205,3 +205,41 @@ async fn stale_claims_become_orphaned_and_fresh_ones_are_left_alone() {
     drop(den);
     db.drop().await;
 }
+
+#[tokio::test]
+async fn sigterm_during_a_claim_batch_leaves_no_claimed_task_without_its_runner() {
+    let db = TestDb::new("sigtermbatch").await;
+    let config = write_config(&db, "node.json", json!({}));
+    for round in 0..4 {
+        let queue = db.insert_queue(&format!("q{round}"), "echo", 64).await;
+        let tasks = (0..64).map(|_| doc! {"sleep_ms": 200}.into()).collect();
+        db.insert_tasks(queue, tasks).await;
+        let mut den = Den::start(&config, &format!("n{round}"));
+        // The first pass claims the 64 tasks in one batch: stop the node as soon as one of
+        // those claims is stored, while the others are still on their way.
+        wait_for("the first claim", Duration::from_secs(30), || async {
+            db.count(doc! {"queue": queue, "status": 0}).await > 0
+        })
+        .await;
+        assert_eq!(den.stop(), Some(0), "clean exit on SIGTERM");
+        // A claim the node stored must have its runner, which completes it; any other task
+        // is still queued. A claim without a runner would stay at 0 with no node left.
+        wait_for(
+            "every claimed task's runner to finish",
+            Duration::from_secs(30),
+            || async { db.count(doc! {"queue": queue, "status": 0}).await == 0 },
+        )
+        .await;
+        let done = db.count(doc! {"queue": queue, "status": 1}).await;
+        let queued = db
+            .count(doc! {"queue": queue, "status": -2, "node": Bson::Null})
+            .await;
+        assert_eq!(
+            done + queued,
+            64,
+            "round {round}: {done} done, {queued} queued"
+        );
+        assert!(done > 0, "round {round}: the stored claims ran");
+    }
+    db.drop().await;
+}
