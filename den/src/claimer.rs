@@ -192,7 +192,7 @@ impl Claimer {
             .collect();
         // Rounds: the room is shared by the scheduler, each queue's share claimed in one
         // batch; a queue that came up short for reasons other than running dry goes again.
-        for _ in 0..MAX_ROUNDS {
+        'rounds: for _ in 0..MAX_ROUNDS {
             let most: Vec<u32> = plan.iter().map(|c| c.wanted).collect();
             let shares = share_room(&specs, room, &most, &mut self.rng);
             if shares.iter().all(|n| *n == 0) {
@@ -200,8 +200,7 @@ impl Claimer {
             }
             for (i, share) in shares.into_iter().enumerate() {
                 if stopping.load(Ordering::Relaxed) {
-                    report.on_node = self.view.on_node;
-                    return Ok(report);
+                    break 'rounds;
                 }
                 if share == 0 || room == 0 {
                     continue;

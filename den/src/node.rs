@@ -1,5 +1,5 @@
 //! The node loop: maintenance passes (heartbeat, recovery) on a timer, claim passes on every
-//! wake-up; on shutdown, give back unstarted claims.
+//! wake-up; on shutdown, finish the pass in flight and give back unstarted claims.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
