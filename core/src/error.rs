@@ -62,11 +62,12 @@ impl Error {
         }
     }
 
-    /// The server's message when it refused a request as malformed (a filter or projection
-    /// from the caller that it cannot run), as opposed to failing or being unreachable.
-    pub fn rejected_request(&self) -> Option<&str> {
+    /// The server's reason when it answered and refused the request itself (a filter, a
+    /// namespace or a document it will not take), as opposed to being unreachable or busy:
+    /// asking again will not help, and other requests are not affected.
+    pub fn refusal(&self) -> Option<String> {
         match self {
-            Error::Mongo { source, .. } => crate::store::rejected_request(source),
+            Error::Mongo { source, .. } => crate::store::refusal(source),
             _ => None,
         }
     }

@@ -41,8 +41,8 @@ impl Handoff {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Handoff, String> {
-        let d = Document::from_reader(bytes)
-            .map_err(|e| format!("the handoff on stdin is not a BSON document: {e}"))?;
+        let d = crate::raw_doc::from_bytes(bytes)
+            .map_err(|e| format!("the handoff on stdin cannot be read: {e}"))?;
         Handoff::from_document(&d)
     }
 

@@ -7,6 +7,7 @@
 pub mod balance;
 pub mod chaining;
 pub mod claim_plan;
+pub mod client_json;
 pub mod config;
 pub mod error;
 pub mod handoff;
@@ -16,6 +17,7 @@ pub mod output;
 pub mod plugin;
 pub mod plugin_env;
 pub mod queue_balance;
+pub mod raw_doc;
 pub mod relay;
 pub mod run_policy;
 pub mod scheduler;

@@ -48,7 +48,7 @@ impl From<disbatch_core::Error> for ApiError {
                 "MongoDB::DuplicateKeyError": {"message": e.to_string()},
                 "error": e.to_string(),
             })),
-            E::Mongo { context, .. } => match e.rejected_request() {
+            E::Mongo { context, .. } => match e.refusal() {
                 // The server refused the caller's filter or projection: bad input (Disbatch: 400).
                 Some(message) => ApiError::bad_request(format!("{context}: {message}")),
                 None => {
@@ -60,6 +60,8 @@ impl From<disbatch_core::Error> for ApiError {
                 }
             },
             E::Invalid(m) => ApiError::bad_request(m.clone()),
+            // One stored document that cannot be read: that document's answer, not an outage.
+            E::BadDocument { .. } => ApiError::conflict(e.to_string()),
             _ => {
                 tracing::error!(error = %e, "internal error");
                 ApiError::with(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())

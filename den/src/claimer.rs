@@ -9,7 +9,9 @@ use disbatch_core::claim_plan::{lane_picks, node_room, plan_claims, QueueClaims,
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::Queue;
 use disbatch_core::scheduler::{share_room, SpecState};
-use disbatch_core::store::{claim_key, ClaimWindow, NodeLimit, Pick, PickOutcome, Store};
+use disbatch_core::store::{
+    claim_key, ClaimWindow, NodeLimit, Pick, PickOutcome, SkipReason, Store,
+};
 use disbatch_core::Result;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -47,6 +49,9 @@ const MAX_PASS_CLAIMS: u32 = 256;
 const MAX_CANDIDATES: usize = 512;
 /// Most claim rounds in one pass: a round claims for every queue the scheduler shares room to.
 const MAX_ROUNDS: usize = 4;
+/// Tasks remembered as unrunnable here (failed or refused); past it the set starts afresh,
+/// so memory stays bounded and a refused task is at worst tried once more.
+const MAX_UNRUNNABLE: usize = 10_000;
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +88,8 @@ pub struct Claimer {
     view: RunningView,
     /// Per queue: where its head was last read.
     windows: HashMap<ObjectId, ClaimWindow>,
+    /// Queued tasks this node will not try again: undecodable, or refused by the server.
+    unrunnable: HashSet<ObjectId>,
     metrics: DenMetrics,
 }
 
@@ -112,6 +119,7 @@ impl Claimer {
             queue_names: HashMap::new(),
             view: RunningView::default(),
             windows: HashMap::new(),
+            unrunnable: HashSet::new(),
             metrics,
         }
     }
@@ -214,9 +222,26 @@ impl Claimer {
                     specs[i].available = false;
                     continue;
                 };
-                let batch = self
+                let batch = match self
                     .claim_batch(&queue, &mut plan[i], share.min(room), executor)
-                    .await?;
+                    .await
+                {
+                    Ok(batch) => batch,
+                    // The server refused this queue's read or claim: its own documents are
+                    // at fault, and every other queue goes on.
+                    Err(e) => match e.refusal() {
+                        Some(why) => {
+                            self.metrics.claim_missed(&queue.name, "refused");
+                            self.report_once(format!(
+                                "queue {} ({}): the server refused its claims this pass: {why}",
+                                queue.name, queue.id
+                            ));
+                            specs[i].available = false;
+                            continue;
+                        }
+                        None => return Err(e),
+                    },
+                };
                 plan[i].wanted = plan[i].wanted.saturating_sub(batch.claimed);
                 specs[i].running += batch.claimed;
                 room -= batch.claimed.min(room);
@@ -266,10 +291,23 @@ impl Claimer {
             .min(MAX_CANDIDATES)
             .max(n);
         let window = self.windows.entry(queue.id).or_default();
-        let candidates = self
+        let found = self
             .store
             .claim_candidates(queue.id, queue.sort, read, lane.of as usize, window)
             .await?;
+        for (id, why) in found.unreadable {
+            let why = format!("its document cannot be decoded: {why}");
+            self.set_unrunnable(id, SkipReason::Undecodable, &why)
+                .await?;
+        }
+        let candidates: Vec<_> = found
+            .tasks
+            .into_iter()
+            .filter(|t| {
+                t.get_object_id("_id")
+                    .map_or(true, |id| !self.unrunnable.contains(&id))
+            })
+            .collect();
         report.ran_dry = candidates.len() < n;
         let chosen = lane_picks(candidates, n, lane, claim_key);
         let picks: Vec<Pick> = chosen
@@ -311,6 +349,15 @@ impl Claimer {
                     report.lost += 1;
                     self.view.slot_taken(queue.id, pick.slot);
                 }
+                PickOutcome::Refused(why) => {
+                    self.metrics.claim_missed(&queue.name, "refused");
+                    plan.slots.push(pick.slot);
+                    if let Ok(id) = pick.task.get_object_id("_id") {
+                        let why = format!("the server refused to claim it: {why}");
+                        self.set_unrunnable(id, SkipReason::UpdateRefused, &why)
+                            .await?;
+                    }
+                }
             }
         }
         let relay = executor.relays();
@@ -341,6 +388,22 @@ impl Claimer {
         Ok(report)
     }
 
+    /// Fails a task no runner can be handed (or, when the server will not even take that
+    /// write, leaves it queued) and never picks it again.
+    async fn set_unrunnable(&mut self, id: ObjectId, reason: SkipReason, why: &str) -> Result<()> {
+        if self.unrunnable.contains(&id) {
+            return Ok(());
+        }
+        if self.unrunnable.len() >= MAX_UNRUNNABLE {
+            self.unrunnable.clear();
+        }
+        self.unrunnable.insert(id);
+        self.store
+            .fail_unrunnable_task(id, &self.node, reason, why)
+            .await?;
+        Ok(())
+    }
+
     /// Forgets where each queue's head was: tasks may have been queued again behind it.
     pub fn reset_windows(&mut self) {
         self.windows.values_mut().for_each(ClaimWindow::reset);
@@ -353,6 +416,8 @@ impl Claimer {
             self.report_once(problem);
         }
         self.servable = queues.iter().filter_map(|q| self.servable(q)).collect();
+        self.skips.forget_except(queues.iter().map(|q| q.id));
+        self.metrics.queues_skipped(self.skips.skipped_now());
         self.queue_names = queues.iter().map(|q| (q.id, q.name.clone())).collect();
         let servable: HashSet<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         self.windows.retain(|id, _| servable.contains(id));
@@ -366,7 +431,13 @@ impl Claimer {
             })
             .collect();
         if !continuous.is_empty() {
-            make_continuous_units(&self.store, &continuous).await?;
+            let report = make_continuous_units(&self.store, &continuous).await?;
+            for (queue, why) in report.refused {
+                let name = self.queue_names.get(&queue).cloned().unwrap_or_default();
+                self.report_once(format!(
+                    "continuous queue {name} ({queue}): the server refused its next task: {why}"
+                ));
+            }
         }
         let ids: Vec<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         let snapshot = self.store.running_snapshot(&self.node, &ids).await?;

@@ -11,31 +11,52 @@ pub struct ContinuousQueue {
     pub interval: std::time::Duration,
 }
 
-/// Makes the due synthetic tasks; returns how many. A queue that still has a claimable or
-/// running task gets none, and the turn is taken in the database first, so of all the
-/// nodes asking, one makes the task and the others make nothing.
-pub async fn make_continuous_units(store: &Store, queues: &[ContinuousQueue]) -> Result<u32> {
-    let mut made = 0;
+/// What one round of the maker did.
+#[derive(Debug, Default)]
+pub struct ContinuousReport {
+    pub made: u32,
+    /// Queues whose turn or task the server refused (their documents hold what it cannot
+    /// update), with its reason: the other queues still got theirs.
+    pub refused: Vec<(ObjectId, String)>,
+}
+
+/// Makes the due synthetic tasks. A queue that still has a claimable or running task gets
+/// none, and the turn is taken in the database first, so of all the nodes asking, one makes
+/// the task and the others make nothing.
+pub async fn make_continuous_units(
+    store: &Store,
+    queues: &[ContinuousQueue],
+) -> Result<ContinuousReport> {
+    let mut report = ContinuousReport::default();
     for q in queues {
-        if store.has_live_task(q.id).await? || !store.take_continuous_turn(q.id, q.interval).await?
-        {
-            continue;
+        match make_one(store, q).await {
+            Ok(made) => report.made += made,
+            Err(e) => match e.refusal() {
+                Some(why) => report.refused.push((q.id, why)),
+                None => return Err(e),
+            },
         }
-        let unit = Unit {
-            key: unit_name(DateTime::now()),
-            params: Document::new(),
-            priority: None,
-            not_before: None,
-        };
-        let out = store
-            .add_units(q.id, vec![unit], OnConflict::Reject)
-            .await?;
-        made += out.inserted.len() as u32;
     }
-    if made > 0 {
-        tracing::debug!(made, "made continuous tasks");
+    if report.made > 0 {
+        tracing::debug!(made = report.made, "made continuous tasks");
     }
-    Ok(made)
+    Ok(report)
+}
+
+async fn make_one(store: &Store, q: &ContinuousQueue) -> Result<u32> {
+    if store.has_live_task(q.id).await? || !store.take_continuous_turn(q.id, q.interval).await? {
+        return Ok(0);
+    }
+    let unit = Unit {
+        key: unit_name(DateTime::now()),
+        params: Document::new(),
+        priority: None,
+        not_before: None,
+    };
+    let out = store
+        .add_units(q.id, vec![unit], OnConflict::Reject)
+        .await?;
+    Ok(out.inserted.len() as u32)
 }
 
 /// Coordinate names a continuous unit by Unix time: `<seconds>.<milliseconds>`.

@@ -90,7 +90,12 @@ async fn serve() -> anyhow::Result<()> {
         });
     }
 
-    let store = Store::connect(&config, Component::Den).await?;
+    let skipped = metrics.clone();
+    let store = Store::connect(&config, Component::Den)
+        .await?
+        .on_skipped(std::sync::Arc::new(move |collection, reason| {
+            skipped.document_skipped(collection, reason.label())
+        }));
     store
         .ensure_indexes()
         .await

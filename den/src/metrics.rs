@@ -52,6 +52,8 @@ struct Inner {
     recoveries: IntCounterVec,
     results: IntCounterVec,
     result_batch: Histogram,
+    documents_skipped: IntCounterVec,
+    queues_skipped: prometheus::IntGauge,
 }
 
 impl Default for Inner {
@@ -138,6 +140,17 @@ impl Default for Inner {
                 "Results stored per batch (one insert of attempt records, one update of tasks)",
                 BATCH_BUCKETS,
             ),
+            documents_skipped: counter_vec(
+                &registry,
+                "disbatch_den_documents_skipped_total",
+                "Documents this node's reads left out or the server would not let it update, by collection and reason: undecodable (its bytes cannot be decoded) or update_refused; each is logged the first time",
+                &["collection", "reason"],
+            ),
+            queues_skipped: gauge(
+                &registry,
+                "disbatch_den_queues_skipped",
+                "Queues this node skips now for a value it cannot use (each logged with its reason when it starts being skipped)",
+            ),
             registry,
         };
         // Known label values start at 0, so rates work from the first scrape.
@@ -215,6 +228,18 @@ impl DenMetrics {
         }
     }
 
+    /// A document a read left out, or one the server would not let this node update.
+    pub fn document_skipped(&self, collection: &str, reason: &'static str) {
+        inc(&self.inner.documents_skipped, &[collection, reason]);
+    }
+
+    /// How many queues this node skips now.
+    pub fn queues_skipped(&self, n: usize) {
+        self.inner
+            .queues_skipped
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// `how`: "requeue", "orphan" or "cancel".
     pub fn recovered(&self, how: &'static str) {
         inc(&self.inner.recoveries, &[how]);
@@ -282,6 +307,15 @@ fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> 
         .register(Box::new(c.clone()))
         .expect("metric names are unique");
     c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> prometheus::IntGauge {
+    let g =
+        prometheus::IntGauge::with_opts(Opts::new(name, help)).expect("static gauge definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric names are unique");
+    g
 }
 
 fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {

@@ -74,7 +74,13 @@ pub async fn reap(store: &Store, node: &str, connected_for: Duration) -> Result<
             Some(q) => match policies.get(&q) {
                 Some(p) => *p,
                 None => {
-                    let p = store.queue_by_id(q).await?.map(|q| LostPolicy {
+                    let queue = match store.queue_by_id(q).await {
+                        Ok(queue) => queue,
+                        // Reported where it was read; its tasks are recovered by the defaults.
+                        Err(disbatch_core::Error::BadDocument { .. }) => None,
+                        Err(e) => return Err(e),
+                    };
+                    let p = queue.map(|q| LostPolicy {
                         run: q.run,
                         max_retries: q.spec.max_retries,
                     });

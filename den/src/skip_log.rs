@@ -18,6 +18,17 @@ impl SkipLog {
         }
     }
 
+    /// Forgets queues that no longer exist (deleted while skipped).
+    pub fn forget_except(&mut self, existing: impl Iterator<Item = ObjectId>) {
+        let existing: std::collections::HashSet<ObjectId> = existing.collect();
+        self.last.retain(|id, _| existing.contains(id));
+    }
+
+    /// How many queues are skipped now.
+    pub fn skipped_now(&self) -> usize {
+        self.last.len()
+    }
+
     /// Notes that a queue is served again, logging the recovery if it had been skipped.
     pub fn served(&mut self, queue: ObjectId, name: &str) {
         if self.last.remove(&queue).is_some() {

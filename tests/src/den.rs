@@ -81,6 +81,38 @@ impl Den {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The address of its metrics listener (it prints `metrics on http://ADDR`), once it has.
+    pub async fn metrics_url(&self) -> String {
+        let mut url = String::new();
+        crate::wait_for("the metrics line", Duration::from_secs(30), || {
+            let found = self
+                .log_text()
+                .lines()
+                .find_map(|l| l.strip_prefix("metrics on ").map(str::to_string));
+            if let Some(found) = &found {
+                url = found.clone();
+            }
+            async move { found.is_some() }
+        })
+        .await;
+        url
+    }
+
+    /// The value of one sample of its metrics (`name{labels}` exactly as exposed), 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let url = self.metrics_url().await;
+        let text = reqwest::get(format!("{url}/metrics"))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// SIGKILL: the node dies without any cleanup.
     pub fn kill_hard(&mut self) {
         if let Some(mut child) = self.child.take() {

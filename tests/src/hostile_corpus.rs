@@ -115,6 +115,17 @@ pub fn queue_corpus() -> Vec<QueueCase> {
         q("paused-neg-zero", doc! {"threads": -0.0}, Paused),
         q("paused-threads-empty-string", doc! {"threads": ""}, Paused),
         q("paused-disabled-yes", doc! {"disabled": "yes"}, Paused),
+        // Sub-documents shaped like Extended JSON, as another tool or a hand edit leaves them:
+        // data, not typed values, and never a reason to stop reading the other queues.
+        q("runs-extra-numberlong", doc! {"extra": {"$numberLong": "x"}}, Runs),
+        q("runs-extra-oid", doc! {"extra": {"$oid": "x"}, "more": [{"$undefined": true}]}, Runs),
+        q("runs-extra-date", doc! {"extra": {"$date": "x"}, "bin": {"$binary": {"base64": "!", "subType": "zz"}}}, Runs),
+        q("runs-name-oid-shape", doc! {"name": {"$oid": "x"}}, Runs),
+        q("runs-config-extjson", doc! {"config": {"$date": "x", "n": {"$numberLong": "x"}}}, Runs),
+        q("runs-extra-bson-undefined", doc! {"extra": {"u": Bson::Undefined}}, Runs),
+        q("plugin-numberlong-shape", doc! {"plugin": {"$numberLong": "x"}}, Skip("plugin must be a string")),
+        q("threads-numberlong-shape", doc! {"threads": {"$numberLong": "2"}}, Skip("threads:")),
+        q("threads-operator-shape", doc! {"threads": {"$gt": 0}}, Skip("threads:")),
     ]
 }
 
@@ -125,6 +136,10 @@ pub enum TaskExpect {
     Ends(i32, Option<&'static str>),
     /// Never claimed: its status, node or queue does not match a claim.
     Untouched,
+    /// Runs (status 1), unless the server refuses to update a document holding it (SecantusDB
+    /// refuses any update of a document with a BSON `undefined`): then it stays queued, and
+    /// the DEN reports it once as skipped, without slowing the rest.
+    RunsOrRefused,
 }
 
 pub struct TaskCase {
@@ -186,6 +201,12 @@ pub fn task_corpus(queue: ObjectId) -> Vec<TaskCase> {
         t("outputs-odd", doc! {"stdout": 5, "stderr": [1]}, Ends(1, None)),
         t("not-before-word", doc! {"not_before": "tomorrow"}, Untouched),
         t("lease-word", doc! {"lease_until": "soon"}, Ends(1, None)),
+        t("times-extjson", doc! {"ctime": {"$date": "x"}, "mtime": {"$numberLong": "x"}}, Ends(1, None)),
+        // Matched as read: as a filter this would be an operator matching other documents.
+        t("mtime-operator-shape", doc! {"mtime": {"$gt": 0}}, Ends(1, None)),
+        t("params-extjson", doc! {"params": {"a": {"$numberLong": "x"}, "b": {"$oid": "x"}, "c": {"$date": "x"}, "d": [{"$undefined": true}], "$where": "1"}}, Ends(1, None)),
+        t("node-extjson", doc! {"node": {"$numberLong": "x"}}, Untouched),
+        t("params-bson-undefined", doc! {"params": {"a": Bson::Undefined}}, RunsOrRefused),
     ]
 }
 
@@ -203,6 +224,8 @@ pub fn node_corpus() -> Vec<(&'static str, Document)> {
         ("maxthreads-odd", doc! {"node": "n-mt-odd", "maxthreads": f64::NAN, "running": "x", "runners": "x", "pid": -1}),
         ("name-unicode", doc! {"node": "n-\u{fffd}\u{202e}", "timestamp": DateTime::MIN}),
         ("name-binary", doc! {"node": binary(&[0xff]), "timestamp": DateTime::now()}),
+        ("extjson-shapes", doc! {"node": "n-extjson", "timestamp": {"$date": "x"}, "maxthreads": {"$numberLong": "x"}, "runners": [{"$oid": "x"}]}),
+        ("name-extjson", doc! {"node": {"$oid": "x"}, "timestamp": DateTime::now()}),
     ]
 }
 
@@ -293,8 +316,8 @@ pub async fn insert_corpus(db: &TestDb) -> Inserted {
     }
 }
 
-/// How each malformed task ended, against what was expected.
-pub async fn task_problems(db: &TestDb, c: &Inserted) -> Vec<String> {
+/// How each malformed task ended, against what was expected; `log` is the DEN's.
+pub async fn task_problems(db: &TestDb, c: &Inserted, log: &str) -> Vec<String> {
     let mut problems = Vec::new();
     for case in &c.tasks {
         let id = case.doc.get_object_id("_id").expect("task id");
@@ -309,6 +332,21 @@ pub async fn task_problems(db: &TestDb, c: &Inserted) -> Vec<String> {
                 if reason.is_some_and(|r| !stderr.contains(r)) {
                     problems.push(format!(
                         "task {}: stderr {stderr:?}, not {reason:?}",
+                        case.label
+                    ));
+                }
+            }
+            TaskExpect::RunsOrRefused => {
+                let status = t.get("status").cloned().unwrap_or(Bson::Null);
+                let reported = log.lines().any(|l| {
+                    l.contains("document skipped")
+                        && l.contains("update_refused")
+                        && l.contains(&id.to_hex())
+                });
+                let ok = status == Bson::Int32(1) || (status == Bson::Int32(-2) && reported);
+                if !ok {
+                    problems.push(format!(
+                        "task {}: status {status}, reported as refused: {reported}",
                         case.label
                     ));
                 }

@@ -4,6 +4,7 @@ pub mod api;
 pub mod bench;
 mod browser;
 pub mod chaos;
+pub mod corrupting_proxy;
 mod dci;
 mod den;
 pub mod exposition;
@@ -138,12 +139,16 @@ impl TestDb {
         store
     }
 
+    /// A task as stored, decoded byte for byte (Extended-JSON-shaped values stay documents).
     pub async fn task(&self, id: ObjectId) -> Document {
-        self.tasks()
+        let raw = self
+            .db
+            .collection::<bson::RawDocumentBuf>("tasks")
             .find_one(doc! {"_id": id})
             .await
             .expect("find task")
-            .expect("task exists")
+            .expect("task exists");
+        disbatch_core::raw_doc::from_raw(&raw).expect("decode task")
     }
 
     /// A task's attempt records, oldest first.

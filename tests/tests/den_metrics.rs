@@ -7,23 +7,6 @@ use bson::doc;
 use disbatch_tests::{exposition, wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
-/// The address the node printed (`metrics on http://ADDR`), once it has.
-async fn metrics_url(den: &Den) -> String {
-    let mut url = String::new();
-    wait_for("the metrics line", Duration::from_secs(30), || {
-        let found = den
-            .log_text()
-            .lines()
-            .find_map(|l| l.strip_prefix("metrics on ").map(str::to_string));
-        if let Some(found) = &found {
-            url = found.clone();
-        }
-        async move { found.is_some() }
-    })
-    .await;
-    url
-}
-
 #[tokio::test]
 async fn a_node_serves_its_metrics_while_it_runs_tasks() {
     let db = TestDb::new("den_metrics").await;
@@ -33,7 +16,7 @@ async fn a_node_serves_its_metrics_while_it_runs_tasks() {
         .insert_tasks(queue, (0..4).map(|_| doc! {}.into()).collect())
         .await;
     let den = Den::start(&config, "m1");
-    let base = metrics_url(&den).await;
+    let base = den.metrics_url().await;
     assert!(
         base.starts_with("http://127.0.0.1:") && !base.ends_with(":0"),
         "the bound port, not the configured 0: {base}"

@@ -105,7 +105,7 @@ async fn malformed_queues_tasks_and_nodes_are_skipped_or_failed_and_good_work_ru
         .await;
     let c = insert_corpus(&db).await;
 
-    let config = write_config(&db, "den.json", json!({}));
+    let config = write_config(&db, "den.json", json!({"metrics_listen": "127.0.0.1:0"}));
     let mut den = Den::start(&config, "hostile-node");
     wait_done(&db, &mut den, &good_tasks, Duration::from_secs(120)).await;
     let ending: Vec<ObjectId> = c
@@ -124,12 +124,41 @@ async fn malformed_queues_tasks_and_nodes_are_skipped_or_failed_and_good_work_ru
     // Skipped queues' tasks would have been claimed by now had they been served.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let log = den.log_text();
-    let mut problems = task_problems(&db, &c).await;
+    let mut problems = task_problems(&db, &c, &log).await;
     problems.extend(queue_problems(&db, &c, &log).await);
     assert!(
         problems.is_empty(),
         "DEN problems:\n{}\nDEN log:\n{log}",
         problems.join("\n")
+    );
+    // No odd document is an outage: not one pass failed, so every good queue ran at speed.
+    let failed: Vec<&str> = log.lines().filter(|l| l.contains("pass failed")).collect();
+    assert!(failed.is_empty(), "passes failed:\n{}", failed.join("\n"));
+    // What was left alone is counted, each logged once.
+    let refused = log
+        .lines()
+        .filter(|l| l.contains("document skipped") && l.contains("update_refused"))
+        .count();
+    let counted = den
+        .metric(
+            r#"disbatch_den_documents_skipped_total{collection="tasks",reason="update_refused"}"#,
+        )
+        .await;
+    assert!(refused <= 1, "logged more than once: {refused} lines");
+    assert_eq!(
+        counted > 0.0,
+        refused == 1,
+        "{refused} lines, counter {counted}"
+    );
+    let skipped_queues = c
+        .queues
+        .iter()
+        .filter(|(q, ..)| matches!(q.expect, QueueExpect::Skip(_)))
+        .count();
+    assert_eq!(
+        den.metric("disbatch_den_queues_skipped").await as usize,
+        skipped_queues,
+        "disbatch_den_queues_skipped"
     );
     assert!(den.is_running(), "the DEN exited:\n{log}");
     assert_eq!(crashes(&log), Vec::<String>::new(), "DEN log:\n{log}");

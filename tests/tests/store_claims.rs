@@ -21,7 +21,8 @@ async fn claim_batch(
     let candidates = store
         .claim_candidates(queue, QueueSort::Fifo, n, 1, window)
         .await
-        .expect("read candidates");
+        .expect("read candidates")
+        .tasks;
     let picks: Vec<Pick> = candidates
         .into_iter()
         .map(|task| {
@@ -110,7 +111,8 @@ async fn a_task_changed_since_it_was_read_is_not_claimed_blind() {
     let candidates = store
         .claim_candidates(queue, QueueSort::Fifo, 4, 1, &mut ClaimWindow::default())
         .await
-        .expect("read");
+        .expect("read")
+        .tasks;
     assert_eq!(candidates.len(), 4);
     // After the read: one task is edited (its mtime moves), one claimed by another node,
     // one deleted.
@@ -287,7 +289,8 @@ async fn two_claimers_at_once_never_exceed_threads_or_share_a_task() {
             let candidates = store
                 .claim_candidates(queue, QueueSort::Fifo, slots.len() * 2, 2, &mut window)
                 .await
-                .expect("read");
+                .expect("read")
+                .tasks;
             let picks: Vec<Pick> = candidates
                 .into_iter()
                 .step_by(2)
@@ -312,6 +315,7 @@ async fn two_claimers_at_once_never_exceed_threads_or_share_a_task() {
                         free.remove(&pick.slot);
                     }
                     PickOutcome::Lost => {}
+                    PickOutcome::Refused(why) => panic!("a plain task was refused: {why}"),
                 }
             }
         }

@@ -14,7 +14,8 @@ async fn claim(store: &Store, queue: ObjectId, node: &str, slots: &[u32]) -> Vec
     let candidates = store
         .claim_candidates(queue, QueueSort::Fifo, slots.len(), 1, &mut window)
         .await
-        .expect("read candidates");
+        .expect("read candidates")
+        .tasks;
     let picks: Vec<Pick> = candidates
         .into_iter()
         .zip(slots)

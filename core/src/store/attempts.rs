@@ -2,7 +2,6 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use futures::TryStreamExt;
 
 use super::schema::{attempt, ATTEMPTS};
 use super::Store;
@@ -68,14 +67,14 @@ impl Store {
 
     /// A task's attempts, oldest first.
     pub async fn attempts_of(&self, task: ObjectId) -> Result<Vec<Document>> {
-        self.collection(ATTEMPTS)
+        let context = format!("listing attempts of task {task}");
+        let cursor = self
+            .raw(ATTEMPTS)
             .find(doc! {attempt::TASK: task})
             .sort(doc! {attempt::START: 1})
             .await
-            .map_err(|e| Error::mongo(format!("listing attempts of task {task}"), e))?
-            .try_collect()
-            .await
-            .map_err(|e| Error::mongo(format!("listing attempts of task {task}"), e))
+            .map_err(|e| Error::mongo(context.clone(), e))?;
+        self.read_all(ATTEMPTS, cursor, &context).await
     }
 }
 

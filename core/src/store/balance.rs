@@ -8,10 +8,12 @@ use crate::error::{Error, Result};
 
 impl Store {
     pub async fn balance_document(&self) -> Result<Option<Document>> {
-        self.collection(BALANCE)
+        let found = self
+            .raw(BALANCE)
             .find_one(doc! {})
             .await
-            .map_err(|e| Error::mongo("reading the balance document", e))
+            .map_err(|e| Error::mongo("reading the balance document", e))?;
+        self.decode_one(BALANCE, found)
     }
 
     /// `$set` into the one balance document, creating it if needed, as Disbatch does.

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
-use futures::TryStreamExt;
 
 use super::schema::{
     balance, lease, queue, task, BALANCE, LEASES, QUEUES, QUEUE_BALANCE_LEASE, TASKS,
@@ -79,14 +78,14 @@ impl Store {
     /// task counts. Only -2 is counted as queued: orphaned, cancelled, blocked and terminated
     /// tasks (≤ -3) are never claimed, so reserving threads for them would starve other queues.
     pub async fn balance_queue_states(&self, names: &[String]) -> Result<Vec<QueueState>> {
-        let docs: Vec<Document> = self
-            .collection(QUEUES)
+        let cursor = self
+            .raw(QUEUES)
             .find(doc! {queue::NAME: {"$in": names}})
             .await
-            .map_err(|e| Error::mongo("reading the balanced queues", e))?
-            .try_collect()
-            .await
             .map_err(|e| Error::mongo("reading the balanced queues", e))?;
+        let docs = self
+            .read_all(QUEUES, cursor, "reading the balanced queues")
+            .await?;
         let states = docs.into_iter().filter_map(|d| {
             let name = d.get_str(queue::NAME).ok()?.to_string();
             let id = d.get(queue::ID)?.clone();

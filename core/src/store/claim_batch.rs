@@ -74,6 +74,17 @@ pub enum PickOutcome {
     Lost,
     /// Another node holds the slot.
     SlotTaken,
+    /// The server refused this task's claim itself (with its reason): it holds something
+    /// the server cannot update, and will refuse it again.
+    Refused(String),
+}
+
+/// A queue's next claimable tasks as read, and the ones among them that could not be decoded
+/// (by `_id`, with the reason), which no runner could be handed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Candidates {
+    pub tasks: Vec<Document>,
+    pub unreadable: Vec<(ObjectId, String)>,
 }
 
 /// A claimable task's key for sharing work between nodes: its id's counter, which runs on
@@ -96,32 +107,34 @@ impl Store {
         limit: usize,
         claimers: usize,
         window: &mut ClaimWindow,
-    ) -> Result<Vec<Document>> {
+    ) -> Result<Candidates> {
         if limit == 0 {
-            return Ok(Vec::new());
+            return Ok(Candidates::default());
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         if !matches!(sort, QueueSort::Fifo | QueueSort::Default) {
             let order = claim_order(sort).unwrap_or_else(|| doc! {task::ID: 1});
             return self
                 .read_tasks(claimable(queue, DateTime::now()), order, limit)
-                .await;
+                .await
+                .map(|read| read.candidates);
         }
         if let Some(range) = window.current().cloned() {
             let found = self.read_in_window(queue, &range, limit).await?;
             // A window reaching the queue's end stays: tasks queued since belong in it.
-            if found.len() as i64 >= limit || range.last.is_none() {
-                return Ok(found);
+            if found.read as i64 >= limit || range.last.is_none() {
+                return Ok(found.candidates);
             }
         }
         // No window yet, or it is drained: read the head, which also makes the next window.
         let size = i64::try_from(claimers.clamp(1, MAX_WINDOWS))
             .map_or(WINDOW_SIZE, |n| WINDOW_SIZE * n)
             .max(limit);
-        let mut head = self.read_head(queue, size).await?;
-        window.range = window_over(&head, size);
-        head.truncate(limit as usize);
-        Ok(head)
+        let head = self.read_head(queue, size).await?;
+        window.range = window_over(&head.candidates.tasks, head.read, size);
+        let mut candidates = head.candidates;
+        candidates.tasks.truncate(limit as usize);
+        Ok(candidates)
     }
 
     /// Claims each pick as a running attempt of this node with a lease of `lease`, if it is
@@ -156,19 +169,31 @@ impl Store {
                 return Ok(outcomes);
             }
         }
-        let claims = writes.into_iter().map(|(filter, update, _)| async move {
-            let result = self
-                .collection(TASKS)
-                .find_one_and_update(filter, update)
-                .return_document(ReturnDocument::After)
-                .await;
-            match result {
-                Ok(Some(doc)) => Ok(PickOutcome::Claimed(Box::new(doc))),
-                Ok(None) => Ok(PickOutcome::Lost),
-                Err(e) if super::is_duplicate_key(&e) => Ok(PickOutcome::SlotTaken),
-                Err(e) => Err(Error::mongo("claiming a task", e)),
-            }
-        });
+        let claims = picks
+            .iter()
+            .zip(writes)
+            .map(|(pick, (filter, update, set))| async move {
+                let result = self
+                    .raw(TASKS)
+                    .find_one_and_update(filter, update)
+                    .return_document(ReturnDocument::After)
+                    .await;
+                match result {
+                    Ok(Some(raw)) => Ok(match crate::raw_doc::from_raw(&raw) {
+                        Ok(doc) => PickOutcome::Claimed(Box::new(doc)),
+                        // Read and decoded a moment ago; keep what was read, with the claim.
+                        Err(_) => {
+                            PickOutcome::Claimed(Box::new(claimed_document(&pick.task, &set)))
+                        }
+                    }),
+                    Ok(None) => Ok(PickOutcome::Lost),
+                    Err(e) if super::is_duplicate_key(&e) => Ok(PickOutcome::SlotTaken),
+                    Err(e) => match super::refusal(&e) {
+                        Some(reason) => Ok(PickOutcome::Refused(reason)),
+                        None => Err(Error::mongo("claiming a task", e)),
+                    },
+                }
+            });
         futures::future::join_all(claims)
             .await
             .into_iter()
@@ -210,10 +235,11 @@ impl Store {
                 }
                 (true, _) => PickOutcome::Lost,
                 (false, 11000) => PickOutcome::SlotTaken,
-                (false, code) => {
-                    tracing::warn!(code, error = ?r.get("errmsg"), task = ?pick.task.get(task::ID), "the server refused to claim a task");
-                    PickOutcome::Lost
-                }
+                (false, code) if super::is_transient_code(code) => PickOutcome::Lost,
+                (false, code) => PickOutcome::Refused(super::short_message(
+                    r.get_str("errmsg").unwrap_or("no reason given"),
+                    code,
+                )),
             });
         }
         if outcomes.iter().any(Option::is_none) {
@@ -224,14 +250,14 @@ impl Store {
                 .filter(|(_, o)| o.is_none())
                 .map(|(p, _)| p.attempt)
                 .collect();
-            let found: Vec<Document> = self
-                .collection(TASKS)
+            let cursor = self
+                .raw(TASKS)
                 .find(doc! {task::ATTEMPT: {"$in": unknown}})
                 .await
-                .map_err(|e| Error::mongo("reading back claimed tasks", e))?
-                .try_collect()
-                .await
                 .map_err(|e| Error::mongo("reading back claimed tasks", e))?;
+            let found = self
+                .read_all(TASKS, cursor, "reading back claimed tasks")
+                .await?;
             for (pick, outcome) in picks.iter().zip(outcomes.iter_mut()) {
                 if outcome.is_none() {
                     let doc = found
@@ -248,7 +274,7 @@ impl Store {
     }
 
     /// The first `n` claimable tasks of `queue`, oldest first.
-    async fn read_head(&self, queue: ObjectId, n: i64) -> Result<Vec<Document>> {
+    async fn read_head(&self, queue: ObjectId, n: i64) -> Result<CandidateRead> {
         self.read_tasks(claimable(queue, DateTime::now()), doc! {task::ID: 1}, n)
             .await
     }
@@ -261,7 +287,7 @@ impl Store {
         queue: ObjectId,
         range: &WindowRange,
         limit: i64,
-    ) -> Result<Vec<Document>> {
+    ) -> Result<CandidateRead> {
         let mut filter = claimable(queue, DateTime::now());
         let mut ids = doc! {"$gte": range.first};
         if let Some(last) = range.last {
@@ -274,27 +300,54 @@ impl Store {
         self.read_tasks(filter, doc! {task::ID: 1}, limit).await
     }
 
+    /// Claimable tasks, each decoded alone: one that cannot be is set aside by `_id` (or
+    /// reported and left out, without an ObjectId `_id` to name it by).
     async fn read_tasks(
         &self,
         filter: Document,
         order: Document,
         limit: i64,
-    ) -> Result<Vec<Document>> {
-        self.collection(TASKS)
+    ) -> Result<CandidateRead> {
+        let context = "reading claimable tasks";
+        let mut cursor = self
+            .raw(TASKS)
             .find(filter)
             .sort(order)
             .limit(limit)
             .await
-            .map_err(|e| Error::mongo("reading claimable tasks", e))?
-            .try_collect()
+            .map_err(|e| Error::mongo(context, e))?;
+        let mut read = CandidateRead::default();
+        while let Some(raw) = cursor
+            .try_next()
             .await
-            .map_err(|e| Error::mongo("reading claimable tasks", e))
+            .map_err(|e| Error::mongo(context, e))?
+        {
+            read.read += 1;
+            match crate::raw_doc::from_raw(&raw) {
+                Ok(d) => read.candidates.tasks.push(d),
+                Err(why) => match crate::raw_doc::object_id(&raw) {
+                    Some(id) => read.candidates.unreadable.push((id, why)),
+                    None => {
+                        self.decode_or_skip(TASKS, &raw);
+                    }
+                },
+            }
+        }
+        Ok(read)
     }
+}
+
+/// One read of claimable tasks: what it found, and how many documents came back in all
+/// (decodable or not), which is what tells whether it reached the end of the queue.
+#[derive(Debug, Default)]
+struct CandidateRead {
+    candidates: Candidates,
+    read: usize,
 }
 
 /// The window a head read of up to `asked` tasks makes: from its first task to its last, or
 /// open-ended when it reached the end of the queue. None when it found nothing.
-fn window_over(head: &[Document], asked: i64) -> Option<WindowRange> {
+fn window_over(head: &[Document], read: usize, asked: i64) -> Option<WindowRange> {
     let ids: Vec<ObjectId> = head
         .iter()
         .filter_map(|d| d.get_object_id(task::ID).ok())
@@ -302,7 +355,7 @@ fn window_over(head: &[Document], asked: i64) -> Option<WindowRange> {
     let (first, last) = (ids.first()?, ids.last()?);
     Some(WindowRange {
         first: *first,
-        last: (head.len() as i64 >= asked).then_some(*last),
+        last: (read as i64 >= asked).then_some(*last),
         legacy_nodes: head
             .iter()
             .any(|d| d.get(task::NODE) == Some(&Bson::Int32(-1))),
@@ -312,8 +365,10 @@ fn window_over(head: &[Document], asked: i64) -> Option<WindowRange> {
 
 /// The task is still queued and unclaimed exactly as read: every write to a task moves its
 /// `mtime`, so a task changed since (claimed and given back, edited) is not claimed blind.
+/// Each value is matched with `$eq`: a stored value shaped like an operator document
+/// (`{"$date": "x"}`, written by another tool) must be compared, not run as a query.
 fn still_as_read(read: &Document) -> Document {
-    let field = |name: &str| read.get(name).cloned().unwrap_or(Bson::Null);
+    let field = |name: &str| doc! {"$eq": read.get(name).cloned().unwrap_or(Bson::Null)};
     doc! {
         task::ID: field(task::ID),
         task::STATUS: status::QUEUED,
@@ -377,12 +432,22 @@ mod tests {
         let filter = still_as_read(&doc! {"_id": id, "node": -1, "mtime": at, "status": -2});
         assert_eq!(
             filter,
-            doc! {"_id": id, "status": -2, "node": -1, "mtime": at}
+            doc! {"_id": {"$eq": id}, "status": -2, "node": {"$eq": -1}, "mtime": {"$eq": at}}
         );
         // Missing fields match only documents still missing them (null matches missing).
         let bare = still_as_read(&doc! {"_id": id});
-        assert_eq!(bare.get("mtime"), Some(&Bson::Null));
-        assert_eq!(bare.get("node"), Some(&Bson::Null));
+        assert_eq!(
+            bare.get("mtime"),
+            Some(&Bson::from(doc! {"$eq": Bson::Null}))
+        );
+        assert_eq!(
+            bare.get("node"),
+            Some(&Bson::from(doc! {"$eq": Bson::Null}))
+        );
+        // A stored value shaped like an operator is compared as it is.
+        let odd = doc! {"$date": "x"};
+        let filter = still_as_read(&doc! {"_id": id, "mtime": odd.clone()});
+        assert_eq!(filter.get("mtime"), Some(&Bson::from(doc! {"$eq": odd})));
     }
 
     #[test]
@@ -392,15 +457,15 @@ mod tests {
             .iter()
             .map(|id| doc! {"_id": id, "node": Bson::Null})
             .collect();
-        let full = window_over(&head, 3).expect("window");
+        let full = window_over(&head, 3, 3).expect("window");
         assert_eq!((full.first, full.last), (ids[0], Some(ids[2])));
         assert!(!full.legacy_nodes);
-        let open = window_over(&head, 4).expect("window");
+        let open = window_over(&head, 3, 4).expect("window");
         assert_eq!(open.last, None, "the head reached the queue's end");
         let mut legacy = head.clone();
         legacy[1].insert("node", -1);
-        assert!(window_over(&legacy, 3).expect("window").legacy_nodes);
-        assert!(window_over(&[], 3).is_none());
+        assert!(window_over(&legacy, 3, 3).expect("window").legacy_nodes);
+        assert!(window_over(&[], 0, 3).is_none());
     }
 
     #[test]

@@ -25,6 +25,36 @@ impl Store {
             .map(|r| r.modified_count == 1)
             .map_err(|e| Error::mongo(format!("giving back task {id}"), e))
     }
+
+    /// Fails a queued task no runner can be handed — its document cannot be decoded, or the
+    /// server refuses to claim it — with the reason in its stderr, and reports it skipped
+    /// (logged once, counted). False when it is no longer queued, or when the server refuses
+    /// this write too (a value it cannot update): the caller then leaves the task alone.
+    pub async fn fail_unrunnable_task(
+        &self,
+        id: ObjectId,
+        node: &str,
+        reason: super::SkipReason,
+        why: &str,
+    ) -> Result<bool> {
+        self.skips.skipped(TASKS, &id.to_hex(), reason, why);
+        let update = doc! {
+            "$set": {
+                task::STATUS: status::FAILED,
+                task::NODE: node,
+                task::STDERR: format!("disbatch: this task cannot be run: {why}"),
+                task::MTIME: DateTime::now(),
+                task::COMPLETE: true,
+            },
+            "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
+        };
+        let filter = doc! {task::ID: id, task::STATUS: status::QUEUED};
+        match self.collection(TASKS).update_one(filter, update).await {
+            Ok(r) => Ok(r.modified_count == 1),
+            Err(e) if super::refusal(&e).is_some() => Ok(false),
+            Err(e) => Err(Error::mongo(format!("failing task {id}"), e)),
+        }
+    }
 }
 
 /// The order a queue's `sort` gives its claims; None leaves it to the server.

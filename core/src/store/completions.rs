@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use futures::TryStreamExt;
 
 use super::attempts::attempt_document;
 use super::schema::{task, ATTEMPTS, TASKS};
@@ -216,7 +215,7 @@ impl Store {
             TaskEnd::Status(s) => s,
             TaskEnd::Retry { .. } => status::QUEUED,
         };
-        self.collection(TASKS)
+        self.raw(TASKS)
             .find_one(doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status})
             .projection(doc! {task::ID: 1})
             .await
@@ -304,15 +303,15 @@ impl Store {
             };
             expected.insert(c.record.task, (c.record.id, status));
         }
-        let docs: Vec<Document> = self
-            .collection(TASKS)
+        let cursor = self
+            .raw(TASKS)
             .find(doc! {task::ID: {"$in": ids}, task::MTIME: written_at})
             .projection(doc! {task::ATTEMPT: 1, task::STATUS: 1})
             .await
-            .map_err(|e| Error::mongo("reading back recorded results", e))?
-            .try_collect()
-            .await
             .map_err(|e| Error::mongo("reading back recorded results", e))?;
+        let docs = self
+            .read_all(TASKS, cursor, "reading back recorded results")
+            .await?;
         Ok(docs
             .iter()
             .filter_map(|d| {

@@ -132,17 +132,20 @@ impl Store {
     pub async fn read_output_file(&self, id: ObjectId) -> Result<Vec<u8>> {
         let context = || format!("reading GridFS file {id}");
         let mut cursor = self
-            .collection(CHUNKS)
+            .raw(CHUNKS)
             .find(doc! {chunk::FILES_ID: id})
             .sort(doc! {chunk::N: 1})
             .await
             .map_err(|e| Error::mongo(context(), e))?;
         let mut out = Vec::new();
-        while let Some(c) = cursor
+        while let Some(raw) = cursor
             .try_next()
             .await
             .map_err(|e| Error::mongo(context(), e))?
         {
+            let Some(c) = self.decode_one(CHUNKS, Some(raw))? else {
+                continue;
+            };
             match c.get(chunk::DATA) {
                 Some(Bson::String(s)) => out.extend_from_slice(s.as_bytes()),
                 Some(Bson::Binary(b)) => out.extend_from_slice(&b.bytes),
@@ -162,7 +165,7 @@ impl Store {
     /// (edited by hand or corrupt), so a reader can refuse it before streaming anything.
     pub async fn unreadable_chunk(&self, id: ObjectId) -> Result<Option<String>> {
         let found = self
-            .collection(CHUNKS)
+            .raw(CHUNKS)
             .find_one(doc! {
                 chunk::FILES_ID: id,
                 chunk::DATA: {"$not": {"$type": ["string", "binData"]}},
@@ -170,6 +173,10 @@ impl Store {
             .projection(doc! {chunk::N: 1, chunk::DATA: 1})
             .await
             .map_err(|e| Error::mongo(format!("checking GridFS file {id}"), e))?;
+        let found = match self.decode_one(CHUNKS, found) {
+            Ok(found) => found,
+            Err(e) => return Ok(Some(e.to_string())),
+        };
         Ok(found.map(|c| {
             let n = c.get(chunk::N).map_or("?".to_string(), |n| n.to_string());
             let data = c
@@ -181,10 +188,12 @@ impl Store {
 
     /// The files document of a stored output, if it exists.
     pub async fn output_file(&self, id: ObjectId) -> Result<Option<Document>> {
-        self.collection(FILES)
+        let found = self
+            .raw(FILES)
             .find_one(doc! {file::ID: id})
             .await
-            .map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))
+            .map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
+        self.decode_one(FILES, found)
     }
 }
 
@@ -210,13 +219,18 @@ impl Store {
     /// Streams a GridFS output file without loading it whole (string or binary chunks).
     pub async fn stream_output_file(&self, id: ObjectId) -> Result<OutputStream> {
         let cursor = self
-            .collection(CHUNKS)
+            .raw(CHUNKS)
             .find(doc! {chunk::FILES_ID: id})
             .sort(doc! {chunk::N: 1})
             .await
             .map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
         let stream = futures::StreamExt::map(cursor, move |c| {
-            let c = c.map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
+            let raw = c.map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
+            let c = crate::raw_doc::from_raw(&raw).map_err(|message| Error::BadDocument {
+                collection: CHUNKS,
+                id: crate::raw_doc::id_text(&raw),
+                message: format!("it cannot be decoded: {message}"),
+            })?;
             match c.get(chunk::DATA) {
                 Some(Bson::String(s)) => Ok(s.as_bytes().to_vec()),
                 Some(Bson::Binary(b)) => Ok(b.bytes.clone()),

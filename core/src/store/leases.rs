@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use futures::TryStreamExt;
 
 use super::schema::{attempt, task, ATTEMPTS, TASKS};
 use super::Store;
@@ -66,7 +65,7 @@ impl Store {
         lease: Duration,
     ) -> Result<LeaseState> {
         let found = self
-            .collection(TASKS)
+            .raw(TASKS)
             .find_one_and_update(
                 doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status::RUNNING},
                 doc! {"$set": {task::LEASE_UNTIL: deadline(lease)}},
@@ -76,7 +75,7 @@ impl Store {
             .map_err(|e| Error::mongo(format!("renewing the lease of task {id}"), e))?;
         Ok(match found {
             Some(d) => LeaseState::Held {
-                cancel_requested: d.get(task::CANCEL_REQUESTED).is_some(),
+                cancel_requested: d.get(task::CANCEL_REQUESTED).ok().flatten().is_some(),
             },
             None => LeaseState::Lost,
         })
@@ -89,8 +88,8 @@ impl Store {
             task::LEASE_UNTIL: {"$lt": DateTime::now()},
             task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]},
         };
-        let docs: Vec<Document> = self
-            .collection(TASKS)
+        let cursor = self
+            .raw(TASKS)
             .find(filter)
             .sort(doc! {task::LEASE_UNTIL: 1})
             .limit(limit)
@@ -99,10 +98,10 @@ impl Store {
                 task::ATTEMPTS: 1, task::CANCEL_REQUESTED: 1, task::LEASE_UNTIL: 1, task::MTIME: 1,
             })
             .await
-            .map_err(|e| Error::mongo("finding tasks whose lease passed", e))?
-            .try_collect()
-            .await
             .map_err(|e| Error::mongo("finding tasks whose lease passed", e))?;
+        let docs = self
+            .read_all(TASKS, cursor, "finding tasks whose lease passed")
+            .await?;
         Ok(docs.iter().filter_map(expired_task).collect())
     }
 
@@ -133,11 +132,20 @@ impl Store {
             "$set": set,
             "$unset": {task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""},
         };
-        let r = self
-            .collection(TASKS)
-            .update_one(filter, update)
-            .await
-            .map_err(|e| Error::mongo(format!("recovering task {}", t.id), e))?;
+        let r = match self.collection(TASKS).update_one(filter, update).await {
+            Ok(r) => r,
+            Err(e) => match super::refusal(&e) {
+                // This task alone: the others are recovered all the same.
+                Some(why) => {
+                    let id = t.id.to_hex();
+                    let why = format!("the server refused to recover it: {why}");
+                    self.skips
+                        .skipped(TASKS, &id, super::SkipReason::UpdateRefused, &why);
+                    return Ok(false);
+                }
+                None => return Err(Error::mongo(format!("recovering task {}", t.id), e)),
+            },
+        };
         if r.modified_count == 0 {
             return Ok(false);
         }
@@ -166,8 +174,8 @@ impl Store {
 
     /// Running tasks on `node` that an operator asked to cancel.
     pub async fn cancel_requests(&self, node: &str) -> Result<Vec<ObjectId>> {
-        let docs: Vec<Document> = self
-            .collection(TASKS)
+        let cursor = self
+            .raw(TASKS)
             .find(doc! {
                 task::NODE: node,
                 task::STATUS: status::RUNNING,
@@ -175,10 +183,10 @@ impl Store {
             })
             .projection(doc! {task::ID: 1})
             .await
-            .map_err(|e| Error::mongo("finding cancel requests", e))?
-            .try_collect()
-            .await
             .map_err(|e| Error::mongo("finding cancel requests", e))?;
+        let docs = self
+            .read_all(TASKS, cursor, "finding cancel requests")
+            .await?;
         Ok(docs
             .iter()
             .filter_map(|d| d.get_object_id(task::ID).ok())

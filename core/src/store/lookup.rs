@@ -12,22 +12,25 @@ impl Store {
     /// lets a queue whose name happens to be 24 hex digits be addressed too.
     pub(crate) async fn find_by_id_or_name(
         &self,
-        collection: &str,
+        collection: &'static str,
         name_field: &str,
         ident: &str,
     ) -> Result<Option<Document>> {
-        let coll = self.collection(collection);
+        let coll = self.raw(collection);
         if let Ok(id) = ObjectId::parse_str(ident) {
             let found = coll
                 .find_one(doc! {"_id": id})
                 .await
                 .map_err(|e| Error::mongo(format!("reading {collection} {ident}"), e))?;
             if found.is_some() {
-                return Ok(found);
+                return self.decode_one(collection, found);
             }
         }
-        coll.find_one(doc! {name_field: ident})
+        // `$eq`: a name is compared as it is, never run as an operator or a pattern.
+        let found = coll
+            .find_one(doc! {name_field: {"$eq": ident}})
             .await
-            .map_err(|e| Error::mongo(format!("reading {collection} {ident}"), e))
+            .map_err(|e| Error::mongo(format!("reading {collection} {ident}"), e))?;
+        self.decode_one(collection, found)
     }
 }

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
-use futures::TryStreamExt;
 
 use super::schema::{node, queue, task, NODES, TASKS};
 use super::Store;
@@ -169,13 +168,14 @@ impl Store {
             "_id": {"q": format!("${}", task::QUEUE), "s": format!("${}", task::STATUS)},
             "n": {"$sum": 1},
         }}];
-        let mut cursor = self
+        let cursor = self
             .collection(TASKS)
             .aggregate(pipeline)
+            .with_type::<bson::RawDocumentBuf>()
             .await
             .map_err(|e| Error::mongo(what, e))?;
         let mut out: HashMap<ObjectId, [u64; StatusGroup::ALL.len()]> = HashMap::new();
-        while let Some(d) = cursor.try_next().await.map_err(|e| Error::mongo(what, e))? {
+        for d in self.read_all(TASKS, cursor, what).await? {
             let Ok(key) = d.get_document("_id") else {
                 continue;
             };

@@ -6,6 +6,7 @@ mod balance_lease;
 mod claim_batch;
 mod claim_run;
 mod completions;
+mod decode;
 mod gridfs;
 mod leases;
 mod lookup;
@@ -33,7 +34,8 @@ use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
 pub use attempts::{AttemptEnd, AttemptRecord};
-pub use claim_batch::{claim_key, ClaimWindow, Pick, PickOutcome};
+pub use claim_batch::{claim_key, Candidates, ClaimWindow, Pick, PickOutcome};
+pub use decode::{SkipHook, SkipLedger, SkipReason};
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
@@ -63,6 +65,8 @@ pub struct Store {
     db: Database,
     /// Whether the server takes `bulkWrite` (BULK_WRITE_*), learnt on first use.
     bulk_write: Arc<AtomicU8>,
+    /// Documents reads had to leave out.
+    skips: SkipLedger,
 }
 
 const BULK_WRITE_UNKNOWN: u8 = 0;
@@ -90,6 +94,7 @@ impl Store {
             client,
             db,
             bulk_write: Arc::new(AtomicU8::new(BULK_WRITE_UNKNOWN)),
+            skips: SkipLedger::default(),
         })
     }
 
@@ -99,6 +104,7 @@ impl Store {
             client: self.client.clone(),
             db: self.client.database(name),
             bulk_write: self.bulk_write.clone(),
+            skips: self.skips.clone(),
         }
     }
 
@@ -163,6 +169,7 @@ impl Store {
         ))
     }
 
+    /// A collection for writes; reads go through `raw` and decode one document at a time.
     fn collection(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
     }
@@ -251,19 +258,74 @@ pub(crate) fn is_duplicate_key(err: &mongodb::error::Error) -> bool {
     }
 }
 
-/// The server refused the request itself as malformed (a bad filter, operator or projection:
-/// BadValue, FailedToParse, TypeMismatch or a `Location…` assertion): the caller's input is
-/// wrong, not the database. Returns the server's message.
-pub(crate) fn rejected_request(err: &mongodb::error::Error) -> Option<&str> {
-    use mongodb::error::ErrorKind;
-    match err.kind.as_ref() {
-        ErrorKind::Command(e)
-            if matches!(e.code, 2 | 9 | 14) || e.code_name.starts_with("Location") =>
-        {
-            Some(&e.message)
-        }
-        _ => None,
+/// The server answered and refused the request itself (a filter, operator, namespace or
+/// document it will not take), as opposed to being unreachable, busy or failing over: asking
+/// again will not help, and the caller's input (or the document it touches) is what is wrong.
+/// Returns the server's reason, short and on one line.
+pub(crate) fn refusal(err: &mongodb::error::Error) -> Option<String> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    // Unreachable servers, timeouts and closed pools are other kinds than these.
+    if err.contains_label(mongodb::error::RETRYABLE_WRITE_ERROR)
+        || err.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR)
+    {
+        return None;
     }
+    let (code, message) = match err.kind.as_ref() {
+        ErrorKind::Command(e) => (e.code, e.message.as_str()),
+        ErrorKind::Write(WriteFailure::WriteError(e)) => (e.code, e.message.as_str()),
+        ErrorKind::InvalidArgument { message, .. } => (0, message.as_str()),
+        _ => return None,
+    };
+    // Unauthorized and failed logins are the deployment's doing, not the request's.
+    if is_transient_code(code) || matches!(code, 11000 | 13 | 18) {
+        return None;
+    }
+    Some(short_message(message, code))
+}
+
+/// Server error codes that say "not now" (a failover, a shutdown, a timeout, a conflict)
+/// rather than "never": MongoDB's retryable and transient codes.
+pub(crate) fn is_transient_code(code: i32) -> bool {
+    matches!(
+        code,
+        6 | 7
+            | 24
+            | 46
+            | 50
+            | 63
+            | 89
+            | 91
+            | 112
+            | 133
+            | 150
+            | 189
+            | 234
+            | 251
+            | 262
+            | 9001
+            | 10107
+            | 11600
+            | 11602
+            | 13388
+            | 13435
+            | 13436
+    )
+}
+
+/// A server message fit for a log line or an API answer: one line, at most 300 characters,
+/// with its code.
+pub(crate) fn short_message(message: &str, code: i32) -> String {
+    let one_line: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(300)
+        .collect();
+    let cut = if message.chars().count() > 300 {
+        "…"
+    } else {
+        ""
+    };
+    format!("{}{cut} (code {code})", one_line.trim_end())
 }
 
 /// The server (10334) or the driver refused a document over 16 MiB.

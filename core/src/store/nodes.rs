@@ -35,7 +35,7 @@ impl Store {
     /// ops set is never overwritten, and returns the node's limit in the same round trip.
     pub async fn heartbeat(&self, beat: &Heartbeat<'_>) -> Result<NodeLimit> {
         let updated = self
-            .collection(NODES)
+            .raw(NODES)
             .find_one_and_update(
                 doc! {node::NODE: beat.node},
                 doc! {"$set": {
@@ -52,6 +52,10 @@ impl Store {
             .projection(doc! {node::MAXTHREADS: 1})
             .await
             .map_err(|e| Error::mongo(format!("heartbeat of node {}", beat.node), e))?;
+        let updated = match self.decode_one(NODES, updated) {
+            Ok(d) => d,
+            Err(e) => return Ok(NodeLimit::Invalid(e.to_string())),
+        };
         let limit = updated.as_ref().and_then(|d| d.get(node::MAXTHREADS));
         Ok(match parse_limit(limit) {
             Ok(None) => NodeLimit::Unlimited,

@@ -2,7 +2,6 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use futures::TryStreamExt;
 
 use super::schema::{queue, QUEUES};
 use super::Store;
@@ -13,20 +12,17 @@ use crate::model::{
 use crate::run_policy::{self, OnLost, RunPolicy};
 
 impl Store {
-    /// All queues in natural order. Documents without an ObjectId `_id` are reported, not fatal.
+    /// All queues in natural order. A document without an ObjectId `_id` or that cannot be
+    /// decoded is reported, not fatal: the others are served.
     pub async fn list_queues(&self) -> Result<(Vec<Queue>, Vec<String>)> {
-        let mut cursor = self
-            .collection(QUEUES)
+        let cursor = self
+            .raw(QUEUES)
             .find(doc! {})
             .await
             .map_err(|e| Error::mongo("listing queues", e))?;
         let mut queues = Vec::new();
         let mut problems = Vec::new();
-        while let Some(d) = cursor
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo("listing queues", e))?
-        {
+        for d in self.read_all(QUEUES, cursor, "listing queues").await? {
             match parse_queue(&d) {
                 Ok(q) => queues.push(q),
                 Err(message) => problems.push(message),
@@ -37,11 +33,11 @@ impl Store {
 
     pub async fn queue_by_id(&self, id: ObjectId) -> Result<Option<Queue>> {
         let found = self
-            .collection(QUEUES)
+            .raw(QUEUES)
             .find_one(doc! {queue::ID: id})
             .await
             .map_err(|e| Error::mongo(format!("reading queue {id}"), e))?;
-        found
+        self.decode_one(QUEUES, found)?
             .map(|d| parse_queue(&d))
             .transpose()
             .map_err(|message| Error::BadDocument {

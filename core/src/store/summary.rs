@@ -4,7 +4,6 @@ use std::collections::HashMap;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
-use futures::TryStreamExt;
 
 use super::schema::{task, TASKS};
 use super::Store;
@@ -41,17 +40,14 @@ impl Store {
             "failed": count_if(doc! {"$gte": [&st, status::FAILED]}),
             "total": {"$sum": 1},
         }}];
-        let mut cursor = self
+        let cursor = self
             .collection(TASKS)
             .aggregate(pipeline)
+            .with_type::<bson::RawDocumentBuf>()
             .await
             .map_err(|e| Error::mongo("summarising tasks", e))?;
         let mut out = HashMap::new();
-        while let Some(d) = cursor
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo("summarising tasks", e))?
-        {
+        for d in self.read_all(TASKS, cursor, "summarising tasks").await? {
             let Ok(queue) = d.get_object_id("_id") else {
                 continue;
             };

@@ -2,7 +2,6 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
-use futures::TryStreamExt;
 
 use super::schema::{chunk, file, task, CHUNKS, FILES, TASKS};
 use super::{Store, WriteCounts};
@@ -96,15 +95,14 @@ impl Store {
     }
 
     async fn delete_task_files(&self, id: ObjectId) -> Result<()> {
-        let files: Vec<bson::Document> = self
-            .collection(FILES)
+        let context = format!("finding output files of task {id}");
+        let cursor = self
+            .raw(FILES)
             .find(doc! {file::METADATA_TASK_ID: id})
             .projection(doc! {file::ID: 1})
             .await
-            .map_err(|e| Error::mongo(format!("finding output files of task {id}"), e))?
-            .try_collect()
-            .await
-            .map_err(|e| Error::mongo(format!("finding output files of task {id}"), e))?;
+            .map_err(|e| Error::mongo(context.clone(), e))?;
+        let files = self.read_all(FILES, cursor, &context).await?;
         let ids: Vec<ObjectId> = files
             .iter()
             .filter_map(|f| f.get_object_id(file::ID).ok())

@@ -58,7 +58,7 @@ impl Store {
         for f in template.fields() {
             projection.insert(f, 1);
         }
-        let source = self.collection(collection);
+        let source = self.raw(collection);
         let mut find = source.find(filter);
         if !projection.is_empty() {
             find = find.projection(projection);
@@ -68,11 +68,15 @@ impl Store {
             .map_err(|e| Error::mongo(format!("reading collection {collection}"), e))?;
         let mut ids = Vec::new();
         let mut batch = Vec::with_capacity(BATCH);
-        while let Some(d) = cursor
+        while let Some(raw) = cursor
             .try_next()
             .await
             .map_err(|e| Error::mongo(format!("reading collection {collection}"), e))?
         {
+            // A source document that cannot be decoded makes no task; it is reported.
+            let Some(d) = self.decode_or_skip("source collection", &raw) else {
+                continue;
+            };
             batch.push(template.fill(&d));
             if batch.len() == BATCH {
                 ids.extend(self.insert_tasks(queue, std::mem::take(&mut batch)).await?);

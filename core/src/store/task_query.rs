@@ -200,17 +200,15 @@ impl Store {
         skip: u64,
         limit: i64,
     ) -> Result<Vec<Document>> {
-        let tasks = self.collection(TASKS);
+        let tasks = self.raw(TASKS);
         let mut action = tasks.find(filter).skip(skip).limit(limit);
         if let Some(p) = projection {
             action = action.projection(p);
         }
-        action
+        let cursor = action
             .await
-            .map_err(|e| Error::mongo("searching tasks", e))?
-            .try_collect()
-            .await
-            .map_err(|e| Error::mongo("searching tasks", e))
+            .map_err(|e| Error::mongo("searching tasks", e))?;
+        self.read_all(TASKS, cursor, "searching tasks").await
     }
 
     pub async fn count_tasks(&self, filter: Document) -> Result<u64> {

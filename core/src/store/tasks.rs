@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
 
 use super::schema::{task, TASKS};
@@ -92,16 +91,16 @@ impl Store {
                 "nodes": {"$addToSet": format!("${}", task::NODE)},
             }},
         ];
-        let mut cursor = self
+        let cursor = self
             .collection(TASKS)
             .aggregate(pipeline)
+            .with_type::<bson::RawDocumentBuf>()
             .await
             .map_err(|e| Error::mongo("counting running tasks", e))?;
         let mut snap = RunningSnapshot::default();
-        while let Some(group) = cursor
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo("counting running tasks", e))?
+        for group in self
+            .read_all(TASKS, cursor, "counting running tasks")
+            .await?
         {
             let mine = count_field(&group, "mine");
             snap.on_node = snap.on_node.saturating_add(mine);
@@ -133,7 +132,8 @@ impl Store {
         node: &str,
         attempt: ObjectId,
     ) -> Result<Option<Document>> {
-        self.collection(TASKS)
+        let found = self
+            .raw(TASKS)
             .find_one_and_update(
                 doc! {task::ID: id, task::STATUS: status::CLAIMED, task::NODE: node},
                 doc! {
@@ -143,7 +143,8 @@ impl Store {
             )
             .return_document(ReturnDocument::After)
             .await
-            .map_err(|e| Error::mongo(format!("starting task {id}"), e))
+            .map_err(|e| Error::mongo(format!("starting task {id}"), e))?;
+        self.decode_one(TASKS, found)
     }
 
     /// Records a result in one write: outputs, `mtime`, the slot and lease freed, and either a
@@ -255,7 +256,7 @@ impl Store {
                 {task::STATUS: status::QUEUED, "$or": [{task::NOT_BEFORE: Bson::Null}, {task::NOT_BEFORE: {"$lte": DateTime::now()}}]},
             ],
         };
-        self.collection(TASKS)
+        self.raw(TASKS)
             .find_one(filter)
             .projection(doc! {task::ID: 1})
             .await
@@ -264,10 +265,12 @@ impl Store {
     }
 
     pub async fn get_task(&self, id: ObjectId) -> Result<Option<Document>> {
-        self.collection(TASKS)
+        let found = self
+            .raw(TASKS)
             .find_one(doc! {task::ID: id})
             .await
-            .map_err(|e| Error::mongo(format!("reading task {id}"), e))
+            .map_err(|e| Error::mongo(format!("reading task {id}"), e))?;
+        self.decode_one(TASKS, found)
     }
 }
 

@@ -4,7 +4,6 @@ use std::collections::HashMap;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use futures::TryStreamExt;
 
 use super::schema::{node, task, NODES, TASKS};
 use super::{Store, WriteCounts};
@@ -14,14 +13,13 @@ use crate::model::status;
 impl Store {
     /// Every node document, sorted by name.
     pub async fn list_nodes(&self) -> Result<Vec<Document>> {
-        self.collection(NODES)
+        let cursor = self
+            .raw(NODES)
             .find(doc! {})
             .sort(doc! {node::NODE: 1})
             .await
-            .map_err(|e| Error::mongo("listing nodes", e))?
-            .try_collect()
-            .await
-            .map_err(|e| Error::mongo("listing nodes", e))
+            .map_err(|e| Error::mongo("listing nodes", e))?;
+        self.read_all(NODES, cursor, "listing nodes").await
     }
 
     pub async fn find_node(&self, ident: &str) -> Result<Option<Document>> {
@@ -34,16 +32,16 @@ impl Store {
             doc! {"$match": {task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}}},
             doc! {"$group": {"_id": format!("${}", task::NODE), "n": {"$sum": 1}}},
         ];
-        let mut cursor = self
+        let cursor = self
             .collection(TASKS)
             .aggregate(pipeline)
+            .with_type::<bson::RawDocumentBuf>()
             .await
             .map_err(|e| Error::mongo("counting running tasks per node", e))?;
         let mut out = HashMap::new();
-        while let Some(d) = cursor
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo("counting running tasks per node", e))?
+        for d in self
+            .read_all(TASKS, cursor, "counting running tasks per node")
+            .await?
         {
             if let Ok(name) = d.get_str("_id") {
                 out.insert(name.to_string(), super::count_value(d.get("n")));

@@ -2,7 +2,6 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use futures::TryStreamExt;
 
 use super::schema::{queue, task, QUEUES, TASKS};
 use super::{Store, WriteCounts};
@@ -23,13 +22,12 @@ pub struct QueueCounts {
 impl Store {
     /// Every queue document, in natural order.
     pub async fn queue_documents(&self) -> Result<Vec<Document>> {
-        self.collection(QUEUES)
+        let cursor = self
+            .raw(QUEUES)
             .find(doc! {})
             .await
-            .map_err(|e| Error::mongo("listing queues", e))?
-            .try_collect()
-            .await
-            .map_err(|e| Error::mongo("listing queues", e))
+            .map_err(|e| Error::mongo("listing queues", e))?;
+        self.read_all(QUEUES, cursor, "listing queues").await
     }
 
     pub async fn find_queue(&self, ident: &str) -> Result<Option<Document>> {

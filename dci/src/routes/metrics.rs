@@ -26,7 +26,9 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
             None
         }
     };
-    let text = render(fleet.as_ref(), started.elapsed()).map_err(|e| {
+    let rendered = render(fleet.as_ref(), started.elapsed())
+        .and_then(|text| Ok(text + &render_skips(&state.store.skipped_documents())?));
+    let text = rendered.map_err(|e| {
         ApiError::with(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("rendering metrics: {e}"),
@@ -52,6 +54,31 @@ pub fn render(fleet: Option<&FleetMetrics>, took: Duration) -> prometheus::Resul
     if let Some(fleet) = fleet {
         up.set(1);
         register_fleet(&registry, fleet)?;
+    }
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&registry.gather(), &mut out)?;
+    String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
+
+/// The documents this process's reads left out (each also logged once), by collection and
+/// reason; nothing when none were.
+pub fn render_skips(
+    skips: &[(&'static str, disbatch_core::store::SkipReason, u64)],
+) -> prometheus::Result<String> {
+    let registry = Registry::new();
+    let skipped = prometheus::IntCounterVec::new(
+        Opts::new(
+            "disbatch_web_documents_skipped_total",
+            "Documents this DCI's reads left out because they cannot be decoded, by collection \
+             and reason; each is logged the first time",
+        ),
+        &["collection", "reason"],
+    )?;
+    registry.register(Box::new(skipped.clone()))?;
+    for (collection, reason, n) in skips {
+        skipped
+            .get_metric_with_label_values(&[collection, reason.label()])?
+            .inc_by(*n);
     }
     let mut out = Vec::new();
     TextEncoder::new().encode(&registry.gather(), &mut out)?;

@@ -261,6 +261,7 @@ async fn claim_run(
                             .claim_candidates(queue, QueueSort::Fifo, want, 1, &mut window)
                             .await?;
                         let picks: Vec<Pick> = candidates
+                            .tasks
                             .into_iter()
                             .map(|task| Pick {
                                 task,

@@ -1,0 +1,176 @@
+//! JSON from clients and plugins to BSON: Extended JSON (`{"$oid": …}`, `{"$date": …}`) read as
+//! the types a task may carry, and nothing the database cannot store and query safely; a
+//! refusal names the path of the first value at fault. The API and chaining share it.
+
+use bson::{Bson, Document};
+use serde_json::{Map, Value};
+
+/// Operators that run JavaScript on the server: never from a client's filter.
+const JS_OPERATORS: &[&str] = &["$where", "$function", "$accumulator"];
+
+/// A JSON object as a document to store (task params, a unit's params, a spec's config).
+/// `path` names the object in messages (e.g. `params[2]`).
+pub fn storable_document(v: &Value, path: &str) -> Result<Document, String> {
+    match storable(v, path)? {
+        Bson::Document(d) => Ok(d),
+        _ => Err(format!("{path} must be an object")),
+    }
+}
+
+/// Any JSON value as BSON to store; see `storable_document`.
+pub fn storable(v: &Value, path: &str) -> Result<Bson, String> {
+    match v {
+        Value::Object(m) if m.keys().any(|k| k.starts_with('$')) => typed(m, path),
+        Value::Object(m) => {
+            let mut d = Document::new();
+            for (k, item) in m {
+                check_key(k, path)?;
+                d.insert(k.clone(), storable(item, &format!("{path}.{k}"))?);
+            }
+            Ok(Bson::Document(d))
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| storable(item, &format!("{path}[{i}]")))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Bson::Array),
+        scalar => Bson::try_from(scalar.clone()).map_err(|e| format!("{path}: {e}")),
+    }
+}
+
+/// An object with a `$` key: one Extended JSON value, or refused.
+fn typed(m: &Map<String, Value>, path: &str) -> Result<Bson, String> {
+    let value = Bson::try_from(Value::Object(m.clone()))
+        .map_err(|e| format!("{path} is not a valid Extended JSON value: {e}"))?;
+    match &value {
+        // Not a type the reader knows: a document with a `$` name, which MongoDB stores
+        // only in places no query can address.
+        Bson::Document(_) => {
+            let key = m
+                .keys()
+                .find(|k| k.starts_with('$'))
+                .map_or("", String::as_str);
+            Err(format!(
+                "{path}: field name {key:?} starts with '$', which cannot be stored and queried safely"
+            ))
+        }
+        other => check_type(other, path).map(|()| value),
+    }
+}
+
+/// BSON types that are deprecated, JavaScript, or for queries only.
+fn check_type(b: &Bson, path: &str) -> Result<(), String> {
+    let name = match b {
+        Bson::Undefined => "undefined",
+        Bson::DbPointer(_) => "dbPointer",
+        Bson::Symbol(_) => "symbol",
+        Bson::JavaScriptCode(_) | Bson::JavaScriptCodeWithScope(_) => "JavaScript code",
+        Bson::MinKey => "minKey",
+        Bson::MaxKey => "maxKey",
+        _ => return Ok(()),
+    };
+    Err(format!(
+        "{path}: BSON type {name} cannot be stored through the API (deprecated, JavaScript or query-only)"
+    ))
+}
+
+fn check_key(k: &str, path: &str) -> Result<(), String> {
+    if k.contains('\0') {
+        return Err(format!(
+            "{path}: field name {k:?} contains a NUL byte, which MongoDB cannot store"
+        ));
+    }
+    Ok(())
+}
+
+/// A client's query filter: operators allowed, but none that runs JavaScript and no value of
+/// a type `storable` refuses. Extended JSON is read as types, as for stored values.
+pub fn query_filter(v: &Value, path: &str) -> Result<Document, String> {
+    let filter = match Bson::try_from(v.clone()) {
+        Ok(Bson::Document(d)) => d,
+        Ok(_) => return Err(format!("{path} must be an object")),
+        Err(e) => return Err(format!("{path} is not valid Extended JSON: {e}")),
+    };
+    check_filter(&Bson::Document(filter.clone()), path)?;
+    Ok(filter)
+}
+
+fn check_filter(b: &Bson, path: &str) -> Result<(), String> {
+    match b {
+        Bson::Document(d) => {
+            for (k, v) in d {
+                if JS_OPERATORS.contains(&k.as_str()) {
+                    return Err(format!(
+                        "{path}: operator {k} runs JavaScript on the server and is not allowed"
+                    ));
+                }
+                check_key(k, path)?;
+                check_filter(v, &format!("{path}.{k}"))?;
+            }
+            Ok(())
+        }
+        Bson::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| check_filter(item, &format!("{path}[{i}]"))),
+        other => check_type(other, path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn extended_json_types_are_read() {
+        let d = storable_document(
+            &json!({"id": {"$oid": "0123456789abcdef01234567"}, "n": {"$numberLong": "5"},
+                "when": {"$date": "2020-01-01T00:00:00Z"}, "list": [1, {"x": 2.5}]}),
+            "params",
+        )
+        .expect("storable");
+        assert!(matches!(d.get("id"), Some(Bson::ObjectId(_))));
+        assert_eq!(d.get("n"), Some(&Bson::Int64(5)));
+        assert!(matches!(d.get("when"), Some(Bson::DateTime(_))));
+    }
+
+    #[test]
+    fn bson_only_and_bad_shapes_are_refused_with_their_path() {
+        for (value, path, words) in [
+            (json!({"a": {"$undefined": true}}), "params.a", "undefined"),
+            (
+                json!({"a": [1, {"$numberLong": "x"}]}),
+                "params.a[1]",
+                "Extended JSON",
+            ),
+            (json!({"b": {"$oid": "x"}}), "params.b", "Extended JSON"),
+            (json!({"c": {"$date": "x"}}), "params.c", "Extended JSON"),
+            (json!({"d": {"$code": "f()"}}), "params.d", "JavaScript"),
+            (json!({"e": {"$symbol": "s"}}), "params.e", "symbol"),
+            (json!({"f": {"$minKey": 1}}), "params.f", "minKey"),
+            (json!({"g": {"$where": "1"}}), "params.g", "starts with '$'"),
+            (json!({"h\u{0}": 1}), "params", "NUL"),
+        ] {
+            let e = storable_document(&value, "params").expect_err(&value.to_string());
+            assert!(e.starts_with(path), "{value}: {e}");
+            assert!(e.contains(words), "{value}: {e}");
+        }
+    }
+
+    #[test]
+    fn filters_keep_operators_but_not_javascript() {
+        let f = query_filter(&json!({"status": {"$in": [1, 2]}, "mtime": {"$gt": {"$date": "2020-01-01T00:00:00Z"}}}), "filter")
+            .expect("a filter");
+        assert!(f.get_document("status").is_ok());
+        for bad in [
+            json!({"$where": "sleep(1000)"}),
+            json!({"$expr": {"$function": {"body": "x", "args": [], "lang": "js"}}}),
+            json!({"a": {"$undefined": true}}),
+            json!({"$or": [{"a": {"$accumulator": {}}}]}),
+        ] {
+            assert!(query_filter(&bad, "filter").is_err(), "{bad}");
+        }
+    }
+}
