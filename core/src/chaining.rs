@@ -7,43 +7,71 @@ use serde_json::Value;
 
 use crate::store::Unit;
 
+/// The units a result's `output` names, and the items that had to be left out because their
+/// params cannot be stored (each said in a line fit for the task's stderr).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Chained {
+    pub units: Vec<Unit>,
+    pub problems: Vec<String>,
+}
+
 /// Units named by a result's `output`: a map `{key: params}`, or a list of items that are a
 /// key, or `[key, params, meta?, priority?]` with meta `{priority, delay}`. Bad items are
-/// skipped, never fatal (Coordinate's rule); a repeated key keeps its last item.
-pub fn units_from_output(output: &Value, now: DateTime) -> Vec<Unit> {
+/// skipped, never fatal (Coordinate's rule); a repeated key keeps its last item. Params are
+/// read as the API reads them (Extended JSON for typed values); params that cannot be stored
+/// are reported in `problems` rather than dropped unseen.
+pub fn units_from_output(output: &Value, now: DateTime) -> Chained {
     let mut units: BTreeMap<String, Unit> = BTreeMap::new();
+    let mut problems = Vec::new();
     match output {
         // Every value must be an object, or the map names nothing.
         Value::Object(map) if map.values().all(Value::is_object) => {
             for (key, data) in map {
-                if let Some(params) = to_document(data) {
-                    units.insert(key.clone(), unit(key, params, None, None));
+                match to_document(data, &format!("output.{key}")) {
+                    Ok(params) => {
+                        units.insert(key.clone(), unit(key, params, None, None));
+                    }
+                    Err(why) => problems.push(format!("unit {key:?} not chained: {why}")),
                 }
             }
         }
         Value::Array(items) => {
-            for item in items {
-                if let Some(u) = unit_from_item(item, now) {
-                    units.insert(u.key.clone(), u);
+            for (i, item) in items.iter().enumerate() {
+                match unit_from_item(item, i, now) {
+                    Ok(Some(u)) => {
+                        units.insert(u.key.clone(), u);
+                    }
+                    Ok(None) => {}
+                    Err(why) => problems.push(why),
                 }
             }
         }
         _ => {}
     }
-    units.into_values().collect()
+    Chained {
+        units: units.into_values().collect(),
+        problems,
+    }
 }
 
-fn unit_from_item(item: &Value, now: DateTime) -> Option<Unit> {
-    match item {
+fn unit_from_item(item: &Value, i: usize, now: DateTime) -> Result<Option<Unit>, String> {
+    Ok(match item {
         Value::String(key) if !key.is_empty() => Some(unit(key, Document::new(), None, None)),
         Value::Array(parts) if parts.len() >= 2 => {
-            let key = parts[0].as_str().filter(|k| !k.is_empty())?;
-            let params = to_document(&parts[1])?;
+            let Some(key) = parts[0].as_str().filter(|k| !k.is_empty()) else {
+                return Ok(None);
+            };
+            if !parts[1].is_object() {
+                return Ok(None);
+            }
+            let params = to_document(&parts[1], &format!("output[{i}][1]"))
+                .map_err(|why| format!("unit {key:?} not chained: {why}"))?;
             let meta = parts.get(2).and_then(Value::as_object);
             let mut priority = meta.and_then(|m| m.get("priority")).and_then(Value::as_f64);
-            match parts.get(3) {
-                None | Some(Value::Null) => {}
-                Some(p) => priority = Some(p.as_f64()?),
+            match parts.get(3).map(|p| (p, p.as_f64())) {
+                None | Some((Value::Null, _)) => {}
+                Some((_, Some(p))) => priority = Some(p),
+                Some((_, None)) => return Ok(None),
             }
             let delay = meta
                 .and_then(|m| m.get("delay"))
@@ -57,7 +85,7 @@ fn unit_from_item(item: &Value, now: DateTime) -> Option<Unit> {
             Some(unit(key, params, priority.map(|p| p as i64), not_before))
         }
         _ => None,
-    }
+    })
 }
 
 fn unit(key: &str, params: Document, priority: Option<i64>, not_before: Option<DateTime>) -> Unit {
@@ -69,11 +97,8 @@ fn unit(key: &str, params: Document, priority: Option<i64>, not_before: Option<D
     }
 }
 
-fn to_document(v: &Value) -> Option<Document> {
-    match bson::Bson::try_from(v.clone()).ok()? {
-        bson::Bson::Document(d) => Some(d),
-        _ => None,
-    }
+fn to_document(v: &Value, path: &str) -> Result<Document, String> {
+    crate::client_json::storable_document(v, path)
 }
 
 #[cfg(test)]
@@ -89,10 +114,12 @@ mod tests {
     #[test]
     fn a_map_names_one_unit_per_key_when_every_value_is_an_object() {
         let now = DateTime::now();
-        let units = units_from_output(&json!({"b": {"x": 1}, "a": {}}), now);
+        let units = units_from_output(&json!({"b": {"x": 1}, "a": {}}), now).units;
         assert_eq!(keys(&units), ["a", "b"]);
         assert_eq!(units[1].params, doc! {"x": 1});
-        assert!(units_from_output(&json!({"a": {}, "b": 5}), now).is_empty());
+        assert!(units_from_output(&json!({"a": {}, "b": 5}), now)
+            .units
+            .is_empty());
     }
 
     #[test]
@@ -109,7 +136,7 @@ mod tests {
             {"not": "an item"},
             ["plain", {"again": true}]
         ]);
-        let units = units_from_output(&out, now);
+        let units = units_from_output(&out, now).units;
         assert_eq!(keys(&units), ["meta", "override", "plain", "with-data"]);
         let get = |k: &str| units.iter().find(|u| u.key == k).cloned().expect(k);
         assert_eq!(
@@ -128,9 +155,42 @@ mod tests {
     }
 
     #[test]
+    fn params_that_cannot_be_stored_are_reported_and_the_rest_chained() {
+        let now = DateTime::now();
+        let map = units_from_output(
+            &json!({"ok": {"n": {"$numberLong": "5"}}, "bad": {"n": {"$numberLong": "x"}}}),
+            now,
+        );
+        assert_eq!(keys(&map.units), ["ok"]);
+        assert_eq!(map.units[0].params, doc! {"n": 5_i64});
+        assert_eq!(map.problems.len(), 1);
+        assert!(
+            map.problems[0].contains("\"bad\"") && map.problems[0].contains("output.bad.n"),
+            "{:?}",
+            map.problems
+        );
+        let list = units_from_output(
+            &json!([["a", {"u": {"$undefined": true}}], ["b", {}], ["c", {"d": {"$date": "x"}}]]),
+            now,
+        );
+        assert_eq!(keys(&list.units), ["b"]);
+        assert_eq!(list.problems.len(), 2, "{:?}", list.problems);
+        assert!(
+            list.problems[0].contains("output[0][1].u"),
+            "{:?}",
+            list.problems
+        );
+        assert!(
+            list.problems[1].contains("output[2][1].d"),
+            "{:?}",
+            list.problems
+        );
+    }
+
+    #[test]
     fn other_shapes_name_nothing() {
         for v in [json!(null), json!("x"), json!(3), json!(true)] {
-            assert!(units_from_output(&v, DateTime::now()).is_empty());
+            assert!(units_from_output(&v, DateTime::now()).units.is_empty());
         }
     }
 }

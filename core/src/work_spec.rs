@@ -158,8 +158,7 @@ pub fn spec_load(
         queue::SORT,
         text("sort")?.unwrap_or_else(|| "priority".into()),
     );
-    let config = Bson::try_from(Value::Object(spec.clone()))
-        .map_err(|e| format!("spec is not storable: {e}"))?;
+    let config = crate::client_json::storable(&Value::Object(spec.clone()), "spec")?;
     set.insert(queue::CONFIG, config);
     Ok(SpecLoad { name, set, unset })
 }

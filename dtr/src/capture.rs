@@ -134,16 +134,28 @@ pub(crate) async fn run_and_capture(
         (_, Some(_)) => TaskEnd::Retry { not_before: None },
         (_, None) => TaskEnd::Status(status),
     };
-    if let Some(note) = note {
-        append_note(&paths.stderr, &note).await?;
-    }
+    // Units are read now, so an output that cannot be chained is said in the task's stderr
+    // with its result, which stands. Only a success chains.
     let chain = match (
         &prepared.then,
         result.as_ref().and_then(|m| m.get("output")),
     ) {
-        (Some(then), Some(output)) => Some((then.clone(), output.clone())),
+        (Some(then), Some(output)) if end == TaskEnd::Status(status::SUCCEEDED) => {
+            let chained = disbatch_core::chaining::units_from_output(output, DateTime::now());
+            for problem in &chained.problems {
+                let line = format!("chaining to queue {then:?}: {problem}");
+                note = Some(match note.take() {
+                    Some(n) => format!("{n}; {line}"),
+                    None => line,
+                });
+            }
+            Some((then.clone(), chained.units))
+        }
         _ => None,
     };
+    if let Some(note) = note {
+        append_note(&paths.stderr, &note).await?;
+    }
     let facts = RunFacts {
         exit: Some(exit),
         result: result.and_then(|m| bson::to_document(&m).ok()),

@@ -40,8 +40,8 @@ pub enum RunReport {
 pub(crate) struct RunFacts {
     pub exit: Option<Exit>,
     pub result: Option<Document>,
-    /// The queue to chain into and the result's `output`, when both exist.
-    pub chain: Option<(String, serde_json::Value)>,
+    /// The queue to chain into and the units the result's `output` names, when both exist.
+    pub chain: Option<(String, Vec<disbatch_core::store::Unit>)>,
     /// How the supervisor ended the run, when it was not a plain exit.
     pub stopped: Option<Stopped>,
 }
@@ -286,9 +286,9 @@ fn relayable(finished: &Finished, record: &AttemptRecord, gfs: GfsMode) -> Optio
 /// The result is stored as this attempt's: chain its output, if its queue chains.
 async fn recorded(store: &LazyStore, task: ObjectId, end: TaskEnd, facts: &RunFacts) -> RunReport {
     tracing::info!(task = %task, ?end, "task finished");
-    if let (TaskEnd::Status(status::SUCCEEDED), Some((then, output))) = (end, &facts.chain) {
+    if let (TaskEnd::Status(status::SUCCEEDED), Some((then, units))) = (end, &facts.chain) {
         match store.get().await {
-            Ok(db) => chain_output(db, task, then, output).await,
+            Ok(db) => chain_output(db, task, then, units).await,
             Err(e) => {
                 tracing::error!(task = %task, then, error = %e, "could not connect; output not chained")
             }
@@ -320,9 +320,8 @@ async fn chain_output(
     store: &disbatch_core::store::Store,
     task: ObjectId,
     then: &str,
-    output: &serde_json::Value,
+    units: &[disbatch_core::store::Unit],
 ) {
-    let units = disbatch_core::chaining::units_from_output(output, DateTime::now());
     if units.is_empty() {
         return;
     }
@@ -339,7 +338,7 @@ async fn chain_output(
         return;
     };
     match with_retries("chaining output", || {
-        store.add_units(target, units.clone(), OnConflict::Update)
+        store.add_units(target, units.to_vec(), OnConflict::Update)
     })
     .await
     {

@@ -83,14 +83,8 @@ async fn legacy_filter(state: &AppState, filter: Value) -> ApiResult<Document> {
         filter.insert("queue".into(), json!({"$oid": id.to_hex()}));
     }
     check_oids(&Value::Object(filter.clone()))?;
-    let mut doc = match Bson::try_from(Value::Object(filter)) {
-        Ok(Bson::Document(d)) => d,
-        _ => {
-            return Err(ApiError::bad_request(
-                "filter and options must be name/value objects",
-            ))
-        }
-    };
+    let mut doc = disbatch_core::client_json::query_filter(&Value::Object(filter), "filter")
+        .map_err(ApiError::bad_request)?;
     for field in ["ctime", "mtime"] {
         let ms = match doc.get(field) {
             Some(Bson::Int64(n)) if *n > 9_999_999_999 => Some(*n),

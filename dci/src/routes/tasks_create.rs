@@ -2,7 +2,8 @@
 
 use axum::response::Response;
 use bson::oid::ObjectId;
-use bson::{Bson, Document};
+use bson::Document;
+use disbatch_core::client_json;
 use disbatch_core::store::Template;
 use serde_json::{Map, Value};
 
@@ -49,11 +50,13 @@ pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiRe
                 }
             };
             let filter = match &fields["filter"] {
-                v @ Value::Object(_) => to_document(v, "'filter' must be a JSON object")?,
+                v @ Value::Object(_) => {
+                    client_json::query_filter(v, "filter").map_err(ApiError::bad_request)?
+                }
                 _ => return Err(ApiError::bad_request("'filter' must be a JSON object")),
             };
             let template = match &fields["params"] {
-                v @ Value::Object(_) => Template(to_document(v, NOT_ARRAY)?),
+                v @ Value::Object(_) => Template(to_document(v, "params")?),
                 _ => return Err(ApiError::bad_request(NOT_ARRAY)),
             };
             let ids = state
@@ -97,20 +100,21 @@ fn params_list(v: &Value) -> ApiResult<Vec<Document>> {
         Value::Array(items) if !items.is_empty() => items.iter().collect(),
         _ => return Err(ApiError::bad_request(NOT_ARRAY)),
     };
+    let many = items.len() > 1;
     items
         .into_iter()
-        .map(|item| match item {
+        .enumerate()
+        .map(|(i, item)| match item {
             Value::Object(o) if o.is_empty() => Err(ApiError::bad_request(EMPTY_OBJECT)),
-            Value::Object(_) => to_document(item, NOT_ARRAY),
+            Value::Object(_) if many => to_document(item, &format!("params[{i}]")),
+            Value::Object(_) => to_document(item, "params"),
             _ => Err(ApiError::bad_request(NOT_ARRAY)),
         })
         .collect()
 }
 
-/// JSON to BSON, reading Extended JSON (`{"$oid": …}`, `{"$date": …}`) as its types.
-fn to_document(v: &Value, message: &str) -> ApiResult<Document> {
-    match Bson::try_from(v.clone()) {
-        Ok(Bson::Document(d)) => Ok(d),
-        _ => Err(ApiError::bad_request(message)),
-    }
+/// JSON to BSON, reading Extended JSON (`{"$oid": …}`, `{"$date": …}`) as its types and
+/// refusing what cannot be stored and queried safely, with the path of the value at fault.
+fn to_document(v: &Value, path: &str) -> ApiResult<Document> {
+    client_json::storable_document(v, path).map_err(ApiError::bad_request)
 }

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use axum::extract::Path;
 use axum::response::Response;
-use bson::{Bson, DateTime, Document};
+use bson::{DateTime, Document};
 use disbatch_core::store::{OnConflict, Unit};
 use serde_json::{json, Value};
 
@@ -74,10 +74,7 @@ fn parse_unit(v: &Value) -> Result<Unit, String> {
     };
     let params = match m.get("params") {
         None | Some(Value::Null) => Document::new(),
-        Some(v @ Value::Object(_)) => match Bson::try_from(v.clone()) {
-            Ok(Bson::Document(d)) => d,
-            _ => return Err("params must be an object".into()),
-        },
+        Some(v @ Value::Object(_)) => disbatch_core::client_json::storable_document(v, "params")?,
         Some(_) => return Err("params must be an object".into()),
     };
     let priority = match m.get("priority") {

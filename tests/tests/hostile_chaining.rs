@@ -1,0 +1,93 @@
+//! A plugin's chained `output` holding values that cannot be stored (Extended-JSON-shaped
+//! objects that are not valid Extended JSON, BSON-only types): the result stands, the good
+//! units are chained, the rest is said in the task's stderr, and the node stores the result.
+
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use disbatch_tests::hostile::crashes;
+use disbatch_tests::{wait_for, write_config, Den, TestDb};
+use serde_json::json;
+
+async fn unit(db: &TestDb, queue: bson::oid::ObjectId, key: &str) -> Option<Document> {
+    db.tasks()
+        .find_one(doc! {"queue": queue, "key": key})
+        .await
+        .expect("find")
+}
+
+#[tokio::test]
+async fn output_that_cannot_be_stored_is_reported_on_the_task_and_the_rest_is_chained() {
+    let db = TestDb::new("hostile_chaining").await;
+    let config = write_config(&db, "node.json", json!({"metrics_listen": "127.0.0.1:0"}));
+    let first = db.insert_queue("first", "echo", 2).await;
+    // Paused, so chained units stay visible as queued.
+    let next = db.insert_queue("next", "echo", 0).await;
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": first}, doc! {"$set": {"then": "next"}})
+        .await
+        .expect("then");
+    // Stored as plain sub-documents; the plugin gets them back as the same JSON and returns
+    // them in its output, as a plugin passing its params through would.
+    let map_form = doc! {"result": {"output": {
+        "good": {"n": {"$numberLong": "5"}},
+        "bad": {"n": {"$numberLong": "x"}},
+    }}};
+    let list_form = doc! {"result": {"output": [
+        ["fine", {"when": {"$date": "2020-01-01T00:00:00Z"}}],
+        ["undef", {"u": {"$undefined": true}}],
+        ["baddate", {"d": {"$date": "x"}}],
+    ]}};
+    let ids = db
+        .insert_tasks(first, vec![Bson::from(map_form), Bson::from(list_form)])
+        .await;
+    let den = Den::start(&config, "chain-node");
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    wait_for("chained units", Duration::from_secs(10), || async {
+        db.count(doc! {"queue": next}).await == 2
+    })
+    .await;
+
+    let map_task = db.task(ids[0]).await;
+    assert_eq!(map_task.get_i32("status"), Ok(1), "the result stands");
+    let stderr = map_task.get_str("stderr").unwrap_or_default();
+    assert!(
+        stderr.contains(r#"chaining to queue "next": unit "bad" not chained: output.bad.n is not a valid Extended JSON value"#),
+        "{stderr}"
+    );
+    let good = unit(&db, next, "good").await.expect("good");
+    assert_eq!(good.get_document("params").ok(), Some(&doc! {"n": 5_i64}));
+    assert!(unit(&db, next, "bad").await.is_none());
+
+    let list_task = db.task(ids[1]).await;
+    assert_eq!(list_task.get_i32("status"), Ok(1));
+    let stderr = list_task.get_str("stderr").unwrap_or_default();
+    for said in [
+        r#"unit "undef" not chained: output[1][1].u: BSON type undefined"#,
+        r#"unit "baddate" not chained: output[2][1].d is not a valid Extended JSON value"#,
+    ] {
+        assert!(stderr.contains(said), "{said} in {stderr}");
+    }
+    let fine = unit(&db, next, "fine").await.expect("fine");
+    assert!(matches!(
+        fine.get_document("params").ok().and_then(|p| p.get("when")),
+        Some(Bson::DateTime(_))
+    ));
+    for key in ["undef", "baddate"] {
+        assert!(unit(&db, next, key).await.is_none(), "{key}");
+    }
+
+    // The node took both results: the runner had no reason to think it gone.
+    let log = den.log_text();
+    assert!(!log.contains("went away"), "{log}");
+    assert!(!log.contains("malformed result"), "{log}");
+    assert_eq!(
+        den.metric(r#"disbatch_den_results_total{answer="recorded"}"#)
+            .await,
+        2.0
+    );
+    assert_eq!(crashes(&log), Vec::<String>::new(), "{log}");
+    drop(den);
+    db.drop().await;
+}
