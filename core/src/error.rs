@@ -62,6 +62,35 @@ impl Error {
         }
     }
 
+    /// What we were doing and the server's own short message, for an error the server
+    /// answered with; otherwise the whole error. Fit for a client: no reply dumps.
+    pub fn short(&self) -> String {
+        match self {
+            Error::Mongo { context, source } => match crate::store::server_message(source) {
+                Some(message) => format!("MongoDB {context}: {message}"),
+                None => format!("MongoDB {context}: {}", self.unavailable_reason()),
+            },
+            other => other.to_string(),
+        }
+    }
+
+    /// Why the database could not serve a request, without addresses or server replies:
+    /// what a client may be told (the log gets the whole error).
+    pub fn unavailable_reason(&self) -> &'static str {
+        match self {
+            Error::Mongo { source, .. } => crate::store::unavailable_reason(source),
+            _ => "the database failed",
+        }
+    }
+
+    /// True when MongoDB (or the driver before sending) refused a document over 16 MiB.
+    pub fn is_document_too_large(&self) -> bool {
+        match self {
+            Error::Mongo { source, .. } => crate::store::is_document_too_large(source),
+            _ => false,
+        }
+    }
+
     /// The server's reason when it answered and refused the request itself (a filter, a
     /// namespace or a document it will not take), as opposed to being unreachable or busy:
     /// asking again will not help, and other requests are not affected.

@@ -13,6 +13,7 @@ pub mod error;
 pub mod handoff;
 pub mod logging;
 pub mod model;
+pub mod names;
 pub mod output;
 pub mod plugin;
 pub mod plugin_env;

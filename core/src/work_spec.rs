@@ -26,8 +26,11 @@ pub fn spec_load(
     default_plugin: Option<&str>,
 ) -> Result<SpecLoad, String> {
     let name = match spec.get("name") {
-        Some(Value::String(n)) if !n.is_empty() && n.len() <= 200 => n.clone(),
-        _ => return Err("name must be a non-empty string of at most 200 bytes".into()),
+        Some(Value::String(n)) => {
+            crate::names::check_name("queue name", n)?;
+            n.clone()
+        }
+        _ => return Err("name must be a string".into()),
     };
     let plugin = match spec.get("plugin") {
         Some(Value::String(p)) if !p.is_empty() => p.clone(),
@@ -160,6 +163,8 @@ pub fn spec_load(
     );
     let config = crate::client_json::storable(&Value::Object(spec.clone()), "spec")?;
     set.insert(queue::CONFIG, config);
+    // What a node reads back must be what the spec meant: the node's own reader decides.
+    crate::store::check_queue_fields(&set)?;
     Ok(SpecLoad { name, set, unset })
 }
 

@@ -45,17 +45,24 @@ impl From<disbatch_core::Error> for ApiError {
         use disbatch_core::Error as E;
         match &e {
             E::Mongo { .. } if e.is_duplicate_key() => ApiError::bad_request_with(json!({
-                "MongoDB::DuplicateKeyError": {"message": e.to_string()},
-                "error": e.to_string(),
+                "MongoDB::DuplicateKeyError": {"message": e.short()},
+                "error": e.short(),
             })),
+            E::Mongo { .. } if e.is_document_too_large() => ApiError::with(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the document would exceed MongoDB's 16 MiB limit",
+            ),
             E::Mongo { context, .. } => match e.refusal() {
-                // The server refused the caller's filter or projection: bad input (Disbatch: 400).
+                // The server refused the request itself (a filter, a namespace, a value):
+                // bad input, said in the server's own short words.
                 Some(message) => ApiError::bad_request(format!("{context}: {message}")),
+                // Unreachable, busy or failing over: the body says which, never where the
+                // database is nor what it replied (the log has it all).
                 None => {
                     tracing::error!(error = %e, "database failure");
                     ApiError::with(
                         StatusCode::SERVICE_UNAVAILABLE,
-                        format!("database unavailable: {e}"),
+                        format!("database unavailable: {}", e.unavailable_reason()),
                     )
                 }
             },
@@ -64,7 +71,10 @@ impl From<disbatch_core::Error> for ApiError {
             E::BadDocument { .. } => ApiError::conflict(e.to_string()),
             _ => {
                 tracing::error!(error = %e, "internal error");
-                ApiError::with(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                ApiError::with(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error; the server log says more",
+                )
             }
         }
     }

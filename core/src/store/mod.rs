@@ -41,7 +41,7 @@ pub use gridfs::OutputStream;
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
 pub use metrics::{FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, NodeLimit};
-pub use queues::parse_queue;
+pub use queues::{check_queue_fields, parse_queue};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
 pub use task_create::Template;
@@ -281,6 +281,45 @@ pub(crate) fn refusal(err: &mongodb::error::Error) -> Option<String> {
         return None;
     }
     Some(short_message(message, code))
+}
+
+/// The server's own message for an error it answered with (a command or write error),
+/// short and on one line; None for errors it did not answer with.
+pub(crate) fn server_message(err: &mongodb::error::Error) -> Option<String> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match err.kind.as_ref() {
+        ErrorKind::Command(e) => Some(short_message(&e.message, e.code)),
+        ErrorKind::Write(WriteFailure::WriteError(e)) => Some(short_message(&e.message, e.code)),
+        ErrorKind::InsertMany(e) => e
+            .write_errors
+            .as_ref()
+            .and_then(|errs| errs.first())
+            .map(|e| short_message(&e.message, e.code)),
+        _ => None,
+    }
+}
+
+/// Why the database could not serve a request, in words fit for a client: no address, no
+/// server reply dump (the log has those).
+pub(crate) fn unavailable_reason(err: &mongodb::error::Error) -> &'static str {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match err.kind.as_ref() {
+        ErrorKind::ServerSelection { .. } => "no database server answered in time",
+        ErrorKind::Io(_) | ErrorKind::ConnectionPoolCleared { .. } => {
+            "the connection to the database failed"
+        }
+        ErrorKind::Authentication { .. } => "this server could not log in to the database",
+        ErrorKind::Command(e) if matches!(e.code, 13 | 18) => {
+            "the database refused this server's user"
+        }
+        ErrorKind::Command(e) if is_transient_code(e.code) => {
+            "the database is busy or changing primary; try again"
+        }
+        ErrorKind::Write(WriteFailure::WriteConcernError(_)) => {
+            "the database could not confirm the write; try again"
+        }
+        _ => "the database failed",
+    }
 }
 
 /// Server error codes that say "not now" (a failover, a shutdown, a timeout, a conflict)

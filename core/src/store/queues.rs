@@ -91,6 +91,30 @@ pub fn parse_queue(d: &Document) -> Result<Queue, String> {
     })
 }
 
+/// Checks fields a client is about to write to a queue with the reader every node uses
+/// (`parse_queue`), so the API never stores a value a node would then skip the queue for;
+/// names must also pass `names::check_name`. Err names the field and what is wrong.
+pub fn check_queue_fields(set: &Document) -> Result<(), String> {
+    for key in [queue::NAME, queue::THEN] {
+        match set.get(key) {
+            None | Some(Bson::Null) => {}
+            Some(Bson::String(s)) if key == queue::THEN && s.is_empty() => {}
+            Some(Bson::String(s)) => crate::names::check_name(&format!("queue {key}"), s)?,
+            Some(other) => return Err(format!("{key} must be a string, not {other}")),
+        }
+    }
+    let mut d = doc! {queue::ID: ObjectId::new(), queue::NAME: "q", queue::PLUGIN: "p"};
+    d.extend(set.clone());
+    let q = parse_queue(&d)?;
+    q.plugin?;
+    q.threads
+        .map_err(|e| format!("a node would skip this queue: {e}"))?;
+    match q.sort_warning {
+        Some(warning) if set.contains_key(queue::SORT) => Err(warning),
+        _ => Ok(()),
+    }
+}
+
 /// Lease, on_lost, timeout and kill grace; a value that cannot be read is the skip reason.
 fn run_policy(d: &Document) -> Result<RunPolicy, String> {
     let seconds = |key: &str| -> Result<Option<f64>, String> {

@@ -54,6 +54,7 @@ impl Store {
         filter: Document,
         template: &Template,
     ) -> Result<Vec<ObjectId>> {
+        check_source_collection(collection)?;
         let mut projection = doc! {};
         for f in template.fields() {
             projection.insert(f, 1);
@@ -87,6 +88,22 @@ impl Store {
         }
         Ok(ids)
     }
+}
+
+/// A collection a client may name as the source of tasks: a plain collection of this
+/// database, not a command namespace (`$cmd`), a system collection or an invalid name.
+fn check_source_collection(name: &str) -> Result<()> {
+    let bad = |why: &str| Err(Error::Invalid(format!("collection {name:?} {why}")));
+    if name.is_empty() || name.len() > 120 {
+        return bad("must be 1 to 120 bytes long");
+    }
+    if name.contains('$') || name.contains('\0') {
+        return bad("must not contain '$' or NUL");
+    }
+    if name.starts_with("system.") || name.starts_with('.') || name.ends_with('.') {
+        return bad("is not a collection tasks can be made from");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

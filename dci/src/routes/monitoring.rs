@@ -21,7 +21,7 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     let now = bson::DateTime::now().timestamp_millis() / 1000;
     let disbatch = match state.store.list_nodes().await {
         Err(e) => {
-            json!({"status": "CRITICAL", "message": format!("Could not get current Disbatch nodes: {e}")})
+            json!({"status": "CRITICAL", "message": format!("Could not get current Disbatch nodes: {}", e.short())})
         }
         Ok(nodes) if nodes.is_empty() => {
             json!({"status": "WARNING", "message": "No Disbatch nodes found"})
@@ -53,7 +53,7 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     } else {
         match state.store.balance_document().await {
             Err(e) => {
-                json!({"status": "CRITICAL", "message": format!("Could not get balance document: {e}")})
+                json!({"status": "CRITICAL", "message": format!("Could not get balance document: {}", e.short())})
             }
             Ok(doc) => {
                 let doc = doc.unwrap_or_default();

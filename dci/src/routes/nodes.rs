@@ -92,6 +92,9 @@ pub async fn set_maxthreads(
         })?),
         None => Bson::Null,
     };
+    // The node reads it back with this reader: refuse here what it would refuse there.
+    disbatch_core::model::parse_limit(Some(&value))
+        .map_err(|e| ApiError::bad_request(format!("maxthreads: {e}")))?;
     let node = find(&state, &ident).await?;
     let id = node
         .get_object_id("_id")

@@ -7,7 +7,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_core::config::Role;
 use disbatch_core::store::schema::queue as field;
-use disbatch_core::store::WriteCounts;
+use disbatch_core::store::{check_queue_fields, WriteCounts};
 use serde_json::{json, Map, Value};
 
 use super::nodes::non_negative;
@@ -136,6 +136,7 @@ pub async fn create_queue(
     if let Some(s) = p.get("sort") {
         fields.insert(field::SORT, sort_value(s)?);
     }
+    check_queue_fields(&fields).map_err(ApiError::bad_request)?;
     let id = state.store.insert_queue_document(fields.clone()).await?;
     Ok((id, fields))
 }
@@ -181,6 +182,7 @@ pub async fn update(
             }
         };
     }
+    check_queue_fields(&set).map_err(ApiError::bad_request)?;
     let id = find_id(&state, &ident).await?;
     let counts = state.store.update_queue(id, set).await?;
     Ok(json_response(&envelope::update(&counts), false))
