@@ -806,6 +806,11 @@ async fn a_database_outage_is_503_json() {
                 .is_some_and(|e| e.starts_with("database unavailable: ")),
             "{method} {path}: {body}"
         );
+        // Open mode: a client learns that the database is down, not where it is.
+        assert!(
+            !text.contains("127.0.0.1") && !text.contains("RawDocumentBuf"),
+            "{method} {path}: {text}"
+        );
     }
     // Routes that need no database still answer; monitoring reports the failure with 200.
     let (status, info) = dci.get("/info").await;
