@@ -10,6 +10,7 @@ pub mod claim_plan;
 pub mod config;
 pub mod error;
 pub mod handoff;
+pub mod isolation;
 pub mod logging;
 pub mod model;
 pub mod output;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use disbatch_core::handoff::Handoff;
+use disbatch_core::isolation::CloexecRanges;
 use disbatch_core::relay::{read_frame, Ack, Completion, ANSWER_FD};
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
@@ -157,8 +158,11 @@ impl Executor {
             None => None,
         };
         let answer_fd = answers.as_ref().map(|(r, _)| r.as_raw_fd());
-        // SAFETY: setsid, dup2 and fcntl are async-signal-safe and touch no memory of the
-        // parent; answer_fd is open (its pipe outlives spawn()).
+        // Nothing of this node's reaches the runner, and through it a plugin, but stdio and
+        // the answer pipe: a descriptor some library opened without close-on-exec included.
+        let private = CloexecRanges::above_stderr_except(answer_fd.map(|_| ANSWER_FD));
+        // SAFETY: setsid, dup2, fcntl and close_range are async-signal-safe and touch no
+        // memory of the parent; answer_fd is open (its pipe outlives spawn()).
         unsafe {
             cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -174,6 +178,7 @@ impl Executor {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
+                private.apply()?;
                 Ok(())
             });
         }

@@ -28,6 +28,9 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Before any thread exists: plugins (often this user's processes) must not read this
+    // node's environment or memory through /proc, nor inherit what our parent left open.
+    let hardened = disbatch_core::isolation::harden_process();
     // Documents may nest as deep as the server allows (about 180 levels); reading and
     // rendering them recurses, which 2 MiB worker stacks cannot always hold.
     tokio::runtime::Builder::new_multi_thread()
@@ -35,11 +38,14 @@ fn main() -> anyhow::Result<()> {
         .thread_stack_size(16 * 1024 * 1024)
         .build()
         .context("starting the async runtime")?
-        .block_on(serve())
+        .block_on(serve(hardened))
 }
 
-async fn serve() -> anyhow::Result<()> {
+async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     disbatch_core::logging::init_logging("info");
+    if let Err(e) = hardened {
+        tracing::warn!("{e}");
+    }
     let args = Args::parse();
     let config_path = std::path::absolute(&args.config)
         .with_context(|| format!("config path {}", args.config.display()))?;

@@ -1,10 +1,12 @@
 //! Runs a plugin executable without a shell, in its own process group, with a controlled
-//! environment, spooling its output to files, never to memory; and stops the whole group.
+//! environment and no descriptor of the runner's, spooling its output to files, never to
+//! memory; and stops the whole group.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use disbatch_core::isolation::CloexecRanges;
 use disbatch_core::plugin_env::PluginEnv;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -72,11 +74,15 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
         // Its own process group, so the whole tree can be signalled (timeouts, cancel).
         .process_group(0)
         .kill_on_drop(true);
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent. A runner killed
-    // outright takes its plugin with it, so a recovered task never runs twice at once.
+    let private = CloexecRanges::above_stderr_except(None);
+    // SAFETY: prctl and close_range are async-signal-safe and touch no memory of the parent.
+    // A runner killed outright takes its plugin with it, so a recovered task never runs
+    // twice at once.
     unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            private.apply()?;
+            Ok(())
         });
     }
     if let Some(config) = &call.queue_config {
