@@ -1,6 +1,7 @@
 //! The executor: starts one task runner per claimed task, in its own session, and watches it.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::{PipeWriter, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -44,6 +45,8 @@ pub struct Executor {
     runner: PathBuf,
     config: PathBuf,
     node: String,
+    /// The whole environment of every runner (`runner_env`): nothing else of this node's.
+    env: Arc<Vec<(OsString, OsString)>>,
     /// Runners started by this process and still alive.
     live: Arc<Mutex<HashMap<ObjectId, Live>>>,
     /// Runners that exited since the claimer last looked.
@@ -58,12 +61,14 @@ impl Executor {
         runner: PathBuf,
         config: PathBuf,
         node: String,
+        env: Vec<(OsString, OsString)>,
         completer: Option<Completer>,
     ) -> Self {
         Executor {
             runner,
             config,
             node,
+            env: Arc::new(env),
             completer,
             live: Arc::new(Mutex::new(HashMap::new())),
             exited: Arc::new(Mutex::new(Vec::new())),
@@ -138,6 +143,8 @@ impl Executor {
             .arg("--node")
             .arg(&self.node)
             .arg("--handoff")
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .kill_on_drop(false);
         // The handoff goes into the pipe before the runner exists, so a node killed right
         // after starting it cannot leave it waiting for a task that never comes.

@@ -12,6 +12,7 @@ use disbatch_den::executor::{check_runner, default_runner, Executor};
 use disbatch_den::metrics::{serve_metrics, DenMetrics};
 use disbatch_den::notifier::Notifier;
 use disbatch_den::plugin_check::PluginCheck;
+use disbatch_den::runner_env::runner_env;
 use disbatch_den::Node;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -129,6 +130,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
             runner,
             config_path,
             name.clone(),
+            runner_env(std::env::vars_os(), &config.plugin_env),
             Some(Completer::start(store.clone(), metrics.clone())),
         ),
         balancer: disbatch_den::balancer::Balancer::new(&config.balance),
