@@ -2,7 +2,7 @@
 //! environment and no descriptor of the runner's, spooling its output to files, never to
 //! memory; and stops the whole group.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
 use crate::outcome::Exit;
+use crate::spool::{create_output, SpoolPaths};
 
 /// What the plugin is told about its task.
 #[derive(Debug, Clone)]
@@ -32,14 +33,6 @@ pub struct PluginCall<'a> {
     pub env: &'a PluginEnv,
 }
 
-/// Where a plugin leaves its output.
-#[derive(Debug, Clone)]
-pub struct SpoolPaths {
-    pub stdout: PathBuf,
-    pub stderr: PathBuf,
-    pub result: PathBuf,
-}
-
 /// A started plugin: its process and its process group.
 pub struct PluginProcess {
     child: Child,
@@ -49,11 +42,7 @@ pub struct PluginProcess {
 
 /// Starts the plugin in `spool`, with the task document on stdin.
 pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<PluginProcess> {
-    let paths = SpoolPaths {
-        stdout: spool.join("stdout"),
-        stderr: spool.join("stderr"),
-        result: spool.join("result.json"),
-    };
+    let paths = SpoolPaths::in_dir(spool);
     let mut cmd = Command::new(call.executable);
     // Only allow-listed variables reach the plugin: a node's environment may hold secrets.
     cmd.env_clear();
@@ -69,8 +58,8 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
         .env("DISBATCH_NODE", &call.node)
         .env("DISBATCH_RESULT", &paths.result)
         .stdin(Stdio::piped())
-        .stdout(std::fs::File::create(&paths.stdout)?)
-        .stderr(std::fs::File::create(&paths.stderr)?)
+        .stdout(create_output(&paths.stdout)?)
+        .stderr(create_output(&paths.stderr)?)
         // Its own process group, so the whole tree can be signalled (timeouts, cancel).
         .process_group(0)
         .kill_on_drop(true);
