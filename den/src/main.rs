@@ -56,6 +56,18 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     }
     let config = loaded.config;
     let name = config.node_name(args.node.as_deref())?;
+    if let Some(user) = &config.plugin_user {
+        let euid = nix::unistd::geteuid();
+        if !euid.is_root() {
+            bail!(
+                "refusing to start: key `plugin_user` of {} runs plugins as {} (uid {}), which needs disbatchd to run as root, and it runs as uid {euid}; start it as root, or remove `plugin_user` to run plugins as this user",
+                config_path.display(),
+                user.name,
+                user.uid
+            );
+        }
+        tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "plugins run as `plugin_user`");
+    }
     match disbatch_den::host::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),

@@ -46,6 +46,7 @@ pub(crate) async fn run_and_capture(
         queue_config: prepared.config_json.clone(),
         node: node.to_string(),
         env: &config.plugin_env,
+        user: config.plugin_user.as_ref(),
     };
     let finished = |end, stdout, stderr, spool| Finished {
         task,

@@ -1,10 +1,12 @@
-//! One run's spool directory: the plugin's stdout and stderr files and its result file, read
-//! back by the runner without ever following a symbolic link a plugin put there.
+//! One run's spool directory: the plugin's stdout and stderr files and its result file, laid
+//! out so that a plugin running as `plugin_user` can write its result but cannot redirect
+//! what the runner reads back or writes (no symbolic link is ever followed there).
 
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use disbatch_core::config::PluginUser;
 use disbatch_core::output::MAX_DOCUMENT_SIZE;
 use nix::libc;
 use tokio::io::AsyncReadExt;
@@ -21,13 +23,25 @@ pub struct SpoolPaths {
 }
 
 impl SpoolPaths {
-    /// The files of a plugin run in `dir`, a fresh directory private to the runner.
-    pub fn in_dir(dir: &Path) -> SpoolPaths {
-        SpoolPaths {
+    /// Lays out `dir`, a fresh directory private to the runner. A plugin of the runner's own
+    /// user writes its result beside the output files. A plugin of another user gets a
+    /// directory of its own (`plugin/`: its result, and room for a temporary file to rename)
+    /// inside `dir`, which its group may enter but nobody but the runner may change.
+    pub fn prepare(dir: &Path, user: Option<&PluginUser>) -> io::Result<SpoolPaths> {
+        let mut paths = SpoolPaths {
             stdout: dir.join("stdout"),
             stderr: dir.join("stderr"),
             result: dir.join("result.json"),
+        };
+        if let Some(user) = user {
+            let own = dir.join("plugin");
+            std::fs::DirBuilder::new().mode(0o700).create(&own)?;
+            std::os::unix::fs::chown(&own, Some(user.uid), Some(user.gid))?;
+            std::os::unix::fs::chown(dir, None, Some(user.gid))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))?;
+            paths.result = own.join("result.json");
         }
+        Ok(paths)
     }
 }
 
@@ -141,8 +155,36 @@ mod tests {
         assert!(create_output(&link).is_err());
         let fresh = dir.path().join("stderr");
         let file = create_output(&fresh).expect("create");
-        use std::os::unix::fs::PermissionsExt;
         let mode = file.metadata().expect("stat").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_plugin_of_another_user_writes_its_result_in_a_directory_of_its_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let same = SpoolPaths::prepare(dir.path(), None).expect("prepare");
+        assert_eq!(same.result, dir.path().join("result.json"));
+        if !nix::unistd::geteuid().is_root() {
+            return; // chown needs root; the isolation tests cover it end to end
+        }
+        let user = PluginUser {
+            name: "nobody".into(),
+            uid: 65534,
+            gid: 65534,
+            groups: vec![65534],
+            home: "/nonexistent".into(),
+        };
+        let paths = SpoolPaths::prepare(dir.path(), Some(&user)).expect("prepare");
+        use std::os::unix::fs::MetadataExt;
+        let own = paths.result.parent().expect("parent");
+        let own_meta = std::fs::metadata(own).expect("stat");
+        assert_eq!((own_meta.uid(), own_meta.gid()), (65534, 65534));
+        assert_eq!(own_meta.mode() & 0o777, 0o700);
+        let spool = std::fs::metadata(dir.path()).expect("stat");
+        assert_eq!(
+            (spool.uid(), spool.gid(), spool.mode() & 0o777),
+            (0, 65534, 0o710)
+        );
+        assert_eq!(paths.stdout.parent(), Some(dir.path()));
     }
 }
