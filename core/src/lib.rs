@@ -11,6 +11,7 @@ pub mod client_json;
 pub mod config;
 pub mod error;
 pub mod handoff;
+pub mod isolation;
 pub mod logging;
 pub mod model;
 pub mod names;

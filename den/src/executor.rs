@@ -1,6 +1,7 @@
 //! The executor: starts one task runner per claimed task, in its own session, and watches it.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::{PipeWriter, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use disbatch_core::handoff::Handoff;
+use disbatch_core::isolation::CloexecRanges;
 use disbatch_core::relay::{read_frame, Ack, Completion, ANSWER_FD};
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
@@ -43,6 +45,8 @@ pub struct Executor {
     runner: PathBuf,
     config: PathBuf,
     node: String,
+    /// The whole environment of every runner (`runner_env`): nothing else of this node's.
+    env: Arc<Vec<(OsString, OsString)>>,
     /// Runners started by this process and still alive.
     live: Arc<Mutex<HashMap<ObjectId, Live>>>,
     /// Runners that exited since the claimer last looked.
@@ -57,12 +61,14 @@ impl Executor {
         runner: PathBuf,
         config: PathBuf,
         node: String,
+        env: Vec<(OsString, OsString)>,
         completer: Option<Completer>,
     ) -> Self {
         Executor {
             runner,
             config,
             node,
+            env: Arc::new(env),
             completer,
             live: Arc::new(Mutex::new(HashMap::new())),
             exited: Arc::new(Mutex::new(Vec::new())),
@@ -137,6 +143,8 @@ impl Executor {
             .arg("--node")
             .arg(&self.node)
             .arg("--handoff")
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .kill_on_drop(false);
         // The handoff goes into the pipe before the runner exists, so a node killed right
         // after starting it cannot leave it waiting for a task that never comes.
@@ -157,8 +165,11 @@ impl Executor {
             None => None,
         };
         let answer_fd = answers.as_ref().map(|(r, _)| r.as_raw_fd());
-        // SAFETY: setsid, dup2 and fcntl are async-signal-safe and touch no memory of the
-        // parent; answer_fd is open (its pipe outlives spawn()).
+        // Nothing of this node's reaches the runner, and through it a plugin, but stdio and
+        // the answer pipe: a descriptor some library opened without close-on-exec included.
+        let private = CloexecRanges::above_stderr_except(answer_fd.map(|_| ANSWER_FD));
+        // SAFETY: setsid, dup2, fcntl and close_range are async-signal-safe and touch no
+        // memory of the parent; answer_fd is open (its pipe outlives spawn()).
         unsafe {
             cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -174,6 +185,7 @@ impl Executor {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
+                private.apply()?;
                 Ok(())
             });
         }

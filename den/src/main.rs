@@ -12,6 +12,7 @@ use disbatch_den::executor::{check_runner, default_runner, Executor};
 use disbatch_den::metrics::{serve_metrics, DenMetrics};
 use disbatch_den::notifier::Notifier;
 use disbatch_den::plugin_check::PluginCheck;
+use disbatch_den::runner_env::runner_env;
 use disbatch_den::Node;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -28,6 +29,9 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Before any thread exists: plugins (often this user's processes) must not read this
+    // node's environment or memory through /proc, nor inherit what our parent left open.
+    let hardened = disbatch_core::isolation::harden_process();
     // Documents may nest as deep as the server allows (about 180 levels); reading and
     // rendering them recurses, which 2 MiB worker stacks cannot always hold.
     tokio::runtime::Builder::new_multi_thread()
@@ -35,11 +39,14 @@ fn main() -> anyhow::Result<()> {
         .thread_stack_size(16 * 1024 * 1024)
         .build()
         .context("starting the async runtime")?
-        .block_on(serve())
+        .block_on(serve(hardened))
 }
 
-async fn serve() -> anyhow::Result<()> {
+async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     disbatch_core::logging::init_logging("info");
+    if let Err(e) = hardened {
+        tracing::warn!("{e}");
+    }
     let args = Args::parse();
     let config_path = std::path::absolute(&args.config)
         .with_context(|| format!("config path {}", args.config.display()))?;
@@ -49,6 +56,18 @@ async fn serve() -> anyhow::Result<()> {
     }
     let config = loaded.config;
     let name = config.node_name(args.node.as_deref())?;
+    if let Some(user) = &config.plugin_user {
+        let euid = nix::unistd::geteuid();
+        if !euid.is_root() {
+            bail!(
+                "refusing to start: key `plugin_user` of {} runs plugins as {} (uid {}), which needs disbatchd to run as root, and it runs as uid {euid}; start it as root, or remove `plugin_user` to run plugins as this user",
+                config_path.display(),
+                user.name,
+                user.uid
+            );
+        }
+        tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "plugins run as `plugin_user`");
+    }
     match disbatch_den::host::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
@@ -128,6 +147,7 @@ async fn serve() -> anyhow::Result<()> {
             runner,
             config_path,
             name.clone(),
+            runner_env(std::env::vars_os(), &config.plugin_env),
             Some(Completer::start(store.clone(), metrics.clone())),
         ),
         balancer: disbatch_den::balancer::Balancer::new(&config.balance),

@@ -13,6 +13,7 @@ use crate::plugin_process::{start_plugin, PluginCall};
 use crate::prepare::Prepared;
 use crate::record::{Captured, Finished};
 use crate::runner::{Ran, Run, RunFacts};
+use crate::spool::{read_result, ResultFile};
 use crate::supervisor::{supervise, Stopped};
 
 pub(crate) async fn run_and_capture(
@@ -45,6 +46,7 @@ pub(crate) async fn run_and_capture(
         queue_config: prepared.config_json.clone(),
         node: node.to_string(),
         env: &config.plugin_env,
+        user: config.plugin_user.as_ref(),
     };
     let finished = |end, stdout, stderr, spool| Finished {
         task,
@@ -88,17 +90,22 @@ pub(crate) async fn run_and_capture(
             return Ok(Ran::LeaseLost(facts));
         }
     };
-    let result = match tokio::fs::read(&paths.result).await {
-        Ok(bytes) => Some(bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(Error::io("reading the plugin's result file", e)),
+    let (result, refused) = match read_result(&paths.result).await {
+        ResultFile::Missing => (None, None),
+        ResultFile::Written(bytes) => (Some(bytes), None),
+        ResultFile::Refused(why) => (None, Some(why)),
     };
+    let mut outcome = decide(exit, result.as_deref());
+    if let Some(why) = refused {
+        tracing::warn!(task = %task, "the plugin's result file is ignored: {why}");
+        outcome.refuse_result(&why);
+    }
     let Outcome {
         status,
         mut note,
         retry,
         result,
-    } = decide(exit, result.as_deref());
+    } = outcome;
     // Why the runner ended the plugin comes first; the exit's own remark follows.
     let mut lead_note = |why: String| {
         note = Some(match note.take() {
@@ -176,10 +183,12 @@ async fn append_note(stderr: &std::path::Path, note: &str) -> Result<()> {
     use std::io::SeekFrom;
     use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
     let context = |e| Error::io("appending to the task's stderr", e);
+    // Never through a link: a plugin must not choose which file the runner appends to.
     let mut file = tokio::fs::OpenOptions::new()
         .read(true)
         .append(true)
         .create(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
         .open(stderr)
         .await
         .map_err(context)?;

@@ -8,4 +8,5 @@ pub mod plugin_process;
 pub mod prepare;
 pub mod record;
 pub mod runner;
+pub mod spool;
 pub mod supervisor;

@@ -36,7 +36,14 @@ struct Args {
 // One thread: the plugin's parent-death signal is tied to the thread that spawned it.
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // First: the plugin this runner starts (often of the same user) must not read its
+    // environment or memory through /proc, nor inherit what the node left open. The answer
+    // pipe is marked too: the runner still takes it (close-on-exec acts only at exec).
+    let hardened = disbatch_core::isolation::harden_process();
     disbatch_core::logging::init_logging("info");
+    if let Err(e) = hardened {
+        tracing::warn!("{e}");
+    }
     let code = match run(Args::parse()).await {
         Ok(()) => 0,
         Err(e) => {

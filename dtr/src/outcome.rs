@@ -36,6 +36,21 @@ pub struct Outcome {
     pub result: Option<Map<String, Value>>,
 }
 
+impl Outcome {
+    /// The result file could not be trusted (a link, not a regular file, too large): it is
+    /// ignored and the task fails, saying why, as for a result file that is not JSON.
+    pub fn refuse_result(&mut self, reason: &str) {
+        let why = format!("DISBATCH_RESULT file ignored: {reason}");
+        self.status = status::FAILED;
+        self.retry = None;
+        self.result = None;
+        self.note = Some(match self.note.take() {
+            Some(n) => format!("{n}; {why}"),
+            None => why,
+        });
+    }
+}
+
 /// Exit 0 → succeeded, non-zero or a signal → failed; a positive integer `status` in the
 /// result file wins, and `"retry": true` asks for another attempt. A result file that is not
 /// a JSON object (or a bad `delay`) fails the task, with the reason.
@@ -185,6 +200,21 @@ mod tests {
         let o = decide(Exit::Code(0), Some(b"[1]"));
         assert_eq!(o.status, 2);
         assert!(o.note.as_deref().is_some_and(|n| n.contains("JSON object")));
+    }
+
+    #[test]
+    fn a_refused_result_file_fails_the_task_and_asks_for_nothing() {
+        let mut o = decide(
+            Exit::Code(3),
+            Some(br#"{"status": 1, "retry": true, "output": {"k": {}}}"#),
+        );
+        assert_eq!((o.status, o.retry.is_some()), (1, true));
+        o.refuse_result("it is a symbolic link");
+        assert_eq!((o.status, o.retry, o.result), (2, None, None));
+        assert_eq!(
+            o.note.as_deref(),
+            Some("plugin exited with code 3; DISBATCH_RESULT file ignored: it is a symbolic link")
+        );
     }
 
     #[test]

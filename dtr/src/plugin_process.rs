@@ -1,17 +1,22 @@
 //! Runs a plugin executable without a shell, in its own process group, with a controlled
-//! environment, spooling its output to files, never to memory; and stops the whole group.
+//! environment and nothing else of the runner's (descriptors, user), spooling its output to
+//! files, never to memory; and stops the whole group.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use disbatch_core::config::PluginUser;
+use disbatch_core::isolation::CloexecRanges;
 use disbatch_core::plugin_env::PluginEnv;
+use nix::libc;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
 use crate::outcome::Exit;
+use crate::spool::{create_output, SpoolPaths};
 
 /// What the plugin is told about its task.
 #[derive(Debug, Clone)]
@@ -28,14 +33,8 @@ pub struct PluginCall<'a> {
     pub node: String,
     /// Which of the runner's environment variables the plugin may see.
     pub env: &'a PluginEnv,
-}
-
-/// Where a plugin leaves its output.
-#[derive(Debug, Clone)]
-pub struct SpoolPaths {
-    pub stdout: PathBuf,
-    pub stderr: PathBuf,
-    pub result: PathBuf,
+    /// The account the plugin runs as (`plugin_user`); None: the runner's own.
+    pub user: Option<&'a PluginUser>,
 }
 
 /// A started plugin: its process and its process group.
@@ -47,11 +46,14 @@ pub struct PluginProcess {
 
 /// Starts the plugin in `spool`, with the task document on stdin.
 pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<PluginProcess> {
-    let paths = SpoolPaths {
-        stdout: spool.join("stdout"),
-        stderr: spool.join("stderr"),
-        result: spool.join("result.json"),
-    };
+    let euid = nix::unistd::geteuid();
+    if let Some(user) = call.user.filter(|_| !euid.is_root()) {
+        return Err(std::io::Error::other(format!(
+            "`plugin_user` {} needs the task runner to run as root; it runs as uid {euid}",
+            user.name
+        )));
+    }
+    let paths = SpoolPaths::prepare(spool, call.user)?;
     let mut cmd = Command::new(call.executable);
     // Only allow-listed variables reach the plugin: a node's environment may hold secrets.
     cmd.env_clear();
@@ -60,6 +62,11 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
             cmd.env(name, value);
         }
     }
+    if let Some(user) = call.user {
+        cmd.env("HOME", &user.home)
+            .env("USER", &user.name)
+            .env("LOGNAME", &user.name);
+    }
     cmd.env("DISBATCH_TASK_ID", &call.task_id)
         .env("DISBATCH_ATTEMPT", &call.attempt)
         .env("DISBATCH_QUEUE", &call.queue_name)
@@ -67,16 +74,30 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
         .env("DISBATCH_NODE", &call.node)
         .env("DISBATCH_RESULT", &paths.result)
         .stdin(Stdio::piped())
-        .stdout(std::fs::File::create(&paths.stdout)?)
-        .stderr(std::fs::File::create(&paths.stderr)?)
+        .stdout(create_output(&paths.stdout)?)
+        .stderr(create_output(&paths.stderr)?)
         // Its own process group, so the whole tree can be signalled (timeouts, cancel).
         .process_group(0)
         .kill_on_drop(true);
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent. A runner killed
-    // outright takes its plugin with it, so a recovered task never runs twice at once.
+    let identity = call.user.map(Identity::of);
+    let runner = std::process::id();
+    let private = CloexecRanges::above_stderr_except(None);
+    // SAFETY: setgroups, setgid, setuid, prctl, getppid and close_range are async-signal-safe;
+    // everything they use was made before the fork and is only read here.
     unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        cmd.pre_exec(move || {
+            if let Some(identity) = &identity {
+                identity.assume()?;
+            }
+            // After the change of user, which clears it. A runner killed outright takes its
+            // plugin with it, so a recovered task never runs twice at once.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            if libc::getppid() as u32 != runner {
+                // The runner died before the signal was armed.
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            private.apply()?;
+            Ok(())
         });
     }
     if let Some(config) = &call.queue_config {
@@ -97,6 +118,39 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
         group,
         paths,
     })
+}
+
+/// The ids a plugin of `plugin_user` takes on, ready for use between fork and exec.
+struct Identity {
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: Vec<libc::gid_t>,
+}
+
+impl Identity {
+    fn of(user: &PluginUser) -> Identity {
+        Identity {
+            uid: user.uid,
+            gid: user.gid,
+            groups: user.groups.clone(),
+        }
+    }
+
+    /// Groups first, then the group, then the user: each step needs the privilege the next
+    /// one gives up. Async-signal-safe: it only reads `self`.
+    fn assume(&self) -> std::io::Result<()> {
+        // SAFETY: the pointer and length describe `self.groups`, alive for the call.
+        let set = unsafe {
+            libc::setgroups(self.groups.len(), self.groups.as_ptr()) == 0
+                && libc::setgid(self.gid) == 0
+                && libc::setuid(self.uid) == 0
+        };
+        if set {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
 }
 
 impl PluginProcess {

@@ -26,19 +26,18 @@ impl Captured {
     /// Reads a spool file. Non-UTF-8 bytes become U+FFFD, which never shortens the text, so a
     /// file too big for a document stays on disk and is streamed.
     pub async fn load(path: &Path) -> Result<Captured> {
-        let raw_len = tokio::fs::metadata(path)
-            .await
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
-            .len();
+        use tokio::io::AsyncReadExt;
+        let context = |e| Error::io(format!("reading {}", path.display()), e);
+        let mut file = crate::spool::open_read(path).await.map_err(context)?;
+        let raw_len = file.metadata().await.map_err(context)?.len();
         if raw_len > MAX_DOCUMENT_SIZE {
             return Ok(Captured::File {
                 path: path.to_path_buf(),
                 raw_len,
             });
         }
-        let bytes = tokio::fs::read(path)
-            .await
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).await.map_err(context)?;
         Ok(Captured::Text(match String::from_utf8(bytes) {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
@@ -153,7 +152,7 @@ async fn output_value(
                         store.write_output_file(done.task, name, s.as_bytes()).await
                     }
                     Captured::File { path, .. } => {
-                        let file = tokio::fs::File::open(path)
+                        let file = crate::spool::open_read(path)
                             .await
                             .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
                         store.write_output_file(done.task, name, file).await

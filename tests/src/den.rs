@@ -47,6 +47,18 @@ impl Den {
 
     /// Starts a node with extra environment variables (which its runners inherit).
     pub fn start_with_env(config: &Path, node: &str, env: &[(&str, &str)]) -> Den {
+        Den::start_adjusted(&bin_path("disbatchd"), config, node, env, |_| {})
+    }
+
+    /// Starts `program` (a `disbatchd`, perhaps a copy) as a node whose command the test
+    /// adjusts first: its user, the descriptors it inherits.
+    pub fn start_adjusted(
+        program: &Path,
+        config: &Path,
+        node: &str,
+        env: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Den {
         let log = config.with_file_name(format!("den-{node}-{}.log", std::process::id()));
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -54,8 +66,8 @@ impl Den {
             .open(&log)
             .expect("den log");
         let err = out.try_clone().expect("den log");
-        let child = Command::new(bin_path("disbatchd"))
-            .arg("--config")
+        let mut cmd = Command::new(program);
+        cmd.arg("--config")
             .arg(config)
             .arg("--node")
             .arg(node)
@@ -63,9 +75,9 @@ impl Den {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawn disbatchd");
+            .stderr(err);
+        adjust(&mut cmd);
+        let child = cmd.spawn().expect("spawn disbatchd");
         Den {
             child: Some(child),
             node: node.to_string(),

@@ -1,6 +1,7 @@
 //! The node config file: Disbatch 4's JSON keys plus ours, parsed leniently and validated strictly.
 
 mod attributes;
+mod plugin_user;
 mod raw;
 pub(crate) use raw::resolve as resolve_path;
 #[cfg(test)]
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use attributes::TlsSettings;
+pub use plugin_user::PluginUser;
 
 use crate::error::{Error, Result};
 use crate::output::GfsMode;
@@ -65,6 +67,8 @@ pub struct Config {
     pub plugins: PluginTable,
     /// The node's environment variables its plugins may see (`plugin_env` adds to a base set).
     pub plugin_env: crate::plugin_env::PluginEnv,
+    /// The account plugins run as (`plugin_user`, `plugin_group`); None: the runner's own.
+    pub plugin_user: Option<PluginUser>,
     pub task_runner: Option<PathBuf>,
     pub gfs: GfsMode,
     /// Queue ids (hex) this node serves exclusively; wins over `ignorequeues`.

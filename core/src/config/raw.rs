@@ -101,6 +101,10 @@ pub(super) struct RawConfig {
     #[serde(default)]
     plugin_env: Option<Vec<String>>,
     #[serde(default)]
+    plugin_user: Option<Value>,
+    #[serde(default)]
+    plugin_group: Option<Value>,
+    #[serde(default)]
     task_runner: Option<String>,
     #[serde(default)]
     gfs: Option<Value>,
@@ -225,6 +229,8 @@ impl RawConfig {
             self.plugin_env.as_deref().unwrap_or_default(),
         )
         .map_err(|e| format!("key `plugin_env`: {e}"))?;
+        let plugin_user =
+            super::plugin_user::from_config(self.plugin_user.as_ref(), self.plugin_group.as_ref())?;
         let gfs = match self.gfs {
             None | Some(Value::Null) => GfsMode::Auto,
             Some(v) => GfsMode::from_config(&v).map_err(|e| format!("key `gfs`: {e}"))?,
@@ -294,6 +300,7 @@ impl RawConfig {
             auth: self.auth.unwrap_or_default(),
             plugins,
             plugin_env,
+            plugin_user,
             task_runner: self
                 .task_runner
                 .as_deref()
