@@ -3,6 +3,7 @@
 pub mod access;
 pub mod envelope;
 pub mod error;
+pub mod json_stream;
 pub mod namespace;
 pub mod params;
 pub mod render;

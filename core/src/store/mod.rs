@@ -45,7 +45,7 @@ pub use queues::{check_queue_fields, parse_queue};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
 pub use task_create::Template;
-pub use task_query::{IndexSets, QueryError, TaskQuery};
+pub use task_query::{IndexSets, QueryError, TaskQuery, TaskStream};
 pub use tasks::{FinishOutcome, OutputValue, RunningSnapshot, TaskEnd};
 pub use units::{OnConflict, Unit, UnitsOutcome};
 pub use users::{

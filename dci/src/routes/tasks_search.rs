@@ -6,7 +6,10 @@ use disbatch_core::store::QueryError;
 use serde_json::{json, Value};
 
 use super::tasks_create::resolve_queue;
+use futures::StreamExt;
+
 use crate::error::{ApiError, ApiResult};
+use crate::json_stream;
 use crate::namespace::Ns;
 use crate::params::Options;
 use crate::params::Params;
@@ -49,26 +52,33 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
             "indexes": sets.0,
         })));
     }
-    let docs = state
+    // Streamed: a search over a queue of 100 000 tasks must not be built in memory. The first
+    // task is read before answering, so a failed search is still an error status, and the
+    // shapes Disbatch's clients rely on stay: `{}` or `[]` for none, an object for `.limit=1`.
+    let mut docs = state
         .store
-        .find_tasks(q.filter, o.fields.clone(), o.skip, limit)
+        .stream_tasks(q.filter, o.fields.clone(), o.skip, limit)
         .await?;
-    let mut out = Vec::with_capacity(docs.len());
-    for d in docs {
-        out.push(task_json(&state, d, o).await?);
-    }
-    let value = if out.is_empty() {
-        if state.config.web.empty_tasks_object {
+    let Some(first) = docs.next().await.transpose()? else {
+        let empty = if state.config.web.empty_tasks_object {
             json!({})
         } else {
             json!([])
-        }
-    } else if limit == 1 {
-        out.remove(0)
-    } else {
-        Value::Array(out)
+        };
+        return Ok(json_response(&empty, o.pretty));
     };
-    Ok(json_response(&value, o.pretty))
+    if limit == 1 {
+        return Ok(json_response(&task_json(&state, first, o).await?, o.pretty));
+    }
+    let options = o.clone();
+    let pretty = o.pretty;
+    let items = futures::stream::once(std::future::ready(Ok(first)))
+        .chain(docs)
+        .then(move |d| {
+            let (state, options) = (state.clone(), options.clone());
+            async move { task_json(&state, d?, &options).await }
+        });
+    Ok(json_stream::array_response(items, pretty))
 }
 
 /// One task with `.terse`, `.full` and `.epoch` applied.

@@ -1,0 +1,96 @@
+//! A JSON array sent element by element as its values arrive: the same bytes serde_json would
+//! print for the whole array (compact or pretty), with memory bounded by one element.
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::render::canonical;
+
+/// The response for a stream of array elements; an error after the first byte ends the body
+/// early (the client sees a cut response, never a wrong complete one) and is logged.
+pub fn array_response(
+    items: impl Stream<Item = Result<Value, ApiError>> + Send + 'static,
+    pretty: bool,
+) -> Response {
+    let fragments = items
+        .enumerate()
+        .map(move |(i, item)| match item {
+            Ok(mut value) => {
+                canonical(&mut value);
+                Ok(Bytes::from(element(i, &value, pretty)))
+            }
+            Err(e) => {
+                tracing::error!(status = %e.status, error = %e.body, "a streamed response was cut short");
+                Err(std::io::Error::other(e.body.to_string()))
+            }
+        })
+        .chain(futures::stream::once(async move {
+            Ok::<_, std::io::Error>(Bytes::from_static(if pretty { b"\n]" } else { b"]" }))
+        }));
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(fragments),
+    )
+        .into_response()
+}
+
+/// Element `i` with what goes before it: the opening bracket or a separator. Only used for
+/// non-empty arrays (an empty one is `[]` in both forms, which the caller sends whole).
+fn element(i: usize, value: &Value, pretty: bool) -> String {
+    let lead = match (i, pretty) {
+        (0, false) => "[",
+        (_, false) => ",",
+        (0, true) => "[\n",
+        (_, true) => ",\n",
+    };
+    let text = if pretty {
+        serde_json::to_string_pretty(value)
+            .unwrap_or_else(|_| "null".into())
+            .lines()
+            .map(|l| format!("  {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    } else {
+        serde_json::to_string(value).unwrap_or_else(|_| "null".into())
+    };
+    format!("{lead}{text}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn whole(values: &[Value], pretty: bool) -> String {
+        let mut out: String = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| element(i, v, pretty))
+            .collect();
+        out.push_str(if pretty { "\n]" } else { "]" });
+        out
+    }
+
+    #[test]
+    fn the_bytes_are_serde_jsons_for_the_whole_array() {
+        let values = vec![
+            json!({"a": 1, "b": [1, 2, {"c": null}], "d": "x\ny"}),
+            json!([]),
+            json!({}),
+            json!("s"),
+        ];
+        for pretty in [false, true] {
+            let expected = if pretty {
+                serde_json::to_string_pretty(&Value::Array(values.clone()))
+            } else {
+                serde_json::to_string(&Value::Array(values.clone()))
+            }
+            .expect("json");
+            assert_eq!(whole(&values, pretty), expected, "pretty: {pretty}");
+        }
+    }
+}
