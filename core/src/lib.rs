@@ -2,7 +2,8 @@
 //!
 //! `config` reads node configs, `store` owns every MongoDB query, `model` the schema's values,
 //! `output` the GridFS placement rules, `plugin` the plugin allow-list, `claim_plan` the
-//! per-pass claim decisions.
+//! per-pass claim decisions, `redact` keeps credentials out of messages and `printable` makes
+//! stored text safe to show.
 
 pub mod balance;
 pub mod chaining;
@@ -15,7 +16,9 @@ pub mod model;
 pub mod output;
 pub mod plugin;
 pub mod plugin_env;
+pub mod printable;
 pub mod queue_balance;
+pub mod redact;
 pub mod relay;
 pub mod run_policy;
 pub mod scheduler;
