@@ -203,8 +203,9 @@ impl RawConfig {
     ) -> Result<Config, String> {
         let mongohost = required_string("mongohost", self.mongohost)?;
         if !(mongohost.starts_with("mongodb://") || mongohost.starts_with("mongodb+srv://")) {
+            let shown = format!("{:?}", crate::redact::redact_uri(&mongohost));
             return Err(format!(
-                "key `mongohost`: {mongohost:?} is not a MongoDB URI (it must start with mongodb:// or mongodb+srv://)"
+                "key `mongohost`: {shown} is not a MongoDB URI (it must start with mongodb:// or mongodb+srv://)"
             ));
         }
         let database = required_string("database", self.database)?;
