@@ -1,6 +1,7 @@
 //! The node config file: Disbatch 4's JSON keys plus ours, parsed leniently and validated strictly.
 
 mod attributes;
+mod commas;
 mod raw;
 pub(crate) use raw::resolve as resolve_path;
 mod secrets;

@@ -393,6 +393,23 @@ fn change_streams_are_on_unless_turned_off() {
 }
 
 #[test]
+fn a_missing_comma_between_members_is_refused_with_line_and_column() {
+    let e = error_of("{\"mongohost\": \"mongodb://h\"\n \"database\": \"d\"}");
+    assert!(
+        e.contains("/etc/disbatch/config.json")
+            && e.contains("not valid JSON")
+            && e.contains("comma")
+            && e.contains("line 2 column 2"),
+        "{e}"
+    );
+    let e = error_of(r#"{"mongohost": "mongodb://h", "database": "d", "plugins": ["a" "b"]}"#);
+    assert!(e.contains("comma") && e.contains("line 1 column 63"), "{e}");
+    // Comments and trailing commas stay allowed around the check.
+    let ok = "{\"mongohost\": \"mongodb://h\", // c\n \"database\": \"d\", /* x */ \"plugins\": [\"a\",],}";
+    assert!(parse(ok).is_ok());
+}
+
+#[test]
 fn debug_output_hides_the_mongohost_and_auth_passwords() {
     let text = r#"{"mongohost": "mongodb://user:Uri-Pass%40word@db:27017/?tls=true",
                    "database": "d", "auth": {"disbatchd": "Auth-Pass-1"}}"#;
