@@ -24,7 +24,8 @@ pub struct Args {
         global = true
     )]
     pub url: String,
-    /// Print the server's raw JSON response instead of human output (for scripts).
+    /// Print the server's JSON response instead of human output (for scripts); control and
+    /// bidi characters in it are written as \uXXXX escapes, which parse to the same value.
     #[arg(long, global = true)]
     pub json: bool,
     /// HTTP Basic user name; the password is read from DISBATCH_PASSWORD.
@@ -188,9 +189,9 @@ pub enum Command {
     },
     /// Delete a task that is not running, with its output files.
     DeleteTask { task_id: String },
-    /// Stream a task's stdout.
+    /// Stream a task's stdout, raw: control characters included, as the plugin wrote it.
     Stdout { task_id: String },
-    /// Stream a task's stderr.
+    /// Stream a task's stderr, raw: control characters included, as the plugin wrote it.
     Stderr { task_id: String },
     /// Create the MongoDB roles and users of the five components (talks to MongoDB, not the
     /// DCI). The root password is read from stdin, without echo on a terminal.

@@ -131,7 +131,8 @@ pub async fn upload(
             }
         };
         if let Some(out) = json_out.as_deref_mut() {
-            writeln!(out, "{}", reply.value)?;
+            let line = reply.value.to_string();
+            writeln!(out, "{}", disbatch_core::printable::json_text(&line))?;
         }
         created += n as u64;
         last_done_line = chunk.last().map_or(last_done_line, |e| e.line);

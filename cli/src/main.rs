@@ -34,9 +34,8 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if disbatch_cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("Error: {e:#}");
-            ExitCode::FAILURE
-        }
+        // Redacted (create-users reads a config with passwords) and escaped: the server's
+        // message may quote a stored name.
+        Err(e) => disbatch_core::logging::exit_status(Err(e)),
     }
 }

@@ -1,4 +1,5 @@
-//! Aligned plain-text tables: a header row, then rows, columns two spaces apart.
+//! Aligned plain-text tables: a header row, then rows, columns two spaces apart; every cell
+//! escaped and cut, so stored names cannot break a row or drive the terminal.
 
 /// How a column's cells line up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,8 +23,17 @@ impl Table {
         }
     }
 
-    /// Adds a row; missing cells are blank and extra cells are dropped.
-    pub fn row(&mut self, mut cells: Vec<String>) {
+    /// Adds a row; missing cells are blank and extra cells are dropped. Control, bidi and
+    /// invisible characters and whitespace at a cell's ends are shown as `\u{..}` escapes,
+    /// and a cell longer than `printable::MAX_SHOWN_CHARS` is cut with a marker.
+    pub fn row(&mut self, cells: Vec<String>) {
+        let mut cells: Vec<String> = cells
+            .into_iter()
+            .map(|c| match disbatch_core::printable::shown(&c) {
+                std::borrow::Cow::Borrowed(_) => c,
+                std::borrow::Cow::Owned(escaped) => escaped,
+            })
+            .collect();
         cells.resize(self.headers.len(), String::new());
         self.rows.push(cells);
     }
@@ -95,6 +105,27 @@ mod tests {
     fn empty_table_is_just_the_header() {
         let t = Table::new(&[("Node", Align::Left), ("Live", Align::Left)]);
         assert_eq!(t.render(), "Node  Live\n");
+    }
+
+    #[test]
+    fn stored_names_cannot_break_rows_or_reach_the_terminal_raw() {
+        let mut t = Table::new(&[("Name", Align::Left), ("N", Align::Right)]);
+        t.row(vec!["red\x1b[31m".into(), "1".into()]);
+        t.row(vec!["two\nlines\0".into(), "2".into()]);
+        t.row(vec!["abc\u{202e}fed ".into(), "3".into()]);
+        t.row(vec!["x".repeat(100_000), "4".into()]);
+        let text = t.render();
+        assert_eq!(text.lines().count(), 5, "{text}");
+        assert!(
+            !text
+                .chars()
+                .any(|c| c != '\n' && disbatch_core::printable::is_hidden(c)),
+            "{text:?}"
+        );
+        assert!(text.contains("red\\u{1b}[31m"), "{text}");
+        assert!(text.contains("two\\u{a}lines\\u{0}"), "{text}");
+        assert!(text.contains("abc\\u{202e}fed\\u{20}"), "{text}");
+        assert!(text.lines().all(|l| l.chars().count() < 400), "{text}");
     }
 
     #[test]

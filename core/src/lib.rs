@@ -2,7 +2,8 @@
 //!
 //! `config` reads node configs, `store` owns every MongoDB query, `model` the schema's values,
 //! `output` the GridFS placement rules, `plugin` the plugin allow-list, `claim_plan` the
-//! per-pass claim decisions.
+//! per-pass claim decisions, `redact` keeps credentials out of messages and `printable` makes
+//! stored text safe to show.
 
 pub mod balance;
 pub mod chaining;
@@ -18,8 +19,10 @@ pub mod names;
 pub mod output;
 pub mod plugin;
 pub mod plugin_env;
+pub mod printable;
 pub mod queue_balance;
 pub mod raw_doc;
+pub mod redact;
 pub mod relay;
 pub mod run_policy;
 pub mod scheduler;

@@ -23,7 +23,12 @@ struct Args {
     listen: Option<String>,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    // The error is printed redacted, never as Rust's default Debug report with the URI in it.
+    disbatch_core::logging::exit_status(run())
+}
+
+fn run() -> anyhow::Result<()> {
     // Documents may nest as deep as the server allows (about 180 levels); reading and
     // rendering them recurses, which 2 MiB worker stacks cannot always hold.
     tokio::runtime::Builder::new_multi_thread()

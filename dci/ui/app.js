@@ -7,11 +7,40 @@
  *   { title, enter(main, ctx), refresh(ctx) }
  * enter() builds the page's static parts once; refresh() is called at once and then every
  * POLL_MS, fetches, and re-renders the parts that show server data.
- * Every value from the server reaches the DOM through textContent / text nodes only.
+ * Every value from the server reaches the DOM through textContent / text nodes only, and
+ * stored names are shown through shown(): control and bidi characters made visible.
  */
 
 const POLL_MS = 2000;
 const PAGES = {};
+
+/* ---------- Stored text ---------- */
+
+/*
+ * Names reach the database unchecked (ops, older versions). Characters a page hides or acts on
+ * instead of showing — controls, bidi overrides and marks (U+202E shows text reversed),
+ * invisible format characters — are shown as \u{..} escapes, as core/src/printable.rs does
+ * for the CLI and the metrics. Links and API calls keep the value as stored.
+ */
+const HIDDEN = /[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]/g;
+const EDGE_SPACE = /^\s+|\s+$/g;
+const MAX_SHOWN = 256;
+const escapeChar = (c) => `\\u{${c.codePointAt(0).toString(16)}}`;
+
+/** A stored name as shown: hidden characters and spaces at its ends escaped, cut when absurd. */
+function shown(text) {
+  const chars = [...String(text ?? "")];
+  const cut = chars.length > MAX_SHOWN ? `…[+${chars.length - MAX_SHOWN} chars]` : "";
+  const head = chars.slice(0, MAX_SHOWN).join("");
+  return head.replace(HIDDEN, escapeChar)
+    .replace(EDGE_SPACE, (m) => [...m].map(escapeChar).join("")) + cut;
+}
+
+/** JSON text with hidden characters other than line feeds as \uXXXX: the same JSON value. */
+function shownJson(text) {
+  return text.replace(HIDDEN, (c) => (c === "\n" ? c
+    : `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`));
+}
 
 /* ---------- DOM helpers ---------- */
 

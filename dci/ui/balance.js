@@ -29,7 +29,7 @@ PAGES.balance = {
     s.doc = doc || {};
     s.known = Array.isArray(s.doc.known_queues) ? s.doc.known_queues.slice().sort() : [];
     renderBanners(s);
-    s.knownEl.textContent = s.known.length ? s.known.join(", ") : "(no queues)";
+    s.knownEl.textContent = s.known.length ? s.known.map(shown).join(", ") : "(no queues)";
     renderDisabledState(s);
     if (!isBusy(s.form)) fillBalanceForm(s);
     ctx.rendered();

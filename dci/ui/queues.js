@@ -57,7 +57,7 @@ function renderQueueRows(ctx, queues) {
 function queueRow(ctx, q) {
   const s = ctx.state;
   const fail = (text) => showMsg(s.msg, `queue ${q.name}: ${text}`, "error");
-  const ok = (text) => showMsg(s.msg, `queue ${q.name}: ${text}`, "notice");
+  const ok = (text) => showMsg(s.msg, `queue ${shown(q.name)}: ${text}`, "notice");
   const update = async (field, value) => {
     await api("POST", `queues/${encodeURIComponent(q.id)}`, { [field]: value });
     ok(`${field} set to ${value}`);
@@ -68,7 +68,7 @@ function queueRow(ctx, q) {
     el("input", {
       class: "threads", type: "text", inputmode: "numeric", size: 4,
       value: q.threads === null || q.threads === undefined ? "" : String(q.threads),
-      "aria-label": `threads of ${q.name}`,
+      "aria-label": `threads of ${shown(q.name)}`,
     }),
     {
       check: (v) => (isCount(v) ? null : `threads must be a non-negative integer, not "${v}"`),
@@ -79,8 +79,9 @@ function queueRow(ctx, q) {
 
   const plugins = ctx.state.plugins.slice();
   if (q.plugin && !plugins.includes(q.plugin)) plugins.unshift(q.plugin);
-  const plugin = selectEl({ class: "plugin", "aria-label": `plugin of ${q.name}` }, plugins, q.plugin);
-  const sort = selectEl({ class: "sort", "aria-label": `sort of ${q.name}` }, SORTS, q.sort || "default");
+  const plugin = selectEl({ class: "plugin", "aria-label": `plugin of ${shown(q.name)}` },
+    plugins.map((p) => [p, shown(p)]), q.plugin);
+  const sort = selectEl({ class: "sort", "aria-label": `sort of ${shown(q.name)}` }, SORTS, q.sort || "default");
   for (const [select, field] of [[plugin, "plugin"], [sort, "sort"]]) {
     select.addEventListener("change", async () => {
       select.disabled = true;
@@ -124,7 +125,7 @@ function queueRow(ctx, q) {
   }, "Delete"));
 
   return el("tr", { dataset: { queue: q.name, id: q.id }, class: paused ? "paused" : null },
-    el("td", { class: "name" }, el("a", { href: link(), class: "queue-link" }, q.name)),
+    el("td", { class: "name" }, el("a", { href: link(), class: "queue-link" }, shown(q.name))),
     el("td", { class: "col-plugin" }, plugin),
     el("td", { class: "col-threads num" }, threads,
       paused ? el("span", { class: "paused-note" }, ` paused (was ${q.paused_threads})`) : null),
@@ -140,22 +141,22 @@ async function queueAction(ctx, q, action) {
   const s = ctx.state;
   try {
     await api("POST", `queues/${encodeURIComponent(q.id)}/${action}`);
-    showMsg(s.msg, `queue ${q.name} ${action === "pause" ? "paused" : "resumed"}`, "notice");
+    showMsg(s.msg, `queue ${shown(q.name)} ${action === "pause" ? "paused" : "resumed"}`, "notice");
   } catch (e) {
-    showMsg(s.msg, `queue ${q.name}: ${e.message}`, "error");
+    showMsg(s.msg, `queue ${shown(q.name)}: ${e.message}`, "error");
   }
   refreshNow();
 }
 
 async function deleteQueue(ctx, q) {
   const s = ctx.state;
-  const yes = await confirmDialog(`Delete queue "${q.name}"? Its tasks are kept.`, "Delete queue");
+  const yes = await confirmDialog(`Delete queue "${shown(q.name)}"? Its tasks are kept.`, "Delete queue");
   if (!yes) return;
   try {
     await api("DELETE", `queues/${encodeURIComponent(q.id)}`);
-    showMsg(s.msg, `queue ${q.name} deleted`, "notice");
+    showMsg(s.msg, `queue ${shown(q.name)} deleted`, "notice");
   } catch (e) {
-    showMsg(s.msg, `queue ${q.name}: ${e.message}`, "error");
+    showMsg(s.msg, `queue ${shown(q.name)}: ${e.message}`, "error");
   }
   refreshNow();
 }
@@ -246,12 +247,12 @@ function nodeRow(ctx, n) {
   const s = ctx.state;
   const name = n.node || n.id || oidOf(n._id);
   const ident = n.id || oidOf(n._id) || name;
-  const fail = (text) => showMsg(s.msg, `node ${name}: ${text}`, "error");
+  const fail = (text) => showMsg(s.msg, `node ${shown(name)}: ${text}`, "error");
   const max = inlineEdit(
     el("input", {
       class: "maxthreads", type: "text", inputmode: "numeric", size: 5, placeholder: "unlimited",
       value: n.maxthreads === null || n.maxthreads === undefined ? "" : String(n.maxthreads),
-      "aria-label": `maxthreads of ${name}`,
+      "aria-label": `maxthreads of ${shown(name)}`,
     }),
     {
       check: (v) => (v === "" || isCount(v) ? null
@@ -259,14 +260,14 @@ function nodeRow(ctx, n) {
       save: async (v) => {
         const value = v === "" ? null : Number(v);
         await api("POST", `nodes/${encodeURIComponent(ident)}`, { maxthreads: value });
-        showMsg(s.msg, `node ${name}: maxthreads set to ${value === null ? "unlimited" : value}`, "notice");
+        showMsg(s.msg, `node ${shown(name)}: maxthreads set to ${value === null ? "unlimited" : value}`, "notice");
       },
       onError: fail,
     },
   );
   const seen = typeof n.timestamp === "number" ? new Date(n.timestamp) : null;
   return el("tr", { dataset: { node: name } },
-    el("td", { class: "name" }, name),
+    el("td", { class: "name" }, shown(name)),
     el("td", { class: "state" }, el("span", { class: `badge ${n.live ? "live" : "stale"}` },
       n.live ? "live" : "stale")),
     el("td", { class: "last-seen" }, seen

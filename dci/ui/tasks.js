@@ -131,7 +131,7 @@ function fillQueueSelect(s, queues) {
   const byName = queues.find((q) => q.name === want);
   const chosen = byName ? byName.id : want;
   if (byName && s.filter.queue === want) s.filter.queue = byName.id;
-  const opts = [["", "any"], ...queues.map((q) => [q.id, q.name])];
+  const opts = [["", "any"], ...queues.map((q) => [q.id, shown(q.name)])];
   if (chosen && !queues.some((q) => q.id === chosen)) opts.push([chosen, `${chosen} (unknown)`]);
   const sig = JSON.stringify(opts);
   if (sig !== s.queueSig) {
@@ -177,9 +177,9 @@ function taskRow(ctx, t) {
   };
   return el("tr", { dataset: { task: id } },
     el("td", { class: "id mono" }, el("a", { href: `#/task/${encodeURIComponent(id)}` }, id)),
-    el("td", { class: "queue" }, s.names.get(queue) || queue || "—"),
+    el("td", { class: "queue" }, shown(s.names.get(queue) || queue || "—")),
     el("td", null, statusEl(t.status)),
-    el("td", { class: "node" }, t.node || el("span", { class: "muted" }, "—")),
+    el("td", { class: "node" }, t.node ? shown(t.node) : el("span", { class: "muted" }, "—")),
     el("td", { class: "ctime" }, timeEl(t.ctime)),
     el("td", { class: "mtime" }, timeEl(t.mtime)),
     el("td", { class: "actions" },
@@ -238,16 +238,16 @@ function renderTask(ctx, t, names) {
   const queue = oidOf(t.queue);
   const name = names.get(queue);
   setContent(s.queue, queue
-    ? el("a", { href: hashFor("tasks", { queue }) }, name || `${queue} (deleted queue)`)
+    ? el("a", { href: hashFor("tasks", { queue }) }, name ? shown(name) : `${queue} (deleted queue)`)
     : "—");
   setContent(s["status-cell"], statusEl(t.status, "task-status"));
-  s.node.textContent = t.node || "—";
+  s.node.textContent = t.node ? shown(t.node) : "—";
   setContent(s.ctime, timeEl(t.ctime));
   setContent(s.mtime, timeEl(t.mtime));
   const hasAttempts = t.attempts !== undefined && t.attempts !== null;
   s.attempts.hidden = s.attemptsDt.hidden = !hasAttempts;
   s.attempts.textContent = hasAttempts ? String(t.attempts) : "";
-  const params = JSON.stringify(t.params ?? null, null, 2);
+  const params = shownJson(JSON.stringify(t.params ?? null, null, 2));
   if (s.params.textContent !== params) s.params.textContent = params;
   if (s.lastStatus !== t.status) {
     s.lastStatus = t.status;

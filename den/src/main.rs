@@ -28,10 +28,15 @@ struct Args {
     node: Option<String>,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     // Before any thread exists: plugins (often this user's processes) must not read this
     // node's environment or memory through /proc, nor inherit what our parent left open.
     let hardened = disbatch_core::isolation::harden_process();
+    // The error is printed redacted, never as Rust's default Debug report with the URI in it.
+    disbatch_core::logging::exit_status(run(hardened))
+}
+
+fn run(hardened: Result<(), String>) -> anyhow::Result<()> {
     // Documents may nest as deep as the server allows (about 180 levels); reading and
     // rendering them recurses, which 2 MiB worker stacks cannot always hold.
     tokio::runtime::Builder::new_multi_thread()

@@ -1,4 +1,7 @@
 //! The node's own counters and histograms, and the optional listener serving them to Prometheus.
+//!
+//! Queue names come from the database unchecked: each is recorded as its `metric_label` (control
+//! and bidi characters escaped, absurd lengths cut), so no scrape carries NUL or ESC.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,6 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use disbatch_core::printable::metric_label;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -174,13 +178,13 @@ impl DenMetrics {
 
     /// One task claimed; `latency` is its batch's read and claim.
     pub fn claimed(&self, queue: &str, latency: Duration) {
-        inc(&self.inner.claims, &[queue]);
+        inc(&self.inner.claims, &[&metric_label(queue)]);
         self.inner.claim_latency.observe(latency.as_secs_f64());
     }
 
     /// A claim that came to nothing: `reason` is "empty", "lost" or "slot_taken".
     pub fn claim_missed(&self, queue: &str, reason: &'static str) {
-        inc(&self.inner.claim_misses, &[queue, reason]);
+        inc(&self.inner.claim_misses, &[&metric_label(queue), reason]);
     }
 
     /// One node pass.
@@ -195,6 +199,7 @@ impl DenMetrics {
     }
 
     pub fn runner_started(&self, queue: &str) {
+        let queue = &*metric_label(queue);
         inc(&self.inner.runners_started, &[queue]);
         if let Ok(g) = self.inner.runners.get_metric_with_label_values(&[queue]) {
             g.inc();
@@ -203,6 +208,7 @@ impl DenMetrics {
 
     pub fn runner_exited(&self, queue: &str, duration: Duration, success: bool) {
         let result = if success { "success" } else { "failure" };
+        let queue = &*metric_label(queue);
         inc(&self.inner.runner_exits, &[queue, result]);
         if let Ok(h) = self
             .inner
@@ -420,6 +426,54 @@ mod tests {
         ] {
             assert!(has(&text, line), "{line} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn stored_queue_names_are_escaped_and_cut_in_labels() {
+        let m = DenMetrics::new();
+        let long = "q".repeat(100_000);
+        let names = [
+            "red\x1b[31m",
+            "nul\0",
+            "two\nlines",
+            "rtl\u{202e}x",
+            "trail ",
+            &long,
+        ];
+        for name in names {
+            m.claimed(name, Duration::from_millis(1));
+            m.claim_missed(name, "empty");
+            m.runner_started(name);
+            m.runner_exited(name, Duration::from_secs(1), false);
+        }
+        let text = m.render();
+        let e = exposition::check(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+        assert!(
+            !text
+                .chars()
+                .any(|c| c != '\n' && disbatch_core::printable::is_hidden(c)),
+            "{text:?}"
+        );
+        assert!(text.lines().all(|l| l.chars().count() < 600), "{text}");
+        for (label, claims) in [
+            ("red\\u{1b}[31m", 1.0),
+            ("nul\\u{0}", 1.0),
+            ("two\nlines", 1.0),
+            ("rtl\\u{202e}x", 1.0),
+            ("trail\\u{20}", 1.0),
+        ] {
+            assert_eq!(
+                e.value("disbatch_den_claims_total", &[("queue", label)]),
+                Some(claims),
+                "{label:?} in\n{text}"
+            );
+            assert_eq!(
+                e.value("disbatch_den_runners", &[("queue", label)]),
+                Some(0.0),
+                "{label:?} in\n{text}"
+            );
+        }
+        assert!(text.contains("…[+99744 chars #"), "{text}");
     }
 
     #[tokio::test]

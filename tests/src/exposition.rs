@@ -124,6 +124,20 @@ pub fn check(text: &str) -> Result<Exposition, String> {
     Ok(out)
 }
 
+/// Characters no scrape should carry, whatever the names stored: controls other than the line
+/// feeds ending lines (NUL, ESC, C1) and bidi overrides, embeddings, isolates and marks.
+/// Written apart from the code under test, so it checks it rather than repeats it.
+pub fn hidden_characters(text: &str) -> Vec<(usize, char)> {
+    text.lines()
+        .enumerate()
+        .flat_map(|(i, line)| line.chars().map(move |c| (i + 1, c)))
+        .filter(|&(_, c)| {
+            c.is_control()
+                || matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        })
+        .collect()
+}
+
 /// A histogram sample belongs to the family named without its suffix, once that family's TYPE
 /// says histogram; every other sample to the family of its own name.
 fn family_of(name: &str, types: &HashMap<String, String>) -> String {
@@ -320,6 +334,15 @@ mod tests {
         let e = check(text).expect("valid");
         assert_eq!(e.value("a_total", &[("q", "x\"y\\z\n")]), Some(3.0));
         assert_eq!(e.value("h_count", &[]), Some(2.0));
+    }
+
+    #[test]
+    fn hidden_characters_are_found_with_their_line() {
+        assert_eq!(hidden_characters("a 1\nb{q=\"x\\ny\"} 2\n"), vec![]);
+        assert_eq!(
+            hidden_characters("a 1\nb{q=\"\u{1b}[31m\0\u{202e}\"} 2\r\n"),
+            vec![(2, '\u{1b}'), (2, '\0'), (2, '\u{202e}')]
+        );
     }
 
     #[test]

@@ -25,7 +25,8 @@ enum Content {
 struct Case {
     label: String,
     content: Content,
-    /// A key the message must name (as `key`), when the problem is one key's.
+    /// Text the message must hold: the key it names (as `key`) when the problem is one key's,
+    /// or what is wrong with the file.
     key: Option<&'static str>,
 }
 
@@ -180,11 +181,42 @@ fn corpus() -> Vec<Case> {
             "10 MB unterminated",
             Content::Text(format!("{{\"x\": \"{}\"", "x".repeat(10 << 20))),
         ),
+        (
+            "missing comma between members",
+            Content::Text(format!(
+                "{{\"mongohost\": \"{}\"\n \"database\": \"{}\"}}",
+                server_uri(),
+                database()
+            )),
+        ),
+        (
+            "missing comma between elements",
+            Content::Text(format!(
+                "{{\"mongohost\": \"{}\", \"database\": \"{}\", \"plugins\": [\"echo\" \"demo\"]}}",
+                server_uri(),
+                database()
+            )),
+        ),
+        (
+            "missing comma after an object, comments around",
+            Content::Text(format!(
+                "{{\"web\": {{\"listen\": \"127.0.0.1:0\",}} // no comma\n \"mongohost\": \"{}\", /* c */ \"database\": \"{}\",}}",
+                server_uri(),
+                database()
+            )),
+        ),
         ("a directory", Content::Directory),
         ("a missing file", Content::Missing),
     ];
     for (label, content) in whole {
-        let key = (label == "plugin name long").then_some("plugins");
+        let key = match label {
+            "plugin name long" => Some("plugins"),
+            "missing comma between members" => {
+                Some("expected a comma before this member on line 2 column 2")
+            }
+            _ if label.starts_with("missing comma") => Some("expected a comma"),
+            _ => None,
+        };
         cases.push(Case {
             label: label.to_string(),
             content,

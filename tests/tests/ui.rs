@@ -293,3 +293,124 @@ async fn large_output_is_paged_and_every_page_fits_a_phone() {
     b.close().await;
     db.drop().await;
 }
+
+/// What the page's DOM holds as text (`textContent`), for the stored-name checks.
+async fn dom_texts(b: &Browser, css: &str) -> Vec<String> {
+    let found = b
+        .client
+        .execute(
+            "return [...document.querySelectorAll(arguments[0])].map((e) => e.textContent)",
+            vec![json!(css)],
+        )
+        .await
+        .expect("read the DOM");
+    serde_json::from_value(found).expect("texts")
+}
+
+/// Controls (but the line feeds of a `<pre>`) and bidi characters a page must not render raw.
+fn raw_hidden(text: &str) -> bool {
+    text.chars().any(|c| {
+        (c.is_control() && c != '\n')
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+#[tokio::test]
+async fn stored_names_show_escaped_in_the_console_and_inject_nothing() {
+    let db = TestDb::new("ui_hostile_names").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let names = [
+        "esc\u{1b}[31mred".to_string(),
+        "rtl\u{202e}txt.exe".to_string(),
+        "nul\0name".to_string(),
+        "trailing  ".to_string(),
+        "<img src=x onerror=window.__pwned=1>".to_string(),
+        format!("long{}", "L".repeat(100_000)),
+    ];
+    let mut queues = Vec::new();
+    for name in &names {
+        queues.push(db.insert_queue(name, "ech\u{1b}[2Jo", 1).await);
+    }
+    db.insert_node("node\u{202e}x", Duration::from_secs(1))
+        .await;
+    let task = db
+        .insert_tasks(
+            queues[1],
+            vec![doc! {"p": "<b>bold</b>\u{202e}\u{1b}[2J", "q": &names[4]}.into()],
+        )
+        .await[0];
+    db.set_task(task, doc! {"node": "node\u{202e}x", "status": 1})
+        .await;
+    let dci = Dci::start(&config);
+    let b = Browser::start(1280, 800).await;
+
+    b.open(&format!("{}/#/queues", dci.url), "queues").await;
+    let links = dom_texts(&b, ".queue-link").await;
+    assert_eq!(links.len(), names.len(), "{links:?}");
+    assert!(!links.iter().any(|l| raw_hidden(l)), "{links:?}");
+    for shown in [
+        "esc\\u{1b}[31mred",
+        "rtl\\u{202e}txt.exe",
+        "nul\\u{0}name",
+        "trailing\\u{20}\\u{20}",
+        "<img src=x onerror=window.__pwned=1>",
+    ] {
+        assert!(links.iter().any(|l| l == shown), "{shown:?} in {links:?}");
+    }
+    assert!(
+        links.iter().any(|l| l.ends_with("…[+99748 chars]")),
+        "the long name is cut: {:?}",
+        links.iter().map(|l| l.len()).collect::<Vec<_>>()
+    );
+    let plugins = dom_texts(&b, "select.plugin option").await;
+    assert!(plugins.iter().any(|p| p == "ech\\u{1b}[2Jo"), "{plugins:?}");
+    assert!(!plugins.iter().any(|p| raw_hidden(p)), "{plugins:?}");
+    let injected = b
+        .client
+        .execute(
+            "return [document.querySelectorAll('img').length, !!window.__pwned]",
+            vec![],
+        )
+        .await
+        .expect("read the DOM");
+    assert_eq!(injected, json!([0, false]));
+    b.screenshot("hostile-queues").await;
+
+    b.open(&format!("{}/#/nodes", dci.url), "nodes").await;
+    let nodes = dom_texts(&b, "#nodes-table td.name").await;
+    assert_eq!(nodes, ["node\\u{202e}x"]);
+
+    b.open(&format!("{}/#/tasks", dci.url), "tasks").await;
+    let options = dom_texts(&b, "#search-queue option").await;
+    assert!(!options.iter().any(|o| raw_hidden(o)), "{options:?}");
+    assert!(
+        options.iter().any(|o| o == "rtl\\u{202e}txt.exe"),
+        "{options:?}"
+    );
+
+    b.open(&format!("{}/#/task/{}", dci.url, task.to_hex()), "task")
+        .await;
+    let queue = dom_texts(&b, "#task-queue").await.join("");
+    let node = dom_texts(&b, "#task-node").await.join("");
+    let params = dom_texts(&b, "#task-params").await.join("");
+    assert_eq!(queue, "rtl\\u{202e}txt.exe");
+    assert_eq!(node, "node\\u{202e}x");
+    assert!(!raw_hidden(&params), "{params:?}");
+    assert!(
+        params.contains("<b>bold</b>\\u202e\\u001b[2J"),
+        "params are text, bidi escaped: {params}"
+    );
+
+    // Nothing the names carried became markup or ran.
+    let injected = b
+        .client
+        .execute(
+            "return [document.querySelectorAll('img, b').length, !!window.__pwned]",
+            vec![],
+        )
+        .await
+        .expect("read the DOM");
+    assert_eq!(injected, json!([0, false]));
+    b.close().await;
+    db.drop().await;
+}

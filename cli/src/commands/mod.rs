@@ -10,8 +10,10 @@ pub mod users;
 pub use queues::update_body;
 pub use tasks::{task_params, tasks_body};
 
+use std::borrow::Cow;
 use std::io::Write;
 
+use disbatch_core::printable;
 use serde_json::Value;
 
 use crate::args::{Command, SpecAction};
@@ -35,13 +37,22 @@ impl Ctx {
     }
 }
 
-/// Writes a body as received, ending it with a newline if it has none.
+/// Writes a JSON body as received, ending it with a newline if it has none. Control, bidi and
+/// invisible characters in its strings become `\uXXXX` escapes: the same JSON value, but a
+/// stored name cannot drive the terminal (ESC) or show itself reversed (U+202E).
 fn write_raw(out: &mut dyn Write, raw: &[u8]) -> std::io::Result<()> {
-    out.write_all(raw)?;
-    if !raw.ends_with(b"\n") {
+    let text = String::from_utf8_lossy(raw);
+    let text = printable::json_text(&text);
+    out.write_all(text.as_bytes())?;
+    if !text.ends_with('\n') {
         out.write_all(b"\n")?;
     }
     Ok(())
+}
+
+/// A name or other stored text for a line of human output: escaped and cut (see `printable`).
+fn shown(text: &str) -> Cow<'_, str> {
+    printable::shown(text)
 }
 
 /// A JSON value as a table cell or list line: strings bare, null blank, the rest as JSON.

@@ -5,7 +5,7 @@ use std::io::Write;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use super::{array, cell, Ctx};
+use super::{array, cell, shown, Ctx};
 use crate::envelope::count;
 use crate::table::{Align, Table};
 use crate::timefmt::{format_ago, format_utc_ms, now_ms};
@@ -68,13 +68,14 @@ pub async fn set_maxthreads(
     if ctx.raw(&reply, out)? {
         return Ok(());
     }
-    let shown = maxthreads.map_or_else(|| "null (no limit)".to_string(), |n| n.to_string());
+    let limit = maxthreads.map_or_else(|| "null (no limit)".to_string(), |n| n.to_string());
+    let node = shown(node);
     if count(&reply.value, "MongoDB::UpdateResult", "modified_count")? > 0 {
-        writeln!(out, "Set maxthreads of node {node} to {shown}")?;
+        writeln!(out, "Set maxthreads of node {node} to {limit}")?;
     } else {
         writeln!(
             out,
-            "No change to node {node}: maxthreads is already {shown}"
+            "No change to node {node}: maxthreads is already {limit}"
         )?;
     }
     Ok(())

@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail};
 use reqwest::Method;
 use serde_json::{json, Map, Value};
 
-use super::{array, cell, pairs, Ctx};
+use super::{array, cell, pairs, shown, Ctx};
 use crate::args::Sort;
 use crate::envelope::{count, oid};
 use crate::table::{Align, Table};
@@ -17,7 +17,7 @@ pub async fn plugins(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
         return Ok(());
     }
     for name in array(&reply, "plugin names")? {
-        writeln!(out, "{}", cell(Some(name)))?;
+        writeln!(out, "{}", shown(&cell(Some(name))))?;
     }
     Ok(())
 }
@@ -89,7 +89,7 @@ pub async fn create(
             reply.value
         )
     })?;
-    writeln!(out, "Created queue {name}: {id}")?;
+    writeln!(out, "Created queue {}: {id}", shown(name))?;
     Ok(())
 }
 
@@ -130,6 +130,7 @@ pub async fn update(
         return Ok(());
     }
     // Disbatch's wording, with the fields sent, so a log shows what was asked for.
+    let (queue, body) = (shown(queue), json_line(&body));
     if count(&reply.value, "MongoDB::UpdateResult", "modified_count")? > 0 {
         writeln!(out, "Updated queue {queue}: {body}")?;
     } else {
@@ -149,8 +150,13 @@ pub async fn delete(ctx: &Ctx, queue: &str, out: &mut dyn Write) -> anyhow::Resu
     if count(&reply.value, "MongoDB::DeleteResult", "deleted_count")? == 0 {
         bail!("queue {queue} was not deleted: {}", reply.value);
     }
-    writeln!(out, "Deleted queue {queue}")?;
+    writeln!(out, "Deleted queue {}", shown(queue))?;
     Ok(())
+}
+
+/// A JSON value on one line with hidden characters as `\uXXXX` escapes.
+fn json_line(value: &Value) -> String {
+    disbatch_core::printable::json_text(&value.to_string()).into_owned()
 }
 
 /// `summary`: GET /summary as a table, one row per queue.

@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail, Context};
 use reqwest::Method;
 use serde_json::{json, Map, Value};
 
-use super::Ctx;
+use super::{shown, Ctx};
 
 /// Reads specs from a file's text: JSON, or YAML with one or more documents; each document
 /// is a spec with a `name`, a list of such specs, or a `flows:` map of name → spec.
@@ -97,10 +97,10 @@ pub async fn load(
         updated.len()
     )?;
     for n in created {
-        writeln!(out, "created {n}")?;
+        writeln!(out, "created {}", shown(&n))?;
     }
     for n in updated {
-        writeln!(out, "updated {n}")?;
+        writeln!(out, "updated {}", shown(&n))?;
     }
     Ok(())
 }

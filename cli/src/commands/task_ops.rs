@@ -6,7 +6,7 @@ use anyhow::bail;
 use reqwest::Method;
 use serde_json::json;
 
-use super::Ctx;
+use super::{shown, Ctx};
 use crate::envelope::count;
 
 const UPDATE: &str = "MongoDB::UpdateResult";
@@ -20,9 +20,9 @@ pub async fn cancel(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Re
         return Ok(());
     }
     if count(&reply.value, UPDATE, "modified_count")? > 0 {
-        writeln!(out, "Cancelled task {task_id}")?;
+        writeln!(out, "Cancelled task {}", shown(task_id))?;
     } else {
-        writeln!(out, "No change to task {task_id}")?;
+        writeln!(out, "No change to task {}", shown(task_id))?;
     }
     Ok(())
 }
@@ -36,9 +36,9 @@ pub async fn retry(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Res
         return Ok(());
     }
     if count(&reply.value, UPDATE, "modified_count")? > 0 {
-        writeln!(out, "Requeued task {task_id}")?;
+        writeln!(out, "Requeued task {}", shown(task_id))?;
     } else {
-        writeln!(out, "No change to task {task_id}")?;
+        writeln!(out, "No change to task {}", shown(task_id))?;
     }
     Ok(())
 }
@@ -60,7 +60,7 @@ pub async fn retry_queue(
         return Ok(());
     }
     let n = count(&reply.value, UPDATE, "modified_count")?;
-    writeln!(out, "Requeued {n} tasks in queue {queue}")?;
+    writeln!(out, "Requeued {n} tasks in queue {}", shown(queue))?;
     Ok(())
 }
 
@@ -75,12 +75,14 @@ pub async fn delete(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Re
     if count(&reply.value, "MongoDB::DeleteResult", "deleted_count")? == 0 {
         bail!("task {task_id} was not deleted: {}", reply.value);
     }
-    writeln!(out, "Deleted task {task_id}")?;
+    writeln!(out, "Deleted task {}", shown(task_id))?;
     Ok(())
 }
 
-/// Streams the task's stdout or stderr. The body is text, not JSON, so `--json` prints the
-/// same bytes: they are the server's response.
+/// Streams the task's stdout or stderr **raw**, byte for byte, control characters included:
+/// it is the task's own output (colours, progress bars, binary), meant to be piped or saved
+/// as the plugin wrote it; `| cat -v` shows what is in it. The body is text, not JSON, so
+/// `--json` prints the same bytes.
 pub async fn output(
     ctx: &Ctx,
     task_id: &str,

@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, Context};
 use reqwest::Method;
 use serde_json::{json, Map, Value};
 
-use super::{pairs, write_raw, Ctx};
+use super::{pairs, shown, write_raw, Ctx};
 use crate::chunked;
 use crate::client::Reply;
 use crate::envelope::inserted_ids;
@@ -154,7 +154,7 @@ fn report_created(
         return Ok(());
     }
     let ids = inserted_ids(&reply.value)?;
-    writeln!(out, "Created {} tasks in queue {queue}", ids.len())?;
+    writeln!(out, "Created {} tasks in queue {}", ids.len(), shown(queue))?;
     for id in ids {
         writeln!(out, "{id}")?;
     }
@@ -186,7 +186,7 @@ pub async fn create_from_file(
     let json_out = if ctx.json { Some(&mut *out) } else { None };
     let created = chunked::upload(&ctx.client, queue, &entries, chunk_size, &bar, json_out).await?;
     if !ctx.json {
-        writeln!(out, "Created {created} tasks in queue {queue}")?;
+        writeln!(out, "Created {created} tasks in queue {}", shown(queue))?;
     }
     Ok(())
 }

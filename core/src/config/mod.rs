@@ -1,9 +1,11 @@
 //! The node config file: Disbatch 4's JSON keys plus ours, parsed leniently and validated strictly.
 
 mod attributes;
+mod commas;
 mod plugin_user;
 mod raw;
 pub(crate) use raw::resolve as resolve_path;
+mod secrets;
 #[cfg(test)]
 mod tests;
 
@@ -54,8 +56,8 @@ pub struct BalanceSettings {
     pub pretend: bool,
 }
 
-/// A validated node config.
-#[derive(Debug, Clone)]
+/// A validated node config. Its `Debug` (in `secrets`) leaves out passwords.
+#[derive(Clone)]
 pub struct Config {
     /// The file it came from; relative paths in it are resolved against its directory.
     pub path: PathBuf,
@@ -216,6 +218,7 @@ impl Config {
             message,
         };
         let value = raw::parse_relaxed_json(text).map_err(fail)?;
+        secrets::remember(&value);
         let mut warnings = Vec::new();
         let raw = raw::RawConfig::from_value(value, &mut warnings).map_err(fail)?;
         let base = path.parent().unwrap_or(Path::new("."));

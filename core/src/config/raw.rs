@@ -15,7 +15,8 @@ use super::{
 use crate::output::GfsMode;
 use crate::plugin::PluginTable;
 
-/// Disbatch accepts comments and trailing commas in its JSON config; so do we.
+/// Disbatch accepts comments and trailing commas in its JSON config; so do we. Missing commas
+/// between members, which the parser lets through, are refused.
 pub(super) fn parse_relaxed_json(text: &str) -> Result<Value, String> {
     // The parser recurses; a hostile file nested thousands deep would overflow the stack.
     if let Some(depth) = nesting_beyond(text, MAX_NESTING) {
@@ -28,7 +29,13 @@ pub(super) fn parse_relaxed_json(text: &str) -> Result<Value, String> {
         allow_trailing_commas: true,
         allow_loose_object_property_names: false,
     };
-    match jsonc_parser::parse_to_serde_value(text, &options) {
+    let parsed = jsonc_parser::parse_to_serde_value(text, &options);
+    if matches!(parsed, Ok(Some(_))) {
+        if let Some(missing) = super::commas::missing_comma(text) {
+            return Err(format!("not valid JSON: {missing}"));
+        }
+    }
+    match parsed {
         Ok(Some(value @ Value::Object(_))) => Ok(value),
         Ok(Some(_)) => Err("the top level must be a JSON object".into()),
         Ok(None) => Err("the file is empty".into()),
@@ -207,8 +214,9 @@ impl RawConfig {
     ) -> Result<Config, String> {
         let mongohost = required_string("mongohost", self.mongohost)?;
         if !(mongohost.starts_with("mongodb://") || mongohost.starts_with("mongodb+srv://")) {
+            let shown = format!("{:?}", crate::redact::redact_uri(&mongohost));
             return Err(format!(
-                "key `mongohost`: {mongohost:?} is not a MongoDB URI (it must start with mongodb:// or mongodb+srv://)"
+                "key `mongohost`: {shown} is not a MongoDB URI (it must start with mongodb:// or mongodb+srv://)"
             ));
         }
         let database = required_string("database", self.database)?;

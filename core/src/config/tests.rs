@@ -391,3 +391,60 @@ fn change_streams_are_on_unless_turned_off() {
     let e = error_of(&format!(r#"{{{base}, "change_streams": "no"}}"#));
     assert!(e.contains("change_streams"), "{e}");
 }
+
+#[test]
+fn a_missing_comma_between_members_is_refused_with_line_and_column() {
+    let e = error_of("{\"mongohost\": \"mongodb://h\"\n \"database\": \"d\"}");
+    assert!(
+        e.contains("/etc/disbatch/config.json")
+            && e.contains("not valid JSON")
+            && e.contains("comma")
+            && e.contains("line 2 column 2"),
+        "{e}"
+    );
+    let e = error_of(r#"{"mongohost": "mongodb://h", "database": "d", "plugins": ["a" "b"]}"#);
+    assert!(e.contains("comma") && e.contains("line 1 column 63"), "{e}");
+    // Comments and trailing commas stay allowed around the check.
+    let ok = "{\"mongohost\": \"mongodb://h\", // c\n \"database\": \"d\", /* x */ \"plugins\": [\"a\",],}";
+    assert!(parse(ok).is_ok());
+}
+
+#[test]
+fn debug_output_hides_the_mongohost_and_auth_passwords() {
+    let text = r#"{"mongohost": "mongodb://user:Uri-Pass%40word@db:27017/?tls=true",
+                   "database": "d", "auth": {"disbatchd": "Auth-Pass-1"}}"#;
+    let c = parse(text).expect("ok").config;
+    let shown = format!("{c:?}");
+    for secret in ["Uri-Pass", "word@db", "Auth-Pass-1"] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+    assert!(
+        shown.contains("mongodb://user:***@db:27017/?tls=true") && shown.contains("disbatchd"),
+        "{shown}"
+    );
+    let loaded = format!("{:?}", parse(text).expect("ok"));
+    assert!(!loaded.contains("Auth-Pass-1"), "{loaded}");
+}
+
+#[test]
+fn a_mongohost_with_a_password_and_a_bad_scheme_is_refused_without_it() {
+    let e = error_of(r#"{"mongohost": "mongodbx://user:Scheme-Secret@host/", "database": "d"}"#);
+    assert!(
+        e.contains("`mongohost`") && e.contains("mongodbx://user:***@host/"),
+        "{e}"
+    );
+    assert!(!e.contains("Scheme-Secret"), "{e}");
+}
+
+#[test]
+fn passwords_of_a_parsed_config_are_masked_in_any_later_text() {
+    parse(
+        r#"{"mongohost": "mongodb://u:Remembered-Uri-Pw@h/", "database": "d",
+            "auth": {"task_runner": "Remembered-Auth-Pw"}}"#,
+    )
+    .expect("ok");
+    assert_eq!(
+        crate::redact::redact("pw Remembered-Uri-Pw, Remembered-Auth-Pw"),
+        "pw ***, ***"
+    );
+}

@@ -180,7 +180,7 @@ impl Store {
 pub(crate) async fn client_options(config: &Config, user: &str) -> Result<ClientOptions> {
     let mut options = ClientOptions::parse(&config.mongohost)
         .await
-        .map_err(|e| Error::mongo("parsing `mongohost`", e))?;
+        .map_err(|e| mongohost_error(config, e))?;
     options.app_name = Some(format!("disbatch-rs/{user}"));
     if options.server_selection_timeout.is_none() {
         // Fail an operation within a pass or two rather than the driver's 30 s default,
@@ -196,6 +196,23 @@ pub(crate) async fn client_options(config: &Config, user: &str) -> Result<Client
         options.tls = Some(Tls::Enabled(tls));
     }
     Ok(options)
+}
+
+/// A URI the driver cannot read is a config error, not an outage to retry: it names the file
+/// and the key, with the driver's text redacted (it may quote the URI). A failed DNS lookup
+/// of a `mongodb+srv://` URI stays a database error, which callers retry.
+fn mongohost_error(config: &Config, e: mongodb::error::Error) -> Error {
+    use mongodb::error::ErrorKind;
+    match e.kind.as_ref() {
+        ErrorKind::InvalidArgument { .. } => Error::Config {
+            path: config.path.clone(),
+            message: format!(
+                "key `mongohost`: {}",
+                crate::redact::redact(&e.kind.to_string())
+            ),
+        },
+        _ => Error::mongo("parsing `mongohost`", e),
+    }
 }
 
 /// What a write matched and changed, for the API's result envelopes.

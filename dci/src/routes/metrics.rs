@@ -1,10 +1,13 @@
 //! `GET /metrics`: tasks per queue and status, queue threads and node liveness for Prometheus.
+//! Queue names are stored unchecked: each label is the name's `metric_label` (control and bidi
+//! characters escaped, absurd lengths cut), so no scrape carries NUL or ESC.
 
 use std::time::{Duration, Instant};
 
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use disbatch_core::printable::metric_label;
 use disbatch_core::store::{FleetMetrics, StatusGroup};
 use prometheus::{Encoder, Gauge, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
@@ -100,14 +103,15 @@ fn register_fleet(registry: &Registry, fleet: &FleetMetrics) -> prometheus::Resu
         &["queue"],
     )?;
     for q in &fleet.queues {
+        let name = metric_label(&q.name);
         for group in StatusGroup::ALL {
             tasks
-                .get_metric_with_label_values(&[q.name.as_str(), group.as_str()])?
+                .get_metric_with_label_values(&[&name, group.as_str()])?
                 .set(saturating(q.tasks(group)));
         }
         if let Some(t) = q.threads {
             threads
-                .get_metric_with_label_values(&[q.name.as_str()])?
+                .get_metric_with_label_values(&[&name])?
                 .set(i64::from(t));
         }
     }

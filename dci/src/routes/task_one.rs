@@ -27,10 +27,18 @@ pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> A
     };
     let value = render::document(&task, Dates::Text);
     if html {
-        let pretty = serde_json::to_string_pretty(&value).unwrap_or_default();
-        return Ok(Html(page(&format!("<pre>{}</pre>", escape(&pretty)))).into_response());
+        return Ok(Html(task_page(&value)).into_response());
     }
     Ok(json_response(&value, true))
+}
+
+/// Disbatch's HTML view of a task: its JSON, pretty, in a `<pre>`. Stored text (params, queue
+/// names in params, output) gets bidi and invisible characters as `\uXXXX` (the same JSON;
+/// controls are already escaped by JSON), then HTML escaping.
+fn task_page(task: &serde_json::Value) -> String {
+    let pretty = serde_json::to_string_pretty(task).unwrap_or_default();
+    let shown = disbatch_core::printable::json_text(&pretty);
+    page(&format!("<pre>{}</pre>", escape(&shown)))
 }
 
 fn page(body: &str) -> String {
@@ -44,6 +52,8 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
 }
 
 pub async fn stdout(
@@ -218,4 +228,35 @@ pub async fn retry(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response>
 pub async fn delete(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
     let outcome = state.store.delete_task(object_id("task", &id)?).await?;
     control_result(&id, "deleted", outcome, true)
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    #[test]
+    fn stored_text_is_escaped_in_the_html_page() {
+        let task = serde_json::json!({
+            "params": {"name": "<script>alert(1)</script>\u{1b}[31m\u{202e}\0\"'&"},
+            "stdout": "</pre><img src=x onerror=alert(1)>",
+        });
+        let html = task_page(&task);
+        let body = html.split("<pre>").nth(1).unwrap_or_default();
+        let body = body.split("</pre>").next().unwrap_or_default();
+        for raw in ["<script", "<img", "\u{1b}", "\u{202e}", "\0", "\"", "'"] {
+            assert!(!body.contains(raw), "{raw:?} raw in {html}");
+        }
+        for shown in [
+            "&lt;script&gt;",
+            "&lt;/pre&gt;&lt;img",
+            "\\u001b[31m",
+            "\\u202e",
+            "\\u0000",
+            "&quot;",
+            "&amp;",
+        ] {
+            assert!(body.contains(shown), "{shown:?} not in {html}");
+        }
+        assert_eq!(html.matches("<pre>").count(), 1, "{html}");
+    }
 }

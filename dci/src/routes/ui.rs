@@ -47,6 +47,29 @@ pub async fn asset(Path(file): Path<String>) -> ApiResult<Response> {
 mod tests {
     use super::*;
 
+    /// Server data (stored names, params, output) reaches the DOM as text only: the scripts
+    /// use no sink that parses HTML or runs text as code.
+    #[test]
+    fn the_console_scripts_never_parse_html_or_eval() {
+        const SINKS: &[&str] = &[
+            "innerHTML",
+            "outerHTML",
+            "insertAdjacentHTML",
+            "document.write",
+            "createContextualFragment",
+            "DOMParser",
+            "srcdoc",
+            "eval(",
+            "new Function",
+            "javascript:",
+        ];
+        for (name, _, body) in ASSETS.iter().filter(|(n, _, _)| n.ends_with(".js")) {
+            for sink in SINKS {
+                assert!(!body.contains(sink), "{name} uses {sink}");
+            }
+        }
+    }
+
     /// A file added to dci/ui/ but not to ASSETS would 404 and break the console silently.
     #[test]
     fn every_console_file_is_served() {

@@ -62,7 +62,9 @@ fn main() -> ExitCode {
     let report = match runtime.block_on(run_until_signal(&opts, command)) {
         Some(Ok(r)) => r,
         Some(Err(e)) => {
-            eprintln!("disbatch-bench: {e:#}");
+            let text = format!("{e:#}");
+            // Its --uri may carry a password, and driver errors may quote it.
+            eprintln!("disbatch-bench: {}", disbatch_core::redact::redact(&text));
             return ExitCode::FAILURE;
         }
         None => {

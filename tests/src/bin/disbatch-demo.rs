@@ -11,7 +11,12 @@ use disbatch_core::store::Store;
 const DEMO_COMMANDS: &[&str] = &["a", "ab", "abc", "aa", "*", "a1", "b", "a", "ea", "a"];
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    // Config errors are printed redacted, as the real binaries print them.
+    disbatch_core::logging::exit_status(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     let config_path = std::env::args()
         .nth(1)
         .context("usage: disbatch-demo CONFIG")?;

@@ -1,0 +1,88 @@
+//! A config's secrets kept out of output: handed to the redactor as soon as the file is read,
+//! and left out of `Config`'s `Debug`.
+
+use serde_json::Value;
+
+use super::Config;
+use crate::redact::{redact_uri, remember_secret, uri_passwords};
+
+/// Tells the redactor the `mongohost` password (as written and decoded), the `auth` passwords
+/// and the web tokens, before validation, so even an error about this file cannot show them.
+pub(super) fn remember(value: &Value) {
+    if let Some(Value::String(uri)) = value.get("mongohost") {
+        for password in uri_passwords(uri) {
+            remember_secret(&password);
+        }
+    }
+    if let Some(Value::Object(auth)) = value.get("auth") {
+        for password in auth.values().filter_map(Value::as_str) {
+            remember_secret(password);
+        }
+    }
+    let tokens = value
+        .get("web")
+        .and_then(|w| w.get("tokens"))
+        .and_then(Value::as_array);
+    for token in tokens.into_iter().flatten() {
+        if let Some(Value::String(secret)) = token.get("token") {
+            remember_secret(secret);
+        }
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Every field named, none skipped with `..`: a new field must be placed here on purpose.
+        let Config {
+            path,
+            mongohost,
+            database,
+            tls,
+            auth,
+            plugins,
+            plugin_env,
+            plugin_user,
+            task_runner,
+            gfs,
+            activequeues,
+            ignorequeues,
+            monitoring,
+            balance,
+            web_root,
+            node,
+            loop_interval,
+            quiet,
+            web,
+            runtimes,
+            web_extensions,
+            metrics_listen,
+            change_streams,
+        } = self;
+        let users: Vec<(&str, &str)> = auth.keys().map(|u| (u.as_str(), "<redacted>")).collect();
+        f.debug_struct("Config")
+            .field("path", path)
+            .field("mongohost", &redact_uri(mongohost))
+            .field("database", database)
+            .field("tls", tls)
+            .field("auth", &users)
+            .field("plugins", plugins)
+            .field("plugin_env", plugin_env)
+            .field("plugin_user", plugin_user)
+            .field("task_runner", task_runner)
+            .field("gfs", gfs)
+            .field("activequeues", activequeues)
+            .field("ignorequeues", ignorequeues)
+            .field("monitoring", monitoring)
+            .field("balance", balance)
+            .field("web_root", web_root)
+            .field("node", node)
+            .field("loop_interval", loop_interval)
+            .field("quiet", quiet)
+            .field("web", web)
+            .field("runtimes", runtimes)
+            .field("web_extensions", web_extensions)
+            .field("metrics_listen", metrics_listen)
+            .field("change_streams", change_streams)
+            .finish()
+    }
+}
