@@ -12,6 +12,7 @@ pub mod error;
 pub mod handoff;
 pub mod logging;
 pub mod model;
+pub mod open_files;
 pub mod output;
 pub mod plugin;
 pub mod plugin_env;
@@ -19,6 +20,8 @@ pub mod queue_balance;
 pub mod relay;
 pub mod run_policy;
 pub mod scheduler;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod store;
 pub mod utf8;
 pub mod work_spec;
