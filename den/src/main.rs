@@ -49,7 +49,7 @@ async fn serve() -> anyhow::Result<()> {
     }
     let config = loaded.config;
     let name = config.node_name(args.node.as_deref())?;
-    match disbatch_den::host::raise_open_file_limit() {
+    match disbatch_core::open_files::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
     }
@@ -83,11 +83,7 @@ async fn serve() -> anyhow::Result<()> {
             let _ = stop_seen.wait_for(|stop| *stop).await;
         };
         let served = metrics.clone();
-        tokio::spawn(async move {
-            if let Err(e) = serve_metrics(listener, served, stopped).await {
-                tracing::error!(error = %e, "the metrics listener stopped");
-            }
-        });
+        tokio::spawn(serve_metrics(listener, served, stopped));
     }
 
     let store = Store::connect(&config, Component::Den).await?;
