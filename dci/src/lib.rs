@@ -5,6 +5,7 @@ pub mod envelope;
 pub mod error;
 pub mod namespace;
 pub mod params;
+pub mod path;
 pub mod render;
 pub mod request;
 pub mod routes;
