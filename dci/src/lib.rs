@@ -3,7 +3,9 @@
 pub mod access;
 pub mod envelope;
 pub mod error;
+pub mod headers;
 pub mod namespace;
+pub mod origin;
 pub mod params;
 pub mod path;
 pub mod render;

@@ -76,6 +76,10 @@ impl LoggedDci {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -131,7 +135,7 @@ pub fn fill(template: &str, mut value: impl FnMut(&str) -> String) -> String {
 
 /// A plain `GET` with `Connection: close`.
 pub fn get_request(target: &str) -> Vec<u8> {
-    format!("GET {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").into_bytes()
+    format!("GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").into_bytes()
 }
 
 /// A parsed HTTP/1.1 response.
