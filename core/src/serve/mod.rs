@@ -2,9 +2,10 @@
 //! optional TLS and a bounded graceful shutdown: the DCI and the DEN's metrics listener.
 //!
 //! The rules (README "Connection limits"):
-//! - at most `max_connections` connections are open. When all are taken, a new connection
-//!   takes the slot of the one that has waited longest with no request in flight, which is
-//!   closed; when every connection has a request in flight, the new one is closed at once.
+//! - at most `max_connections` connections are open. When all are taken, the connections
+//!   that have waited longest with no request in flight are closed (a sixteenth of the slots
+//!   at once, so a flood is accepted at the kernel's pace) and the newcomer takes a slot;
+//!   when every connection has a request in flight, the newcomer is closed at once.
 //!   A flood of idle or slow connections therefore neither exhausts descriptors nor locks
 //!   out a client that sends its request promptly;
 //! - a request head must be complete within `header_timeout`, counted from the accept for

@@ -12,6 +12,10 @@ use super::activity::Activity;
 
 /// How long a new connection waits for an evicted one to close before it is refused.
 const EVICTION_WAIT: Duration = Duration::from_secs(1);
+/// Connections evicted at once, as a share of the slots: the newcomer waits for the first to
+/// close, and the next few newcomers find their slots free, so a flood is accepted at the
+/// kernel's pace and does not pile up in the listen queue.
+const EVICT_SHARE: usize = 16;
 
 pub(super) struct Slots {
     max: usize,
@@ -76,20 +80,23 @@ impl Slots {
         })
     }
 
-    /// Marks the connection waiting longest for eviction; false when none is waiting.
+    /// Marks the connections waiting longest for eviction (one per `EVICT_SHARE` slots, at
+    /// least one); false when none is waiting.
     fn evict_longest_waiting(&self) -> bool {
         let held = self.lock();
-        let victim = held
+        let mut waiting: Vec<_> = held
             .values()
             .filter_map(|a| a.waiting_since().map(|since| (since, a)))
-            .min_by_key(|(since, _)| *since);
-        match victim {
-            Some((_, activity)) => {
-                activity.evict();
-                true
-            }
-            None => false,
+            .collect();
+        let n = (self.max / EVICT_SHARE).max(1).min(waiting.len());
+        if n == 0 {
+            return false;
         }
+        waiting.select_nth_unstable_by_key(n - 1, |(since, _)| *since);
+        for (_, activity) in &waiting[..n] {
+            activity.evict();
+        }
+        true
     }
 
     /// Connections open now.
