@@ -61,6 +61,7 @@ impl LoggedDci {
             .to_string();
         let addr = url
             .trim_start_matches("http://")
+            .trim_start_matches("https://")
             .parse()
             .expect("listen address");
         LoggedDci {

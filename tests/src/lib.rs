@@ -7,6 +7,7 @@ pub mod chaos;
 mod dci;
 mod den;
 pub mod exposition;
+pub mod flood;
 pub mod hostile;
 pub mod hostile_corpus;
 pub mod hostile_requests;
