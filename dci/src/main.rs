@@ -74,7 +74,7 @@ async fn serve() -> anyhow::Result<()> {
     if let Err(e) = store.ensure_indexes().await {
         tracing::warn!(error = %e, "could not ensure indexes; serving anyway");
     }
-    let listener = tokio::net::TcpListener::bind(&listen)
+    let listener = disbatch_core::serve::bind(&listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
     let local = listener

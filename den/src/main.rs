@@ -69,7 +69,7 @@ async fn serve() -> anyhow::Result<()> {
     // Bound before anything else starts, so a taken port stops the node at once.
     let (stopping, stop_seen) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(addr)
+        let listener = disbatch_core::serve::bind(&addr.to_string())
             .await
             .with_context(|| format!("binding `metrics_listen` {addr}"))?;
         let bound = listener

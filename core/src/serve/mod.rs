@@ -45,6 +45,37 @@ pub struct Limits {
     pub shutdown_grace: Duration,
 }
 
+/// Connections the kernel queues for `accept`. std's 128 overflows under a burst of
+/// connections, and each client whose SYN is dropped then waits a second or more for its
+/// retry; the accept loop drains a longer queue in milliseconds, and queued connections hold
+/// none of this process's descriptors.
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// Binds `address` (`host:port`; a name's addresses are tried in turn, as std does) with
+/// `LISTEN_BACKLOG`.
+pub async fn bind(address: &str) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host(address).await? {
+        match bind_one(addr) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other(format!("{address} resolves to no address"))))
+}
+
+fn bind_one(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std and tokio do: a restarted server can bind while old connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Warnings about a full listener or failing accepts come at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
