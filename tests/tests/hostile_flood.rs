@@ -304,3 +304,37 @@ async fn an_https_dci_bounds_handshakes_and_allows_its_certificate_names_as_host
     println!("HTTPS: stalled handshakes closed after {lifetimes:?}");
     db.drop().await;
 }
+
+#[tokio::test]
+async fn sigterm_does_not_wait_for_idle_or_slow_connections() {
+    let db = TestDb::new("flood_sigterm").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let dci = disbatch_tests::Dci::start(&config);
+    let addr: std::net::SocketAddr = dci
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let idle = open_idle(addr, 50, PROBE).await;
+    let kept = kept_alive(addr, "/queues", 5).await;
+    let slow = flood_slowloris(addr, 5, PROBE, Duration::from_millis(100), SLACK * 10).await;
+    let stopping = Instant::now();
+    let status = tokio::task::spawn_blocking(move || dci.terminate())
+        .await
+        .expect("terminate");
+    let took = stopping.elapsed();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    // The default header and idle timeouts are 10 s and 30 s, the grace for requests 30 s:
+    // none of them is waited for when nothing is in flight.
+    assert!(
+        took < Duration::from_secs(3),
+        "SIGTERM took {took:?} to stop the DCI"
+    );
+    let slow = join_all(slow).await;
+    assert!(
+        slow.iter().all(Option::is_some),
+        "a slowloris connection outlived the DCI"
+    );
+    drop((idle, kept));
+    db.drop().await;
+}

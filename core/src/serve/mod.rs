@@ -10,7 +10,8 @@
 //!   out a client that sends its request promptly;
 //! - a request head must be complete within `header_timeout`, counted from the accept for
 //!   the first request (TLS handshake included) and from the first byte of each later one;
-//!   a request body that sends nothing for that long fails its request;
+//!   a request body that sends nothing for that long fails its request (on HTTP/2 any frame
+//!   between requests counts as the start of one);
 //! - a connection with nothing in flight and no byte of a new request for `idle_timeout` is
 //!   closed, and so is one whose client does not read its response for that long;
 //! - on shutdown the listener closes, connections with nothing in flight close at once, and
