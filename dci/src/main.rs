@@ -43,8 +43,8 @@ async fn serve() -> anyhow::Result<()> {
         tracing::warn!(config = %args.config.display(), "{warning}");
     }
     let config = loaded.config;
-    // Every connection holds a descriptor: with web.max_connections of them, the 1024 soft
-    // limit would leave too few for the database's and the rest.
+    // Every connection holds a descriptor: 512 of them (web.max_connections' default) would
+    // leave a 1024 soft limit little for the database pool, GridFS reads and the rest.
     match disbatch_core::open_files::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
