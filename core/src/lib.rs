@@ -16,6 +16,7 @@ pub mod isolation;
 pub mod logging;
 pub mod model;
 pub mod names;
+pub mod open_files;
 pub mod output;
 pub mod plugin;
 pub mod plugin_env;
@@ -26,6 +27,8 @@ pub mod redact;
 pub mod relay;
 pub mod run_policy;
 pub mod scheduler;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod store;
 pub mod utf8;
 pub mod work_spec;

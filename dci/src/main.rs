@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum_server::tls_rustls::RustlsConfig;
 use clap::Parser;
 use disbatch_core::config::{Component, Config};
+use disbatch_core::serve::{serve as serve_http, Limits};
 use disbatch_core::store::Store;
+use disbatch_dci::origin::Policy;
 use disbatch_dci::{router, tls, AppState};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -47,6 +48,12 @@ async fn serve() -> anyhow::Result<()> {
         tracing::warn!(config = %args.config.display(), "{warning}");
     }
     let config = loaded.config;
+    // Every connection holds a descriptor: 512 of them (web.max_connections' default) would
+    // leave a 1024 soft limit little for the database pool, GridFS reads and the rest.
+    match disbatch_core::open_files::raise_open_file_limit() {
+        Ok(limit) => tracing::debug!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
+    }
     let listen = args
         .listen
         .or_else(|| config.web.listen.clone())
@@ -58,13 +65,21 @@ async fn serve() -> anyhow::Result<()> {
         .as_ref()
         .map(tls::server_config)
         .transpose()?;
+    let names = match &config.web.tls {
+        Some(files) => tls::certificate_names(files)?,
+        None => Vec::new(),
+    };
+    let machine = hostname::get()
+        .ok()
+        .map(|h| h.to_string_lossy().into_owned());
+    let policy = Policy::new(&config.web, &listen, machine, &names);
     let store = Store::connect(&config, Component::Web).await?;
     // Disbatch's DCI relied on a DEN having created the unique indexes; without them
     // duplicate queue names were accepted. Create them here too, but serve regardless.
     if let Err(e) = store.ensure_indexes().await {
         tracing::warn!(error = %e, "could not ensure indexes; serving anyway");
     }
-    let listener = tokio::net::TcpListener::bind(&listen)
+    let listener = disbatch_core::serve::bind(&listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
     let local = listener
@@ -75,7 +90,13 @@ async fn serve() -> anyhow::Result<()> {
     tracing::info!(address = %local, database = %config.database, tls = tls.is_some(),
         tokens = config.web.tokens.len(), "disbatch-web listening");
     println!("listening on {scheme}://{local}");
-    let app = router(AppState::new(store, config));
+    let limits = Limits {
+        max_connections: config.web.max_connections,
+        header_timeout: config.web.header_timeout,
+        idle_timeout: config.web.idle_timeout,
+        shutdown_grace: SHUTDOWN_GRACE,
+    };
+    let app = router(AppState::new(store, config), policy);
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let stop = async move {
@@ -85,33 +106,11 @@ async fn serve() -> anyhow::Result<()> {
         }
         tracing::info!("stopping");
     };
-    match tls {
-        None => axum::serve(listener, app)
-            .with_graceful_shutdown(stop)
-            .await
-            .context("serving")?,
-        Some(tls) => {
-            let handle = axum_server::Handle::new();
-            let stopper = handle.clone();
-            tokio::spawn(async move {
-                stop.await;
-                stopper.graceful_shutdown(Some(SHUTDOWN_GRACE));
-            });
-            let listener = listener
-                .into_std()
-                .context("handing the listener to the TLS server")?;
-            axum_server::from_tcp_rustls(listener, RustlsConfig::from_config(tls))
-                .context("starting the TLS server")?
-                .handle(handle)
-                .serve(app.into_make_service())
-                .await
-                .context("serving")?
-        }
-    }
+    serve_http(listener, app, limits, tls, stop).await;
     Ok(())
 }
 
-/// How long open HTTPS requests may run on after a stop signal before they are cut.
+/// How long open requests may run on after a stop signal before they are cut.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// An open API on a reachable address lets anyone change queues and tasks; say so loudly.

@@ -31,6 +31,22 @@ pub fn server_config(tls: &WebTls) -> anyhow::Result<Arc<ServerConfig>> {
     Ok(Arc::new(config))
 }
 
+/// The DNS names of the certificate (its subject alternative names): clients reach the DCI by
+/// them, so they are allowed hosts. Read after `server_config` has accepted the files.
+pub fn certificate_names(tls: &WebTls) -> anyhow::Result<Vec<String>> {
+    let certs = certificates(&tls.cert_file)?;
+    let Some(leaf) = certs.first() else {
+        return Ok(Vec::new());
+    };
+    let cert = webpki::EndEntityCert::try_from(leaf).map_err(|e| {
+        anyhow!(
+            "web.tls.cert_file {}: the first certificate cannot be parsed: {e}",
+            tls.cert_file.display()
+        )
+    })?;
+    Ok(cert.valid_dns_names().map(str::to_string).collect())
+}
+
 fn read(key: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| anyhow!("{key} {}: cannot read it: {e}", path.display()))
 }

@@ -73,7 +73,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         }
         tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "plugins run as `plugin_user`");
     }
-    match disbatch_den::host::raise_open_file_limit() {
+    match disbatch_core::open_files::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
     }
@@ -93,7 +93,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     // Bound before anything else starts, so a taken port stops the node at once.
     let (stopping, stop_seen) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(addr)
+        let listener = disbatch_core::serve::bind(&addr.to_string())
             .await
             .with_context(|| format!("binding `metrics_listen` {addr}"))?;
         let bound = listener
@@ -107,11 +107,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
             let _ = stop_seen.wait_for(|stop| *stop).await;
         };
         let served = metrics.clone();
-        tokio::spawn(async move {
-            if let Err(e) = serve_metrics(listener, served, stopped).await {
-                tracing::error!(error = %e, "the metrics listener stopped");
-            }
-        });
+        tokio::spawn(serve_metrics(listener, served, stopped));
     }
 
     let skipped = metrics.clone();

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use disbatch_core::printable::metric_label;
+use disbatch_core::serve::{serve, Limits};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -262,19 +263,27 @@ impl DenMetrics {
     }
 }
 
+/// The metrics listener's limits: a scraper needs one connection, so a few slots and short
+/// timeouts are plenty, and however many connections arrive the node keeps its descriptors
+/// for its task runners.
+pub const METRICS_LIMITS: Limits = Limits {
+    max_connections: 32,
+    header_timeout: Duration::from_secs(5),
+    idle_timeout: Duration::from_secs(15),
+    shutdown_grace: Duration::from_secs(2),
+};
+
 /// Serves `GET /metrics` on `listener` until `shutdown` resolves; anything else is 404.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     metrics: DenMetrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) {
     let app = Router::new()
         .route("/metrics", get(scrape))
         .fallback(not_found)
         .with_state(metrics);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve(listener, app, METRICS_LIMITS, None, shutdown).await;
 }
 
 async fn scrape(State(metrics): State<DenMetrics>) -> Response {
@@ -509,7 +518,6 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), server)
             .await
             .expect("the listener stops on shutdown")
-            .expect("join")
-            .expect("serve");
+            .expect("join");
     }
 }

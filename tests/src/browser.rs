@@ -5,7 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::bin_path;
 
@@ -95,6 +95,40 @@ impl Browser {
     /// Lays pages out as a phone of `width`×`height` would (a window cannot be narrower
     /// than 500 px), through Chrome's device emulation.
     pub async fn emulate_phone(&self, width: u32, height: u32) {
+        self.cdp(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": width, "height": height, "deviceScaleFactor": 1, "mobile": true}),
+        )
+        .await;
+    }
+
+    /// From the next page on, notes every Content-Security-Policy violation (from the very
+    /// start of each page: the listener is installed before the page's own scripts run).
+    pub async fn record_csp_violations(&self) {
+        let source = "window.__cspViolations = []; document.addEventListener(\
+            'securitypolicyviolation', (e) => window.__cspViolations.push(\
+            `${e.violatedDirective} blocked ${e.blockedURI} in ${e.sourceFile}:${e.lineNumber}`));";
+        self.cdp(
+            "Page.addScriptToEvaluateOnNewDocument",
+            json!({"source": source}),
+        )
+        .await;
+    }
+
+    /// The violations noted on the current page since `record_csp_violations`.
+    pub async fn csp_violations(&self) -> Vec<String> {
+        let v = self
+            .client
+            .execute("return window.__cspViolations || null", vec![])
+            .await
+            .expect("read CSP violations");
+        serde_json::from_value::<Option<Vec<String>>>(v)
+            .expect("violation list")
+            .expect("record_csp_violations was called before the page loaded")
+    }
+
+    /// One Chrome DevTools command through chromedriver.
+    async fn cdp(&self, cmd: &str, params: Value) {
         let session = self
             .client
             .session_id()
@@ -106,20 +140,15 @@ impl Browser {
             "http://127.0.0.1:{}/session/{session}/goog/cdp/execute",
             self.port
         );
-        let cmd = json!({"cmd": "Emulation.setDeviceMetricsOverride", "params":
-            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": true}});
         let r = reqwest::Client::new()
             .post(url)
-            .json(&cmd)
+            .json(&json!({"cmd": cmd, "params": params}))
             .send()
             .await
             .expect("CDP command");
         let status = r.status();
         let body = r.text().await.unwrap_or_default();
-        assert!(
-            status.is_success(),
-            "device emulation refused: {status} {body}"
-        );
+        assert!(status.is_success(), "{cmd} refused: {status} {body}");
     }
 
     /// Opens `url` and waits until the console has rendered `page`.

@@ -61,6 +61,7 @@ impl LoggedDci {
             .to_string();
         let addr = url
             .trim_start_matches("http://")
+            .trim_start_matches("https://")
             .parse()
             .expect("listen address");
         LoggedDci {
@@ -76,13 +77,13 @@ impl LoggedDci {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
     }
 }
 
@@ -135,7 +136,7 @@ pub fn fill(template: &str, mut value: impl FnMut(&str) -> String) -> String {
 
 /// A plain `GET` with `Connection: close`.
 pub fn get_request(target: &str) -> Vec<u8> {
-    format!("GET {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").into_bytes()
+    format!("GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").into_bytes()
 }
 
 /// A parsed HTTP/1.1 response.

@@ -312,7 +312,7 @@ pub fn request(
     let mut r = Vec::with_capacity(body.len() + 512);
     r.extend_from_slice(method);
     r.extend_from_slice(
-        format!(" {target} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n").as_bytes(),
+        format!(" {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n").as_bytes(),
     );
     if let Some(ct) = ct {
         r.extend_from_slice(b"Content-Type: ");
@@ -332,22 +332,22 @@ pub fn framing_requests() -> Vec<(&'static str, Vec<u8>)> {
         ("HTTP/1.0", b"GET /queues HTTP/1.0\r\n\r\n".to_vec()),
         ("TLS hello", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03".to_vec()),
         ("garbage line", b"\x00\x01\x02 / HTTP/1.1\r\n\r\n".to_vec()),
-        ("two lengths", b"POST /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\n{}".to_vec()),
-        ("negative length", b"POST /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: -1\r\n\r\n{}".to_vec()),
-        ("word length", b"POST /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: abc\r\n\r\n{}".to_vec()),
-        ("chunked and length", b"POST /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n2\r\n{}\r\n0\r\n\r\n".to_vec()),
-        ("bad chunk size", b"POST /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".to_vec()),
-        ("good chunks", b"POST /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n1\r\n}\r\n0\r\n\r\n".to_vec()),
-        ("header without colon", b"GET /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\nNoColonHere\r\n\r\n".to_vec()),
-        ("space in target", b"GET /que ues HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".to_vec()),
-        ("bytes in target", b"GET /queues/\xff\xfe HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".to_vec()),
-        ("absolute target", b"GET http://evil/queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".to_vec()),
-        ("asterisk target", b"OPTIONS * HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".to_vec()),
-        ("CONNECT", b"CONNECT /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".to_vec()),
+        ("two lengths", b"POST /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\n{}".to_vec()),
+        ("negative length", b"POST /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: -1\r\n\r\n{}".to_vec()),
+        ("word length", b"POST /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: abc\r\n\r\n{}".to_vec()),
+        ("chunked and length", b"POST /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n2\r\n{}\r\n0\r\n\r\n".to_vec()),
+        ("bad chunk size", b"POST /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".to_vec()),
+        ("good chunks", b"POST /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n1\r\n}\r\n0\r\n\r\n".to_vec()),
+        ("header without colon", b"GET /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nNoColonHere\r\n\r\n".to_vec()),
+        ("space in target", b"GET /que ues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".to_vec()),
+        ("bytes in target", b"GET /queues/\xff\xfe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".to_vec()),
+        ("absolute target", b"GET http://evil/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".to_vec()),
+        ("asterisk target", b"OPTIONS * HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".to_vec()),
+        ("CONNECT", b"CONNECT /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".to_vec()),
         ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec()),
-        ("100 KB target", format!("GET /queues/{} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", "q".repeat(100_000)).into_bytes()),
-        ("1 MB of headers", format!("GET /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Big: {}\r\n\r\n", "h".repeat(1 << 20)).into_bytes()),
-        ("short body", b"POST /queues HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{}".to_vec()),
+        ("100 KB target", format!("GET /queues/{} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", "q".repeat(100_000)).into_bytes()),
+        ("1 MB of headers", format!("GET /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Big: {}\r\n\r\n", "h".repeat(1 << 20)).into_bytes()),
+        ("short body", b"POST /queues HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{}".to_vec()),
     ];
     raw
 }

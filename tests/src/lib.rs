@@ -8,6 +8,7 @@ pub mod corrupting_proxy;
 mod dci;
 mod den;
 pub mod exposition;
+pub mod flood;
 pub mod hostile;
 pub mod hostile_corpus;
 pub mod hostile_requests;

@@ -35,12 +35,53 @@ async fn select_option(b: &Browser, select: &str, text: &str) {
     panic!("no option {text:?} in {select}");
 }
 
+/// Nothing the console did was blocked by its Content-Security-Policy, its stylesheet
+/// applies, and the policy is in force: an inline script is blocked and reported.
+async fn runs_under_its_csp(b: &Browser) {
+    assert_eq!(b.csp_violations().await, Vec::<String>::new());
+    let styled = b
+        .client
+        .execute(
+            "return [...document.styleSheets].some((s) => s.cssRules.length > 0)",
+            vec![],
+        )
+        .await
+        .expect("stylesheets");
+    assert_eq!(styled, json!(true), "the console's stylesheet applies");
+    b.client
+        .execute(
+            "const s = document.createElement('script'); s.textContent = 'window.__inline = 1'; \
+             document.head.appendChild(s); return null",
+            vec![],
+        )
+        .await
+        .expect("inline script");
+    wait_for(
+        "the inline script's violation",
+        Duration::from_secs(5),
+        || async {
+            b.csp_violations()
+                .await
+                .iter()
+                .any(|v| v.starts_with("script-src"))
+        },
+    )
+    .await;
+    let ran = b
+        .client
+        .execute("return window.__inline === 1", vec![])
+        .await
+        .expect("inline result");
+    assert_eq!(ran, json!(false), "an inline script ran despite the policy");
+}
+
 #[tokio::test]
 async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console() {
     let db = TestDb::new("ui_flow").await;
     let config = write_config(&db, "node.json", json!({}));
     let dci = Dci::start(&config);
     let b = Browser::start(1280, 800).await;
+    b.record_csp_violations().await;
     b.open(&format!("{}/", dci.url), "queues").await;
 
     // Bad input is refused in the page with a visible message, and nothing is created.
@@ -205,6 +246,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
         .await;
     assert!(msg.contains("no-such-queue"), "{msg}");
     b.screenshot("balance").await;
+    runs_under_its_csp(&b).await;
 
     drop(den);
     b.close().await;
@@ -229,6 +271,7 @@ async fn large_output_is_paged_and_every_page_fits_a_phone() {
     let den = Den::start(&config, "n1");
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     let b = Browser::start(500, 844).await;
+    b.record_csp_violations().await;
     b.client.goto(&format!("{}/", dci.url)).await.expect("open");
     b.emulate_phone(390, 844).await;
     let widths = b
@@ -289,6 +332,7 @@ async fn large_output_is_paged_and_every_page_fits_a_phone() {
         b.open(&format!("{}/#/{page}", dci.url), page).await;
         b.screenshot(&format!("phone-{page}")).await;
     }
+    runs_under_its_csp(&b).await;
     drop(den);
     b.close().await;
     db.drop().await;

@@ -4,6 +4,7 @@ mod attributes;
 mod commas;
 mod plugin_user;
 mod raw;
+mod web_http;
 pub(crate) use raw::resolve as resolve_path;
 mod secrets;
 #[cfg(test)]
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 pub use attributes::TlsSettings;
 pub use plugin_user::PluginUser;
+pub use web_http::{is_ip_literal, normal_host, split_host_port, WebOrigin};
 
 use crate::error::{Error, Result};
 use crate::output::GfsMode;
@@ -113,10 +115,24 @@ pub struct WebSettings {
     pub tokens: Vec<WebToken>,
     /// HTTPS instead of HTTP when set (`web.tls`).
     pub tls: Option<WebTls>,
+    /// Connections served at once; more wait for one to go idle (`web.max_connections`).
+    pub max_connections: usize,
+    /// Time a client has to send a request's head (`web.header_timeout_ms`).
+    pub header_timeout: Duration,
+    /// Time a connection may stay open with no request (`web.idle_timeout_ms`).
+    pub idle_timeout: Duration,
+    /// Host names requests may name besides the defaults (`web.allowed_hosts`, lowercase;
+    /// `"*"`: any).
+    pub allowed_hosts: Vec<String>,
+    /// Other sites whose pages may send changes (`web.allowed_origins`).
+    pub allowed_origins: Vec<WebOrigin>,
 }
 
 impl WebSettings {
     pub const DEFAULT_MAX_BODY: u64 = 64 * 1024 * 1024;
+    pub const DEFAULT_MAX_CONNECTIONS: usize = web_http::DEFAULT_MAX_CONNECTIONS;
+    pub const DEFAULT_HEADER_TIMEOUT: Duration = web_http::DEFAULT_HEADER_TIMEOUT;
+    pub const DEFAULT_IDLE_TIMEOUT: Duration = web_http::DEFAULT_IDLE_TIMEOUT;
     /// Shorter tokens are refused: they could be guessed.
     pub const MIN_TOKEN_CHARS: usize = 16;
 }

@@ -157,6 +157,11 @@ struct RawWeb {
     /// Checked by hand, not by serde: serde's type errors quote the value, which may be a secret.
     #[serde(default)]
     tokens: Option<Value>,
+    max_connections: Option<u64>,
+    header_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    allowed_hosts: Option<Vec<String>>,
+    allowed_origins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -273,6 +278,13 @@ impl RawConfig {
         let web = self.web.unwrap_or_default();
         let tokens = web_tokens(web.tokens, base, warnings)?;
         let web_tls = web.tls.map(|t| web_tls(t, base)).transpose()?;
+        let http = super::web_http::validate(super::web_http::RawHttp {
+            max_connections: web.max_connections,
+            header_timeout_ms: web.header_timeout_ms,
+            idle_timeout_ms: web.idle_timeout_ms,
+            allowed_hosts: web.allowed_hosts,
+            allowed_origins: web.allowed_origins,
+        })?;
         let web = WebSettings {
             listen: web.listen,
             max_body_bytes: web.max_body_bytes.unwrap_or(WebSettings::DEFAULT_MAX_BODY),
@@ -281,6 +293,11 @@ impl RawConfig {
             namespaces: web.namespaces,
             tokens,
             tls: web_tls,
+            max_connections: http.max_connections,
+            header_timeout: http.header_timeout,
+            idle_timeout: http.idle_timeout,
+            allowed_hosts: http.allowed_hosts,
+            allowed_origins: http.allowed_origins,
         };
         for ns in &web.namespaces {
             validate_database_name(ns)

@@ -448,3 +448,78 @@ fn passwords_of_a_parsed_config_are_masked_in_any_later_text() {
         "pw ***, ***"
     );
 }
+
+#[test]
+fn web_connection_limits_have_defaults_and_refuse_zero_or_absurd_values() {
+    let w = parse(&web("{}")).expect("ok").config.web;
+    assert_eq!(w.max_connections, 512);
+    assert_eq!(w.header_timeout, Duration::from_secs(10));
+    assert_eq!(w.idle_timeout, Duration::from_secs(30));
+    assert!(w.allowed_hosts.is_empty() && w.allowed_origins.is_empty());
+    let w = parse(&web(
+        r#"{"max_connections": 64, "header_timeout_ms": 2000, "idle_timeout_ms": 500}"#,
+    ))
+    .expect("ok")
+    .config
+    .web;
+    assert_eq!(
+        (w.max_connections, w.header_timeout, w.idle_timeout),
+        (64, Duration::from_secs(2), Duration::from_millis(500))
+    );
+    for (json, key) in [
+        (r#"{"max_connections": 0}"#, "`web.max_connections`"),
+        (r#"{"max_connections": 1000000}"#, "`web.max_connections`"),
+        (r#"{"header_timeout_ms": 0}"#, "`web.header_timeout_ms`"),
+        (
+            r#"{"header_timeout_ms": 86400000}"#,
+            "`web.header_timeout_ms`",
+        ),
+        (r#"{"idle_timeout_ms": 0}"#, "`web.idle_timeout_ms`"),
+        (r#"{"idle_timeout_ms": 99999999}"#, "`web.idle_timeout_ms`"),
+    ] {
+        let e = error_of(&web(json));
+        assert!(e.contains(key) && e.contains("out of range"), "{json}: {e}");
+    }
+    for (json, key) in [
+        (r#"{"max_connections": -1}"#, "web.max_connections"),
+        (r#"{"header_timeout_ms": "10s"}"#, "web.header_timeout_ms"),
+        (
+            r#"{"allowed_hosts": "dci.example.com"}"#,
+            "web.allowed_hosts",
+        ),
+    ] {
+        let e = error_of(&web(json));
+        assert!(e.contains(key), "{json}: {e}");
+    }
+}
+
+#[test]
+fn allowed_hosts_and_origins_are_normalised_and_bad_entries_named() {
+    let w = parse(&web(r#"{"allowed_hosts": ["DCI.example.com.", "*"],
+            "allowed_origins": ["https://Dash.example.com/", "http://10.0.0.5:8080"]}"#))
+    .expect("ok")
+    .config
+    .web;
+    assert_eq!(w.allowed_hosts, ["dci.example.com", "*"]);
+    let origins: Vec<String> = w.allowed_origins.iter().map(|o| o.to_string()).collect();
+    assert_eq!(
+        origins,
+        ["https://dash.example.com", "http://10.0.0.5:8080"]
+    );
+    let e = error_of(&web(
+        r#"{"allowed_hosts": ["ok.example", "dci.example.com:8080"]}"#,
+    ));
+    assert!(
+        e.contains("`web.allowed_hosts[1]`") && e.contains("port"),
+        "{e}"
+    );
+    for bad in [
+        "null",
+        "*",
+        "dash.example.com",
+        "https://dash.example.com/app",
+    ] {
+        let e = error_of(&web(&format!(r#"{{"allowed_origins": ["{bad}"]}}"#)));
+        assert!(e.contains("`web.allowed_origins[0]`"), "{bad}: {e}");
+    }
+}

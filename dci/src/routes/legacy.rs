@@ -1,6 +1,5 @@
 //! Disbatch 4.0's task routes (`Disbatch::Web::Tasks`), loaded only when `web_extensions` names them.
 
-use axum::extract::Path;
 use axum::response::Response;
 use bson::{Bson, Document};
 use serde_json::{json, Map, Value};
@@ -11,6 +10,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
 use crate::params::Options;
 use crate::params::Params;
+use crate::path::Path;
 use crate::render::json_response;
 use crate::state::AppState;
 

@@ -20,13 +20,15 @@ use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
-use axum::middleware::from_fn_with_state;
+use axum::middleware::{from_fn_with_state, map_response};
 use axum::routing::{delete, get, post, MethodRouter};
 use axum::Router;
 use disbatch_core::config::Role;
 
 use crate::access::{gate, Access, Gate};
 use crate::error::ApiError;
+use crate::headers::security_headers;
+use crate::origin::{guard, Policy};
 use crate::state::AppState;
 
 /// One route: method, axum path, the role a token needs for it, a summary for the OpenAPI
@@ -316,10 +318,11 @@ pub fn table() -> Vec<Route> {
     ]
 }
 
-/// Builds the router from the table; legacy routes answer 404 unless loaded. Each route but
-/// the public ones checks the caller's token against its role before its handler runs (and
-/// before any body is read).
-pub fn router(state: AppState) -> Router {
+/// Builds the router from the table; legacy routes answer 404 unless loaded. Every request
+/// first passes the Host and Origin checks of `policy`; each route but the public ones then
+/// checks the caller's token against its role before its handler runs (and before any body
+/// is read). Every answer, refusals included, carries the security headers.
+pub fn router(state: AppState, policy: Policy) -> Router {
     let max_body = state.config.web.max_body_bytes as usize;
     let access = Arc::new(Access::new(&state.config.web.tokens));
     let mut by_path: Vec<(&'static str, MethodRouter<AppState>)> = Vec::new();
@@ -344,6 +347,8 @@ pub fn router(state: AppState) -> Router {
     app.fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(from_fn_with_state(Arc::new(policy), guard))
+        .layer(map_response(security_headers))
         .with_state(state)
 }
 

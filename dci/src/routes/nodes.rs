@@ -1,6 +1,5 @@
 //! `/nodes`: node documents with live running counts, and ops' `maxthreads`.
 
-use axum::extract::Path;
 use axum::response::Response;
 use bson::{Bson, Document};
 use serde_json::{json, Value};
@@ -9,6 +8,7 @@ use crate::envelope;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
 use crate::params::Params;
+use crate::path::Path;
 use crate::render::{self, json_response, Dates};
 use crate::state::AppState;
 

@@ -1,6 +1,5 @@
 //! `/queues`: queue documents with Disbatch's counts; create, update, delete.
 
-use axum::extract::Path;
 use axum::response::Response;
 use axum::Extension;
 use bson::oid::ObjectId;
@@ -16,6 +15,7 @@ use crate::envelope;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
 use crate::params::Params;
+use crate::path::Path;
 use crate::render::{self, json_response, Dates};
 use crate::state::AppState;
 

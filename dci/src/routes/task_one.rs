@@ -1,7 +1,7 @@
 //! One task: `GET /tasks/:id` (JSON or HTML), its output streams, cancel, retry and delete.
 
 use axum::body::Body;
-use axum::extract::{Path, RawQuery};
+use axum::extract::RawQuery;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use bson::Bson;
@@ -11,6 +11,7 @@ use futures::StreamExt;
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
+use crate::path::Path;
 use crate::render::{self, json_response, Dates};
 use crate::request::{object_id, wants_html};
 

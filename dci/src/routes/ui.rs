@@ -1,10 +1,10 @@
 //! The operator console: HTML, script and styles compiled into the binary (nothing fetched).
 
-use axum::extract::Path;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::{ApiError, ApiResult};
+use crate::path::Path;
 
 /// Every console file: name, content type, content.
 const ASSETS: &[(&str, &str, &str)] = &[

@@ -2,7 +2,6 @@
 
 use std::collections::HashSet;
 
-use axum::extract::Path;
 use axum::response::Response;
 use bson::{DateTime, Document};
 use disbatch_core::store::{OnConflict, Unit};
@@ -12,6 +11,7 @@ use super::queues::find_id;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
 use crate::params::Params;
+use crate::path::Path;
 use crate::render::json_response;
 
 pub async fn add(Ns(state): Ns, Path(ident): Path<String>, p: Params) -> ApiResult<Response> {

@@ -1,0 +1,340 @@
+//! Connection floods against the DCI and a DEN's metrics listener, bounded and on loopback:
+//! the listeners keep serving, close slow and idle connections on time, hold at most their
+//! cap of connections, and give their memory back. The figures printed are README's.
+
+use std::time::{Duration, Instant};
+
+use disbatch_tests::flood::{
+    flood_idle, flood_slowloris, held_connections, join_all, kept_alive, ms, open_fds, open_idle,
+    raise_open_file_limit, rss_kib, timed_get, watch_closes, Lifetime,
+};
+use disbatch_tests::hostile::LoggedDci;
+use disbatch_tests::{wait_for, write_config, Den, TestDb};
+use serde_json::json;
+
+const IDLE: usize = 2000;
+const SLOW: usize = 200;
+const MAX: usize = 64;
+const HEADER: Duration = Duration::from_millis(2000);
+const IDLE_TIMEOUT: Duration = Duration::from_millis(3000);
+/// Timers fire late on a loaded 2-core machine; a close later than this is a failure.
+const SLACK: Duration = Duration::from_millis(1500);
+/// A static file: the probe between flood batches does not wait on the database.
+const PROBE: &str = "/ui/app.css";
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+/// Every connection was closed, none later than `bound` after its accept; the longest.
+fn all_closed_within(what: &str, lifetimes: &[Option<Lifetime>], bound: Duration) -> Duration {
+    let open = lifetimes.iter().filter(|l| l.is_none()).count();
+    assert_eq!(open, 0, "{open} {what} connections were never closed");
+    let longest = lifetimes
+        .iter()
+        .flatten()
+        .map(|l| l.at_most)
+        .max()
+        .unwrap_or_default();
+    assert!(
+        longest <= bound,
+        "a {what} connection stayed open {longest:?} (bound {bound:?})"
+    );
+    longest
+}
+
+/// Every connection was closed by the timeout: not before it, and within the slack after.
+/// `at_least` counts from the answer to a later request, a few milliseconds after the
+/// accept: `EARLY` allows for that.
+fn all_closed_by_timeout(what: &str, lifetimes: &[Option<Lifetime>], timeout: Duration) {
+    const EARLY: Duration = Duration::from_millis(100);
+    all_closed_within(what, lifetimes, timeout + SLACK);
+    for l in lifetimes.iter().flatten() {
+        assert!(
+            l.at_least + EARLY >= timeout,
+            "a {what} connection was closed after {:?}, before its timeout {timeout:?}",
+            l.at_least
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooded_dci_keeps_serving_closes_slow_and_idle_connections_and_gives_memory_back() {
+    raise_open_file_limit();
+    let db = TestDb::new("flood_dci").await;
+    db.insert_queue("q", "echo", 0).await;
+    let web = json!({"max_connections": MAX, "header_timeout_ms": HEADER.as_millis() as u64,
+        "idle_timeout_ms": IDLE_TIMEOUT.as_millis() as u64});
+    let config = write_config(&db, "web.json", json!({"web": web}));
+    let dci = LoggedDci::start(&config, &db.path("dci.log"));
+    let (addr, pid) = (dci.addr, dci.pid());
+    for _ in 0..20 {
+        assert_eq!(timed_get(addr, "/queues").await.0, 200);
+    }
+    let (rss_before, fds_before) = (rss_kib(pid), open_fds(pid));
+
+    // The flood: idle connections, then slowloris ones sending a byte every 100 ms.
+    let t0 = Instant::now();
+    let limit = HEADER + SLACK * 2;
+    let idle = flood_idle(addr, IDLE, PROBE, limit).await;
+    let slow = flood_slowloris(addr, SLOW, PROBE, Duration::from_millis(100), limit).await;
+    let opened = idle.len() + slow.len();
+    let flood_open = t0.elapsed();
+    let (rss_during, fds_during) = (rss_kib(pid), open_fds(pid));
+    let held_during = held_connections(pid, addr.port());
+
+    // (a) While the flood is held, a new client is served at once: it takes the slot of a
+    // connection that has waited longer. (The probes between batches were too.)
+    let mut worst_served = Duration::ZERO;
+    for _ in 0..10 {
+        let (status, took) = timed_get(addr, "/queues").await;
+        assert_eq!(status, 200, "a request during the flood was not answered");
+        worst_served = worst_served.max(took);
+    }
+    assert!(
+        worst_served < Duration::from_secs(1),
+        "answers during the flood took up to {worst_served:?}"
+    );
+    assert!(
+        held_during <= MAX,
+        "the DCI held {held_during} connections, cap {MAX}"
+    );
+    assert!(
+        fds_during <= fds_before + MAX + 8,
+        "{fds_during} descriptors during the flood, {fds_before} before, cap {MAX}"
+    );
+
+    // (b) No slowloris or idle connection outlives the header timeout (most were closed for
+    // newer ones long before).
+    let slow = join_all(slow).await;
+    let idle = join_all(idle).await;
+    let slow_longest = all_closed_within("slowloris", &slow, HEADER + SLACK);
+    let idle_longest = all_closed_within("idle", &idle, HEADER + SLACK);
+    let all_closed = t0.elapsed();
+
+    // Silent connections that nothing evicts are closed by the header timeout itself.
+    let silent = join_all(flood_idle(addr, 20, PROBE, limit).await).await;
+    all_closed_by_timeout("silent", &silent, HEADER);
+
+    // (c) A kept-alive connection is closed after the idle timeout, not before.
+    let kept = kept_alive(addr, "/queues", 20).await;
+    let kept = join_all(watch_closes(kept, IDLE_TIMEOUT + SLACK * 2)).await;
+    all_closed_by_timeout("kept-alive", &kept, IDLE_TIMEOUT);
+
+    // (d) Released, the server's memory and descriptors return to where they were.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (rss_after, fds_after) = (rss_kib(pid), open_fds(pid));
+    println!(
+        "DCI flood: {opened} connections ({IDLE} idle, {SLOW} slowloris) opened in {} ms \
+         (max_connections {MAX}, header {} ms, idle {} ms); {held_during} held during it; \
+         requests during it answered in {} ms at worst; longest slowloris {} ms, idle {} ms; \
+         all closed {} ms after it began; descriptors {fds_before} → {fds_during} → \
+         {fds_after}; RSS {} → {} → {}",
+        ms(flood_open),
+        ms(HEADER),
+        ms(IDLE_TIMEOUT),
+        ms(worst_served),
+        ms(slow_longest),
+        ms(idle_longest),
+        ms(all_closed),
+        mib(rss_before),
+        mib(rss_during),
+        mib(rss_after),
+    );
+    assert!(
+        fds_after <= fds_before + 2,
+        "{fds_after} descriptors after the flood, {fds_before} before"
+    );
+    assert!(
+        rss_after <= rss_before + 8 * 1024,
+        "RSS {} after the flood, {} before",
+        mib(rss_after),
+        mib(rss_before)
+    );
+    let log = dci.log_text();
+    assert!(!log.contains("Too many open files"), "{log}");
+    db.drop().await;
+}
+
+/// The address the node printed (`metrics on http://ADDR`), once it has.
+async fn metrics_addr(den: &Den) -> std::net::SocketAddr {
+    let mut url = String::new();
+    wait_for("the metrics line", Duration::from_secs(30), || {
+        let found = den
+            .log_text()
+            .lines()
+            .find_map(|l| l.strip_prefix("metrics on http://").map(str::to_string));
+        if let Some(found) = &found {
+            url = found.clone();
+        }
+        async move { found.is_some() }
+    })
+    .await;
+    url.parse().expect("metrics address")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_den_runs_tasks_and_answers_scrapes_while_its_metrics_port_is_flooded() {
+    raise_open_file_limit();
+    let db = TestDb::new("flood_den").await;
+    let config = write_config(&db, "node.json", json!({"metrics_listen": "127.0.0.1:0"}));
+    let queue = db.insert_queue("echoes", "echo", 4).await;
+    let den = Den::start(&config, "flooded");
+    let addr = metrics_addr(&den).await;
+    let pid = den.pid().as_raw() as u32;
+    assert_eq!(timed_get(addr, "/metrics").await.0, 200);
+    let fds_before = open_fds(pid);
+
+    let t0 = Instant::now();
+    let idle = open_idle(addr, IDLE, "/metrics").await;
+    let flood_open = t0.elapsed();
+    let (fds_during, held_during) = (open_fds(pid), held_connections(pid, addr.port()));
+    // Tasks start, run and finish while the flood is held.
+    let ids = db
+        .insert_tasks(queue, (0..20).map(|i| bson::doc! {"n": i}.into()).collect())
+        .await;
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let tasks_done = t0.elapsed();
+    let (status, scrape) = timed_get(addr, "/metrics").await;
+    assert_eq!(status, 200, "a scrape during the flood was not answered");
+    assert!(scrape < Duration::from_secs(1), "a scrape took {scrape:?}");
+    let failed = db
+        .count(bson::doc! {"_id": {"$in": &ids}, "status": {"$ne": 1}})
+        .await;
+    assert_eq!(failed, 0, "tasks failed: {:?}", db.status_histogram().await);
+    assert!(
+        held_during <= 32,
+        "the metrics listener held {held_during} connections, cap 32"
+    );
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, after) = timed_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    println!(
+        "DEN metrics flood: {IDLE} idle connections opened in {} ms; {held_during} held; 20 \
+         tasks done {} ms after it began; a scrape during it answered in {} ms, after it in \
+         {} ms; descriptors {fds_before} → {fds_during}",
+        ms(flood_open),
+        ms(tasks_done),
+        ms(scrape),
+        ms(after),
+    );
+    let log = den.log_text();
+    assert!(!log.contains("Too many open files"), "{log}");
+    db.drop().await;
+}
+
+/// A private CA and a server certificate for 127.0.0.1 and `dci.test.example`: (CA, cert,
+/// key) as PEM.
+fn private_pki() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = ca.self_signed(&ca_key).expect("CA certificate");
+    let key = KeyPair::generate().expect("server key");
+    let names = vec!["127.0.0.1".to_string(), "dci.test.example".to_string()];
+    let server = CertificateParams::new(names).expect("server params");
+    let cert = server.signed_by(&key, &ca, &ca_key).expect("certificate");
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test]
+async fn an_https_dci_bounds_handshakes_and_allows_its_certificate_names_as_hosts() {
+    use tokio::io::AsyncWriteExt;
+    const HANDSHAKE: Duration = Duration::from_millis(1000);
+    let db = TestDb::new("flood_tls").await;
+    let (ca, cert, key) = private_pki();
+    std::fs::write(db.path("cert.pem"), cert).expect("cert");
+    std::fs::write(db.path("key.pem"), key).expect("key");
+    let web = json!({"header_timeout_ms": HANDSHAKE.as_millis() as u64,
+        "tls": {"cert_file": "cert.pem", "key_file": "key.pem"}});
+    let config = write_config(&db, "web.json", json!({"web": web}));
+    let dci = LoggedDci::start(&config, &db.path("dci.log"));
+    let addr = dci.addr;
+
+    // A client that never starts its handshake, and one that stops in the middle of it.
+    let mut lifetimes = Vec::new();
+    for hello in [
+        &b""[..],
+        &b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"[..],
+    ] {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let connected = Instant::now();
+        s.write_all(hello).await.expect("send");
+        let closed = disbatch_tests::flood::closed_at(s, HANDSHAKE + SLACK * 2).await;
+        let took = closed.map(|at| at - connected);
+        assert!(
+            took.is_some_and(
+                |t| t + Duration::from_millis(50) >= HANDSHAKE && t <= HANDSHAKE + SLACK
+            ),
+            "a stalled TLS handshake was closed after {took:?} (timeout {HANDSHAKE:?})"
+        );
+        lifetimes.push(took);
+    }
+
+    // The certificate's DNS name is an allowed host without being configured.
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
+        .resolve("dci.test.example", addr)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client");
+    for url in [
+        format!("https://dci.test.example:{}/queues", addr.port()),
+        format!("{}/queues", dci.url),
+    ] {
+        let r = client.get(&url).send().await.expect("request");
+        assert_eq!(r.status().as_u16(), 200, "{url}");
+        assert_eq!(
+            r.headers()
+                .get("x-frame-options")
+                .and_then(|v| v.to_str().ok()),
+            Some("DENY")
+        );
+    }
+    let r = client
+        .get(format!("{}/queues", dci.url))
+        .header("Host", "evil.example")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status().as_u16(), 403);
+    println!("HTTPS: stalled handshakes closed after {lifetimes:?}");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn sigterm_does_not_wait_for_idle_or_slow_connections() {
+    let db = TestDb::new("flood_sigterm").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let dci = disbatch_tests::Dci::start(&config);
+    let addr: std::net::SocketAddr = dci
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let idle = open_idle(addr, 50, PROBE).await;
+    let kept = kept_alive(addr, "/queues", 5).await;
+    let slow = flood_slowloris(addr, 5, PROBE, Duration::from_millis(100), SLACK * 10).await;
+    let stopping = Instant::now();
+    let status = tokio::task::spawn_blocking(move || dci.terminate())
+        .await
+        .expect("terminate");
+    let took = stopping.elapsed();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    // The default header and idle timeouts are 10 s and 30 s, the grace for requests 30 s:
+    // none of them is waited for when nothing is in flight.
+    assert!(
+        took < Duration::from_secs(3),
+        "SIGTERM took {took:?} to stop the DCI"
+    );
+    let slow = join_all(slow).await;
+    assert!(
+        slow.iter().all(Option::is_some),
+        "a slowloris connection outlived the DCI"
+    );
+    drop((idle, kept));
+    db.drop().await;
+}
