@@ -3,8 +3,8 @@
 pub mod access;
 pub mod envelope;
 pub mod error;
-pub mod json_stream;
 pub mod headers;
+pub mod json_stream;
 pub mod namespace;
 pub mod origin;
 pub mod params;
