@@ -16,17 +16,17 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
             "{what} is {chars} characters long; at most {MAX_NAME_CHARS} are allowed"
         ));
     }
-    if name.trim() != name {
-        return Err(format!(
-            "{what} {:?} starts or ends with whitespace",
-            shown(name)
-        ));
-    }
     if let Some((i, c)) = name.char_indices().find(|(_, c)| is_unsafe(*c)) {
         return Err(format!(
             "{what} {:?} contains {} at byte {i}: control and text-direction characters are not allowed",
             shown(name),
             describe(c)
+        ));
+    }
+    if name.trim() != name {
+        return Err(format!(
+            "{what} {:?} starts or ends with whitespace",
+            shown(name)
         ));
     }
     Ok(())
