@@ -9,6 +9,7 @@ use disbatch_core::claim_plan::{lane_picks, node_room, plan_claims, QueueClaims,
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::Queue;
 use disbatch_core::scheduler::{share_room, SpecState};
+use disbatch_core::store::schema::task;
 use disbatch_core::store::{
     claim_key, ClaimWindow, NodeLimit, Pick, PickOutcome, SkipReason, Store,
 };
@@ -304,7 +305,7 @@ impl Claimer {
             .tasks
             .into_iter()
             .filter(|t| {
-                t.get_object_id("_id")
+                t.get_object_id(task::ID)
                     .map_or(true, |id| !self.unrunnable.contains(&id))
             })
             .collect();
@@ -352,7 +353,7 @@ impl Claimer {
                 PickOutcome::Refused(why) => {
                     self.metrics.claim_missed(&queue.name, "refused");
                     plan.slots.push(pick.slot);
-                    if let Ok(id) = pick.task.get_object_id("_id") {
+                    if let Ok(id) = pick.task.get_object_id(task::ID) {
                         let why = format!("the server refused to claim it: {why}");
                         self.set_unrunnable(id, SkipReason::UpdateRefused, &why)
                             .await?;

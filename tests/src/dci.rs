@@ -114,6 +114,16 @@ impl Dci {
     pub async fn post(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
         self.send(reqwest::Method::POST, path, body).await
     }
+
+    /// Runs the `disbatch` CLI against this server and waits for it.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin_path("disbatch"))
+            .arg("--url")
+            .arg(&self.url)
+            .args(args)
+            .output()
+            .expect("run disbatch")
+    }
 }
 
 async fn response(r: reqwest::Result<reqwest::Response>) -> (u16, serde_json::Value) {

@@ -198,6 +198,14 @@ impl TestDb {
             .expect("node document exists")
     }
 
+    /// The work unit (a task with a `key`) of a queue, if there is one.
+    pub async fn unit(&self, queue: ObjectId, key: &str) -> Option<Document> {
+        self.tasks()
+            .find_one(doc! {"queue": queue, "key": key})
+            .await
+            .expect("find unit")
+    }
+
     pub async fn count(&self, filter: Document) -> u64 {
         self.tasks().count_documents(filter).await.expect("count")
     }

@@ -14,13 +14,6 @@ async fn set_queue(db: &TestDb, queue: bson::oid::ObjectId, set: Document) {
         .expect("queue");
 }
 
-async fn unit(db: &TestDb, queue: bson::oid::ObjectId, key: &str) -> Option<Document> {
-    db.tasks()
-        .find_one(doc! {"queue": queue, "key": key})
-        .await
-        .expect("find")
-}
-
 #[tokio::test]
 async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
     let db = TestDb::new("chain").await;
@@ -46,12 +39,12 @@ async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
     })
     .await;
 
-    let m1 = unit(&db, next, "m1").await.expect("m1");
+    let m1 = db.unit(next, "m1").await.expect("m1");
     assert_eq!(m1.get_document("params").ok(), Some(&doc! {"x": 1}));
     assert_eq!(m1.get_i32("status").ok(), Some(-2));
-    assert!(unit(&db, next, "m2").await.is_some());
-    assert!(unit(&db, next, "l1").await.is_some());
-    let l2 = unit(&db, next, "l2").await.expect("l2");
+    assert!(db.unit(next, "m2").await.is_some());
+    assert!(db.unit(next, "l1").await.is_some());
+    let l2 = db.unit(next, "l2").await.expect("l2");
     assert_eq!(l2.get_i64("priority").ok(), Some(7));
     let delay_ms = l2
         .get_datetime("not_before")
@@ -63,7 +56,7 @@ async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
         "delay 60 s gave not_before {delay_ms} ms ahead"
     );
     assert!(
-        unit(&db, next, "never").await.is_none(),
+        db.unit(next, "never").await.is_none(),
         "a failed task chains nothing"
     );
     drop(den);
@@ -102,14 +95,14 @@ async fn chaining_updates_existing_units_and_tolerates_a_missing_then_queue() {
         "the unit to be requeued",
         Duration::from_secs(10),
         || async {
-            unit(&db, next, "k")
+            db.unit(next, "k")
                 .await
                 .and_then(|u| u.get_i32("status").ok())
                 == Some(-2)
         },
     )
     .await;
-    let k = unit(&db, next, "k").await.expect("k");
+    let k = db.unit(next, "k").await.expect("k");
     assert_eq!(k.get_document("params").ok(), Some(&doc! {"new": true}));
     assert_eq!(
         db.task(b[0]).await.get_i32("status").ok(),

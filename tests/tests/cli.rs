@@ -8,15 +8,6 @@ use bson::doc;
 use disbatch_tests::{bin_path, write_config, Dci, Den, TestDb};
 use serde_json::{json, Value};
 
-fn cli(dci: &Dci, args: &[&str]) -> Output {
-    Command::new(bin_path("disbatch"))
-        .arg("--url")
-        .arg(&dci.url)
-        .args(args)
-        .output()
-        .expect("run disbatch")
-}
-
 fn ok(out: &Output) -> String {
     assert!(
         out.status.success(),
@@ -33,26 +24,23 @@ async fn queue_commands_round_trip_through_the_api() {
     let config = write_config(&db, "node.json", json!({}));
     let dci = Dci::start(&config);
 
-    let plugins = ok(&cli(&dci, &["plugins"]));
+    let plugins = ok(&dci.cli(&["plugins"]));
     assert_eq!(
         plugins.lines().collect::<Vec<_>>(),
         ["Disbatch::Plugin::Demo", "echo"]
     );
 
-    let created = ok(&cli(
-        &dci,
-        &[
-            "create-queue",
-            "alpha",
-            "echo",
-            "--threads",
-            "2",
-            "--sort",
-            "lifo",
-        ],
-    ));
+    let created = ok(&dci.cli(&[
+        "create-queue",
+        "alpha",
+        "echo",
+        "--threads",
+        "2",
+        "--sort",
+        "lifo",
+    ]));
     assert!(created.starts_with("Created queue alpha: "), "{created}");
-    let updated = ok(&cli(&dci, &["update-queue", "alpha", "threads", "5"]));
+    let updated = ok(&dci.cli(&["update-queue", "alpha", "threads", "5"]));
     assert!(updated.starts_with("Updated queue alpha"), "{updated}");
     let stored = db
         .db
@@ -68,7 +56,7 @@ async fn queue_commands_round_trip_through_the_api() {
     );
     assert_eq!(stored.get_str("sort").ok(), Some("lifo"));
 
-    let table = ok(&cli(&dci, &["queues"]));
+    let table = ok(&dci.cli(&["queues"]));
     let lines: Vec<&str> = table.lines().collect();
     assert!(
         lines[0].split_whitespace().eq([
@@ -90,23 +78,23 @@ async fn queue_commands_round_trip_through_the_api() {
     );
     assert!(table.contains("1 total queues."), "{table}");
     // Columns are aligned: every row has the header's width up to the last column.
-    let json_out = ok(&cli(&dci, &["--json", "queues"]));
+    let json_out = ok(&dci.cli(&["--json", "queues"]));
     let parsed: Value = serde_json::from_str(&json_out).expect("--json prints JSON");
     assert_eq!(parsed[0]["name"], json!("alpha"));
 
     // Errors carry the server's message and exit non-zero.
-    let dup = cli(&dci, &["create-queue", "beta", "no-such-plugin"]);
+    let dup = dci.cli(&["create-queue", "beta", "no-such-plugin"]);
     assert!(!dup.status.success());
     assert!(
         String::from_utf8_lossy(&dup.stderr).contains("Unknown plugin"),
         "{dup:?}"
     );
-    let odd = cli(&dci, &["update-queue", "alpha", "threads"]);
+    let odd = dci.cli(&["update-queue", "alpha", "threads"]);
     assert!(!odd.status.success());
 
-    let deleted = ok(&cli(&dci, &["delete-queue", "alpha"]));
+    let deleted = ok(&dci.cli(&["delete-queue", "alpha"]));
     assert!(deleted.contains("Deleted queue alpha"), "{deleted}");
-    let gone = cli(&dci, &["delete-queue", "alpha"]);
+    let gone = dci.cli(&["delete-queue", "alpha"]);
     assert!(!gone.status.success());
     assert!(String::from_utf8_lossy(&gone.stderr).contains("no queue alpha"));
     db.drop().await;
@@ -117,49 +105,40 @@ async fn task_commands_create_search_and_show_output() {
     let db = TestDb::new("cli_tasks").await;
     let config = write_config(&db, "node.json", json!({"gfs": true}));
     let dci = Dci::start(&config);
-    ok(&cli(
-        &dci,
-        &[
-            "create-queue",
-            "demo",
-            "Disbatch::Plugin::Demo",
-            "--threads",
-            "2",
-        ],
-    ));
+    ok(&dci.cli(&[
+        "create-queue",
+        "demo",
+        "Disbatch::Plugin::Demo",
+        "--threads",
+        "2",
+    ]));
 
-    let one = ok(&cli(&dci, &["create-task", "demo", "commands", "a"]));
+    let one = ok(&dci.cli(&["create-task", "demo", "commands", "a"]));
     assert!(one.starts_with("Created 1 tasks in queue demo"), "{one}");
-    let many = ok(&cli(
-        &dci,
-        &[
-            "create-tasks",
-            "demo",
-            r#"[{"commands":"ab"},{"commands":"c"}]"#,
-        ],
-    ));
+    let many = ok(&dci.cli(&[
+        "create-tasks",
+        "demo",
+        r#"[{"commands":"ab"},{"commands":"c"}]"#,
+    ]));
     assert!(many.contains('2'), "{many}");
 
-    let count = ok(&cli(&dci, &["tasks", r#"{"queue":"demo"}"#, "--count"]));
+    let count = ok(&dci.cli(&["tasks", r#"{"queue":"demo"}"#, "--count"]));
     assert_eq!(count.trim(), "3 tasks");
-    let page = ok(&cli(
-        &dci,
-        &[
-            "tasks",
-            r#"{"queue":"demo"}"#,
-            "--limit",
-            "2",
-            "--skip",
-            "1",
-        ],
-    ));
+    let page = ok(&dci.cli(&[
+        "tasks",
+        r#"{"queue":"demo"}"#,
+        "--limit",
+        "2",
+        "--skip",
+        "1",
+    ]));
     let page: Value = serde_json::from_str(&page).expect("json");
     assert_eq!(
         page.as_array().map(Vec::len),
         Some(2),
         "--skip takes a value: {page}"
     );
-    let bad = cli(&dci, &["tasks", "[1]"]);
+    let bad = dci.cli(&["tasks", "[1]"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("Invalid filter is not a JSON object"));
 
@@ -180,10 +159,10 @@ async fn task_commands_create_search_and_show_output() {
         task.get_object_id("stdout").is_ok(),
         "gfs true puts output in GridFS: {task}"
     );
-    let out = ok(&cli(&dci, &["stdout", &first.to_hex()]));
+    let out = ok(&dci.cli(&["stdout", &first.to_hex()]));
     assert!(out.starts_with("This is command 'a' for apple."), "{out}");
 
-    let nodes = ok(&cli(&dci, &["nodes"]));
+    let nodes = ok(&dci.cli(&["nodes"]));
     assert!(
         nodes
             .lines()
@@ -192,9 +171,9 @@ async fn task_commands_create_search_and_show_output() {
         "{nodes}"
     );
     assert!(nodes.contains("n1"), "{nodes}");
-    ok(&cli(&dci, &["set-maxthreads", "n1", "3"]));
+    ok(&dci.cli(&["set-maxthreads", "n1", "3"]));
     assert_eq!(db.node("n1").await.get_i64("maxthreads").ok(), Some(3));
-    ok(&cli(&dci, &["set-maxthreads", "n1", "null"]));
+    ok(&dci.cli(&["set-maxthreads", "n1", "null"]));
     assert_eq!(
         db.node("n1").await.get("maxthreads"),
         Some(&bson::Bson::Null)
@@ -208,11 +187,11 @@ async fn task_commands_create_search_and_show_output() {
         .expect("find")
         .expect("a failed task");
     let failed_id = failed.get_object_id("_id").expect("id").to_hex();
-    ok(&cli(&dci, &["retry", &failed_id]));
+    ok(&dci.cli(&["retry", &failed_id]));
     assert_eq!(db.count(doc! {"status": -2}).await, 1);
-    ok(&cli(&dci, &["cancel", &failed_id]));
+    ok(&dci.cli(&["cancel", &failed_id]));
     assert_eq!(db.count(doc! {"status": -5}).await, 1);
-    let again = cli(&dci, &["cancel", &failed_id]);
+    let again = dci.cli(&["cancel", &failed_id]);
     assert!(
         !again.status.success(),
         "cancelling a cancelled task is refused"
@@ -225,7 +204,7 @@ async fn many_tasks_from_json_lines_on_stdin_are_sent_in_chunks() {
     let db = TestDb::new("cli_bulk").await;
     let config = write_config(&db, "node.json", json!({}));
     let dci = Dci::start(&config);
-    ok(&cli(&dci, &["create-queue", "bulk", "echo"]));
+    ok(&dci.cli(&["create-queue", "bulk", "echo"]));
     let mut child = Command::new(bin_path("disbatch"))
         .args([
             "--url",
@@ -255,10 +234,7 @@ async fn many_tasks_from_json_lines_on_stdin_are_sent_in_chunks() {
 
     let bad = db.path("bad.jsonl");
     std::fs::write(&bad, "{\"i\": 1}\n\nnot json\n").expect("write");
-    let out = cli(
-        &dci,
-        &["create-tasks", "bulk", "--file", &bad.to_string_lossy()],
-    );
+    let out = dci.cli(&["create-tasks", "bulk", "--file", &bad.to_string_lossy()]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("line 3"),

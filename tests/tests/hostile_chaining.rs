@@ -9,13 +9,6 @@ use disbatch_tests::hostile::crashes;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
-async fn unit(db: &TestDb, queue: bson::oid::ObjectId, key: &str) -> Option<Document> {
-    db.tasks()
-        .find_one(doc! {"queue": queue, "key": key})
-        .await
-        .expect("find")
-}
-
 #[tokio::test]
 async fn output_that_cannot_be_stored_is_reported_on_the_task_and_the_rest_is_chained() {
     let db = TestDb::new("hostile_chaining").await;
@@ -56,9 +49,9 @@ async fn output_that_cannot_be_stored_is_reported_on_the_task_and_the_rest_is_ch
         stderr.contains(r#"chaining to queue "next": unit "bad" not chained: output.bad.n is not a valid Extended JSON value"#),
         "{stderr}"
     );
-    let good = unit(&db, next, "good").await.expect("good");
+    let good = db.unit(next, "good").await.expect("good");
     assert_eq!(good.get_document("params").ok(), Some(&doc! {"n": 5_i64}));
-    assert!(unit(&db, next, "bad").await.is_none());
+    assert!(db.unit(next, "bad").await.is_none());
 
     let list_task = db.task(ids[1]).await;
     assert_eq!(list_task.get_i32("status"), Ok(1));
@@ -69,13 +62,13 @@ async fn output_that_cannot_be_stored_is_reported_on_the_task_and_the_rest_is_ch
     ] {
         assert!(stderr.contains(said), "{said} in {stderr}");
     }
-    let fine = unit(&db, next, "fine").await.expect("fine");
+    let fine = db.unit(next, "fine").await.expect("fine");
     assert!(matches!(
         fine.get_document("params").ok().and_then(|p| p.get("when")),
         Some(Bson::DateTime(_))
     ));
     for key in ["undef", "baddate"] {
-        assert!(unit(&db, next, key).await.is_none(), "{key}");
+        assert!(db.unit(next, key).await.is_none(), "{key}");
     }
 
     // The node took both results: the runner had no reason to think it gone.

@@ -2,13 +2,13 @@
 //! nodes and tasks: the CLI, both `/metrics` and the HTML task page show them escaped, never
 //! raw, and never spread a table row over several lines.
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
 use disbatch_tests::exposition::{self, hidden_characters};
-use disbatch_tests::{bin_path, wait_for, write_config, Dci, Den, TestDb};
+use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use serde_json::{json, Value};
 
 /// Queue names as ops or older versions stored them, each with a plain tag to find its row.
@@ -36,15 +36,6 @@ fn raw_hidden(text: &str) -> Vec<char> {
         .collect()
 }
 
-fn cli(dci: &Dci, args: &[&str]) -> Output {
-    Command::new(bin_path("disbatch"))
-        .arg("--url")
-        .arg(&dci.url)
-        .args(args)
-        .output()
-        .expect("run disbatch")
-}
-
 /// Both streams of a CLI run, checked for raw control and bidi characters and, in human
 /// output (not JSON, which keeps whole values), for lines holding the whole 100 KB name.
 fn checked(what: &str, out: &Output) -> (String, String) {
@@ -67,10 +58,10 @@ fn checked(what: &str, out: &Output) -> (String, String) {
 
 /// A table command: one line per row of its `--json` answer, plus the header (and `extra`).
 fn table_has_one_line_per_row(dci: &Dci, command: &str, extra: usize) -> String {
-    let out = cli(dci, &[command]);
+    let out = dci.cli(&[command]);
     assert!(out.status.success(), "{command}: {out:?}");
     let (table, _) = checked(command, &out);
-    let json_out = cli(dci, &["--json", command]);
+    let json_out = dci.cli(&["--json", command]);
     let (json_text, _) = checked(&format!("--json {command}"), &json_out);
     let rows = serde_json::from_str::<Value>(&json_text)
         .unwrap_or_else(|e| panic!("--json {command} is not JSON ({e}): {json_text}"));
@@ -130,7 +121,7 @@ async fn stored_names_are_escaped_in_cli_tables_metrics_and_html() {
     table_has_one_line_per_row(&dci, "summary", 0);
 
     // JSON output: escaped as \uXXXX, the same values once parsed.
-    let (json_text, _) = checked("--json queues", &cli(&dci, &["--json", "queues"]));
+    let (json_text, _) = checked("--json queues", &dci.cli(&["--json", "queues"]));
     let parsed: Value = serde_json::from_str(&json_text).expect("JSON");
     let names: Vec<&str> = parsed
         .as_array()
@@ -141,20 +132,20 @@ async fn stored_names_are_escaped_in_cli_tables_metrics_and_html() {
     for name in hostile_names() {
         assert!(names.contains(&name.as_str()), "{name:?} lost in --json");
     }
-    let (tasks_text, _) = checked("tasks", &cli(&dci, &["tasks", "{}", "--pretty"]));
+    let (tasks_text, _) = checked("tasks", &dci.cli(&["tasks", "{}", "--pretty"]));
     assert!(tasks_text.contains("\\u202e"), "{tasks_text}");
 
     // Messages quoting names: a success line (threads 1 → 2) and a server error.
-    let out = cli(&dci, &["update-queue", &queues[0].to_hex(), "threads", "2"]);
+    let out = dci.cli(&["update-queue", &queues[0].to_hex(), "threads", "2"]);
     assert!(out.status.success(), "{out:?}");
     checked("update-queue", &out);
-    let out = cli(&dci, &["delete-queue", "gone\u{1b}[2J\u{202e}"]);
+    let out = dci.cli(&["delete-queue", "gone\u{1b}[2J\u{202e}"]);
     assert!(!out.status.success());
     let (_, stderr) = checked("delete-queue", &out);
     assert!(stderr.contains("\\u{1b}[2J"), "{stderr}");
 
     // The task's own output is printed raw, as documented.
-    let out = cli(&dci, &["stdout", &task.to_hex()]);
+    let out = dci.cli(&["stdout", &task.to_hex()]);
     assert_eq!(out.stdout, b"out\x1b[31m", "{out:?}");
 
     // The DCI's /metrics: a valid exposition with no control or bidi character in it.
