@@ -110,16 +110,22 @@ impl Den {
         url
     }
 
-    /// The value of one sample of its metrics (`name{labels}` exactly as exposed), 0 when absent.
-    pub async fn metric(&self, sample: &str) -> f64 {
+    /// Its metrics as exposed (`GET /metrics`).
+    pub async fn scrape(&self) -> String {
         let url = self.metrics_url().await;
-        let text = reqwest::get(format!("{url}/metrics"))
+        reqwest::get(format!("{url}/metrics"))
             .await
             .expect("GET /metrics")
             .text()
             .await
-            .expect("metrics text");
-        text.lines()
+            .expect("metrics text")
+    }
+
+    /// The value of one sample of its metrics (`name{labels}` exactly as exposed), 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        self.scrape()
+            .await
+            .lines()
             .find_map(|l| l.strip_prefix(sample).and_then(|v| v.strip_prefix(' ')))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0.0)

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
 use disbatch_tests::exposition::{self, hidden_characters};
-use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
+use disbatch_tests::{write_config, Dci, Den, TestDb};
 use serde_json::{json, Value};
 
 /// Queue names as ops or older versions stored them, each with a plain tag to find its row.
@@ -232,26 +232,9 @@ async fn a_den_serving_hostile_queues_exposes_only_escaped_labels() {
         tasks.extend(db.insert_tasks(queue, vec![Bson::from(doc! {})]).await);
     }
     let den = Den::start(&config, "display-node");
-    let mut base = String::new();
-    wait_for("the metrics line", Duration::from_secs(30), || {
-        let found = den
-            .log_text()
-            .lines()
-            .find_map(|l| l.strip_prefix("metrics on ").map(str::to_string));
-        if let Some(found) = &found {
-            base = found.clone();
-        }
-        async move { found.is_some() }
-    })
-    .await;
     db.wait_complete(&tasks, Duration::from_secs(60)).await;
 
-    let text = reqwest::get(format!("{base}/metrics"))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body");
+    let text = den.scrape().await;
     let e = exposition::check(&text).unwrap_or_else(|err| panic!("{err}\n{text:?}"));
     assert_eq!(hidden_characters(&text), vec![], "{text:?}");
     assert!(

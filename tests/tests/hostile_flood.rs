@@ -9,7 +9,7 @@ use disbatch_tests::flood::{
     raise_open_file_limit, rss_kib, timed_get, watch_closes, Lifetime,
 };
 use disbatch_tests::hostile::LoggedDci;
-use disbatch_tests::{wait_for, write_config, Den, TestDb};
+use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::json;
 
 const IDLE: usize = 2000;
@@ -158,19 +158,10 @@ async fn a_flooded_dci_keeps_serving_closes_slow_and_idle_connections_and_gives_
 
 /// The address the node printed (`metrics on http://ADDR`), once it has.
 async fn metrics_addr(den: &Den) -> std::net::SocketAddr {
-    let mut url = String::new();
-    wait_for("the metrics line", Duration::from_secs(30), || {
-        let found = den
-            .log_text()
-            .lines()
-            .find_map(|l| l.strip_prefix("metrics on http://").map(str::to_string));
-        if let Some(found) = &found {
-            url = found.clone();
-        }
-        async move { found.is_some() }
-    })
-    .await;
-    url.parse().expect("metrics address")
+    let url = den.metrics_url().await;
+    url.trim_start_matches("http://")
+        .parse()
+        .expect("metrics address")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -177,6 +177,33 @@ struct Findings {
     extra_env: Vec<String>,
 }
 
+/// No secret, descriptor, foreign `/proc` file or unlisted variable reached the plugin.
+fn assert_nothing_leaked(found: &Findings, report: &Value) {
+    assert_eq!(
+        found.secrets,
+        Vec::<&str>::new(),
+        "secrets reached the plugin: {report:#}"
+    );
+    assert_eq!(
+        found.own_fds, 0,
+        "the plugin inherited descriptors: {}",
+        report["own_fds"]
+    );
+    assert!(
+        !found.runner_environ,
+        "runner environ: {}",
+        report["runner"]["environ"]
+    );
+    assert!(
+        !found.den_environ,
+        "node environ: {}",
+        report["den"]["environ"]
+    );
+    assert!(!found.runner_fds, "runner fds: {}", report["runner"]["fds"]);
+    assert!(!found.den_fds, "node fds: {}", report["den"]["fds"]);
+    assert_eq!(found.extra_env, Vec::<String>::new(), "{}", report["env"]);
+}
+
 fn findings(report: &Value, stdout: &str, secrets: &Secrets, with_config: bool) -> Findings {
     // Only a refusal counts as unread: a missing file or a wrong pid proves nothing.
     let readable = |v: &Value| {
@@ -239,29 +266,7 @@ async fn a_plugin_of_a_same_user_node_reads_no_environment_and_inherits_no_descr
         report["status"]["uid"], "65534 65534 65534 65534",
         "{report}"
     );
-    assert_eq!(
-        found.secrets,
-        Vec::<&str>::new(),
-        "secrets reached the plugin: {report:#}"
-    );
-    assert_eq!(
-        found.own_fds, 0,
-        "the plugin inherited descriptors: {}",
-        report["own_fds"]
-    );
-    assert!(
-        !found.runner_environ,
-        "runner environ: {}",
-        report["runner"]["environ"]
-    );
-    assert!(
-        !found.den_environ,
-        "node environ: {}",
-        report["den"]["environ"]
-    );
-    assert!(!found.runner_fds, "runner fds: {}", report["runner"]["fds"]);
-    assert!(!found.den_fds, "node fds: {}", report["den"]["fds"]);
-    assert_eq!(found.extra_env, Vec::<String>::new(), "{}", report["env"]);
+    assert_nothing_leaked(&found, &report);
     assert_eq!(
         spy_result(&db, &task).await.as_deref(),
         Some("wrote-result")
@@ -334,30 +339,8 @@ async fn a_plugin_run_as_plugin_user_reads_no_config_and_follows_no_link_into_th
     assert_eq!(report["env"]["HOME"], nobody.dir.to_string_lossy().as_ref());
     assert_eq!(report["env"]["USER"], "nobody");
     assert_eq!(report["env"]["LOGNAME"], "nobody");
-    assert_eq!(
-        found.secrets,
-        Vec::<&str>::new(),
-        "secrets reached the plugin: {report:#}"
-    );
+    assert_nothing_leaked(&found, &report);
     assert!(!found.config_read, "config: {}", report["runner"]["config"]);
-    assert_eq!(
-        found.own_fds, 0,
-        "the plugin inherited descriptors: {}",
-        report["own_fds"]
-    );
-    assert!(
-        !found.runner_environ,
-        "runner environ: {}",
-        report["runner"]["environ"]
-    );
-    assert!(
-        !found.den_environ,
-        "node environ: {}",
-        report["den"]["environ"]
-    );
-    assert!(!found.runner_fds, "runner fds: {}", report["runner"]["fds"]);
-    assert!(!found.den_fds, "node fds: {}", report["den"]["fds"]);
-    assert_eq!(found.extra_env, Vec::<String>::new(), "{}", report["env"]);
     assert_eq!(report["wrote_result"], true, "{report}");
     assert_eq!(
         spy_result(&db, &task).await.as_deref(),
