@@ -56,9 +56,10 @@ pub fn units_from_output(output: &Value, now: DateTime) -> Chained {
 
 fn unit_from_item(item: &Value, i: usize, now: DateTime) -> Result<Option<Unit>, String> {
     Ok(match item {
-        Value::String(key) if !key.is_empty() => Some(unit(key, Document::new(), None, None)),
+        // The empty string is a key like any other (Coordinate accepts it).
+        Value::String(key) => Some(unit(key, Document::new(), None, None)),
         Value::Array(parts) if parts.len() >= 2 => {
-            let Some(key) = parts[0].as_str().filter(|k| !k.is_empty()) else {
+            let Some(key) = parts[0].as_str() else {
                 return Ok(None);
             };
             if !parts[1].is_object() {
@@ -82,13 +83,18 @@ fn unit_from_item(item: &Value, i: usize, now: DateTime) -> Result<Option<Unit>,
                 let millis = (delay.trunc() as i64).saturating_mul(1000);
                 DateTime::from_millis(now.timestamp_millis().saturating_add(millis))
             });
-            Some(unit(key, params, priority.map(|p| p as i64), not_before))
+            Some(unit(
+                key,
+                params,
+                priority.filter(|p| p.is_finite()),
+                not_before,
+            ))
         }
         _ => None,
     })
 }
 
-fn unit(key: &str, params: Document, priority: Option<i64>, not_before: Option<DateTime>) -> Unit {
+fn unit(key: &str, params: Document, priority: Option<f64>, not_before: Option<DateTime>) -> Unit {
     Unit {
         key: key.to_string(),
         params,
@@ -144,13 +150,13 @@ mod tests {
             doc! {"again": true},
             "the last item for a key wins"
         );
-        assert_eq!(get("meta").priority, Some(5));
+        assert_eq!(get("meta").priority, Some(5.0));
         assert_eq!(
             get("meta").not_before,
             Some(DateTime::from_millis(1_002_000)),
             "delay truncated to seconds"
         );
-        assert_eq!(get("override").priority, Some(9));
+        assert_eq!(get("override").priority, Some(9.0));
         assert_eq!(get("with-data").not_before, None);
     }
 
@@ -185,6 +191,17 @@ mod tests {
             "{:?}",
             list.problems
         );
+    }
+
+    #[test]
+    fn priorities_stay_fractions_and_the_empty_key_is_a_key() {
+        let now = DateTime::now();
+        let out = json!(["", ["a", {}, {"priority": 2.7}], ["b", {}, null, -0.5]]);
+        let units = units_from_output(&out, now).units;
+        assert_eq!(keys(&units), ["", "a", "b"]);
+        assert_eq!(units[1].priority, Some(2.7));
+        assert_eq!(units[2].priority, Some(-0.5));
+        assert_eq!(units[0].priority, None);
     }
 
     #[test]

@@ -144,7 +144,10 @@ pub fn spec_load(
     );
     let on_lost = text("on_lost")?;
     crate::run_policy::OnLost::parse(on_lost.as_deref())?;
-    put(queue::ON_LOST, on_lost.map(Bson::String), &mut unset);
+    // Coordinate makes a unit whose attempt expired available again: a spec's queue does
+    // the same unless it says otherwise (plain Disbatch queues keep `orphan`).
+    let on_lost = on_lost.unwrap_or_else(|| "requeue".into());
+    put(queue::ON_LOST, Some(Bson::String(on_lost)), &mut unset);
     for key in [queue::TIMEOUT, queue::KILL_GRACE] {
         let value = seconds(key)?;
         crate::run_policy::parse_seconds(value, key)?;
@@ -226,6 +229,11 @@ mod tests {
         assert_eq!(l.set.get_str("on_lost").ok(), Some("requeue"));
         assert_eq!(l.set.get_f64("timeout").ok(), Some(2.5));
         assert!(l.unset.contains(&"kill_grace"));
+        // Coordinate requeues a unit whose attempt expired; a spec may still ask to orphan.
+        let l = load(json!({"name": "a"})).expect("ok");
+        assert_eq!(l.set.get_str("on_lost").ok(), Some("requeue"));
+        let l = load(json!({"name": "a", "on_lost": "orphan"})).expect("ok");
+        assert_eq!(l.set.get_str("on_lost").ok(), Some("orphan"));
         for (bad, key) in [
             (json!({"name": "a", "lease": 1}), "lease"),
             (json!({"name": "a", "on_lost": "retry"}), "on_lost"),

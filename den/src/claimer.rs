@@ -310,6 +310,16 @@ impl Claimer {
             })
             .collect();
         report.ran_dry = candidates.len() < n;
+        let n = match self.view.perl_nodes_claim() {
+            // Counted last, just before the claims: the window for a Perl claim to slip in
+            // between is one round trip, not the age of the last reading.
+            true => self.room_beside_perl_claims(queue, plan, n).await?,
+            false => n,
+        };
+        if n == 0 {
+            self.metrics.claim_missed(&queue.name, "full");
+            return Ok(report);
+        }
         let chosen = lane_picks(candidates, n, lane, claim_key);
         let picks: Vec<Pick> = chosen
             .into_iter()
@@ -387,6 +397,28 @@ impl Claimer {
             break;
         }
         Ok(report)
+    }
+
+    /// How many of `n` claims `queue` has room for as its running tasks stand now, Perl
+    /// nodes' slotless ones included; the plan keeps only slots below `threads` less those
+    /// claims, so nodes of ours claiming at once still cannot, together, pass the cap (the
+    /// slot index refuses the second claim of a slot).
+    async fn room_beside_perl_claims(
+        &mut self,
+        queue: &Queue,
+        plan: &mut QueueClaims,
+        n: usize,
+    ) -> Result<usize> {
+        let now = self.store.queue_running(queue.id).await?;
+        let threads = self
+            .servable
+            .iter()
+            .find(|q| q.queue.id == queue.id)
+            .map_or(0, |q| q.threads);
+        let bound = threads.saturating_sub(now.slotless);
+        plan.slots.retain(|s| *s < bound && !now.slots.contains(s));
+        let room = threads.saturating_sub(now.running) as usize;
+        Ok(n.min(room).min(plan.slots.len()))
     }
 
     /// Fails a task no runner can be handed (or, when the server will not even take that

@@ -17,6 +17,7 @@ use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
 
 use crate::completer::Completer;
+use crate::runner_deaths::RunnerDeaths;
 
 /// What an empty pipe takes without blocking on Linux (its default capacity).
 const PIPE_CAPACITY: usize = 64 * 1024;
@@ -54,6 +55,8 @@ pub struct Executor {
     runner_exited: Arc<Notify>,
     /// Stores runners' results; None leaves each runner to store its own.
     completer: Option<Completer>,
+    /// Recovers the tasks of runners that die without a result; None leaves them to leases.
+    deaths: Option<RunnerDeaths>,
 }
 
 impl Executor {
@@ -63,6 +66,7 @@ impl Executor {
         node: String,
         env: Vec<(OsString, OsString)>,
         completer: Option<Completer>,
+        deaths: Option<RunnerDeaths>,
     ) -> Self {
         Executor {
             runner,
@@ -70,6 +74,7 @@ impl Executor {
             node,
             env: Arc::new(env),
             completer,
+            deaths,
             live: Arc::new(Mutex::new(HashMap::new())),
             exited: Arc::new(Mutex::new(Vec::new())),
             runner_exited: Arc::new(Notify::new()),
@@ -196,7 +201,7 @@ impl Executor {
         let answer_pipe = answers.map(|(_, w)| w);
         // A handoff already in the pipe is complete: closing our end now gives EOF after it.
         let unwritten = (!prefilled).then_some(handoff_pipe);
-        tokio::spawn(async move {
+        let relay = tokio::spawn(async move {
             if let Some(pipe) = unwritten {
                 // Dropping the returned pipe closes it once the handoff is through.
                 if write_blocking(Some(pipe), input).await.is_none() {
@@ -220,6 +225,8 @@ impl Executor {
         let exited = self.exited.clone();
         let notify = self.runner_exited.clone();
         let started = Instant::now();
+        let deaths = self.deaths.clone();
+        let attempt = handoff.attempt;
         tokio::spawn(async move {
             let success = match child.wait().await {
                 Ok(status) if status.success() => {
@@ -228,6 +235,12 @@ impl Executor {
                 }
                 Ok(status) => {
                     tracing::warn!(task = %task, ?pid, %status, "task runner exited abnormally");
+                    // Before the exit is reported: the slot it frees is then free in the
+                    // database too, for this node's next claim.
+                    if let Some(deaths) = &deaths {
+                        let exit = status.to_string();
+                        deaths.runner_died(task, attempt, &exit, Some(relay)).await;
+                    }
                     false
                 }
                 Err(e) => {

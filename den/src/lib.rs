@@ -11,6 +11,7 @@ pub mod node;
 pub mod notifier;
 pub mod plugin_check;
 pub mod reaper;
+pub mod runner_deaths;
 pub mod runner_env;
 pub mod running_view;
 pub mod skip_log;

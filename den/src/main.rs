@@ -12,6 +12,7 @@ use disbatch_den::executor::{check_runner, default_runner, Executor};
 use disbatch_den::metrics::{serve_metrics, DenMetrics};
 use disbatch_den::notifier::Notifier;
 use disbatch_den::plugin_check::PluginCheck;
+use disbatch_den::runner_deaths::RunnerDeaths;
 use disbatch_den::runner_env::runner_env;
 use disbatch_den::Node;
 use tokio::signal::unix::{signal, SignalKind};
@@ -150,6 +151,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
             name.clone(),
             runner_env(std::env::vars_os(), &config.plugin_env),
             Some(Completer::start(store.clone(), metrics.clone())),
+            Some(RunnerDeaths::new(store.clone(), metrics.clone())),
         ),
         balancer: disbatch_den::balancer::Balancer::new(&config.balance),
         runtimes: config.runtimes.clone(),
@@ -162,6 +164,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         store,
         name,
         interval: config.loop_interval,
+        dead_node_after: config.dead_node_after,
         metrics,
     };
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

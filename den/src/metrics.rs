@@ -29,7 +29,7 @@ const TASK_BUCKETS: &[f64] = &[
     0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
 ];
 const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit"];
-const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel"];
+const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel", "fail"];
 const RESULT_ANSWERS: &[&str] = &["recorded", "not_ours", "record_yourself"];
 /// Results stored per batch: one when the node is quiet, tens under load.
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
@@ -130,7 +130,7 @@ impl Default for Inner {
             recoveries: counter_vec(
                 &registry,
                 "disbatch_den_recoveries_total",
-                "Tasks recovered after their lease passed: requeue, orphan or cancel",
+                "Lost tasks recovered (lease passed, runner died, node silent): requeue, orphan, cancel or fail",
                 &["how"],
             ),
             results: counter_vec(
@@ -183,7 +183,8 @@ impl DenMetrics {
         self.inner.claim_latency.observe(latency.as_secs_f64());
     }
 
-    /// A claim that came to nothing: `reason` is "empty", "lost" or "slot_taken".
+    /// A claim that came to nothing: `reason` is "empty", "lost", "slot_taken", "refused", or
+    /// "full" (Perl nodes' claims, counted just before, left the queue no room).
     pub fn claim_missed(&self, queue: &str, reason: &'static str) {
         inc(&self.inner.claim_misses, &[&metric_label(queue), reason]);
     }

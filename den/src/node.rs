@@ -13,7 +13,7 @@ use crate::claimer::Claimer;
 use crate::executor::Executor;
 use crate::metrics::DenMetrics;
 use crate::notifier::Notifier;
-use crate::reaper::reap;
+use crate::reaper::{reap, recover_silent_nodes};
 
 /// Longest wait between passes while the database keeps failing: short, so a node is back
 /// at work within seconds of the server's return.
@@ -37,6 +37,8 @@ pub struct Node {
     pub metrics: DenMetrics,
     /// Change streams; None polls on the timer only.
     pub notifier: Option<Notifier>,
+    /// Silent this long, a node's lease-less (Perl) claims are recovered.
+    pub dead_node_after: Duration,
 }
 
 /// Why the loop woke.
@@ -57,6 +59,8 @@ impl Node {
         let mut connected_since = Instant::now();
         let mut limit = NodeLimit::Unlimited;
         let mut next_maintenance = Instant::now();
+        // Not at start: a fleet restarted together would all look for dead nodes at once.
+        let mut next_silent_check = Instant::now() + self.silent_check_every();
         let mut wake = Wake::Timer;
         // Set on shutdown: the pass in flight finishes but sends no new claims.
         let stopping = AtomicBool::new(false);
@@ -70,6 +74,10 @@ impl Node {
                 let pass = async {
                     if maintenance {
                         limit = self.maintain(connected_since.elapsed()).await?;
+                        if Instant::now() >= next_silent_check {
+                            self.recover_silent_nodes().await?;
+                            next_silent_check = Instant::now() + self.silent_check_every();
+                        }
                     }
                     let refresh = maintenance
                         || self
@@ -171,17 +179,29 @@ impl Node {
             })
             .await?;
         let reaped = reap(&self.store, &self.name, connected_for).await?;
-        for (how, n) in [
-            ("requeue", reaped.requeued),
-            ("orphan", reaped.orphaned),
-            ("cancel", reaped.cancelled),
-        ] {
+        for (how, n) in reaped.by_name() {
             for _ in 0..n {
                 self.metrics.recovered(how);
             }
         }
         self.forward_cancel_requests().await?;
         Ok(limit)
+    }
+
+    /// How often to look for nodes that stopped heartbeating: a fraction of the limit, so a
+    /// dead node's tasks wait little past it, but never every pass (it reads `nodes`).
+    fn silent_check_every(&self) -> Duration {
+        (self.dead_node_after / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
+    }
+
+    async fn recover_silent_nodes(&self) -> Result<()> {
+        let report = recover_silent_nodes(&self.store, self.dead_node_after).await?;
+        for (how, n) in report.by_name() {
+            for _ in 0..n {
+                self.metrics.recovered(how);
+            }
+        }
+        Ok(())
     }
 
     /// Wakes the runners of tasks an operator asked to cancel, so they stop within a pass

@@ -1,5 +1,6 @@
 //! The reaper: recovers tasks whose lease passed, on any node, and keeps Disbatch's orphan
-//! rule for lease-less claims (tasks claimed by Perl nodes).
+//! rule for lease-less claims (tasks claimed by Perl nodes), recovering them too once their
+//! node has stopped heartbeating.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,8 +25,31 @@ pub struct ReapReport {
     pub orphaned: u64,
     pub requeued: u64,
     pub cancelled: u64,
+    /// Failed with "too many retries": the lost attempt was the last one allowed.
+    pub failed: u64,
     /// Expired, but left alone: this node has not been connected for a whole lease.
     pub deferred: u64,
+}
+
+impl ReapReport {
+    fn count(&mut self, how: Recovery) {
+        match how {
+            Recovery::Requeue => self.requeued += 1,
+            Recovery::Orphan => self.orphaned += 1,
+            Recovery::Cancel => self.cancelled += 1,
+            Recovery::Fail { .. } => self.failed += 1,
+        }
+    }
+
+    /// Recoveries by the name metrics give them.
+    pub fn by_name(&self) -> [(&'static str, u64); 4] {
+        [
+            ("requeue", self.requeued),
+            ("orphan", self.orphaned),
+            ("cancel", self.cancelled),
+            ("fail", self.failed),
+        ]
+    }
 }
 
 /// The recovery policy of one queue, as the reaper needs it.
@@ -35,8 +59,9 @@ pub struct LostPolicy {
     pub max_retries: Option<u32>,
 }
 
-/// Where an expired task goes: an operator's cancel wins; a claim that never started is
-/// queued again; a started one follows its queue's `on_lost` within `max_retries`.
+/// Where a lost task goes: an operator's cancel wins; a claim that never started is queued
+/// again; a started one follows its queue's `on_lost`, and a requeue that `max_retries`
+/// no longer allows fails the task ("too many retries", as Coordinate does).
 pub fn recovery_for(t: &ExpiredTask, policy: Option<&LostPolicy>) -> Recovery {
     if t.cancel_requested {
         return Recovery::Cancel;
@@ -46,10 +71,37 @@ pub fn recovery_for(t: &ExpiredTask, policy: Option<&LostPolicy>) -> Recovery {
     }
     match policy {
         Some(p) if p.run.on_lost == OnLost::Requeue => match p.max_retries {
-            Some(max) if t.attempts >= max as i64 => Recovery::Orphan,
+            Some(max) if t.attempts >= max as i64 => Recovery::Fail { max_retries: max },
             _ => Recovery::Requeue,
         },
         _ => Recovery::Orphan,
+    }
+}
+
+/// Queue policies read once per pass.
+#[derive(Default)]
+struct Policies(HashMap<ObjectId, Option<LostPolicy>>);
+
+impl Policies {
+    async fn of(&mut self, store: &Store, queue: Option<ObjectId>) -> Result<Option<LostPolicy>> {
+        let Some(q) = queue else {
+            return Ok(None);
+        };
+        if let Some(p) = self.0.get(&q) {
+            return Ok(*p);
+        }
+        let queue = match store.queue_by_id(q).await {
+            Ok(queue) => queue,
+            // Reported where it was read; its tasks are recovered by the defaults.
+            Err(disbatch_core::Error::BadDocument { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let p = queue.map(|q| LostPolicy {
+            run: q.run,
+            max_retries: q.spec.max_retries,
+        });
+        self.0.insert(q, p);
+        Ok(p)
     }
 }
 
@@ -68,51 +120,87 @@ pub async fn reap(store: &Store, node: &str, connected_for: Duration) -> Result<
         );
     }
     let expired = store.expired_leases(RECOVER_PER_PASS).await?;
-    let mut policies: HashMap<ObjectId, Option<LostPolicy>> = HashMap::new();
+    let mut policies = Policies::default();
     for t in &expired {
-        let policy = match t.queue {
-            Some(q) => match policies.get(&q) {
-                Some(p) => *p,
-                None => {
-                    let queue = match store.queue_by_id(q).await {
-                        Ok(queue) => queue,
-                        // Reported where it was read; its tasks are recovered by the defaults.
-                        Err(disbatch_core::Error::BadDocument { .. }) => None,
-                        Err(e) => return Err(e),
-                    };
-                    let p = queue.map(|q| LostPolicy {
-                        run: q.run,
-                        max_retries: q.spec.max_retries,
-                    });
-                    policies.insert(q, p);
-                    p
-                }
-            },
-            None => None,
-        };
+        let policy = policies.of(store, t.queue).await?;
         let lease = policy.map_or(disbatch_core::run_policy::DEFAULT_LEASE, |p| p.run.lease);
         if connected_for < lease + RECONNECT_SLACK {
             report.deferred += 1;
             continue;
         }
         let how = recovery_for(t, policy.as_ref());
-        if !store.recover_task(t, how).await? {
+        let from = t.node.as_deref().unwrap_or("?");
+        let why = format!("its lease passed on node {from}");
+        if !store.recover_task(t, how, &why).await? {
             continue; // renewed, finished or recovered by another node meanwhile
         }
-        let late_ms = disbatch_core::store::deadline(Duration::ZERO)
-            .timestamp_millis()
-            .saturating_sub(t.lease_until.timestamp_millis());
+        let late_ms = t.lease_until.map_or(0, |until| {
+            disbatch_core::store::deadline(Duration::ZERO)
+                .timestamp_millis()
+                .saturating_sub(until.timestamp_millis())
+        });
         tracing::warn!(
-            task = %t.id, from_node = t.node.as_deref().unwrap_or("?"), status = t.status,
+            task = %t.id, from_node = from, status = t.status,
             recovery = ?how, lease_passed_ms = late_ms, "recovered a task whose lease passed"
         );
-        match how {
-            Recovery::Requeue => report.requeued += 1,
-            Recovery::Orphan => report.orphaned += 1,
-            Recovery::Cancel => report.cancelled += 1,
-        }
+        report.count(how);
     }
     Ok(report)
+}
+
+/// Recovers the lease-less claims (a Perl node's: it keeps no lease) of every node whose
+/// heartbeat is older than `silent_for`: nothing else ever ends them, and they hold their
+/// queue's threads. The node itself, should it come back, finds them gone, as after a
+/// lease recovery.
+pub async fn recover_silent_nodes(store: &Store, silent_for: Duration) -> Result<ReapReport> {
+    let mut report = ReapReport::default();
+    let nodes = store.silent_nodes(silent_for).await?;
+    if nodes.is_empty() {
+        return Ok(report);
+    }
+    let mut policies = Policies::default();
+    for t in store.lease_less_tasks_of(&nodes, RECOVER_PER_PASS).await? {
+        let policy = policies.of(store, t.queue).await?;
+        let how = recovery_for(&t, policy.as_ref());
+        let from = t.node.as_deref().unwrap_or("?");
+        let why = format!(
+            "its node {from} stopped heartbeating (silent for over {} s)",
+            silent_for.as_secs()
+        );
+        if !store.recover_task(&t, how, &why).await? {
+            continue;
+        }
+        tracing::warn!(
+            task = %t.id, from_node = from, status = t.status, recovery = ?how,
+            "recovered a lease-less task of a node that stopped heartbeating"
+        );
+        report.count(how);
+    }
+    Ok(report)
+}
+
+/// Recovers at once the task of a runner this node saw exit while the task still runs as
+/// its attempt: no one else will end it, and waiting for its lease would hold its slot for
+/// a whole lease. Conditional on the attempt, so a result the runner (or this node for it)
+/// stored first is never overwritten. Returns how it was recovered, if it was.
+pub async fn recover_runner_death(
+    store: &Store,
+    task: ObjectId,
+    attempt: ObjectId,
+    exit: &str,
+) -> Result<Option<Recovery>> {
+    let Some(t) = store.running_attempt(task, attempt).await? else {
+        return Ok(None);
+    };
+    let policy = Policies::default().of(store, t.queue).await?;
+    let how = recovery_for(&t, policy.as_ref());
+    let from = t.node.as_deref().unwrap_or("?");
+    let why = format!("its task runner on node {from} exited without a result ({exit})");
+    if !store.recover_task(&t, how, &why).await? {
+        return Ok(None);
+    }
+    tracing::warn!(task = %task, status = t.status, recovery = ?how, "{why}; recovered at once");
+    Ok(Some(how))
 }
 
 #[cfg(test)]
@@ -129,7 +217,7 @@ mod tests {
             attempt: Some(ObjectId::new()),
             attempts,
             cancel_requested: false,
-            lease_until: DateTime::now(),
+            lease_until: Some(DateTime::now()),
             started: None,
         }
     }
@@ -163,7 +251,13 @@ mod tests {
         let room = policy(OnLost::Requeue, Some(3));
         assert_eq!(recovery_for(&t, Some(&room)), Recovery::Requeue);
         let spent = policy(OnLost::Requeue, Some(2));
-        assert_eq!(recovery_for(&t, Some(&spent)), Recovery::Orphan);
+        assert_eq!(
+            recovery_for(&t, Some(&spent)),
+            Recovery::Fail { max_retries: 2 },
+            "retries used up by lost attempts fail the task, as Coordinate does"
+        );
+        let orphaning = policy(OnLost::Orphan, Some(2));
+        assert_eq!(recovery_for(&t, Some(&orphaning)), Recovery::Orphan);
     }
 
     #[test]

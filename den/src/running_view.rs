@@ -15,6 +15,9 @@ const MAX_AGE: Duration = Duration::from_secs(1);
 /// often holds none at the moment of a reading, and lanes that change with every reading
 /// would have nodes reach for each other's slots and tasks.
 const LANE_MEMORY: Duration = Duration::from_secs(5);
+/// Once a slotless (Perl) claim is seen in any queue, claims count running tasks afresh for
+/// this long: a Perl node serving one queue likely serves others, and it claims in bursts.
+const MIXED_MEMORY: Duration = Duration::from_secs(5 * 60);
 
 #[derive(Debug, Clone, Default)]
 pub struct RunningView {
@@ -27,6 +30,8 @@ pub struct RunningView {
     claimers: HashMap<ObjectId, HashMap<String, Instant>>,
     pub on_node: u32,
     read_at: Option<Instant>,
+    /// When a reading last found a claim that holds no slot.
+    slotless_seen: Option<Instant>,
 }
 
 impl RunningView {
@@ -43,6 +48,13 @@ impl RunningView {
             seen.retain(|_, at| now.duration_since(*at) < LANE_MEMORY);
         }
         self.claimers.retain(|_, seen| !seen.is_empty());
+        let slotless = s
+            .per_queue
+            .iter()
+            .any(|(q, n)| *n as usize > s.slots.get(q).map_or(0, BTreeSet::len));
+        if slotless {
+            self.slotless_seen = Some(now);
+        }
         self.per_queue = s.per_queue;
         let mut contested = s.slots.clone();
         for (queue, held) in std::mem::take(&mut self.read_slots) {
@@ -53,6 +65,13 @@ impl RunningView {
         self.slots = s.slots;
         self.on_node = s.on_node.max(live);
         self.read_at = Some(now);
+    }
+
+    /// Whether Perl nodes claim lately: their claims hold no slot, so the slot index alone
+    /// cannot keep a queue within `threads`, and a reading up to a second old is too old.
+    pub fn perl_nodes_claim(&self) -> bool {
+        self.slotless_seen
+            .is_some_and(|t| t.elapsed() < MIXED_MEMORY)
     }
 
     pub fn is_stale(&self) -> bool {
@@ -180,6 +199,22 @@ mod tests {
         assert_eq!(v.on_node, 1);
         v.runner_exited(q, None);
         assert_eq!(v.on_node, 0);
+    }
+
+    #[test]
+    fn a_slotless_claim_marks_the_fleet_mixed() {
+        let q = ObjectId::new();
+        let mut v = RunningView::default();
+        let mut s = RunningSnapshot::default();
+        s.per_queue.insert(q, 2);
+        s.slots.insert(q, BTreeSet::from([0, 1]));
+        v.read(s.clone(), 0);
+        assert!(!v.perl_nodes_claim(), "every claim holds a slot");
+        s.per_queue.insert(q, 3);
+        v.read(s, 0);
+        assert!(v.perl_nodes_claim());
+        v.read(RunningSnapshot::default(), 0);
+        assert!(v.perl_nodes_claim(), "remembered after the Perl claim ends");
     }
 
     #[test]

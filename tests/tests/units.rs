@@ -131,7 +131,10 @@ async fn malformed_unit_requests_are_400_and_unknown_queues_404() {
         (json!({}), "'units' must be a non-empty array"),
         (json!({"units": []}), "'units' must be a non-empty array"),
         (json!({"units": [{"params": {}}]}), "units[0]: key must be"),
-        (json!({"units": [{"key": ""}]}), "units[0]: key must be"),
+        (
+            json!({"units": [{"key": 5}]}),
+            "units[0]: key must be a string",
+        ),
         (
             json!({"units": [{"key": "a"}, {"key": "a"}]}),
             "units[1]: key \"a\" appears twice",
@@ -142,7 +145,7 @@ async fn malformed_unit_requests_are_400_and_unknown_queues_404() {
         ),
         (
             json!({"units": [{"key": "a", "priority": "high"}]}),
-            "units[0]: priority must be an integer",
+            "units[0]: priority must be a number",
         ),
         (
             json!({"units": [{"key": "a", "not_before": "tomorrow"}]}),

@@ -25,6 +25,9 @@ use crate::plugin::PluginTable;
 /// The shortest pass interval a DEN accepts: faster passes only load the database.
 pub const MIN_LOOP_INTERVAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_LOOP_INTERVAL: Duration = Duration::from_secs(1);
+/// A node silent this long is taken for dead: its lease-less (Perl) claims are recovered.
+pub const DEFAULT_DEAD_NODE_AFTER: Duration = Duration::from_secs(5 * 60);
+pub const MIN_DEAD_NODE_AFTER: Duration = Duration::from_secs(10);
 
 /// Which process is connecting: Disbatch gives each its own MongoDB user (`auth` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +99,9 @@ pub struct Config {
     /// Whether a DEN watches `tasks` and `queues` for work (`change_streams`, default true);
     /// false: it claims on its timer and on runner exits only.
     pub change_streams: bool,
+    /// After how long without a heartbeat a node's lease-less claims (a Perl node's; ours
+    /// carry leases) are recovered by their queue's `on_lost`.
+    pub dead_node_after: Duration,
 }
 
 /// The DCI's own settings (`web`).

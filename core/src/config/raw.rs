@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::attributes::TlsSettings;
 use super::{
-    BalanceSettings, Config, Role, WebSettings, WebTls, WebToken, DEFAULT_LOOP_INTERVAL,
-    MIN_LOOP_INTERVAL,
+    BalanceSettings, Config, Role, WebSettings, WebTls, WebToken, DEFAULT_DEAD_NODE_AFTER,
+    DEFAULT_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
 };
 use crate::output::GfsMode;
 use crate::plugin::PluginTable;
@@ -141,6 +141,8 @@ pub(super) struct RawConfig {
     metrics_listen: Option<String>,
     #[serde(default)]
     change_streams: Option<bool>,
+    #[serde(default)]
+    dead_node_after_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -274,6 +276,16 @@ impl RawConfig {
             }
             Some(ms) => Duration::from_millis(ms),
         };
+        let dead_node_after = match self.dead_node_after_s {
+            None => DEFAULT_DEAD_NODE_AFTER,
+            Some(s) if s < MIN_DEAD_NODE_AFTER.as_secs() => {
+                return Err(format!(
+                    "key `dead_node_after_s`: {s} is below the minimum of {} s (a live node heartbeats every second; a busy one may be late)",
+                    MIN_DEAD_NODE_AFTER.as_secs()
+                ))
+            }
+            Some(s) => Duration::from_secs(s.min(365 * 24 * 3600)),
+        };
         let balance = self.balance.unwrap_or_default();
         let web = self.web.unwrap_or_default();
         let tokens = web_tokens(web.tokens, base, warnings)?;
@@ -352,6 +364,7 @@ impl RawConfig {
                 .unwrap_or_default(),
             metrics_listen,
             change_streams: self.change_streams.unwrap_or(true),
+            dead_node_after,
         })
     }
 }

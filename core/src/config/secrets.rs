@@ -57,6 +57,7 @@ impl std::fmt::Debug for Config {
             web_extensions,
             metrics_listen,
             change_streams,
+            dead_node_after,
         } = self;
         let users: Vec<(&str, &str)> = auth.keys().map(|u| (u.as_str(), "<redacted>")).collect();
         f.debug_struct("Config")
@@ -83,6 +84,7 @@ impl std::fmt::Debug for Config {
             .field("web_extensions", web_extensions)
             .field("metrics_listen", metrics_listen)
             .field("change_streams", change_streams)
+            .field("dead_node_after", dead_node_after)
             .finish()
     }
 }

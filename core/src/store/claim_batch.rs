@@ -9,7 +9,7 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
 
-use super::claim_run::{claim_order, claimable};
+use super::claim_run::{claim_reads, claimable};
 use super::schema::{task, TASKS};
 use super::{Store, BULK_WRITE_MISSING};
 use crate::error::{Error, Result};
@@ -113,11 +113,21 @@ impl Store {
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         if !matches!(sort, QueueSort::Fifo | QueueSort::Default) {
-            let order = claim_order(sort).unwrap_or_else(|| doc! {task::ID: 1});
-            return self
-                .read_tasks(claimable(queue, DateTime::now()), order, limit)
-                .await
-                .map(|read| read.candidates);
+            let reads = claim_reads(sort).unwrap_or_else(|| vec![(doc! {}, doc! {task::ID: 1})]);
+            let now = DateTime::now();
+            let mut found = Candidates::default();
+            for (extra, order) in reads {
+                let left = limit - (found.tasks.len() + found.unreadable.len()) as i64;
+                if left <= 0 {
+                    break;
+                }
+                let mut filter = claimable(queue, now);
+                filter.extend(extra);
+                let read = self.read_tasks(filter, order, left).await?;
+                found.tasks.extend(read.candidates.tasks);
+                found.unreadable.extend(read.candidates.unreadable);
+            }
+            return Ok(found);
         }
         if let Some(range) = window.current().cloned() {
             let found = self.read_in_window(queue, &range, limit).await?;

@@ -57,12 +57,26 @@ impl Store {
     }
 }
 
-/// The order a queue's `sort` gives its claims; None leaves it to the server.
-pub(crate) fn claim_order(sort: QueueSort) -> Option<Document> {
+/// The reads, in turn, that give a queue's claims in its `sort` order: each an extra filter
+/// with its order; None leaves the order to the server. A unit without a priority (chained,
+/// continuous and hand-inserted ones have none) ranks as 0, as in Coordinate; sorting on the
+/// field alone would put it below every negative priority, so the priority order is read in
+/// three bands — above 0, none or 0, below 0 — each one an indexable sort.
+pub(crate) fn claim_reads(sort: QueueSort) -> Option<Vec<(Document, Document)>> {
+    let by_priority = || doc! {task::PRIORITY: -1, task::KEY: 1, task::ID: 1};
     match sort {
-        QueueSort::Fifo => Some(doc! {task::ID: 1}),
-        QueueSort::Lifo => Some(doc! {task::ID: -1}),
-        QueueSort::Priority => Some(doc! {task::PRIORITY: -1, task::KEY: 1, task::ID: 1}),
+        QueueSort::Fifo => Some(vec![(Document::new(), doc! {task::ID: 1})]),
+        QueueSort::Lifo => Some(vec![(Document::new(), doc! {task::ID: -1})]),
+        QueueSort::Priority => Some(vec![
+            (doc! {task::PRIORITY: {"$gt": 0}}, by_priority()),
+            (
+                // Missing, null, 0, and anything that is no number (comparisons match
+                // numbers only): all rank as 0.
+                doc! {"$nor": [{task::PRIORITY: {"$gt": 0}}, {task::PRIORITY: {"$lt": 0}}]},
+                doc! {task::KEY: 1, task::ID: 1},
+            ),
+            (doc! {task::PRIORITY: {"$lt": 0}}, by_priority()),
+        ]),
         QueueSort::Default => None,
     }
 }

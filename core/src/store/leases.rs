@@ -31,7 +31,8 @@ pub struct ExpiredTask {
     /// Attempts started so far (this one included).
     pub attempts: i64,
     pub cancel_requested: bool,
-    pub lease_until: DateTime,
+    /// None for a lease-less claim (a Perl node's), which is matched by its `mtime` instead.
+    pub lease_until: Option<DateTime>,
     /// When the attempt was claimed (`mtime`, unchanged while a task runs).
     pub started: Option<DateTime>,
 }
@@ -45,6 +46,9 @@ pub enum Recovery {
     Orphan,
     /// Cancelled (-5): an operator had asked, and the runner is gone.
     Cancel,
+    /// Failed (2) with "too many retries": the queue would requeue it, but the lost attempt
+    /// was the last one `max_retries` allows (Coordinate's rule).
+    Fail { max_retries: u32 },
 }
 
 pub fn deadline(lease: Duration) -> DateTime {
@@ -93,26 +97,36 @@ impl Store {
             .find(filter)
             .sort(doc! {task::LEASE_UNTIL: 1})
             .limit(limit)
-            .projection(doc! {
-                task::QUEUE: 1, task::STATUS: 1, task::NODE: 1, task::ATTEMPT: 1,
-                task::ATTEMPTS: 1, task::CANCEL_REQUESTED: 1, task::LEASE_UNTIL: 1, task::MTIME: 1,
-            })
+            .projection(recovery_fields())
             .await
             .map_err(|e| Error::mongo("finding tasks whose lease passed", e))?;
         let docs = self
             .read_all(TASKS, cursor, "finding tasks whose lease passed")
             .await?;
-        Ok(docs.iter().filter_map(expired_task).collect())
+        Ok(docs
+            .iter()
+            .filter_map(expired_task)
+            .filter(|t| t.lease_until.is_some())
+            .collect())
     }
 
-    /// Recovers one expired task, unless it changed since it was read (renewed, finished, or
+    /// Recovers one lost task, unless it changed since it was read (renewed, finished, or
     /// recovered by another node). Returns whether this call recovered it; the attempt it
-    /// lost is closed as `lost`.
-    pub async fn recover_task(&self, t: &ExpiredTask, how: Recovery) -> Result<bool> {
+    /// lost is closed as `lost`, with `why` (how it was lost) as its reason.
+    pub async fn recover_task(&self, t: &ExpiredTask, how: Recovery, why: &str) -> Result<bool> {
         let mut filter = doc! {
             task::ID: t.id,
             task::STATUS: t.status,
-            task::LEASE_UNTIL: t.lease_until,
+        };
+        match t.lease_until {
+            Some(until) => filter.insert(task::LEASE_UNTIL, until),
+            None => {
+                filter.insert(task::LEASE_UNTIL, doc! {"$exists": false});
+                filter.insert(
+                    task::MTIME,
+                    doc! {"$eq": t.started.map_or(Bson::Null, Bson::DateTime)},
+                )
+            }
         };
         filter.insert(task::ATTEMPT, t.attempt.map_or(Bson::Null, Bson::ObjectId));
         let mut set = doc! {task::MTIME: DateTime::now()};
@@ -126,6 +140,17 @@ impl Store {
             }
             Recovery::Cancel => {
                 set.insert(task::STATUS, status::CANCELLED);
+            }
+            Recovery::Fail { max_retries } => {
+                set.insert(task::STATUS, status::FAILED);
+                set.insert(task::COMPLETE, true);
+                set.insert(
+                    task::STDERR,
+                    format!(
+                        "too many retries: attempt {} of {max_retries} (max_retries) was lost: {why}",
+                        t.attempts
+                    ),
+                );
             }
         }
         let update = doc! {
@@ -156,7 +181,10 @@ impl Store {
                 .update_one(
                     doc! {attempt::ID: a},
                     doc! {
-                        "$set": {attempt::OUTCOME: "lost", attempt::END: DateTime::now()},
+                        "$set": {
+                            attempt::OUTCOME: "lost", attempt::END: DateTime::now(),
+                            attempt::REASON: why,
+                        },
                         "$setOnInsert": {
                             attempt::TASK: t.id,
                             attempt::QUEUE: t.queue.map_or(Bson::Null, Bson::ObjectId),
@@ -194,7 +222,8 @@ impl Store {
     }
 }
 
-fn expired_task(d: &Document) -> Option<ExpiredTask> {
+/// A claimed or running task as recovery reads it; None when it lacks what recovery matches on.
+pub(super) fn expired_task(d: &Document) -> Option<ExpiredTask> {
     let status = match d.get(task::STATUS)? {
         Bson::Int32(n) => *n,
         Bson::Int64(n) => i32::try_from(*n).ok()?,
@@ -209,7 +238,15 @@ fn expired_task(d: &Document) -> Option<ExpiredTask> {
         attempt: d.get_object_id(task::ATTEMPT).ok(),
         attempts: super::count_value(d.get(task::ATTEMPTS)).min(i64::MAX as u64) as i64,
         cancel_requested: d.get(task::CANCEL_REQUESTED).is_some(),
-        lease_until: d.get_datetime(task::LEASE_UNTIL).ok().copied()?,
+        lease_until: d.get_datetime(task::LEASE_UNTIL).ok().copied(),
         started: d.get_datetime(task::MTIME).ok().copied(),
     })
+}
+
+/// The fields recovery reads of a task.
+pub(super) fn recovery_fields() -> Document {
+    doc! {
+        task::QUEUE: 1, task::STATUS: 1, task::NODE: 1, task::ATTEMPT: 1,
+        task::ATTEMPTS: 1, task::CANCEL_REQUESTED: 1, task::LEASE_UNTIL: 1, task::MTIME: 1,
+    }
 }

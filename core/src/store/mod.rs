@@ -10,6 +10,7 @@ mod decode;
 mod gridfs;
 mod leases;
 mod lookup;
+mod lost;
 mod metrics;
 mod nodes;
 mod queues;
@@ -46,7 +47,7 @@ pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
 pub use task_create::Template;
 pub use task_query::{IndexSets, QueryError, TaskQuery, TaskStream};
-pub use tasks::{FinishOutcome, OutputValue, RunningSnapshot, TaskEnd};
+pub use tasks::{FinishOutcome, OutputValue, QueueRunning, RunningSnapshot, TaskEnd};
 pub use units::{OnConflict, Unit, UnitsOutcome};
 pub use users::{
     create_role_command, parse_additional, parse_perms, passwords, roles, Perms, RoleSpec,

@@ -62,6 +62,8 @@ pub mod attempt {
     pub const EXIT_CODE: &str = "exit_code";
     pub const SIGNAL: &str = "signal";
     pub const RESULT: &str = "result";
+    /// Ours: why a lost attempt was lost (its lease passed, its runner died, its node died).
+    pub const REASON: &str = "reason";
 }
 
 pub mod queue {

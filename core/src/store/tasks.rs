@@ -25,6 +25,17 @@ pub struct RunningSnapshot {
     pub nodes: HashMap<ObjectId, Vec<String>>,
 }
 
+/// One queue's claimed and running tasks, read at once (not from the last snapshot).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct QueueRunning {
+    /// On every node, Perl nodes' slotless claims included.
+    pub running: u32,
+    /// The slots held by our nodes' claims.
+    pub slots: BTreeSet<u32>,
+    /// Claims that hold no slot (a Perl node's): the slot index cannot count them.
+    pub slotless: u32,
+}
+
 /// A stream's value as stored on the task: inline text, a GridFS file id, or nothing.
 #[derive(Debug, Clone, PartialEq)]
 pub enum OutputValue {
@@ -122,6 +133,37 @@ impl Store {
             snap.nodes.insert(queue, nodes);
         }
         Ok(snap)
+    }
+
+    /// Reads one queue's claimed and running tasks now: for a queue Perl nodes also claim
+    /// from, whose claims no slot index refuses, a node must count them as they stand just
+    /// before it claims, or it may be the one to push the queue past `threads`.
+    pub async fn queue_running(&self, queue: ObjectId) -> Result<QueueRunning> {
+        let pipeline = vec![
+            doc! {"$match": {task::QUEUE: queue, task::STATUS: {"$in": RUNNING.to_vec()}}},
+            doc! {"$group": {
+                "_id": Bson::Null,
+                "n": {"$sum": 1},
+                "slots": {"$push": format!("${}", task::SLOT)},
+            }},
+        ];
+        let context = "counting a queue's running tasks";
+        let cursor = self
+            .collection(TASKS)
+            .aggregate(pipeline)
+            .with_type::<bson::RawDocumentBuf>()
+            .await
+            .map_err(|e| Error::mongo(context, e))?;
+        let mut out = QueueRunning::default();
+        for group in self.read_all(TASKS, cursor, context).await? {
+            out.running = count_field(&group, "n");
+            out.slots = group
+                .get_array("slots")
+                .map(|slots| slots.iter().filter_map(slot_number).collect())
+                .unwrap_or_default();
+        }
+        out.slotless = out.running.saturating_sub(out.slots.len() as u32);
+        Ok(out)
     }
 
     /// Moves a task claimed by `node` to running as attempt `attempt` (its fencing token,

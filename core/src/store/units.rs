@@ -13,7 +13,8 @@ use crate::model::status;
 pub struct Unit {
     pub key: String,
     pub params: Document,
-    pub priority: Option<i64>,
+    /// Coordinate's priorities are floats: 2.7 is stored and ordered as 2.7.
+    pub priority: Option<f64>,
     pub not_before: Option<DateTime>,
 }
 
@@ -54,7 +55,7 @@ impl Store {
                     task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
                 };
                 if let Some(p) = u.priority {
-                    d.insert(task::PRIORITY, p);
+                    d.insert(task::PRIORITY, priority_value(p));
                 }
                 if let Some(nb) = u.not_before {
                     d.insert(task::NOT_BEFORE, nb);
@@ -105,7 +106,7 @@ impl Store {
         };
         let mut unset = doc! {task::COMPLETE: "", task::SLOT: ""};
         match unit.priority {
-            Some(p) => set.insert(task::PRIORITY, p),
+            Some(p) => set.insert(task::PRIORITY, priority_value(p)),
             None => unset.insert(task::PRIORITY, ""),
         };
         match unit.not_before {
@@ -121,5 +122,15 @@ impl Store {
             .await
             .map(|r| r.matched_count == 1)
             .map_err(|e| Error::mongo(format!("updating unit {} of queue {queue}", unit.key), e))
+    }
+}
+
+/// A whole priority is stored as an integer, as before priorities could be fractions, so
+/// documents and API replies keep showing `5`, not `5.0`; others as a double.
+fn priority_value(p: f64) -> Bson {
+    if p.fract() == 0.0 && p.abs() < 9.0e15 {
+        Bson::Int64(p as i64)
+    } else {
+        Bson::Double(p)
     }
 }

@@ -69,8 +69,8 @@ fn parse_unit(v: &Value) -> Result<Unit, String> {
         return Err(format!("unknown field {k:?}"));
     }
     let key = match m.get("key") {
-        Some(Value::String(k)) if !k.is_empty() && k.len() <= 1024 => k.clone(),
-        _ => return Err("key must be a non-empty string of at most 1024 bytes".into()),
+        Some(Value::String(k)) if k.len() <= 1024 => k.clone(),
+        _ => return Err("key must be a string of at most 1024 bytes".into()),
     };
     let params = match m.get("params") {
         None | Some(Value::Null) => Document::new(),
@@ -79,7 +79,11 @@ fn parse_unit(v: &Value) -> Result<Unit, String> {
     };
     let priority = match m.get("priority") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_i64().ok_or("priority must be an integer")?),
+        Some(v) => Some(
+            v.as_f64()
+                .filter(|p| p.is_finite())
+                .ok_or("priority must be a number")?,
+        ),
     };
     let not_before = match m.get("not_before") {
         None | Some(Value::Null) => None,
