@@ -203,6 +203,19 @@ pub fn lane_picks<T>(candidates: Vec<T>, n: usize, lane: Lane, key: impl Fn(&T) 
         .collect()
 }
 
+/// The slots below which a node may claim in a queue where `slotless` claims (Perl nodes')
+/// hold no slot: the largest bound `b` such that `b` slots plus those held at or above it
+/// fit in `threads - slotless`. Nodes of ours that claim at once then hold, together, no
+/// more than that, however their claims interleave: each new claim needs a free slot below
+/// `b`, and the slot index lets one claim hold each.
+pub fn slot_bound_beside(threads: u32, slotless: u32, held: &BTreeSet<u32>) -> u32 {
+    let cap = threads.saturating_sub(slotless);
+    (0..=cap)
+        .rev()
+        .find(|b| b + held.range(b..).count() as u32 <= cap)
+        .unwrap_or(0)
+}
+
 /// How many more tasks the node may start under its `maxthreads` (None = unlimited).
 pub fn node_room(maxthreads: Option<u32>, running_on_node: u32) -> u32 {
     match maxthreads {
@@ -275,6 +288,28 @@ mod tests {
         let mut slots = plan[0].slots.clone();
         slots.sort();
         assert_eq!(slots, vec![0, 1000]);
+    }
+
+    #[test]
+    fn slots_beside_perl_claims_leave_room_for_slots_held_high() {
+        let held = |s: &[u32]| s.iter().copied().collect::<BTreeSet<u32>>();
+        assert_eq!(slot_bound_beside(6, 0, &held(&[])), 6);
+        assert_eq!(slot_bound_beside(6, 2, &held(&[])), 4);
+        // Two Perl claims, ours hold 0, 4 and 5: only slot 1 may still be taken (3 + 1 = 4).
+        assert_eq!(slot_bound_beside(6, 2, &held(&[0, 4, 5])), 2);
+        // Held high slots alone fill what is left: nothing below 0.
+        assert_eq!(slot_bound_beside(6, 3, &held(&[3, 4, 5])), 0);
+        assert_eq!(slot_bound_beside(6, 9, &held(&[0])), 0);
+        // Every bound keeps held + new within threads - slotless, for any claims below it.
+        for slotless in 0..6 {
+            for mask in 0u32..64 {
+                let h: BTreeSet<u32> = (0..6).filter(|s| mask & (1 << s) != 0).collect();
+                let b = slot_bound_beside(6, slotless, &h);
+                let most = h.len() as u32 + (0..b).filter(|s| !h.contains(s)).count() as u32;
+                let cap = 6u32.saturating_sub(slotless);
+                assert!(most <= cap.max(h.len() as u32), "{h:?} {slotless} {b}");
+            }
+        }
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bson::oid::ObjectId;
-use disbatch_core::claim_plan::{lane_picks, node_room, plan_claims, QueueClaims, QueueState};
+use disbatch_core::claim_plan::{
+    lane_picks, node_room, plan_claims, slot_bound_beside, QueueClaims, QueueState,
+};
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::Queue;
 use disbatch_core::scheduler::{share_room, SpecState};
@@ -415,7 +417,7 @@ impl Claimer {
             .iter()
             .find(|q| q.queue.id == queue.id)
             .map_or(0, |q| q.threads);
-        let bound = threads.saturating_sub(now.slotless);
+        let bound = slot_bound_beside(threads, now.slotless, &now.slots);
         plan.slots.retain(|s| *s < bound && !now.slots.contains(s));
         let room = threads.saturating_sub(now.running) as usize;
         Ok(n.min(room).min(plan.slots.len()))

@@ -1,0 +1,130 @@
+//! The real Disbatch 4.103 Perl DEN (`shared/peers/disbatch4-perl`), run beside ours on one
+//! database: an outside system to test against, never part of the project.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+
+use crate::TestDb;
+
+/// Where the Perl peer is: `DISBATCH_PERL_PEER`, else `shared/peers/disbatch4-perl` beside
+/// an ancestor of this repository (the workplace keeps it at `/work/shared`). Missing, the
+/// test fails and says how to point at it: a peer test that skips itself proves nothing.
+pub fn peer_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("DISBATCH_PERL_PEER") {
+        return PathBuf::from(dir);
+    }
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let candidates = here
+        .ancestors()
+        .map(|a| a.join("shared/peers/disbatch4-perl"))
+        .chain(std::iter::once(PathBuf::from(
+            "/work/shared/peers/disbatch4-perl",
+        )));
+    for dir in candidates {
+        if dir.join("run-den").is_file() {
+            return dir;
+        }
+    }
+    panic!(
+        "the Perl Disbatch 4 peer was not found: set DISBATCH_PERL_PEER to its folder (the one with run-den and run-cli)"
+    );
+}
+
+/// A Perl DEN in its own UTS namespace, so its node name (its host name) is the test's.
+pub struct PerlDen {
+    child: Option<Child>,
+    pub node: String,
+    pub config: PathBuf,
+    pub log: PathBuf,
+}
+
+impl PerlDen {
+    /// Starts a Perl DEN for `db` named `node`, serving `Disbatch::Plugin::Demo` queues.
+    pub fn start(db: &TestDb, node: &str) -> PerlDen {
+        let peer = peer_dir();
+        // The Perl driver refuses `directConnection`; a single host is direct there anyway.
+        let host = db.uri.split('?').next().unwrap_or(&db.uri).to_string();
+        let config = json!({
+            "mongohost": host,
+            "database": db.name,
+            "plugins": ["Disbatch::Plugin::Demo"],
+            "task_runner": peer.join("bin/task_runner"),
+            "gfs": "auto",
+            "testing": 1,
+            "quiet": 1,
+            "log4perl": {"level": "INFO", "appenders": {"screenlog": {
+                "type": "Log::Log4perl::Appender::Screen",
+                "layout": "[%p] %d %m %n", "args": {}}}},
+        });
+        let path = db.path(&format!("perl-{node}.json"));
+        std::fs::write(&path, config.to_string()).expect("write the Perl config");
+        let log = db.path(&format!("perl-{node}.log"));
+        let out = std::fs::File::create(&log).expect("Perl DEN log");
+        let err = out.try_clone().expect("Perl DEN log");
+        let child = Command::new(peer.join("run-den"))
+            .arg(&path)
+            .arg(node)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            // Its own process group: killing the node kills unshare, sh and perl together.
+            .process_group(0)
+            .spawn()
+            .expect("start the Perl DEN (run-den)");
+        PerlDen {
+            child: Some(child),
+            node: node.to_string(),
+            config: path,
+            log,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The host dies: the DEN and every task runner it started (each in a session of its
+    /// own, found by this node's config path on its command line) are killed at once.
+    pub fn kill_host(&mut self) {
+        self.kill_den();
+        // run-den hands the DEN its config by real path, and the DEN passes it on.
+        let real = std::fs::canonicalize(&self.config).unwrap_or_else(|_| self.config.clone());
+        let config = real.to_string_lossy().to_string();
+        for pid in processes_with_arg(&config) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+
+    fn kill_den(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = kill(Pid::from_raw(-(child.id() as i32)), Signal::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PerlDen {
+    fn drop(&mut self) {
+        self.kill_den();
+    }
+}
+
+/// Pids of processes whose command line has `arg` as one of its arguments.
+fn processes_with_arg(arg: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}

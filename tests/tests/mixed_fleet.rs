@@ -1,0 +1,232 @@
+//! A mixed fleet: the real Disbatch 4.103 Perl DEN beside two of ours on one database. Every
+//! task runs once, both kinds of node take part, our nodes never push a queue past its
+//! `threads`, and a dead Perl host's tasks are recovered by ours.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::perl_peer::PerlDen;
+use disbatch_tests::{read_lines, write_config, Den, TestDb};
+use futures::TryStreamExt;
+use serde_json::json;
+
+const DEMO: &str = "Disbatch::Plugin::Demo";
+
+/// One reading of a queue's claimed and running tasks: (claimed at, holds a slot, node).
+type Sample = Vec<(i64, bool, String)>;
+
+/// Reads the queue's running tasks every few milliseconds until `stop`.
+async fn sample_running(db: TestDbHandle, queue: ObjectId, stop: Arc<AtomicBool>) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let cursor = db
+            .find(doc! {"queue": queue, "status": {"$in": [-1, 0]}})
+            .await
+            .expect("sample");
+        let docs: Vec<Document> = cursor.try_collect().await.expect("sample");
+        samples.push(
+            docs.iter()
+                .map(|d| {
+                    let mtime = d.get_datetime("mtime").map_or(0, |t| t.timestamp_millis());
+                    let node = d.get_str("node").unwrap_or("?").to_string();
+                    (mtime, d.get("slot").is_some(), node)
+                })
+                .collect(),
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    samples
+}
+
+type TestDbHandle = mongodb::Collection<Document>;
+
+/// Over-cap readings, and those in which one of our claims (a task holding a slot) was made
+/// while `threads` others, still running, had been claimed before it: our node pushed the
+/// queue over. A tie in claim time with a Perl claim is not counted against us.
+fn over_cap(samples: &[Sample], threads: usize) -> (usize, usize) {
+    let mut over = 0;
+    let mut ours = 0;
+    for s in samples {
+        if s.len() <= threads {
+            continue;
+        }
+        over += 1;
+        let mut sorted = s.clone();
+        sorted.sort_by_key(|(at, _, _)| *at);
+        let boundary = sorted[threads - 1].0;
+        if sorted[threads..]
+            .iter()
+            .any(|(at, slot, _)| *slot && *at > boundary)
+        {
+            ours += 1;
+        }
+    }
+    (over, ours)
+}
+
+#[tokio::test]
+async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_is_recovered() {
+    let db = TestDb::new("mixed_fleet").await;
+    let runs = db.path("runs.txt").to_string_lossy().to_string();
+    // Our nodes map the Perl plugin's name onto the echo plugin, which ignores `commands`
+    // and honours `sleep_ms` and `append_to` (the Perl Demo ignores those two).
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"plugins": {DEMO: disbatch_tests::echo_plugin()}, "dead_node_after_s": 10}),
+    );
+    let threads = 6;
+    let queue = db.insert_queue("mixed", DEMO, threads as i32).await;
+    let params = || Bson::from(doc! {"commands": "a", "sleep_ms": 700_i64, "append_to": &runs});
+    let perl_node = format!("perl-{}", std::process::id());
+    let mut perl = PerlDen::start(&db, &perl_node);
+    // Perl takes seconds to start: it is in the fleet once it heartbeats.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let nodes = db.db.collection::<Document>("nodes");
+    while nodes
+        .count_documents(doc! {"node": &perl_node})
+        .await
+        .expect("count")
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the Perl DEN never heartbeat: {}",
+            perl.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ids = db
+        .insert_tasks(queue, (0..48).map(|_| params()).collect())
+        .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn(sample_running(db.tasks(), queue, stop.clone()));
+    // Ours join a queue the Perl node is busy on: its slotless claims are there from the
+    // first reading, and it claims again whenever it finds the queue below its cap.
+    wait_for_perl_claims(&db, queue, &perl_node).await;
+    let ours = [Den::start(&config, "rust-a"), Den::start(&config, "rust-b")];
+    db.wait_complete(&ids, Duration::from_secs(180)).await;
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.await.expect("sampler");
+
+    // Every task ran once, successfully, and both kinds of node took part.
+    let tasks: Vec<Document> = db
+        .tasks()
+        .find(doc! {"queue": queue})
+        .await
+        .expect("find")
+        .try_collect()
+        .await
+        .expect("tasks");
+    let mut by_node = std::collections::BTreeMap::<String, usize>::new();
+    for t in &tasks {
+        assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+        *by_node
+            .entry(t.get_str("node").unwrap_or("?").to_string())
+            .or_default() += 1;
+        if t.get_str("node").ok() == Some(perl_node.as_str()) {
+            assert!(
+                t.get("attempts").is_none(),
+                "a Perl claim keeps no attempts: {t}"
+            );
+        } else {
+            assert_eq!(t.get_i32("attempts").ok(), Some(1), "run once: {t}");
+        }
+    }
+    let ran_by_ours = read_lines(std::path::Path::new(&runs));
+    let distinct: std::collections::BTreeSet<&String> = ran_by_ours.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        ran_by_ours.len(),
+        "no task ran twice on our nodes"
+    );
+    let perl_ran = by_node.get(&perl_node).copied().unwrap_or(0);
+    assert_eq!(perl_ran + ran_by_ours.len(), ids.len(), "{by_node:?}");
+    println!("tasks by node: {by_node:?}");
+    assert!(perl_ran > 0, "the Perl node took part: {by_node:?}");
+    assert!(ran_by_ours.len() > 0, "our nodes took part: {by_node:?}");
+
+    let (over, pushed_by_ours) = over_cap(&samples, threads);
+    println!(
+        "mixed fleet, threads {threads}: {} samples, {over} over the cap ({:.1}%), {pushed_by_ours} with one of our claims made at the cap",
+        samples.len(),
+        100.0 * over as f64 / samples.len().max(1) as f64
+    );
+    assert!(samples.len() > 50, "sampled the whole run");
+    assert_eq!(
+        pushed_by_ours, 0,
+        "our nodes never push the queue past its threads ({over} over-cap samples in all)"
+    );
+
+    // The Perl host dies holding tasks: they keep their queue's threads until its node has
+    // been silent for dead_node_after_s, then a node of ours recovers them by on_lost.
+    drop(ours);
+    let lossy = db.insert_queue("lossy", DEMO, 4).await;
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": lossy}, doc! {"$set": {"on_lost": "requeue"}})
+        .await
+        .expect("on_lost");
+    let lossy_ids = db
+        .insert_tasks(lossy, (0..8).map(|_| params()).collect())
+        .await;
+    wait_for_perl_claims(&db, lossy, &perl_node).await;
+    perl.kill_host();
+    let killed = Instant::now();
+    let stuck: Vec<ObjectId> = db
+        .tasks()
+        .find(doc! {"queue": lossy, "node": &perl_node, "status": {"$in": [-1, 0]}})
+        .await
+        .expect("find")
+        .try_collect::<Vec<Document>>()
+        .await
+        .expect("stuck")
+        .iter()
+        .filter_map(|d| d.get_object_id("_id").ok())
+        .collect();
+    assert!(!stuck.is_empty(), "the Perl host died holding tasks");
+    let rescuer = Den::start(&config, "rust-c");
+    db.wait_complete(&lossy_ids, Duration::from_secs(120)).await;
+    let done_after = killed.elapsed();
+    println!(
+        "a dead Perl host's {} tasks done by our node {done_after:?} after the kill",
+        stuck.len()
+    );
+    for id in &stuck {
+        let t = db.task(*id).await;
+        assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+        assert_eq!(
+            t.get_str("node").ok(),
+            Some("rust-c"),
+            "run again by ours: {t}"
+        );
+    }
+    assert!(
+        done_after >= Duration::from_secs(9),
+        "not before its node is silent for dead_node_after_s: {done_after:?}"
+    );
+    drop(rescuer);
+    db.drop().await;
+}
+
+/// Waits until the Perl node holds some of `queue`'s tasks.
+async fn wait_for_perl_claims(db: &TestDb, queue: ObjectId, node: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = db
+            .count(doc! {"queue": queue, "node": node, "status": {"$in": [-1, 0]}})
+            .await;
+        if n > 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Perl node never claimed from {queue} (recent: {})",
+            DateTime::now()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
