@@ -147,7 +147,7 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
     assert_eq!(perl_ran + ran_by_ours.len(), ids.len(), "{by_node:?}");
     println!("tasks by node: {by_node:?}");
     assert!(perl_ran > 0, "the Perl node took part: {by_node:?}");
-    assert!(ran_by_ours.len() > 0, "our nodes took part: {by_node:?}");
+    assert!(!ran_by_ours.is_empty(), "our nodes took part: {by_node:?}");
 
     let (over, pushed_by_ours) = over_cap(&samples, threads);
     println!(
