@@ -27,7 +27,7 @@ use mongodb::{Client, Collection, Database};
 pub use browser::{screenshot_dir, Browser};
 pub use dci::{Dci, Launch};
 pub use den::{write_config, Den};
-pub use server::{server_uri, start_auth_server};
+pub use server::{server_uri, start_auth_server, start_tls_auth_server, ServerTls};
 
 /// Where cargo put the workspace binaries: beside this executable, or one level up from
 /// `deps/` for test executables.

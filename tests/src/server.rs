@@ -11,7 +11,7 @@ static URI: OnceLock<String> = OnceLock::new();
 pub fn server_uri() -> String {
     URI.get_or_init(|| match std::env::var("DISBATCH_TEST_MONGODB_URI") {
         Ok(uri) if !uri.is_empty() => uri,
-        _ => start_private_server(false),
+        _ => start_private_server(false, None),
     })
     .clone()
 }
@@ -20,7 +20,19 @@ pub fn server_uri() -> String {
 /// handshake needs a login, and the first user can only be made through the localhost
 /// exception. Each call starts another server.
 pub fn start_auth_server() -> String {
-    start_private_server(true)
+    start_private_server(true, None)
+}
+
+/// Server-side TLS: a certificate chain and its key, PEM files.
+pub struct ServerTls<'a> {
+    pub cert_file: &'a std::path::Path,
+    pub key_file: &'a std::path::Path,
+}
+
+/// `start_auth_server` that speaks only TLS, with the given certificate. The URI returned
+/// says nothing of TLS: clients add what they trust.
+pub fn start_tls_auth_server(tls: ServerTls<'_>) -> String {
+    start_private_server(true, Some(tls))
 }
 
 /// The server executable: mongod on PATH, else SecantusDB's, built once by the script.
@@ -38,7 +50,7 @@ pub fn server_binary() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn start_private_server(auth: bool) -> String {
+fn start_private_server(auth: bool, tls: Option<ServerTls<'_>>) -> String {
     let bin = server_binary();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
     let port = listener.local_addr().expect("addr").port();
@@ -67,6 +79,25 @@ fn start_private_server(auth: bool) -> String {
     }
     if auth {
         cmd.arg("--auth");
+    }
+    if let Some(tls) = tls {
+        if bin.ends_with("mongod") {
+            // mongod wants the chain and the key in one file.
+            let both = data.join("server-cert-and-key.pem");
+            let pem = [tls.cert_file, tls.key_file]
+                .iter()
+                .map(|p| std::fs::read_to_string(p).expect("read TLS PEM"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            std::fs::write(&both, pem).expect("write TLS PEM");
+            cmd.args(["--tlsMode", "requireTLS", "--tlsCertificateKeyFile"])
+                .arg(both);
+        } else {
+            cmd.arg("--tls-cert-file")
+                .arg(tls.cert_file)
+                .arg("--tls-key-file")
+                .arg(tls.key_file);
+        }
     }
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     // The server must not outlive this test process: it gets SIGTERM when the thread that

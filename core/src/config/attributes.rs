@@ -1,10 +1,36 @@
-//! Disbatch's `attributes` (Perl MongoClient options) mapped onto the Rust driver's TLS settings.
+//! Disbatch's `attributes` (Perl MongoClient options): TLS here, the rest in `driver_options`.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::driver_options::DriverOptions;
+use super::perl_bool::perl_bool;
 use super::raw::resolve;
+
+/// Reads `attributes`: TLS settings and the other driver options, warning once about the
+/// keys that cannot be applied.
+pub(super) fn read(
+    attrs: &Value,
+    base: &Path,
+    warnings: &mut Vec<String>,
+) -> Result<(TlsSettings, DriverOptions), String> {
+    let Value::Object(map) = attrs else {
+        return Err("key `attributes` must be an object".into());
+    };
+    let tls = TlsSettings::from_attributes(map, base, warnings)?;
+    let others = map
+        .iter()
+        .filter(|(k, _)| !TlsSettings::KEYS.contains(&k.as_str()));
+    let (driver, ignored) = DriverOptions::from_attributes(others)?;
+    if !ignored.is_empty() {
+        warnings.push(format!(
+            "`attributes` not applied, as this implementation cannot: {}",
+            ignored.join(", ")
+        ));
+    }
+    Ok((tls, driver))
+}
 
 /// TLS settings for the MongoDB connection, from `attributes` (options in the URI also apply).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -16,41 +42,48 @@ pub struct TlsSettings {
 }
 
 impl TlsSettings {
+    const KEYS: [&'static str; 5] = [
+        "ssl",
+        "tls",
+        "tls_ca_file",
+        "tls_certificate_key_file",
+        "tls_allow_invalid_certificates",
+    ];
+
     /// Accepts Disbatch's forms (`ssl: 1`, `ssl: {SSL_ca_file}`, `ssl: {SSL_verify_mode: 0}`)
     /// and plain keys (`tls`, `tls_ca_file`, `tls_certificate_key_file`,
     /// `tls_allow_invalid_certificates`).
-    pub(super) fn from_attributes(
-        attrs: &Value,
+    fn from_attributes(
+        map: &serde_json::Map<String, Value>,
         base: &Path,
         warnings: &mut Vec<String>,
     ) -> Result<Self, String> {
-        let Value::Object(map) = attrs else {
-            return Err("key `attributes` must be an object".into());
-        };
         let mut tls = TlsSettings::default();
         for (key, value) in map {
             let at = |what: &str| format!("key `attributes.{key}`: {what}");
             match key.as_str() {
-                "ssl" | "tls" => match value {
-                    Value::Bool(b) => tls.enabled = *b,
-                    Value::Number(n) => tls.enabled = n.as_f64().unwrap_or(0.0) != 0.0,
-                    Value::Object(ssl) => {
-                        tls.enabled = true;
-                        tls.apply_perl_ssl_options(ssl, base, key, warnings)?;
+                "ssl" | "tls" => {
+                    match value {
+                        Value::Object(ssl) => {
+                            tls.enabled = true;
+                            tls.apply_perl_ssl_options(ssl, base, key, warnings)?;
+                        }
+                        // Perl's truth for a number, as before: `ssl: 2` is on.
+                        Value::Number(n) => tls.enabled = n.as_f64().unwrap_or(0.0) != 0.0,
+                        other => tls.enabled = perl_bool(other).ok_or_else(|| {
+                            at("must be true/false, 1/0, \"1\"/\"0\" or an object of SSL options")
+                        })?,
                     }
-                    _ => return Err(at("must be true/false, 1/0 or an object of SSL options")),
-                },
+                }
                 "tls_ca_file" => tls.ca_file = Some(resolve(base, string(value, &at)?)),
                 "tls_certificate_key_file" => {
                     tls.cert_key_file = Some(resolve(base, string(value, &at)?))
                 }
                 "tls_allow_invalid_certificates" => {
                     tls.allow_invalid_certificates =
-                        value.as_bool().ok_or_else(|| at("must be true or false"))?
+                        perl_bool(value).ok_or_else(|| at(super::perl_bool::EXPECTED))?
                 }
-                _ => warnings.push(format!(
-                    "attribute `attributes.{key}` is not supported and is ignored; put driver options in the `mongohost` URI"
-                )),
+                _ => {}
             }
         }
         if tls.ca_file.is_some() || tls.cert_key_file.is_some() || tls.allow_invalid_certificates {

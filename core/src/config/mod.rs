@@ -2,19 +2,27 @@
 
 mod attributes;
 mod commas;
+mod driver_options;
+mod mongohost;
+mod perl_bool;
 mod plugin_user;
 mod raw;
+mod relaxed;
 mod web_http;
 pub(crate) use raw::resolve as resolve_path;
 mod secrets;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_disbatch4;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use attributes::TlsSettings;
+pub use driver_options::DriverOptions;
+pub use perl_bool::{perl_bool, PerlBool};
 pub use plugin_user::PluginUser;
 pub use web_http::{is_ip_literal, normal_host, split_host_port, WebOrigin};
 
@@ -59,6 +67,9 @@ pub struct BalanceSettings {
     pub log: bool,
     pub verbose: bool,
     pub pretend: bool,
+    /// The switches the file set, as it wrote them (`1` or `true`): `GET /balance` shows
+    /// them back as Disbatch did.
+    pub written: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A validated node config. Its `Debug` (in `secrets`) leaves out passwords.
@@ -69,6 +80,8 @@ pub struct Config {
     pub mongohost: String,
     pub database: String,
     pub tls: TlsSettings,
+    /// The other MongoDB client options from `attributes` (timeouts, concerns, credentials).
+    pub driver: DriverOptions,
     /// Passwords by Disbatch user name (`disbatchd`, `task_runner`, …).
     pub auth: BTreeMap<String, String>,
     pub plugins: PluginTable,
@@ -239,7 +252,7 @@ impl Config {
             path: path.to_path_buf(),
             message,
         };
-        let value = raw::parse_relaxed_json(text).map_err(fail)?;
+        let value = relaxed::parse_relaxed_json(text).map_err(fail)?;
         secrets::remember(&value);
         let mut warnings = Vec::new();
         let raw = raw::RawConfig::from_value(value, &mut warnings).map_err(fail)?;

@@ -7,71 +7,13 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::attributes::TlsSettings;
+use super::perl_bool::{self, PerlBool};
 use super::{
     BalanceSettings, Config, Role, WebSettings, WebTls, WebToken, DEFAULT_DEAD_NODE_AFTER,
     DEFAULT_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
 };
 use crate::output::GfsMode;
 use crate::plugin::PluginTable;
-
-/// Disbatch accepts comments and trailing commas in its JSON config; so do we. Missing commas
-/// between members, which the parser lets through, are refused.
-pub(super) fn parse_relaxed_json(text: &str) -> Result<Value, String> {
-    // The parser recurses; a hostile file nested thousands deep would overflow the stack.
-    if let Some(depth) = nesting_beyond(text, MAX_NESTING) {
-        return Err(format!(
-            "nested deeper than {MAX_NESTING} levels (at byte {depth}); no config needs that"
-        ));
-    }
-    let options = jsonc_parser::ParseOptions {
-        allow_comments: true,
-        allow_trailing_commas: true,
-        allow_loose_object_property_names: false,
-    };
-    let parsed = jsonc_parser::parse_to_serde_value(text, &options);
-    if matches!(parsed, Ok(Some(_))) {
-        if let Some(missing) = super::commas::missing_comma(text) {
-            return Err(format!("not valid JSON: {missing}"));
-        }
-    }
-    match parsed {
-        Ok(Some(value @ Value::Object(_))) => Ok(value),
-        Ok(Some(_)) => Err("the top level must be a JSON object".into()),
-        Ok(None) => Err("the file is empty".into()),
-        Err(e) => Err(format!("not valid JSON: {e}")),
-    }
-}
-
-const MAX_NESTING: usize = 128;
-
-/// The byte offset where brackets outside strings nest deeper than `max`, if they do.
-fn nesting_beyond(text: &str, max: usize) -> Option<usize> {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for (i, b) in text.bytes().enumerate() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => {
-                depth += 1;
-                if depth > max {
-                    return Some(i);
-                }
-            }
-            b'}' | b']' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    None
-}
 
 /// Settings that must be JSON objects: serde would also take an array for them, by position.
 const OBJECT_KEYS: &[&[&str]] = &[&["balance"], &["web"], &["web", "tls"], &["auth"]];
@@ -120,7 +62,7 @@ pub(super) struct RawConfig {
     #[serde(default)]
     ignorequeues: Option<Vec<String>>,
     #[serde(default)]
-    monitoring: Option<bool>,
+    monitoring: Option<PerlBool>,
     #[serde(default)]
     balance: Option<RawBalance>,
     #[serde(default)]
@@ -130,7 +72,7 @@ pub(super) struct RawConfig {
     #[serde(default)]
     loop_interval_ms: Option<u64>,
     #[serde(default)]
-    quiet: Option<bool>,
+    quiet: Option<PerlBool>,
     #[serde(default)]
     web: Option<RawWeb>,
     #[serde(default)]
@@ -140,7 +82,7 @@ pub(super) struct RawConfig {
     #[serde(default)]
     metrics_listen: Option<String>,
     #[serde(default)]
-    change_streams: Option<bool>,
+    change_streams: Option<PerlBool>,
     #[serde(default)]
     dead_node_after_s: Option<u64>,
 }
@@ -151,7 +93,7 @@ struct RawWeb {
     max_body_bytes: Option<u64>,
     live_window_ms: Option<u64>,
     #[serde(default)]
-    empty_tasks_object: bool,
+    empty_tasks_object: Option<PerlBool>,
     #[serde(default)]
     namespaces: Vec<String>,
     #[serde(default)]
@@ -175,13 +117,33 @@ struct RawWebTls {
 #[derive(Debug, Default, Deserialize)]
 struct RawBalance {
     #[serde(default)]
-    enabled: bool,
+    enabled: Option<PerlBool>,
     #[serde(default)]
-    log: bool,
+    log: Option<PerlBool>,
     #[serde(default)]
-    verbose: bool,
+    verbose: Option<PerlBool>,
     #[serde(default)]
-    pretend: bool,
+    pretend: Option<PerlBool>,
+}
+
+impl RawBalance {
+    fn settings(self) -> BalanceSettings {
+        let mut written = serde_json::Map::new();
+        let mut flag = |key: &str, b: Option<PerlBool>| match b {
+            Some(b) => {
+                written.insert(key.into(), b.written);
+                b.value
+            }
+            None => false,
+        };
+        BalanceSettings {
+            enabled: flag("enabled", self.enabled),
+            log: flag("log", self.log),
+            verbose: flag("verbose", self.verbose),
+            pretend: flag("pretend", self.pretend),
+            written,
+        }
+    }
 }
 
 impl RawConfig {
@@ -220,17 +182,12 @@ impl RawConfig {
         warnings: &mut Vec<String>,
     ) -> Result<Config, String> {
         let mongohost = required_string("mongohost", self.mongohost)?;
-        if !(mongohost.starts_with("mongodb://") || mongohost.starts_with("mongodb+srv://")) {
-            let shown = format!("{:?}", crate::redact::redact_uri(&mongohost));
-            return Err(format!(
-                "key `mongohost`: {shown} is not a MongoDB URI (it must start with mongodb:// or mongodb+srv://)"
-            ));
-        }
+        let mongohost = super::mongohost::normalise(&mongohost)?;
         let database = required_string("database", self.database)?;
         validate_database_name(&database)?;
-        let tls = match self.attributes {
-            None | Some(Value::Null) => TlsSettings::default(),
-            Some(v) => TlsSettings::from_attributes(&v, base, warnings)?,
+        let (tls, driver) = match self.attributes {
+            None | Some(Value::Null) => Default::default(),
+            Some(v) => super::attributes::read(&v, base, warnings)?,
         };
         let plugin_dirs: Vec<PathBuf> = self
             .plugin_dirs
@@ -301,7 +258,7 @@ impl RawConfig {
             listen: web.listen,
             max_body_bytes: web.max_body_bytes.unwrap_or(WebSettings::DEFAULT_MAX_BODY),
             live_window: Duration::from_millis(web.live_window_ms.unwrap_or(15_000)),
-            empty_tasks_object: web.empty_tasks_object,
+            empty_tasks_object: perl_bool::or(web.empty_tasks_object, false),
             namespaces: web.namespaces,
             tokens,
             tls: web_tls,
@@ -334,6 +291,7 @@ impl RawConfig {
             mongohost,
             database,
             tls,
+            driver,
             auth: self.auth.unwrap_or_default(),
             plugins,
             plugin_env,
@@ -345,17 +303,12 @@ impl RawConfig {
             gfs,
             activequeues,
             ignorequeues,
-            monitoring: self.monitoring.unwrap_or(false),
-            balance: BalanceSettings {
-                enabled: balance.enabled,
-                log: balance.log,
-                verbose: balance.verbose,
-                pretend: balance.pretend,
-            },
+            monitoring: perl_bool::or(self.monitoring, false),
+            balance: balance.settings(),
             web_root: self.web_root.as_deref().map(|p| resolve(base, p)),
             node: self.node,
             loop_interval,
-            quiet: self.quiet.unwrap_or(false),
+            quiet: perl_bool::or(self.quiet, false),
             web,
             runtimes: self.runtimes,
             web_extensions: self
@@ -363,7 +316,7 @@ impl RawConfig {
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default(),
             metrics_listen,
-            change_streams: self.change_streams.unwrap_or(true),
+            change_streams: perl_bool::or(self.change_streams, true),
             dead_node_after,
         })
     }

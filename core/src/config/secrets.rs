@@ -6,11 +6,11 @@ use serde_json::Value;
 use super::Config;
 use crate::redact::{redact_uri, remember_secret, uri_passwords};
 
-/// Tells the redactor the `mongohost` password (as written and decoded), the `auth` passwords
-/// and the web tokens, before validation, so even an error about this file cannot show them.
+/// Tells the redactor the `mongohost` password (as written and decoded), the `auth` and
+/// `attributes` passwords and the web tokens, before validation, so even an error about this file cannot show them.
 pub(super) fn remember(value: &Value) {
     if let Some(Value::String(uri)) = value.get("mongohost") {
-        for password in uri_passwords(uri) {
+        for password in uri_passwords(&super::mongohost::with_scheme(uri)) {
             remember_secret(&password);
         }
     }
@@ -18,6 +18,10 @@ pub(super) fn remember(value: &Value) {
         for password in auth.values().filter_map(Value::as_str) {
             remember_secret(password);
         }
+    }
+    let attribute_password = value.get("attributes").and_then(|a| a.get("password"));
+    if let Some(Value::String(password)) = attribute_password {
+        remember_secret(password);
     }
     let tokens = value
         .get("web")
@@ -38,6 +42,7 @@ impl std::fmt::Debug for Config {
             mongohost,
             database,
             tls,
+            driver,
             auth,
             plugins,
             plugin_env,
@@ -65,6 +70,7 @@ impl std::fmt::Debug for Config {
             .field("mongohost", &redact_uri(mongohost))
             .field("database", database)
             .field("tls", tls)
+            .field("driver", driver)
             .field("auth", &users)
             .field("plugins", plugins)
             .field("plugin_env", plugin_env)

@@ -61,7 +61,7 @@ fn every_error_names_the_file_and_the_key() {
     let e =
         error_of(r#"{"mongohost": "mongodb://h", "database": "d", "balance": {"enabled": "yes"}}"#);
     assert!(e.contains("balance.enabled"), "{e}");
-    let e = error_of(r#"{"mongohost": "localhost", "database": "d"}"#);
+    let e = error_of(r#"{"mongohost": "http://localhost", "database": "d"}"#);
     assert!(e.contains("`mongohost`") && e.contains("URI"), "{e}");
     let e = error_of(r#"{"mongohost": "mongodb://h", "database": "a.b"}"#);
     assert!(e.contains("`database`"), "{e}");

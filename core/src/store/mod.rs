@@ -85,6 +85,9 @@ impl Store {
                     .username(component.user().to_string())
                     .password(password.clone())
                     .source(config.database.clone())
+                    // `auth` names user and password; a mechanism from `attributes` still
+                    // applies, as Disbatch passed both to the Perl driver.
+                    .mechanism(config.driver.auth_mechanism.clone())
                     .build(),
             );
         }
@@ -176,24 +179,40 @@ impl Store {
     }
 }
 
-/// Driver options from `mongohost` and `attributes` (TLS), before any credential: shared by
+/// Driver options from `mongohost` and `attributes`, before the `auth` credential: shared by
 /// the components and by `create-users`, which logs in as the root user instead.
 pub(crate) async fn client_options(config: &Config, user: &str) -> Result<ClientOptions> {
     let mut options = ClientOptions::parse(&config.mongohost)
         .await
         .map_err(|e| mongohost_error(config, e))?;
-    options.app_name = Some(format!("disbatch-rs/{user}"));
+    config.driver.apply(&mut options);
+    if options.app_name.is_none() {
+        options.app_name = Some(format!("disbatch-rs/{user}"));
+    }
     if options.server_selection_timeout.is_none() {
         // Fail an operation within a pass or two rather than the driver's 30 s default,
         // so loops log the outage and retry instead of stalling silently.
         options.server_selection_timeout = Some(Duration::from_secs(10));
     }
     if config.tls.enabled {
-        let tls = TlsOptions::builder()
-            .ca_file_path(config.tls.ca_file.clone())
-            .cert_key_file_path(config.tls.cert_key_file.clone())
-            .allow_invalid_certificates(config.tls.allow_invalid_certificates.then_some(true))
-            .build();
+        // The URI's own TLS options win here too; `tls=false` in it turns `attributes.ssl` off.
+        let mut tls = match options.tls.take() {
+            Some(Tls::Disabled) => {
+                options.tls = Some(Tls::Disabled);
+                return Ok(options);
+            }
+            Some(Tls::Enabled(tls)) => tls,
+            None => TlsOptions::default(),
+        };
+        if tls.ca_file_path.is_none() {
+            tls.ca_file_path.clone_from(&config.tls.ca_file);
+        }
+        if tls.cert_key_file_path.is_none() {
+            tls.cert_key_file_path.clone_from(&config.tls.cert_key_file);
+        }
+        if tls.allow_invalid_certificates.is_none() {
+            tls.allow_invalid_certificates = config.tls.allow_invalid_certificates.then_some(true);
+        }
         options.tls = Some(Tls::Enabled(tls));
     }
     Ok(options)

@@ -23,10 +23,16 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     };
     if let Value::Object(m) = &mut out {
         m.insert("known_queues".into(), json!(names));
-        m.insert(
-            "settings".into(),
-            json!({"enabled": b.enabled, "log": b.log, "verbose": b.verbose, "pretend": b.pretend}),
-        );
+        // As the file wrote them (`1` stays 1, as Disbatch echoed its config); a switch the
+        // file left out shows its default.
+        let mut settings =
+            json!({"enabled": b.enabled, "log": b.log, "verbose": b.verbose, "pretend": b.pretend});
+        if let Value::Object(s) = &mut settings {
+            for (key, written) in &b.written {
+                s.insert(key.clone(), written.clone());
+            }
+        }
+        m.insert("settings".into(), settings);
         m.sort_keys();
     }
     Ok(json_response(&out, true))

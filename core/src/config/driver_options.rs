@@ -1,0 +1,343 @@
+//! Disbatch's `attributes` (Perl MongoDB::MongoClient options) the Rust driver also has, kept
+//! typed here and laid onto its `ClientOptions` where the connection is made. TLS is in
+//! `attributes.rs`; what the driver lacks is named in one warning.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use mongodb::options::{
+    Acknowledgment, AuthMechanism, ClientOptions, Credential, ReadConcern, ReadPreference,
+    ReadPreferenceOptions, SelectionCriteria, WriteConcern,
+};
+use serde_json::Value;
+
+use super::perl_bool::{perl_bool, EXPECTED};
+
+/// The driver's floor for `heartbeat_frequency_ms`; below it the client cannot be created.
+const MIN_HEARTBEAT_MS: u64 = 500;
+/// The server's floor for `max_staleness_seconds`; below it every read would fail.
+const MIN_STALENESS_SECS: u64 = 90;
+
+/// Perl options the Rust driver has no counterpart for, and why, for the warning.
+const UNMAPPED: &[(&str, &str)] = &[
+    ("socket_timeout_ms", "the Rust driver has no socket timeout; connect_timeout_ms and server_selection_timeout_ms bound waits"),
+    ("max_time_ms", "the Rust driver has no client-wide maxTimeMS"),
+    ("compressors", "this build has no wire compression"),
+    ("zlib_compression_level", "this build has no wire compression"),
+    ("server_selection_try_once", "the driver always retries selection within server_selection_timeout_ms"),
+    ("socket_check_interval_ms", "the driver checks connections itself"),
+    ("host", "give hosts in `mongohost`"),
+    ("port", "give ports in `mongohost`"),
+    ("bson_codec", "a Perl object"),
+    ("monitoring_callback", "a Perl code reference"),
+];
+
+/// Driver settings from `attributes`; every field unset unless the file gave it.
+#[derive(Clone, Default, PartialEq)]
+pub struct DriverOptions {
+    pub app_name: Option<String>,
+    pub connect_timeout: Option<Duration>,
+    pub server_selection_timeout: Option<Duration>,
+    pub heartbeat_freq: Option<Duration>,
+    pub local_threshold: Option<Duration>,
+    pub w: Option<Acknowledgment>,
+    pub journal: Option<bool>,
+    pub w_timeout: Option<Duration>,
+    pub read_preference: Option<ReadPreference>,
+    pub read_concern: Option<ReadConcern>,
+    pub repl_set_name: Option<String>,
+    pub retry_reads: Option<bool>,
+    pub retry_writes: Option<bool>,
+    pub username: Option<String>,
+    password: Option<String>,
+    /// Where `username` is defined (Perl's `db_name`).
+    pub auth_source: Option<String>,
+    pub auth_mechanism: Option<AuthMechanism>,
+    pub auth_mechanism_properties: Option<bson::Document>,
+}
+
+/// Read preference parts, combined once all attributes are read.
+#[derive(Default)]
+struct ReadPref {
+    mode: Option<String>,
+    tag_sets: Option<Vec<HashMap<String, String>>>,
+    max_staleness: Option<Duration>,
+}
+
+impl DriverOptions {
+    /// Reads the driver options among `attributes` (TLS keys excluded by the caller). Keys it
+    /// cannot apply are returned with the reason, for one warning.
+    pub(super) fn from_attributes<'a>(
+        attrs: impl Iterator<Item = (&'a String, &'a Value)>,
+    ) -> Result<(Self, Vec<String>), String> {
+        let mut o = DriverOptions::default();
+        let mut pref = ReadPref::default();
+        let mut ignored = Vec::new();
+        for (key, value) in attrs {
+            let at = |what: &str| format!("key `attributes.{key}`: {what}");
+            match key.as_str() {
+                "app_name" => o.app_name = Some(text(value, &at)?),
+                "connect_timeout_ms" => o.connect_timeout = Some(millis(value, &at)?),
+                "server_selection_timeout_ms" => {
+                    o.server_selection_timeout = Some(millis(value, &at)?)
+                }
+                "heartbeat_frequency_ms" => {
+                    let freq = millis(value, &at)?;
+                    if freq < Duration::from_millis(MIN_HEARTBEAT_MS) {
+                        return Err(at(&format!("must be at least {MIN_HEARTBEAT_MS}")));
+                    }
+                    o.heartbeat_freq = Some(freq);
+                }
+                "local_threshold_ms" => o.local_threshold = Some(millis(value, &at)?),
+                "w" => o.w = Some(acknowledgment(value, &at)?),
+                "j" => o.journal = Some(boolean(value, &at)?),
+                "wtimeout" => o.w_timeout = Some(millis(value, &at)?),
+                "read_pref_mode" | "read_preference" => pref.mode = Some(text(value, &at)?),
+                "read_pref_tag_sets" => pref.tag_sets = Some(tag_sets(value, &at)?),
+                "max_staleness_seconds" => {
+                    let secs = whole(value, &at, "a whole number of seconds")?;
+                    // -1 is the Perl driver's "no maximum".
+                    if secs != -1 {
+                        let secs = u64::try_from(secs)
+                            .ok()
+                            .filter(|s| *s >= MIN_STALENESS_SECS)
+                            .ok_or_else(|| at("must be -1 or at least 90 seconds"))?;
+                        pref.max_staleness = Some(Duration::from_secs(secs));
+                    }
+                }
+                "read_concern_level" => o.read_concern = Some(read_concern(value, &at)?),
+                "replica_set_name" => o.repl_set_name = Some(text(value, &at)?),
+                "retry_reads" => o.retry_reads = Some(boolean(value, &at)?),
+                "retry_writes" => o.retry_writes = Some(boolean(value, &at)?),
+                "username" => o.username = Some(text(value, &at)?),
+                "password" => o.password = Some(text(value, &at)?),
+                "db_name" => o.auth_source = Some(text(value, &at)?),
+                "auth_mechanism" => {
+                    let name = text(value, &at)?;
+                    let mechanism = name.parse::<AuthMechanism>().map_err(|e| {
+                        at(&format!("{name:?} is not a mechanism the driver has ({e})"))
+                    })?;
+                    o.auth_mechanism = Some(mechanism);
+                }
+                "auth_mechanism_properties" => {
+                    o.auth_mechanism_properties = Some(
+                        string_map(value, &at)?
+                            .into_iter()
+                            .map(|(k, v)| (k, bson::Bson::String(v)))
+                            .collect(),
+                    )
+                }
+                other => {
+                    let why = UNMAPPED.iter().find(|(k, _)| *k == other).map_or(
+                        "not a MongoDB client option this implementation knows",
+                        |(_, w)| w,
+                    );
+                    ignored.push(format!("`{other}` ({why})"));
+                }
+            }
+        }
+        o.read_preference = pref.build()?;
+        Ok((o, ignored))
+    }
+
+    /// Lays these options onto what `mongohost` gave: an option the URI sets wins, as with
+    /// the Perl driver.
+    pub fn apply(&self, options: &mut ClientOptions) {
+        fn fill<T: Clone>(slot: &mut Option<T>, from: &Option<T>) {
+            if slot.is_none() {
+                slot.clone_from(from);
+            }
+        }
+        fill(&mut options.app_name, &self.app_name);
+        fill(&mut options.connect_timeout, &self.connect_timeout);
+        fill(
+            &mut options.server_selection_timeout,
+            &self.server_selection_timeout,
+        );
+        fill(&mut options.heartbeat_freq, &self.heartbeat_freq);
+        fill(&mut options.local_threshold, &self.local_threshold);
+        fill(&mut options.read_concern, &self.read_concern);
+        fill(&mut options.repl_set_name, &self.repl_set_name);
+        fill(&mut options.retry_reads, &self.retry_reads);
+        fill(&mut options.retry_writes, &self.retry_writes);
+        if options.selection_criteria.is_none() {
+            options.selection_criteria = self
+                .read_preference
+                .clone()
+                .map(SelectionCriteria::ReadPreference);
+        }
+        if self.w.is_some() || self.journal.is_some() || self.w_timeout.is_some() {
+            let mut wc = options.write_concern.take().unwrap_or_default();
+            fill(&mut wc.w, &self.w);
+            fill(&mut wc.journal, &self.journal);
+            fill(&mut wc.w_timeout, &self.w_timeout);
+            options.write_concern = Some(wc);
+        }
+        if options.credential.is_none()
+            && (self.username.is_some() || self.auth_mechanism.is_some())
+        {
+            options.credential = Some(
+                Credential::builder()
+                    .username(self.username.clone())
+                    .password(self.password.clone())
+                    .source(self.auth_source.clone())
+                    .mechanism(self.auth_mechanism.clone())
+                    .mechanism_properties(self.auth_mechanism_properties.clone())
+                    .build(),
+            );
+        }
+    }
+
+    /// The write concern these options ask for, if any (for tests and messages).
+    pub fn write_concern(&self) -> Option<WriteConcern> {
+        let mut wc = WriteConcern::default();
+        wc.w.clone_from(&self.w);
+        wc.journal = self.journal;
+        wc.w_timeout = self.w_timeout;
+        (wc != WriteConcern::default()).then_some(wc)
+    }
+}
+
+impl std::fmt::Debug for DriverOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverOptions")
+            .field("app_name", &self.app_name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("server_selection_timeout", &self.server_selection_timeout)
+            .field("heartbeat_freq", &self.heartbeat_freq)
+            .field("local_threshold", &self.local_threshold)
+            .field("write_concern", &self.write_concern())
+            .field("read_preference", &self.read_preference)
+            .field("read_concern", &self.read_concern)
+            .field("repl_set_name", &self.repl_set_name)
+            .field("retry_reads", &self.retry_reads)
+            .field("retry_writes", &self.retry_writes)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("auth_source", &self.auth_source)
+            .field("auth_mechanism", &self.auth_mechanism)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadPref {
+    fn build(self) -> Result<Option<ReadPreference>, String> {
+        let has_options = self.tag_sets.is_some() || self.max_staleness.is_some();
+        let Some(mode) = self.mode else {
+            return if has_options {
+                Err("key `attributes.read_pref_mode`: required with `read_pref_tag_sets` or `max_staleness_seconds`".into())
+            } else {
+                Ok(None)
+            };
+        };
+        let options = has_options.then(|| {
+            ReadPreferenceOptions::builder()
+                .tag_sets(self.tag_sets)
+                .max_staleness(self.max_staleness)
+                .build()
+        });
+        // Perl's names are camelCase (`secondaryPreferred`); snake_case is forgiven.
+        let pref = match mode.to_ascii_lowercase().replace('_', "").as_str() {
+            "primary" if has_options => {
+                return Err("key `attributes.read_pref_mode`: `primary` takes no tag sets or staleness".into())
+            }
+            "primary" => ReadPreference::Primary,
+            "primarypreferred" => ReadPreference::PrimaryPreferred { options },
+            "secondary" => ReadPreference::Secondary { options },
+            "secondarypreferred" => ReadPreference::SecondaryPreferred { options },
+            "nearest" => ReadPreference::Nearest { options },
+            _ => {
+                return Err(format!(
+                    "key `attributes.read_pref_mode`: {mode:?} is not one of primary, primaryPreferred, secondary, secondaryPreferred or nearest"
+                ))
+            }
+        };
+        Ok(Some(pref))
+    }
+}
+
+fn text(value: &Value, at: &dyn Fn(&str) -> String) -> Result<String, String> {
+    match value {
+        Value::String(s) if !s.is_empty() => Ok(s.clone()),
+        Value::String(_) => Err(at("must not be empty")),
+        _ => Err(at("must be a string")),
+    }
+}
+
+fn boolean(value: &Value, at: &dyn Fn(&str) -> String) -> Result<bool, String> {
+    perl_bool(value).ok_or_else(|| at(EXPECTED))
+}
+
+/// A whole number, as a JSON number or the digits Perl configs sometimes quote.
+fn whole(value: &Value, at: &dyn Fn(&str) -> String, what: &str) -> Result<i64, String> {
+    let n = match value {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse::<i64>().ok(),
+        _ => None,
+    };
+    n.ok_or_else(|| at(&format!("must be {what}")))
+}
+
+fn millis(value: &Value, at: &dyn Fn(&str) -> String) -> Result<Duration, String> {
+    let what = "a whole number of milliseconds";
+    let ms = whole(value, at, what)?;
+    u64::try_from(ms)
+        .map(Duration::from_millis)
+        .map_err(|_| at(&format!("must be {what}, not negative")))
+}
+
+/// `w`: a number of nodes, `"majority"` or a tag set name, as MongoDB takes it.
+fn acknowledgment(value: &Value, at: &dyn Fn(&str) -> String) -> Result<Acknowledgment, String> {
+    match value {
+        Value::Number(n) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Acknowledgment::Nodes)
+            .ok_or_else(|| at("must be a number of nodes, \"majority\" or a tag set name")),
+        Value::String(s) if s.bytes().all(|b| b.is_ascii_digit()) && !s.is_empty() => s
+            .parse::<u32>()
+            .map(Acknowledgment::Nodes)
+            .map_err(|_| at("is too many nodes")),
+        Value::String(s) if !s.is_empty() => Ok(Acknowledgment::from(s.as_str())),
+        _ => Err(at(
+            "must be a number of nodes, \"majority\" or a tag set name",
+        )),
+    }
+}
+
+fn read_concern(value: &Value, at: &dyn Fn(&str) -> String) -> Result<ReadConcern, String> {
+    const LEVELS: [&str; 5] = ["local", "majority", "linearizable", "available", "snapshot"];
+    let level = text(value, at)?;
+    if !LEVELS.contains(&level.as_str()) {
+        return Err(at(&format!(
+            "{level:?} is not one of {}",
+            LEVELS.join(", ")
+        )));
+    }
+    Ok(ReadConcern::custom(level))
+}
+
+fn string_map(
+    value: &Value,
+    at: &dyn Fn(&str) -> String,
+) -> Result<HashMap<String, String>, String> {
+    let Value::Object(map) = value else {
+        return Err(at("must be an object of strings"));
+    };
+    map.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            _ => Err(at("must be an object of strings")),
+        })
+        .collect()
+}
+
+fn tag_sets(
+    value: &Value,
+    at: &dyn Fn(&str) -> String,
+) -> Result<Vec<HashMap<String, String>>, String> {
+    let Value::Array(sets) = value else {
+        return Err(at("must be an array of objects of strings"));
+    };
+    sets.iter().map(|set| string_map(set, at)).collect()
+}
