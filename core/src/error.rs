@@ -62,6 +62,16 @@ impl Error {
         }
     }
 
+    /// For a unique-index refusal: the server's E11000 message as Disbatch reported it, or a
+    /// plain "E11000 duplicate key error" when the server gave none.
+    pub fn duplicate_key_message(&self) -> String {
+        match self {
+            Error::Mongo { source, .. } => crate::store::duplicate_key_message(source),
+            _ => None,
+        }
+        .unwrap_or_else(|| "E11000 duplicate key error".to_string())
+    }
+
     /// What we were doing and the server's own short message, for an error the server
     /// answered with; otherwise the whole error. Fit for a client: no reply dumps.
     pub fn short(&self) -> String {

@@ -44,10 +44,15 @@ impl From<disbatch_core::Error> for ApiError {
     fn from(e: disbatch_core::Error) -> Self {
         use disbatch_core::Error as E;
         match &e {
-            E::Mongo { .. } if e.is_duplicate_key() => ApiError::bad_request_with(json!({
-                "MongoDB::DuplicateKeyError": {"message": e.short()},
-                "error": e.short(),
-            })),
+            // Disbatch's shape: the driver's exception class as the key, its message as
+            // `error`; the server's words only, as the Perl driver stringified them.
+            E::Mongo { .. } if e.is_duplicate_key() => {
+                let message = e.duplicate_key_message();
+                ApiError::bad_request_with(json!({
+                    "MongoDB::DuplicateKeyError": {"code": 11000, "message": message},
+                    "error": message,
+                }))
+            }
             E::Mongo { .. } if e.is_document_too_large() => ApiError::with(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "the document would exceed MongoDB's 16 MiB limit",

@@ -1,5 +1,5 @@
-//! A JSON array sent element by element as its values arrive: the same bytes serde_json would
-//! print for the whole array (compact or pretty), with memory bounded by one element.
+//! A JSON array sent element by element as its values arrive: the same bytes as the whole
+//! array rendered at once (compact, or Disbatch's pretty), with memory bounded by one element.
 
 use axum::body::{Body, Bytes};
 use axum::http::header;
@@ -8,7 +8,7 @@ use futures::{Stream, StreamExt};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::render::canonical;
+use crate::render::{canonical, pretty_text};
 
 /// The response for a stream of array elements; an error after the first byte ends the body
 /// early (the client sees a cut response, never a wrong complete one) and is logged.
@@ -29,7 +29,7 @@ pub fn array_response(
             }
         })
         .chain(futures::stream::once(async move {
-            Ok::<_, std::io::Error>(Bytes::from_static(if pretty { b"\n]" } else { b"]" }))
+            Ok::<_, std::io::Error>(Bytes::from_static(if pretty { b"\n]\n" } else { b"]" }))
         }));
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -48,10 +48,9 @@ fn element(i: usize, value: &Value, pretty: bool) -> String {
         (_, true) => ",\n",
     };
     let text = if pretty {
-        serde_json::to_string_pretty(value)
-            .unwrap_or_else(|_| "null".into())
+        pretty_text(value)
             .lines()
-            .map(|l| format!("  {l}"))
+            .map(|l| format!("   {l}"))
             .collect::<Vec<_>>()
             .join("\n")
     } else {
@@ -71,12 +70,12 @@ mod tests {
             .enumerate()
             .map(|(i, v)| element(i, v, pretty))
             .collect();
-        out.push_str(if pretty { "\n]" } else { "]" });
+        out.push_str(if pretty { "\n]\n" } else { "]" });
         out
     }
 
     #[test]
-    fn the_bytes_are_serde_jsons_for_the_whole_array() {
+    fn the_bytes_are_those_of_the_whole_array() {
         let values = vec![
             json!({"a": 1, "b": [1, 2, {"c": null}], "d": "x\ny"}),
             json!([]),
@@ -85,11 +84,10 @@ mod tests {
         ];
         for pretty in [false, true] {
             let expected = if pretty {
-                serde_json::to_string_pretty(&Value::Array(values.clone()))
+                pretty_text(&Value::Array(values.clone()))
             } else {
-                serde_json::to_string(&Value::Array(values.clone()))
-            }
-            .expect("json");
+                serde_json::to_string(&Value::Array(values.clone())).expect("json")
+            };
             assert_eq!(whole(&values, pretty), expected, "pretty: {pretty}");
         }
     }

@@ -22,11 +22,44 @@ pub struct Options {
 
 /// Decoded parameters. `body` is the whole JSON body when it was not an object (a bare
 /// array is a legacy shape).
+///
+/// The top-level fields are reached only through `given` (a null is the key not given) or
+/// `data` (nulls kept), so every route decides which it reads: Perl clients send an unset
+/// option as `null` (the CLI's `".fields": null`, `"options": null`), and a route that read
+/// the map directly would answer them with a 400.
 #[derive(Debug, Clone, Default)]
 pub struct Params {
-    pub fields: Map<String, Value>,
+    fields: Map<String, Value>,
     pub options: Options,
     pub body: Option<Value>,
+}
+
+impl Params {
+    /// The fields of a route whose keys are settings: a null is the same as the key absent.
+    pub fn given(self) -> Map<String, Value> {
+        without_nulls(self.fields)
+    }
+
+    /// `given`, except for keys whose null is a setting of its own (`maxthreads: null` lifts
+    /// a node's limit, `threads: null` pauses a queue).
+    pub fn given_keeping_null(self, null_is_a_value: &[&str]) -> Map<String, Value> {
+        self.fields
+            .into_iter()
+            .filter(|(k, v)| !v.is_null() || null_is_a_value.contains(&k.as_str()))
+            .collect()
+    }
+
+    /// The fields as sent, nulls included: for bodies that are data, such as a search
+    /// filter (`{"node": null}` means "node is null") or task params.
+    pub fn data(self) -> Map<String, Value> {
+        self.fields
+    }
+}
+
+/// Drops the null members of an object of settings (also for nested option objects, such as
+/// the legacy search's `options`).
+pub fn without_nulls(map: Map<String, Value>) -> Map<String, Value> {
+    map.into_iter().filter(|(_, v)| !v.is_null()).collect()
 }
 
 fn content_type(headers: &HeaderMap) -> String {
@@ -140,6 +173,15 @@ fn number(name: &str, v: &Value) -> ApiResult<i64> {
 }
 
 fn apply_option(o: &mut Options, name: &str, v: &Value) -> ApiResult<()> {
+    // An option sent as null is an option not given (Perl clients send undef as null), but
+    // its name must still be one we know.
+    let known = matches!(
+        name,
+        "count" | "limit" | "skip" | "terse" | "full" | "epoch" | "pretty" | "fields"
+    );
+    if v.is_null() && known {
+        return Ok(());
+    }
     match name {
         "count" => o.count = truthy(v),
         "limit" => o.limit = Some(number(name, v)?),
@@ -269,6 +311,59 @@ mod tests {
             parse(&HeaderMap::new(), Some("x=a%00b"), b"").is_ok(),
             "NUL in a value is data"
         );
+    }
+
+    #[test]
+    fn null_options_are_options_not_given() {
+        // What Disbatch's CLI sends for `disbatch tasks` without --fields.
+        let p = parse(
+            &headers("application/json"),
+            None,
+            br#"{"queue": "q", ".fields": null, ".limit": null, ".skip": null, ".terse": null,
+                ".count": null, ".full": null, ".epoch": null, ".pretty": null}"#,
+        )
+        .expect("nulls are options not given");
+        assert_eq!(p.options, Options::default());
+        // A null does not make an unknown option known.
+        assert!(parse(&headers("application/json"), None, br#"{".bogus": null}"#).is_err());
+        // Wrong types are still refused, naming the option.
+        for (body, name) in [
+            (r#"{".limit": "x"}"#, ".limit"),
+            (r#"{".skip": [1]}"#, ".skip"),
+            (r#"{".fields": 3}"#, ".fields"),
+        ] {
+            let err = parse(&headers("application/json"), None, body.as_bytes()).expect_err(body);
+            assert!(
+                err.body["error"].as_str().is_some_and(|e| e.contains(name)),
+                "{body}: {}",
+                err.body
+            );
+        }
+    }
+
+    #[test]
+    fn given_drops_null_fields_and_data_keeps_them() {
+        let body = br#"{"name": "a", "plugin": null, "threads": null, "params": {"x": null}}"#;
+        let p = parse(&headers("application/json"), None, body).expect("ok");
+        let sorted = |m: &Map<String, Value>| {
+            let mut keys: Vec<String> = m.keys().cloned().collect();
+            keys.sort();
+            keys
+        };
+        let given = p.clone().given();
+        assert_eq!(
+            sorted(&given),
+            ["name", "params"],
+            "top-level nulls dropped"
+        );
+        assert_eq!(
+            given["params"],
+            serde_json::json!({"x": null}),
+            "nested data kept"
+        );
+        let kept = p.clone().given_keeping_null(&["threads"]);
+        assert_eq!(sorted(&kept), ["name", "params", "threads"]);
+        assert_eq!(p.data().len(), 4);
     }
 
     #[test]

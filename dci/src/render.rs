@@ -78,12 +78,99 @@ pub fn json_response(value: &Value, pretty: bool) -> Response {
     let mut value = value.clone();
     canonical(&mut value);
     let text = if pretty {
-        serde_json::to_string_pretty(&value)
+        pretty_text(&value)
     } else {
-        serde_json::to_string(&value)
-    }
-    .unwrap_or_else(|_| "null".into());
+        serde_json::to_string(&value).unwrap_or_else(|_| "null".into())
+    };
     ([(header::CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// Disbatch's pretty JSON, byte for byte: Cpanel::JSON::XS's `pretty` indents by three
+/// spaces, writes `"key" : value` and ends with a newline. Clients print it as it comes
+/// (`disbatch tasks --pretty`), so the layout is part of what they show.
+pub fn pretty_text(value: &Value) -> String {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PerlPretty::default());
+    if serde::Serialize::serialize(value, &mut ser).is_err() {
+        return "null\n".into();
+    }
+    out.push(b'\n');
+    String::from_utf8(out).unwrap_or_else(|_| "null\n".into())
+}
+
+/// serde_json's PrettyFormatter with Cpanel::JSON::XS's indent and key separator.
+#[derive(Default)]
+struct PerlPretty {
+    depth: usize,
+    has_value: bool,
+}
+
+impl PerlPretty {
+    fn newline<W: ?Sized + std::io::Write>(&self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b"\n")?;
+        (0..self.depth).try_for_each(|_| w.write_all(b"   "))
+    }
+
+    fn open<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.depth += 1;
+        self.has_value = false;
+        w.write_all(b)
+    }
+
+    fn close<W: ?Sized + std::io::Write>(&mut self, w: &mut W, b: &[u8]) -> std::io::Result<()> {
+        self.depth -= 1;
+        if self.has_value {
+            self.newline(w)?;
+        }
+        w.write_all(b)
+    }
+
+    fn item<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        self.newline(w)
+    }
+}
+
+impl serde_json::ser::Formatter for PerlPretty {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"[")
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"{")
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"}")
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b" : ")
+    }
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -112,5 +199,16 @@ mod tests {
             date(when, Dates::Millis),
             serde_json::json!(1_461_693_573_649_i64)
         );
+    }
+
+    #[test]
+    fn pretty_is_cpanel_json_xs_pretty() {
+        // What `Cpanel::JSON::XS->new->pretty->canonical->encode(...)` prints.
+        let v = serde_json::json!({"a": [1, {}], "b": {"c": null, "e": 1.5}, "d": [], "u": -2});
+        assert_eq!(
+            pretty_text(&v),
+            "{\n   \"a\" : [\n      1,\n      {}\n   ],\n   \"b\" : {\n      \"c\" : null,\n      \"e\" : 1.5\n   },\n   \"d\" : [],\n   \"u\" : -2\n}\n"
+        );
+        assert_eq!(pretty_text(&serde_json::json!([])), "[]\n");
     }
 }

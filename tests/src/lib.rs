@@ -12,6 +12,7 @@ pub mod flood;
 pub mod hostile;
 pub mod hostile_corpus;
 pub mod hostile_requests;
+pub mod perl;
 pub mod perl_peer;
 pub mod restartable;
 mod server;

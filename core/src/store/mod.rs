@@ -404,6 +404,29 @@ pub(crate) fn short_message(message: &str, code: i32) -> String {
     format!("{}{cut} (code {code})", one_line.trim_end())
 }
 
+/// The server's E11000 text alone ("E11000 duplicate key error collection: … dup key: { … }"),
+/// one line, as Disbatch's `MongoDB::DuplicateKeyError` stringifies: no context, no code
+/// suffix, never the driver's debug form of the error.
+pub(crate) fn duplicate_key_message(err: &mongodb::error::Error) -> Option<String> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    let message = match err.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == 11000 => e.message.as_str(),
+        ErrorKind::Command(e) if e.code == 11000 => e.message.as_str(),
+        ErrorKind::InsertMany(e) => e
+            .write_errors
+            .as_ref()
+            .and_then(|errs| errs.iter().find(|e| e.code == 11000))
+            .map(|e| e.message.as_str())?,
+        _ => return None,
+    };
+    let one_line: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(300)
+        .collect();
+    Some(one_line.trim().to_string()).filter(|m| !m.is_empty())
+}
+
 /// The server (10334) or the driver refused a document over 16 MiB.
 pub(crate) fn is_document_too_large(err: &mongodb::error::Error) -> bool {
     use mongodb::error::{ErrorKind, WriteFailure};

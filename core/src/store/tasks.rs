@@ -47,7 +47,11 @@ pub enum OutputValue {
 impl From<OutputValue> for Bson {
     fn from(v: OutputValue) -> Bson {
         match v {
+            // Disbatch's runner stores a plugin's absent output as null, and Perl tools test
+            // `defined`: an empty stream is stored the same way (GridFS files stay files,
+            // empty or not, as with `gfs: true` in Disbatch).
             OutputValue::Null => Bson::Null,
+            OutputValue::Text(s) if s.is_empty() => Bson::Null,
             OutputValue::Text(s) => Bson::String(s),
             OutputValue::File(id) => Bson::ObjectId(id),
         }
@@ -367,4 +371,21 @@ pub(crate) fn finish_statement(
         }
     }
     (filter, doc! {"$set": set, "$unset": unset})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_inline_output_is_stored_as_null_like_disbatch() {
+        assert_eq!(Bson::from(OutputValue::Text(String::new())), Bson::Null);
+        assert_eq!(Bson::from(OutputValue::Null), Bson::Null);
+        assert_eq!(
+            Bson::from(OutputValue::Text("x".into())),
+            Bson::String("x".into())
+        );
+        let file = ObjectId::new();
+        assert_eq!(Bson::from(OutputValue::File(file)), Bson::ObjectId(file));
+    }
 }

@@ -38,8 +38,12 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     Ok(json_response(&out, true))
 }
 
-pub async fn set(Ns(state): Ns, p: Params) -> ApiResult<Response> {
-    let body = p.body.unwrap_or(Value::Object(p.fields));
+pub async fn set(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
+    // `disabled: null` re-enables balancing; left out, it would leave a pause in place.
+    let body = match p.body.take() {
+        Some(body) => body,
+        None => Value::Object(p.given_keeping_null(&["disabled"])),
+    };
     let names = state.store.queue_names().await?;
     match validate_balance(
         &body,

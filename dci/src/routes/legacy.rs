@@ -4,12 +4,12 @@ use axum::response::Response;
 use bson::{Bson, Document};
 use serde_json::{json, Map, Value};
 
+use super::nodes::non_negative;
 use super::tasks_create::{create_from, resolve_queue};
 use super::tasks_search::task_json;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
-use crate::params::Options;
-use crate::params::Params;
+use crate::params::{without_nulls, Options, Params};
 use crate::path::Path;
 use crate::render::json_response;
 use crate::state::AppState;
@@ -27,11 +27,16 @@ fn enabled(state: &AppState) -> ApiResult<()> {
 /// `POST /tasks/search {filter, options, count, terse, pretty}`: an arbitrary-filter search.
 pub async fn search(Ns(state): Ns, params: Params) -> ApiResult<Response> {
     enabled(&state)?;
-    let p = params.fields;
+    // The keys around the filter are settings (Disbatch's CLI sends `"options": null` and
+    // `"filter": null` when not given); the filter's own nulls are data ("is null").
+    let p = params.given();
     let (filter, options) = match (p.get("filter"), p.get("options")) {
         (None | Some(Value::Object(_)), None | Some(Value::Object(_))) => (
             p.get("filter").cloned().unwrap_or(json!({})),
-            p.get("options").cloned().unwrap_or(json!({})),
+            match p.get("options") {
+                Some(Value::Object(o)) => without_nulls(o.clone()),
+                _ => Map::new(),
+            },
         ),
         _ => {
             return Err(ApiError::bad_request(
@@ -48,11 +53,17 @@ pub async fn search(Ns(state): Ns, params: Params) -> ApiResult<Response> {
         let n = state.store.count_tasks(filter).await?;
         return Ok(json_response(&json!({"count": n}), flag("pretty", false)));
     }
-    let limit = options.get("limit").and_then(Value::as_i64).unwrap_or(100);
+    let count_option = |k: &str, default: i64| match options.get(k) {
+        None => Ok(default),
+        Some(v) => non_negative(v).ok_or_else(|| {
+            ApiError::bad_request(format!("options.{k} must be a non-negative integer"))
+        }),
+    };
+    let limit = count_option("limit", 100)?;
     if limit > 100 {
         return Err(ApiError::bad_request("limit cannot exceed 100"));
     }
-    let skip = options.get("skip").and_then(Value::as_u64).unwrap_or(0);
+    let skip = count_option("skip", 0)? as u64;
     let terse = flag("terse", true);
     let o = Options {
         terse,
@@ -60,10 +71,7 @@ pub async fn search(Ns(state): Ns, params: Params) -> ApiResult<Response> {
         epoch: true,
         ..Options::default()
     };
-    let docs = state
-        .store
-        .find_tasks(filter, None, skip, limit.max(0))
-        .await?;
+    let docs = state.store.find_tasks(filter, None, skip, limit).await?;
     let mut out = Vec::with_capacity(docs.len());
     for d in docs {
         out.push(task_json(&state, d, &o).await?);
@@ -121,7 +129,12 @@ pub async fn create_in_queue(
     p: Params,
 ) -> ApiResult<Response> {
     enabled(&state)?;
-    let params = p.body.unwrap_or(Value::Object(p.fields));
+    let mut p = p;
+    // The body is the task params themselves: data, nulls and all.
+    let params = match p.body.take() {
+        Some(body) => body,
+        None => Value::Object(p.data()),
+    };
     let mut fields = Map::new();
     fields.insert("queue".into(), Value::String(queue));
     fields.insert("params".into(), params);
@@ -135,7 +148,7 @@ pub async fn create_from_collection(
     params: Params,
 ) -> ApiResult<Response> {
     enabled(&state)?;
-    let mut fields = params.fields;
+    let mut fields = params.given();
     fields.insert("queue".into(), Value::String(queue));
     fields.insert("collection".into(), Value::String(collection));
     fields.entry("filter").or_insert(json!({}));

@@ -77,15 +77,16 @@ pub async fn set_maxthreads(
     Path(ident): Path<String>,
     params: Params,
 ) -> ApiResult<Response> {
-    if params.fields.is_empty() {
+    let fields = params.given_keeping_null(&["maxthreads"]);
+    if fields.is_empty() {
         return Err(ApiError::bad_request("No params"));
     }
-    if let Some(k) = params.fields.keys().find(|k| *k != "maxthreads") {
+    if let Some(k) = fields.keys().find(|k| *k != "maxthreads") {
         return Err(ApiError::bad_request_with(
             json!({"error": "Invalid param", "param": k}),
         ));
     }
-    let value = match params.fields.get("maxthreads") {
+    let value = match fields.get("maxthreads") {
         Some(Value::Null) => Bson::Null,
         Some(v) => Bson::Int64(non_negative(v).ok_or_else(|| {
             ApiError::bad_request("maxthreads must be a non-negative integer or null")

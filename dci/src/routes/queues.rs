@@ -95,7 +95,7 @@ fn sort_value(v: &Value) -> ApiResult<Bson> {
 }
 
 pub async fn create(Ns(state): Ns, params: Params) -> ApiResult<Response> {
-    let p = params.fields;
+    let p = params.given_keeping_null(&["threads"]);
     let (id, _) = create_queue(&state, &p).await?;
     let mut out = envelope::insert_one(id);
     if let Value::Object(m) = &mut out {
@@ -148,7 +148,7 @@ pub async fn update(
     Extension(caller): Extension<Caller>,
     params: Params,
 ) -> ApiResult<Response> {
-    let p = params.fields;
+    let p = params.given_keeping_null(&["threads"]);
     if p.is_empty() {
         return Err(ApiError::bad_request("no params"));
     }
@@ -230,7 +230,7 @@ pub async fn retry(
     Path(ident): Path<String>,
     params: Params,
 ) -> ApiResult<Response> {
-    let p = params.fields;
+    let p = params.given();
     let statuses: Vec<i32> = match p.get("status") {
         None => vec![2, -6],
         Some(Value::Array(items)) => items

@@ -10,12 +10,13 @@ use crate::params::Params;
 use crate::render::json_response;
 
 pub async fn load(Ns(state): Ns, p: Params) -> ApiResult<Response> {
-    let default_plugin = match p.fields.get("plugin") {
-        None | Some(Value::Null) => None,
+    let p = p.given();
+    let default_plugin = match p.get("plugin") {
+        None => None,
         Some(Value::String(s)) => Some(s.as_str()),
         Some(_) => return Err(ApiError::bad_request("plugin must be a string")),
     };
-    let specs = match p.fields.get("specs") {
+    let specs = match p.get("specs") {
         Some(Value::Array(specs)) if !specs.is_empty() => specs,
         _ => {
             return Err(ApiError::bad_request(

@@ -19,12 +19,11 @@ const EMPTY_OBJECT: &str =
     "'params' must be a JSON array of task params objects with key/value pairs";
 
 pub async fn create(Ns(state): Ns, p: Params) -> ApiResult<Response> {
-    let fields = match p.body {
-        // A bare array body is params for a queue given elsewhere; here there is none.
-        Some(_) => return Err(ApiError::bad_request("invalid parameters passed")),
-        None => p.fields,
-    };
-    create_from(&state, &fields).await
+    // A bare array body is params for a queue given elsewhere; here there is none.
+    if p.body.is_some() {
+        return Err(ApiError::bad_request("invalid parameters passed"));
+    }
+    create_from(&state, &p.given()).await
 }
 
 /// The shared creation path (the legacy routes rewrite their input into this shape).

@@ -17,15 +17,18 @@ use crate::render::{self, json_response, Dates};
 use crate::state::AppState;
 
 pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
+    let options = std::mem::take(&mut p.options);
+    // The fields are the filter: `{"node": null}` asks for unclaimed tasks.
+    let mut fields = p.data();
     // Disbatch only took queue ids here (a name gave a 500); names are resolved instead.
-    if let Some(Value::String(q)) = p.fields.get("queue").cloned() {
+    if let Some(Value::String(q)) = fields.get("queue").cloned() {
         if !q.is_empty() && bson::oid::ObjectId::parse_str(&q).is_err() {
             let id = resolve_queue(&state, &Value::String(q)).await?;
-            p.fields.insert("queue".into(), Value::String(id.to_hex()));
+            fields.insert("queue".into(), Value::String(id.to_hex()));
         }
     }
     let sets = state.store.task_index_sets().await?;
-    let q = sets.build_query(&p.fields).map_err(|e| match e {
+    let q = sets.build_query(&fields).map_err(|e| match e {
         QueryError::NonIndexed { invalid } => ApiError::bad_request_with(json!({
             "title": "Disbatch Tasks Query",
             "path": "/tasks",
@@ -40,7 +43,7 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
             ApiError::bad_request(format!("{field} {message}"))
         }
     })?;
-    let o = &p.options;
+    let o = &options;
     if o.count {
         let n = state.store.count_tasks(q.filter).await?;
         return Ok(json_response(&json!({"count": n}), o.pretty));
@@ -85,7 +88,8 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
 pub async fn task_json(state: &AppState, mut d: Document, o: &Options) -> ApiResult<Value> {
     for field in ["stdout", "stderr"] {
         match d.get(field) {
-            Some(Bson::String(s)) if o.terse && !s.is_empty() => {
+            // Perl's truth: "" and "0" are false, so Disbatch left them as they were.
+            Some(Bson::String(s)) if o.terse && !matches!(s.as_str(), "" | "0") => {
                 d.insert(field, "[terse mode]");
             }
             Some(Bson::ObjectId(id)) if o.full => {

@@ -15,16 +15,18 @@ use crate::path::Path;
 use crate::render::json_response;
 
 pub async fn add(Ns(state): Ns, Path(ident): Path<String>, p: Params) -> ApiResult<Response> {
-    let on_conflict = match p.fields.get("on_conflict").and_then(Value::as_str) {
-        None | Some("reject") => OnConflict::Reject,
-        Some("update") => OnConflict::Update,
+    let p = p.given();
+    let on_conflict = match p.get("on_conflict") {
+        None => OnConflict::Reject,
+        Some(Value::String(s)) if s == "reject" => OnConflict::Reject,
+        Some(Value::String(s)) if s == "update" => OnConflict::Update,
         Some(other) => {
             return Err(ApiError::bad_request(format!(
-                "on_conflict must be reject or update, not {other:?}"
+                "on_conflict must be reject or update, not {other}"
             )))
         }
     };
-    let items = match p.fields.get("units") {
+    let items = match p.get("units") {
         Some(Value::Array(items)) if !items.is_empty() => items,
         _ => {
             return Err(ApiError::bad_request(
