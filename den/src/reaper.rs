@@ -179,6 +179,15 @@ pub async fn recover_silent_nodes(store: &Store, silent_for: Duration) -> Result
     Ok(report)
 }
 
+/// How long a task requeued after its runner died waits before it may be claimed again: a
+/// runner that dies at every start (a broken install, a plugin that kills its parent) would
+/// otherwise loop claim → death → requeue as fast as the database answers. 1 s after the
+/// first death, doubling per attempt, at most a minute.
+pub fn runner_death_delay(attempts: i64) -> Duration {
+    let exp = attempts.clamp(1, 7) - 1;
+    Duration::from_secs(1 << exp).min(Duration::from_secs(60))
+}
+
 /// Recovers at once the task of a runner this node saw exit while the task still runs as
 /// its attempt: no one else will end it, and waiting for its lease would hold its slot for
 /// a whole lease. Conditional on the attempt, so a result the runner (or this node for it)
@@ -196,7 +205,10 @@ pub async fn recover_runner_death(
     let how = recovery_for(&t, policy.as_ref());
     let from = t.node.as_deref().unwrap_or("?");
     let why = format!("its task runner on node {from} exited without a result ({exit})");
-    if !store.recover_task(&t, how, &why).await? {
+    if !store
+        .recover_task_after(&t, how, &why, runner_death_delay(t.attempts))
+        .await?
+    {
         return Ok(None);
     }
     tracing::warn!(task = %task, status = t.status, recovery = ?how, "{why}; recovered at once");
@@ -258,6 +270,16 @@ mod tests {
         );
         let orphaning = policy(OnLost::Orphan, Some(2));
         assert_eq!(recovery_for(&t, Some(&orphaning)), Recovery::Orphan);
+    }
+
+    #[test]
+    fn a_task_whose_runner_keeps_dying_waits_longer_each_time() {
+        assert_eq!(runner_death_delay(0), Duration::from_secs(1));
+        assert_eq!(runner_death_delay(1), Duration::from_secs(1));
+        assert_eq!(runner_death_delay(2), Duration::from_secs(2));
+        assert_eq!(runner_death_delay(6), Duration::from_secs(32));
+        assert_eq!(runner_death_delay(7), Duration::from_secs(60));
+        assert_eq!(runner_death_delay(i64::MAX), Duration::from_secs(60));
     }
 
     #[test]

@@ -227,6 +227,12 @@ async fn a_killed_runner_is_recovered_at_once_and_lost_attempts_use_up_retries()
         first < Duration::from_secs(10),
         "recovered long before its 30 s lease: {first:?}"
     );
+    let t = db.task(task).await;
+    assert_eq!(t.get_i32("status").ok(), Some(-2), "queued again: {t}");
+    assert!(
+        t.get_datetime("not_before").is_ok(),
+        "claimable again after a pause, so a runner that always dies cannot spin: {t}"
+    );
     let lost = db.attempts(task).await;
     assert_eq!(lost.len(), 1, "{lost:?}");
     assert_eq!(lost[0].get_str("outcome").ok(), Some("lost"));

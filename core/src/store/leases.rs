@@ -114,6 +114,17 @@ impl Store {
     /// recovered by another node). Returns whether this call recovered it; the attempt it
     /// lost is closed as `lost`, with `why` (how it was lost) as its reason.
     pub async fn recover_task(&self, t: &ExpiredTask, how: Recovery, why: &str) -> Result<bool> {
+        self.recover_task_after(t, how, why, Duration::ZERO).await
+    }
+
+    /// `recover_task`, with a requeued task claimable again only after `delay`.
+    pub async fn recover_task_after(
+        &self,
+        t: &ExpiredTask,
+        how: Recovery,
+        why: &str,
+        delay: Duration,
+    ) -> Result<bool> {
         let mut filter = doc! {
             task::ID: t.id,
             task::STATUS: t.status,
@@ -134,6 +145,9 @@ impl Store {
             Recovery::Requeue => {
                 set.insert(task::STATUS, status::QUEUED);
                 set.insert(task::NODE, Bson::Null);
+                if delay > Duration::ZERO {
+                    set.insert(task::NOT_BEFORE, deadline(delay));
+                }
             }
             Recovery::Orphan => {
                 set.insert(task::STATUS, status::ORPHANED);
