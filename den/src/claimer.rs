@@ -19,7 +19,6 @@ use disbatch_core::Result;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::continuous::{make_continuous_units, ContinuousQueue};
 use crate::executor::Executor;
 use crate::metrics::DenMetrics;
 use crate::plugin_check::PluginCheck;
@@ -55,6 +54,19 @@ const MAX_ROUNDS: usize = 4;
 /// Tasks remembered as unrunnable here (failed or refused); past it the set starts afresh,
 /// so memory stays bounded and a refused task is at worst tried once more.
 const MAX_UNRUNNABLE: usize = 10_000;
+
+/// Whether a claim pass reads queues and running counts before claiming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// Read them now.
+    Now,
+    /// Read them if the last reading is over a second old.
+    IfStale,
+    /// Claim from the last reading, however old: an idle node woken by new work, whose view
+    /// (nothing of its own running) is as good as a fresh one for the first claim; the slot
+    /// index refuses what a stale count would get wrong.
+    Last,
+}
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -128,16 +140,16 @@ impl Claimer {
     }
 
     /// Claims up to the limits and starts a runner for each task as soon as it is claimed.
-    /// With `refresh`, the queues and the running counts are read again from the database;
-    /// otherwise the last reading is used, kept current with what this node itself claimed and
-    /// which of its runners exited, so a wake-up costs only the claims themselves. Once
+    /// `read` says whether the queues and the running counts are read again first; otherwise
+    /// the last reading is used, kept current with what this node itself claimed and which of
+    /// its runners exited, so a wake-up costs only the claims themselves. Once
     /// `stopping` is set, no further batch is claimed; a batch already claimed still gets its
     /// runners.
     pub async fn claim_tasks(
         &mut self,
         limit: &NodeLimit,
         executor: &Executor,
-        refresh: bool,
+        read: Reading,
         stopping: &AtomicBool,
     ) -> Result<PassReport> {
         for exited in executor.take_exited() {
@@ -150,7 +162,9 @@ impl Claimer {
         if stopping.load(Ordering::Relaxed) {
             return Ok(PassReport::default());
         }
-        if refresh || self.view.is_stale() {
+        let never_read = self.servable.is_empty() && self.view.is_stale();
+        if read == Reading::Now || (read == Reading::IfStale && self.view.is_stale()) || never_read
+        {
             self.refresh(executor.live_runners()).await?;
         }
         let maxthreads = match limit {
@@ -444,7 +458,7 @@ impl Claimer {
         self.windows.values_mut().for_each(ClaimWindow::reset);
     }
 
-    /// Reads the queues and the running counts again, and makes continuous queues' units.
+    /// Reads the queues and the running counts again.
     async fn refresh(&mut self, executor_live: u32) -> Result<()> {
         let (queues, problems) = self.store.list_queues().await?;
         for problem in problems {
@@ -456,24 +470,6 @@ impl Claimer {
         self.queue_names = queues.iter().map(|q| (q.id, q.name.clone())).collect();
         let servable: HashSet<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         self.windows.retain(|id, _| servable.contains(id));
-        let continuous: Vec<ContinuousQueue> = self
-            .servable
-            .iter()
-            .filter(|q| q.queue.spec.continuous && q.threads > 0 && !q.queue.spec.paused)
-            .map(|q| ContinuousQueue {
-                id: q.queue.id,
-                interval: q.queue.spec.interval,
-            })
-            .collect();
-        if !continuous.is_empty() {
-            let report = make_continuous_units(&self.store, &continuous).await?;
-            for (queue, why) in report.refused {
-                let name = self.queue_names.get(&queue).cloned().unwrap_or_default();
-                self.report_once(format!(
-                    "continuous queue {name} ({queue}): the server refused its next task: {why}"
-                ));
-            }
-        }
         let ids: Vec<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
         self.view.read(snapshot, executor_live);

@@ -5,10 +5,23 @@ use bson::{DateTime, Document};
 use disbatch_core::store::{OnConflict, Store, Unit};
 use disbatch_core::Result;
 
-/// A continuous queue this node serves.
+/// A continuous queue.
 pub struct ContinuousQueue {
     pub id: ObjectId,
     pub interval: std::time::Duration,
+}
+
+/// The queues due synthetic tasks when idle: continuous, with threads, not paused. All of
+/// the fleet's, whichever nodes serve them: the maintenance leader makes them for everyone.
+pub fn continuous_queues(queues: &[disbatch_core::model::Queue]) -> Vec<ContinuousQueue> {
+    queues
+        .iter()
+        .filter(|q| q.spec.continuous && !q.spec.paused && q.threads.as_ref().is_ok_and(|t| *t > 0))
+        .map(|q| ContinuousQueue {
+            id: q.id,
+            interval: q.spec.interval,
+        })
+        .collect()
 }
 
 /// What one round of the maker did.

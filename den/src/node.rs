@@ -1,6 +1,7 @@
 //! The node loop: maintenance passes (heartbeat, recovery) on a timer, claim passes on every
 //! wake-up; on shutdown, finish the pass in flight and give back unstarted claims.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -9,11 +10,13 @@ use disbatch_core::store::{Heartbeat, NodeLimit, Store};
 use disbatch_core::Result;
 
 use crate::balancer::Balancer;
-use crate::claimer::Claimer;
+use crate::claimer::{Claimer, PassReport, Reading};
+use crate::continuous::{continuous_queues, make_continuous_units};
+use crate::elector::Elector;
 use crate::executor::Executor;
 use crate::metrics::DenMetrics;
 use crate::notifier::Notifier;
-use crate::reaper::{reap, recover_silent_nodes};
+use crate::reaper::{reap_orphans, recover_expired_leases, recover_silent_nodes};
 
 /// Longest wait between passes while the database keeps failing: short, so a node is back
 /// at work within seconds of the server's return.
@@ -22,6 +25,17 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// their spawns: a pass dropped between the two leaves tasks marked running that no runner
 /// will finish until their leases run out. Against a live server a pass takes milliseconds.
 const STOPPING_PASS_GRACE: Duration = Duration::from_secs(10);
+/// In loop intervals: how long the maintenance lease lasts, and how often it is tried.
+const LEADER_LEASE_INTERVALS: u32 = 15;
+const LEADER_TRY_INTERVALS: u32 = 5;
+/// In loop intervals: how often an idle node (no runners, nothing claimed by its last pass)
+/// reads queues and running counts on its timer. Change streams wake it for new work at
+/// once; this reading catches what they do not report (slots freed on other nodes, delayed
+/// tasks coming due) without costing the database a reading per node per second.
+const IDLE_READ_INTERVALS: u32 = 4;
+/// How often a node applies Disbatch's orphan rule to its own lease-less claims (only older
+/// versions made them): the rule waits 5 minutes anyway.
+const OWN_ORPHANS_EVERY: Duration = Duration::from_secs(60);
 
 pub struct Node {
     pub store: Store,
@@ -61,6 +75,16 @@ impl Node {
         let mut next_maintenance = Instant::now();
         // Not at start: a fleet restarted together would all look for dead nodes at once.
         let mut next_silent_check = Instant::now() + self.silent_check_every();
+        let mut elector = Elector::new(
+            self.interval * LEADER_LEASE_INTERVALS,
+            self.interval * LEADER_TRY_INTERVALS,
+        );
+        let mut next_own_orphans = Instant::now();
+        let mut last_read: Option<Instant> = None;
+        // Whether the last claim pass claimed anything: a busy node reads every pass.
+        let mut claimed_lately = false;
+        // Refusals already logged, so a lasting one is logged once.
+        let mut reported: HashSet<String> = HashSet::new();
         let mut wake = Wake::Timer;
         // Set on shutdown: the pass in flight finishes but sends no new claims.
         let stopping = AtomicBool::new(false);
@@ -73,24 +97,50 @@ impl Node {
             let result = {
                 let pass = async {
                     if maintenance {
-                        limit = self.maintain(connected_since.elapsed()).await?;
-                        if Instant::now() >= next_silent_check {
-                            self.recover_silent_nodes().await?;
-                            next_silent_check = Instant::now() + self.silent_check_every();
+                        limit = self.heartbeat().await?;
+                        if Instant::now() >= next_own_orphans {
+                            reap_orphans(&self.store, &self.name).await?;
+                            next_own_orphans = Instant::now() + OWN_ORPHANS_EVERY;
                         }
+                        if elector.leads(&self.store, &self.name).await {
+                            self.lead_maintenance(connected_since.elapsed(), &mut reported)
+                                .await?;
+                            if Instant::now() >= next_silent_check {
+                                self.recover_silent_nodes().await?;
+                                next_silent_check = Instant::now() + self.silent_check_every();
+                            }
+                        }
+                        self.forward_cancel_requests().await?;
                     }
-                    let refresh = maintenance
-                        || self
-                            .notifier
-                            .as_ref()
-                            .is_some_and(Notifier::take_queues_changed);
+                    let queues_changed = self
+                        .notifier
+                        .as_ref()
+                        .is_some_and(Notifier::take_queues_changed);
+                    let idle = !claimed_lately && self.executor.live_runners() == 0;
+                    let read_due = last_read
+                        .is_none_or(|t| t.elapsed() >= self.interval * IDLE_READ_INTERVALS);
+                    if maintenance && wake == Wake::Timer && idle && !read_due && !queues_changed {
+                        // An idle node's timer pass: its heartbeat was all it owed.
+                        return Ok(PassReport::default());
+                    }
+                    let read = if maintenance || queues_changed {
+                        Reading::Now
+                    } else if idle && wake == Wake::Change {
+                        Reading::Last
+                    } else {
+                        Reading::IfStale
+                    };
                     if self.notifier.as_ref().is_some_and(Notifier::take_requeued) {
                         self.claimer.reset_windows();
                     }
                     let report = self
                         .claimer
-                        .claim_tasks(&limit, &self.executor, refresh, &stopping)
+                        .claim_tasks(&limit, &self.executor, read, &stopping)
                         .await?;
+                    if read == Reading::Now {
+                        last_read = Some(Instant::now());
+                    }
+                    claimed_lately = report.claimed > 0;
                     if maintenance && !stopping.load(Ordering::Relaxed) {
                         // After claiming, so balancing never delays a claim; new threads apply
                         // at the next reading.
@@ -160,15 +210,15 @@ impl Node {
                 Wake::Change => {}
             }
         }
+        elector.release(&self.store, &self.name).await;
         self.shut_down().await;
         Ok(())
     }
 
-    /// Heartbeat, recovery and cancel requests; returns the node's `maxthreads` as read back.
-    async fn maintain(&mut self, connected_for: Duration) -> Result<NodeLimit> {
+    /// The heartbeat; returns the node's `maxthreads` as read back.
+    async fn heartbeat(&mut self) -> Result<NodeLimit> {
         let runners = self.executor.runners();
-        let limit = self
-            .store
+        self.store
             .heartbeat(&Heartbeat {
                 node: &self.name,
                 pid: std::process::id(),
@@ -177,15 +227,35 @@ impl Node {
                 runtimes: self.runtimes.as_deref(),
                 runners: &runners,
             })
-            .await?;
-        let reaped = reap(&self.store, &self.name, connected_for).await?;
+            .await
+    }
+
+    /// The leader's share of maintenance: tasks whose lease passed, and continuous queues'
+    /// synthetic tasks, for the whole fleet.
+    async fn lead_maintenance(
+        &mut self,
+        connected_for: Duration,
+        reported: &mut HashSet<String>,
+    ) -> Result<()> {
+        let reaped = recover_expired_leases(&self.store, connected_for).await?;
         for (how, n) in reaped.by_name() {
             for _ in 0..n {
                 self.metrics.recovered(how);
             }
         }
-        self.forward_cancel_requests().await?;
-        Ok(limit)
+        let (queues, _) = self.store.list_queues().await?;
+        let continuous = continuous_queues(&queues);
+        if !continuous.is_empty() {
+            let report = make_continuous_units(&self.store, &continuous).await?;
+            for (queue, why) in report.refused {
+                let message =
+                    format!("continuous queue {queue}: the server refused its next task: {why}");
+                if reported.len() < 10_000 && reported.insert(message.clone()) {
+                    tracing::warn!("{message}");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// How often to look for nodes that stopped heartbeating: a fraction of the limit, so a

@@ -22,14 +22,15 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    /// Starts watching in the background.
-    pub fn start(store: Store, metrics: DenMetrics) -> Notifier {
+    /// Starts watching in the background; an idle stream asks the server again every
+    /// `await_time`.
+    pub fn start(store: Store, metrics: DenMetrics, await_time: Duration) -> Notifier {
         let notifier = Notifier {
             wake: Arc::new(Notify::new()),
             queues_changed: Arc::new(AtomicBool::new(false)),
             requeued: Arc::new(AtomicBool::new(false)),
         };
-        tokio::spawn(watch(store, notifier.clone(), metrics));
+        tokio::spawn(watch(store, notifier.clone(), metrics, await_time));
         notifier
     }
 
@@ -49,11 +50,11 @@ impl Notifier {
     }
 }
 
-async fn watch(store: Store, notifier: Notifier, metrics: DenMetrics) {
+async fn watch(store: Store, notifier: Notifier, metrics: DenMetrics, await_time: Duration) {
     let mut retry = Duration::from_secs(1);
     let mut said_polling = false;
     loop {
-        match store.watch_for_work().await {
+        match store.watch_for_work(await_time).await {
             Ok(stream) => {
                 tracing::info!("watching tasks and queues: claims start on change events");
                 said_polling = false;

@@ -105,20 +105,25 @@ impl Policies {
     }
 }
 
-/// One reaper pass. `connected_for` is how long this node has reached the database without
-/// a failure: after an outage (or its own start), runners get a lease and RECONNECT_SLACK to
-/// renew before their tasks may be taken from them.
-pub async fn reap(store: &Store, node: &str, connected_for: Duration) -> Result<ReapReport> {
-    let mut report = ReapReport {
-        orphaned: store.reap_orphans(node, ORPHAN_AGE).await?,
-        ..ReapReport::default()
-    };
-    if report.orphaned > 0 {
+/// Disbatch's orphan rule for this node's own lease-less claims (made by older versions):
+/// still claimed after 5 minutes, they will not start. Returns how many were orphaned.
+pub async fn reap_orphans(store: &Store, node: &str) -> Result<u64> {
+    let orphaned = store.reap_orphans(node, ORPHAN_AGE).await?;
+    if orphaned > 0 {
         tracing::warn!(
-            tasks = report.orphaned,
+            tasks = orphaned,
             "lease-less claims that never started were marked orphaned (-6)"
         );
     }
+    Ok(orphaned)
+}
+
+/// Recovers the fleet's tasks whose lease passed (the maintenance leader's job).
+/// `connected_for` is how long this node has reached the database without a failure: after
+/// an outage (or its own start), runners get a lease and RECONNECT_SLACK to renew before
+/// their tasks may be taken from them.
+pub async fn recover_expired_leases(store: &Store, connected_for: Duration) -> Result<ReapReport> {
+    let mut report = ReapReport::default();
     let expired = store.expired_leases(RECOVER_PER_PASS).await?;
     let mut policies = Policies::default();
     for t in &expired {

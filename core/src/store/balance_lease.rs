@@ -45,7 +45,7 @@ impl Store {
     /// upsert tries to insert a second document with the same `_id` and the unique `_id` index
     /// refuses it: that refusal is the answer "someone else holds it". Two nodes racing for a
     /// missing lease end the same way, with one winner.
-    async fn take_lease(
+    pub(super) async fn take_lease(
         &self,
         name: &str,
         owner: &str,

@@ -11,6 +11,7 @@ mod gridfs;
 mod leases;
 mod lookup;
 mod lost;
+mod maintenance_lease;
 mod metrics;
 mod nodes;
 mod queues;

@@ -204,6 +204,8 @@ pub const BALANCE: &str = "balance";
 pub const LEASES: &str = "leases";
 /// The lease `_id` of the QueueBalance job.
 pub const QUEUE_BALANCE_LEASE: &str = "queuebalance";
+/// The lease `_id` of the fleet's maintenance (recovery, continuous units): its owner leads.
+pub const MAINTENANCE_LEASE: &str = "maintenance";
 
 pub mod lease {
     pub const ID: &str = "_id";

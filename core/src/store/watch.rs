@@ -24,8 +24,13 @@ pub enum WorkSignal {
 
 impl Store {
     /// Opens both change streams; fails at once when the server has none (a standalone
-    /// mongod), so the caller can fall back to polling.
-    pub async fn watch_for_work(&self) -> Result<impl Stream<Item = Result<WorkSignal>> + Send> {
+    /// mongod), so the caller can fall back to polling. `await_time` is how long the server
+    /// holds each `getMore` open without events: an event still arrives at once, so a long
+    /// one costs no latency, and it sets what an idle stream costs (one request per wait).
+    pub async fn watch_for_work(
+        &self,
+        await_time: std::time::Duration,
+    ) -> Result<impl Stream<Item = Result<WorkSignal>> + Send> {
         let claimable = doc! {"$match": {"$or": [
             {"operationType": "insert"},
             {format!("updateDescription.updatedFields.{}", task::STATUS): crate::model::status::QUEUED},
@@ -35,12 +40,14 @@ impl Store {
         let tasks = self
             .collection(TASKS)
             .watch()
+            .max_await_time(await_time)
             .pipeline([claimable, slim.clone()])
             .await
             .map_err(|e| Error::mongo("watching tasks", e))?;
         let queues = self
             .collection(QUEUES)
             .watch()
+            .max_await_time(await_time)
             .pipeline([slim])
             .await
             .map_err(|e| Error::mongo("watching queues", e))?;

@@ -1,0 +1,126 @@
+//! The fleet's maintenance runs on one elected node: only the holder of the `maintenance`
+//! lease recovers lost tasks, and when it dies another node takes over within a lease.
+
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, DateTime, Document};
+use disbatch_tests::{write_config, Den, TestDb};
+use serde_json::json;
+
+async fn leader(db: &TestDb) -> Option<String> {
+    let lease = db
+        .db
+        .collection::<Document>("leases")
+        .find_one(doc! {"_id": "maintenance"})
+        .await
+        .expect("lease")?;
+    let until = lease.get_datetime("until").ok()?;
+    (until.timestamp_millis() > DateTime::now().timestamp_millis())
+        .then(|| lease.get_str("owner").ok().map(str::to_string))
+        .flatten()
+}
+
+async fn wait_leader(db: &TestDb, not: Option<&str>) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(l) = leader(db).await.filter(|l| Some(l.as_str()) != not) {
+            return l;
+        }
+        assert!(Instant::now() < deadline, "no new maintenance leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A running task whose lease passed long ago, on a node that is gone.
+async fn lost_task(db: &TestDb, queue: ObjectId) -> ObjectId {
+    let id = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    let past = DateTime::from_millis(DateTime::now().timestamp_millis() - 60_000);
+    db.set_task(
+        id,
+        doc! {"status": 0, "node": "gone", "lease_until": past, "attempts": 1,
+        "attempt": ObjectId::new(), "mtime": past},
+    )
+    .await;
+    id
+}
+
+#[tokio::test]
+async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
+    let db = TestDb::new("maintenance_leader").await;
+    let config = write_config(&db, "node.json", json!({}));
+    // Lease 3 s: a node recovers only after a lease plus 5 s of its own connection.
+    let queue = db.insert_queue("q", "echo", 0).await;
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": {"lease": 3.0}})
+        .await
+        .expect("lease");
+    let mut dens: Vec<Den> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| Den::start(&config, n))
+        .collect();
+    let first = wait_leader(&db, None).await;
+    let first_task = lost_task(&db, queue).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.task(first_task).await.get_i32("status").ok() != Some(-6) {
+        assert!(
+            Instant::now() < deadline,
+            "the leader never recovered the task"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The log line follows the write that recovered the task.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let recovered_by = |den: &Den| {
+        den.log_text()
+            .matches("recovered a task whose lease passed")
+            .count()
+    };
+    let by_node: Vec<(String, usize)> = dens
+        .iter()
+        .map(|d| (d.node.clone(), recovered_by(d)))
+        .collect();
+    for (node, n) in &by_node {
+        let expected = usize::from(*node == first);
+        assert_eq!(
+            *n, expected,
+            "only the leader {first} recovers: {by_node:?}"
+        );
+    }
+    let leading: Vec<&str> = dens
+        .iter()
+        .filter(|d| d.log_text().contains("leading the fleet's maintenance"))
+        .map(|d| d.node.as_str())
+        .collect();
+    assert_eq!(leading, [first.as_str()], "one leader");
+
+    // The leader dies without handing over: another node leads within a lease (1.5 s at
+    // these 100 ms passes) and recovers what is lost from then on.
+    let leader_den = dens
+        .iter()
+        .position(|d| d.node == first)
+        .expect("leader is one of ours");
+    dens[leader_den].kill_hard();
+    let killed = Instant::now();
+    let second = wait_leader(&db, Some(&first)).await;
+    println!(
+        "maintenance leader {first} killed; {second} leads after {:?}",
+        killed.elapsed()
+    );
+    assert!(killed.elapsed() < Duration::from_secs(10));
+    let second_task = lost_task(&db, queue).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.task(second_task).await.get_i32("status").ok() != Some(-6) {
+        assert!(
+            Instant::now() < deadline,
+            "the new leader never recovered the task"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let new_leader = dens.iter().find(|d| d.node == second).expect("new leader");
+    assert_eq!(recovered_by(new_leader), 1, "{}", new_leader.log_text());
+    drop(dens);
+    db.drop().await;
+}
