@@ -45,6 +45,11 @@ impl QueueFilter {
     }
 }
 
+/// A node whose heartbeat is older than this gets no lane: it may be gone.
+const SHARER_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Which nodes share a queue changes slowly (a node starts, stops, fills up): read at most
+/// this often, not at every reading of running counts.
+const SHARERS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 /// Most tasks one pass claims; a pass that reaches it is followed by another at once.
 const MAX_PASS_CLAIMS: u32 = 256;
 /// Most candidates read for one batch.
@@ -105,6 +110,8 @@ pub struct Claimer {
     windows: HashMap<ObjectId, ClaimWindow>,
     /// Queued tasks this node will not try again: undecodable, or refused by the server.
     unrunnable: HashSet<ObjectId>,
+    /// When the live nodes sharing queues were last read.
+    sharers_read_at: Option<Instant>,
     metrics: DenMetrics,
 }
 
@@ -135,6 +142,7 @@ impl Claimer {
             view: RunningView::default(),
             windows: HashMap::new(),
             unrunnable: HashSet::new(),
+            sharers_read_at: None,
             metrics,
         }
     }
@@ -453,6 +461,11 @@ impl Claimer {
         Ok(())
     }
 
+    /// The queues this node serves, as of its last reading (published on its heartbeat).
+    pub fn served(&self) -> Vec<ObjectId> {
+        self.servable.iter().map(|q| q.queue.id).collect()
+    }
+
     /// Forgets where each queue's head was: tasks may have been queued again behind it.
     pub fn reset_windows(&mut self) {
         self.windows.values_mut().for_each(ClaimWindow::reset);
@@ -473,6 +486,29 @@ impl Claimer {
         let ids: Vec<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
         self.view.read(snapshot, executor_live);
+        // Every live node that serves a queue and has room gets a lane of its slots, not only
+        // those seen holding its tasks: otherwise the node that frees a slot refills it before
+        // the others ever see it free, and one node can keep a capped queue to itself.
+        if self
+            .sharers_read_at
+            .is_some_and(|t| t.elapsed() < SHARERS_EVERY)
+        {
+            return Ok(());
+        }
+        self.sharers_read_at = Some(Instant::now());
+        let live = self.store.live_nodes(SHARER_MAX_AGE).await?;
+        self.view.set_sharers(
+            ids.iter()
+                .map(|q| {
+                    let nodes = live
+                        .iter()
+                        .filter(|n| n.room != Some(0) && n.serves.contains(q))
+                        .map(|n| n.node.clone())
+                        .collect();
+                    (*q, nodes)
+                })
+                .collect(),
+        );
         Ok(())
     }
 

@@ -32,7 +32,7 @@ const LEADER_TRY_INTERVALS: u32 = 5;
 /// reads queues and running counts on its timer. Change streams wake it for new work at
 /// once; this reading catches what they do not report (slots freed on other nodes, delayed
 /// tasks coming due) without costing the database a reading per node per second.
-const IDLE_READ_INTERVALS: u32 = 4;
+const IDLE_READ_INTERVALS: u32 = 5;
 /// How often a node applies Disbatch's orphan rule to its own lease-less claims (only older
 /// versions made them): the rule waits 5 minutes anyway.
 const OWN_ORPHANS_EVERY: Duration = Duration::from_secs(60);
@@ -97,7 +97,7 @@ impl Node {
             let result = {
                 let pass = async {
                     if maintenance {
-                        limit = self.heartbeat().await?;
+                        limit = self.heartbeat(&limit).await?;
                         if Instant::now() >= next_own_orphans {
                             reap_orphans(&self.store, &self.name).await?;
                             next_own_orphans = Instant::now() + OWN_ORPHANS_EVERY;
@@ -216,8 +216,15 @@ impl Node {
     }
 
     /// The heartbeat; returns the node's `maxthreads` as read back.
-    async fn heartbeat(&mut self) -> Result<NodeLimit> {
+    async fn heartbeat(&mut self, limit: &NodeLimit) -> Result<NodeLimit> {
         let runners = self.executor.runners();
+        let serves = self.claimer.served();
+        let running = runners.len() as u32;
+        let room = match limit {
+            NodeLimit::Unlimited => None,
+            NodeLimit::Max(n) => Some(n.saturating_sub(running)),
+            NodeLimit::Invalid(_) => Some(0),
+        };
         self.store
             .heartbeat(&Heartbeat {
                 node: &self.name,
@@ -226,6 +233,8 @@ impl Node {
                 running: runners.len() as u32,
                 runtimes: self.runtimes.as_deref(),
                 runners: &runners,
+                serves: &serves,
+                room,
             })
             .await
     }

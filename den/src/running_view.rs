@@ -29,6 +29,8 @@ pub struct RunningView {
     /// Per queue: the nodes seen holding its tasks, and when last.
     claimers: HashMap<ObjectId, HashMap<String, Instant>>,
     pub on_node: u32,
+    /// Per queue: the live nodes that serve it and have room, by their heartbeats.
+    sharers: HashMap<ObjectId, Vec<String>>,
     read_at: Option<Instant>,
     /// When a reading last found a claim that holds no slot.
     slotless_seen: Option<Instant>,
@@ -91,12 +93,20 @@ impl RunningView {
         self.contested.get(&queue).cloned().unwrap_or_default()
     }
 
-    /// This node's lane among the nodes seen claiming from `queue` lately.
+    pub fn set_sharers(&mut self, sharers: HashMap<ObjectId, Vec<String>>) {
+        self.sharers = sharers;
+    }
+
+    /// This node's lane among the nodes seen claiming from `queue` lately and the live nodes
+    /// that serve it with room.
     pub fn lane(&self, queue: ObjectId, me: &str) -> Lane {
         let seen = self.claimers.get(&queue);
+        let sharers = self.sharers.get(&queue);
         Lane::among(
             me,
-            seen.into_iter().flat_map(|s| s.keys().map(String::as_str)),
+            seen.into_iter()
+                .flat_map(|s| s.keys().map(String::as_str))
+                .chain(sharers.into_iter().flatten().map(String::as_str)),
         )
     }
 

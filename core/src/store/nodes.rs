@@ -19,6 +19,18 @@ pub struct Heartbeat<'a> {
     pub runtimes: Option<&'a [String]>,
     /// This DEN's live task runners (task, pid): its child workers.
     pub runners: &'a [(bson::oid::ObjectId, u32)],
+    /// The queues it serves, and its room (None: unlimited).
+    pub serves: &'a [bson::oid::ObjectId],
+    pub room: Option<u32>,
+}
+
+/// A node that heartbeat lately, with the queues it serves and its room.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveNode {
+    pub node: String,
+    pub serves: Vec<bson::oid::ObjectId>,
+    /// None: no `maxthreads`.
+    pub room: Option<u32>,
 }
 
 /// The node's own cap (`maxthreads`) as ops set it.
@@ -45,6 +57,8 @@ impl Store {
                     node::RUNNING: beat.running as i64,
                     node::RUNTIMES: beat.runtimes.map_or(bson::Bson::Null, |r| r.into()),
                     node::RUNNERS: beat.runners.iter().map(|(task, pid)| doc! {"task": task, "pid": *pid as i64}).collect::<Vec<_>>(),
+                    node::SERVES: beat.serves.to_vec(),
+                    node::ROOM: beat.room.map_or(bson::Bson::Null, |r| bson::Bson::Int64(r.into())),
                 }},
             )
             .upsert(true)
@@ -62,5 +76,45 @@ impl Store {
             Ok(Some(n)) => NodeLimit::Max(n),
             Err(e) => NodeLimit::Invalid(format!("maxthreads: {e}")),
         })
+    }
+}
+
+impl Store {
+    /// Nodes whose heartbeat is at most `max_age` old and that say which queues they serve
+    /// (ours; Perl nodes say nothing and claim outside the slots anyway).
+    pub async fn live_nodes(&self, max_age: std::time::Duration) -> Result<Vec<LiveNode>> {
+        let since = DateTime::from_millis(
+            DateTime::now()
+                .timestamp_millis()
+                .saturating_sub(max_age.as_millis().min(i64::MAX as u128) as i64),
+        );
+        let context = "reading live nodes";
+        let cursor = self
+            .raw(NODES)
+            .find(doc! {node::TIMESTAMP: {"$gte": since}, node::SERVES: {"$type": "array"}})
+            .projection(doc! {node::NODE: 1, node::SERVES: 1, node::ROOM: 1})
+            .await
+            .map_err(|e| Error::mongo(context, e))?;
+        let docs = self.read_all(NODES, cursor, context).await?;
+        Ok(docs
+            .iter()
+            .filter_map(|d| {
+                Some(LiveNode {
+                    node: d.get_str(node::NODE).ok()?.to_string(),
+                    serves: d
+                        .get_array(node::SERVES)
+                        .ok()?
+                        .iter()
+                        .filter_map(bson::Bson::as_object_id)
+                        .collect(),
+                    room: match d.get(node::ROOM) {
+                        Some(bson::Bson::Null) | None => None,
+                        Some(v) => {
+                            Some(u32::try_from(super::count_value(Some(v))).unwrap_or(u32::MAX))
+                        }
+                    },
+                })
+            })
+            .collect())
     }
 }

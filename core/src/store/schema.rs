@@ -116,6 +116,10 @@ pub mod node {
     pub const RUNTIMES: &str = "runtimes";
     /// Ours: live task runners `[{task, pid}]`, the node's child workers.
     pub const RUNNERS: &str = "runners";
+    /// Ours: the queues (ids) the node serves, and how many more tasks it may start (null:
+    /// no `maxthreads`), so nodes can share a queue's slots among all that want them.
+    pub const SERVES: &str = "serves";
+    pub const ROOM: &str = "room";
 }
 
 pub mod file {
