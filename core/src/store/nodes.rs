@@ -58,6 +58,7 @@ impl Store {
                     node::RUNTIMES: beat.runtimes.map_or(bson::Bson::Null, |r| r.into()),
                     node::RUNNERS: beat.runners.iter().map(|(task, pid)| doc! {"task": task, "pid": *pid as i64}).collect::<Vec<_>>(),
                     node::SERVES: beat.serves.to_vec(),
+                    node::SERVES_AT: DateTime::now(),
                     node::ROOM: beat.room.map_or(bson::Bson::Null, |r| bson::Bson::Int64(r.into())),
                 }},
             )
@@ -80,8 +81,9 @@ impl Store {
 }
 
 impl Store {
-    /// Nodes whose heartbeat is at most `max_age` old and that say which queues they serve
-    /// (ours; Perl nodes say nothing and claim outside the slots anyway).
+    /// Nodes of ours whose heartbeat wrote `serves` at most `max_age` ago (Perl nodes say
+    /// nothing, claim outside the slots anyway, and do not refresh `serves_at` on a document
+    /// they take over).
     pub async fn live_nodes(&self, max_age: std::time::Duration) -> Result<Vec<LiveNode>> {
         let since = DateTime::from_millis(
             DateTime::now()
@@ -91,7 +93,7 @@ impl Store {
         let context = "reading live nodes";
         let cursor = self
             .raw(NODES)
-            .find(doc! {node::TIMESTAMP: {"$gte": since}, node::SERVES: {"$type": "array"}})
+            .find(doc! {node::SERVES_AT: {"$gte": since}, node::SERVES: {"$type": "array"}})
             .projection(doc! {node::NODE: 1, node::SERVES: 1, node::ROOM: 1})
             .await
             .map_err(|e| Error::mongo(context, e))?;

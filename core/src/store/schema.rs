@@ -120,6 +120,9 @@ pub mod node {
     /// no `maxthreads`), so nodes can share a queue's slots among all that want them.
     pub const SERVES: &str = "serves";
     pub const ROOM: &str = "room";
+    /// Ours: when our DEN last wrote `serves`. Not `timestamp`: a Perl DEN that takes over
+    /// the document rewrites it whole with a new `timestamp`, keeping our stale `serves`.
+    pub const SERVES_AT: &str = "serves_at";
 }
 
 pub mod file {
