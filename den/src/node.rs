@@ -247,11 +247,7 @@ impl Node {
         reported: &mut HashSet<String>,
     ) -> Result<()> {
         let reaped = recover_expired_leases(&self.store, connected_for).await?;
-        for (how, n) in reaped.by_name() {
-            for _ in 0..n {
-                self.metrics.recovered(how);
-            }
-        }
+        self.count_recoveries(&reaped);
         let (queues, _) = self.store.list_queues().await?;
         let continuous = continuous_queues(&queues);
         if !continuous.is_empty() {
@@ -267,6 +263,14 @@ impl Node {
         Ok(())
     }
 
+    fn count_recoveries(&self, report: &crate::reaper::ReapReport) {
+        for (how, n) in report.by_name() {
+            for _ in 0..n {
+                self.metrics.recovered(how);
+            }
+        }
+    }
+
     /// How often to look for nodes that stopped heartbeating: a fraction of the limit, so a
     /// dead node's tasks wait little past it, but never every pass (it reads `nodes`).
     fn silent_check_every(&self) -> Duration {
@@ -275,11 +279,7 @@ impl Node {
 
     async fn recover_silent_nodes(&self) -> Result<()> {
         let report = recover_silent_nodes(&self.store, self.dead_node_after).await?;
-        for (how, n) in report.by_name() {
-            for _ in 0..n {
-                self.metrics.recovered(how);
-            }
-        }
+        self.count_recoveries(&report);
         Ok(())
     }
 

@@ -31,6 +31,16 @@ pub struct ReapReport {
     pub deferred: u64,
 }
 
+/// A recovery's name in metrics and logs.
+pub fn recovery_label(how: Recovery) -> &'static str {
+    match how {
+        Recovery::Requeue => "requeue",
+        Recovery::Orphan => "orphan",
+        Recovery::Cancel => "cancel",
+        Recovery::Fail { .. } => "fail",
+    }
+}
+
 impl ReapReport {
     fn count(&mut self, how: Recovery) {
         match how {

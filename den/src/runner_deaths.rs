@@ -8,7 +8,7 @@ use disbatch_core::store::Store;
 use tokio::task::JoinHandle;
 
 use crate::metrics::DenMetrics;
-use crate::reaper::recover_runner_death;
+use crate::reaper::{recover_runner_death, recovery_label};
 
 /// How long a dead runner's result relay may still be storing a result it handed over
 /// before dying; past it the task is left to its lease, never recovered over a result.
@@ -48,22 +48,12 @@ impl RunnerDeaths {
             }
         }
         match recover_runner_death(&self.store, task, attempt, exit).await {
-            Ok(Some(how)) => self.metrics.recovered(recovery_name(how)),
+            Ok(Some(how)) => self.metrics.recovered(recovery_label(how)),
             Ok(None) => {}
             Err(e) => {
                 self.metrics.db_error("recover_runner_death");
                 tracing::warn!(task = %task, error = %e, "could not recover the task of a runner that died; its lease will");
             }
         }
-    }
-}
-
-fn recovery_name(how: disbatch_core::store::Recovery) -> &'static str {
-    use disbatch_core::store::Recovery;
-    match how {
-        Recovery::Requeue => "requeue",
-        Recovery::Orphan => "orphan",
-        Recovery::Cancel => "cancel",
-        Recovery::Fail { .. } => "fail",
     }
 }

@@ -30,14 +30,19 @@ impl Store {
     /// Lets the QueueBalance lease expire now if `owner` holds it (a stopping node hands over
     /// at once instead of after the lease runs out). True when it was held by `owner`.
     pub async fn release_balance_lease(&self, owner: &str) -> Result<bool> {
+        self.release_lease(QUEUE_BALANCE_LEASE, owner).await
+    }
+
+    /// Lets the named lease expire now if `owner` holds it; true when it did.
+    pub(super) async fn release_lease(&self, name: &str, owner: &str) -> Result<bool> {
         self.collection(LEASES)
             .update_one(
-                doc! {lease::ID: QUEUE_BALANCE_LEASE, lease::OWNER: owner},
+                doc! {lease::ID: name, lease::OWNER: owner},
                 doc! {"$set": {lease::UNTIL: DateTime::from_millis(0)}},
             )
             .await
             .map(|r| r.matched_count == 1)
-            .map_err(|e| Error::mongo("releasing the queuebalance lease", e))
+            .map_err(|e| Error::mongo(format!("releasing the {name} lease"), e))
     }
 
     /// One update: it matches when the lease is ours or has expired (or its `until` is missing

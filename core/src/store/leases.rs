@@ -51,6 +51,15 @@ pub enum Recovery {
     Fail { max_retries: u32 },
 }
 
+/// The time `age` ago.
+pub(super) fn ago(age: Duration) -> DateTime {
+    DateTime::from_millis(
+        DateTime::now()
+            .timestamp_millis()
+            .saturating_sub(age.as_millis().min(i64::MAX as u128) as i64),
+    )
+}
+
 pub fn deadline(lease: Duration) -> DateTime {
     DateTime::from_millis(
         DateTime::now()

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime};
+use bson::{doc, Bson};
 
 use super::leases::{expired_task, recovery_fields, ExpiredTask};
 use super::schema::{node, task, NODES, TASKS};
@@ -41,11 +41,9 @@ impl Store {
     /// both write it every second, so such a node is gone. Documents whose timestamp is no
     /// date (written by hand) say nothing and are left out.
     pub async fn silent_nodes(&self, age: Duration) -> Result<Vec<String>> {
-        let before = super::leases::deadline(Duration::ZERO).timestamp_millis()
-            - age.as_millis().min(i64::MAX as u128) as i64;
         let cursor = self
             .raw(NODES)
-            .find(doc! {node::TIMESTAMP: {"$lt": DateTime::from_millis(before)}})
+            .find(doc! {node::TIMESTAMP: {"$lt": super::leases::ago(age)}})
             .projection(doc! {node::NODE: 1})
             .await
             .map_err(|e| Error::mongo("finding nodes that stopped heartbeating", e))?;

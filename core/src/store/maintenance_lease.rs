@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use bson::{doc, DateTime};
+use bson::DateTime;
 
-use super::schema::{lease, LEASES, MAINTENANCE_LEASE};
+use super::schema::MAINTENANCE_LEASE;
 use super::Store;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 impl Store {
     /// Takes or renews the maintenance lease for `owner` until `now + duration`; false while
@@ -24,13 +24,6 @@ impl Store {
     /// Lets the maintenance lease lapse now if `owner` holds it: a stopping leader hands over
     /// at the next node's try instead of a whole lease later.
     pub async fn release_maintenance_lease(&self, owner: &str) -> Result<bool> {
-        self.collection(LEASES)
-            .update_one(
-                doc! {lease::ID: MAINTENANCE_LEASE, lease::OWNER: owner},
-                doc! {"$set": {lease::UNTIL: DateTime::from_millis(0)}},
-            )
-            .await
-            .map(|r| r.matched_count == 1)
-            .map_err(|e| Error::mongo("releasing the maintenance lease", e))
+        self.release_lease(MAINTENANCE_LEASE, owner).await
     }
 }

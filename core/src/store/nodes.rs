@@ -85,11 +85,7 @@ impl Store {
     /// nothing, claim outside the slots anyway, and do not refresh `serves_at` on a document
     /// they take over).
     pub async fn live_nodes(&self, max_age: std::time::Duration) -> Result<Vec<LiveNode>> {
-        let since = DateTime::from_millis(
-            DateTime::now()
-                .timestamp_millis()
-                .saturating_sub(max_age.as_millis().min(i64::MAX as u128) as i64),
-        );
+        let since = super::leases::ago(max_age);
         let context = "reading live nodes";
         let cursor = self
             .raw(NODES)
