@@ -12,6 +12,7 @@ pub mod path;
 pub mod render;
 pub mod request;
 pub mod routes;
+pub mod shared_counts;
 pub mod state;
 pub mod tls;
 

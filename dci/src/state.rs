@@ -5,17 +5,25 @@ use std::sync::Arc;
 use disbatch_core::config::Config;
 use disbatch_core::store::Store;
 
+use crate::shared_counts::SharedCounts;
+
 #[derive(Clone)]
 pub struct AppState(Arc<Inner>);
 
 pub struct Inner {
     pub store: Store,
     pub config: Config,
+    /// The counts reading every viewer shares (all namespaces, one slot each).
+    pub counts: SharedCounts,
 }
 
 impl AppState {
     pub fn new(store: Store, config: Config) -> Self {
-        AppState(Arc::new(Inner { store, config }))
+        AppState(Arc::new(Inner {
+            store,
+            config,
+            counts: SharedCounts::default(),
+        }))
     }
 
     /// The same state on another database of the server (a request's namespace).
@@ -23,6 +31,7 @@ impl AppState {
         AppState(Arc::new(Inner {
             store: self.0.store.with_database(database),
             config: self.0.config.clone(),
+            counts: self.0.counts.clone(),
         }))
     }
 

@@ -170,6 +170,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         name,
         interval: config.loop_interval,
         dead_node_after: config.dead_node_after,
+        counts_reconcile: config.counts_reconcile,
         metrics,
     };
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

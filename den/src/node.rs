@@ -12,6 +12,7 @@ use disbatch_core::Result;
 use crate::balancer::Balancer;
 use crate::claimer::{Claimer, PassReport, Reading};
 use crate::continuous::{continuous_queues, make_continuous_units};
+use crate::count_keeper::CountKeeper;
 use crate::elector::Elector;
 use crate::executor::Executor;
 use crate::metrics::DenMetrics;
@@ -53,6 +54,8 @@ pub struct Node {
     pub notifier: Option<Notifier>,
     /// Silent this long, a node's lease-less (Perl) claims are recovered.
     pub dead_node_after: Duration,
+    /// How often the leader checks kept task counts against the tasks.
+    pub counts_reconcile: Duration,
 }
 
 /// Why the loop woke.
@@ -79,6 +82,7 @@ impl Node {
             self.interval * LEADER_LEASE_INTERVALS,
             self.interval * LEADER_TRY_INTERVALS,
         );
+        let mut count_keeper = CountKeeper::new(self.counts_reconcile);
         let mut next_own_orphans = Instant::now();
         let mut last_read: Option<Instant> = None;
         // Whether the last claim pass claimed anything: a busy node reads every pass.
@@ -103,12 +107,15 @@ impl Node {
                             next_own_orphans = Instant::now() + OWN_ORPHANS_EVERY;
                         }
                         if elector.leads(&self.store, &self.name).await {
+                            count_keeper.tick(&self.store);
                             self.lead_maintenance(connected_since.elapsed(), &mut reported)
                                 .await?;
                             if Instant::now() >= next_silent_check {
                                 self.recover_silent_nodes().await?;
                                 next_silent_check = Instant::now() + self.silent_check_every();
                             }
+                        } else {
+                            count_keeper.stop();
                         }
                         self.forward_cancel_requests().await?;
                     }
@@ -210,6 +217,7 @@ impl Node {
                 Wake::Change => {}
             }
         }
+        count_keeper.stop();
         elector.release(&self.store, &self.name).await;
         self.shut_down().await;
         Ok(())

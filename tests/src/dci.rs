@@ -23,6 +23,8 @@ pub struct Launch {
     pub log_file: Option<PathBuf>,
     /// `RUST_LOG` for the server; `warn` when unset.
     pub rust_log: Option<String>,
+    /// Another `disbatch-web` than this build's (a benchmark comparing builds).
+    pub binary: Option<PathBuf>,
 }
 
 impl Dci {
@@ -37,7 +39,11 @@ impl Dci {
             Some(path) => Stdio::from(std::fs::File::create(path).expect("create the DCI log")),
             None => Stdio::inherit(),
         };
-        let mut child = Command::new(bin_path("disbatch-web"))
+        let program = launch
+            .binary
+            .clone()
+            .unwrap_or_else(|| bin_path("disbatch-web"));
+        let mut child = Command::new(program)
             .arg("--config")
             .arg(config)
             .args(["--listen", "127.0.0.1:0"])

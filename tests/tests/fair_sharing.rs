@@ -80,3 +80,145 @@ async fn three_nodes_share_a_capped_queue() {
     );
     db.drop().await;
 }
+
+/// Claimed or running tasks of `queue` on each node now.
+async fn holding(db: &TestDb, queue: bson::oid::ObjectId) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    let mut cursor = db
+        .tasks()
+        .find(doc! {"queue": queue, "status": {"$in": [-1, 0]}})
+        .await
+        .expect("find");
+    while let Some(t) = cursor.try_next().await.expect("next") {
+        *out.entry(t.get_str("node").unwrap_or("?").to_string())
+            .or_insert(0) += 1;
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_node_that_joins_later_gets_its_share_within_seconds() {
+    let db = TestDb::new("fair_join").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("shared", "echo", 6).await;
+    db.insert_tasks(
+        queue,
+        (0..600)
+            .map(|_| doc! {"sleep_ms": 200_i64}.into())
+            .collect(),
+    )
+    .await;
+    let _first: Vec<Den> = (0..2)
+        .map(|i| Den::start(&config, &format!("n{i}")))
+        .collect();
+    // The two share the queue's 6 slots between them before the third arrives.
+    disbatch_tests::wait_for(
+        "two nodes to fill the queue",
+        Duration::from_secs(20),
+        || async { holding(&db, queue).await.values().sum::<usize>() == 6 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let joined = std::time::Instant::now();
+    let _late = Den::start(&config, "n2");
+    let mut share_at = None;
+    let mut first_at = None;
+    while joined.elapsed() < Duration::from_secs(30) {
+        let now = holding(&db, queue).await;
+        let late = now.get("n2").copied().unwrap_or(0);
+        if late >= 1 && first_at.is_none() {
+            first_at = Some(joined.elapsed());
+        }
+        // Its share of 6 slots among 3 nodes.
+        if late >= 2 {
+            share_at = Some(joined.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("the late node ran its first task after {first_at:?} and held its share (2 of 6) after {share_at:?}, process start included");
+    let share_at = share_at.expect("the late node never held its share of the queue");
+    assert!(share_at < Duration::from_secs(10), "{share_at:?}");
+
+    // Starvation: how long a node holds less than its share (2) while another holds more.
+    let (mut longest, mut since, mut readings) = (Duration::ZERO, None, 0);
+    let watch = std::time::Instant::now();
+    while watch.elapsed() < Duration::from_secs(15) {
+        let now = holding(&db, queue).await;
+        let held = |n: &str| now.get(n).copied().unwrap_or(0);
+        let nodes = ["n0", "n1", "n2"];
+        let starved = nodes.iter().any(|n| held(n) < 2) && nodes.iter().any(|n| held(n) > 2);
+        match (starved, since) {
+            (true, None) => since = Some(std::time::Instant::now()),
+            (false, Some(t)) => {
+                longest = longest.max(t.elapsed());
+                since = None;
+            }
+            _ => {}
+        }
+        readings += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if let Some(t) = since {
+        longest = longest.max(t.elapsed());
+    }
+    println!("longest time a node held less than its share while another held more: {longest:?} ({readings} readings over 15 s)");
+    assert!(longest < Duration::from_secs(3), "{longest:?}");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_node_with_less_room_leaves_the_rest_to_the_others() {
+    let db = TestDb::new("fair_room").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("shared", "echo", 0).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            (0..120).map(|_| doc! {"sleep_ms": 50_i64}.into()).collect(),
+        )
+        .await;
+    let small = Den::start(&config, "small");
+    let big = Den::start(&config, "big");
+    // `maxthreads` 1 on one node, none on the other, as ops set it on the node document.
+    disbatch_tests::wait_for(
+        "both nodes to register",
+        Duration::from_secs(20),
+        || async {
+            db.db
+                .collection::<Document>("nodes")
+                .count_documents(doc! {"node": {"$in": ["small", "big"]}})
+                .await
+                .expect("count")
+                == 2
+        },
+    )
+    .await;
+    db.db
+        .collection::<Document>("nodes")
+        .update_one(doc! {"node": "small"}, doc! {"$set": {"maxthreads": 1}})
+        .await
+        .expect("maxthreads");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": 6}})
+        .await
+        .expect("open the queue");
+    db.wait_complete(&ids, Duration::from_secs(120)).await;
+    let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
+    let mut cursor = db.tasks().find(doc! {"queue": queue}).await.expect("find");
+    while let Some(t) = cursor.try_next().await.expect("next") {
+        *by_node
+            .entry(t.get_str("node").unwrap_or("?").to_string())
+            .or_insert(0) += 1;
+    }
+    println!("maxthreads 1 beside unlimited, threads 6, 120 tasks: {by_node:?}");
+    let small_n = by_node.get("small").copied().unwrap_or(0);
+    let big_n = by_node.get("big").copied().unwrap_or(0);
+    // Room 1 of 6: about a sixth; the rest goes to the node that has room for it.
+    assert!((5..=36).contains(&small_n), "{by_node:?}");
+    assert!(big_n >= 84, "{by_node:?}");
+    drop((small, big));
+    db.drop().await;
+}

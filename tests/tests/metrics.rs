@@ -184,6 +184,9 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
         .update_one(doc! {"_id": paused}, doc! {"$set": {"threads": 7}})
         .await
         .expect("threads");
+    // Scrapes share one reading for up to a second (so every viewer costs the server one
+    // reading); one taken after that shows the change.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
     let (_, _, text) = scrape(&dci, None).await;
     let e = checked(&text);
     assert_eq!(

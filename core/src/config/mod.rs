@@ -36,6 +36,7 @@ pub const DEFAULT_LOOP_INTERVAL: Duration = Duration::from_secs(1);
 /// A node silent this long is taken for dead: its lease-less (Perl) claims are recovered.
 pub const DEFAULT_DEAD_NODE_AFTER: Duration = Duration::from_secs(5 * 60);
 pub const MIN_DEAD_NODE_AFTER: Duration = Duration::from_secs(10);
+pub const DEFAULT_COUNTS_RECONCILE: Duration = Duration::from_secs(600);
 
 /// Which process is connecting: Disbatch gives each its own MongoDB user (`auth` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +116,9 @@ pub struct Config {
     /// After how long without a heartbeat a node's lease-less claims (a Perl node's; ours
     /// carry leases) are recovered by their queue's `on_lost`.
     pub dead_node_after: Duration,
+    /// How often the maintenance leader checks each queue's kept task counts against its
+    /// tasks (`counts_reconcile_s`, default 600).
+    pub counts_reconcile: Duration,
 }
 
 /// The DCI's own settings (`web`).

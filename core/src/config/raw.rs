@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::perl_bool::{self, PerlBool};
 use super::{
-    BalanceSettings, Config, Role, WebSettings, WebTls, WebToken, DEFAULT_DEAD_NODE_AFTER,
-    DEFAULT_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
+    BalanceSettings, Config, Role, WebSettings, WebTls, WebToken, DEFAULT_COUNTS_RECONCILE,
+    DEFAULT_DEAD_NODE_AFTER, DEFAULT_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
 };
 use crate::output::GfsMode;
 use crate::plugin::PluginTable;
@@ -85,6 +85,8 @@ pub(super) struct RawConfig {
     change_streams: Option<PerlBool>,
     #[serde(default)]
     dead_node_after_s: Option<u64>,
+    #[serde(default)]
+    counts_reconcile_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -243,6 +245,13 @@ impl RawConfig {
             }
             Some(s) => Duration::from_secs(s.min(365 * 24 * 3600)),
         };
+        let counts_reconcile = match self.counts_reconcile_s {
+            None => DEFAULT_COUNTS_RECONCILE,
+            Some(0) => {
+                return Err("key `counts_reconcile_s`: must be at least 1 s".to_string());
+            }
+            Some(s) => Duration::from_secs(s.min(7 * 24 * 3600)),
+        };
         let balance = self.balance.unwrap_or_default();
         let web = self.web.unwrap_or_default();
         let tokens = web_tokens(web.tokens, base, warnings)?;
@@ -318,6 +327,7 @@ impl RawConfig {
             metrics_listen,
             change_streams: perl_bool::or(self.change_streams, true),
             dead_node_after,
+            counts_reconcile,
         })
     }
 }

@@ -63,6 +63,7 @@ impl std::fmt::Debug for Config {
             metrics_listen,
             change_streams,
             dead_node_after,
+            counts_reconcile,
         } = self;
         let users: Vec<(&str, &str)> = auth.keys().map(|u| (u.as_str(), "<redacted>")).collect();
         f.debug_struct("Config")
@@ -91,6 +92,7 @@ impl std::fmt::Debug for Config {
             .field("metrics_listen", metrics_listen)
             .field("change_streams", change_streams)
             .field("dead_node_after", dead_node_after)
+            .field("counts_reconcile", counts_reconcile)
             .finish()
     }
 }

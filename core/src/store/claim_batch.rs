@@ -11,7 +11,7 @@ use mongodb::options::ReturnDocument;
 
 use super::claim_run::{claim_reads, claimable};
 use super::schema::{task, TASKS};
-use super::{Store, BULK_WRITE_MISSING};
+use super::{Moved, StatusGroup, Store, BULK_WRITE_MISSING};
 use crate::error::{Error, Result};
 use crate::model::{status, QueueSort};
 
@@ -152,6 +152,32 @@ impl Store {
     /// queue's `threads`, whichever node asks. One `bulkWrite` on MongoDB 8.0+, otherwise one
     /// `findOneAndUpdate` per pick.
     pub async fn claim_picks(
+        &self,
+        node: &str,
+        lease: Duration,
+        picks: &[Pick],
+    ) -> Result<Vec<PickOutcome>> {
+        let outcomes = self.claim_picks_uncounted(node, lease, picks).await?;
+        let moves: Vec<Moved> = picks
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| matches!(o, PickOutcome::Claimed(_)))
+            .filter_map(|(p, _)| {
+                let queue = p.task.get_object_id(task::QUEUE).ok()?;
+                Some(Moved::new(
+                    queue,
+                    Some(StatusGroup::Queued),
+                    Some(StatusGroup::Running),
+                ))
+            })
+            .collect();
+        if !moves.is_empty() {
+            self.count_moves(&moves).await;
+        }
+        Ok(outcomes)
+    }
+
+    async fn claim_picks_uncounted(
         &self,
         node: &str,
         lease: Duration,

@@ -4,7 +4,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
 use super::schema::{task, TASKS};
-use super::Store;
+use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::{status, QueueSort};
 
@@ -12,18 +12,17 @@ impl Store {
     /// Puts a task claimed by `claim_picks` back in the queue when its runner could not
     /// be started; conditional on the attempt, so it never undoes a later claim.
     pub async fn give_back_attempt(&self, id: ObjectId, attempt: ObjectId) -> Result<bool> {
-        self.collection(TASKS)
-            .update_one(
-                doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status::RUNNING},
-                doc! {
-                    "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
-                    "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
-                    "$inc": {task::ATTEMPTS: -1},
-                },
-            )
-            .await
-            .map(|r| r.modified_count == 1)
-            .map_err(|e| Error::mongo(format!("giving back task {id}"), e))
+        self.update_one_counted(
+            doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status::RUNNING},
+            doc! {
+                "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
+                "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
+                "$inc": {task::ATTEMPTS: -1},
+            },
+            Some(StatusGroup::Queued),
+        )
+        .await
+        .map_err(|e| Error::mongo(format!("giving back task {id}"), e))
     }
 
     /// Fails a queued task no runner can be handed — its document cannot be decoded, or the
@@ -49,8 +48,11 @@ impl Store {
             "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
         };
         let filter = doc! {task::ID: id, task::STATUS: status::QUEUED};
-        match self.collection(TASKS).update_one(filter, update).await {
-            Ok(r) => Ok(r.modified_count == 1),
+        match self
+            .update_one_counted(filter, update, Some(StatusGroup::Failed))
+            .await
+        {
+            Ok(done) => Ok(done),
             Err(e) if super::refusal(&e).is_some() => Ok(false),
             Err(e) => Err(Error::mongo(format!("failing task {id}"), e)),
         }

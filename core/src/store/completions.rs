@@ -18,6 +18,14 @@ use crate::relay::{Ack, Completion};
 /// Keeps each `update` command under the 16 MiB a command document may hold.
 const MAX_COMMAND_BYTES: usize = 12 * 1024 * 1024;
 
+/// The group a task ends in; running tasks are counted live, so only where it goes counts.
+pub(super) fn end_group(end: TaskEnd) -> super::StatusGroup {
+    match end {
+        TaskEnd::Status(s) => super::group_of(s),
+        TaskEnd::Retry { .. } => super::StatusGroup::Queued,
+    }
+}
+
 /// What storing a batch has established so far, per completion.
 struct Progress {
     acks: Vec<Ack>,
@@ -58,6 +66,21 @@ impl Store {
                 self.change_attempt_outcome(c.record.id, c.record.end.outcome, "discarded")
                     .await?;
             }
+        }
+        let moves: Vec<super::Moved> = batch
+            .iter()
+            .zip(&progress.acks)
+            .filter(|(_, a)| **a == Ack::Recorded)
+            .filter_map(|(c, _)| {
+                Some(super::Moved::new(
+                    c.record.queue?,
+                    None,
+                    Some(end_group(c.end)),
+                ))
+            })
+            .collect();
+        if !moves.is_empty() {
+            self.count_moves(&moves).await;
         }
         Ok(progress.acks)
     }

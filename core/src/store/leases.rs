@@ -7,7 +7,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
 use super::schema::{attempt, task, ATTEMPTS, TASKS};
-use super::Store;
+use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::status;
 
@@ -180,8 +180,15 @@ impl Store {
             "$set": set,
             "$unset": {task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""},
         };
-        let r = match self.collection(TASKS).update_one(filter, update).await {
-            Ok(r) => r,
+        let to = match how {
+            Recovery::Requeue => StatusGroup::Queued,
+            Recovery::Orphan => StatusGroup::Orphaned,
+            Recovery::Cancel => StatusGroup::Cancelled,
+            Recovery::Fail { .. } => StatusGroup::Failed,
+        };
+        // Claimed and running are counted live: only where the task goes is counted.
+        let moved = match self.collection(TASKS).update_one(filter, update).await {
+            Ok(r) => r.modified_count == 1,
             Err(e) => match super::refusal(&e) {
                 // This task alone: the others are recovered all the same.
                 Some(why) => {
@@ -194,7 +201,7 @@ impl Store {
                 None => return Err(Error::mongo(format!("recovering task {}", t.id), e)),
             },
         };
-        if r.modified_count == 0 {
+        if !moved {
             return Ok(false);
         }
         // The runner writes its attempt's record when it ends; recovery writes it instead, or
@@ -219,6 +226,11 @@ impl Store {
                 .upsert(true)
                 .await
                 .map_err(|e| Error::mongo(format!("closing lost attempt {a}"), e))?;
+        }
+        // Counted after the attempt record, which readers of the task expect beside it.
+        if let Some(queue) = t.queue {
+            self.count_moves(&[super::Moved::new(queue, None, Some(to))])
+                .await;
         }
         Ok(true)
     }

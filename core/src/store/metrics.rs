@@ -6,8 +6,8 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
 
-use super::schema::{node, queue, task, NODES, TASKS};
-use super::Store;
+use super::schema::{node, queue, NODES};
+use super::{GroupCounts, Store};
 use crate::error::{Error, Result};
 use crate::model::{parse_limit, status};
 
@@ -78,7 +78,7 @@ impl StatusGroup {
         }
     }
 
-    fn index(self) -> usize {
+    pub(super) fn index(self) -> usize {
         self as usize
     }
 }
@@ -93,12 +93,12 @@ pub struct QueueMetrics {
     /// `threads` (or Coordinate's `max_running`) as the claimer reads it, unset being 0;
     /// `None` when it cannot be read.
     pub threads: Option<u32>,
-    tasks: [u64; StatusGroup::ALL.len()],
+    tasks: GroupCounts,
 }
 
 impl QueueMetrics {
     pub fn tasks(&self, group: StatusGroup) -> u64 {
-        self.tasks[group.index()]
+        self.tasks.get(group)
     }
 }
 
@@ -112,17 +112,53 @@ pub struct FleetMetrics {
     pub nodes_live: u64,
 }
 
+/// Every queue document with its tasks' counts: what `/queues`, `/summary` and `/metrics`
+/// show, read once and shared by all three.
+#[derive(Debug, Clone, Default)]
+pub struct CountsReading {
+    /// In natural order.
+    pub queues: Vec<bson::Document>,
+    pub groups: HashMap<ObjectId, GroupCounts>,
+    /// Queued tasks whose `not_before` is ahead, per queue.
+    pub delayed: HashMap<ObjectId, u64>,
+}
+
+impl CountsReading {
+    pub fn counts(&self, queue: ObjectId) -> GroupCounts {
+        self.groups.get(&queue).copied().unwrap_or_default()
+    }
+}
+
 impl Store {
-    /// Queue documents, one aggregation over the tasks grouped by {queue, status}, and two
-    /// node counts. Tasks of deleted queues are not reported: no queue carries them.
-    pub async fn fleet_metrics(&self, live_window: Duration) -> Result<FleetMetrics> {
+    /// Queue documents, then their counts (kept counts, live claimed and running, delayed):
+    /// a handful of reads whatever the number of tasks.
+    pub async fn counts_reading(&self) -> Result<CountsReading> {
+        let queues = self.queue_documents().await?;
+        let ids: Vec<ObjectId> = queues
+            .iter()
+            .filter_map(|d| d.get_object_id(queue::ID).ok())
+            .collect();
+        let (groups, delayed) =
+            futures::try_join!(self.task_counts(&ids), self.delayed_counts(&ids))?;
+        Ok(CountsReading {
+            queues,
+            groups,
+            delayed,
+        })
+    }
+
+    /// The metrics of a reading, with two node counts read now. Tasks of deleted queues are
+    /// not reported: no queue carries them.
+    pub async fn fleet_metrics(
+        &self,
+        reading: &CountsReading,
+        live_window: Duration,
+    ) -> Result<FleetMetrics> {
         let window = i64::try_from(live_window.as_millis()).unwrap_or(i64::MAX);
         let since =
             DateTime::from_millis(DateTime::now().timestamp_millis().saturating_sub(window));
         let nodes = self.collection(NODES);
-        let (queues, counts, total, live) = futures::try_join!(
-            self.queue_documents(),
-            self.task_counts_by_queue_and_status(),
+        let (total, live) = futures::try_join!(
             async {
                 nodes
                     .count_documents(doc! {})
@@ -136,7 +172,8 @@ impl Store {
                     .map_err(|e| Error::mongo("counting live nodes", e))
             },
         )?;
-        let queues = queues
+        let queues = reading
+            .queues
             .iter()
             .filter_map(|d| {
                 let id = d.get_object_id(queue::ID).ok()?;
@@ -149,7 +186,7 @@ impl Store {
                     id,
                     name,
                     threads: parse_limit(cap).ok().map(|t| t.unwrap_or(0)),
-                    tasks: counts.get(&id).copied().unwrap_or_default(),
+                    tasks: reading.counts(id),
                 })
             })
             .collect();
@@ -158,36 +195,6 @@ impl Store {
             nodes: total,
             nodes_live: live,
         })
-    }
-
-    async fn task_counts_by_queue_and_status(
-        &self,
-    ) -> Result<HashMap<ObjectId, [u64; StatusGroup::ALL.len()]>> {
-        let what = "counting tasks by queue and status";
-        let pipeline = vec![doc! {"$group": {
-            "_id": {"q": format!("${}", task::QUEUE), "s": format!("${}", task::STATUS)},
-            "n": {"$sum": 1},
-        }}];
-        let cursor = self
-            .collection(TASKS)
-            .aggregate(pipeline)
-            .with_type::<bson::RawDocumentBuf>()
-            .await
-            .map_err(|e| Error::mongo(what, e))?;
-        let mut out: HashMap<ObjectId, [u64; StatusGroup::ALL.len()]> = HashMap::new();
-        for d in self.read_all(TASKS, cursor, what).await? {
-            let Ok(key) = d.get_document("_id") else {
-                continue;
-            };
-            let Ok(queue) = key.get_object_id("q") else {
-                continue;
-            };
-            let group = StatusGroup::of(key.get("s"));
-            let counts = out.entry(queue).or_default();
-            // Several stored types (1, 1.0, Int64 1) can land in one group: add, never replace.
-            counts[group.index()] += super::count_value(d.get("n"));
-        }
-        Ok(out)
     }
 }
 

@@ -18,6 +18,7 @@ mod queues;
 pub mod schema;
 mod summary;
 mod task_control;
+mod task_counts;
 mod task_create;
 mod task_query;
 mod tasks;
@@ -41,11 +42,12 @@ pub use decode::{SkipHook, SkipLedger, SkipReason};
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
-pub use metrics::{FleetMetrics, QueueMetrics, StatusGroup};
+pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, LiveNode, NodeLimit};
 pub use queues::{check_queue_fields, parse_queue};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
+pub use task_counts::{group_of, is_kept, GroupCounts, Moved, ReconcileReport};
 pub use task_create::Template;
 pub use task_query::{IndexSets, QueryError, TaskQuery, TaskStream};
 pub use tasks::{FinishOutcome, OutputValue, QueueRunning, RunningSnapshot, TaskEnd};
@@ -69,6 +71,8 @@ pub struct Store {
     bulk_write: Arc<AtomicU8>,
     /// Documents reads had to leave out.
     skips: SkipLedger,
+    /// Count changes noted by writes and not yet written.
+    counts: task_counts::CountLedger,
 }
 
 const BULK_WRITE_UNKNOWN: u8 = 0;
@@ -100,6 +104,7 @@ impl Store {
             db,
             bulk_write: Arc::new(AtomicU8::new(BULK_WRITE_UNKNOWN)),
             skips: SkipLedger::default(),
+            counts: Default::default(),
         })
     }
 
@@ -110,6 +115,7 @@ impl Store {
             db: self.client.database(name),
             bulk_write: self.bulk_write.clone(),
             skips: self.skips.clone(),
+            counts: Default::default(),
         }
     }
 

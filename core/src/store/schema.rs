@@ -189,6 +189,20 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
     vec![
         (TASKS, unique_where_present(task::SLOT)),
         (TASKS, unique_where_present(task::KEY)),
+        // Only delayed (and once-delayed) tasks carry `not_before`: counting the delayed ones
+        // of a queue reads just those, not its backlog.
+        (
+            TASKS,
+            IndexModel::builder()
+                .keys(doc! {task::QUEUE: 1, task::NOT_BEFORE: 1})
+                .options(
+                    IndexOptions::builder()
+                        .name("queue_1_not_before_1".to_string())
+                        .partial_filter_expression(doc! {task::NOT_BEFORE: {"$exists": true}})
+                        .build(),
+                )
+                .build(),
+        ),
         // Only claimed and running tasks carry a lease, so recovery scans just those.
         (
             TASKS,
@@ -204,6 +218,18 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
                 .build(),
         ),
     ]
+}
+
+/// Ours: one document per queue, `{_id: <queue id>, queued: n, succeeded: n, …, seq: n,
+/// reconciled_at: date}`: the queue's tasks by status group (not claimed and running, which are
+/// counted live), kept by the writes that change a status. Readers trust a document only once
+/// `reconciled_at` is set; `seq` grows with every write of counts.
+pub const TASK_COUNTS: &str = "task_counts";
+
+pub mod counts {
+    pub const ID: &str = "_id";
+    pub const SEQ: &str = "seq";
+    pub const RECONCILED_AT: &str = "reconciled_at";
 }
 
 pub const BALANCE: &str = "balance";

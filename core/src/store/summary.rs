@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime};
+use bson::{doc, DateTime};
 
 use super::schema::{task, TASKS};
-use super::Store;
+use super::{GroupCounts, StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::status;
 
@@ -22,53 +22,51 @@ pub struct StateCounts {
     pub other: u64,
 }
 
+impl StateCounts {
+    /// Coordinate's states from Disbatch's groups, with `delayed` of the queued tasks.
+    pub fn from_groups(c: GroupCounts, delayed: u64) -> StateCounts {
+        use StatusGroup as G;
+        let queued = c.get(G::Queued);
+        let delayed = delayed.min(queued);
+        let known = [G::Queued, G::Claimed, G::Running, G::Succeeded, G::Failed];
+        StateCounts {
+            available: queued - delayed,
+            delayed,
+            pending: c.get(G::Claimed) + c.get(G::Running),
+            finished: c.get(G::Succeeded),
+            failed: c.get(G::Failed),
+            other: c.total() - known.iter().map(|g| c.get(*g)).sum::<u64>(),
+        }
+    }
+}
+
 impl Store {
-    /// One aggregation over the tasks (it reads every task; meant for operators, not loops).
-    pub async fn summary(&self) -> Result<HashMap<ObjectId, StateCounts>> {
-        let now = DateTime::now();
-        let st = format!("${}", task::STATUS);
-        let nb = format!("${}", task::NOT_BEFORE);
-        let count_if = |cond: bson::Document| doc! {"$sum": {"$cond": [cond, 1, 0]}};
-        let queued = doc! {"$eq": [&st, status::QUEUED]};
-        let delayed = doc! {"$gt": [{"$ifNull": [&nb, Bson::Null]}, now]};
-        let pipeline = vec![doc! {"$group": {
-            "_id": format!("${}", task::QUEUE),
-            "available": count_if(doc! {"$and": [queued.clone(), {"$not": [delayed.clone()]}]}),
-            "delayed": count_if(doc! {"$and": [queued, delayed]}),
-            "pending": count_if(doc! {"$in": [&st, [status::CLAIMED, status::RUNNING]]}),
-            "finished": count_if(doc! {"$eq": [&st, status::SUCCEEDED]}),
-            "failed": count_if(doc! {"$gte": [&st, status::FAILED]}),
-            "total": {"$sum": 1},
-        }}];
+    /// Queued tasks whose `not_before` is still ahead, per queue, read through the
+    /// `{queue, not_before}` index, which holds only tasks that have one.
+    pub(super) async fn delayed_counts(
+        &self,
+        queues: &[ObjectId],
+    ) -> Result<HashMap<ObjectId, u64>> {
+        let what = "counting delayed tasks";
+        let pipeline = vec![
+            doc! {"$match": {
+                task::QUEUE: {"$in": queues},
+                task::NOT_BEFORE: {"$gt": DateTime::now()},
+                task::STATUS: status::QUEUED,
+            }},
+            doc! {"$group": {"_id": format!("${}", task::QUEUE), "n": {"$sum": 1}}},
+        ];
         let cursor = self
             .collection(TASKS)
             .aggregate(pipeline)
             .with_type::<bson::RawDocumentBuf>()
             .await
-            .map_err(|e| Error::mongo("summarising tasks", e))?;
-        let mut out = HashMap::new();
-        for d in self.read_all(TASKS, cursor, "summarising tasks").await? {
-            let Ok(queue) = d.get_object_id("_id") else {
-                continue;
-            };
-            let n = |k: &str| super::count_value(d.get(k));
-            let c = StateCounts {
-                available: n("available"),
-                delayed: n("delayed"),
-                pending: n("pending"),
-                finished: n("finished"),
-                failed: n("failed"),
-                other: 0,
-            };
-            let known = c.available + c.delayed + c.pending + c.finished + c.failed;
-            out.insert(
-                queue,
-                StateCounts {
-                    other: n("total").saturating_sub(known),
-                    ..c
-                },
-            );
-        }
-        Ok(out)
+            .map_err(|e| Error::mongo(what, e))?;
+        Ok(self
+            .read_all(TASKS, cursor, what)
+            .await?
+            .iter()
+            .filter_map(|d| Some((d.get_object_id("_id").ok()?, super::count_value(d.get("n")))))
+            .collect())
     }
 }

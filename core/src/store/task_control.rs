@@ -4,7 +4,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
 
 use super::schema::{chunk, file, task, CHUNKS, FILES, TASKS};
-use super::{Store, WriteCounts};
+use super::{StatusGroup, Store, WriteCounts};
 use crate::error::{Error, Result};
 use crate::model::status;
 
@@ -37,13 +37,12 @@ impl Store {
             "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
             "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
         };
-        let r = self
-            .collection(TASKS)
-            .update_one(filter, update)
+        let cancelled = self
+            .update_one_counted(filter, update, Some(StatusGroup::Cancelled))
             .await
             .map_err(|e| Error::mongo(format!("cancelling task {id}"), e))?;
-        if r.matched_count == 1 {
-            return Ok(ControlOutcome::Done(WriteCounts::from(r)));
+        if cancelled {
+            return Ok(ControlOutcome::Done(one_changed()));
         }
         let running = doc! {task::ID: id, task::STATUS: status::RUNNING};
         let request = doc! {"$set": {task::CANCEL_REQUESTED: DateTime::now()}};
@@ -68,14 +67,27 @@ impl Store {
 
     /// Requeues every task of `queue` whose status is one of `statuses`.
     pub async fn retry_queue(&self, queue: ObjectId, statuses: &[i32]) -> Result<WriteCounts> {
-        self.collection(TASKS)
-            .update_many(
-                doc! {task::QUEUE: queue, task::STATUS: {"$in": statuses.to_vec()}},
-                requeue_update(),
-            )
-            .await
-            .map(WriteCounts::from)
-            .map_err(|e| Error::mongo(format!("retrying tasks of queue {queue}"), e))
+        // One write per status, so each one's count says which group its tasks left.
+        let mut total = WriteCounts::default();
+        let mut seen = std::collections::HashSet::new();
+        for s in statuses.iter().filter(|s| seen.insert(**s)) {
+            let r = self
+                .collection(TASKS)
+                .update_many(
+                    doc! {task::QUEUE: queue, task::STATUS: *s},
+                    requeue_update(),
+                )
+                .await
+                .map_err(|e| Error::mongo(format!("retrying tasks of queue {queue}"), e))?;
+            let moved = super::Moved {
+                n: r.modified_count,
+                ..super::Moved::new(queue, Some(super::group_of(*s)), Some(StatusGroup::Queued))
+            };
+            self.count_moves(&[moved]).await;
+            total.matched += r.matched_count;
+            total.modified += r.modified_count;
+        }
+        Ok(total)
     }
 
     /// Deletes a task that is not claimed or running, then its output files.
@@ -84,14 +96,23 @@ impl Store {
             doc! {task::ID: id, task::STATUS: {"$nin": [status::CLAIMED, status::RUNNING]}};
         let deleted = self
             .collection(TASKS)
-            .delete_one(filter)
+            .find_one_and_delete(filter)
+            .projection(doc! {task::QUEUE: 1, task::STATUS: 1})
             .await
             .map_err(|e| Error::mongo(format!("deleting task {id}"), e))?;
-        if deleted.deleted_count == 0 {
+        let Some(deleted) = deleted else {
             return self.why_not(id).await;
+        };
+        if let Ok(queue) = deleted.get_object_id(task::QUEUE) {
+            let from = StatusGroup::of(deleted.get(task::STATUS));
+            self.count_moves(&[super::Moved::new(queue, Some(from), None)])
+                .await;
         }
         self.delete_task_files(id).await?;
-        Ok(ControlOutcome::Done(WriteCounts::from(deleted)))
+        Ok(ControlOutcome::Done(WriteCounts {
+            deleted: 1,
+            ..Default::default()
+        }))
     }
 
     async fn delete_task_files(&self, id: ObjectId) -> Result<()> {
@@ -128,13 +149,12 @@ impl Store {
         update: bson::Document,
         what: &str,
     ) -> Result<ControlOutcome> {
-        let r = self
-            .collection(TASKS)
-            .update_one(filter, update)
+        let done = self
+            .update_one_counted(filter, update, Some(StatusGroup::Queued))
             .await
             .map_err(|e| Error::mongo(format!("{what} task {id}"), e))?;
-        if r.matched_count == 1 {
-            Ok(ControlOutcome::Done(WriteCounts::from(r)))
+        if done {
+            Ok(ControlOutcome::Done(one_changed()))
         } else {
             self.why_not(id).await
         }
@@ -147,6 +167,15 @@ impl Store {
                 ControlOutcome::WrongStatus(t.get(task::STATUS).cloned().unwrap_or(Bson::Null))
             }
         })
+    }
+}
+
+/// What one matched and changed task reports, as `update_one` did.
+fn one_changed() -> WriteCounts {
+    WriteCounts {
+        matched: 1,
+        modified: 1,
+        ..Default::default()
     }
 }
 

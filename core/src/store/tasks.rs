@@ -8,7 +8,7 @@ use bson::{doc, Bson, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use super::schema::{task, TASKS};
-use super::Store;
+use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::status;
 
@@ -209,9 +209,10 @@ impl Store {
     ) -> Result<FinishOutcome> {
         let (filter, update) =
             finish_statement(id, node, attempt, end, stdout, stderr, DateTime::now());
-        match self.collection(TASKS).update_one(filter, update).await {
-            Ok(r) if r.matched_count == 1 => Ok(FinishOutcome::Recorded),
-            Ok(_) => Ok(FinishOutcome::NotOurs),
+        let to = super::completions::end_group(end);
+        match self.update_one_counted(filter, update, Some(to)).await {
+            Ok(true) => Ok(FinishOutcome::Recorded),
+            Ok(false) => Ok(FinishOutcome::NotOurs),
             Err(e) if super::is_document_too_large(&e) => Ok(FinishOutcome::TooLarge),
             Err(e) => Err(Error::mongo(
                 format!("recording the result of task {id}"),
@@ -243,10 +244,8 @@ impl Store {
                 task::MTIME: {"$lt": before},
             };
             reaped += self
-                .collection(TASKS)
-                .update_many(filter, update.clone())
+                .update_each_counted(filter, update.clone(), StatusGroup::Orphaned)
                 .await
-                .map(|r| r.modified_count)
                 .map_err(|e| Error::mongo("reaping orphaned tasks", e))?;
         }
         Ok(reaped)
@@ -263,10 +262,8 @@ impl Store {
             "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
             "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
         };
-        self.collection(TASKS)
-            .update_many(filter, update)
+        self.update_each_counted(filter, update, StatusGroup::Queued)
             .await
-            .map(|r| r.modified_count)
             .map_err(|e| Error::mongo("giving back claimed tasks", e))
     }
 
@@ -289,6 +286,11 @@ impl Store {
             .insert_many(docs)
             .await
             .map_err(|e| Error::mongo(format!("inserting tasks into queue {queue}"), e))?;
+        let created = super::Moved {
+            n: ids.len() as u64,
+            ..super::Moved::new(queue, None, Some(StatusGroup::Queued))
+        };
+        self.count_moves(&[created]).await;
         Ok(ids)
     }
 

@@ -83,6 +83,11 @@ impl Store {
                 _ => return Err(Error::mongo(format!("adding units to queue {queue}"), e)),
             },
         };
+        let created = super::Moved {
+            n: (ids.len() - duplicates.len()) as u64,
+            ..super::Moved::new(queue, None, Some(super::StatusGroup::Queued))
+        };
+        self.count_moves(&[created]).await;
         let mut out = UnitsOutcome::default();
         for (i, (unit, id)) in units.into_iter().zip(ids).enumerate() {
             if !duplicates.contains(&i) {
@@ -117,11 +122,13 @@ impl Store {
             task::QUEUE: queue, task::KEY: &unit.key,
             task::STATUS: {"$nin": [status::CLAIMED, status::RUNNING]},
         };
-        self.collection(TASKS)
-            .update_one(filter, doc! {"$set": set, "$unset": unset})
-            .await
-            .map(|r| r.matched_count == 1)
-            .map_err(|e| Error::mongo(format!("updating unit {} of queue {queue}", unit.key), e))
+        self.update_one_counted(
+            filter,
+            doc! {"$set": set, "$unset": unset},
+            Some(super::StatusGroup::Queued),
+        )
+        .await
+        .map_err(|e| Error::mongo(format!("updating unit {} of queue {queue}", unit.key), e))
     }
 }
 

@@ -7,7 +7,7 @@ use mongodb::options::Credential;
 use mongodb::{Client, Database};
 use serde_json::Value;
 
-use super::schema::{ATTEMPTS, BALANCE, CHUNKS, FILES, LEASES, NODES, QUEUES, TASKS};
+use super::schema::{ATTEMPTS, BALANCE, CHUNKS, FILES, LEASES, NODES, QUEUES, TASKS, TASK_COUNTS};
 use crate::config::{Component, Config};
 use crate::error::{Error, Result};
 
@@ -75,6 +75,9 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             (LEASES, &["insert", "update"]),
             // Ours: QueueBalance runs inside the DEN and upserts its status.
             (BALANCE, &["insert", "update"]),
+            // Ours: claims and results keep the task counts; the maintenance leader
+            // creates and reconciles them.
+            (TASK_COUNTS, &["insert", "update"]),
         ],
         Component::Web => vec![
             ("", &["find", "listIndexes"]),
@@ -89,6 +92,8 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             (FILES, &["remove", "createIndex"]),
             (CHUNKS, &["remove", "createIndex"]),
             (ATTEMPTS, &["createIndex"]),
+            // Ours: creating, cancelling, retrying and deleting tasks keep the task counts.
+            (TASK_COUNTS, &["update"]),
         ],
         Component::TaskRunner => vec![
             ("", &["find"]),
@@ -101,6 +106,8 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             (FILES, &["insert"]),
             // Ours: one record per run, written when it ends (`update`: a discarded result).
             (ATTEMPTS, &["insert", "update"]),
+            // Ours: a result the runner records itself, and chained units, keep the counts.
+            (TASK_COUNTS, &["update"]),
         ],
         // Disbatch's separate queuebalanced; ours runs inside the DEN as `disbatchd`.
         Component::QueueBalance => vec![
@@ -440,6 +447,7 @@ mod tests {
             ("attempts", set(&["insert", "update", "createIndex"])),
             ("leases", set(&["insert", "update"])),
             ("balance", set(&["insert", "update"])),
+            ("task_counts", set(&["insert", "update"])),
         ]
         .into_iter()
         .map(|(c, a)| (c.to_string(), a))

@@ -3,10 +3,9 @@
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
-use super::schema::{queue, task, QUEUES, TASKS};
-use super::{Store, WriteCounts};
+use super::schema::{queue, QUEUES};
+use super::{GroupCounts, StatusGroup, Store, WriteCounts};
 use crate::error::{Error, Result};
-use crate::model::status;
 
 /// Disbatch's per-queue counts: queued is every status ≤ -2 (orphaned and cancelled too).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -17,6 +16,32 @@ pub struct QueueCounts {
     /// Of `completed`: status 1, and status ≥ 2.
     pub succeeded: u64,
     pub failed: u64,
+}
+
+impl From<GroupCounts> for QueueCounts {
+    /// Disbatch's groups: queued is every status ≤ -2 it defines (orphaned and cancelled
+    /// too); a status it does not define (-9, a string) is in no column.
+    fn from(c: GroupCounts) -> QueueCounts {
+        use StatusGroup as G;
+        let queued = [
+            G::Queued,
+            G::Terminated,
+            G::Blocked,
+            G::Cancelled,
+            G::Orphaned,
+        ]
+        .iter()
+        .map(|g| c.get(*g))
+        .sum();
+        let (succeeded, failed) = (c.get(G::Succeeded), c.get(G::Failed));
+        QueueCounts {
+            queued,
+            running: c.get(G::Claimed) + c.get(G::Running),
+            completed: succeeded + failed,
+            succeeded,
+            failed,
+        }
+    }
 }
 
 impl Store {
@@ -34,33 +59,12 @@ impl Store {
         self.find_by_id_or_name(QUEUES, queue::NAME, ident).await
     }
 
-    /// Index-backed counts ({queue, status}), run concurrently.
+    /// A queue's counts, from the kept counts (see `task_counts`).
     pub async fn queue_counts(&self, id: ObjectId) -> Result<QueueCounts> {
-        let tasks = self.collection(TASKS);
-        let count = |filter: Document| {
-            let tasks = tasks.clone();
-            async move {
-                tasks
-                    .count_documents(filter)
-                    .await
-                    .map_err(|e| Error::mongo(format!("counting tasks of queue {id}"), e))
-            }
-        };
-        let (queued, running, succeeded, failed) = futures::try_join!(
-            count(doc! {task::QUEUE: id, task::STATUS: {"$lte": status::QUEUED}}),
-            count(
-                doc! {task::QUEUE: id, task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}}
-            ),
-            count(doc! {task::QUEUE: id, task::STATUS: status::SUCCEEDED}),
-            count(doc! {task::QUEUE: id, task::STATUS: {"$gte": status::FAILED}}),
-        )?;
-        Ok(QueueCounts {
-            queued,
-            running,
-            completed: succeeded + failed,
-            succeeded,
-            failed,
-        })
+        let groups = self.task_counts(&[id]).await?;
+        Ok(QueueCounts::from(
+            groups.get(&id).copied().unwrap_or_default(),
+        ))
     }
 
     /// Inserts a queue document built by the caller from validated input.

@@ -18,11 +18,14 @@ use crate::namespace::Ns;
 /// an alert can tell "the database is unreachable" from "the DCI is down" (no scrape at all).
 pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     let started = Instant::now();
-    let fleet = match state
-        .store
-        .fleet_metrics(state.config.web.live_window)
-        .await
-    {
+    let fleet = async {
+        let reading = state.counts.get(&state.store).await?;
+        state
+            .store
+            .fleet_metrics(&reading, state.config.web.live_window)
+            .await
+    };
+    let fleet = match fleet.await {
         Ok(fleet) => Some(fleet),
         Err(e) => {
             tracing::warn!(error = %e, "metrics: cannot read the database");
@@ -30,7 +33,8 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
         }
     };
     let rendered = render(fleet.as_ref(), started.elapsed())
-        .and_then(|text| Ok(text + &render_skips(&state.store.skipped_documents())?));
+        .and_then(|text| Ok(text + &render_skips(&state.store.skipped_documents())?))
+        .and_then(|text| Ok(text + &render_readings(state.counts.reads())?));
     let text = rendered.map_err(|e| {
         ApiError::with(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -38,6 +42,21 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
         )
     })?;
     Ok(([(CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response())
+}
+
+/// How many counts readings the shared reading made: with many viewers it grows by at most
+/// one a second, however many tabs and scrapers ask.
+fn render_readings(reads: u64) -> prometheus::Result<String> {
+    let registry = Registry::new();
+    let c = prometheus::IntCounter::with_opts(Opts::new(
+        "disbatch_counts_readings_total",
+        "Counts readings made for /queues, /summary and /metrics, shared by every viewer",
+    ))?;
+    registry.register(Box::new(c.clone()))?;
+    c.inc_by(reads);
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&registry.gather(), &mut out)?;
+    String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
 }
 
 /// The exposition text; `None` means the database could not be read.

@@ -347,9 +347,28 @@ pub fn router(state: AppState, policy: Policy) -> Router {
     app.fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(from_fn_with_state(state.clone(), fresh_counts_after_writes))
         .layer(from_fn_with_state(Arc::new(policy), guard))
         .layer(map_response(security_headers))
         .with_state(state)
+}
+
+/// A client that changed something sees its change in the next counts it reads, rather than
+/// a shared reading from before it.
+async fn fresh_counts_after_writes(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let writes = !matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    let response = next.run(request).await;
+    if writes {
+        state.counts.invalidate();
+    }
+    response
 }
 
 async fn fallback(method: Method, uri: Uri) -> ApiError {

@@ -6,7 +6,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_core::config::Role;
 use disbatch_core::store::schema::queue as field;
-use disbatch_core::store::{check_queue_fields, WriteCounts};
+use disbatch_core::store::{check_queue_fields, QueueCounts, WriteCounts};
 use serde_json::{json, Map, Value};
 
 use super::nodes::non_negative;
@@ -24,12 +24,16 @@ async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
         .get_object_id(field::ID)
         .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
     let counts = state.store.queue_counts(id).await?;
+    Ok(queue_row(id, d, counts))
+}
+
+fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
     let get = |k: &str| {
         d.get(k)
             .map_or(Value::Null, |b| render::bson(b, Dates::Text))
     };
     let plugin = d.get(field::PLUGIN).or_else(|| d.get(field::LEGACY_PLUGIN));
-    Ok(json!({
+    json!({
         "id": id.to_hex(),
         "name": get(field::NAME),
         "plugin": plugin.map_or(Value::Null, |b| render::bson(b, Dates::Text)),
@@ -41,17 +45,19 @@ async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
         "succeeded": counts.succeeded,
         "failed": counts.failed,
         "paused_threads": get(field::PAUSED_THREADS),
-    }))
+    })
 }
 
 pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
-    let docs = state.store.queue_documents().await?;
-    let rows = futures::future::try_join_all(
-        docs.iter()
-            .filter(|d| d.get_object_id("_id").is_ok())
-            .map(|d| queue_json(&state, d)),
-    )
-    .await?;
+    let reading = state.counts.get(&state.store).await?;
+    let rows: Vec<Value> = reading
+        .queues
+        .iter()
+        .filter_map(|d| {
+            let id = d.get_object_id(field::ID).ok()?;
+            Some(queue_row(id, d, QueueCounts::from(reading.counts(id))))
+        })
+        .collect();
     Ok(json_response(&Value::Array(rows), false))
 }
 

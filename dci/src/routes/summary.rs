@@ -1,6 +1,7 @@
 //! `GET /summary`: every queue's tasks counted in Coordinate's unit states.
 
 use axum::response::Response;
+use disbatch_core::store::StateCounts;
 use serde_json::{json, Value};
 
 use crate::error::ApiResult;
@@ -8,13 +9,14 @@ use crate::namespace::Ns;
 use crate::render::json_response;
 
 pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
-    let (queues, counts) =
-        futures::try_join!(state.store.queue_documents(), state.store.summary())?;
-    let rows: Vec<Value> = queues
+    let reading = state.counts.get(&state.store).await?;
+    let rows: Vec<Value> = reading
+        .queues
         .iter()
         .filter_map(|q| {
             let id = q.get_object_id("_id").ok()?;
-            let c = counts.get(&id).copied().unwrap_or_default();
+            let delayed = reading.delayed.get(&id).copied().unwrap_or(0);
+            let c = StateCounts::from_groups(reading.counts(id), delayed);
             Some(json!({
                 "id": id.to_hex(),
                 "queue": q.get_str("name").unwrap_or(""),
