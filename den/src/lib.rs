@@ -4,6 +4,7 @@ pub mod balancer;
 pub mod claimer;
 pub mod completer;
 pub mod continuous;
+pub mod durability;
 pub mod elector;
 pub mod executor;
 pub mod host;
