@@ -2,14 +2,15 @@
 //!
 //! `config` reads node configs, `store` owns every MongoDB query, `model` the schema's values,
 //! `output` the GridFS placement rules, `plugin` the plugin allow-list, `claim_plan` the
-//! per-pass claim decisions, `redact` keeps credentials out of messages and `printable` makes
-//! stored text safe to show.
+//! per-pass claim decisions, `durability` whether the write concern survives a failover,
+//! `redact` keeps credentials out of messages and `printable` makes stored text safe to show.
 
 pub mod balance;
 pub mod chaining;
 pub mod claim_plan;
 pub mod client_json;
 pub mod config;
+pub mod durability;
 pub mod error;
 pub mod handoff;
 pub mod isolation;

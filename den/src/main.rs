@@ -121,6 +121,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         .ensure_indexes()
         .await
         .context("ensuring indexes (is the MongoDB server reachable?)")?;
+    disbatch_den::durability::report(&store).await;
     let mut plugins = PluginCheck::new(config.plugins.clone());
     let names: Vec<String> = config.plugins.names().map(str::to_string).collect();
     if names.is_empty() {

@@ -285,11 +285,14 @@ impl Store {
     /// One unordered `update` of tasks: how many statements matched, and which were refused.
     async fn update_tasks(&self, statements: &[(usize, Document)]) -> Result<(u64, Vec<usize>)> {
         let updates: Vec<Document> = statements.iter().map(|(_, s)| s.clone()).collect();
-        let reply = self
-            .db
-            .run_command(doc! {"update": TASKS, "updates": updates, "ordered": false})
-            .await
-            .map_err(|e| Error::mongo("recording results for runners", e))?;
+        let reply =
+            self.db
+                .run_command(self.with_write_concern(
+                    doc! {"update": TASKS, "updates": updates, "ordered": false},
+                ))
+                .await
+                .map_err(|e| Error::mongo("recording results for runners", e))?;
+        super::warn_write_concern_error(&reply, "recording results for runners");
         let matched = super::count_value(reply.get("n"));
         let mut refused = Vec::new();
         if let Ok(errors) = reply.get_array("writeErrors") {

@@ -22,6 +22,7 @@ mod task_counts;
 mod task_create;
 mod task_query;
 mod tasks;
+mod topology;
 mod units;
 mod users;
 mod watch;
@@ -154,6 +155,7 @@ impl Store {
         command: Document,
         context: &'static str,
     ) -> Result<Option<Vec<Document>>> {
+        let command = self.with_write_concern(command);
         let reply = match self.client.database("admin").run_command(command).await {
             Ok(reply) => reply,
             Err(e) if bulk_write_missing(&e) => {
@@ -166,6 +168,7 @@ impl Store {
             Err(e) => return Err(Error::mongo(context, e)),
         };
         self.bulk_write.store(BULK_WRITE_WORKS, Ordering::Relaxed);
+        warn_write_concern_error(&reply, context);
         Ok(Some(
             reply
                 .get_document("cursor")
@@ -178,6 +181,20 @@ impl Store {
                 })
                 .unwrap_or_default(),
         ))
+    }
+
+    /// A write command sent whole, with the client's write concern: `run_command` adds none,
+    /// and batched claims and results must be as durable as every other write.
+    fn with_write_concern(&self, mut command: Document) -> Document {
+        let concern = self
+            .client
+            .write_concern()
+            .and_then(|wc| bson::to_document(wc).ok())
+            .filter(|d| !d.is_empty());
+        if let Some(concern) = concern {
+            command.insert("writeConcern", concern);
+        }
+        command
     }
 
     /// A collection for writes; reads go through `raw` and decode one document at a time.
@@ -340,6 +357,17 @@ pub(crate) fn server_message(err: &mongodb::error::Error) -> Option<String> {
             .and_then(|errs| errs.first())
             .map(|e| short_message(&e.message, e.code)),
         _ => None,
+    }
+}
+
+/// A command sent whole reports a write concern it could not meet (a `wtimeout` passed, too
+/// few members) in its reply, not as an error: the writes were made on the primary but may not
+/// survive a failover, which the operator must hear of.
+pub(crate) fn warn_write_concern_error(reply: &Document, context: &str) {
+    if let Ok(e) = reply.get_document("writeConcernError") {
+        let code = e.get_i32("code").unwrap_or(0);
+        let message = short_message(e.get_str("errmsg").unwrap_or("no reason given"), code);
+        tracing::warn!(context, "write concern not met: {message}");
     }
 }
 
