@@ -5,10 +5,9 @@ use std::collections::HashMap;
 use bson::oid::ObjectId;
 use bson::{doc, DateTime};
 
-use super::schema::{task, TASKS};
+use super::schema::task;
 use super::{GroupCounts, StatusGroup, Store};
-use crate::error::{Error, Result};
-use crate::model::status;
+use crate::error::Result;
 
 /// One queue's units by state. `other` holds Disbatch's orphaned, cancelled, blocked and
 /// terminated tasks, which Coordinate has no name for.
@@ -47,26 +46,18 @@ impl Store {
         &self,
         queues: &[ObjectId],
     ) -> Result<HashMap<ObjectId, u64>> {
-        let what = "counting delayed tasks";
-        let pipeline = vec![
-            doc! {"$match": {
-                task::QUEUE: {"$in": queues},
-                task::NOT_BEFORE: {"$gt": DateTime::now()},
-                task::STATUS: status::QUEUED,
-            }},
-            doc! {"$group": {"_id": format!("${}", task::QUEUE), "n": {"$sum": 1}}},
-        ];
-        let cursor = self
-            .collection(TASKS)
-            .aggregate(pipeline)
-            .with_type::<bson::RawDocumentBuf>()
-            .await
-            .map_err(|e| Error::mongo(what, e))?;
-        Ok(self
-            .read_all(TASKS, cursor, what)
-            .await?
-            .iter()
-            .filter_map(|d| Some((d.get_object_id("_id").ok()?, super::count_value(d.get("n")))))
+        let now = DateTime::now();
+        // Not filtered on status: the server would then read the queue's backlog through the
+        // {queue, status} index; the tasks with a `not_before` ahead are few, whatever it is.
+        let ahead = self
+            .per_queue(
+                queues,
+                |q| doc! {task::QUEUE: q, task::NOT_BEFORE: {"$gt": now}},
+            )
+            .await?;
+        Ok(ahead
+            .into_iter()
+            .map(|(q, c)| (q, c.get(StatusGroup::Queued)))
             .collect())
     }
 }

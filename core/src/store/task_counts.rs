@@ -153,33 +153,48 @@ impl Store {
 
     /// Every listed queue's tasks by group: kept counts where a reconcile has made them,
     /// claimed and running counted live, and a count of the tasks for queues not yet
-    /// reconciled. Three reads, whatever the number of tasks.
+    /// reconciled. One read of the kept counts and one per queue, none of them reading a
+    /// queue's backlog once it is counted.
     pub async fn task_counts(&self, queues: &[ObjectId]) -> Result<HashMap<ObjectId, GroupCounts>> {
         let kept = self.kept_counts(queues).await?;
-        let uncounted: Vec<ObjectId> = queues
-            .iter()
-            .filter(|q| !kept.contains_key(q))
-            .copied()
-            .collect();
-        let counted: Vec<ObjectId> = kept.keys().copied().collect();
-        let (live, scanned) = futures::try_join!(
-            self.count_by_group(doc! {
-                task::QUEUE: {"$in": counted},
-                task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]},
-            }),
-            self.count_by_group(doc! {task::QUEUE: {"$in": uncounted}}),
-        )?;
+        let live = [status::CLAIMED, status::RUNNING];
+        let rest = self
+            .per_queue(queues, |q| match kept.contains_key(&q) {
+                true => doc! {task::QUEUE: q, task::STATUS: {"$in": live.to_vec()}},
+                false => doc! {task::QUEUE: q},
+            })
+            .await?;
         let mut out = kept;
-        for (queue, groups) in live.into_iter().chain(scanned) {
+        for (queue, groups) in rest {
             let entry = out.entry(queue).or_default();
             for g in StatusGroup::ALL {
                 entry.add(g, groups.get(g));
             }
         }
-        for q in queues {
-            out.entry(*q).or_default();
-        }
         Ok(out)
+    }
+
+    /// For each queue, its tasks matching `filter(queue)` by group. One aggregation per queue,
+    /// a few at a time: each filter names its queue by equality, which servers answer from
+    /// the `{queue, status}` (or `{queue, not_before}`) index, where a `$in` over queues may
+    /// make them read the whole collection (SecantusDB does: 5.7 s at 1 000 000 tasks).
+    pub(super) async fn per_queue(
+        &self,
+        queues: &[ObjectId],
+        filter: impl Fn(ObjectId) -> Document,
+    ) -> Result<HashMap<ObjectId, GroupCounts>> {
+        use futures::stream::{self, StreamExt, TryStreamExt};
+        let reads: Vec<_> = queues
+            .iter()
+            .map(|q| {
+                let pipeline = vec![
+                    doc! {"$match": filter(*q)},
+                    doc! {"$group": {"_id": format!("${}", task::STATUS), "n": {"$sum": 1}}},
+                ];
+                self.count_by_status(*q, pipeline)
+            })
+            .collect();
+        stream::iter(reads).buffer_unordered(8).try_collect().await
     }
 
     /// Counts documents of queues a reconcile has made (`reconciled_at` set).
@@ -205,37 +220,28 @@ impl Store {
         Ok(out)
     }
 
-    /// One aggregation grouping the matching tasks by queue and status.
-    async fn count_by_group(&self, filter: Document) -> Result<HashMap<ObjectId, GroupCounts>> {
-        let what = "counting tasks by queue and status";
-        let pipeline = vec![
-            doc! {"$match": filter},
-            doc! {"$group": {
-                "_id": {"q": format!("${}", task::QUEUE), "s": format!("${}", task::STATUS)},
-                "n": {"$sum": 1},
-            }},
-        ];
+    /// Runs a pipeline whose `$group` keys are statuses; their counts by group.
+    async fn count_by_status(
+        &self,
+        queue: ObjectId,
+        pipeline: Vec<Document>,
+    ) -> Result<(ObjectId, GroupCounts)> {
+        let what = "counting tasks by status";
         let cursor = self
             .collection(TASKS)
             .aggregate(pipeline)
             .with_type::<bson::RawDocumentBuf>()
             .await
             .map_err(|e| Error::mongo(what, e))?;
-        let mut out: HashMap<ObjectId, GroupCounts> = HashMap::new();
+        let mut out = GroupCounts::default();
         for d in self.read_all(TASKS, cursor, what).await? {
-            let Ok(key) = d.get_document("_id") else {
-                continue;
-            };
-            let Ok(queue) = key.get_object_id("q") else {
-                continue;
-            };
             // Several stored types (1, 1.0, Int64 1) can land in one group: add, never replace.
-            out.entry(queue).or_default().add(
-                StatusGroup::of(key.get("s")),
+            out.add(
+                StatusGroup::of(d.get("_id")),
                 super::count_value(d.get("n")),
             );
         }
-        Ok(out)
+        Ok((queue, out))
     }
 
     /// Replaces the kept counts of every queue due (never reconciled, or not for `every`)
@@ -294,7 +300,7 @@ impl Store {
         for (q, seq, old) in due {
             // One queue at a time: a reconcile is background work and must not crowd out claims.
             let fresh = self
-                .count_by_group(doc! {task::QUEUE: q})
+                .per_queue(&[q], |q| doc! {task::QUEUE: q})
                 .await?
                 .remove(&q)
                 .unwrap_or_default();
