@@ -82,6 +82,53 @@ impl ScaleFleet {
         Ok(())
     }
 
+    /// Lanes may leave a node without long tasks (at 100 nodes the leader held none): two
+    /// more go to `victim` alone, the other live nodes held at `maxthreads` 0 meanwhile (as
+    /// ops cap a node), and uncapped again before the kill so they can take its tasks.
+    async fn give_long_tasks(&mut self, victim: &str, queue: ObjectId) -> anyhow::Result<()> {
+        super::progress(&format!("{victim} holds no long task: giving it two"));
+        let others: Vec<String> = (0..self.dens.len())
+            .map(node_name)
+            .filter(|n| n != victim)
+            .collect();
+        let nodes = self.db.collection::<Document>(NODES);
+        let capped = doc! {node::NODE: {"$in": others}};
+        nodes
+            .update_many(capped.clone(), doc! {"$set": {node::MAXTHREADS: 0}})
+            .await
+            .context("capping the other nodes")?;
+        // Each node reads its cap back with its next heartbeat, every interval.
+        tokio::time::sleep(Duration::from_millis(self.loop_ms * 2 + 500)).await;
+        let now = DateTime::now();
+        let docs: Vec<Document> = (0..2)
+            .map(|_| {
+                doc! {task::QUEUE: queue, task::STATUS: status::QUEUED, task::NODE: Bson::Null,
+                task::PARAMS: {"sleep_first_ms": LONG_TASK_MS}, task::CTIME: now, task::MTIME: now,
+                task::STDOUT: Bson::Null, task::STDERR: Bson::Null}
+            })
+            .collect();
+        self.tasks()
+            .insert_many(docs)
+            .await
+            .context("enqueueing long tasks")?;
+        self.db
+            .collection::<Document>(QUEUES)
+            .update_one(doc! {qf::ID: queue}, doc! {"$inc": {qf::THREADS: 2}})
+            .await
+            .context("raising the long queue's threads")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mine = doc! {task::QUEUE: queue, task::STATUS: status::RUNNING, task::NODE: victim};
+        while self.count(mine.clone()).await? < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        nodes
+            .update_many(capped, doc! {"$unset": {node::MAXTHREADS: ""}})
+            .await
+            .context("uncapping the other nodes")?;
+        tokio::time::sleep(Duration::from_millis(self.loop_ms * 2 + 500)).await;
+        Ok(())
+    }
+
     /// Kills a live node's host (the DEN, then its runners: with the DEN gone first no node
     /// sees the runners exit, so only the lease path can recover them), and times until each
     /// of its long tasks started again elsewhere and succeeded.
@@ -115,6 +162,13 @@ impl ScaleFleet {
             );
         };
         let name = node_name(victim);
+        let running = if held(&name) == 0 {
+            self.give_long_tasks(&name, queue).await?;
+            self.read_tasks(doc! {task::QUEUE: queue, task::STATUS: status::RUNNING})
+                .await?
+        } else {
+            running
+        };
         let mine: Vec<&TaskDoc> = running
             .iter()
             .filter(|t| t.node() == Some(name.as_str()))
