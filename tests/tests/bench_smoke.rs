@@ -206,7 +206,9 @@ async fn a_tiny_bench_run_reports_every_figure() {
         .await
         .expect("list databases")
         .into_iter()
-        .filter(|n| n.contains("bench") && n.contains(&pid) && !n.contains("smoke_check"))
+        // The fleet test below runs beside this one and checks its own.
+        .filter(|n| n.contains("bench") && n.contains(&pid) && !n.contains("bench_fleet"))
+        .filter(|n| !n.contains("smoke_check"))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
     db.db
@@ -291,6 +293,18 @@ async fn a_tiny_fleet_run_reports_every_figure() {
     assert!(json["sizes"][0]["backlog"]["share"]["max_percent"].is_number());
     assert!(json["sizes"][0]["recovery"][0]["retaken_ms"][1].is_number());
 
+    let db = TestDb::new("smoke_check_fleet").await;
+    let pid = std::process::id().to_string();
+    let left: Vec<String> = db
+        .client
+        .list_database_names()
+        .await
+        .expect("list databases")
+        .into_iter()
+        .filter(|n| n.contains("bench_fleet") && n.contains(&pid))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    db.drop().await;
     // Every DEN and runner of the fleet is gone (both carry `--node NAME`).
     for node in ["fleet-000", "fleet-001"] {
         let left = disbatch_tests::bench::procfs::processes_naming(node);
