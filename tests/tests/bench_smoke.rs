@@ -206,7 +206,9 @@ async fn a_tiny_bench_run_reports_every_figure() {
         .await
         .expect("list databases")
         .into_iter()
-        .filter(|n| n.contains("bench") && n.contains(&pid) && !n.contains("smoke_check"))
+        // The fleet test below runs beside this one and checks its own.
+        .filter(|n| n.contains("bench") && n.contains(&pid) && !n.contains("bench_fleet"))
+        .filter(|n| !n.contains("smoke_check"))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
     db.db
@@ -215,4 +217,97 @@ async fn a_tiny_bench_run_reports_every_figure() {
         .await
         .expect("server still fine");
     db.drop().await;
+}
+
+/// Fleet mode at its smallest (`--fleet 2`, short windows, a 3 s lease): every figure of the
+/// size is there, the follower's tasks were recovered by the other node, and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_fleet_run_reports_every_figure() {
+    let args: Vec<String> =
+        "--fleet 2 --quick --idle-secs 2 --latency-tasks 5 --tasks 40 --lease-secs 3"
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+    let mut options = disbatch_tests::bench::parse_args(&args).expect("fleet options");
+    options.uri = Some(server_uri());
+    let report = match disbatch_tests::bench::run(&options, "bench_smoke --fleet 2".into())
+        .await
+        .expect("the fleet bench runs")
+    {
+        disbatch_tests::bench::Report::Fleet(r) => *r,
+        other => panic!("--fleet gave another report: {other}"),
+    };
+    assert_eq!(report.stopped, None, "{report}");
+    assert_eq!(report.sizes.len(), 1);
+    let s = &report.sizes[0];
+    assert_eq!((s.dens, s.threads), (2, 8));
+    finite_positive("start secs", s.start_secs);
+    let i = &s.idle;
+    finite_positive("idle requests/s", i.requests_per_sec);
+    assert!((i.requests_per_sec_per_den * 2.0 - i.requests_per_sec).abs() < 1e-9);
+    assert!(
+        i.by_command_per_sec
+            .keys()
+            .any(|k| k.starts_with("den ") && k.ends_with(" nodes")),
+        "{i:?}"
+    );
+    // Two change streams a node, each an open connection.
+    assert!(i.open_connections >= 4, "{i:?}");
+    assert!(i.den_cpu_percent_total.is_finite() && i.den_cpu_percent_total >= 0.0);
+    finite_positive("DEN RSS", i.den_rss_mib_total);
+    if report.server.host.starts_with("127.0.0.1:") {
+        assert!(i
+            .server_cpu_percent
+            .is_some_and(|c| c.is_finite() && c >= 0.0));
+        assert!(i.server_fds.is_some_and(|n| n > 0));
+    }
+    assert_eq!(s.enqueue_to_start.n, 5);
+    finite_positive("enqueue→start p50", s.enqueue_to_start.p50_ms);
+    assert!(s.requests_per_probe.is_finite());
+    let b = &s.backlog;
+    assert_eq!((b.depth, b.tasks, b.stopped_by), (40, 40, "tasks"));
+    finite_positive("backlog tasks/s", b.tasks_per_sec);
+    assert!(
+        b.share.max >= b.share.min && b.share.min + b.share.max <= 40,
+        "{b:?}"
+    );
+    assert!((b.share.even_percent - 50.0).abs() < 1e-9);
+    assert_eq!(s.recovery.len(), 1, "two nodes: only a follower dies");
+    let r = &s.recovery[0];
+    assert_eq!((r.victim, r.taken_by), ("follower", 1));
+    assert!(r.tasks >= 1, "{r:?}");
+    // Recovered by lease: not before the lease ran out, and within it and a few passes.
+    assert!(
+        r.retaken_ms.0 >= r.lease_left_ms.0 && r.retaken_ms.1 < 15_000.0,
+        "{r:?}"
+    );
+    assert!(r.done_ms.1 >= r.retaken_ms.1, "{r:?}");
+
+    let text = report.to_string();
+    assert!(
+        text.contains("| 2 |") && text.contains("follower fleet-"),
+        "{text}"
+    );
+    let json =
+        serde_json::to_value(disbatch_tests::bench::Report::Fleet(Box::new(report))).expect("json");
+    assert!(json["sizes"][0]["backlog"]["share"]["max_percent"].is_number());
+    assert!(json["sizes"][0]["recovery"][0]["retaken_ms"][1].is_number());
+
+    let db = TestDb::new("smoke_check_fleet").await;
+    let pid = std::process::id().to_string();
+    let left: Vec<String> = db
+        .client
+        .list_database_names()
+        .await
+        .expect("list databases")
+        .into_iter()
+        .filter(|n| n.contains("bench_fleet") && n.contains(&pid))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    db.drop().await;
+    // Every DEN and runner of the fleet is gone (both carry `--node NAME`).
+    for node in ["fleet-000", "fleet-001"] {
+        let left = disbatch_tests::bench::procfs::processes_naming(node);
+        assert!(left.is_empty(), "{node}: processes left running: {left:?}");
+    }
 }

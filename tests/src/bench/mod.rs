@@ -6,9 +6,13 @@ pub mod accounting;
 pub mod ceiling;
 pub mod contention;
 pub mod fleet;
+mod fleet_backlog;
+mod fleet_recovery;
+pub mod fleet_scale;
 pub mod procfs;
 pub mod proxy;
 pub mod report;
+pub mod scale_report;
 pub mod standalone;
 pub mod stats;
 pub mod wire;
@@ -20,6 +24,7 @@ use anyhow::Context;
 use fleet::Fleet;
 use proxy::HostUri;
 use report::{BenchReport, FleetReport};
+use scale_report::ScaleReport;
 
 /// What to measure and how much.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +61,17 @@ pub struct BenchOptions {
     /// sampled. Runs that drain their queue always run every task.
     pub run_secs: Duration,
     pub json: Option<std::path::PathBuf>,
+    /// Fleet mode (`--fleet 1,10,50,100`): these fleet sizes instead of the task matrix. There
+    /// `tasks` is the backlog worked, `threads` the queue's (default max(8, 2·N)), `idle` the
+    /// idle window and `latency_tasks` the enqueue→start probes.
+    pub fleet: Option<Vec<usize>>,
+    /// Fleet mode: the `lease` (seconds) of the queue whose tasks a killed node leaves behind.
+    pub lease_secs: u64,
+    /// Fleet mode: the most one fleet size may take, from its first DEN to its last stopped.
+    pub size_secs: Duration,
+    /// Fleet mode: DENs started at once; each batch reports before the next starts, so a
+    /// hundred nodes' start-up (indexes, first readings) does not hit the server in one burst.
+    pub start_batch: usize,
 }
 
 impl BenchOptions {
@@ -81,6 +97,27 @@ impl BenchOptions {
             change_streams: true,
             run_secs: Duration::from_secs(15),
             json: None,
+            fleet: None,
+            lease_secs: 6,
+            size_secs: Duration::from_secs(900),
+            start_batch: 10,
+        }
+    }
+
+    /// Fleet mode's base: a 20 s idle window, 50 probes 200 ms apart, a 2 000-task backlog
+    /// (`quick`: 5 s, 20 probes, 300 tasks).
+    fn fleet_mode(quick: bool) -> Self {
+        let base = if quick {
+            BenchOptions::quick()
+        } else {
+            BenchOptions::full()
+        };
+        BenchOptions {
+            idle: Duration::from_secs(if quick { 5 } else { 20 }),
+            latency_tasks: if quick { 20 } else { 50 },
+            latency_gap: Duration::from_millis(200),
+            tasks: if quick { 300 } else { 2000 },
+            ..base
         }
     }
 
@@ -104,11 +141,18 @@ impl BenchOptions {
     fn threads_for(&self, dens: usize) -> u32 {
         self.threads.unwrap_or(8 * dens as u32)
     }
+
+    /// Fleet mode: room for every node to run some of the backlog.
+    fn fleet_threads_for(&self, dens: usize) -> u32 {
+        self.threads.unwrap_or((2 * dens as u32).max(8))
+    }
 }
 
 pub const USAGE: &str = "usage: disbatch-bench [--quick] [--uri URI] [--dens 1,2,4] [--tasks N] \
 [--depth 1000,100000] [--threads N] [--repeat N] [--run-secs S] [--idle-secs S] \
-[--latency-tasks N] [--loop-ms MS] [--polling] [--json FILE]";
+[--latency-tasks N] [--loop-ms MS] [--polling] [--json FILE]
+       disbatch-bench --fleet 1,10,50,100 [--quick] [--uri URI] [--tasks N] [--threads N] \
+[--idle-secs S] [--latency-tasks N] [--lease-secs S] [--size-secs S] [--loop-ms MS] [--json FILE]";
 
 fn list(flag: &str, v: &str) -> Result<Vec<usize>, String> {
     let items: Result<Vec<usize>, _> = v.split(',').map(|s| s.trim().parse::<usize>()).collect();
@@ -130,7 +174,10 @@ fn number(flag: &str, v: &str) -> Result<u64, String> {
 /// Parses the command line (without the program name). `--quick` sets the base wherever it
 /// appears; the other options override it.
 pub fn parse_args(args: &[String]) -> Result<BenchOptions, String> {
-    let mut o = if args.iter().any(|a| a == "--quick") {
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut o = if args.iter().any(|a| a == "--fleet") {
+        BenchOptions::fleet_mode(quick)
+    } else if quick {
         BenchOptions::quick()
     } else {
         BenchOptions::full()
@@ -161,6 +208,9 @@ pub fn parse_args(args: &[String]) -> Result<BenchOptions, String> {
             "--loop-ms" => o.loop_ms = number(flag, value)?,
             "--run-secs" => o.run_secs = Duration::from_secs(number(flag, value)?),
             "--json" => o.json = Some(value.into()),
+            "--fleet" => o.fleet = Some(list(flag, value)?),
+            "--lease-secs" => o.lease_secs = number(flag, value)?.max(3),
+            "--size-secs" => o.size_secs = Duration::from_secs(number(flag, value)?),
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -175,6 +225,36 @@ static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::n
 pub fn progress(line: &str) {
     let started = STARTED.get_or_init(std::time::Instant::now);
     eprintln!("[bench {:>6.1}s] {line}", started.elapsed().as_secs_f64());
+}
+
+/// What a run measured: the task matrix, or fleet mode's sizes.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(untagged)]
+pub enum Report {
+    Tasks(Box<BenchReport>),
+    Fleet(Box<ScaleReport>),
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Report::Tasks(r) => r.fmt(f),
+            Report::Fleet(r) => r.fmt(f),
+        }
+    }
+}
+
+/// Runs fleet mode when `o.fleet` names sizes, else the task matrix.
+pub async fn run(o: &BenchOptions, command: String) -> anyhow::Result<Report> {
+    if o.fleet.is_some() {
+        fleet_scale::run(o, command)
+            .await
+            .map(|r| Report::Fleet(Box::new(r)))
+    } else {
+        run_bench(o, command)
+            .await
+            .map(|r| Report::Tasks(Box::new(r)))
+    }
 }
 
 /// Runs every measurement of `o` and judges the targets.
@@ -304,7 +384,20 @@ mod tests {
             f.ceiling_depths = f.depths.clone();
             f
         });
+        let f = parse_args(&args("--fleet 1,10 --lease-secs 4 --idle-secs 3")).expect("fleet");
+        assert_eq!(f.fleet.as_deref(), Some(&[1, 10][..]));
+        assert_eq!(
+            (f.lease_secs, f.idle, f.tasks),
+            (4, Duration::from_secs(3), 2000)
+        );
+        assert_eq!((f.fleet_threads_for(1), f.fleet_threads_for(50)), (8, 100));
+        assert_eq!(
+            parse_args(&args("--fleet 2 --quick")).expect("quick").tasks,
+            300
+        );
         for bad in [
+            "--fleet",
+            "--fleet 0",
             "--dens",
             "--dens 0",
             "--dens 1,x",

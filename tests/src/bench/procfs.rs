@@ -51,6 +51,29 @@ pub fn peak_rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
+/// Resident set size now (VmRSS) in KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Descriptors `pid` holds open (sockets included): what a big fleet costs the server.
+pub fn open_fds(pid: u32) -> Option<usize> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+}
+
+/// The machine's 1-minute load average.
+pub fn load_1m() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The live children of `pid` (every thread's `children` list).
 pub fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
@@ -264,6 +287,9 @@ mod tests {
         let after = cpu_ticks(me).expect("own stat");
         assert!(after.own >= before.own);
         assert!(peak_rss_kib(me).expect("VmHWM") > 0);
+        assert!(rss_kib(me).expect("VmRSS") > 0);
+        assert!(open_fds(me).expect("fd count") >= 3);
+        assert!(load_1m().is_some_and(|l| l >= 0.0));
         assert!(clock_ticks() > 0.0);
         let m = machine();
         assert!(m.cores > 0 && m.memory_gib > 0.0);

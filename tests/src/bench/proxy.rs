@@ -27,6 +27,8 @@ pub struct Counts {
     /// monitors (and pooled connections not used yet).
     pub monitoring: Tally,
     pub connections: u64,
+    /// Connections open now: a fleet's standing load on the server's connection limit.
+    pub open: u64,
     /// Connections whose stream stopped parsing (never expected from a real driver).
     pub unparsed_connections: u64,
     /// Milliseconds since the epoch at which each app label was first seen since the last
@@ -58,6 +60,7 @@ impl Counts {
             app: diff(&self.app, &earlier.app),
             monitoring: diff(&self.monitoring, &earlier.monitoring),
             connections: self.connections.saturating_sub(earlier.connections),
+            open: self.open,
             unparsed_connections: self
                 .unparsed_connections
                 .saturating_sub(earlier.unparsed_connections),
@@ -259,6 +262,7 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Mutex<Counts>>)
     let _ = server.set_nodelay(true);
     if let Ok(mut c) = counts.lock() {
         c.connections += 1;
+        c.open += 1;
     }
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
@@ -328,6 +332,7 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Mutex<Counts>>)
             .collect()
     });
     if let Ok(mut c) = counts.lock() {
+        c.open = c.open.saturating_sub(1);
         for label in unanswered {
             *c.in_flight.entry(label).or_default() -= 1;
         }

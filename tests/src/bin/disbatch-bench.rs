@@ -3,19 +3,16 @@
 //! Usage: disbatch-bench [--quick] [--uri URI] [--dens 1,2,4] [--tasks N] [--depth 1000,100000]
 //! [--threads N] [--repeat N] [--run-secs S] [--idle-secs S] [--latency-tasks N] [--loop-ms MS]
 //! [--json FILE]
+//!        disbatch-bench --fleet 1,10,50,100 [...]: fleet mode (see BENCHMARKS.md, "Fleet")
 
 use std::process::ExitCode;
 
-use disbatch_tests::bench::report::BenchReport;
-use disbatch_tests::bench::{parse_args, run_bench, BenchOptions, USAGE};
+use disbatch_tests::bench::{parse_args, run, BenchOptions, Report, USAGE};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Runs the bench until it ends or SIGINT/SIGTERM arrives. On a signal the bench is dropped,
 /// which stops the DENs it started; without this, Ctrl-C would leave them running.
-async fn run_until_signal(
-    opts: &BenchOptions,
-    command: String,
-) -> Option<anyhow::Result<BenchReport>> {
+async fn run_until_signal(opts: &BenchOptions, command: String) -> Option<anyhow::Result<Report>> {
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
@@ -23,7 +20,7 @@ async fn run_until_signal(
         return Some(Err(anyhow::anyhow!("cannot install the signal handlers")));
     };
     tokio::select! {
-        report = run_bench(opts, command) => Some(report),
+        report = run(opts, command) => Some(report),
         _ = int.recv() => None,
         _ = term.recv() => None,
     }
