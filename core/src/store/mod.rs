@@ -120,6 +120,12 @@ impl Store {
         }
     }
 
+    /// Ends the client's sessions and closes its connections, for a process about to exit:
+    /// a client merely dropped as the runtime stops makes the driver panic in a worker thread.
+    pub async fn shutdown(self) {
+        self.client.shutdown().await;
+    }
+
     pub fn database_name(&self) -> &str {
         self.db.name()
     }

@@ -87,6 +87,9 @@ async fn run() -> anyhow::Result<()> {
             stdout
         );
     }
+    // Closed while the runtime runs: a client dropped as the runtime shuts down ends its
+    // sessions on a pool already gone, and the driver panics in a worker thread.
+    store.shutdown().await;
     anyhow::ensure!(
         done.len() == ids.len(),
         "not every demo task finished within 120 s"
