@@ -37,20 +37,7 @@ async fn share_by_node(
         .await
         .expect("open the queue");
     db.wait_complete(&ids, Duration::from_secs(120)).await;
-    let done: Vec<Document> = db
-        .tasks()
-        .find(doc! {"queue": queue})
-        .await
-        .expect("find")
-        .try_collect()
-        .await
-        .expect("tasks");
-    let mut by_node = BTreeMap::new();
-    for t in done {
-        *by_node
-            .entry(t.get_str("node").unwrap_or("?").to_string())
-            .or_insert(0) += 1;
-    }
+    let by_node = tasks_by_node(db, doc! {"queue": queue}).await;
     drop(nodes);
     by_node
 }
@@ -81,19 +68,20 @@ async fn three_nodes_share_a_capped_queue() {
     db.drop().await;
 }
 
-/// Claimed or running tasks of `queue` on each node now.
-async fn holding(db: &TestDb, queue: bson::oid::ObjectId) -> BTreeMap<String, usize> {
+/// How many of the tasks matching `filter` each node holds (by the tasks' `node`).
+async fn tasks_by_node(db: &TestDb, filter: Document) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
-    let mut cursor = db
-        .tasks()
-        .find(doc! {"queue": queue, "status": {"$in": [-1, 0]}})
-        .await
-        .expect("find");
+    let mut cursor = db.tasks().find(filter).await.expect("find");
     while let Some(t) = cursor.try_next().await.expect("next") {
         *out.entry(t.get_str("node").unwrap_or("?").to_string())
             .or_insert(0) += 1;
     }
     out
+}
+
+/// Claimed or running tasks of `queue` on each node now.
+async fn holding(db: &TestDb, queue: bson::oid::ObjectId) -> BTreeMap<String, usize> {
+    tasks_by_node(db, doc! {"queue": queue, "status": {"$in": [-1, 0]}}).await
 }
 
 #[tokio::test]
@@ -206,13 +194,7 @@ async fn a_node_with_less_room_leaves_the_rest_to_the_others() {
         .await
         .expect("open the queue");
     db.wait_complete(&ids, Duration::from_secs(120)).await;
-    let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
-    let mut cursor = db.tasks().find(doc! {"queue": queue}).await.expect("find");
-    while let Some(t) = cursor.try_next().await.expect("next") {
-        *by_node
-            .entry(t.get_str("node").unwrap_or("?").to_string())
-            .or_insert(0) += 1;
-    }
+    let by_node = tasks_by_node(&db, doc! {"queue": queue}).await;
     println!("maxthreads 1 beside unlimited, threads 6, 120 tasks: {by_node:?}");
     let small_n = by_node.get("small").copied().unwrap_or(0);
     let big_n = by_node.get("big").copied().unwrap_or(0);
