@@ -1,6 +1,6 @@
 //! Per-pass claim decisions: how many tasks each queue may take, which slots to try and which
 //! of the tasks read to claim. Nodes claiming from one queue keep to lanes of their own
-//! (every `of`-th slot and candidate), so they rarely reach for the same slot or task.
+//! (their share of the slots and candidates), so they rarely reach for the same slot or task.
 
 use std::collections::BTreeSet;
 
@@ -8,33 +8,7 @@ use bson::oid::ObjectId;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-/// This node's share of a queue: lane `index` of `of`, one per node claiming from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lane {
-    pub index: u32,
-    pub of: u32,
-}
-
-impl Lane {
-    /// A node alone on its queue.
-    pub const SOLE: Lane = Lane { index: 0, of: 1 };
-
-    /// The lane of `me` among the nodes seen claiming a queue (`me` counted once, whether
-    /// seen or not): nodes that see the same set agree on their lanes without talking.
-    pub fn among<'a>(me: &str, seen: impl IntoIterator<Item = &'a str>) -> Lane {
-        let mut nodes: BTreeSet<&str> = seen.into_iter().collect();
-        nodes.insert(me);
-        let index = nodes.iter().position(|n| *n == me).unwrap_or(0);
-        Lane {
-            index: u32::try_from(index).unwrap_or(0),
-            of: u32::try_from(nodes.len()).unwrap_or(u32::MAX).max(1),
-        }
-    }
-
-    fn owns(&self, i: u64) -> bool {
-        i % u64::from(self.of.max(1)) == u64::from(self.index)
-    }
-}
+pub use crate::lanes::Lane;
 
 /// One queue's state at the start of a pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +54,7 @@ pub fn plan_claims<R: Rng + ?Sized>(
                 threads: q.threads,
                 held: &q.held_slots,
                 contested: &q.contested,
-                lane: q.lane,
+                lane: &q.lane,
             };
             let usable = slots.usable_count();
             // Other lanes' slots only once its own are full: a node that can still grow in its
@@ -107,7 +81,7 @@ struct Slots<'a> {
     threads: u32,
     held: &'a BTreeSet<u32>,
     contested: &'a BTreeSet<u32>,
-    lane: Lane,
+    lane: &'a Lane,
 }
 
 impl Slots<'_> {
@@ -120,8 +94,7 @@ impl Slots<'_> {
     /// Free slots of this node's lane.
     fn own_free(&self) -> u32 {
         let lane = self.lane;
-        let stripe =
-            u64::from(self.threads.saturating_sub(lane.index)).div_ceil(u64::from(lane.of.max(1)));
+        let stripe = lane.slots_below(self.threads);
         let held = self
             .held
             .range(..self.threads)
@@ -159,15 +132,16 @@ impl Slots<'_> {
         // Mostly usable: draw until `n` distinct ones (each draw succeeds with odds > 3/4),
         // from the lane's stripe while it has them.
         let lane = self.lane;
-        let stripe =
-            u64::from(self.threads.saturating_sub(lane.index)).div_ceil(u64::from(lane.of));
+        let stripe = lane.slots_below(self.threads);
         let mut chosen = BTreeSet::new();
         let mut slots = Vec::with_capacity(n as usize);
         let mut misses = 0usize;
         while slots.len() < n as usize {
             let s = if misses < 4 * n as usize && stripe > 0 {
                 let k = rng.random_range(0..stripe);
-                u32::try_from(u64::from(lane.index) + k * u64::from(lane.of)).unwrap_or(0)
+                lane.nth_slot(k)
+                    .and_then(|s| u32::try_from(s).ok())
+                    .unwrap_or(0)
             } else {
                 rng.random_range(0..self.threads)
             };
@@ -182,11 +156,11 @@ impl Slots<'_> {
     }
 }
 
-/// Which of `candidates` (read `lane.of` per task wanted, in claim order) this node claims:
+/// Which of `candidates` (read `lane.spread()` per task wanted, in claim order) this node claims:
 /// those whose `key` falls in its lane first, then any others, `n` in all, kept in claim
 /// order. The key is the task's own (its id), not its place in a read, so nodes whose reads
 /// of the head differ still reach for different tasks.
-pub fn lane_picks<T>(candidates: Vec<T>, n: usize, lane: Lane, key: impl Fn(&T) -> u64) -> Vec<T> {
+pub fn lane_picks<T>(candidates: Vec<T>, n: usize, lane: &Lane, key: impl Fn(&T) -> u64) -> Vec<T> {
     if candidates.len() <= n {
         return candidates;
     }
@@ -236,7 +210,7 @@ mod tests {
             threads,
             running,
             held_slots: held.iter().copied().collect(),
-            lane: Lane::SOLE,
+            lane: Lane::sole(),
             contested: BTreeSet::new(),
         }
     }
@@ -314,50 +288,55 @@ mod tests {
 
     #[test]
     fn lanes_are_agreed_from_the_nodes_seen() {
-        assert_eq!(Lane::among("b", ["a", "c"]), Lane { index: 1, of: 3 });
-        assert_eq!(Lane::among("b", ["b", "a"]), Lane { index: 1, of: 2 });
-        assert_eq!(Lane::among("a", []), Lane::SOLE);
+        let equal =
+            |me: &str, seen: &[&'static str]| Lane::weighted(me, 1, seen.iter().map(|n| (*n, 1)));
+        assert_eq!(equal("b", &["a", "c"]), Lane::striped(1, 3));
+        assert_eq!(equal("b", &["b", "a"]), Lane::striped(1, 2));
+        assert_eq!(equal("a", &[]), Lane::sole());
         // Every node of a set gets its own lane.
         let nodes = ["n3", "n1", "n2", "n4"];
-        let lanes: BTreeSet<u32> = nodes
-            .iter()
-            .map(|me| Lane::among(me, nodes).index)
-            .collect();
-        assert_eq!(lanes, BTreeSet::from([0, 1, 2, 3]));
+        let lanes: Vec<Lane> = nodes.iter().map(|me| equal(me, &nodes)).collect();
+        for s in 0..16u64 {
+            assert_eq!(lanes.iter().filter(|l| l.owns(s)).count(), 1, "slot {s}");
+        }
+        assert_eq!(lanes[1], Lane::striped(0, 4), "n1 is first by name");
     }
 
     #[test]
     fn picks_keep_to_the_lane_and_to_claim_order() {
-        let lane = Lane { index: 1, of: 3 };
+        let lane = Lane::striped(1, 3);
         let key = |c: &u32| u64::from(*c);
-        assert_eq!(lane_picks(vec![1, 2, 3], 5, lane, key), vec![1, 2, 3]);
+        assert_eq!(lane_picks(vec![1, 2, 3], 5, &lane, key), vec![1, 2, 3]);
         assert_eq!(
-            lane_picks((0..12).collect(), 4, lane, key),
+            lane_picks((0..12).collect(), 4, &lane, key),
             vec![1, 4, 7, 10]
         );
         // Too few in the lane: the rest comes from the others, still in claim order.
-        assert_eq!(lane_picks((0..6).collect(), 4, lane, key), vec![0, 1, 2, 4]);
         assert_eq!(
-            lane_picks((0..10).collect(), 3, Lane::SOLE, key),
+            lane_picks((0..6).collect(), 4, &lane, key),
+            vec![0, 1, 2, 4]
+        );
+        assert_eq!(
+            lane_picks((0..10).collect(), 3, &Lane::sole(), key),
             vec![0, 1, 2]
         );
         // Nodes of one set pick disjoint tasks even when their reads differ.
         let all: Vec<Vec<u32>> = (0..4)
             .map(|index| {
                 let read: Vec<u32> = (index..index + 40).collect();
-                lane_picks(read, 8, Lane { index, of: 4 }, key)
+                lane_picks(read, 8, &Lane::striped(index, 4), key)
             })
             .collect();
         let union: BTreeSet<u32> = all.iter().flatten().copied().collect();
         assert_eq!(union.len(), 32);
-        assert!(lane_picks(Vec::<u32>::new(), 3, lane, key).is_empty());
+        assert!(lane_picks(Vec::<u32>::new(), 3, &lane, key).is_empty());
     }
 
     #[test]
     fn slots_are_tried_in_the_lane_first() {
         let mut rng = StdRng::seed_from_u64(5);
         let mut q = queue(12, 0, &[4]);
-        q.lane = Lane { index: 1, of: 3 };
+        q.lane = Lane::striped(1, 3);
         let plan = plan_claims(&[q.clone()], 100, &mut rng);
         let order: Vec<u32> = plan[0].slots.iter().rev().copied().collect();
         let (first, rest) = order.split_at(3);
@@ -367,7 +346,7 @@ mod tests {
         assert!(rest.iter().all(|s| s % 3 != 1), "{rest:?}");
         // Another lane's slot held at a recent reading is left to its node.
         let mut shared = queue(12, 4, &[1, 4, 7, 10]);
-        shared.lane = Lane { index: 1, of: 3 };
+        shared.lane = Lane::striped(1, 3);
         shared.contested = BTreeSet::from([0, 2, 3, 5, 6, 8, 9, 1, 40]);
         let plan = plan_claims(&[shared.clone()], 100, &mut rng);
         let mut slots = plan[0].slots.clone();
@@ -386,7 +365,7 @@ mod tests {
         // Its own lane's slots are usable whatever the readings said, and while it has free
         // ones, a node takes no more than those.
         let mut own = queue(6, 0, &[]);
-        own.lane = Lane { index: 0, of: 2 };
+        own.lane = Lane::striped(0, 2);
         own.contested = (0..6).collect();
         let plan = plan_claims(&[own.clone()], 100, &mut rng);
         let mut slots = plan[0].slots.clone();
@@ -401,16 +380,13 @@ mod tests {
                 threads,
                 held: &held,
                 contested: &none,
-                lane,
+                lane: &lane,
             }
             .own_free()
         };
-        assert_eq!(slots(12, &[], Lane { index: 2, of: 5 }), 2);
+        assert_eq!(slots(12, &[], Lane::striped(2, 5)), 2);
         // Slots 3, 7, … below u32::MAX: 2^30 − 1 of them, one held.
-        assert_eq!(
-            slots(u32::MAX, &[3], Lane { index: 3, of: 4 }),
-            (1 << 30) - 2
-        );
+        assert_eq!(slots(u32::MAX, &[3], Lane::striped(3, 4)), (1 << 30) - 2);
         // A huge queue draws from its lane too.
         q.threads = u32::MAX;
         let plan = plan_claims(&[q], 64, &mut rng);

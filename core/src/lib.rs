@@ -14,6 +14,7 @@ pub mod durability;
 pub mod error;
 pub mod handoff;
 pub mod isolation;
+pub mod lanes;
 pub mod logging;
 pub mod model;
 pub mod names;

@@ -202,7 +202,7 @@ impl Claimer {
                 threads: q.threads,
                 running: self.view.running(q.queue.id),
                 held_slots: self.view.slots(q.queue.id),
-                lane: self.view.lane(q.queue.id, &self.node),
+                lane: self.view.lane(q.queue.id, q.threads, &self.node),
                 contested: self.view.contested(q.queue.id),
             })
             .collect();
@@ -310,15 +310,20 @@ impl Claimer {
             return Ok(report);
         }
         let asked = Instant::now();
-        let lane = self.view.lane(queue.id, &self.node);
+        let threads = self
+            .servable
+            .iter()
+            .find(|q| q.queue.id == queue.id)
+            .map_or(0, |q| q.threads);
+        let lane = self.view.lane(queue.id, threads, &self.node);
         let read = n
-            .saturating_mul(lane.of as usize)
+            .saturating_mul(lane.spread() as usize)
             .min(MAX_CANDIDATES)
             .max(n);
         let window = self.windows.entry(queue.id).or_default();
         let found = self
             .store
-            .claim_candidates(queue.id, queue.sort, read, lane.of as usize, window)
+            .claim_candidates(queue.id, queue.sort, read, lane.nodes() as usize, window)
             .await?;
         for (id, why) in found.unreadable {
             let why = format!("its document cannot be decoded: {why}");
@@ -344,7 +349,7 @@ impl Claimer {
             self.metrics.claim_missed(&queue.name, "full");
             return Ok(report);
         }
-        let chosen = lane_picks(candidates, n, lane, claim_key);
+        let chosen = lane_picks(candidates, n, &lane, claim_key);
         let picks: Vec<Pick> = chosen
             .into_iter()
             .filter_map(|task| {
@@ -497,6 +502,10 @@ impl Claimer {
         }
         self.sharers_read_at = Some(Instant::now());
         let live = self.store.live_nodes(SHARER_MAX_AGE).await?;
+        let capacity = live
+            .iter()
+            .map(|n| (n.node.clone(), n.maxthreads))
+            .collect();
         self.view.set_sharers(
             ids.iter()
                 .map(|q| {
@@ -508,6 +517,7 @@ impl Claimer {
                     (*q, nodes)
                 })
                 .collect(),
+            capacity,
         );
         Ok(())
     }

@@ -31,6 +31,8 @@ pub struct RunningView {
     pub on_node: u32,
     /// Per queue: the live nodes that serve it and have room, by their heartbeats.
     sharers: HashMap<ObjectId, Vec<String>>,
+    /// Live nodes' `maxthreads` (None: unlimited), by their heartbeats: their lanes' weights.
+    capacity: HashMap<String, Option<u32>>,
     read_at: Option<Instant>,
     /// When a reading last found a claim that holds no slot.
     slotless_seen: Option<Instant>,
@@ -93,20 +95,32 @@ impl RunningView {
         self.contested.get(&queue).cloned().unwrap_or_default()
     }
 
-    pub fn set_sharers(&mut self, sharers: HashMap<ObjectId, Vec<String>>) {
+    pub fn set_sharers(
+        &mut self,
+        sharers: HashMap<ObjectId, Vec<String>>,
+        capacity: HashMap<String, Option<u32>>,
+    ) {
         self.sharers = sharers;
+        self.capacity = capacity;
     }
 
     /// This node's lane among the nodes seen claiming from `queue` lately and the live nodes
-    /// that serve it with room.
-    pub fn lane(&self, queue: ObjectId, me: &str) -> Lane {
+    /// that serve it with room, each weighted by the room it can give the queue: its
+    /// `maxthreads` up to the queue's `threads` (a node of unknown or no limit, `threads`).
+    pub fn lane(&self, queue: ObjectId, threads: u32, me: &str) -> Lane {
+        let weight = |node: &str| {
+            let cap = self.capacity.get(node).copied().flatten();
+            u64::from(cap.map_or(threads, |c| c.min(threads)))
+        };
         let seen = self.claimers.get(&queue);
         let sharers = self.sharers.get(&queue);
-        Lane::among(
+        Lane::weighted(
             me,
+            weight(me),
             seen.into_iter()
                 .flat_map(|s| s.keys().map(String::as_str))
-                .chain(sharers.into_iter().flatten().map(String::as_str)),
+                .chain(sharers.into_iter().flatten().map(String::as_str))
+                .map(|n| (n, weight(n))),
         )
     }
 
@@ -180,14 +194,14 @@ mod tests {
         s.nodes.insert(q, vec!["a".into(), "c".into(), "d".into()]);
         let mut v = RunningView::default();
         v.read(s, 0);
-        assert_eq!(v.lane(q, "b"), Lane { index: 1, of: 4 });
-        assert_eq!(v.lane(q, "c"), Lane { index: 1, of: 3 });
-        assert_eq!(v.lane(ObjectId::new(), "b"), Lane::SOLE);
+        assert_eq!(v.lane(q, 8, "b"), Lane::striped(1, 4));
+        assert_eq!(v.lane(q, 8, "c"), Lane::striped(1, 3));
+        assert_eq!(v.lane(ObjectId::new(), 8, "b"), Lane::sole());
         // A node between tasks at the next reading keeps its lane.
         let mut s = RunningSnapshot::default();
         s.nodes.insert(q, vec!["a".into()]);
         v.read(s, 0);
-        assert_eq!(v.lane(q, "b"), Lane { index: 1, of: 4 });
+        assert_eq!(v.lane(q, 8, "b"), Lane::striped(1, 4));
         // Forgotten once unseen for LANE_MEMORY.
         for seen in v.claimers.values_mut() {
             for at in seen.values_mut() {
@@ -197,7 +211,30 @@ mod tests {
             }
         }
         v.read(RunningSnapshot::default(), 0);
-        assert_eq!(v.lane(q, "b"), Lane::SOLE);
+        assert_eq!(v.lane(q, 8, "b"), Lane::sole());
+    }
+
+    #[test]
+    fn lanes_are_weighted_by_maxthreads_up_to_threads() {
+        let q = ObjectId::new();
+        let mut v = RunningView::default();
+        v.set_sharers(
+            HashMap::from([(q, vec!["a".into(), "b".into(), "c".into()])]),
+            HashMap::from([
+                ("a".into(), Some(2)),
+                ("b".into(), None),
+                ("c".into(), Some(100)),
+            ]),
+        );
+        let lanes: Vec<Lane> = ["a", "b", "c"].iter().map(|n| v.lane(q, 6, n)).collect();
+        let share = |l: &Lane| l.slots_below(700);
+        // Weights 2, 6 (unlimited), 6 (100 capped at threads): 100, 300, 300 of 700.
+        assert_eq!(lanes.iter().map(share).collect::<Vec<_>>(), [100, 300, 300]);
+        // A node seen claiming but with no heartbeat weight (a Perl node) weighs `threads`.
+        let mut s = RunningSnapshot::default();
+        s.nodes.insert(q, vec!["perl".into()]);
+        v.read(s, 0);
+        assert_eq!(v.lane(q, 6, "a").slots_below(20), 2);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Nodes sharing a capped queue each get a share of its slots: every live node that serves
-//! the queue and has room gets a lane, so the node that frees a slot does not keep refilling
-//! it while the others idle.
+//! the queue and has room gets a lane, weighted by its room, so the node that frees a slot does
+//! not keep refilling it while the others idle.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -155,52 +155,85 @@ async fn a_node_that_joins_later_gets_its_share_within_seconds() {
     db.drop().await;
 }
 
-#[tokio::test]
-async fn a_node_with_less_room_leaves_the_rest_to_the_others() {
-    let db = TestDb::new("fair_room").await;
-    let config = write_config(&db, "node.json", json!({}));
+/// Runs `tasks` 50 ms tasks on a queue of `threads` over nodes with the given `maxthreads`
+/// (None: no limit), set as ops set them on the node documents; returns the tasks by node.
+async fn share_by_maxthreads(
+    db: &TestDb,
+    nodes: &[(&str, Option<i32>)],
+    threads: i32,
+    tasks: usize,
+) -> BTreeMap<String, usize> {
+    let config = write_config(db, "node.json", json!({}));
     let queue = db.insert_queue("shared", "echo", 0).await;
     let ids = db
         .insert_tasks(
             queue,
-            (0..120).map(|_| doc! {"sleep_ms": 50_i64}.into()).collect(),
+            (0..tasks)
+                .map(|_| doc! {"sleep_ms": 50_i64}.into())
+                .collect(),
         )
         .await;
-    let small = Den::start(&config, "small");
-    let big = Den::start(&config, "big");
-    // `maxthreads` 1 on one node, none on the other, as ops set it on the node document.
+    let dens: Vec<Den> = nodes.iter().map(|(n, _)| Den::start(&config, n)).collect();
+    let names: Vec<&str> = nodes.iter().map(|(n, _)| *n).collect();
     disbatch_tests::wait_for(
-        "both nodes to register",
+        "every node to register",
         Duration::from_secs(20),
         || async {
             db.db
                 .collection::<Document>("nodes")
-                .count_documents(doc! {"node": {"$in": ["small", "big"]}})
+                .count_documents(doc! {"node": {"$in": &names}})
                 .await
                 .expect("count")
-                == 2
+                == names.len() as u64
         },
     )
     .await;
-    db.db
-        .collection::<Document>("nodes")
-        .update_one(doc! {"node": "small"}, doc! {"$set": {"maxthreads": 1}})
-        .await
-        .expect("maxthreads");
+    for (node, max) in nodes {
+        if let Some(max) = max {
+            db.db
+                .collection::<Document>("nodes")
+                .update_one(doc! {"node": node}, doc! {"$set": {"maxthreads": max}})
+                .await
+                .expect("maxthreads");
+        }
+    }
+    // Every node has read its limit and the others' before the queue opens.
     tokio::time::sleep(Duration::from_secs(3)).await;
     db.db
         .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": 6}})
+        .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": threads}})
         .await
         .expect("open the queue");
     db.wait_complete(&ids, Duration::from_secs(120)).await;
-    let by_node = tasks_by_node(&db, doc! {"queue": queue}).await;
+    let by_node = tasks_by_node(db, doc! {"queue": queue}).await;
+    drop(dens);
+    by_node
+}
+
+#[tokio::test]
+async fn a_node_with_less_room_leaves_the_rest_to_the_others() {
+    let db = TestDb::new("fair_room").await;
+    let by_node = share_by_maxthreads(&db, &[("small", Some(1)), ("big", None)], 6, 120).await;
     println!("maxthreads 1 beside unlimited, threads 6, 120 tasks: {by_node:?}");
     let small_n = by_node.get("small").copied().unwrap_or(0);
     let big_n = by_node.get("big").copied().unwrap_or(0);
     // Room 1 of 6: about a sixth; the rest goes to the node that has room for it.
     assert!((5..=36).contains(&small_n), "{by_node:?}");
     assert!(big_n >= 84, "{by_node:?}");
-    drop((small, big));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn shares_follow_the_room_each_node_has() {
+    let db = TestDb::new("fair_weights").await;
+    // Both nodes could hold 3 of the 6 slots, which equal shares would give them. By room
+    // (3 and 9, that is 3 and 6 on a queue of 6) the first gets a third and the second two.
+    let by_node = share_by_maxthreads(&db, &[("a", Some(3)), ("b", Some(9))], 6, 150).await;
+    println!("maxthreads 3 and 9, threads 6, 150 tasks: {by_node:?}");
+    let a = by_node.get("a").copied().unwrap_or(0);
+    let b = by_node.get("b").copied().unwrap_or(0);
+    assert_eq!(a + b, 150, "{by_node:?}");
+    assert!((30..=65).contains(&a), "a third, not a half: {by_node:?}");
+    assert!(b >= 85, "two thirds: {by_node:?}");
     db.drop().await;
 }

@@ -31,6 +31,8 @@ pub struct LiveNode {
     pub serves: Vec<bson::oid::ObjectId>,
     /// None: no `maxthreads`.
     pub room: Option<u32>,
+    /// Its `maxthreads` (None: unlimited; an unreadable one, 0: such a node starts nothing).
+    pub maxthreads: Option<u32>,
 }
 
 /// The node's own cap (`maxthreads`) as ops set it.
@@ -90,7 +92,7 @@ impl Store {
         let cursor = self
             .raw(NODES)
             .find(doc! {node::SERVES_AT: {"$gte": since}, node::SERVES: {"$type": "array"}})
-            .projection(doc! {node::NODE: 1, node::SERVES: 1, node::ROOM: 1})
+            .projection(doc! {node::NODE: 1, node::SERVES: 1, node::ROOM: 1, node::MAXTHREADS: 1})
             .await
             .map_err(|e| Error::mongo(context, e))?;
         let docs = self.read_all(NODES, cursor, context).await?;
@@ -111,6 +113,7 @@ impl Store {
                             Some(u32::try_from(super::count_value(Some(v))).unwrap_or(u32::MAX))
                         }
                     },
+                    maxthreads: parse_limit(d.get(node::MAXTHREADS)).unwrap_or(Some(0)),
                 })
             })
             .collect())
