@@ -96,6 +96,7 @@ async fn serve() -> anyhow::Result<()> {
         idle_timeout: config.web.idle_timeout,
         shutdown_grace: SHUTDOWN_GRACE,
     };
+    let closing = store.clone();
     let app = router(AppState::new(store, config), policy);
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -107,6 +108,7 @@ async fn serve() -> anyhow::Result<()> {
         tracing::info!("stopping");
     };
     serve_http(listener, app, limits, tls, stop).await;
+    closing.shutdown().await;
     Ok(())
 }
 

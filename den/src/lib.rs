@@ -5,6 +5,7 @@ pub mod claimer;
 pub mod completer;
 pub mod continuous;
 pub mod count_keeper;
+pub mod count_writer;
 pub mod durability;
 pub mod elector;
 pub mod executor;

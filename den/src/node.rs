@@ -13,6 +13,7 @@ use crate::balancer::Balancer;
 use crate::claimer::{Claimer, PassReport, Reading};
 use crate::continuous::{continuous_queues, make_continuous_units};
 use crate::count_keeper::CountKeeper;
+use crate::count_writer::CountWriter;
 use crate::elector::Elector;
 use crate::executor::Executor;
 use crate::metrics::DenMetrics;
@@ -83,6 +84,7 @@ impl Node {
             self.interval * LEADER_TRY_INTERVALS,
         );
         let mut count_keeper = CountKeeper::new(self.counts_reconcile);
+        let count_writer = CountWriter::start(self.store.clone());
         let mut next_own_orphans = Instant::now();
         let mut last_read: Option<Instant> = None;
         // Whether the last claim pass claimed anything: a busy node reads every pass.
@@ -220,6 +222,8 @@ impl Node {
         count_keeper.stop();
         elector.release(&self.store, &self.name).await;
         self.shut_down().await;
+        drop(count_writer);
+        self.store.clone().shutdown().await;
         Ok(())
     }
 

@@ -48,7 +48,9 @@ pub use nodes::{Heartbeat, LiveNode, NodeLimit};
 pub use queues::{check_queue_fields, parse_queue};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
-pub use task_counts::{group_of, is_kept, GroupCounts, Moved, ReconcileReport};
+pub use task_counts::{
+    group_of, is_kept, GroupCounts, Moved, ReconcileReport, DEFERRED_COUNTS_MAX_AGE,
+};
 pub use task_create::Template;
 pub use task_query::{IndexSets, QueryError, TaskQuery, TaskStream};
 pub use tasks::{FinishOutcome, OutputValue, QueueRunning, RunningSnapshot, TaskEnd};
@@ -120,10 +122,21 @@ impl Store {
         }
     }
 
-    /// Ends the client's sessions and closes its connections, for a process about to exit:
-    /// a client merely dropped as the runtime stops makes the driver panic in a worker thread.
+    /// Writes the count changes still noted, then ends the client's sessions and closes its
+    /// connections, for a process about to exit: a client merely dropped as the runtime stops
+    /// makes the driver panic in a worker thread. It does not wait for cursors still open
+    /// elsewhere (a change stream's task may never drop its own), and gives up after 5 s.
     pub async fn shutdown(self) {
-        self.client.shutdown().await;
+        if let Err(e) = self.flush_counts().await {
+            tracing::warn!(error = %e, "could not write the last task counts; the maintenance leader's reconcile will repair them");
+        }
+        let closing = self.client.shutdown().immediate(true);
+        if tokio::time::timeout(std::time::Duration::from_secs(5), closing)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the database client did not close within 5 s");
+        }
     }
 
     pub fn database_name(&self) -> &str {

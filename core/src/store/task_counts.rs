@@ -8,8 +8,14 @@
 //! count) are corrected by the maintenance leader's reconcile, which a queue's counts wait
 //! for only while they have never been reconciled: until then readers count that queue's
 //! tasks themselves.
+//!
+//! A DEN defers its count writes (`defer_count_writes`): its claims and results note their
+//! changes and its count writer writes them every `DEFERRED_COUNTS_MAX_AGE`, one update per
+//! queue, so counting costs a busy node a few requests a second rather than two per batch.
+//! Meanwhile a claimed task may show both as claimed (counted live) and still as queued.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,7 +53,11 @@ pub fn is_kept(group: StatusGroup) -> bool {
 
 /// Count changes not yet written, per queue and group. Shared by clones of a store.
 #[derive(Debug, Clone, Default)]
-pub(super) struct CountLedger(Arc<Mutex<HashMap<ObjectId, [i64; StatusGroup::ALL.len()]>>>);
+pub(super) struct CountLedger {
+    pending: Arc<Mutex<HashMap<ObjectId, [i64; StatusGroup::ALL.len()]>>>,
+    /// Set by a process that writes the changes itself on a timer (`Store::defer_count_writes`).
+    deferred: Arc<AtomicBool>,
+}
 
 impl CountLedger {
     fn note(&self, queue: ObjectId, group: StatusGroup, n: i64) {
@@ -55,13 +65,13 @@ impl CountLedger {
             return;
         }
         // A poisoned ledger only loses counts, which the reconcile restores.
-        if let Ok(mut map) = self.0.lock() {
+        if let Ok(mut map) = self.pending.lock() {
             map.entry(queue).or_default()[group.index()] += n;
         }
     }
 
     fn take(&self) -> HashMap<ObjectId, [i64; StatusGroup::ALL.len()]> {
-        self.0
+        self.pending
             .lock()
             .map(|mut m| std::mem::take(&mut *m))
             .unwrap_or_default()
@@ -106,10 +116,23 @@ pub struct ReconcileReport {
     pub drift: u64,
 }
 
+/// Longest a process that defers its count writes may hold them: well within the reconcile's
+/// grace, so a reconcile that counted a task before its count was written sees the write and
+/// leaves that queue for next time.
+pub const DEFERRED_COUNTS_MAX_AGE: Duration = Duration::from_millis(250);
+
 impl Store {
-    /// Notes that tasks moved, and writes the changes at once (one update per queue). A
-    /// failed count write is logged, not returned: the task writes it follows have happened,
-    /// and the reconcile repairs the counts.
+    /// From now on this store (and its clones) only notes count changes; the caller writes
+    /// them with `flush_counts` at least every `DEFERRED_COUNTS_MAX_AGE`, and `shutdown`
+    /// writes what is left. A busy DEN then makes one count write per queue per period, not
+    /// one per claim batch and one per result batch.
+    pub fn defer_count_writes(&self) {
+        self.counts.deferred.store(true, Ordering::Relaxed);
+    }
+
+    /// Notes that tasks moved, and writes the changes at once (one update per queue) unless
+    /// writes are deferred. A failed count write is logged, not returned: the task writes it
+    /// follows have happened, and the reconcile repairs the counts.
     pub(super) async fn count_moves(&self, moves: &[Moved]) {
         for m in moves {
             let n = i64::try_from(m.n).unwrap_or(i64::MAX);
@@ -119,6 +142,9 @@ impl Store {
             if let Some(g) = m.to {
                 self.counts.note(m.queue, g, n);
             }
+        }
+        if self.counts.deferred.load(Ordering::Relaxed) {
+            return;
         }
         if let Err(e) = self.flush_counts().await {
             tracing::warn!(error = %e, "could not write task counts; the maintenance leader's reconcile will repair them");
