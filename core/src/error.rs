@@ -9,12 +9,13 @@ pub enum Error {
     #[error("config file {}: {message}", path.display())]
     Config { path: PathBuf, message: String },
 
-    /// A MongoDB operation failed.
-    #[error("MongoDB {context}: {source}")]
+    /// A MongoDB operation failed. The driver's error is kept whole for code that tells
+    /// failures apart, but shown as one readable line (no `Kind: …, labels: {}` dump), and is
+    /// not the error's `source`: `{:#}` chains would print the dump again.
+    #[error("MongoDB {context}: {}", crate::driver_error::describe(driver))]
     Mongo {
         context: String,
-        #[source]
-        source: mongodb::error::Error,
+        driver: mongodb::error::Error,
     },
 
     /// A document in the database does not have the shape the schema requires.
@@ -43,7 +44,7 @@ impl Error {
     pub fn mongo(context: impl Into<String>, source: mongodb::error::Error) -> Self {
         Error::Mongo {
             context: context.into(),
-            source,
+            driver: source,
         }
     }
 
@@ -57,7 +58,7 @@ impl Error {
     /// True when the failure is a unique-index violation (E11000), which claims use as a signal.
     pub fn is_duplicate_key(&self) -> bool {
         match self {
-            Error::Mongo { source, .. } => crate::store::is_duplicate_key(source),
+            Error::Mongo { driver: source, .. } => crate::store::is_duplicate_key(source),
             _ => false,
         }
     }
@@ -66,7 +67,7 @@ impl Error {
     /// plain "E11000 duplicate key error" when the server gave none.
     pub fn duplicate_key_message(&self) -> String {
         match self {
-            Error::Mongo { source, .. } => crate::store::duplicate_key_message(source),
+            Error::Mongo { driver: source, .. } => crate::store::duplicate_key_message(source),
             _ => None,
         }
         .unwrap_or_else(|| "E11000 duplicate key error".to_string())
@@ -76,7 +77,10 @@ impl Error {
     /// answered with; otherwise the whole error. Fit for a client: no reply dumps.
     pub fn short(&self) -> String {
         match self {
-            Error::Mongo { context, source } => match crate::store::server_message(source) {
+            Error::Mongo {
+                context,
+                driver: source,
+            } => match crate::store::server_message(source) {
                 Some(message) => format!("MongoDB {context}: {message}"),
                 None => format!("MongoDB {context}: {}", self.unavailable_reason()),
             },
@@ -88,7 +92,7 @@ impl Error {
     /// what a client may be told (the log gets the whole error).
     pub fn unavailable_reason(&self) -> &'static str {
         match self {
-            Error::Mongo { source, .. } => crate::store::unavailable_reason(source),
+            Error::Mongo { driver: source, .. } => crate::store::unavailable_reason(source),
             _ => "the database failed",
         }
     }
@@ -96,7 +100,7 @@ impl Error {
     /// True when MongoDB (or the driver before sending) refused a document over 16 MiB.
     pub fn is_document_too_large(&self) -> bool {
         match self {
-            Error::Mongo { source, .. } => crate::store::is_document_too_large(source),
+            Error::Mongo { driver: source, .. } => crate::store::is_document_too_large(source),
             _ => false,
         }
     }
@@ -106,7 +110,7 @@ impl Error {
     /// asking again will not help, and other requests are not affected.
     pub fn refusal(&self) -> Option<String> {
         match self {
-            Error::Mongo { source, .. } => crate::store::refusal(source),
+            Error::Mongo { driver: source, .. } => crate::store::refusal(source),
             _ => None,
         }
     }

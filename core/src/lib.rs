@@ -5,11 +5,13 @@
 //! per-pass claim decisions, `durability` whether the write concern survives a failover,
 //! `redact` keeps credentials out of messages and `printable` makes stored text safe to show.
 
+pub mod backoff;
 pub mod balance;
 pub mod chaining;
 pub mod claim_plan;
 pub mod client_json;
 pub mod config;
+pub mod driver_error;
 pub mod durability;
 pub mod error;
 pub mod handoff;

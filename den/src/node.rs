@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use disbatch_core::backoff::Backoff;
 use disbatch_core::store::{Heartbeat, NodeLimit, Store};
 use disbatch_core::Result;
 
@@ -20,8 +21,8 @@ use crate::metrics::DenMetrics;
 use crate::notifier::Notifier;
 use crate::reaper::{reap_orphans, recover_expired_leases, recover_silent_nodes};
 
-/// Longest wait between passes while the database keeps failing: short, so a node is back
-/// at work within seconds of the server's return.
+/// Longest wait between passes while the database keeps failing (before jitter, which may
+/// double it): short, so a node is back at work within seconds of the server's return.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long a stopping node lets the pass in flight finish. Claims already sent must reach
 /// their spawns: a pass dropped between the two leaves tasks marked running that no runner
@@ -74,6 +75,7 @@ impl Node {
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<()> {
         tokio::pin!(shutdown);
         let mut failures: u32 = 0;
+        let mut retry = Backoff::new(self.interval * 2, MAX_BACKOFF);
         let mut connected_since = Instant::now();
         let mut limit = NodeLimit::Unlimited;
         let mut next_maintenance = Instant::now();
@@ -174,6 +176,7 @@ impl Node {
                         tracing::info!(failures, "database reachable again; passes resumed");
                     }
                     failures = 0;
+                    retry.reset();
                     if maintenance {
                         next_maintenance = started + self.interval;
                     }
@@ -194,7 +197,7 @@ impl Node {
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     self.metrics.db_error("pass");
-                    let wait = backoff(self.interval, failures);
+                    let wait = retry.next_delay();
                     tracing::error!(error = %e, failures, retry_in = ?wait, "pass failed");
                     wait
                 }
@@ -348,24 +351,5 @@ async fn finish_pass_in_flight<T>(pass: impl Future<Output = Result<T>>) {
             grace = ?STOPPING_PASS_GRACE,
             "the pass in flight at shutdown did not finish; tasks it claimed are recovered when their leases run out"
         ),
-    }
-}
-
-fn backoff(interval: Duration, failures: u32) -> Duration {
-    let factor = 1u32 << failures.min(8);
-    (interval * factor).min(MAX_BACKOFF)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_and_is_capped() {
-        let i = Duration::from_millis(100);
-        assert_eq!(backoff(i, 1), Duration::from_millis(200));
-        assert_eq!(backoff(i, 3), Duration::from_millis(800));
-        assert_eq!(backoff(i, 50), MAX_BACKOFF);
-        assert_eq!(backoff(Duration::from_secs(1), 50), MAX_BACKOFF);
     }
 }

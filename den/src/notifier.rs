@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use disbatch_core::backoff::Backoff;
 use disbatch_core::store::{Store, WorkSignal};
 use futures::StreamExt;
 use tokio::sync::Notify;
@@ -51,14 +52,15 @@ impl Notifier {
 }
 
 async fn watch(store: Store, notifier: Notifier, metrics: DenMetrics, await_time: Duration) {
-    let mut retry = Duration::from_secs(1);
+    // Jittered: after an outage or a failover, a fleet's streams reopen spread over time.
+    let mut retry = Backoff::new(Duration::from_secs(1), MAX_RETRY);
     let mut said_polling = false;
     loop {
         match store.watch_for_work(await_time).await {
             Ok(stream) => {
                 tracing::info!("watching tasks and queues: claims start on change events");
                 said_polling = false;
-                retry = Duration::from_secs(1);
+                retry.reset();
                 let mut stream = std::pin::pin!(stream);
                 while let Some(event) = stream.next().await {
                     match event {
@@ -86,7 +88,6 @@ async fn watch(store: Store, notifier: Notifier, metrics: DenMetrics, await_time
                 }
             }
         }
-        tokio::time::sleep(retry).await;
-        retry = (retry * 2).min(MAX_RETRY);
+        tokio::time::sleep(retry.next_delay()).await;
     }
 }

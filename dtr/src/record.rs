@@ -169,24 +169,26 @@ async fn output_value(
 /// How long a runner keeps trying to reach the database: a server restart or a failover
 /// must not cost a finished task its result.
 pub const PATIENCE: Duration = Duration::from_secs(15 * 60);
-/// Longest wait between tries, so the result lands within seconds of the server's return.
+/// Longest wait between tries (before jitter, which may double it), so the result lands
+/// within seconds of the server's return.
 const MAX_DELAY: Duration = Duration::from_secs(5);
 
-/// Retries database operations with capped exponential backoff for up to `PATIENCE`.
+/// Retries database operations with capped exponential backoff and jitter for up to
+/// `PATIENCE`: the runners of a fleet that lost the database do not retry in step.
 pub async fn with_retries<T, F, Fut>(what: &str, mut op: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
     let started = std::time::Instant::now();
-    let mut delay = Duration::from_millis(100);
+    let mut delays = disbatch_core::backoff::Backoff::new(Duration::from_millis(100), MAX_DELAY);
     let mut attempt: u32 = 1;
     loop {
         match op().await {
             Err(e @ Error::Mongo { .. }) if started.elapsed() < PATIENCE => {
+                let delay = delays.next_delay();
                 tracing::warn!(error = %e, attempt, retry_in = ?delay, failing_for = ?started.elapsed(), "{what} failed; retrying");
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_DELAY);
                 attempt = attempt.saturating_add(1);
             }
             Ok(v) => {
