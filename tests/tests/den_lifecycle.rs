@@ -243,3 +243,41 @@ async fn sigterm_during_a_claim_batch_leaves_no_claimed_task_without_its_runner(
     }
     db.drop().await;
 }
+
+#[tokio::test]
+async fn an_unreachable_database_is_reported_in_one_readable_line() {
+    let db = TestDb::new("unreachable").await;
+    // A port nothing listens on: taken, then given back.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let path = db.path("unreachable.json");
+    let config = json!({
+        "mongohost": format!("mongodb://127.0.0.1:{port}/?directConnection=true"),
+        "database": "d",
+        "attributes": {"server_selection_timeout_ms": 500},
+    });
+    std::fs::write(&path, config.to_string()).expect("write");
+    let out = Command::new(bin_path("disbatchd"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run disbatchd");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("Error: "))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(
+        error.contains("no server reachable") && error.contains(&format!("127.0.0.1:{port}")),
+        "{error}"
+    );
+    assert!(error.contains("Connection refused"), "{error}");
+    // The driver's debug form is not what an operator reads.
+    for dump in ["Kind:", "labels:", "source: None", "server response"] {
+        assert!(!error.contains(dump), "{dump:?} in {error}");
+    }
+    db.drop().await;
+}
