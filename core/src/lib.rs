@@ -21,12 +21,16 @@ pub mod logging;
 pub mod model;
 pub mod names;
 pub mod open_files;
+#[cfg(feature = "serve")]
+pub mod ops_metrics;
 pub mod output;
 pub mod plugin;
 pub mod plugin_env;
 pub mod printable;
 pub mod queue_balance;
 pub mod raw_doc;
+#[cfg(feature = "serve")]
+pub mod readiness;
 pub mod redact;
 pub mod relay;
 pub mod run_policy;
@@ -41,3 +45,15 @@ pub use error::{Error, Result};
 
 /// This build's version, reported on node documents.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The git commit of this build (abbreviated), "unknown" when built outside a git checkout
+/// without `DISBATCH_GIT_SHA` set (see `build.rs`).
+pub const GIT_SHA: &str = env!("DISBATCH_GIT_SHA");
+
+/// What `--version` prints after each program's name: `0.1.0 (git abc1234def56)`.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("DISBATCH_GIT_SHA"),
+    ")"
+);

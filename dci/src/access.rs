@@ -142,7 +142,8 @@ pub struct Gate {
 }
 
 /// Route middleware: 401 without a valid token, 403 when its role is too low; otherwise the
-/// request goes on with its [`Caller`]. Only the token's name is ever logged.
+/// request goes on with its [`Caller`]. Only the token's name is ever logged: the caller is
+/// also put on the answer, for the access log.
 pub async fn gate(State(gate): State<Gate>, mut req: Request, next: Next) -> Response {
     let caller = match gate.access.identify(req.headers()) {
         Ok(caller) => caller,
@@ -155,12 +156,16 @@ pub async fn gate(State(gate): State<Gate>, mut req: Request, next: Next) -> Res
         let what = format!("{} {}", req.method(), req.uri().path());
         if *role < gate.role {
             tracing::debug!(token = %name, role = %role, request = %what, "refused: role too low");
-            return forbidden(&what, gate.role, name, *role).into_response();
+            let mut refused = forbidden(&what, gate.role, name, *role).into_response();
+            refused.extensions_mut().insert(caller);
+            return refused;
         }
         tracing::debug!(token = %name, method = %req.method(), path = %req.uri().path(), "authorized");
     }
-    req.extensions_mut().insert(caller);
-    next.run(req).await
+    req.extensions_mut().insert(caller.clone());
+    let mut response = next.run(req).await;
+    response.extensions_mut().insert(caller);
+    response
 }
 
 fn forbidden(what: &str, needs: Role, name: &str, has: Role) -> ApiError {

@@ -6,6 +6,7 @@ pub mod error;
 pub mod headers;
 pub mod json_stream;
 pub mod namespace;
+pub mod observe;
 pub mod origin;
 pub mod params;
 pub mod path;

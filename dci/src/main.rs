@@ -15,7 +15,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// Disbatch command interface: the JSON REST API.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(name = "disbatch-web", version = disbatch_core::LONG_VERSION, about)]
 struct Args {
     #[arg(long, default_value = "/etc/disbatch/config.json")]
     config: PathBuf,

@@ -3,8 +3,10 @@
 use std::sync::Arc;
 
 use disbatch_core::config::Config;
+use disbatch_core::readiness::Readiness;
 use disbatch_core::store::Store;
 
+use crate::observe::WebMetrics;
 use crate::shared_counts::SharedCounts;
 
 #[derive(Clone)]
@@ -15,14 +17,28 @@ pub struct Inner {
     pub config: Config,
     /// The counts reading every viewer shares (all namespaces, one slot each).
     pub counts: SharedCounts,
+    /// Request counters for the life of the process (all namespaces).
+    pub web_metrics: WebMetrics,
+    /// `/readyz`'s shared ping of the configured database.
+    pub readiness: Readiness,
 }
 
 impl AppState {
     pub fn new(store: Store, config: Config) -> Self {
+        let legacy = legacy_loaded(&config);
+        let routes: Vec<_> = crate::routes::table()
+            .into_iter()
+            .filter(|r| legacy || !r.legacy)
+            .map(|r| (r.method, r.path))
+            .collect();
+        // Fails only for a wrong definition in observe.rs, which its unit test catches.
+        let web_metrics = WebMetrics::new(&routes).expect("static metric definitions");
         AppState(Arc::new(Inner {
+            readiness: Readiness::with_store(store.clone()),
             store,
             config,
             counts: SharedCounts::default(),
+            web_metrics,
         }))
     }
 
@@ -32,16 +48,14 @@ impl AppState {
             store: self.0.store.with_database(database),
             config: self.0.config.clone(),
             counts: self.0.counts.clone(),
+            web_metrics: self.0.web_metrics.clone(),
+            readiness: self.0.readiness.clone(),
         }))
     }
 
     /// True when the legacy 4.0 task routes are loaded (`web_extensions` names them).
     pub fn legacy_routes(&self) -> bool {
-        self.0
-            .config
-            .web_extensions
-            .iter()
-            .any(|e| e == "Disbatch::Web::Tasks")
+        legacy_loaded(&self.0.config)
     }
 }
 
@@ -50,4 +64,11 @@ impl std::ops::Deref for AppState {
     fn deref(&self) -> &Inner {
         &self.0
     }
+}
+
+fn legacy_loaded(config: &Config) -> bool {
+    config
+        .web_extensions
+        .iter()
+        .any(|e| e == "Disbatch::Web::Tasks")
 }

@@ -165,6 +165,7 @@ impl Claimer {
             if let Some(name) = self.queue_names.get(&exited.queue) {
                 self.metrics
                     .runner_exited(name, exited.ran_for, exited.success);
+                self.metrics.task_finished(name, exited.outcome);
             }
         }
         if stopping.load(Ordering::Relaxed) {

@@ -17,6 +17,7 @@ use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
 
 use crate::completer::Completer;
+use crate::metrics::outcome_label;
 use crate::runner_deaths::RunnerDeaths;
 
 /// What an empty pipe takes without blocking on Linux (its default capacity).
@@ -37,8 +38,15 @@ pub struct Exited {
     pub queue: ObjectId,
     pub slot: Option<u32>,
     pub ran_for: Duration,
+    /// The runner process exited 0 (it recorded a result, which may be a failure).
     pub success: bool,
+    /// How the attempt ended, one of `metrics::TASK_OUTCOMES`.
+    pub outcome: &'static str,
 }
+
+/// How long a runner that exited 0 may leave its relay still finishing: it exits only after
+/// the node's answer, so the relay is done but for being scheduled.
+const RELAY_SETTLE: Duration = Duration::from_secs(1);
 
 /// Spawns runners and wakes the node loop when one exits (a slot may have freed up).
 #[derive(Debug, Clone)]
@@ -201,16 +209,20 @@ impl Executor {
         let answer_pipe = answers.map(|(_, w)| w);
         // A handoff already in the pipe is complete: closing our end now gives EOF after it.
         let unwritten = (!prefilled).then_some(handoff_pipe);
-        let relay = tokio::spawn(async move {
+        // Resolves to the attempt's outcome when this node stored (or refused) its result.
+        let mut relay = tokio::spawn(async move {
             if let Some(pipe) = unwritten {
                 // Dropping the returned pipe closes it once the handoff is through.
                 if write_blocking(Some(pipe), input).await.is_none() {
                     tracing::warn!(task = %task, "could not hand the task to its runner");
-                    return;
+                    return None;
                 }
             }
-            if let (Some(completer), Some(stdout), Some(pipe)) = (completer, stdout, answer_pipe) {
-                relay_result(task, &completer, pipe, stdout).await;
+            match (completer, stdout, answer_pipe) {
+                (Some(completer), Some(stdout), Some(pipe)) => {
+                    relay_result(task, &completer, pipe, stdout).await
+                }
+                _ => None,
             }
         });
         if let Ok(mut live) = self.live.lock() {
@@ -228,25 +240,35 @@ impl Executor {
         let deaths = self.deaths.clone();
         let attempt = handoff.attempt;
         tokio::spawn(async move {
-            let success = match child.wait().await {
+            let (success, outcome) = match child.wait().await {
                 Ok(status) if status.success() => {
                     tracing::debug!(task = %task, ?pid, "task runner finished");
-                    true
+                    let relayed = tokio::time::timeout(RELAY_SETTLE, &mut relay).await;
+                    (true, relayed.ok().and_then(Result::ok).flatten())
                 }
                 Ok(status) => {
                     tracing::warn!(task = %task, ?pid, %status, "task runner exited abnormally");
                     // Before the exit is reported: the slot it frees is then free in the
                     // database too, for this node's next claim.
-                    if let Some(deaths) = &deaths {
-                        let exit = status.to_string();
-                        deaths.runner_died(task, attempt, &exit, Some(relay)).await;
-                    }
-                    false
+                    let outcome = match &deaths {
+                        Some(deaths) => {
+                            let exit = status.to_string();
+                            deaths.runner_died(task, attempt, &exit, Some(relay)).await
+                        }
+                        None => None,
+                    };
+                    (false, outcome)
                 }
                 Err(e) => {
                     tracing::warn!(task = %task, ?pid, error = %e, "could not wait for task runner");
-                    false
+                    (false, None)
                 }
+            };
+            // A runner that stored its own result: its attempt record says how it ended.
+            let outcome = match (outcome, &deaths) {
+                (Some(outcome), _) => outcome,
+                (None, Some(deaths)) => deaths.recorded_outcome(attempt).await.unwrap_or("unknown"),
+                (None, None) => "unknown",
             };
             let runner = live.lock().ok().and_then(|mut l| l.remove(&task));
             if let (Some(runner), Ok(mut exited)) = (runner, exited.lock()) {
@@ -256,6 +278,7 @@ impl Executor {
                     slot: runner.slot,
                     ran_for: started.elapsed(),
                     success,
+                    outcome,
                 });
             }
             notify.notify_one();
@@ -267,22 +290,34 @@ impl Executor {
 
 /// Takes the runner's result from its stdout, stores it, and answers on its ANSWER_FD. A runner
 /// that stores its own result (large output, a database error here) just closes stdout.
+/// Returns the attempt's outcome when this node settled it: the result's when stored,
+/// `discarded` when the task had changed hands.
 async fn relay_result(
     task: ObjectId,
     completer: &Completer,
     answers: PipeWriter,
     mut stdout: ChildStdout,
-) {
+) -> Option<&'static str> {
     let frame = match read_frame(&mut stdout).await {
         Ok(Some(frame)) => frame,
-        Ok(None) => return,
+        Ok(None) => return None,
         Err(e) => {
             tracing::warn!(task = %task, error = %e, "unreadable result from the task runner; it will store its own");
-            return;
+            return None;
         }
     };
+    let mut outcome = None;
     let ack = match Completion::decode(&frame) {
-        Ok(c) if c.task() == task => completer.store_result(c).await,
+        Ok(c) if c.task() == task => {
+            let recorded = outcome_label(c.record.end.outcome);
+            let ack = completer.store_result(c).await;
+            outcome = match ack {
+                Ack::Recorded => Some(recorded),
+                Ack::NotOurs => Some("discarded"),
+                Ack::RecordYourself => None,
+            };
+            ack
+        }
         Ok(c) => {
             tracing::warn!(task = %task, reported = %c.task(), "the task runner reported another task; it will store its own");
             Ack::RecordYourself
@@ -298,6 +333,7 @@ async fn relay_result(
     {
         tracing::debug!(task = %task, "the task runner left before its answer");
     }
+    outcome
 }
 
 /// Writes to a runner's stdin off the async threads (a std pipe blocks when full); returns

@@ -11,6 +11,7 @@ pub mod elector;
 pub mod executor;
 pub mod host;
 pub mod metrics;
+pub mod metrics_http;
 pub mod node;
 pub mod notifier;
 pub mod plugin_check;

@@ -5,11 +5,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Parser;
 use disbatch_core::config::{Component, Config};
+use disbatch_core::readiness::Readiness;
 use disbatch_core::store::Store;
 use disbatch_den::claimer::{Claimer, QueueFilter};
 use disbatch_den::completer::Completer;
 use disbatch_den::executor::{check_runner, default_runner, Executor};
-use disbatch_den::metrics::{serve_metrics, DenMetrics};
+use disbatch_den::metrics::DenMetrics;
+use disbatch_den::metrics_http::serve_metrics;
 use disbatch_den::notifier::Notifier;
 use disbatch_den::plugin_check::PluginCheck;
 use disbatch_den::runner_deaths::RunnerDeaths;
@@ -19,7 +21,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// Disbatch execution node: claims tasks from MongoDB and runs them through task runners.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(name = "disbatchd", version = disbatch_core::LONG_VERSION, about)]
 struct Args {
     /// Node config file (Disbatch 4 JSON; comments and trailing commas allowed).
     #[arg(long, default_value = "/etc/disbatch/config.json")]
@@ -91,6 +93,8 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     })?;
     tracing::info!(node = %name, database = %config.database, runner = %runner.display(), "starting Disbatch execution node");
     let metrics = DenMetrics::new();
+    // Unready until the store below is connected and its indexes are ensured.
+    let readiness = Readiness::new();
     // Bound before anything else starts, so a taken port stops the node at once.
     let (stopping, stop_seen) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.metrics_listen {
@@ -108,7 +112,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
             let _ = stop_seen.wait_for(|stop| *stop).await;
         };
         let served = metrics.clone();
-        tokio::spawn(serve_metrics(listener, served, stopped));
+        tokio::spawn(serve_metrics(listener, served, readiness.clone(), stopped));
     }
 
     let skipped = metrics.clone();
@@ -121,6 +125,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         .ensure_indexes()
         .await
         .context("ensuring indexes (is the MongoDB server reachable?)")?;
+    readiness.attach(store.clone());
     disbatch_den::durability::report(&store).await;
     let mut plugins = PluginCheck::new(config.plugins.clone());
     let names: Vec<String> = config.plugins.names().map(str::to_string).collect();

@@ -1,20 +1,12 @@
-//! The node's own counters and histograms, and the optional listener serving them to Prometheus.
+//! The node's own counters and histograms (`metrics_http` serves them to Prometheus).
 //!
 //! Queue names come from the database unchecked: each is recorded as its `metric_label` (control
 //! and bidi characters escaped, absurd lengths cut), so no scrape carries NUL or ESC.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
 use disbatch_core::printable::metric_label;
-use disbatch_core::serve::{serve, Limits};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -31,8 +23,29 @@ const TASK_BUCKETS: &[f64] = &[
 const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit"];
 const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel", "fail"];
 const RESULT_ANSWERS: &[&str] = &["recorded", "not_ours", "record_yourself"];
+/// How a task runner's attempt ended, as its attempt record (collection `attempts`) says,
+/// plus `unknown` when this node could not learn it; every runner exit is one of these.
+pub const TASK_OUTCOMES: &[&str] = &[
+    "succeeded",
+    "failed",
+    "retry",
+    "cancelled",
+    "timed_out",
+    "discarded",
+    "lost",
+    "unknown",
+];
 /// Results stored per batch: one when the node is quiet, tens under load.
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// `outcome` as its `TASK_OUTCOMES` label: a stored value outside the list is `unknown`.
+pub fn outcome_label(outcome: &str) -> &'static str {
+    TASK_OUTCOMES
+        .iter()
+        .find(|o| **o == outcome)
+        .copied()
+        .unwrap_or("unknown")
+}
 
 /// The node's metrics; clones share them. Recording is a hash lookup under a read lock and an
 /// atomic add: a label value allocates only the first time it is seen.
@@ -51,6 +64,7 @@ struct Inner {
     wakeups: IntCounterVec,
     runners_started: IntCounterVec,
     runner_exits: IntCounterVec,
+    tasks_finished: IntCounterVec,
     task_duration: HistogramVec,
     runners: IntGaugeVec,
     db_errors: IntCounterVec,
@@ -105,8 +119,14 @@ impl Default for Inner {
             runner_exits: counter_vec(
                 &registry,
                 "disbatch_den_runner_exits_total",
-                "Task runners that exited, by result (success or failure)",
+                "Task runners that exited, by the runner process's exit status: success means the runner exited 0 having recorded the task's result, which may be a failure; count task outcomes with disbatch_den_tasks_finished_total",
                 &["queue", "result"],
+            ),
+            tasks_finished: counter_vec(
+                &registry,
+                "disbatch_den_tasks_finished_total",
+                "Attempts of this node's task runners that ended, by the outcome recorded for them: succeeded, failed, retry, cancelled, timed_out, discarded (the task had changed hands), lost (the runner died; the task was recovered) or unknown",
+                &["queue", "outcome"],
             ),
             task_duration: histogram_vec(
                 &registry,
@@ -158,6 +178,9 @@ impl Default for Inner {
             ),
             registry,
         };
+        if let Err(e) = disbatch_core::ops_metrics::register(&inner.registry) {
+            tracing::warn!(error = %e, "build and process metrics unavailable");
+        }
         // Known label values start at 0, so rates work from the first scrape.
         for source in WAKEUP_SOURCES {
             let _ = inner.wakeups.get_metric_with_label_values(&[source]);
@@ -203,6 +226,14 @@ impl DenMetrics {
     pub fn runner_started(&self, queue: &str) {
         let queue = &*metric_label(queue);
         inc(&self.inner.runners_started, &[queue]);
+        // A queue's outcomes start at 0 with its first runner, so a rate of failures works
+        // before the first failure.
+        for outcome in TASK_OUTCOMES {
+            let _ = self
+                .inner
+                .tasks_finished
+                .get_metric_with_label_values(&[queue, outcome]);
+        }
         if let Ok(g) = self.inner.runners.get_metric_with_label_values(&[queue]) {
             g.inc();
         }
@@ -222,6 +253,11 @@ impl DenMetrics {
         if let Ok(g) = self.inner.runners.get_metric_with_label_values(&[queue]) {
             g.dec();
         }
+    }
+
+    /// A runner's attempt ended with `outcome`, one of `TASK_OUTCOMES`.
+    pub fn task_finished(&self, queue: &str, outcome: &'static str) {
+        inc(&self.inner.tasks_finished, &[&metric_label(queue), outcome]);
     }
 
     pub fn db_error(&self, operation: &'static str) {
@@ -262,41 +298,6 @@ impl DenMetrics {
         }
         String::from_utf8(out).unwrap_or_default()
     }
-}
-
-/// The metrics listener's limits: a scraper needs one connection, so a few slots and short
-/// timeouts are plenty, and however many connections arrive the node keeps its descriptors
-/// for its task runners.
-pub const METRICS_LIMITS: Limits = Limits {
-    max_connections: 32,
-    header_timeout: Duration::from_secs(5),
-    idle_timeout: Duration::from_secs(15),
-    shutdown_grace: Duration::from_secs(2),
-};
-
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves; anything else is 404.
-pub async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    metrics: DenMetrics,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) {
-    let app = Router::new()
-        .route("/metrics", get(scrape))
-        .fallback(not_found)
-        .with_state(metrics);
-    serve(listener, app, METRICS_LIMITS, None, shutdown).await;
-}
-
-async fn scrape(State(metrics): State<DenMetrics>) -> Response {
-    ([(CONTENT_TYPE, prometheus::TEXT_FORMAT)], metrics.render()).into_response()
-}
-
-async fn not_found() -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        "not found: this listener serves GET /metrics only\n",
-    )
-        .into_response()
 }
 
 fn inc(counters: &IntCounterVec, labels: &[&str]) {
@@ -394,7 +395,12 @@ mod tests {
             "disbatch_den_pass_duration_seconds_bucket{le=\"+Inf\"} 0",
             "disbatch_den_wakeups_total{source=\"change_stream\"} 0",
             "disbatch_den_recoveries_total{how=\"orphan\"} 0",
+            "disbatch_build_info{git_sha=\"GIT\",version=\"VERSION\"} 1",
         ] {
+            let line = line
+                .replace("GIT", disbatch_core::GIT_SHA)
+                .replace("VERSION", disbatch_core::VERSION);
+            let line = line.as_str();
             assert!(has(&text, line), "{line} missing from\n{text}");
         }
     }
@@ -412,6 +418,7 @@ mod tests {
         m.runner_started("q1");
         m.runner_started("q1");
         m.runner_exited("q1", Duration::from_secs(2), true);
+        m.task_finished("q1", "failed");
         m.db_error("claim");
         m.recovered("requeue");
         let text = m.render();
@@ -433,6 +440,9 @@ mod tests {
             "disbatch_den_task_duration_seconds_sum{queue=\"q1\"} 2",
             "disbatch_den_db_errors_total{operation=\"claim\"} 1",
             "disbatch_den_recoveries_total{how=\"requeue\"} 1",
+            "disbatch_den_tasks_finished_total{outcome=\"failed\",queue=\"q1\"} 1",
+            "disbatch_den_tasks_finished_total{outcome=\"succeeded\",queue=\"q1\"} 0",
+            "disbatch_den_tasks_finished_total{outcome=\"lost\",queue=\"q1\"} 0",
         ] {
             assert!(has(&text, line), "{line} missing from\n{text}");
         }
@@ -484,41 +494,5 @@ mod tests {
             );
         }
         assert!(text.contains("…[+99744 chars #"), "{text}");
-    }
-
-    #[tokio::test]
-    async fn the_listener_serves_metrics_only_and_stops_on_shutdown() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let metrics = DenMetrics::new();
-        metrics.pass(Duration::from_millis(1));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve_metrics(listener, metrics, async {
-            let _ = stopped.await;
-        }));
-        let fetch = |path: &'static str| async move {
-            let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-            s.write_all(req.as_bytes()).await.expect("send");
-            let mut out = String::new();
-            s.read_to_string(&mut out).await.expect("read");
-            out
-        };
-        let ok = fetch("/metrics").await;
-        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
-        assert!(ok.contains("text/plain; version=0.0.4"), "{ok}");
-        assert!(ok.contains("\r\n\r\n"), "{ok}");
-        let body = ok.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-        assert!(has(body, "disbatch_den_passes_total 1"), "{body}");
-        let missing = fetch("/other").await;
-        assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
-        let _ = stop.send(());
-        tokio::time::timeout(Duration::from_secs(5), server)
-            .await
-            .expect("the listener stops on shutdown")
-            .expect("join");
     }
 }

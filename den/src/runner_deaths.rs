@@ -7,12 +7,15 @@ use bson::oid::ObjectId;
 use disbatch_core::store::Store;
 use tokio::task::JoinHandle;
 
-use crate::metrics::DenMetrics;
+use crate::metrics::{outcome_label, DenMetrics};
 use crate::reaper::{recover_runner_death, recovery_label};
 
 /// How long a dead runner's result relay may still be storing a result it handed over
 /// before dying; past it the task is left to its lease, never recovered over a result.
 const RELAY_GRACE: Duration = Duration::from_secs(5);
+/// How long the outcome of a runner that stored its own result may take to read, for the
+/// outcome metric; past it the outcome is counted as unknown rather than holding the exit.
+const OUTCOME_READ: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct RunnerDeaths {
@@ -34,26 +37,51 @@ impl RunnerDeaths {
     /// Called when the runner of `task` (as `attempt`) exited abnormally (`exit` says how).
     /// `relay` is the task storing what the runner handed this node, if any: a result it
     /// sent before dying lands first, and the recovery then finds the attempt ended.
+    /// Returns the attempt's outcome when it is known: the relayed result's, or `lost` once
+    /// recovered.
     pub async fn runner_died(
         &self,
         task: ObjectId,
         attempt: ObjectId,
         exit: &str,
-        relay: Option<JoinHandle<()>>,
-    ) {
+        relay: Option<JoinHandle<Option<&'static str>>>,
+    ) -> Option<&'static str> {
         if let Some(relay) = relay {
-            if tokio::time::timeout(RELAY_GRACE, relay).await.is_err() {
-                tracing::warn!(task = %task, "the dead runner's relayed result is still being stored; its task is left to its lease");
-                return;
+            match tokio::time::timeout(RELAY_GRACE, relay).await {
+                Err(_) => {
+                    tracing::warn!(task = %task, "the dead runner's relayed result is still being stored; its task is left to its lease");
+                    return None;
+                }
+                Ok(Ok(Some(outcome))) => return Some(outcome),
+                Ok(_) => {}
             }
         }
         match recover_runner_death(&self.store, task, attempt, exit).await {
-            Ok(Some(how)) => self.metrics.recovered(recovery_label(how)),
-            Ok(None) => {}
+            Ok(Some(how)) => {
+                self.metrics.recovered(recovery_label(how));
+                Some("lost")
+            }
+            Ok(None) => None,
             Err(e) => {
                 self.metrics.db_error("recover_runner_death");
                 tracing::warn!(task = %task, error = %e, "could not recover the task of a runner that died; its lease will");
+                None
             }
+        }
+    }
+
+    /// The outcome recorded for `attempt` by a runner that stored its own result (too much
+    /// output to relay, or this node could not store it): one read by `_id`, at most
+    /// `OUTCOME_READ`.
+    pub async fn recorded_outcome(&self, attempt: ObjectId) -> Option<&'static str> {
+        match tokio::time::timeout(OUTCOME_READ, self.store.attempt_outcome(attempt)).await {
+            Ok(Ok(outcome)) => outcome.map(|o| outcome_label(&o)),
+            Ok(Err(e)) => {
+                self.metrics.db_error("read_outcome");
+                tracing::debug!(attempt = %attempt, error = %e, "could not read the attempt's outcome");
+                None
+            }
+            Err(_) => None,
         }
     }
 }

@@ -65,6 +65,18 @@ impl Store {
             .map_err(|e| Error::mongo(format!("updating attempt {id}"), e))
     }
 
+    /// The outcome an ended attempt's record carries; None while it has no record (the
+    /// record is written when the attempt ends). One read by `_id`, of that field only.
+    pub async fn attempt_outcome(&self, id: ObjectId) -> Result<Option<String>> {
+        let found = self
+            .collection(ATTEMPTS)
+            .find_one(doc! {attempt::ID: id})
+            .projection(doc! {attempt::OUTCOME: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("reading attempt {id}"), e))?;
+        Ok(found.and_then(|d| d.get_str(attempt::OUTCOME).ok().map(str::to_string)))
+    }
+
     /// A task's attempts, oldest first.
     pub async fn attempts_of(&self, task: ObjectId) -> Result<Vec<Document>> {
         let context = format!("listing attempts of task {task}");

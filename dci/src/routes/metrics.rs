@@ -34,7 +34,8 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     };
     let rendered = render(fleet.as_ref(), started.elapsed())
         .and_then(|text| Ok(text + &render_skips(&state.store.skipped_documents())?))
-        .and_then(|text| Ok(text + &render_readings(state.counts.reads())?));
+        .and_then(|text| Ok(text + &render_readings(state.counts.reads())?))
+        .and_then(|text| Ok(text + &state.web_metrics.render()?));
     let text = rendered.map_err(|e| {
         ApiError::with(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -1,6 +1,7 @@
 //! The route table: every route once, feeding the router, `GET /info` and `/openapi.json`.
 
 mod balance;
+mod health;
 mod info;
 mod legacy;
 mod metrics;
@@ -28,6 +29,7 @@ use disbatch_core::config::Role;
 use crate::access::{gate, Access, Gate};
 use crate::error::ApiError;
 use crate::headers::security_headers;
+use crate::observe::observe;
 use crate::origin::{guard, Policy};
 use crate::state::AppState;
 
@@ -94,6 +96,20 @@ pub fn table() -> Vec<Route> {
             PUBLIC,
             "Console assets built into the server",
             || get(ui::asset),
+        ),
+        route(
+            Method::GET,
+            "/healthz",
+            PUBLIC,
+            "Liveness: 200 while the process serves (no token needed, reads nothing)",
+            || get(health::healthz),
+        ),
+        route(
+            Method::GET,
+            "/readyz",
+            PUBLIC,
+            "Readiness: 200 when the database answers a ping, else 503 (no token needed)",
+            || get(health::readyz),
         ),
         route(
             Method::GET,
@@ -350,6 +366,7 @@ pub fn router(state: AppState, policy: Policy) -> Router {
         .layer(from_fn_with_state(state.clone(), fresh_counts_after_writes))
         .layer(from_fn_with_state(Arc::new(policy), guard))
         .layer(map_response(security_headers))
+        .layer(from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
 
@@ -387,13 +404,19 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 mod tests {
     use super::*;
 
-    /// The policy in dci/API.md: only the console shell is public, reading is `read`, and
-    /// every change needs at least `operate`.
+    /// The policy in dci/API.md: only the console shell and the probes are public, reading
+    /// is `read`, and every change needs at least `operate`.
     #[test]
     fn every_route_has_the_role_its_kind_calls_for() {
+        let public: Vec<&str> = table()
+            .into_iter()
+            .filter(|r| r.role == PUBLIC)
+            .map(|r| r.path)
+            .collect();
+        assert_eq!(public, ["/", "/ui/{file}", "/healthz", "/readyz"]);
         for r in table() {
             let what = format!("{} {}", r.method, r.path);
-            if matches!(r.path, "/" | "/ui/{file}") {
+            if matches!(r.path, "/" | "/ui/{file}" | "/healthz" | "/readyz") {
                 assert_eq!(r.role, PUBLIC, "{what}");
             } else if r.method == Method::GET
                 || (r.method == Method::POST && r.path == "/tasks/search")
