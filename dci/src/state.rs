@@ -5,6 +5,7 @@ use std::sync::Arc;
 use disbatch_core::config::Config;
 use disbatch_core::store::Store;
 
+use crate::access::Access;
 use crate::shared_counts::SharedCounts;
 
 #[derive(Clone)]
@@ -15,14 +16,18 @@ pub struct Inner {
     pub config: Config,
     /// The counts reading every viewer shares (all namespaces, one slot each).
     pub counts: SharedCounts,
+    /// The bearer tokens, shared with config reloads (SIGHUP).
+    pub access: Arc<Access>,
 }
 
 impl AppState {
     pub fn new(store: Store, config: Config) -> Self {
+        let access = Arc::new(Access::new(&config.web.tokens));
         AppState(Arc::new(Inner {
             store,
             config,
             counts: SharedCounts::default(),
+            access,
         }))
     }
 
@@ -32,6 +37,7 @@ impl AppState {
             store: self.0.store.with_database(database),
             config: self.0.config.clone(),
             counts: self.0.counts.clone(),
+            access: self.0.access.clone(),
         }))
     }
 
