@@ -5,19 +5,171 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::{EnvFilter, Registry};
 
 use crate::redact::redact;
 
-/// Installs the global subscriber; `default_filter` applies when `RUST_LOG` is unset.
-pub fn init_logging(default_filter: &str) {
+/// How log lines are written: human-readable text (the default) or one JSON object per line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!(
+                "{text:?} is not a log format; use \"text\" or \"json\""
+            )),
+        }
+    }
+}
+
+/// The variable a DEN sets for its task runners, so their lines (on the node's stderr) are
+/// written in the node's format.
+pub const LOG_FORMAT_ENV: &str = "DISBATCH_LOG_FORMAT";
+
+/// The format chosen at start, for the final error line (`exit_status`).
+static FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// Whether `RUST_LOG` is set: it then wins over any configured level, now and on reloads.
+fn rust_log() -> Option<String> {
+    std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// Checks a `log_level` value (a level such as `info`, or any `RUST_LOG`-style filter).
+pub fn check_level(level: &str) -> Result<(), String> {
+    tracing_subscriber::EnvFilter::builder()
+        .parse(level)
+        .map(|_| ())
+        .map_err(|e| format!("{level:?} is not a log level or filter: {e}"))
+}
+
+/// The handle on the installed subscriber: its level can change while the process runs.
+#[derive(Clone)]
+pub struct Logging {
+    filter: Option<tracing_subscriber::reload::Handle<EnvFilter, Registry>>,
+}
+
+impl Logging {
+    /// Applies a configured level (None: `default`); `RUST_LOG`, when set, wins. Returns the
+    /// filter now in force.
+    pub fn set_level(&self, level: Option<&str>, default: &str) -> Result<String, String> {
+        let wanted = rust_log().unwrap_or_else(|| level.unwrap_or(default).to_string());
+        let filter = EnvFilter::builder()
+            .parse(&wanted)
+            .map_err(|e| format!("{wanted:?} is not a log level or filter: {e}"))?;
+        if let Some(handle) = &self.filter {
+            handle
+                .reload(filter)
+                .map_err(|e| format!("could not change the log level: {e}"))?;
+        }
+        Ok(wanted)
+    }
+
+    /// True when `RUST_LOG` decides the level, so a configured `log_level` is not used.
+    pub fn level_from_env(&self) -> bool {
+        rust_log().is_some()
+    }
+}
+
+/// Installs the global subscriber writing in `format`; the level is `RUST_LOG` when set,
+/// else `level`, and can be changed later through the returned handle.
+pub fn init(format: LogFormat, level: &str) -> Logging {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(RedactedStderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let wanted = rust_log().unwrap_or_else(|| level.to_string());
+    // A bad RUST_LOG falls back to the default, as before; configured levels are checked
+    // with the config.
+    let filter = EnvFilter::builder()
+        .parse(&wanted)
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let registry = tracing_subscriber::registry().with(filter);
+    // Text or JSON is chosen once: the JSON formatter expects every span to have been
+    // recorded by it, so it cannot replace the text one while the process runs.
+    let installed = match format {
+        LogFormat::Text => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(RedactedStderr)
+                    .with_ansi(std::io::stderr().is_terminal()),
+            )
+            .try_init(),
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_writer(RedactedStderr),
+            )
+            .try_init(),
+    };
+    let _ = FORMAT.set(format);
+    Logging {
+        // Another subscriber was installed first (a test): this handle would change nothing.
+        filter: installed.is_ok().then_some(handle),
+    }
+}
+
+/// A binary's config, read before logging starts so that its `log_format` and `log_level`
+/// apply from the first line.
+pub struct Started {
+    /// The config as read, unvalidated: what a reload compares with.
+    pub value: serde_json::Value,
+    pub loaded: crate::config::Loaded,
+    pub logging: Logging,
+    /// The format in force: `--log-format`, else the config's `log_format`, else text.
+    pub format: LogFormat,
+}
+
+/// Reads and validates the config at `path`, then installs logging in the format `flag`
+/// names (else the config's) at the config's level. A config that cannot be loaded still
+/// gets logging installed (in `flag`'s format), so its error is written like other lines.
+pub fn start_with_config(
+    path: &std::path::Path,
+    flag: Option<LogFormat>,
+) -> crate::Result<Started> {
+    let loaded = crate::config::Config::read_value(path).and_then(|value| {
+        crate::config::Config::from_value(path, value.clone()).map(|loaded| (value, loaded))
+    });
+    let (value, loaded) = match loaded {
+        Ok(found) => found,
+        Err(e) => {
+            init(flag.unwrap_or_default(), "info");
+            return Err(e);
+        }
+    };
+    let format = flag.or(loaded.config.log_format).unwrap_or_default();
+    let logging = init(format, loaded.config.log_level.as_deref().unwrap_or("info"));
+    Ok(Started {
+        value,
+        loaded,
+        logging,
+        format,
+    })
+}
+
+/// Installs the global subscriber in text; `default_filter` applies when `RUST_LOG` is unset.
+pub fn init_logging(default_filter: &str) {
+    init(LogFormat::Text, default_filter);
 }
 
 /// The exit status of a binary's `main` for `result`; an error is printed on stderr as
@@ -36,6 +188,11 @@ pub fn exit_status<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
 
 /// Prints `Error: {message}` on stderr, redacted and with control characters escaped.
 pub fn print_error(message: &str) {
+    if FORMAT.get() == Some(&LogFormat::Json) {
+        // Through the subscriber: one JSON object like every other line, redacted there.
+        tracing::error!("{}", redact(message));
+        return;
+    }
     let text = error_line(message);
     let _ = writeln!(std::io::stderr(), "Error: {text}");
 }

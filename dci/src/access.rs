@@ -1,6 +1,6 @@
 //! Access control: bearer tokens from `web.tokens`, checked against each route's role.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
@@ -14,8 +14,9 @@ use subtle::ConstantTimeEq;
 use crate::error::{ApiError, ApiResult};
 
 /// The configured tokens, kept only as digests: equal-length values to compare in constant time.
+/// A config reload replaces them whole; a request checks against one set or the other.
 pub struct Access {
-    tokens: Vec<Known>,
+    tokens: RwLock<Arc<Vec<Known>>>,
 }
 
 struct Known {
@@ -53,24 +54,32 @@ fn digest(text: &str) -> [u8; 32] {
 impl Access {
     pub fn new(tokens: &[WebToken]) -> Self {
         Access {
-            tokens: tokens
-                .iter()
-                .map(|t| Known {
-                    name: Arc::from(t.name.as_str()),
-                    role: t.role,
-                    digest: digest(t.secret()),
-                })
-                .collect(),
+            tokens: RwLock::new(Arc::new(known(tokens))),
         }
     }
 
+    /// Takes the tokens of a reloaded config; requests from now on are checked against them.
+    pub fn replace(&self, tokens: &[WebToken]) {
+        let new = Arc::new(known(tokens));
+        // A poisoned lock still holds a whole Vec: a panic cannot leave it half written.
+        *self.tokens.write().unwrap_or_else(|p| p.into_inner()) = new;
+    }
+
+    fn current(&self) -> Arc<Vec<Known>> {
+        self.tokens
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub fn is_open(&self) -> bool {
-        self.tokens.is_empty()
+        self.current().is_empty()
     }
 
     /// The caller a request's `Authorization` header names, or why there is none.
     fn identify(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
-        if self.is_open() {
+        let tokens = self.current();
+        if tokens.is_empty() {
             return Ok(Caller::Open);
         }
         let Some(header) = headers.get(AUTHORIZATION) else {
@@ -88,7 +97,7 @@ impl Access {
         let presented = digest(presented);
         // Every entry is compared, so the time taken does not tell which one (if any) matched.
         let mut found = None;
-        for known in &self.tokens {
+        for known in tokens.iter() {
             if bool::from(known.digest.ct_eq(&presented)) {
                 found = Some(known);
             }
@@ -101,6 +110,17 @@ impl Access {
             None => Err(Refusal::Invalid),
         }
     }
+}
+
+fn known(tokens: &[WebToken]) -> Vec<Known> {
+    tokens
+        .iter()
+        .map(|t| Known {
+            name: Arc::from(t.name.as_str()),
+            role: t.role,
+            digest: digest(t.secret()),
+        })
+        .collect()
 }
 
 /// Why a request has no caller: each is a 401.

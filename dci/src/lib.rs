@@ -1,6 +1,7 @@
 //! The Disbatch command interface: the JSON REST API over the shared store.
 
 pub mod access;
+pub mod check_config;
 pub mod envelope;
 pub mod error;
 pub mod headers;
@@ -10,6 +11,7 @@ pub mod observe;
 pub mod origin;
 pub mod params;
 pub mod path;
+pub mod reload;
 pub mod render;
 pub mod request;
 pub mod routes;

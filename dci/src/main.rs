@@ -22,6 +22,12 @@ struct Args {
     /// Address to listen on; default: the config's `web.listen`, then 127.0.0.1:8080.
     #[arg(long)]
     listen: Option<String>,
+    /// Check this config file (every problem, by key) and exit, connecting to nothing.
+    #[arg(long, value_name = "PATH")]
+    check_config: Option<PathBuf>,
+    /// Log lines as `text` or `json` (one object per line); wins over `log_format`.
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<disbatch_core::logging::LogFormat>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -41,13 +47,17 @@ fn run() -> anyhow::Result<()> {
 }
 
 async fn serve() -> anyhow::Result<()> {
-    disbatch_core::logging::init_logging("info");
     let args = Args::parse();
-    let loaded = Config::load(&args.config)?;
-    for warning in &loaded.warnings {
+    if let Some(path) = &args.check_config {
+        return disbatch_dci::check_config::check_config(path);
+    }
+    let started = disbatch_core::logging::start_with_config(&args.config, args.log_format)?;
+    // Now, before anything slow: SIGHUP's default action would end the server.
+    let hangups = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    for warning in &started.loaded.warnings {
         tracing::warn!(config = %args.config.display(), "{warning}");
     }
-    let config = loaded.config;
+    let config = started.loaded.config;
     // Every connection holds a descriptor: 512 of them (web.max_connections' default) would
     // leave a 1024 soft limit little for the database pool, GridFS reads and the rest.
     match disbatch_core::open_files::raise_open_file_limit() {
@@ -97,7 +107,17 @@ async fn serve() -> anyhow::Result<()> {
         shutdown_grace: SHUTDOWN_GRACE,
     };
     let closing = store.clone();
-    let app = router(AppState::new(store, config), policy);
+    let tokens = config.web.tokens.clone();
+    let state = AppState::new(store, config);
+    let reloader = disbatch_dci::reload::Reloader::new(
+        args.config.clone(),
+        started.value,
+        tokens,
+        state.access.clone(),
+        started.logging,
+    );
+    tokio::spawn(reloader.run(hangups));
+    let app = router(state, policy);
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let stop = async move {

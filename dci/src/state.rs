@@ -7,6 +7,7 @@ use disbatch_core::readiness::Readiness;
 use disbatch_core::store::Store;
 
 use crate::observe::WebMetrics;
+use crate::access::Access;
 use crate::shared_counts::SharedCounts;
 
 #[derive(Clone)]
@@ -21,6 +22,8 @@ pub struct Inner {
     pub web_metrics: WebMetrics,
     /// `/readyz`'s shared ping of the configured database.
     pub readiness: Readiness,
+    /// The bearer tokens, shared with config reloads (SIGHUP).
+    pub access: Arc<Access>,
 }
 
 impl AppState {
@@ -33,12 +36,14 @@ impl AppState {
             .collect();
         // Fails only for a wrong definition in observe.rs, which its unit test catches.
         let web_metrics = WebMetrics::new(&routes).expect("static metric definitions");
+        let access = Arc::new(Access::new(&config.web.tokens));
         AppState(Arc::new(Inner {
             readiness: Readiness::with_store(store.clone()),
             store,
             config,
             counts: SharedCounts::default(),
             web_metrics,
+            access,
         }))
     }
 
@@ -50,6 +55,7 @@ impl AppState {
             counts: self.0.counts.clone(),
             web_metrics: self.0.web_metrics.clone(),
             readiness: self.0.readiness.clone(),
+            access: self.0.access.clone(),
         }))
     }
 

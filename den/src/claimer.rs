@@ -112,6 +112,8 @@ pub struct Claimer {
     unrunnable: HashSet<ObjectId>,
     /// When the live nodes sharing queues were last read.
     sharers_read_at: Option<Instant>,
+    /// The queue filter or the plugins changed (a reload): read the queues again first.
+    reconfigured: bool,
     metrics: DenMetrics,
 }
 
@@ -143,8 +145,17 @@ impl Claimer {
             windows: HashMap::new(),
             unrunnable: HashSet::new(),
             sharers_read_at: None,
+            reconfigured: false,
             metrics,
         }
+    }
+
+    /// Serves other queues or plugins from the next pass on (a config reload); claims
+    /// already made and runners already started are not touched.
+    pub fn reconfigure(&mut self, filter: QueueFilter, plugins: PluginCheck) {
+        self.filter = filter;
+        self.plugins = plugins;
+        self.reconfigured = true;
     }
 
     /// Claims up to the limits and starts a runner for each task as soon as it is claimed.
@@ -172,7 +183,11 @@ impl Claimer {
             return Ok(PassReport::default());
         }
         let never_read = self.servable.is_empty() && self.view.is_stale();
-        if read == Reading::Now || (read == Reading::IfStale && self.view.is_stale()) || never_read
+        let reconfigured = std::mem::take(&mut self.reconfigured);
+        if read == Reading::Now
+            || (read == Reading::IfStale && self.view.is_stale())
+            || never_read
+            || reconfigured
         {
             self.refresh(executor.live_runners()).await?;
         }

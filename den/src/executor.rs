@@ -89,6 +89,12 @@ impl Executor {
         }
     }
 
+    /// The environment of runners started from now on (a config reload); running ones keep
+    /// theirs.
+    pub fn set_env(&mut self, env: Vec<(OsString, OsString)>) {
+        self.env = Arc::new(env);
+    }
+
     /// Whether runners hand their results to this node (`Handoff::relay`).
     pub fn relays(&self) -> bool {
         self.completer.is_some()

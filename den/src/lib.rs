@@ -1,6 +1,7 @@
 //! The Disbatch execution node: heartbeat, orphan reaping, claiming and runner spawning.
 
 pub mod balancer;
+pub mod check_config;
 pub mod claimer;
 pub mod completer;
 pub mod continuous;
@@ -16,6 +17,8 @@ pub mod node;
 pub mod notifier;
 pub mod plugin_check;
 pub mod reaper;
+pub mod reload;
+pub mod runner_config;
 pub mod runner_deaths;
 pub mod runner_env;
 pub mod running_view;

@@ -4,18 +4,18 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use disbatch_core::config::{Component, Config};
+use disbatch_core::config::Component;
+use disbatch_core::logging::LogFormat;
 use disbatch_core::readiness::Readiness;
 use disbatch_core::store::Store;
-use disbatch_den::claimer::{Claimer, QueueFilter};
+use disbatch_den::claimer::Claimer;
 use disbatch_den::completer::Completer;
 use disbatch_den::executor::{check_runner, default_runner, Executor};
 use disbatch_den::metrics::DenMetrics;
 use disbatch_den::metrics_http::serve_metrics;
 use disbatch_den::notifier::Notifier;
-use disbatch_den::plugin_check::PluginCheck;
+use disbatch_den::reload::{runner_setup, Reloader, Settings};
 use disbatch_den::runner_deaths::RunnerDeaths;
-use disbatch_den::runner_env::runner_env;
 use disbatch_den::Node;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -29,6 +29,12 @@ struct Args {
     /// Node name; default: the config's `node`, then the hostname.
     #[arg(long)]
     node: Option<String>,
+    /// Check this config file (every problem, by key) and exit, connecting to nothing.
+    #[arg(long, value_name = "PATH")]
+    check_config: Option<PathBuf>,
+    /// Log lines as `text` or `json` (one object per line); wins over `log_format`.
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -51,18 +57,22 @@ fn run(hardened: Result<(), String>) -> anyhow::Result<()> {
 }
 
 async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
-    disbatch_core::logging::init_logging("info");
+    let args = Args::parse();
+    if let Some(path) = &args.check_config {
+        return disbatch_den::check_config::check_config(path);
+    }
+    let config_path = std::path::absolute(&args.config)
+        .with_context(|| format!("config path {}", args.config.display()))?;
+    let started = disbatch_core::logging::start_with_config(&config_path, args.log_format)?;
+    // Now, before anything slow: SIGHUP's default action would end the node.
+    let hangups = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     if let Err(e) = hardened {
         tracing::warn!("{e}");
     }
-    let args = Args::parse();
-    let config_path = std::path::absolute(&args.config)
-        .with_context(|| format!("config path {}", args.config.display()))?;
-    let loaded = Config::load(&config_path)?;
-    for warning in &loaded.warnings {
+    for warning in &started.loaded.warnings {
         tracing::warn!(config = %config_path.display(), "{warning}");
     }
-    let config = loaded.config;
+    let config = started.loaded.config;
     let name = config.node_name(args.node.as_deref())?;
     if let Some(user) = &config.plugin_user {
         let euid = nix::unistd::geteuid();
@@ -127,7 +137,9 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         .context("ensuring indexes (is the MongoDB server reachable?)")?;
     readiness.attach(store.clone());
     disbatch_den::durability::report(&store).await;
-    let mut plugins = PluginCheck::new(config.plugins.clone());
+    let (runner_config, runner_extra) = runner_setup(&started.value, started.format);
+    let settings = Settings::new(&config, &runner_extra);
+    let mut plugins = settings.plugins();
     let names: Vec<String> = config.plugins.names().map(str::to_string).collect();
     if names.is_empty() {
         tracing::warn!("no plugins are configured: this node will run no tasks");
@@ -138,11 +150,16 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         }
     }
 
-    let filter = QueueFilter {
-        active: config.activequeues.clone(),
-        ignore: config.ignorequeues.clone(),
-        runtimes: config.runtimes.clone(),
-    };
+    let (filter, runner_env) = (settings.filter(), settings.env());
+    let (reloader, reloads) = Reloader::new(
+        config_path.clone(),
+        started.value,
+        settings,
+        started.logging,
+        runner_config,
+        runner_extra,
+    );
+    tokio::spawn(reloader.run(hangups));
     let node = Node {
         claimer: Claimer::new(
             store.clone(),
@@ -153,9 +170,9 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         ),
         executor: Executor::new(
             runner,
-            config_path,
+            config_path.clone(),
             name.clone(),
-            runner_env(std::env::vars_os(), &config.plugin_env),
+            runner_env,
             Some(Completer::start(store.clone(), metrics.clone())),
             Some(RunnerDeaths::new(store.clone(), metrics.clone())),
         ),
@@ -178,6 +195,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         dead_node_after: config.dead_node_after,
         counts_reconcile: config.counts_reconcile,
         metrics,
+        reloads: Some(reloads),
     };
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

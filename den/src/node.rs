@@ -58,6 +58,8 @@ pub struct Node {
     pub dead_node_after: Duration,
     /// How often the leader checks kept task counts against the tasks.
     pub counts_reconcile: Duration,
+    /// Settings from config reloads (SIGHUP); None: never reloaded.
+    pub reloads: Option<crate::reload::Receiver>,
 }
 
 /// Why the loop woke.
@@ -66,6 +68,8 @@ enum Wake {
     Timer,
     RunnerExited,
     Change,
+    /// A config reload (SIGHUP) changed what this node serves.
+    Reload,
 }
 
 impl Node {
@@ -99,6 +103,11 @@ impl Node {
         loop {
             if failures > 0 {
                 connected_since = Instant::now();
+            }
+            if let Some(settings) = self.reloads.as_mut().and_then(crate::reload::take_new) {
+                settings.apply(&mut self.claimer, &mut self.executor, &mut self.runtimes);
+                // Queues this node now serves (or no longer does) are read at once.
+                last_read = None;
             }
             let started = Instant::now();
             let maintenance = failures > 0 || started >= next_maintenance;
@@ -209,8 +218,10 @@ impl Node {
                     None => std::future::pending().await,
                 }
             };
+            let reloaded = crate::reload::changed(self.reloads.clone());
             wake = tokio::select! {
                 _ = &mut shutdown => break,
+                _ = reloaded => Wake::Reload,
                 _ = tokio::time::sleep(wait) => Wake::Timer,
                 _ = self.executor.runner_exited(), if failures == 0 => Wake::RunnerExited,
                 _ = changed, if failures == 0 => Wake::Change,
@@ -219,7 +230,7 @@ impl Node {
             match wake {
                 Wake::Timer => self.metrics.wakeup("timer"),
                 Wake::RunnerExited => self.metrics.wakeup("runner_exit"),
-                Wake::Change => {}
+                Wake::Change | Wake::Reload => {}
             }
         }
         count_keeper.stop();

@@ -40,11 +40,16 @@ async fn main() {
     // environment or memory through /proc, nor inherit what the node left open. The answer
     // pipe is marked too: the runner still takes it (close-on-exec acts only at exec).
     let hardened = disbatch_core::isolation::harden_process();
-    disbatch_core::logging::init_logging("info");
+    // The node's format: the runner's lines go to the node's stderr, among its own.
+    let format = std::env::var(disbatch_core::logging::LOG_FORMAT_ENV)
+        .ok()
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_default();
+    let logging = disbatch_core::logging::init(format, "info");
     if let Err(e) = hardened {
         tracing::warn!("{e}");
     }
-    let code = match run(Args::parse()).await {
+    let code = match run(Args::parse(), logging).await {
         Ok(()) => 0,
         Err(e) => {
             tracing::error!("task runner failed: {e:#}");
@@ -56,14 +61,18 @@ async fn main() {
     std::process::exit(code)
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, logging: disbatch_core::logging::Logging) -> anyhow::Result<()> {
     // First, before the task starts: SIGUSR1's default action would kill the runner, and the
     // node sends it to point out a cancel request.
     let wake = signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
     let task = ObjectId::parse_str(&args.task)
         .map_err(|_| anyhow::anyhow!("--task {:?} is not a task id (24 hex digits)", args.task))?;
-    let loaded = Config::load(&args.config)?;
+    let loaded = load_config(&args.config)?;
     let mut config = loaded.config;
+    if let Some(level) = &config.log_level {
+        // Checked with the config; RUST_LOG, passed on by the node, still wins.
+        let _ = logging.set_level(Some(level), "info");
+    }
     if let Some(gfs) = &args.gfs {
         config.gfs = GfsMode::from_config(&serde_json::Value::String(gfs.clone()))
             .map_err(|e| anyhow::anyhow!("--gfs: {e}"))?;
@@ -89,4 +98,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     tracing::debug!(task = %task, ?report, "done");
     Ok(())
+}
+
+/// The config the node accepted when it says where its copy is (an edit of the file that a
+/// reload refused must not reach new tasks), else the `--config` file. Relative paths in
+/// either resolve against the `--config` file's directory.
+fn load_config(path: &std::path::Path) -> anyhow::Result<disbatch_core::config::Loaded> {
+    if let Some(copy) = std::env::var_os(disbatch_core::config::ACCEPTED_CONFIG_ENV) {
+        match std::fs::read_to_string(&copy) {
+            Ok(text) => return Ok(Config::parse(path, &text)?),
+            // The node stopped and removed it: the file is the best there is.
+            Err(e) => {
+                tracing::debug!(copy = ?copy, error = %e, "the node's config copy is gone; reading --config")
+            }
+        }
+    }
+    Ok(Config::load(path)?)
 }

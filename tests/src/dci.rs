@@ -91,6 +91,19 @@ impl Dci {
         }
     }
 
+    /// SIGHUP: the server reloads its config.
+    pub fn hangup(&self) {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        kill(pid, Signal::SIGHUP).expect("SIGHUP disbatch-web");
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     pub fn at(&self, path: &str) -> String {
         format!("{}{path}", self.url)
     }

@@ -89,6 +89,11 @@ impl Den {
         Pid::from_raw(self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0))
     }
 
+    /// SIGHUP: the node reloads its config.
+    pub fn hangup(&self) {
+        kill(self.pid(), Signal::SIGHUP).expect("SIGHUP disbatchd");
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -1,6 +1,8 @@
 //! The node config file: Disbatch 4's JSON keys plus ours, parsed leniently and validated strictly.
 
 mod attributes;
+mod changes;
+mod check;
 mod commas;
 mod driver_options;
 mod mongohost;
@@ -14,13 +16,17 @@ mod secrets;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_check;
+#[cfg(test)]
 mod tests_disbatch4;
+mod tokens;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use attributes::TlsSettings;
+pub use changes::{changed_keys, keep_keys};
 pub use driver_options::DriverOptions;
 pub use perl_bool::{perl_bool, PerlBool};
 pub use plugin_user::PluginUser;
@@ -37,6 +43,11 @@ pub const DEFAULT_LOOP_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_DEAD_NODE_AFTER: Duration = Duration::from_secs(5 * 60);
 pub const MIN_DEAD_NODE_AFTER: Duration = Duration::from_secs(10);
 pub const DEFAULT_COUNTS_RECONCILE: Duration = Duration::from_secs(600);
+
+/// Set by a DEN for its task runners: a copy of the config the node accepted, which a runner
+/// reads in place of its `--config` file (whose path still resolves relative paths), so an
+/// edit a reload refused never reaches new tasks.
+pub const ACCEPTED_CONFIG_ENV: &str = "DISBATCH_ACCEPTED_CONFIG";
 
 /// Which process is connecting: Disbatch gives each its own MongoDB user (`auth` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +130,10 @@ pub struct Config {
     /// How often the maintenance leader checks each queue's kept task counts against its
     /// tasks (`counts_reconcile_s`, default 600).
     pub counts_reconcile: Duration,
+    /// `log_format`: text or JSON lines; None leaves it to `--log-format`, then text.
+    pub log_format: Option<crate::logging::LogFormat>,
+    /// `log_level`: a level or a `RUST_LOG`-style filter; `RUST_LOG` wins when set.
+    pub log_level: Option<String>,
 }
 
 /// The DCI's own settings (`web`).
@@ -252,17 +267,55 @@ impl Config {
 
     /// Parses config text as if read from `path` (used for relative paths and messages).
     pub fn parse(path: &Path, text: &str) -> Result<Loaded> {
+        let value = relaxed::parse_relaxed_json(text).map_err(|message| Error::Config {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        Self::from_value(path, value)
+    }
+
+    /// Reads a config file into its JSON value, unvalidated (comments and trailing commas
+    /// gone): what a reload compares key by key.
+    pub fn read_value(path: &Path) -> Result<serde_json::Value> {
         let fail = |message: String| Error::Config {
             path: path.to_path_buf(),
             message,
         };
-        let value = relaxed::parse_relaxed_json(text).map_err(fail)?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read it: {e}")))?;
+        relaxed::parse_relaxed_json(&text).map_err(fail)
+    }
+
+    /// Validates a config's JSON value as if read from `path`.
+    pub fn from_value(path: &Path, value: serde_json::Value) -> Result<Loaded> {
+        let fail = |message: String| Error::Config {
+            path: path.to_path_buf(),
+            message,
+        };
         secrets::remember(&value);
         let mut warnings = Vec::new();
         let raw = raw::RawConfig::from_value(value, &mut warnings).map_err(fail)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        let config = raw.validate(path, base, &mut warnings).map_err(fail)?;
+        let config = raw
+            .validate(path, base, &mut warnings)
+            .map_err(|problems| fail(problems.into_iter().next().unwrap_or_default()))?;
         Ok(Loaded { config, warnings })
+    }
+
+    /// Reads and validates like [`Config::load`], but reports every problem found, each
+    /// naming its key, rather than stopping at the first (`--check-config`).
+    pub fn check(path: &Path) -> std::result::Result<Loaded, Vec<String>> {
+        let value = Self::read_value(path).map_err(|e| vec![e.to_string()])?;
+        Self::check_value(path, value)
+    }
+
+    /// [`Config::check`] of a config's JSON value as if read from `path`.
+    pub fn check_value(
+        path: &Path,
+        value: serde_json::Value,
+    ) -> std::result::Result<Loaded, Vec<String>> {
+        secrets::remember(&value);
+        check::all_problems(path, value)
     }
 
     /// The node name: `--node`, then the config's `node`, then the hostname.

@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::perl_bool::{self, PerlBool};
 use super::{
-    BalanceSettings, Config, Role, WebSettings, WebTls, WebToken, DEFAULT_COUNTS_RECONCILE,
-    DEFAULT_DEAD_NODE_AFTER, DEFAULT_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
+    BalanceSettings, Config, WebSettings, DEFAULT_COUNTS_RECONCILE, DEFAULT_DEAD_NODE_AFTER,
+    DEFAULT_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
 };
 use crate::output::GfsMode;
 use crate::plugin::PluginTable;
@@ -87,6 +87,10 @@ pub(super) struct RawConfig {
     dead_node_after_s: Option<u64>,
     #[serde(default)]
     counts_reconcile_s: Option<u64>,
+    #[serde(default)]
+    log_format: Option<String>,
+    #[serde(default)]
+    log_level: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -111,9 +115,9 @@ struct RawWeb {
 }
 
 #[derive(Debug, Deserialize)]
-struct RawWebTls {
-    cert_file: String,
-    key_file: String,
+pub(super) struct RawWebTls {
+    pub(super) cert_file: String,
+    pub(super) key_file: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -177,95 +181,165 @@ impl RawConfig {
         Ok(raw)
     }
 
+    /// Validates every key; the problems come in the order checked, so the first is the one
+    /// a failed `load` reports.
     pub(super) fn validate(
         self,
         path: &Path,
         base: &Path,
         warnings: &mut Vec<String>,
-    ) -> Result<Config, String> {
-        let mongohost = required_string("mongohost", self.mongohost)?;
-        let mongohost = super::mongohost::normalise(&mongohost)?;
-        let database = required_string("database", self.database)?;
-        validate_database_name(&database)?;
-        let (tls, driver) = match self.attributes {
-            None | Some(Value::Null) => Default::default(),
-            Some(v) => super::attributes::read(&v, base, warnings)?,
-        };
+    ) -> Result<Config, Vec<String>> {
+        let mut p = Problems::default();
+        let mongohost = p.take(
+            required_string("mongohost", self.mongohost)
+                .and_then(|m| super::mongohost::normalise(&m)),
+        );
+        let database = p.take(
+            required_string("database", self.database)
+                .and_then(|d| validate_database_name(&d).map(|()| d)),
+        );
+        let attributes = p.take(match self.attributes {
+            None | Some(Value::Null) => Ok(Default::default()),
+            Some(v) => super::attributes::read(&v, base, warnings),
+        });
         let plugin_dirs: Vec<PathBuf> = self
             .plugin_dirs
             .unwrap_or_default()
             .iter()
             .map(|d| resolve(base, d))
             .collect();
-        let plugins = PluginTable::from_config(self.plugins.as_ref(), plugin_dirs, base)
-            .map_err(|e| format!("key `plugins`: {e}"))?;
-        let plugin_env = crate::plugin_env::PluginEnv::with_extra(
-            self.plugin_env.as_deref().unwrap_or_default(),
-        )
-        .map_err(|e| format!("key `plugin_env`: {e}"))?;
-        let plugin_user =
-            super::plugin_user::from_config(self.plugin_user.as_ref(), self.plugin_group.as_ref())?;
-        let gfs = match self.gfs {
-            None | Some(Value::Null) => GfsMode::Auto,
-            Some(v) => GfsMode::from_config(&v).map_err(|e| format!("key `gfs`: {e}"))?,
-        };
-        let activequeues = queue_ids("activequeues", self.activequeues)?;
-        let ignorequeues = queue_ids("ignorequeues", self.ignorequeues)?;
-        if !activequeues.is_empty() && !ignorequeues.is_empty() {
-            warnings.push(
-                "both `activequeues` and `ignorequeues` are set: only `activequeues` is used"
-                    .into(),
-            );
+        let plugins = p.take(
+            PluginTable::from_config(self.plugins.as_ref(), plugin_dirs, base)
+                .map_err(|e| format!("key `plugins`: {e}")),
+        );
+        let plugin_env = p.take(
+            crate::plugin_env::PluginEnv::with_extra(
+                self.plugin_env.as_deref().unwrap_or_default(),
+            )
+            .map_err(|e| format!("key `plugin_env`: {e}")),
+        );
+        let plugin_user = p.take(super::plugin_user::from_config(
+            self.plugin_user.as_ref(),
+            self.plugin_group.as_ref(),
+        ));
+        let gfs = p.take(match self.gfs {
+            None | Some(Value::Null) => Ok(GfsMode::Auto),
+            Some(v) => GfsMode::from_config(&v).map_err(|e| format!("key `gfs`: {e}")),
+        });
+        let activequeues = p.take(queue_ids("activequeues", self.activequeues));
+        let ignorequeues = p.take(queue_ids("ignorequeues", self.ignorequeues));
+        if let (Some(active), Some(ignore)) = (&activequeues, &ignorequeues) {
+            if !active.is_empty() && !ignore.is_empty() {
+                warnings.push(
+                    "both `activequeues` and `ignorequeues` are set: only `activequeues` is used"
+                        .into(),
+                );
+            }
         }
         if let Some(node) = &self.node {
-            super::validate_node_name(node).map_err(|e| format!("key `node`: {e}"))?;
+            p.take(super::validate_node_name(node).map_err(|e| format!("key `node`: {e}")));
         }
-        let loop_interval = match self.loop_interval_ms {
-            None => DEFAULT_LOOP_INTERVAL,
-            Some(ms) if ms < MIN_LOOP_INTERVAL.as_millis() as u64 => {
-                return Err(format!(
-                    "key `loop_interval_ms`: {ms} is below the minimum of {} ms",
-                    MIN_LOOP_INTERVAL.as_millis()
-                ))
-            }
-            Some(ms) if ms > 60_000 => {
-                return Err(format!(
-                    "key `loop_interval_ms`: {ms} is above the maximum of 60000 ms"
-                ))
-            }
-            Some(ms) => Duration::from_millis(ms),
-        };
-        let dead_node_after = match self.dead_node_after_s {
-            None => DEFAULT_DEAD_NODE_AFTER,
-            Some(s) if s < MIN_DEAD_NODE_AFTER.as_secs() => {
-                return Err(format!(
-                    "key `dead_node_after_s`: {s} is below the minimum of {} s (a live node heartbeats every second; a busy one may be late)",
-                    MIN_DEAD_NODE_AFTER.as_secs()
-                ))
-            }
-            Some(s) => Duration::from_secs(s.min(365 * 24 * 3600)),
-        };
-        let counts_reconcile = match self.counts_reconcile_s {
-            None => DEFAULT_COUNTS_RECONCILE,
-            Some(0) => {
-                return Err("key `counts_reconcile_s`: must be at least 1 s".to_string());
-            }
-            Some(s) => Duration::from_secs(s.min(7 * 24 * 3600)),
-        };
+        let loop_interval = p.take(loop_interval(self.loop_interval_ms));
+        let dead_node_after = p.take(dead_node_after(self.dead_node_after_s));
+        let counts_reconcile = p.take(match self.counts_reconcile_s {
+            None => Ok(DEFAULT_COUNTS_RECONCILE),
+            Some(0) => Err("key `counts_reconcile_s`: must be at least 1 s".to_string()),
+            Some(s) => Ok(Duration::from_secs(s.min(7 * 24 * 3600))),
+        });
         let balance = self.balance.unwrap_or_default();
         let web = self.web.unwrap_or_default();
-        let tokens = web_tokens(web.tokens, base, warnings)?;
-        let web_tls = web.tls.map(|t| web_tls(t, base)).transpose()?;
-        let http = super::web_http::validate(super::web_http::RawHttp {
+        let tokens = p.take(super::tokens::web_tokens(web.tokens, base, warnings));
+        let web_tls = p.take(web.tls.map(|t| super::tokens::web_tls(t, base)).transpose());
+        let http = p.take(super::web_http::validate(super::web_http::RawHttp {
             max_connections: web.max_connections,
             header_timeout_ms: web.header_timeout_ms,
             idle_timeout_ms: web.idle_timeout_ms,
             allowed_hosts: web.allowed_hosts,
             allowed_origins: web.allowed_origins,
-        })?;
+        }));
+        for ns in &web.namespaces {
+            p.take(
+                validate_database_name(ns)
+                    .map_err(|e| e.replace("key `database`", "key `web.namespaces`")),
+            );
+        }
+        let metrics_listen = p.take(
+            self.metrics_listen
+                .as_deref()
+                .map(|a| {
+                    a.trim().parse::<std::net::SocketAddr>().map_err(|_| {
+                        format!(
+                            "key `metrics_listen`: {a:?} is not a socket address; use IP:PORT, e.g. \"127.0.0.1:9101\""
+                        )
+                    })
+                })
+                .transpose(),
+        );
+        let max_body_bytes = web.max_body_bytes.unwrap_or(WebSettings::DEFAULT_MAX_BODY);
+        if max_body_bytes < 1024 {
+            p.take::<()>(Err("key `web.max_body_bytes`: must be at least 1024".into()));
+        }
+        let log_format = p.take(
+            self.log_format
+                .as_deref()
+                .map(|f| f.parse().map_err(|e| format!("key `log_format`: {e}")))
+                .transpose(),
+        );
+        let log_level = p.take(match self.log_level {
+            Some(l) if l.trim().is_empty() => Err("key `log_level` must not be empty".into()),
+            Some(l) => crate::logging::check_level(&l)
+                .map(|()| Some(l))
+                .map_err(|e| format!("key `log_level`: {e}")),
+            None => Ok(None),
+        });
+        let (
+            Some(mongohost),
+            Some(database),
+            Some((tls, driver)),
+            Some(plugins),
+            Some(plugin_env),
+            Some(plugin_user),
+            Some(gfs),
+            Some(activequeues),
+            Some(ignorequeues),
+            Some(loop_interval),
+            Some(dead_node_after),
+            Some(counts_reconcile),
+            Some(tokens),
+            Some(web_tls),
+            Some(http),
+            Some(metrics_listen),
+            Some(log_format),
+            Some(log_level),
+        ) = (
+            mongohost,
+            database,
+            attributes,
+            plugins,
+            plugin_env,
+            plugin_user,
+            gfs,
+            activequeues,
+            ignorequeues,
+            loop_interval,
+            dead_node_after,
+            counts_reconcile,
+            tokens,
+            web_tls,
+            http,
+            metrics_listen,
+            log_format,
+            log_level,
+        )
+        else {
+            return Err(p.0);
+        };
+        if !p.0.is_empty() {
+            return Err(p.0);
+        }
         let web = WebSettings {
             listen: web.listen,
-            max_body_bytes: web.max_body_bytes.unwrap_or(WebSettings::DEFAULT_MAX_BODY),
+            max_body_bytes,
             live_window: Duration::from_millis(web.live_window_ms.unwrap_or(15_000)),
             empty_tasks_object: perl_bool::or(web.empty_tasks_object, false),
             namespaces: web.namespaces,
@@ -277,24 +351,6 @@ impl RawConfig {
             allowed_hosts: http.allowed_hosts,
             allowed_origins: http.allowed_origins,
         };
-        for ns in &web.namespaces {
-            validate_database_name(ns)
-                .map_err(|e| e.replace("key `database`", "key `web.namespaces`"))?;
-        }
-        let metrics_listen = self
-            .metrics_listen
-            .as_deref()
-            .map(|a| {
-                a.trim().parse::<std::net::SocketAddr>().map_err(|_| {
-                    format!(
-                        "key `metrics_listen`: {a:?} is not a socket address; use IP:PORT, e.g. \"127.0.0.1:9101\""
-                    )
-                })
-            })
-            .transpose()?;
-        if web.max_body_bytes < 1024 {
-            return Err("key `web.max_body_bytes`: must be at least 1024".into());
-        }
         Ok(Config {
             path: path.to_path_buf(),
             mongohost,
@@ -328,7 +384,44 @@ impl RawConfig {
             change_streams: perl_bool::or(self.change_streams, true),
             dead_node_after,
             counts_reconcile,
+            log_format,
+            log_level,
         })
+    }
+}
+
+/// Problems found so far; `take` keeps checking past one.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn take<T>(&mut self, result: Result<T, String>) -> Option<T> {
+        result.map_err(|e| self.0.push(e)).ok()
+    }
+}
+
+fn loop_interval(ms: Option<u64>) -> Result<Duration, String> {
+    match ms {
+        None => Ok(DEFAULT_LOOP_INTERVAL),
+        Some(ms) if ms < MIN_LOOP_INTERVAL.as_millis() as u64 => Err(format!(
+            "key `loop_interval_ms`: {ms} is below the minimum of {} ms",
+            MIN_LOOP_INTERVAL.as_millis()
+        )),
+        Some(ms) if ms > 60_000 => Err(format!(
+            "key `loop_interval_ms`: {ms} is above the maximum of 60000 ms"
+        )),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+    }
+}
+
+fn dead_node_after(seconds: Option<u64>) -> Result<Duration, String> {
+    match seconds {
+        None => Ok(DEFAULT_DEAD_NODE_AFTER),
+        Some(s) if s < MIN_DEAD_NODE_AFTER.as_secs() => Err(format!(
+            "key `dead_node_after_s`: {s} is below the minimum of {} s (a live node heartbeats every second; a busy one may be late)",
+            MIN_DEAD_NODE_AFTER.as_secs()
+        )),
+        Some(s) => Ok(Duration::from_secs(s.min(365 * 24 * 3600))),
     }
 }
 
@@ -366,130 +459,6 @@ fn queue_ids(key: &str, ids: Option<Vec<String>>) -> Result<Vec<String>, String>
         }
     }
     Ok(ids.into_iter().map(|s| s.to_ascii_lowercase()).collect())
-}
-
-fn web_tls(raw: RawWebTls, base: &Path) -> Result<WebTls, String> {
-    let file = |key: &str, value: &str| {
-        if value.trim().is_empty() {
-            Err(format!("key `web.tls.{key}` must not be empty"))
-        } else {
-            Ok(resolve(base, value))
-        }
-    };
-    Ok(WebTls {
-        cert_file: file("cert_file", &raw.cert_file)?,
-        key_file: file("key_file", &raw.key_file)?,
-    })
-}
-
-/// `web.tokens`: `[{"name", "role", "token" | "token_file"}]`. No message here may contain
-/// a token's text, only the key that holds it.
-fn web_tokens(
-    value: Option<Value>,
-    base: &Path,
-    warnings: &mut Vec<String>,
-) -> Result<Vec<WebToken>, String> {
-    let entries = match value {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(entries)) => entries,
-        Some(_) => {
-            return Err(
-                "key `web.tokens` must be an array of {\"name\", \"role\", \"token\" or \"token_file\"} objects"
-                    .into(),
-            )
-        }
-    };
-    let mut tokens: Vec<WebToken> = Vec::with_capacity(entries.len());
-    for (i, entry) in entries.into_iter().enumerate() {
-        let at = format!("web.tokens[{i}]");
-        let token = web_token(&at, entry, base, warnings)?;
-        if tokens.iter().any(|t| t.name == token.name) {
-            return Err(format!(
-                "key `{at}.name`: {:?} is used by an earlier token; names must be unique",
-                token.name
-            ));
-        }
-        if let Some(j) = tokens.iter().position(|t| t.secret() == token.secret()) {
-            return Err(format!(
-                "key `{at}`: the same token as `web.tokens[{j}]`; each name needs its own token"
-            ));
-        }
-        tokens.push(token);
-    }
-    Ok(tokens)
-}
-
-fn web_token(
-    at: &str,
-    entry: Value,
-    base: &Path,
-    warnings: &mut Vec<String>,
-) -> Result<WebToken, String> {
-    let Value::Object(map) = entry else {
-        return Err(format!(
-            "key `{at}` must be an object with \"name\", \"role\" and \"token\" or \"token_file\""
-        ));
-    };
-    let text = |key: &str| -> Result<Option<&str>, String> {
-        match map.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(_) => Err(format!("key `{at}.{key}` must be a string")),
-        }
-    };
-    let name = match text("name")? {
-        Some(n) if !n.trim().is_empty() => n.to_string(),
-        Some(_) => return Err(format!("key `{at}.name` must not be empty")),
-        None => return Err(format!("key `{at}.name` is required")),
-    };
-    let role = match text("role")? {
-        Some(r) => Role::parse(r).ok_or_else(|| {
-            format!("key `{at}.role`: unknown role {r:?}; use read, operate or admin")
-        })?,
-        None => return Err(format!("key `{at}.role` is required")),
-    };
-    let secret = match (text("token")?, text("token_file")?) {
-        (Some(_), Some(_)) => {
-            return Err(format!(
-                "key `{at}`: give `token` or `token_file`, not both"
-            ))
-        }
-        (None, None) => return Err(format!("key `{at}`: `token` or `token_file` is required")),
-        (Some(token), None) => checked_secret(&format!("{at}.token"), token)?,
-        (None, Some(file)) => {
-            let path = resolve(base, file);
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                format!("key `{at}.token_file`: cannot read {}: {e}", path.display())
-            })?;
-            // A file's final newline is not part of the token.
-            checked_secret(&format!("{at}.token_file"), text.trim())?
-        }
-    };
-    for key in map.keys() {
-        if !matches!(key.as_str(), "name" | "role" | "token" | "token_file") {
-            warnings.push(format!("unknown key `{at}.{key}` is ignored"));
-        }
-    }
-    Ok(WebToken::new(name, role, secret))
-}
-
-/// A token must fit in an `Authorization: Bearer` header and be long enough not to be guessed.
-fn checked_secret(key: &str, token: &str) -> Result<String, String> {
-    if token.is_empty() {
-        return Err(format!("key `{key}`: the token is empty"));
-    }
-    if !token.chars().all(|c| c.is_ascii_graphic()) {
-        return Err(format!(
-            "key `{key}`: the token may hold only printable ASCII without spaces"
-        ));
-    }
-    if token.len() < WebSettings::MIN_TOKEN_CHARS {
-        return Err(format!(
-            "key `{key}`: the token is shorter than {} characters",
-            WebSettings::MIN_TOKEN_CHARS
-        ));
-    }
-    Ok(token.to_string())
 }
 
 /// Paths in the config are relative to the config file, so a checkout can carry its own config.

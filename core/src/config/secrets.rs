@@ -64,6 +64,8 @@ impl std::fmt::Debug for Config {
             change_streams,
             dead_node_after,
             counts_reconcile,
+            log_format,
+            log_level,
         } = self;
         let users: Vec<(&str, &str)> = auth.keys().map(|u| (u.as_str(), "<redacted>")).collect();
         f.debug_struct("Config")
@@ -93,6 +95,8 @@ impl std::fmt::Debug for Config {
             .field("change_streams", change_streams)
             .field("dead_node_after", dead_node_after)
             .field("counts_reconcile", counts_reconcile)
+            .field("log_format", log_format)
+            .field("log_level", log_level)
             .finish()
     }
 }

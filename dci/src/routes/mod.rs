@@ -26,7 +26,7 @@ use axum::routing::{delete, get, post, MethodRouter};
 use axum::Router;
 use disbatch_core::config::Role;
 
-use crate::access::{gate, Access, Gate};
+use crate::access::{gate, Gate};
 use crate::error::ApiError;
 use crate::headers::security_headers;
 use crate::observe::observe;
@@ -340,7 +340,7 @@ pub fn table() -> Vec<Route> {
 /// is read). Every answer, refusals included, carries the security headers.
 pub fn router(state: AppState, policy: Policy) -> Router {
     let max_body = state.config.web.max_body_bytes as usize;
-    let access = Arc::new(Access::new(&state.config.web.tokens));
+    let access = state.access.clone();
     let mut by_path: Vec<(&'static str, MethodRouter<AppState>)> = Vec::new();
     for r in table() {
         let mut h = (r.handler)();

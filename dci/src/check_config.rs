@@ -1,0 +1,48 @@
+//! `disbatch-web --check-config`: every problem of a config file, without connecting or listening.
+
+use std::path::Path;
+
+use disbatch_core::config::Config;
+
+/// Prints `config OK: PATH` (and any warnings), or every problem, each naming its key; the
+/// error says how many there were.
+pub fn check_config(path: &Path) -> anyhow::Result<()> {
+    let (problems, warnings) = match Config::check(path) {
+        Ok(loaded) => (web_checks(&loaded.config), loaded.warnings),
+        Err(problems) => (problems, Vec::new()),
+    };
+    for warning in &warnings {
+        eprintln!("warning: {}", shown(warning));
+    }
+    if problems.is_empty() {
+        println!("config OK: {}", path.display());
+        return Ok(());
+    }
+    for problem in &problems {
+        eprintln!("problem: {}", shown(problem));
+    }
+    anyhow::bail!(
+        "config {} has {} problem(s)",
+        path.display(),
+        problems.len()
+    )
+}
+
+/// What disbatch-web refuses at start besides the config itself: certificates it cannot use.
+fn web_checks(config: &Config) -> Vec<String> {
+    let Some(files) = &config.web.tls else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    if let Err(e) = crate::tls::server_config(files) {
+        problems.push(format!("key `web.tls`: {e:#}"));
+    } else if let Err(e) = crate::tls::certificate_names(files) {
+        problems.push(format!("key `web.tls.cert_file`: {e:#}"));
+    }
+    problems
+}
+
+fn shown(message: &str) -> String {
+    let redacted = disbatch_core::redact::redact(message);
+    disbatch_core::printable::escape(&redacted).into_owned()
+}

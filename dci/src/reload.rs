@@ -1,0 +1,118 @@
+//! Config reloads on SIGHUP: new web tokens and log level without a restart; the rest waits.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use disbatch_core::config::{changed_keys, keep_keys, Config, WebToken};
+use disbatch_core::logging::Logging;
+
+use crate::access::Access;
+
+/// Keys a running disbatch-web applies: the others it uses are set up once (the listener,
+/// the connection, what each route was built with) and wait for a restart.
+pub const RELOADED: &[&str] = &["web.tokens", "log_level"];
+
+/// Top-level keys disbatch-web uses; changes to other keys (a DEN's) are not its concern.
+const USED: &[&str] = &[
+    "mongohost",
+    "database",
+    "attributes",
+    "auth",
+    "plugins",
+    "plugin_dirs",
+    "monitoring",
+    "balance",
+    "web_extensions",
+    "web_root",
+    "log_format",
+];
+
+/// Re-reads the config file on request: tokens (token files too) and the log level.
+pub struct Reloader {
+    path: PathBuf,
+    /// The config in force, as read (restart-only keys as they were at start).
+    accepted: serde_json::Value,
+    /// The tokens in force, as read from their files too: a token file can change alone.
+    tokens: Vec<WebToken>,
+    access: Arc<Access>,
+    logging: Logging,
+}
+
+impl Reloader {
+    pub fn new(
+        path: PathBuf,
+        accepted: serde_json::Value,
+        tokens: Vec<WebToken>,
+        access: Arc<Access>,
+        logging: Logging,
+    ) -> Reloader {
+        Reloader {
+            path,
+            accepted,
+            tokens,
+            access,
+            logging,
+        }
+    }
+
+    /// Reloads on every SIGHUP until the process ends.
+    pub async fn run(mut self, mut hangups: tokio::signal::unix::Signal) {
+        while hangups.recv().await.is_some() {
+            tracing::info!(config = %self.path.display(), "SIGHUP received: reloading the config");
+            if let Err(reason) = self.reload() {
+                tracing::error!(
+                    config = %self.path.display(),
+                    "config reload refused, the running config is kept: {reason}"
+                );
+            }
+        }
+    }
+
+    /// Reads the file again; applies it whole or, when it is not valid, not at all.
+    pub fn reload(&mut self) -> Result<(), String> {
+        let value = Config::read_value(&self.path).map_err(|e| e.to_string())?;
+        let written = Config::check_value(&self.path, value.clone()).map_err(|problems| {
+            format!("{} problem(s): {}", problems.len(), problems.join("; "))
+        })?;
+        let mut changed = changed_keys(&self.accepted, &value);
+        if written.config.web.tokens != self.tokens && !changed.iter().any(|k| k == "web.tokens") {
+            changed.push("web.tokens".to_string());
+        }
+        let (applied, other): (Vec<String>, Vec<String>) = changed
+            .into_iter()
+            .partition(|k| RELOADED.contains(&k.as_str()));
+        let restart: Vec<String> = other
+            .into_iter()
+            .filter(|k| k.starts_with("web.") || USED.contains(&k.as_str()))
+            .collect();
+        let config = written.config;
+        if applied.iter().any(|k| k == "log_level") {
+            let level = self
+                .logging
+                .set_level(config.log_level.as_deref(), "info")?;
+            if self.logging.level_from_env() {
+                tracing::warn!("`log_level` changed, but RUST_LOG is set and wins: {level}");
+            }
+        }
+        if applied.iter().any(|k| k == "web.tokens") {
+            self.access.replace(&config.web.tokens);
+            if config.web.tokens.is_empty() {
+                tracing::warn!("the reloaded config has no web.tokens: the API is now open to anyone who can reach it");
+            }
+            self.tokens = config.web.tokens;
+        }
+        self.accepted = keep_keys(&self.accepted, value, &restart);
+        for warning in &written.warnings {
+            tracing::warn!(config = %self.path.display(), "{warning}");
+        }
+        if !restart.is_empty() {
+            tracing::warn!(
+                keys = %restart.join(", "),
+                "config keys changed that take effect only when disbatch-web restarts: {}",
+                restart.join(", ")
+            );
+        }
+        tracing::info!(changed = %applied.join(", "), tokens = self.tokens.len(), "config reloaded");
+        Ok(())
+    }
+}

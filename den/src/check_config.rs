@@ -1,0 +1,62 @@
+//! `disbatchd --check-config`: every problem of a config file, without connecting to anything.
+
+use std::path::Path;
+
+use disbatch_core::config::Config;
+
+use crate::executor::{check_runner, default_runner};
+
+/// Prints `config OK: PATH` (and any warnings), or every problem, each naming its key; the
+/// error says how many there were.
+pub fn check_config(path: &Path) -> anyhow::Result<()> {
+    let (problems, warnings) = match Config::check(path) {
+        Ok(loaded) => node_checks(&loaded.config, loaded.warnings),
+        Err(problems) => (problems, Vec::new()),
+    };
+    for warning in &warnings {
+        eprintln!("warning: {}", shown(warning));
+    }
+    if problems.is_empty() {
+        println!("config OK: {}", path.display());
+        return Ok(());
+    }
+    for problem in &problems {
+        eprintln!("problem: {}", shown(problem));
+    }
+    anyhow::bail!(
+        "config {} has {} problem(s)",
+        path.display(),
+        problems.len()
+    )
+}
+
+/// What disbatchd itself refuses at start (a runner it cannot execute), and what it only
+/// warns about (plugins not installed, `plugin_user` without root).
+fn node_checks(config: &Config, mut warnings: Vec<String>) -> (Vec<String>, Vec<String>) {
+    let mut problems = Vec::new();
+    if let Err(e) = check_runner(&default_runner(config.task_runner.as_deref())) {
+        let key = if config.task_runner.is_some() {
+            "key `task_runner`"
+        } else {
+            "the default task runner (no `task_runner`)"
+        };
+        problems.push(format!("{key}: {e}"));
+    }
+    for name in config.plugins.names() {
+        if let Err(e) = config.plugins.resolve(name) {
+            warnings.push(format!("key `plugins`: {e}"));
+        }
+    }
+    if config.plugin_user.is_some() && !nix::unistd::geteuid().is_root() {
+        warnings.push(
+            "key `plugin_user`: disbatchd must run as root to use it (this check does not)"
+                .to_string(),
+        );
+    }
+    (problems, warnings)
+}
+
+fn shown(message: &str) -> String {
+    let redacted = disbatch_core::redact::redact(message);
+    disbatch_core::printable::escape(&redacted).into_owned()
+}
