@@ -6,8 +6,8 @@ use disbatch_core::config::Config;
 use disbatch_core::readiness::Readiness;
 use disbatch_core::store::Store;
 
-use crate::observe::WebMetrics;
 use crate::access::Access;
+use crate::observe::WebMetrics;
 use crate::shared_counts::SharedCounts;
 
 #[derive(Clone)]
