@@ -15,9 +15,11 @@ pub const RELOADED: &[&str] = &["web.tokens", "log_level"];
 /// Top-level keys disbatch-web uses; changes to other keys (a DEN's) are not its concern.
 const USED: &[&str] = &[
     "mongohost",
+    "mongohost_file",
     "database",
     "attributes",
     "auth",
+    "auth_files",
     "plugins",
     "plugin_dirs",
     "monitoring",

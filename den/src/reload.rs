@@ -19,9 +19,11 @@ use crate::runner_env::runner_env;
 /// and listeners are set up once. A reload that changes them says so.
 pub const NEEDS_RESTART: &[&str] = &[
     "mongohost",
+    "mongohost_file",
     "database",
     "attributes",
     "auth",
+    "auth_files",
     "node",
     "task_runner",
     "plugin_user",

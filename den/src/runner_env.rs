@@ -7,7 +7,16 @@ use disbatch_core::plugin_env::PluginEnv;
 
 /// What the runner itself reads: its log filter, backtraces, and where it spools output.
 /// Plugins get these only if `plugin_env` names them.
-const RUNNER_OWN: &[&str] = &["RUST_LOG", "RUST_BACKTRACE", "RUST_LIB_BACKTRACE", "TMPDIR"];
+/// The credentials a runner may take from the environment (its own user's password and the
+/// connection string) pass to it; the runner never hands `DISBATCH_*` variables to plugins.
+const RUNNER_OWN: &[&str] = &[
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+    "RUST_LIB_BACKTRACE",
+    "TMPDIR",
+    "DISBATCH_MONGOHOST",
+    "DISBATCH_AUTH_TASK_RUNNER",
+];
 
 /// The node's variables a runner starts with: its own, plus whatever the plugin allow-list
 /// lets through (the runner filters again for each plugin). Inherited `DISBATCH_*` variables

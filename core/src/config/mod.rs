@@ -4,8 +4,10 @@ mod attributes;
 mod changes;
 mod check;
 mod commas;
+mod credentials;
 mod driver_options;
 mod mongohost;
+pub use credentials::env_name as auth_env_name;
 mod perl_bool;
 mod plugin_user;
 mod raw;
@@ -60,6 +62,14 @@ pub enum Component {
 }
 
 impl Component {
+    pub const ALL: [Component; 5] = [
+        Component::Den,
+        Component::TaskRunner,
+        Component::Web,
+        Component::QueueBalance,
+        Component::Plugin,
+    ];
+
     /// The Disbatch 4 user name for this component, the key under `auth`.
     pub fn user(self) -> &'static str {
         match self {

@@ -16,7 +16,13 @@ use crate::output::GfsMode;
 use crate::plugin::PluginTable;
 
 /// Settings that must be JSON objects: serde would also take an array for them, by position.
-const OBJECT_KEYS: &[&[&str]] = &[&["balance"], &["web"], &["web", "tls"], &["auth"]];
+const OBJECT_KEYS: &[&[&str]] = &[
+    &["balance"],
+    &["web"],
+    &["web", "tls"],
+    &["auth"],
+    &["auth_files"],
+];
 
 fn check_objects(value: &Value) -> Result<(), String> {
     for path in OBJECT_KEYS {
@@ -38,11 +44,15 @@ const ACCEPTED_UNUSED: &[&str] = &["views_dir", "log4perl", "testing"];
 #[derive(Debug, Deserialize)]
 pub(super) struct RawConfig {
     mongohost: Option<String>,
+    #[serde(default)]
+    mongohost_file: Option<String>,
     database: Option<String>,
     #[serde(default)]
     attributes: Option<Value>,
     #[serde(default)]
     auth: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    auth_files: Option<BTreeMap<String, String>>,
     #[serde(default)]
     plugins: Option<Value>,
     #[serde(default)]
@@ -190,10 +200,25 @@ impl RawConfig {
         warnings: &mut Vec<String>,
     ) -> Result<Config, Vec<String>> {
         let mut p = Problems::default();
+        let env = |name: &str| std::env::var(name).ok();
         let mongohost = p.take(
-            required_string("mongohost", self.mongohost)
-                .and_then(|m| super::mongohost::normalise(&m)),
+            super::credentials::mongohost(base, self.mongohost, self.mongohost_file, env).and_then(
+                |m| {
+                    required_string("mongohost", Some(m))
+                        .and_then(|m| super::mongohost::normalise(&m))
+                },
+            ),
         );
+        let users = super::Component::ALL.map(super::Component::user);
+        let auth = p
+            .take(super::credentials::auth(
+                base,
+                self.auth,
+                self.auth_files,
+                &users,
+                env,
+            ))
+            .unwrap_or_default();
         let database = p.take(
             required_string("database", self.database)
                 .and_then(|d| validate_database_name(&d).map(|()| d)),
@@ -357,7 +382,7 @@ impl RawConfig {
             database,
             tls,
             driver,
-            auth: self.auth.unwrap_or_default(),
+            auth,
             plugins,
             plugin_env,
             plugin_user,
