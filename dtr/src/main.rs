@@ -14,7 +14,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 /// Runs one task claimed by a Disbatch node and records its result.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(name = "disbatch-task-runner", version, about)]
 struct Args {
     #[arg(long)]
     config: PathBuf,
