@@ -5,9 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bson::oid::ObjectId;
-use disbatch_core::claim_plan::{
-    lane_picks, node_room, plan_claims, slot_bound_beside, QueueClaims, QueueState,
-};
+use disbatch_core::claim_plan::{lane_picks, node_room, plan_claims, QueueClaims, QueueState};
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::Queue;
 use disbatch_core::scheduler::{share_room, SpecState};
@@ -24,6 +22,8 @@ use crate::metrics::DenMetrics;
 use crate::plugin_check::PluginCheck;
 use crate::running_view::RunningView;
 use crate::skip_log::SkipLog;
+
+mod beside_perl;
 
 /// Which queues this node serves (`activequeues` wins over `ignorequeues`, as in Disbatch).
 #[derive(Debug, Clone, Default)]
@@ -355,12 +355,13 @@ impl Claimer {
             })
             .collect();
         report.ran_dry = candidates.len() < n;
-        let n = match self.view.perl_nodes_claim() {
+        let before = match self.view.perl_nodes_claim() {
             // Counted last, just before the claims: the window for a Perl claim to slip in
             // between is one round trip, not the age of the last reading.
-            true => self.room_beside_perl_claims(queue, plan, n).await?,
-            false => n,
+            true => Some(self.room_beside_perl_claims(queue, plan, n).await?),
+            false => None,
         };
+        let n = before.as_ref().map_or(n, |(room, _)| *room);
         if n == 0 {
             self.metrics.claim_missed(&queue.name, "full");
             return Ok(report);
@@ -416,6 +417,11 @@ impl Claimer {
                 }
             }
         }
+        if let Some((_, before)) = &before {
+            report.claimed -= self
+                .give_back_claims_past_cap(queue, threads, before, &mut claimed)
+                .await?;
+        }
         let relay = executor.relays();
         let mut handoffs = claimed.into_iter().map(|(task, pick)| {
             let handoff = Handoff {
@@ -442,28 +448,6 @@ impl Claimer {
             break;
         }
         Ok(report)
-    }
-
-    /// How many of `n` claims `queue` has room for as its running tasks stand now, Perl
-    /// nodes' slotless ones included; the plan keeps only slots below `threads` less those
-    /// claims, so nodes of ours claiming at once still cannot, together, pass the cap (the
-    /// slot index refuses the second claim of a slot).
-    async fn room_beside_perl_claims(
-        &mut self,
-        queue: &Queue,
-        plan: &mut QueueClaims,
-        n: usize,
-    ) -> Result<usize> {
-        let now = self.store.queue_running(queue.id).await?;
-        let threads = self
-            .servable
-            .iter()
-            .find(|q| q.queue.id == queue.id)
-            .map_or(0, |q| q.threads);
-        let bound = slot_bound_beside(threads, now.slotless, &now.slots);
-        plan.slots.retain(|s| *s < bound && !now.slots.contains(s));
-        let room = threads.saturating_sub(now.running) as usize;
-        Ok(n.min(room).min(plan.slots.len()))
     }
 
     /// Fails a task no runner can be handed (or, when the server will not even take that
@@ -517,7 +501,12 @@ impl Claimer {
             return Ok(());
         }
         self.sharers_read_at = Some(Instant::now());
-        let live = self.store.live_nodes(SHARER_MAX_AGE).await?;
+        let fleet = self.store.live_nodes(SHARER_MAX_AGE).await?;
+        if !fleet.others.is_empty() {
+            // A Perl node claims from the moment it runs; a reading may not show it yet.
+            self.view.perl_nodes_live();
+        }
+        let live = fleet.ours;
         let capacity = live
             .iter()
             .map(|n| (n.node.clone(), n.maxthreads))

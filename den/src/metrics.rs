@@ -58,6 +58,7 @@ struct Inner {
     registry: Registry,
     claims: IntCounterVec,
     claim_misses: IntCounterVec,
+    claims_given_back: IntCounterVec,
     claim_latency: Histogram,
     passes: IntCounter,
     pass_duration: Histogram,
@@ -90,6 +91,12 @@ impl Default for Inner {
                 "disbatch_den_claim_misses_total",
                 "Claims that came to nothing, by reason: empty (the read found no task), lost (another node claimed the task first, or it changed since the read) or slot_taken (another node holds the slot)",
                 &["queue", "reason"],
+            ),
+            claims_given_back: counter_vec(
+                &registry,
+                "disbatch_den_claims_given_back_total",
+                "Claims given back before their runner started: on a queue Perl nodes also claim from, other nodes' claims arrived between this node's count and its claims, and with them the queue could have passed its threads",
+                &["queue"],
             ),
             claim_latency: histogram(
                 &registry,
@@ -210,6 +217,18 @@ impl DenMetrics {
     /// "full" (Perl nodes' claims, counted just before, left the queue no room).
     pub fn claim_missed(&self, queue: &str, reason: &'static str) {
         inc(&self.inner.claim_misses, &[&metric_label(queue), reason]);
+    }
+
+    /// Claims given back unstarted because, beside Perl nodes' claims, they could have
+    /// pushed the queue past its threads.
+    pub fn claims_given_back(&self, queue: &str, n: u64) {
+        if let Ok(c) = self
+            .inner
+            .claims_given_back
+            .get_metric_with_label_values(&[&metric_label(queue)])
+        {
+            c.inc_by(n);
+        }
     }
 
     /// One node pass.

@@ -71,6 +71,11 @@ impl RunningView {
         self.read_at = Some(now);
     }
 
+    /// A Perl node heartbeats: treat the fleet as mixed before any of its claims is seen.
+    pub fn perl_nodes_live(&mut self) {
+        self.slotless_seen = Some(Instant::now());
+    }
+
     /// Whether Perl nodes claim lately: their claims hold no slot, so the slot index alone
     /// cannot keep a queue within `threads`, and a reading up to a second old is too old.
     pub fn perl_nodes_claim(&self) -> bool {

@@ -4,6 +4,7 @@ pub mod api;
 pub mod bench;
 mod browser;
 pub mod chaos;
+pub mod claim_order;
 pub mod corrupting_proxy;
 mod dci;
 mod den;

@@ -1,6 +1,7 @@
 //! A mixed fleet: the real Disbatch 4.103 Perl DEN beside two of ours on one database. Every
-//! task runs once, both kinds of node take part, our nodes never push a queue past its
-//! `threads`, and a dead Perl host's tasks are recovered by ours.
+//! task runs once, both kinds of node take part, no claim of ours that runs lands with the
+//! queue already at its `threads` (judged in the server's order of writes, from a change
+//! stream), and a dead Perl host's tasks are recovered by ours.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,64 +9,13 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::claim_order::{record_changes, replay};
 use disbatch_tests::perl_peer::PerlDen;
 use disbatch_tests::{read_lines, write_config, Den, TestDb};
 use futures::TryStreamExt;
 use serde_json::json;
 
 const DEMO: &str = "Disbatch::Plugin::Demo";
-
-/// One reading of a queue's claimed and running tasks: (claimed at, holds a slot, node).
-type Sample = Vec<(i64, bool, String)>;
-
-/// Reads the queue's running tasks every few milliseconds until `stop`.
-async fn sample_running(db: TestDbHandle, queue: ObjectId, stop: Arc<AtomicBool>) -> Vec<Sample> {
-    let mut samples = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        let cursor = db
-            .find(doc! {"queue": queue, "status": {"$in": [-1, 0]}})
-            .await
-            .expect("sample");
-        let docs: Vec<Document> = cursor.try_collect().await.expect("sample");
-        samples.push(
-            docs.iter()
-                .map(|d| {
-                    let mtime = d.get_datetime("mtime").map_or(0, |t| t.timestamp_millis());
-                    let node = d.get_str("node").unwrap_or("?").to_string();
-                    (mtime, d.get("slot").is_some(), node)
-                })
-                .collect(),
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    samples
-}
-
-type TestDbHandle = mongodb::Collection<Document>;
-
-/// Over-cap readings, and those in which one of our claims (a task holding a slot) was made
-/// while `threads` others, still running, had been claimed before it: our node pushed the
-/// queue over. A tie in claim time with a Perl claim is not counted against us.
-fn over_cap(samples: &[Sample], threads: usize) -> (usize, usize) {
-    let mut over = 0;
-    let mut ours = 0;
-    for s in samples {
-        if s.len() <= threads {
-            continue;
-        }
-        over += 1;
-        let mut sorted = s.clone();
-        sorted.sort_by_key(|(at, _, _)| *at);
-        let boundary = sorted[threads - 1].0;
-        if sorted[threads..]
-            .iter()
-            .any(|(at, slot, _)| *slot && *at > boundary)
-        {
-            ours += 1;
-        }
-    }
-    (over, ours)
-}
 
 #[tokio::test]
 async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_is_recovered() {
@@ -99,18 +49,20 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Opened before the tasks exist, so it sees every claim, in the server's order.
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = db.tasks().watch().await.expect("watch the tasks");
+    let recorder = tokio::spawn(record_changes(stream, stop.clone()));
     let ids = db
         .insert_tasks(queue, (0..48).map(|_| params()).collect())
         .await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = tokio::spawn(sample_running(db.tasks(), queue, stop.clone()));
     // Ours join a queue the Perl node is busy on: its slotless claims are there from the
     // first reading, and it claims again whenever it finds the queue below its cap.
     wait_for_perl_claims(&db, queue, &perl_node).await;
     let ours = [Den::start(&config, "rust-a"), Den::start(&config, "rust-b")];
     db.wait_complete(&ids, Duration::from_secs(180)).await;
     stop.store(true, Ordering::Relaxed);
-    let samples = sampler.await.expect("sampler");
+    let changes = recorder.await.expect("recorder");
 
     // Every task ran once, successfully, and both kinds of node took part.
     let tasks: Vec<Document> = db
@@ -149,16 +101,15 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
     assert!(perl_ran > 0, "the Perl node took part: {by_node:?}");
     assert!(!ran_by_ours.is_empty(), "our nodes took part: {by_node:?}");
 
-    let (over, pushed_by_ours) = over_cap(&samples, threads);
-    println!(
-        "mixed fleet, threads {threads}: {} samples, {over} over the cap ({:.1}%), {pushed_by_ours} with one of our claims made at the cap",
-        samples.len(),
-        100.0 * over as f64 / samples.len().max(1) as f64
+    let seen = replay(&changes, &ids.iter().copied().collect(), threads);
+    println!("mixed fleet, threads {threads}, in server order: {seen:?}");
+    assert!(
+        seen.claims_ours + seen.claims_perl >= ids.len(),
+        "the change stream saw every claim: {seen:?}"
     );
-    assert!(samples.len() > 50, "sampled the whole run");
     assert_eq!(
-        pushed_by_ours, 0,
-        "our nodes never push the queue past its threads ({over} over-cap samples in all)"
+        seen.ours_past_cap, 0,
+        "no claim of ours that ran landed with the queue at its threads: {seen:?}"
     );
 
     // The Perl host dies holding tasks: they keep their queue's threads until its node has

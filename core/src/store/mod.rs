@@ -44,7 +44,7 @@ pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
 pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
-pub use nodes::{Heartbeat, LiveNode, NodeLimit};
+pub use nodes::{Heartbeat, LiveFleet, LiveNode, NodeLimit};
 pub use queues::{check_queue_fields, parse_queue};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};

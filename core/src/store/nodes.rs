@@ -35,6 +35,15 @@ pub struct LiveNode {
     pub maxthreads: Option<u32>,
 }
 
+/// The nodes that heartbeat lately: ours, which say what they serve, and the others.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LiveFleet {
+    pub ours: Vec<LiveNode>,
+    /// Nodes whose `timestamp` is fresh but that say nothing of what they serve: Perl
+    /// Disbatch nodes, whose claims hold no slot.
+    pub others: Vec<String>,
+}
+
 /// The node's own cap (`maxthreads`) as ops set it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeLimit {
@@ -83,30 +92,32 @@ impl Store {
 }
 
 impl Store {
-    /// Nodes of ours whose heartbeat wrote `serves` at most `max_age` ago (Perl nodes say
-    /// nothing, claim outside the slots anyway, and do not refresh `serves_at` on a document
-    /// they take over).
-    pub async fn live_nodes(&self, max_age: std::time::Duration) -> Result<Vec<LiveNode>> {
+    /// The nodes that heartbeat at most `max_age` ago: ours wrote `serves` and `serves_at`
+    /// then; any other with a fresh `timestamp` is a Perl node (it says nothing, claims
+    /// outside the slots, and does not refresh `serves_at` on a document it takes over).
+    pub async fn live_nodes(&self, max_age: std::time::Duration) -> Result<LiveFleet> {
         let since = super::leases::ago(max_age);
         let context = "reading live nodes";
         let cursor = self
             .raw(NODES)
-            .find(doc! {node::SERVES_AT: {"$gte": since}, node::SERVES: {"$type": "array"}})
-            .projection(doc! {node::NODE: 1, node::SERVES: 1, node::ROOM: 1, node::MAXTHREADS: 1})
+            .find(doc! {"$or": [
+                {node::SERVES_AT: {"$gte": since}, node::SERVES: {"$type": "array"}},
+                {node::TIMESTAMP: {"$gte": since}},
+            ]})
+            .projection(doc! {node::NODE: 1, node::SERVES: 1, node::SERVES_AT: 1, node::ROOM: 1, node::MAXTHREADS: 1})
             .await
             .map_err(|e| Error::mongo(context, e))?;
         let docs = self.read_all(NODES, cursor, context).await?;
-        Ok(docs
-            .iter()
-            .filter_map(|d| {
-                Some(LiveNode {
-                    node: d.get_str(node::NODE).ok()?.to_string(),
-                    serves: d
-                        .get_array(node::SERVES)
-                        .ok()?
-                        .iter()
-                        .filter_map(bson::Bson::as_object_id)
-                        .collect(),
+        let mut fleet = LiveFleet::default();
+        for d in &docs {
+            let Ok(name) = d.get_str(node::NODE) else {
+                continue;
+            };
+            let fresh = d.get_datetime(node::SERVES_AT).is_ok_and(|at| *at >= since);
+            match d.get_array(node::SERVES) {
+                Ok(serves) if fresh => fleet.ours.push(LiveNode {
+                    node: name.to_string(),
+                    serves: serves.iter().filter_map(bson::Bson::as_object_id).collect(),
                     room: match d.get(node::ROOM) {
                         Some(bson::Bson::Null) | None => None,
                         Some(v) => {
@@ -114,8 +125,10 @@ impl Store {
                         }
                     },
                     maxthreads: parse_limit(d.get(node::MAXTHREADS)).unwrap_or(Some(0)),
-                })
-            })
-            .collect())
+                }),
+                _ => fleet.others.push(name.to_string()),
+            }
+        }
+        Ok(fleet)
     }
 }

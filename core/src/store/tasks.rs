@@ -1,6 +1,6 @@
 //! Task queries: claiming with a queue slot, starting, finishing, reaping and giving back.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use bson::oid::ObjectId;
@@ -34,6 +34,8 @@ pub struct QueueRunning {
     pub slots: BTreeSet<u32>,
     /// Claims that hold no slot (a Perl node's): the slot index cannot count them.
     pub slotless: u32,
+    /// The claimed and running tasks themselves, so two readings tell which arrived between.
+    pub ids: HashSet<ObjectId>,
 }
 
 /// A stream's value as stored on the task: inline text, a GridFS file id, or nothing.
@@ -149,6 +151,7 @@ impl Store {
                 "_id": Bson::Null,
                 "n": {"$sum": 1},
                 "slots": {"$push": format!("${}", task::SLOT)},
+                "ids": {"$push": format!("${}", task::ID)},
             }},
         ];
         let context = "counting a queue's running tasks";
@@ -164,6 +167,10 @@ impl Store {
             out.slots = group
                 .get_array("slots")
                 .map(|slots| slots.iter().filter_map(slot_number).collect())
+                .unwrap_or_default();
+            out.ids = group
+                .get_array("ids")
+                .map(|ids| ids.iter().filter_map(Bson::as_object_id).collect())
                 .unwrap_or_default();
         }
         out.slotless = out.running.saturating_sub(out.slots.len() as u32);

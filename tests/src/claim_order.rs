@@ -1,0 +1,197 @@
+//! Claims in the server's order of writes, from a change stream: which claims landed with a
+//! queue already at its `threads`, ours (holding a slot) or a Perl node's (holding none).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{Bson, Document};
+use futures::StreamExt;
+use mongodb::change_stream::event::ChangeStreamEvent;
+use mongodb::change_stream::ChangeStream;
+
+/// One change to a task, in the order the server applied it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    task: ObjectId,
+    /// The status it set, if it set one.
+    status: Option<i64>,
+    /// It set a queue slot: a claim by one of our nodes (a Perl claim holds none).
+    slot: bool,
+}
+
+/// Records every change to the tasks collection, in server order, until `stop`.
+pub async fn record_changes(
+    mut stream: ChangeStream<ChangeStreamEvent<Document>>,
+    stop: Arc<AtomicBool>,
+) -> Vec<Change> {
+    let mut changes = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_millis(200), stream.next()).await;
+        let event = match next {
+            Ok(Some(event)) => event.expect("change event"),
+            Ok(None) => break,
+            Err(_) if stop.load(Ordering::Relaxed) => break,
+            Err(_) => continue,
+        };
+        let Some(task) = event
+            .document_key
+            .as_ref()
+            .and_then(|k| k.get_object_id("_id").ok())
+        else {
+            continue;
+        };
+        let set = event
+            .update_description
+            .map(|u| u.updated_fields)
+            .or(event.full_document)
+            .unwrap_or_default();
+        let status = match set.get("status") {
+            Some(Bson::Int32(n)) => Some(i64::from(*n)),
+            Some(Bson::Int64(n)) => Some(*n),
+            Some(Bson::Double(n)) => Some(*n as i64),
+            _ => None,
+        };
+        let slot = set.get("slot").is_some_and(|s| !matches!(s, Bson::Null));
+        changes.push(Change { task, status, slot });
+    }
+    changes
+}
+
+/// What replaying the queue's changes in server order shows.
+#[derive(Debug, Default)]
+pub struct Replay {
+    pub claims_ours: usize,
+    pub claims_perl: usize,
+    /// Our claims given back before they ran.
+    pub given_back: usize,
+    /// Perl claims that landed with `threads` tasks already running.
+    pub perl_past_cap: usize,
+    /// Our kept claims that landed with `threads` tasks already running (must be 0).
+    pub ours_past_cap: usize,
+}
+
+/// Replays `changes` to `tasks` in server order. A claim of ours that was given back (its
+/// next status is queued again) never ran and holds no place; every other claim does until
+/// its task leaves running.
+pub fn replay(changes: &[Change], tasks: &HashSet<ObjectId>, threads: usize) -> Replay {
+    let changes: Vec<&Change> = changes.iter().filter(|c| tasks.contains(&c.task)).collect();
+    let given_back_at: HashSet<usize> = changes
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.slot && c.status == Some(0))
+        .filter(|(i, c)| {
+            changes[i + 1..]
+                .iter()
+                .find(|n| n.task == c.task && n.status.is_some())
+                .is_some_and(|n| n.status == Some(-2))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let mut out = Replay {
+        given_back: given_back_at.len(),
+        ..Replay::default()
+    };
+    let mut running = HashSet::new();
+    for (i, c) in changes.iter().enumerate() {
+        let Some(status) = c.status else { continue };
+        match status {
+            0 if c.slot => {
+                out.claims_ours += 1;
+                if given_back_at.contains(&i) {
+                    continue;
+                }
+                if running.len() >= threads {
+                    out.ours_past_cap += 1;
+                }
+                running.insert(c.task);
+            }
+            -1 => {
+                out.claims_perl += 1;
+                if running.len() >= threads {
+                    out.perl_past_cap += 1;
+                }
+                running.insert(c.task);
+            }
+            // A Perl runner starting a task its node claimed.
+            0 => {}
+            _ => {
+                running.remove(&c.task);
+            }
+        }
+    }
+    out
+}
+
+/// Disbatch 4's claim loop (`process_queues` in Disbatch.pm) on one queue, run by `workers`
+/// concurrent clients as nodes `perl-sim-N`, with `pause` between passes instead of Perl's
+/// second, so a test sees many of its count-then-claim races in seconds. Each task it claims is
+/// "run" for `hold` (status 0, then 1), as Perl's task runner would. Each heartbeats as a
+/// Perl node does, a `nodes` document with `node` and `timestamp` alone.
+pub fn claim_like_perl(
+    db: mongodb::Database,
+    queue: ObjectId,
+    threads: u64,
+    workers: usize,
+    hold: Duration,
+    pause: Duration,
+    stop: Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<usize>> {
+    (0..workers)
+        .map(|w| {
+            let tasks = db.collection::<Document>("tasks");
+            let nodes = db.collection::<Document>("nodes");
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let node = format!("perl-sim-{w}");
+                let mut claimed = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = nodes
+                        .update_one(
+                            bson::doc! {"node": &node},
+                            bson::doc! {"$set": {"node": &node, "timestamp": bson::DateTime::now()}},
+                        )
+                        .upsert(true)
+                        .await;
+                    let running = || {
+                        tasks.count_documents(
+                            bson::doc! {"queue": queue, "status": {"$in": [-1, 0]}},
+                        )
+                    };
+                    let mut now = running().await.unwrap_or(threads);
+                    while now < threads {
+                        let task = tasks
+                            .find_one_and_update(
+                                bson::doc! {"$or": [{"node": Bson::Null}, {"node": -1}], "status": -2, "queue": queue},
+                                bson::doc! {"$set": {"node": &node, "status": -1, "mtime": bson::DateTime::now()}},
+                            )
+                            .await;
+                        let Ok(Some(task)) = task else { break };
+                        let Ok(id) = task.get_object_id("_id") else { break };
+                        claimed += 1;
+                        let tasks = tasks.clone();
+                        let node = node.clone();
+                        tokio::spawn(async move {
+                            let mine = bson::doc! {"_id": id, "node": &node};
+                            let _ = tasks
+                                .update_one(mine.clone(), bson::doc! {"$set": {"status": 0}})
+                                .await;
+                            tokio::time::sleep(hold).await;
+                            let _ = tasks
+                                .update_one(
+                                    mine,
+                                    bson::doc! {"$set": {"status": 1, "complete": true, "mtime": bson::DateTime::now()}},
+                                )
+                                .await;
+                        });
+                        now = running().await.unwrap_or(threads);
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                claimed
+            })
+        })
+        .collect()
+}
