@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail};
 use reqwest::Method;
 use serde_json::{json, Map, Value};
 
-use super::{array, cell, pairs, shown, Ctx};
+use super::{array, cell, pairs, plural, shown, Ctx};
 use crate::args::Sort;
 use crate::envelope::{count, oid};
 use crate::table::{Align, Table};
@@ -34,8 +34,12 @@ pub async fn list(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
         ("Name", Align::Left),
         ("Threads", Align::Right),
         ("Queued", Align::Right),
+        ("Blocked", Align::Right),
         ("Running", Align::Right),
-        ("Completed", Align::Right),
+        ("Succeeded", Align::Right),
+        ("Failed", Align::Right),
+        ("Cancelled", Align::Right),
+        ("Orphaned", Align::Right),
     ]);
     for queue in queues {
         let id = queue
@@ -44,20 +48,30 @@ pub async fn list(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
             .map(|v| oid(v).map_or_else(|| cell(Some(v)), str::to_string))
             .unwrap_or_default();
         let mut row = vec![id];
+        // A server without the separate counts (Disbatch 4, or ours before them) leaves
+        // those columns blank rather than showing a wrong 0.
         for field in [
             "plugin",
             "name",
             "threads",
             "queued",
+            "blocked",
             "running",
-            "completed",
+            "succeeded",
+            "failed",
+            "cancelled",
+            "orphaned",
         ] {
             row.push(cell(queue.get(field)));
         }
         table.row(row);
     }
     write!(out, "{}", table.render())?;
-    writeln!(out, "{} total queues.", queues.len())?;
+    writeln!(
+        out,
+        "{} total.",
+        plural(queues.len() as u64, "queue", "queues")
+    )?;
     Ok(())
 }
 
