@@ -291,3 +291,114 @@ async fn one_node_writes_and_a_leader_change_writes_no_minute_twice() {
     drop(dens);
     db.drop().await;
 }
+
+/// The Charts page draws the stored buckets: lines with points for throughput, depth,
+/// durations and each node, at desktop and at phone width, with nothing blocked by the CSP.
+#[tokio::test]
+async fn the_charts_page_draws_the_statistics() {
+    use disbatch_tests::Browser;
+
+    let db = TestDb::new("stats_charts").await;
+    let config = write_config(&db, "node.json", json!({"stats_interval_s": 2}));
+    let queue = db.insert_queue("busy <b>queue</b>", "echo", 4).await;
+    let dens = vec![Den::start(&config, "n1"), Den::start(&config, "n2")];
+    let mut params: Vec<Bson> = (0..12).map(|_| doc! {"sleep_ms": 100}.into()).collect();
+    params.extend((0..4).map(|_| Bson::from(doc! {"exit_code": 1})));
+    let ids = db.insert_tasks(queue, params).await;
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    wait_counted(&db, 2_000).await;
+    let dci = Dci::start(&config);
+
+    let b = Browser::start(1280, 900).await;
+    b.record_csp_violations().await;
+    b.open(&format!("{}/#/charts?minutes=60", dci.url), "charts")
+        .await;
+    let points = |chart: &'static str| {
+        let b = &b;
+        async move {
+            b.client
+                .execute(
+                    &format!(
+                        "const s = document.querySelector('#{chart} svg'); \
+                         return s ? [Number(s.dataset.points), s.querySelectorAll('polyline').length, \
+                         s.querySelectorAll('circle').length] : null"
+                    ),
+                    vec![],
+                )
+                .await
+                .expect("chart")
+        }
+    };
+    let throughput = points("chart-throughput").await;
+    assert!(throughput[0].as_u64() > Some(0), "{throughput}");
+    assert_eq!(throughput[1], 3, "succeeded, failed and lost lines");
+    assert!(throughput[2].as_u64() > Some(0), "points marked");
+    let depth = points("chart-depth").await;
+    assert!(depth[0].as_u64() > Some(0), "{depth}");
+    let nodes = points("chart-nodes").await;
+    assert!(
+        nodes[1].as_u64() >= Some(1),
+        "a line per node that ran tasks: {nodes}"
+    );
+    let legend = b
+        .find("#chart-nodes .legend")
+        .await
+        .text()
+        .await
+        .expect("legend");
+    assert!(legend.contains("n1") || legend.contains("n2"), "{legend}");
+    b.screenshot("charts").await;
+
+    // One queue, chosen from the selector: its name is text, never markup.
+    b.open(
+        &format!("{}/#/charts?minutes=60&queue={}", dci.url, queue.to_hex()),
+        "charts",
+    )
+    .await;
+    let option = b
+        .find(&format!(
+            "#charts-queue option[value=\"{}\"]",
+            queue.to_hex()
+        ))
+        .await;
+    assert_eq!(option.text().await.expect("text"), "busy <b>queue</b>");
+    let one = points("chart-throughput").await;
+    assert!(one[0].as_u64() > Some(0), "{one}");
+    assert!(b
+        .client
+        .execute(
+            "return document.querySelector('#charts b') === null",
+            vec![]
+        )
+        .await
+        .expect("no markup")
+        .as_bool()
+        .unwrap_or(false));
+    assert_eq!(b.csp_violations().await, Vec::<String>::new());
+
+    // At phone width the charts fit the screen.
+    b.emulate_phone(390, 844).await;
+    b.open(&format!("{}/#/charts", dci.url), "charts").await;
+    let fits = b
+        .client
+        .execute(
+            "return [document.documentElement.scrollWidth, \
+             document.querySelector('#chart-throughput svg').getBoundingClientRect().width]",
+            vec![],
+        )
+        .await
+        .expect("widths");
+    assert!(
+        fits[0].as_f64() <= Some(390.0),
+        "no sideways scrolling: {fits}"
+    );
+    assert!(
+        fits[1].as_f64() > Some(250.0),
+        "the chart uses the width: {fits}"
+    );
+    b.screenshot("charts-phone").await;
+    b.close().await;
+    drop(dens);
+    drop(dci);
+    db.drop().await;
+}
