@@ -111,10 +111,9 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
         "the idle queue's depth",
         Duration::from_secs(20),
         || async {
-            buckets(&db, doc! {"queue": idle, "queued": 2_i64})
+            !buckets(&db, doc! {"queue": idle, "queued": 2_i64})
                 .await
-                .len()
-                > 0
+                .is_empty()
         },
     )
     .await;
