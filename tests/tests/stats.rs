@@ -72,18 +72,40 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
     let idle = db.insert_queue("idle", "echo", 0).await;
     db.insert_tasks(idle, vec![doc! {}.into(), doc! {}.into()])
         .await;
+    // A running task of a node that is gone, whose lease passed: recovery closes its attempt
+    // as lost (and orphans it, the default `on_lost`).
+    // A node recovers only after a lease plus 5 s of its own connection: a 3 s lease.
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": work}, doc! {"$set": {"lease": 3.0}})
+        .await
+        .expect("lease");
+    let lost = db.insert_tasks(work, vec![doc! {}.into()]).await[0];
+    let past = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() - 60_000);
+    db.set_task(
+        lost,
+        doc! {"status": 0, "node": "gone", "lease_until": past, "attempts": 1,
+        "attempt": ObjectId::new(), "mtime": past},
+    )
+    .await;
     let den = Den::start(&config, "n1");
     let mut params: Vec<Bson> = (0..5).map(|_| doc! {"sleep_ms": 300}.into()).collect();
     params.extend((0..3).map(|_| Bson::from(doc! {"exit_code": 3})));
     let ids = db.insert_tasks(work, params).await;
     db.wait_complete(&ids, Duration::from_secs(60)).await;
+    wait_for(
+        "the lost task's recovery",
+        Duration::from_secs(30),
+        || async { db.task(lost).await.get_i32("status").ok() == Some(-6) },
+    )
+    .await;
     wait_counted(&db, 2_000).await;
 
     let of_work = buckets(&db, doc! {"queue": work}).await;
     let sum = |k: &str| of_work.iter().map(|d| count(d, k)).sum::<i64>();
     assert_eq!(
         (sum("succeeded"), sum("failed"), sum("lost")),
-        (5, 3, 0),
+        (5, 3, 1),
         "{of_work:?}"
     );
     let node_sum: i64 = of_work
@@ -91,11 +113,15 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
         .flat_map(|d| d.get_array("nodes").expect("nodes").clone())
         .map(|n| {
             let n = n.as_document().expect("node doc").clone();
-            assert_eq!(n.get_str("node"), Ok("n1"));
-            count(&n, "succeeded") + count(&n, "failed")
+            match n.get_str("node") {
+                Ok("n1") => count(&n, "succeeded") + count(&n, "failed"),
+                // The lost attempt counts for the node that ran it.
+                Ok("gone") => 100 * count(&n, "lost"),
+                other => panic!("node {other:?}"),
+            }
         })
         .sum();
-    assert_eq!(node_sum, 8);
+    assert_eq!(node_sum, 108);
     // The sleeping attempts took 300 ms or more; some bucket holds one as its p95.
     let p95s: Vec<f64> = of_work
         .iter()
