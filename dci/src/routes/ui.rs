@@ -13,10 +13,16 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("queues.js", JS, include_str!("../../ui/queues.js")),
     ("tasks.js", JS, include_str!("../../ui/tasks.js")),
     ("balance.js", JS, include_str!("../../ui/balance.js")),
+    ("charts.js", JS, include_str!("../../ui/charts.js")),
     (
         "app.css",
         "text/css; charset=utf-8",
         include_str!("../../ui/app.css"),
+    ),
+    (
+        "charts.css",
+        "text/css; charset=utf-8",
+        include_str!("../../ui/charts.css"),
     ),
 ];
 
