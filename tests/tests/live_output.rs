@@ -392,6 +392,17 @@ async fn the_task_page_tails_a_running_tasks_output() {
     );
     let running = db.task(ids[0]).await;
     assert_eq!(running.get_i32("status").ok(), Some(0), "still running");
+    assert!(running.get_document("live_output").is_ok(), "{running}");
+    // What the page polls: a terse search, which leaves the live copy's text out.
+    let (code, found) = dci
+        .get(&format!("/tasks?id={}&.terse=1", ids[0].to_hex()))
+        .await;
+    let found = found.to_string();
+    assert_eq!(code, 200, "{found}");
+    assert!(
+        found.contains("[terse mode]") && !found.contains("line 1 "),
+        "{found}"
+    );
     b.screenshot("task-live-output").await;
     println!("live range while running: {range}");
     b.wait_text("#task-stdout", "the whole output", |t| {
@@ -415,5 +426,60 @@ async fn the_task_page_tails_a_running_tasks_output() {
     b.screenshot("task-live-output-ended").await;
     drop(den);
     b.close().await;
+    db.drop().await;
+}
+
+/// What live output costs the runner: CPU of the node's reaped children (runners and their
+/// plugins, which sleep) per task, for tasks that print a line every 250 ms for 3 s. Run
+/// with `--ignored --nocapture`; `DISBATCH_LIVE_BENCH_RUNNER=PATH` measures another runner
+/// (a build without live output) the same way.
+#[tokio::test]
+#[ignore]
+async fn live_output_cpu_per_task() {
+    use disbatch_tests::bench::procfs::{clock_ticks, cpu_ticks};
+    let tasks: usize = std::env::var("DISBATCH_LIVE_BENCH_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(40);
+    let db = TestDb::new("live_bench").await;
+    let runner = std::env::var("DISBATCH_LIVE_BENCH_RUNNER")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| bin_path("disbatch-task-runner"));
+    let config = write_config(&db, "node.json", json!({"task_runner": runner}));
+    let queue = db.insert_queue("live", "echo", 8).await;
+    // DISBATCH_LIVE_BENCH_PARAMS: other params, e.g. `{"lines": 1, "sleep_ms": 3000}`.
+    let params: bson::Document = match std::env::var("DISBATCH_LIVE_BENCH_PARAMS") {
+        Ok(text) => {
+            let value: serde_json::Value = serde_json::from_str(&text).expect("params JSON");
+            bson::to_document(&value).expect("params object")
+        }
+        Err(_) => doc! {"lines": 12, "line_ms": 250},
+    };
+    let ids = db
+        .insert_tasks(queue, (0..tasks).map(|_| params.clone().into()).collect())
+        .await;
+    let den = Den::start(&config, "n1");
+    let pid = den.pid().as_raw() as u32;
+    let before = cpu_ticks(pid).expect("stat");
+    let started = Instant::now();
+    db.wait_complete(&ids, Duration::from_secs(300)).await;
+    // The last runners are reaped a moment after their results land.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = cpu_ticks(pid).expect("stat");
+    let ms = |ticks: u64| ticks as f64 * 1000.0 / clock_ticks();
+    let children = ms(after.children - before.children);
+    println!(
+        "runner {} ({params}): {tasks} tasks in {:.1} s; runners+plugins {:.1} ms CPU per task; node {:.1} ms per task",
+        runner.display(),
+        started.elapsed().as_secs_f64(),
+        children / tasks as f64,
+        ms(after.own - before.own) / tasks as f64,
+    );
+    for id in &ids {
+        let task = db.task(*id).await;
+        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(task.get("live_output"), None);
+    }
+    drop(den);
     db.drop().await;
 }

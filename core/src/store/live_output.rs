@@ -112,6 +112,21 @@ pub fn live_stream(task_doc: &Document, stream: &str) -> Option<LiveStream> {
     })
 }
 
+/// `.terse` for the live copy too: its texts (up to 64 KiB each per running task) become
+/// "[terse mode]", as `stdout`/`stderr` do, so a search of running tasks stays small.
+pub fn terse_live_output(task_doc: &mut Document) {
+    let Ok(copy) = task_doc.get_document_mut(task::LIVE_OUTPUT) else {
+        return;
+    };
+    for stream in [live::STDOUT, live::STDERR] {
+        if let Ok(s) = copy.get_document_mut(stream) {
+            if matches!(s.get(live::TEXT), Some(Bson::String(t)) if !t.is_empty()) {
+                s.insert(live::TEXT, "[terse mode]");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +157,10 @@ mod tests {
         task_doc.insert(task::ATTEMPT, attempt);
         task_doc.insert(task::STATUS, status::SUCCEEDED);
         assert_eq!(live_stream(&task_doc, "stdout"), None, "not running");
+        terse_live_output(&mut task_doc);
+        let copy = task_doc.get_document(task::LIVE_OUTPUT).expect("copy");
+        let text = |s: &str| copy.get_document(s).expect(s).get_str(live::TEXT).ok();
+        assert_eq!(text("stdout"), Some("[terse mode]"));
+        assert_eq!(text("stderr"), Some(""), "empty stays empty");
     }
 }
