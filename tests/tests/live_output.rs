@@ -268,6 +268,33 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
     assert_eq!(late, LiveWrite::NotOurs, "an ended task takes no live copy");
     assert_eq!(db.task(id).await.get("live_output"), None);
 
+    // A lost attempt's copy goes with the recovery that requeues its task.
+    let (lost, lost_attempt) = (ObjectId::new(), ObjectId::new());
+    db.tasks()
+        .insert_one(doc! {
+            "_id": lost, "queue": ObjectId::new(), "status": 0, "node": "n1",
+            "attempt": lost_attempt, "attempts": 1, "params": {},
+            "ctime": DateTime::now(), "mtime": DateTime::now(),
+            "lease_until": DateTime::from_millis(DateTime::now().timestamp_millis() - 60_000),
+        })
+        .await
+        .expect("insert lost");
+    let wrote = store.write_live_output(lost, &copy(lost_attempt)).await;
+    assert_eq!(wrote.expect("write"), LiveWrite::Written);
+    let expired = store.expired_leases(10).await.expect("expired");
+    let t = expired
+        .iter()
+        .find(|t| t.id == lost)
+        .expect("the lost task");
+    let recovered = store
+        .recover_task(t, disbatch_core::store::Recovery::Requeue, "test")
+        .await
+        .expect("recover");
+    assert!(recovered);
+    let task = db.task(lost).await;
+    assert_eq!(task.get_i32("status").ok(), Some(-2));
+    assert_eq!(task.get("live_output"), None, "unset by recovery");
+
     // A document near 16 MiB: the server refuses the copy, and nothing else changes.
     let (big, big_attempt) = (ObjectId::new(), ObjectId::new());
     db.tasks()

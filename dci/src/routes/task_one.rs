@@ -190,7 +190,7 @@ impl OutputState {
 
 fn output_state(task: &bson::Document) -> OutputState {
     use disbatch_core::model::status;
-    let code = match task.get("status") {
+    let code = match task.get(disbatch_core::store::schema::task::STATUS) {
         Some(Bson::Int32(n)) => Some(*n as i64),
         Some(Bson::Int64(n)) => Some(*n),
         Some(Bson::Double(n)) => Some(*n as i64),
