@@ -240,9 +240,21 @@ pub enum Command {
     /// Delete a task that is not running, with its output files.
     DeleteTask { task_id: String },
     /// Stream a task's stdout, raw: control characters included, as the plugin wrote it.
-    Stdout { task_id: String },
+    Stdout {
+        task_id: String,
+        /// Print the output as it comes while the task runs (polling about twice a second);
+        /// exit when the task has ended, after the rest of its output.
+        #[arg(long, short)]
+        follow: bool,
+    },
     /// Stream a task's stderr, raw: control characters included, as the plugin wrote it.
-    Stderr { task_id: String },
+    Stderr {
+        task_id: String,
+        /// Print the output as it comes while the task runs (polling about twice a second);
+        /// exit when the task has ended, after the rest of its output.
+        #[arg(long, short)]
+        follow: bool,
+    },
     /// Create the MongoDB roles and users of the five components (talks to MongoDB, not the
     /// DCI). The root password is read from stdin, without echo on a terminal.
     CreateUsers {

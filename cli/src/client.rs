@@ -147,6 +147,25 @@ impl Client {
         Ok(())
     }
 
+    /// GETs `segments?query` and returns the response's headers and whole body.
+    pub async fn get_bytes(
+        &self,
+        segments: &[&str],
+        query: &[(&str, String)],
+    ) -> anyhow::Result<(reqwest::header::HeaderMap, Vec<u8>)> {
+        let mut url = self.endpoint(segments);
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        let response = self.send(Method::GET, &url, None).await?;
+        let headers = response.headers().clone();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| anyhow!("GET {}: reading the response: {}", shown(&url), describe(e)))?;
+        Ok((headers, body.to_vec()))
+    }
+
     /// Sends the request; a non-2xx status becomes an [`HttpError`].
     async fn send(
         &self,

@@ -332,6 +332,7 @@ function outputPanel(ctx, stream) {
   /** Reload when the task changed, or while it runs and the view is at the end. */
   async function refresh(task, changed) {
     storage.textContent = storageText(task[stream]);
+    if (liveOutput(ctx, stream, task, { pre, range, storage, pager: first.parentNode })) return; // live_output.js
     const atEnd = p.offset + p.bytes >= (p.total || 0);
     const live = task.status === 0 || task.status === -1;
     if (!p.loaded || changed || (live && atEnd)) await load(p.offset);

@@ -75,9 +75,18 @@ pub(crate) async fn run_and_capture(
             return Ok(Ran::Finished(Box::new(done), RunFacts::default()));
         }
     };
-    let stopped = supervise(store, task, attempt, prepared.run, &mut plugin, wake)
-        .await
-        .map_err(|e| Error::io("waiting for the plugin", e))?;
+    // The output so far, for watching, beside the plugin; stopped before the result is
+    // recorded (whose write unsets the copy), so it never outlives the run.
+    let doc_len = bson::to_vec(doc).map_or(u64::MAX, |v| v.len() as u64);
+    let live = crate::live::has_room(doc_len).then(|| {
+        let paths = plugin.paths.clone();
+        tokio::spawn(crate::live::keep_live(store.clone(), task, attempt, paths))
+    });
+    let stopped = supervise(store, task, attempt, prepared.run, &mut plugin, wake).await;
+    if let Some(live) = live {
+        live.abort();
+    }
+    let stopped = stopped.map_err(|e| Error::io("waiting for the plugin", e))?;
     let paths = plugin.paths.clone();
     let exit = match stopped {
         Stopped::Exited(e) | Stopped::TimedOut(e, _) | Stopped::Cancelled(e) => e,

@@ -2,6 +2,7 @@
 
 mod capture;
 pub mod connection;
+pub mod live;
 pub mod node_link;
 pub mod outcome;
 pub mod plugin_process;

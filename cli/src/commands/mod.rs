@@ -182,8 +182,12 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
             (None, None) => anyhow::bail!("retry needs a TASK_ID or --queue QUEUE"),
         },
         Command::DeleteTask { task_id } => task_ops::delete(ctx, &task_id, out).await,
-        Command::Stdout { task_id } => task_ops::output(ctx, &task_id, "stdout", out).await,
-        Command::Stderr { task_id } => task_ops::output(ctx, &task_id, "stderr", out).await,
+        Command::Stdout { task_id, follow } => {
+            task_ops::output(ctx, &task_id, "stdout", follow, out).await
+        }
+        Command::Stderr { task_id, follow } => {
+            task_ops::output(ctx, &task_id, "stderr", follow, out).await
+        }
         // Handled before a client exists: it needs no server.
         Command::Completions { .. } => Ok(()),
         // Handled in main: it talks to MongoDB, not to the DCI.

@@ -88,11 +88,70 @@ pub async fn delete(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Re
 /// it is the task's own output (colours, progress bars, binary), meant to be piped or saved
 /// as the plugin wrote it; `| cat -v` shows what is in it. The body is text, not JSON, so
 /// `--json` prints the same bytes.
+///
+/// With `follow`, the output so far is printed while the task runs and the new bytes as they
+/// come (the server says `X-Disbatch-Output: live`), until it has ended (`final`): then the
+/// rest of the stored output, and the command exits 0. A task that waits to run prints
+/// nothing until it does. Bytes the live view no longer holds (it keeps the last 64 KiB of
+/// a stream) are skipped with a note on stderr.
 pub async fn output(
     ctx: &Ctx,
     task_id: &str,
     which: &str,
+    follow: bool,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    ctx.client.stream(&["tasks", task_id, which], out).await
+    if !follow {
+        return ctx.client.stream(&["tasks", task_id, which], out).await;
+    }
+    let segments = ["tasks", task_id, which];
+    // Bytes of the stream printed so far, in the stream's own offsets.
+    let mut printed: u64 = 0;
+    let mut was_live = false;
+    loop {
+        let query = [("offset", printed.to_string())];
+        let (headers, body) = ctx.client.get_bytes(&segments, &query).await?;
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let number = |name: &str| header(name).and_then(|v| v.parse::<u64>().ok());
+        match header("x-disbatch-output") {
+            Some("live") => {
+                let skipped = number("x-disbatch-output-skipped").unwrap_or(0);
+                if skipped > printed {
+                    eprintln!(
+                        "[disbatch: {} bytes of {which} are not kept while the task runs; skipped]",
+                        skipped - printed
+                    );
+                    printed = skipped;
+                }
+                out.write_all(&body)?;
+                out.flush()?;
+                printed += body.len() as u64;
+                was_live = true;
+            }
+            Some("waiting") => {
+                if was_live {
+                    eprintln!("[disbatch: the attempt ended; the task waits to run again]");
+                    printed = 0;
+                    was_live = false;
+                }
+            }
+            // Ended, or a server without live output: what is stored is the whole output.
+            _ => {
+                let total = number("x-total-length").unwrap_or(0);
+                if total < printed {
+                    // The stored output is not what was shown (e.g. replaced by a note that
+                    // it was too large): print it whole.
+                    eprintln!("[disbatch: the stored {which} differs from the live view]");
+                    return ctx.client.stream(&segments, out).await;
+                }
+                out.write_all(&body)?;
+                out.flush()?;
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
 }
+
+/// How often `--follow` asks: the runner copies the output about once a second.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(500);

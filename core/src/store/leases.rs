@@ -178,7 +178,10 @@ impl Store {
         }
         let update = doc! {
             "$set": set,
-            "$unset": {task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""},
+            "$unset": {
+                task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
+                task::LIVE_OUTPUT: "",
+            },
         };
         let to = match how {
             Recovery::Requeue => StatusGroup::Queued,

@@ -9,6 +9,7 @@ mod completions;
 mod decode;
 mod gridfs;
 mod leases;
+mod live_output;
 mod lookup;
 mod lost;
 mod maintenance_lease;
@@ -44,6 +45,9 @@ pub use decode::{SkipHook, SkipLedger, SkipReason};
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
+pub use live_output::{
+    live_stream, terse_live_output, LiveOutput, LiveStream, LiveWrite, LIVE_TAIL,
+};
 pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, LiveFleet, LiveNode, NodeLimit};
 pub use queues::{check_queue_fields, parse_queue};

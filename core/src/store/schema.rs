@@ -42,6 +42,25 @@ pub mod task {
     pub const LEASE_UNTIL: &str = "lease_until";
     /// Ours: when an operator asked to cancel a running task; its runner stops the plugin.
     pub const CANCEL_REQUESTED: &str = "cancel_requested";
+    /// Ours: a running task's output so far, written by its runner about once a second while
+    /// the plugin runs and unset in the write that records the result (see `live`).
+    pub const LIVE_OUTPUT: &str = "live_output";
+}
+
+/// Fields of a task's `live_output`: `{attempt, at, stdout: {text, from, bytes}, stderr: …}`.
+pub mod live {
+    /// The attempt whose runner wrote it; any other attempt's copy is stale.
+    pub const ATTEMPT: &str = "attempt";
+    /// When it was written.
+    pub const AT: &str = "at";
+    pub const STDOUT: &str = "stdout";
+    pub const STDERR: &str = "stderr";
+    /// The stream's last bytes (at most `LIVE_TAIL`), as UTF-8 text.
+    pub const TEXT: &str = "text";
+    /// Where `text` starts in the stream, in bytes: what came before is not kept.
+    pub const FROM: &str = "from";
+    /// How many bytes the stream had when it was read: where `text` ends.
+    pub const BYTES: &str = "bytes";
 }
 
 /// Ours: one record per run of a task.

@@ -195,6 +195,9 @@ fn requeue_update() -> bson::Document {
             task::STDERR: Bson::Null,
             task::MTIME: DateTime::now(),
         },
-        "$unset": {task::COMPLETE: "", task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""},
+        "$unset": {
+            task::COMPLETE: "", task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
+            task::LIVE_OUTPUT: "",
+        },
     }
 }

@@ -363,7 +363,10 @@ pub(crate) fn finish_statement(
         task::STDERR: Bson::from(stderr),
         task::MTIME: now,
     };
-    let mut unset = doc! {task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: ""};
+    // The live copy goes in the same write: the output itself is stored now.
+    let mut unset = doc! {
+        task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "", task::LIVE_OUTPUT: "",
+    };
     match end {
         TaskEnd::Status(s) => {
             set.insert(task::STATUS, s);

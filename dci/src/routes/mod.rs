@@ -266,14 +266,14 @@ pub fn table() -> Vec<Route> {
             Method::GET,
             "/tasks/{id}/stdout",
             READ,
-            "A task's stdout as text, inline or from GridFS",
+            "A task's stdout as text, inline or from GridFS; a running task's so far (X-Disbatch-Output: live)",
             || get(task_one::stdout),
         ),
         route(
             Method::GET,
             "/tasks/{id}/stderr",
             READ,
-            "A task's stderr as text, inline or from GridFS",
+            "A task's stderr as text, inline or from GridFS; a running task's so far (X-Disbatch-Output: live)",
             || get(task_one::stderr),
         ),
         route(

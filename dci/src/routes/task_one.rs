@@ -114,6 +114,10 @@ async fn output(
         .get_task(oid)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no task with id {id}")))?;
+    let state_of = output_state(&task);
+    if state_of == OutputState::Live {
+        return Ok(live_output(&task, stream, range));
+    }
     let (total, body) = match task.get(stream) {
         Some(Bson::String(s)) => {
             let bytes = s.as_bytes();
@@ -154,8 +158,82 @@ async fn output(
             header::HeaderName::from_static("x-total-length"),
             total.to_string(),
         ),
+        (OUTPUT_HEADER, state_of.name().to_string()),
     ];
     Ok((headers, body).into_response())
+}
+
+/// `X-Disbatch-Output`: `live` (the task runs: its output so far), `waiting` (not started:
+/// what is stored, an earlier attempt's if any) or `final` (it ended: its output).
+const OUTPUT_HEADER: header::HeaderName = header::HeaderName::from_static("x-disbatch-output");
+/// With `live`: how many bytes of the stream the live copy no longer holds (it keeps the
+/// last `LIVE_TAIL`); a range starting before them starts after them.
+const SKIPPED_HEADER: header::HeaderName =
+    header::HeaderName::from_static("x-disbatch-output-skipped");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutputState {
+    Live,
+    Waiting,
+    Final,
+}
+
+impl OutputState {
+    fn name(self) -> &'static str {
+        match self {
+            OutputState::Live => "live",
+            OutputState::Waiting => "waiting",
+            OutputState::Final => "final",
+        }
+    }
+}
+
+fn output_state(task: &bson::Document) -> OutputState {
+    use disbatch_core::model::status;
+    let code = match task.get(disbatch_core::store::schema::task::STATUS) {
+        Some(Bson::Int32(n)) => Some(*n as i64),
+        Some(Bson::Int64(n)) => Some(*n),
+        Some(Bson::Double(n)) => Some(*n as i64),
+        _ => None,
+    };
+    match code {
+        Some(s) if s == status::RUNNING as i64 => OutputState::Live,
+        Some(s)
+            if [status::QUEUED, status::CLAIMED, status::BLOCKED]
+                .iter()
+                .any(|w| *w as i64 == s) =>
+        {
+            OutputState::Waiting
+        }
+        _ => OutputState::Final,
+    }
+}
+
+/// A running task's output so far, from its runner's live copy (empty before the first),
+/// in the stream's own byte offsets: `X-Total-Length` is how much the plugin has written.
+fn live_output(task: &bson::Document, stream: &str, range: ByteRange) -> Response {
+    let copy = disbatch_core::store::live_stream(task, stream).unwrap_or_default();
+    let text = copy.text.as_bytes();
+    let start = (range.offset.max(copy.from) - copy.from).min(text.len() as u64) as usize;
+    let end = range.length.map_or(text.len(), |l| {
+        start
+            .saturating_add(l.min(usize::MAX as u64) as usize)
+            .min(text.len())
+    });
+    let headers = [
+        (
+            header::CONTENT_TYPE,
+            "text/plain; charset=utf-8".to_string(),
+        ),
+        (
+            header::HeaderName::from_static("x-total-length"),
+            copy.bytes.to_string(),
+        ),
+        (OUTPUT_HEADER, OutputState::Live.name().to_string()),
+        (SKIPPED_HEADER, copy.from.to_string()),
+        (header::CACHE_CONTROL, "no-store".to_string()),
+    ];
+    (headers, Body::from(text[start..end].to_vec())).into_response()
 }
 
 /// Skips `offset` bytes of a chunk stream and ends after `length`, reading no further chunks.

@@ -107,6 +107,9 @@ pub async fn task_json(state: &AppState, mut d: Document, o: &Options) -> ApiRes
             _ => {}
         }
     }
+    if o.terse {
+        disbatch_core::store::terse_live_output(&mut d);
+    }
     let dates = if o.epoch { Dates::Epoch } else { Dates::Text };
     Ok(render::document(&d, dates))
 }

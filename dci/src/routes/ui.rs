@@ -12,6 +12,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("access.js", JS, include_str!("../../ui/access.js")),
     ("queues.js", JS, include_str!("../../ui/queues.js")),
     ("tasks.js", JS, include_str!("../../ui/tasks.js")),
+    (
+        "live_output.js",
+        JS,
+        include_str!("../../ui/live_output.js"),
+    ),
     ("balance.js", JS, include_str!("../../ui/balance.js")),
     ("charts.js", JS, include_str!("../../ui/charts.js")),
     (

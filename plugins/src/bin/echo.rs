@@ -7,7 +7,10 @@
 //! SIGABRT; `exit_code` (0..=255) is the exit code. For the reliability tests: `ignore_term`
 //! (bool) ignores SIGTERM (applied first); `print_env` (array of names) prints `NAME=value` or
 //! `NAME unset` lines after the params; `sleep_first_ms` (integer) sleeps only on the task's
-//! first attempt (the task document's `attempts` is 1 or missing), after `sleep_ms`.
+//! first attempt (the task document's `attempts` is 1 or missing), after `sleep_ms`. For live
+//! output: `lines` (integer) prints that many lines `line I UNIX_MS` (I from 1, the time it
+//! was printed in milliseconds), `line_ms` (integer) apart, each padded with `line_pad`
+//! (integer) `x`s, after `print_env`.
 //!
 //! Exit codes besides `exit_code`: 2 bad input, 3 output write error, 4 file/env error.
 
@@ -45,6 +48,9 @@ struct Options {
     ignore_term: bool,
     print_env: Vec<String>,
     sleep_first_ms: Option<u64>,
+    lines: u64,
+    line_ms: u64,
+    line_pad: usize,
 }
 
 fn main() -> ExitCode {
@@ -80,6 +86,16 @@ fn run() -> Result<u8, Fail> {
             Ok(v) => format!("{name}={v}\n"),
             Err(_) => format!("{name} unset\n"),
         };
+        write_stdout(line.as_bytes())?;
+    }
+    for i in 1..=opts.lines {
+        if i > 1 && opts.line_ms > 0 {
+            std::thread::sleep(Duration::from_millis(opts.line_ms));
+        }
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let line = format!("line {i} {ms}{}\n", "x".repeat(opts.line_pad));
         write_stdout(line.as_bytes())?;
     }
     if let Some(text) = &opts.stderr {
@@ -151,6 +167,10 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
                 .ok_or_else(|| bad("sleep_ms", "a non-negative integer"))?,
         ),
     };
+    let count = |key: &str| match get(key) {
+        None => Ok(0),
+        Some(v) => v.as_u64().ok_or_else(|| bad(key, "a non-negative integer")),
+    };
     let sleep_first_ms = match get("sleep_first_ms") {
         None => None,
         Some(v) => Some(
@@ -185,6 +205,9 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
         ignore_term: flag("ignore_term")?,
         print_env,
         sleep_first_ms,
+        lines: count("lines")?,
+        line_ms: count("line_ms")?,
+        line_pad: count("line_pad")? as usize,
     })
 }
 

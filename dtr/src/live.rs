@@ -1,0 +1,159 @@
+//! Live output: while the plugin runs, its stdout and stderr so far are copied to the task
+//! about once a second (only when they grew, the last `LIVE_TAIL` bytes of each), so a
+//! console or `disbatch stdout --follow` can show them. The spool files stay the output;
+//! the result's write replaces the copy with the output itself.
+
+use std::io::SeekFrom;
+use std::path::Path;
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use disbatch_core::output::MAX_DOCUMENT_SIZE;
+use disbatch_core::store::{LiveOutput, LiveStream, LiveWrite, LIVE_TAIL};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+use crate::connection::LazyStore;
+use crate::spool::{open_read, SpoolPaths};
+
+/// How often the spool files are looked at: the live view runs at most this far behind
+/// (plus one write), and a plugin printing continuously costs one write per interval.
+pub const LIVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Room left for the copy's own fields besides the two tails.
+const COPY_OVERHEAD: u64 = 1024;
+
+/// Whether a task document of `doc_len` bytes has room for a live copy; one that has not
+/// is never given one (the server would refuse it anyway).
+pub fn has_room(doc_len: u64) -> bool {
+    doc_len + 2 * LIVE_TAIL + COPY_OVERHEAD <= MAX_DOCUMENT_SIZE
+}
+
+/// Copies the output to the task every `LIVE_EVERY` until the task is no longer this
+/// attempt's or the server refuses the copy; the caller stops it when the plugin ends.
+pub async fn keep_live(store: LazyStore, task: ObjectId, attempt: ObjectId, paths: SpoolPaths) {
+    let mut tick = tokio::time::interval(LIVE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is at once; nothing is written yet
+    let mut copy = LiveOutput {
+        attempt,
+        stdout: LiveStream::default(),
+        stderr: LiveStream::default(),
+    };
+    let mut written = (0, 0);
+    loop {
+        tick.tick().await;
+        let lens = (file_len(&paths.stdout).await, file_len(&paths.stderr).await);
+        if lens == written {
+            continue;
+        }
+        if lens.0 != written.0 {
+            if let Some(s) = read_tail(&paths.stdout).await {
+                copy.stdout = s;
+            }
+        }
+        if lens.1 != written.1 {
+            if let Some(s) = read_tail(&paths.stderr).await {
+                copy.stderr = s;
+            }
+        }
+        let wrote = match store.get().await {
+            Ok(db) => db.write_live_output(task, &copy).await,
+            Err(e) => Err(e),
+        };
+        match wrote {
+            Ok(LiveWrite::Written) => written = lens,
+            // The lease keeper learns the same and stops the plugin.
+            Ok(LiveWrite::NotOurs) => return,
+            Ok(LiveWrite::TooLarge) => {
+                tracing::warn!(task = %task, "the task document has no room for live output; none is written");
+                return;
+            }
+            // Next time: the output is stored at the end whatever becomes of its copies.
+            Err(e) => tracing::debug!(task = %task, error = %e, "could not write live output"),
+        }
+    }
+}
+
+async fn file_len(path: &Path) -> u64 {
+    match open_read(path).await {
+        Ok(f) => f.metadata().await.map_or(0, |m| m.len()),
+        Err(_) => 0,
+    }
+}
+
+/// The last `LIVE_TAIL` bytes of a spool file, on character boundaries.
+async fn read_tail(path: &Path) -> Option<LiveStream> {
+    let mut file = open_read(path).await.ok()?;
+    let len = file.metadata().await.ok()?.len();
+    let from = len.saturating_sub(LIVE_TAIL);
+    file.seek(SeekFrom::Start(from)).await.ok()?;
+    let mut bytes = Vec::with_capacity((len - from) as usize);
+    file.take(len - from).read_to_end(&mut bytes).await.ok()?;
+    Some(tail_text(&bytes, from))
+}
+
+/// `bytes`, which start at byte `from` of a stream, as text: continuation bytes at the start
+/// (a character cut by the tail) are left out, and so is a character not yet complete at the
+/// end (the plugin is still writing it). Other invalid bytes become U+FFFD, as in the result.
+pub fn tail_text(bytes: &[u8], from: u64) -> LiveStream {
+    let mut start = 0;
+    if from > 0 {
+        while start < bytes.len().min(3) && (bytes[start] & 0xC0) == 0x80 {
+            start += 1;
+        }
+    }
+    let mut end = bytes.len();
+    // The last lead byte within three of the end, and whether its character is whole.
+    for back in 1..=3.min(end - start) {
+        let b = bytes[end - back];
+        let want = match b {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            0x80..=0xBF => continue,
+            _ => break,
+        };
+        if want > back {
+            end -= back;
+        }
+        break;
+    }
+    let kept = &bytes[start..end];
+    LiveStream {
+        text: String::from_utf8_lossy(kept).into_owned(),
+        from: from + start as u64,
+        bytes: from + end as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_keeps_to_whole_characters() {
+        let s = tail_text("héllo\n".as_bytes(), 0);
+        assert_eq!((s.text.as_str(), s.from, s.bytes), ("héllo\n", 0, 7));
+        // Cut inside "é" at the start: its second byte is left out.
+        let s = tail_text(&"héllo".as_bytes()[2..], 2);
+        assert_eq!((s.text.as_str(), s.from, s.bytes), ("llo", 3, 6));
+        // "€" (3 bytes) half written: it waits for the next copy.
+        let mut b = b"ab".to_vec();
+        b.extend_from_slice(&"€".as_bytes()[..2]);
+        let s = tail_text(&b, 10);
+        assert_eq!((s.text.as_str(), s.from, s.bytes), ("ab", 10, 12));
+        // Whole at the end: kept.
+        let s = tail_text("a€".as_bytes(), 0);
+        assert_eq!((s.text.as_str(), s.bytes), ("a€", 4));
+        // Invalid bytes are not held back forever.
+        let s = tail_text(b"x\xff\xfe", 0);
+        assert_eq!((s.text.as_str(), s.bytes), ("x\u{fffd}\u{fffd}", 3));
+        assert_eq!(tail_text(b"", 0), LiveStream::default());
+    }
+
+    #[test]
+    fn a_full_document_gets_no_live_copy() {
+        assert!(has_room(1024));
+        assert!(!has_room(MAX_DOCUMENT_SIZE - LIVE_TAIL));
+    }
+}

@@ -1,0 +1,512 @@
+//! Live output: a running task's stdout so far through the real runner, the DCI route, the
+//! CLI's `--follow` and the console; the stored output stays as Disbatch stores it.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime};
+use disbatch_core::store::{
+    FinishOutcome, LiveOutput, LiveStream, LiveWrite, OutputValue, TaskEnd,
+};
+use disbatch_tests::{bin_path, write_config, Browser, Dci, Den, TestDb};
+use serde_json::json;
+
+/// One answer of `GET /tasks/:id/stdout`.
+struct Answer {
+    state: String,
+    skipped: u64,
+    total: u64,
+    body: Vec<u8>,
+}
+
+async fn output(dci: &Dci, id: ObjectId, stream: &str) -> Answer {
+    let r = dci
+        .http
+        .get(dci.at(&format!("/tasks/{}/{stream}", id.to_hex())))
+        .send()
+        .await
+        .expect("GET output");
+    assert!(r.status().is_success(), "{}", r.status());
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let state = header("x-disbatch-output");
+    let skipped = header("x-disbatch-output-skipped").parse().unwrap_or(0);
+    let total = header("x-total-length").parse().expect("X-Total-Length");
+    let body = r.bytes().await.expect("body").to_vec();
+    Answer {
+        state,
+        skipped,
+        total,
+        body,
+    }
+}
+
+fn now_ms() -> i64 {
+    DateTime::now().timestamp_millis()
+}
+
+/// `line I MS` lines of the echo plugin in `text`: (I, MS).
+fn printed_lines(text: &str) -> Vec<(u64, i64)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut parts = l.strip_prefix("line ")?.split(' ');
+            let i = parts.next()?.parse().ok()?;
+            let ms = parts.next()?.trim_end_matches('x').parse().ok()?;
+            Some((i, ms))
+        })
+        .collect()
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Polls the route every 100 ms while the task runs; returns the live answers and, per line,
+/// how long after its printing it was first seen.
+async fn watch(dci: &Dci, id: ObjectId) -> (Vec<Answer>, Vec<i64>, Answer) {
+    let mut live = Vec::new();
+    let mut lags = Vec::new();
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let a = output(dci, id, "stdout").await;
+        match a.state.as_str() {
+            "final" => return (live, lags, a),
+            "live" => {
+                let at = now_ms();
+                for (i, ms) in printed_lines(&String::from_utf8_lossy(&a.body)) {
+                    if i > seen {
+                        seen = i;
+                        lags.push(at - ms);
+                    }
+                }
+                live.push(a);
+            }
+            other => assert_eq!(other, "waiting", "X-Disbatch-Output"),
+        }
+        assert!(Instant::now() < deadline, "the task did not end");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_running_tasks_output_is_readable_within_a_second_or_two_and_stored_as_before() {
+    let db = TestDb::new("live_inline").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("live", "echo", 1).await;
+    let params = doc! {"lines": 10, "line_ms": 400};
+    let ids = db.insert_tasks(queue, vec![params.clone().into()]).await;
+    let dci = Dci::start(&config);
+    let den = Den::start(&config, "n1");
+    let (live, mut lags, last) = watch(&dci, ids[0]).await;
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+
+    let lengths: Vec<u64> = live.iter().map(|a| a.total).collect();
+    let mut grew = lengths.clone();
+    grew.dedup();
+    assert!(
+        grew.len() >= 4,
+        "the live output grew while the task ran: {lengths:?}"
+    );
+    assert!(
+        lengths.windows(2).all(|w| w[0] <= w[1]),
+        "never shrinks: {lengths:?}"
+    );
+    for a in &live {
+        assert_eq!(a.skipped, 0, "small output is kept whole");
+        assert_eq!(a.body.len() as u64, a.total);
+    }
+    lags.sort_unstable();
+    println!(
+        "live output lag over {} lines: p50 {} ms, max {} ms (polling every 100 ms)",
+        lags.len(),
+        percentile(&lags, 0.5),
+        lags[lags.len() - 1]
+    );
+    assert!(lags.len() >= 6, "lines seen while running: {lags:?}");
+    assert!(lags[lags.len() - 1] <= 2500, "lags {lags:?}");
+
+    // Stored exactly as before: inline, the whole output, and no live copy left.
+    let task = db.task(ids[0]).await;
+    let Some(Bson::String(stdout)) = task.get("stdout") else {
+        panic!("stdout is inline text: {task}");
+    };
+    assert_eq!(
+        task.get("live_output"),
+        None,
+        "the live copy is gone: {task}"
+    );
+    assert_eq!(last.state, "final");
+    assert_eq!(last.body, stdout.as_bytes());
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 11, "{stdout}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(lines[0]).expect("params line"),
+        json!({"lines": 10, "line_ms": 400})
+    );
+    let numbered: Vec<u64> = printed_lines(stdout).iter().map(|(i, _)| *i).collect();
+    assert_eq!(numbered, (1..=10).collect::<Vec<_>>());
+    for a in &live {
+        assert!(
+            stdout.as_bytes().starts_with(&a.body),
+            "what was live is where the output begins"
+        );
+    }
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn large_live_output_keeps_its_last_64_kib_and_gridfs_output_is_unchanged() {
+    let db = TestDb::new("live_gridfs").await;
+    let config = write_config(&db, "node.json", json!({"gfs": true}));
+    let queue = db.insert_queue("live", "echo", 1).await;
+    // ~20 KB a line: the copy holds the last 64 KiB of ~160 KB.
+    let params = doc! {"lines": 8, "line_ms": 500, "line_pad": 20000};
+    let ids = db.insert_tasks(queue, vec![params.into()]).await;
+    let dci = Dci::start(&config);
+    let den = Den::start(&config, "n1");
+    let (live, _, last) = watch(&dci, ids[0]).await;
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+
+    let task = db.task(ids[0]).await;
+    let Some(Bson::ObjectId(file)) = task.get("stdout") else {
+        panic!("stdout is a GridFS file id: {:?}", task.get("stdout"));
+    };
+    assert_eq!(task.get("live_output"), None);
+    let store = db.den_store().await;
+    let stored = store.read_output_file(*file).await.expect("read GridFS");
+    assert_eq!(last.state, "final");
+    assert_eq!(last.body, stored, "the route serves the stored file");
+    assert_eq!(printed_lines(&String::from_utf8_lossy(&stored)).len(), 8);
+
+    let capped: Vec<&Answer> = live.iter().filter(|a| a.skipped > 0).collect();
+    assert!(!capped.is_empty(), "the tail cap was reached");
+    for a in &live {
+        assert!(a.body.len() <= 64 * 1024, "{} bytes live", a.body.len());
+        let (from, to) = (a.skipped as usize, a.total as usize);
+        assert_eq!(
+            a.body,
+            stored[from..to],
+            "the live copy is the output's bytes {from}..{to}"
+        );
+    }
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it() {
+    let db = TestDb::new("live_fence").await;
+    let store = db.den_store().await;
+    let (id, attempt) = (ObjectId::new(), ObjectId::new());
+    db.tasks()
+        .insert_one(doc! {
+            "_id": id, "queue": ObjectId::new(), "status": 0, "node": "n1", "attempt": attempt,
+            "attempts": 1, "params": {}, "ctime": DateTime::now(), "mtime": DateTime::now(),
+            "stdout": Bson::Null, "stderr": Bson::Null,
+        })
+        .await
+        .expect("insert");
+    let copy = |attempt| LiveOutput {
+        attempt,
+        stdout: LiveStream {
+            text: "so far\n".into(),
+            from: 0,
+            bytes: 7,
+        },
+        stderr: LiveStream::default(),
+    };
+    let stale = store
+        .write_live_output(id, &copy(ObjectId::new()))
+        .await
+        .expect("write");
+    assert_eq!(stale, LiveWrite::NotOurs);
+    assert_eq!(db.task(id).await.get("live_output"), None);
+    let ours = store
+        .write_live_output(id, &copy(attempt))
+        .await
+        .expect("write");
+    assert_eq!(ours, LiveWrite::Written);
+    let task = db.task(id).await;
+    let live = task.get_document("live_output").expect("live_output");
+    assert_eq!(live.get_object_id("attempt").ok(), Some(attempt));
+    assert_eq!(
+        live.get_document("stdout")
+            .expect("stdout")
+            .get_str("text")
+            .ok(),
+        Some("so far\n")
+    );
+
+    let finished = store
+        .finish_task(
+            id,
+            "n1",
+            attempt,
+            TaskEnd::Status(1),
+            OutputValue::Text("so far\nand the rest\n".into()),
+            OutputValue::Null,
+        )
+        .await
+        .expect("finish");
+    assert_eq!(finished, FinishOutcome::Recorded);
+    let task = db.task(id).await;
+    assert_eq!(task.get("live_output"), None, "unset with the result");
+    assert_eq!(task.get_str("stdout").ok(), Some("so far\nand the rest\n"));
+    let late = store
+        .write_live_output(id, &copy(attempt))
+        .await
+        .expect("write");
+    assert_eq!(late, LiveWrite::NotOurs, "an ended task takes no live copy");
+    assert_eq!(db.task(id).await.get("live_output"), None);
+
+    // A lost attempt's copy goes with the recovery that requeues its task.
+    let (lost, lost_attempt) = (ObjectId::new(), ObjectId::new());
+    db.tasks()
+        .insert_one(doc! {
+            "_id": lost, "queue": ObjectId::new(), "status": 0, "node": "n1",
+            "attempt": lost_attempt, "attempts": 1, "params": {},
+            "ctime": DateTime::now(), "mtime": DateTime::now(),
+            "lease_until": DateTime::from_millis(DateTime::now().timestamp_millis() - 60_000),
+        })
+        .await
+        .expect("insert lost");
+    let wrote = store.write_live_output(lost, &copy(lost_attempt)).await;
+    assert_eq!(wrote.expect("write"), LiveWrite::Written);
+    let expired = store.expired_leases(10).await.expect("expired");
+    let t = expired
+        .iter()
+        .find(|t| t.id == lost)
+        .expect("the lost task");
+    let recovered = store
+        .recover_task(t, disbatch_core::store::Recovery::Requeue, "test")
+        .await
+        .expect("recover");
+    assert!(recovered);
+    let task = db.task(lost).await;
+    assert_eq!(task.get_i32("status").ok(), Some(-2));
+    assert_eq!(task.get("live_output"), None, "unset by recovery");
+
+    // A document near 16 MiB: the server refuses the copy, and nothing else changes.
+    let (big, big_attempt) = (ObjectId::new(), ObjectId::new());
+    db.tasks()
+        .insert_one(doc! {
+            "_id": big, "status": 0, "node": "n1", "attempt": big_attempt,
+            "params": {"blob": "x".repeat(16 * 1024 * 1024 - 40 * 1024)},
+        })
+        .await
+        .expect("insert big");
+    let mut huge = copy(big_attempt);
+    huge.stdout.text = "y".repeat(64 * 1024);
+    huge.stderr.text = "z".repeat(64 * 1024);
+    let refused = store.write_live_output(big, &huge).await.expect("write");
+    assert_eq!(refused, LiveWrite::TooLarge);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn cli_follow_prints_the_output_as_it_comes_and_exits_when_the_task_ends() {
+    let db = TestDb::new("live_cli").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("live", "echo", 1).await;
+    let params = doc! {"lines": 8, "line_ms": 400, "stderr": "to stderr\n"};
+    let ids = db.insert_tasks(queue, vec![params.into()]).await;
+    let dci = Dci::start(&config);
+    // Started before the task runs: it waits, then follows.
+    let mut child = Command::new(bin_path("disbatch"))
+        .args(["--url", &dci.url, "stdout", &ids[0].to_hex(), "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run disbatch");
+    let mut pipe = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut chunks = Vec::new();
+        let mut buf = vec![0; 65536];
+        loop {
+            match pipe.read(&mut buf) {
+                Ok(0) | Err(_) => return chunks,
+                Ok(n) => chunks.push((Instant::now(), buf[..n].to_vec())),
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let den = Den::start(&config, "n1");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "--follow never exited"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let exited = Instant::now();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(status.success(), "--follow failed: {err}");
+    let chunks = reader.join().expect("reader");
+    let printed: Vec<u8> = chunks.iter().flat_map(|(_, c)| c.clone()).collect();
+    let task = db.task(ids[0]).await;
+    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        String::from_utf8_lossy(&printed),
+        task.get_str("stdout").expect("inline stdout"),
+        "everything, once, in order"
+    );
+    let early = chunks
+        .iter()
+        .filter(|(at, _)| exited.duration_since(*at) >= Duration::from_secs(1))
+        .count();
+    assert!(
+        early >= 2,
+        "output came while the task ran ({} chunks, {early} early)",
+        chunks.len()
+    );
+    // Followed stderr of an ended task: all of it at once.
+    let stderr = dci.cli(&["stderr", &ids[0].to_hex(), "--follow"]);
+    assert!(stderr.status.success());
+    assert_eq!(String::from_utf8_lossy(&stderr.stdout), "to stderr\n");
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn the_task_page_tails_a_running_tasks_output() {
+    let db = TestDb::new("live_ui").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("live", "echo", 1).await;
+    let params = doc! {"lines": 14, "line_ms": 500, "stderr": "<b>not bold</b>\n"};
+    let ids = db.insert_tasks(queue, vec![params.into()]).await;
+    let dci = Dci::start(&config);
+    let den = Den::start(&config, "n1");
+    let b = Browser::start(1280, 800).await;
+    b.open(&format!("{}/#/task/{}", dci.url, ids[0].to_hex()), "task")
+        .await;
+    b.wait_text("#task-stdout", "first lines", |t| t.contains("line 2 "))
+        .await;
+    let range = b
+        .wait_text(
+            "section.output-panel[data-stream=\"stdout\"] .range",
+            "live range",
+            |t| t.starts_with("live"),
+        )
+        .await;
+    let earlier = b
+        .find("#task-stdout")
+        .await
+        .text()
+        .await
+        .unwrap_or_default();
+    let later = b
+        .wait_text("#task-stdout", "more lines", |t| t.contains("line 6 "))
+        .await;
+    assert!(
+        later.starts_with(&earlier),
+        "appended: {earlier:?} then {later:?}"
+    );
+    let running = db.task(ids[0]).await;
+    assert_eq!(running.get_i32("status").ok(), Some(0), "still running");
+    assert!(running.get_document("live_output").is_ok(), "{running}");
+    // What the page polls: a terse search, which leaves the live copy's text out.
+    let (code, found) = dci
+        .get(&format!("/tasks?id={}&.terse=1", ids[0].to_hex()))
+        .await;
+    let found = found.to_string();
+    assert_eq!(code, 200, "{found}");
+    assert!(
+        found.contains("[terse mode]") && !found.contains("line 1 "),
+        "{found}"
+    );
+    b.screenshot("task-live-output").await;
+    println!("live range while running: {range}");
+    b.wait_text("#task-stdout", "the whole output", |t| {
+        t.contains("line 14 ")
+    })
+    .await;
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    b.wait_text(
+        "section.output-panel[data-stream=\"stdout\"] .range",
+        "stored output",
+        |t| t.starts_with("showing bytes"),
+    )
+    .await;
+    let stderr = b
+        .find("#task-stderr")
+        .await
+        .text()
+        .await
+        .unwrap_or_default();
+    assert_eq!(stderr.trim(), "<b>not bold</b>", "shown as text");
+    b.screenshot("task-live-output-ended").await;
+    drop(den);
+    b.close().await;
+    db.drop().await;
+}
+
+/// What live output costs the runner: CPU of the node's reaped children (runners and their
+/// plugins, which sleep) per task, for tasks that print a line every 250 ms for 3 s. Run
+/// with `--ignored --nocapture`; `DISBATCH_LIVE_BENCH_RUNNER=PATH` measures another runner
+/// (a build without live output) the same way.
+#[tokio::test]
+#[ignore]
+async fn live_output_cpu_per_task() {
+    use disbatch_tests::bench::procfs::{clock_ticks, cpu_ticks};
+    let tasks: usize = std::env::var("DISBATCH_LIVE_BENCH_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(40);
+    let db = TestDb::new("live_bench").await;
+    let runner = std::env::var("DISBATCH_LIVE_BENCH_RUNNER")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| bin_path("disbatch-task-runner"));
+    let config = write_config(&db, "node.json", json!({"task_runner": runner}));
+    let queue = db.insert_queue("live", "echo", 8).await;
+    // DISBATCH_LIVE_BENCH_PARAMS: other params, e.g. `{"lines": 1, "sleep_ms": 3000}`.
+    let params: bson::Document = match std::env::var("DISBATCH_LIVE_BENCH_PARAMS") {
+        Ok(text) => {
+            let value: serde_json::Value = serde_json::from_str(&text).expect("params JSON");
+            bson::to_document(&value).expect("params object")
+        }
+        Err(_) => doc! {"lines": 12, "line_ms": 250},
+    };
+    let ids = db
+        .insert_tasks(queue, (0..tasks).map(|_| params.clone().into()).collect())
+        .await;
+    let den = Den::start(&config, "n1");
+    let pid = den.pid().as_raw() as u32;
+    let before = cpu_ticks(pid).expect("stat");
+    let started = Instant::now();
+    db.wait_complete(&ids, Duration::from_secs(300)).await;
+    // The last runners are reaped a moment after their results land.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = cpu_ticks(pid).expect("stat");
+    let ms = |ticks: u64| ticks as f64 * 1000.0 / clock_ticks();
+    let children = ms(after.children - before.children);
+    println!(
+        "runner {} ({params}): {tasks} tasks in {:.1} s; runners+plugins {:.1} ms CPU per task; node {:.1} ms per task",
+        runner.display(),
+        started.elapsed().as_secs_f64(),
+        children / tasks as f64,
+        ms(after.own - before.own) / tasks as f64,
+    );
+    for id in &ids {
+        let task = db.task(*id).await;
+        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(task.get("live_output"), None);
+    }
+    drop(den);
+    db.drop().await;
+}
