@@ -149,7 +149,7 @@ function queueRow(ctx, q) {
   actions.append(
     el("button", {
       type: "button", class: "retry-failed", disabled: !(by.failed > 0),
-      title: by.failed > 0 ? "requeue the failed tasks (status 2)" : "no failed tasks",
+      title: by.failed > 0 ? "requeue the failed tasks (status ≥ 2)" : "no failed tasks",
       onclick: () => bulkAction(ctx, q.id, "retry"),
     }, "Retry failed"),
     el("button", {
@@ -172,7 +172,7 @@ function queueRow(ctx, q) {
 }
 
 /**
- * "Retry failed" (POST queues/:id/retry with status 2) and "Cancel queued" (POST
+ * "Retry failed" (POST queues/:id/retry with status "failed": every status ≥ 2) and "Cancel queued" (POST
  * queues/:id/cancel: queued and blocked), each after a confirmation naming the count the
  * page shows now (read at click time: polling may have kept an older button).
  */
@@ -182,8 +182,8 @@ async function bulkAction(ctx, id, action) {
   const by = q.by_status || {};
   const name = shown(q.name);
   const [question, yes, body] = action === "retry"
-    ? [`Retry the ${by.failed} failed task(s) (status 2) of queue "${name}"? They are queued again.`,
-      "Retry failed", { status: [2] }]
+    ? [`Retry the ${by.failed} failed task(s) of queue "${name}"? They are queued again.`,
+      "Retry failed", { status: "failed" }]
     : [`Cancel the ${(by.queued || 0) + (by.blocked || 0)} queued and blocked task(s) of queue ` +
       `"${name}"? Running tasks are left alone.`, "Cancel queued", undefined];
   if (!(await confirmDialog(question, yes))) return;

@@ -241,6 +241,27 @@ async fn queue_cancel_cancels_what_waits_and_counts_show_every_status_apart() {
     assert_eq!(q["by_status"]["queued"], json!(0), "{q}");
     assert_eq!(q["queued"], json!(7), "still every status ≤ -2: {q}");
 
+    // Retry "failed": status 2 and the plugin-defined codes above it, nothing else.
+    let (s, body) = dci
+        .post("/queues/q/retry", json!({"status": "failed"}))
+        .await;
+    assert_eq!((s, body), (200, update_result(2, 2)));
+    assert_eq!(db.task(ids[6]).await.get_i32("status").ok(), Some(-2));
+    assert_eq!(db.task(ids[7]).await.get_i32("status").ok(), Some(-2));
+    assert_eq!(db.task(ids[5]).await.get_i32("status").ok(), Some(1));
+    let (_, q) = dci.get("/queues/q").await;
+    assert_eq!(
+        (&q["by_status"]["failed"], &q["by_status"]["queued"]),
+        (&json!(0), &json!(2)),
+        "{q}"
+    );
+    let (s, body) = dci
+        .post("/queues/q/retry", json!({"status": "broken"}))
+        .await;
+    assert_eq!(s, 400, "{body}");
+    let (s, body) = dci.post("/queues/q/cancel", json!({})).await;
+    assert_eq!((s, body), (200, update_result(2, 2)));
+
     // Nothing left to cancel; by id too; unknown queue.
     let (s, body) = dci
         .post(&format!("/queues/{}/cancel", queue.to_hex()), json!({}))

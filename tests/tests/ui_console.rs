@@ -175,7 +175,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
         .expect("retry failed");
     answer_confirm(
         &b,
-        "Retry the 3 failed task(s) (status 2) of queue \"bulk\"",
+        "Retry the 3 failed task(s) of queue \"bulk\"",
         true,
         Some("queues-retry-confirm"),
     )

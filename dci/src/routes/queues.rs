@@ -241,13 +241,19 @@ pub async fn resume(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Respo
     Ok(json_response(&envelope::update(&counts), false))
 }
 
-/// `POST /queues/:queue/retry {"status": [codes]}`: requeue a queue's failed/orphaned tasks.
+/// `POST /queues/:queue/retry {"status": [codes]}`: requeue a queue's failed/orphaned tasks;
+/// `{"status": "failed"}` requeues every failed one, status 2 and the codes above it.
 pub async fn retry(
     Ns(state): Ns,
     Path(ident): Path<String>,
     params: Params,
 ) -> ApiResult<Response> {
     let p = params.given();
+    if p.get("status").and_then(Value::as_str) == Some("failed") {
+        let id = find_id(&state, &ident).await?;
+        let counts = state.store.retry_queue_failed(id).await?;
+        return Ok(json_response(&envelope::update(&counts), false));
+    }
     let statuses: Vec<i32> = match p.get("status") {
         None => vec![2, -6],
         Some(Value::Array(items)) => items
