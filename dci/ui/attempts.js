@@ -10,6 +10,7 @@ const ATTEMPTS_CAP = 1000;   // the server answers at most the newest 1000
 /** Outcome → status colour class, as the task statuses are coloured. */
 const OUTCOME_CLASS = {
   running: "st-running",
+  claimed: "st-claimed",
   succeeded: "st-succeeded",
   failed: "st-failed",
   timed_out: "st-failed",
@@ -49,7 +50,7 @@ function attemptRow(a, n) {
     el("td", { class: "reason" }, text(a.reason)));
 }
 
-/** The attempts section of the task page: { root, refresh(changed) }. */
+/** The attempts section of the task page: { root, refresh(task, changed) }. */
 function attemptsPanel(ctx) {
   const grid = gridTable("task-attempts", [
     ["#", "num"], "started", "ended", ["took", "num"], "node", ["pid", "num"], "outcome",
@@ -65,16 +66,21 @@ function attemptsPanel(ctx) {
 
   /** Reloads once, when the task changed (an attempt starts or ends with it) and for a few
    * polls after, and while a record is open. */
-  async function refresh(changed) {
+  async function refresh(task, changed) {
     if (changed) settle = 3;
     else if (settle > 0) settle -= 1;
     if (loaded && !changed && !open && settle === 0) return;
     const list = await api("GET", `tasks/${encodeURIComponent(ctx.state.id)}/attempts`);
     if (!ctx.alive()) return;
     loaded = true;
-    const rows = Array.isArray(list) ? list : [];
+    const rows = Array.isArray(list) ? list.slice() : [];
     open = rows.some((a) => !a.end || a.outcome === "running");
-    note.textContent = rows.length >= ATTEMPTS_CAP
+    // A run's record is written when it ends: the one under way is shown from the task.
+    if (!open && (task.status === 0 || task.status === -1)) {
+      rows.push({ _id: "current", node: task.node, start: task.mtime, end: null,
+        outcome: task.status === 0 ? "running" : "claimed" });
+    }
+    note.textContent = Array.isArray(list) && list.length >= ATTEMPTS_CAP
       ? `the newest ${ATTEMPTS_CAP} (older ones are not shown)`
       : `${rows.length} attempt${rows.length === 1 ? "" : "s"}`;
     if (!rows.length) {

@@ -229,7 +229,7 @@ PAGES.task = {
     const key = `${task.status}|${task.mtime}|${JSON.stringify(task.stdout)}|${JSON.stringify(task.stderr)}`;
     const changed = key !== s.lastKey;
     s.lastKey = key;
-    await Promise.all([...s.panels.map((p) => p.refresh(task, changed)), s.history.refresh(changed)]);
+    await Promise.all([...s.panels.map((p) => p.refresh(task, changed)), s.history.refresh(task, changed)]);
     ctx.rendered();
   },
 };
@@ -284,7 +284,7 @@ function renderTaskActions(ctx, t) {
     const question = running
       ? `Cancel running task ${s.id}? Its plugin is stopped (SIGTERM, then SIGKILL) and the task recorded as cancelled.`
       : `Cancel task ${s.id}? It will not run.`;
-    if (!(await confirmDialog(question, "Cancel task"))) return;
+    if (!(await confirmDialog(question, "Cancel task", running ? "Keep running" : "Keep it"))) return;
     await post("cancel", running ? "cancel requested: the node stops the plugin" : "task cancelled")();
   };
   s.actions.replaceChildren(...[

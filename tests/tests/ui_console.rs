@@ -133,7 +133,11 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
         .await;
     b.wait_text("#task-status", "running", |t| t.contains("running"))
         .await;
+    // The run under way has no record yet: it is shown from the task.
+    wait_outcomes(&b, &["running"]).await;
     b.find("#task-cancel").await.click().await.expect("cancel");
+    let keep = b.find("#confirm-no").await.text().await.unwrap_or_default();
+    assert_eq!(keep, "Keep running");
     answer_confirm(&b, "Cancel running task", false, None).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
