@@ -3,6 +3,7 @@
 
 use axum::response::Response;
 use bson::Document;
+use disbatch_core::store::schema::attempt;
 use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ApiResult};
@@ -17,18 +18,18 @@ pub const MAX_ATTEMPTS: usize = 1000;
 
 /// The fields of one attempt, in this shape whatever the record holds (missing ones null).
 const FIELDS: [&str; 12] = [
-    "_id",
-    "task",
-    "queue",
-    "node",
-    "pid",
-    "start",
-    "end",
-    "outcome",
-    "status",
-    "exit_code",
-    "signal",
-    "reason",
+    attempt::ID,
+    attempt::TASK,
+    attempt::QUEUE,
+    attempt::NODE,
+    attempt::PID,
+    attempt::START,
+    attempt::END,
+    attempt::OUTCOME,
+    attempt::STATUS,
+    attempt::EXIT_CODE,
+    attempt::SIGNAL,
+    attempt::REASON,
 ];
 
 pub async fn list(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {

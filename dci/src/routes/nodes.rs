@@ -2,6 +2,7 @@
 
 use axum::response::Response;
 use bson::{Bson, Document};
+use disbatch_core::store::schema::node as field;
 use disbatch_core::store::WriteCounts;
 use serde_json::{json, Value};
 
@@ -34,7 +35,7 @@ fn node_json(d: &Document, running: u64, live_window_ms: i64) -> Value {
 /// Whether a node heartbeated within the window: what `live` says and `DELETE` refuses on.
 fn is_live(d: &Document, live_window_ms: i64) -> bool {
     // Saturating: ops can store any date, even i64::MIN milliseconds.
-    let age = d.get_datetime("timestamp").ok().map(|t| {
+    let age = d.get_datetime(field::TIMESTAMP).ok().map(|t| {
         bson::DateTime::now()
             .timestamp_millis()
             .saturating_sub(t.timestamp_millis())
@@ -113,10 +114,10 @@ pub async fn set_maxthreads(
 /// tasks through its document, so forgetting it would strand them.
 pub async fn forget(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let node = find(&state, &ident).await?;
-    let name = node.get_str("node").unwrap_or_default().to_string();
+    let name = node.get_str(field::NODE).unwrap_or_default().to_string();
     let window = state.config.web.live_window;
     let id = node
-        .get_object_id("_id")
+        .get_object_id(field::ID)
         .map_err(|_| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
     let refuse = |why: String| {
         Err(ApiError::conflict(format!(
