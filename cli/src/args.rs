@@ -153,6 +153,55 @@ pub enum Command {
     },
     /// List nodes with their heartbeat and running tasks.
     Nodes,
+    /// Show one task, field by field (`--json` for the server's JSON).
+    Task { task_id: String },
+    /// List a task's attempts, oldest first: node, runner pid, start, end, outcome, exit
+    /// code or signal, and why it was lost or retried.
+    Attempts { task_id: String },
+    /// Pause a queue: no node starts its tasks (threads 0, the old value kept).
+    Pause {
+        /// Queue id or name.
+        queue: String,
+    },
+    /// Resume a paused queue (threads back to what they were).
+    Resume {
+        /// Queue id or name.
+        queue: String,
+    },
+    /// Add Coordinate work units (tasks with a key unique in their queue).
+    Units {
+        /// Queue id or name.
+        queue: String,
+        /// JSON array of `{"key": "...", "params"?: {...}, "priority"?: n, "not_before"?: t}`.
+        #[arg(
+            value_name = "JSON",
+            required_unless_present = "file",
+            conflicts_with = "file"
+        )]
+        data: Option<String>,
+        /// JSON-lines file, one unit per line (`-` for stdin).
+        #[arg(long, value_name = "PATH")]
+        file: Option<PathBuf>,
+        /// Update the params of units whose key is taken (and requeue them) instead of
+        /// rejecting them; claimed or running ones are left alone.
+        #[arg(long)]
+        update: bool,
+    },
+    /// Show the queue balancer's settings, or replace them with --set JSON.
+    Balance {
+        /// `{"max_tasks": {"D HH:MM": n}, "queues": [[names], ...], "disabled"?: epoch|null}`.
+        #[arg(long, value_name = "JSON")]
+        set: Option<String>,
+    },
+    /// A live view of queues and nodes, redrawn every --interval seconds (Ctrl-C quits).
+    Top {
+        /// Seconds between redraws.
+        #[arg(long, default_value_t = 2.0, value_parser = parse_interval)]
+        interval: f64,
+        /// Stop after this many redraws (0: until interrupted).
+        #[arg(long, default_value_t = 0)]
+        iterations: u64,
+    },
     /// Task counts per queue in Coordinate's states (available, delayed, pending, finished, failed)
     Summary,
     /// Coordinate work specs: `spec load FILE` creates or redefines their queues.
@@ -168,7 +217,8 @@ pub enum Command {
         #[arg(value_name = "N|null", value_parser = parse_maxthreads, allow_negative_numbers = true)]
         maxthreads: MaxThreads,
     },
-    /// Cancel a queued or blocked task.
+    /// Cancel a task: a queued or blocked one never runs; a claimed or running one is
+    /// stopped (its runner stops the plugin's process group) and ends cancelled.
     Cancel { task_id: String },
     /// Requeue a finished task, or (with --queue) every failed/orphaned task of a queue.
     Retry {
@@ -218,6 +268,14 @@ pub enum Command {
     },
     /// Print a shell completion script.
     Completions { shell: Shell },
+}
+
+/// `top --interval`: from a tenth of a second to a day.
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.1..=86_400.0).contains(&x) => Ok(x),
+        _ => Err(format!("expected seconds between 0.1 and 86400, got {s:?}")),
+    }
 }
 
 /// `set-maxthreads` value: `None` clears the limit.

@@ -50,6 +50,18 @@ impl fmt::Display for HttpError {
 
 impl std::error::Error for HttpError {}
 
+/// The server could not be reached: no connection, no name, or no answer in time.
+#[derive(Debug)]
+pub struct Unreachable(pub String);
+
+impl fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
 impl Client {
     /// `cacert`: a PEM file of extra trusted certificates, for a server with a private CA.
     pub fn new(
@@ -59,9 +71,12 @@ impl Client {
         cacert: Option<&Path>,
     ) -> anyhow::Result<Self> {
         // The given text is not echoed: it may hold user:password@.
-        let base = Url::parse(base_url).context("invalid --url")?;
+        let base = Url::parse(&with_scheme(base_url))
+            .map_err(|e| crate::exit::usage(format!("invalid --url: {e}")))?;
         if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
-            bail!("invalid --url: expected http://HOST[:PORT] or https://…");
+            return Err(crate::exit::usage(
+                "invalid --url: expected HOST[:PORT], http://HOST[:PORT] or https://…",
+            ));
         }
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(ns) = namespace {
@@ -150,10 +165,15 @@ impl Client {
                 .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
                 .body(serde_json::to_vec(body)?);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| anyhow!("{method} {}: {}", shown(url), describe(e)))?;
+        let response = request.send().await.map_err(|e| {
+            let unreachable = e.is_connect() || e.is_timeout();
+            let message = format!("{method} {}: {}", shown(url), describe(e));
+            if unreachable {
+                anyhow::Error::new(Unreachable(message))
+            } else {
+                anyhow!(message)
+            }
+        })?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -217,6 +237,15 @@ fn ca_certificates(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
         );
     }
     Ok(certs)
+}
+
+/// `host:port` and `host` as the user means them: plain http. A URL with a scheme is kept.
+fn with_scheme(url: &str) -> std::borrow::Cow<'_, str> {
+    if url.contains("://") {
+        url.into()
+    } else {
+        format!("http://{url}").into()
+    }
 }
 
 fn endpoint(base: &Url, segments: &[&str]) -> Url {

@@ -9,6 +9,7 @@ pub mod chunked;
 pub mod client;
 pub mod commands;
 pub mod envelope;
+pub mod exit;
 pub mod table;
 pub mod timefmt;
 

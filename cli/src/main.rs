@@ -36,6 +36,9 @@ async fn main() -> ExitCode {
         Err(e) if disbatch_cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
         // Redacted (create-users reads a config with passwords) and escaped: the server's
         // message may quote a stored name.
-        Err(e) => disbatch_core::logging::exit_status(Err(e)),
+        Err(e) => {
+            disbatch_core::logging::print_error(&format!("{e:#}"));
+            ExitCode::from(disbatch_cli::exit::status_for(&e))
+        }
     }
 }

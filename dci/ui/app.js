@@ -2,7 +2,8 @@
 /*
  * Disbatch operator console — core: DOM and format helpers, the API helper, the modal,
  * hash routing and polling. The access token (prompt and storage) is in access.js. The pages
- * live in queues.js (queues, nodes), tasks.js (task search, one task) and balance.js; each
+ * live in queues.js (queues, nodes), tasks.js (task search, one task), balance.js and
+ * charts.js; each
  * registers itself in PAGES as
  *   { title, enter(main, ctx), refresh(ctx) }
  * enter() builds the page's static parts once; refresh() is called at once and then every

@@ -441,7 +441,9 @@ impl Claimer {
             report.spawn_failed = true;
             for (handoff, slot) in std::iter::once((handoff, slot)).chain(handoffs) {
                 if let Some(id) = handoff.task_id() {
-                    self.store.give_back_attempt(id, handoff.attempt).await?;
+                    self.store
+                        .give_back_attempt(id, handoff.attempt, &handoff.task)
+                        .await?;
                 }
                 self.view.runner_exited(queue.id, Some(slot));
             }

@@ -23,5 +23,6 @@ pub mod runner_deaths;
 pub mod runner_env;
 pub mod running_view;
 pub mod skip_log;
+pub mod stats_keeper;
 
 pub use node::Node;

@@ -194,6 +194,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         interval: config.loop_interval,
         dead_node_after: config.dead_node_after,
         counts_reconcile: config.counts_reconcile,
+        stats_interval: config.stats_interval,
         metrics,
         reloads: Some(reloads),
     };

@@ -20,6 +20,7 @@ use crate::executor::Executor;
 use crate::metrics::DenMetrics;
 use crate::notifier::Notifier;
 use crate::reaper::{reap_orphans, recover_expired_leases, recover_silent_nodes};
+use crate::stats_keeper::StatsKeeper;
 
 /// Longest wait between passes while the database keeps failing (before jitter, which may
 /// double it): short, so a node is back at work within seconds of the server's return.
@@ -58,6 +59,8 @@ pub struct Node {
     pub dead_node_after: Duration,
     /// How often the leader checks kept task counts against the tasks.
     pub counts_reconcile: Duration,
+    /// The width of a statistics bucket (a minute unless testing).
+    pub stats_interval: Duration,
     /// Settings from config reloads (SIGHUP); None: never reloaded.
     pub reloads: Option<crate::reload::Receiver>,
 }
@@ -90,6 +93,7 @@ impl Node {
             self.interval * LEADER_TRY_INTERVALS,
         );
         let mut count_keeper = CountKeeper::new(self.counts_reconcile);
+        let mut stats_keeper = StatsKeeper::new(self.stats_interval, &self.name);
         let count_writer = CountWriter::start(self.store.clone());
         let mut next_own_orphans = Instant::now();
         let mut last_read: Option<Instant> = None;
@@ -121,6 +125,7 @@ impl Node {
                         }
                         if elector.leads(&self.store, &self.name).await {
                             count_keeper.tick(&self.store);
+                            stats_keeper.tick(&self.store);
                             self.lead_maintenance(connected_since.elapsed(), &mut reported)
                                 .await?;
                             if Instant::now() >= next_silent_check {
@@ -129,6 +134,7 @@ impl Node {
                             }
                         } else {
                             count_keeper.stop();
+                            stats_keeper.stop();
                         }
                         self.forward_cancel_requests().await?;
                     }
@@ -234,6 +240,7 @@ impl Node {
             }
         }
         count_keeper.stop();
+        stats_keeper.stop();
         elector.release(&self.store, &self.name).await;
         self.shut_down().await;
         drop(count_writer);

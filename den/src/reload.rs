@@ -33,6 +33,7 @@ pub const NEEDS_RESTART: &[&str] = &[
     "change_streams",
     "dead_node_after_s",
     "counts_reconcile_s",
+    "stats_interval_s",
     "balance",
     "log_format",
 ];

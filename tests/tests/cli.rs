@@ -65,8 +65,12 @@ async fn queue_commands_round_trip_through_the_api() {
             "Name",
             "Threads",
             "Queued",
+            "Blocked",
             "Running",
-            "Completed"
+            "Succeeded",
+            "Failed",
+            "Cancelled",
+            "Orphaned"
         ]),
         "{table}"
     );
@@ -76,7 +80,7 @@ async fn queue_commands_round_trip_through_the_api() {
             .any(|l| l.contains("alpha") && l.contains("echo")),
         "{table}"
     );
-    assert!(table.contains("1 total queues."), "{table}");
+    assert!(table.contains("1 queue total."), "{table}");
     // Columns are aligned: every row has the header's width up to the last column.
     let json_out = ok(&dci.cli(&["--json", "queues"]));
     let parsed: Value = serde_json::from_str(&json_out).expect("--json prints JSON");
@@ -114,7 +118,7 @@ async fn task_commands_create_search_and_show_output() {
     ]));
 
     let one = ok(&dci.cli(&["create-task", "demo", "commands", "a"]));
-    assert!(one.starts_with("Created 1 tasks in queue demo"), "{one}");
+    assert!(one.starts_with("Created 1 task in queue demo"), "{one}");
     let many = ok(&dci.cli(&[
         "create-tasks",
         "demo",
@@ -125,6 +129,7 @@ async fn task_commands_create_search_and_show_output() {
     let count = ok(&dci.cli(&["tasks", r#"{"queue":"demo"}"#, "--count"]));
     assert_eq!(count.trim(), "3 tasks");
     let page = ok(&dci.cli(&[
+        "--json",
         "tasks",
         r#"{"queue":"demo"}"#,
         "--limit",

@@ -208,15 +208,19 @@ async fn claims_through_a_window_miss_nothing_and_skip_what_is_not_claimable() {
     }
     assert_eq!(order[..], expected[..140], "oldest first, across windows");
     let given_back = order[5];
-    let attempt = db
-        .task(given_back)
-        .await
-        .get_object_id("attempt")
-        .expect("attempt");
+    let claimed = db.task(given_back).await;
+    let attempt = claimed.get_object_id("attempt").expect("attempt");
     assert!(store
-        .give_back_attempt(given_back, attempt)
+        .give_back_attempt(given_back, attempt, &claimed)
         .await
         .expect("give back"));
+    let back = db.task(given_back).await;
+    for field in ["attempt", "attempts", "slot", "lease_until", "node"] {
+        assert!(
+            back.get(field).is_none_or(|v| *v == Bson::Null),
+            "a first claim given back leaves no {field}: {back}"
+        );
+    }
     order.retain(|id| *id != given_back);
     // A reset (what a node does when a change stream reports a task queued again) finds it.
     window.reset();

@@ -1,10 +1,14 @@
 //! Runs one parsed command against the server and writes its output.
 
+mod balance;
 mod nodes;
+mod queue_ops;
 mod queues;
 mod specs;
 mod task_ops;
+mod task_view;
 mod tasks;
+mod top;
 pub mod users;
 
 pub use queues::update_body;
@@ -64,14 +68,19 @@ fn cell(value: Option<&Value>) -> String {
     }
 }
 
+/// "1 task", "2 tasks": a count with its noun.
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Splits KEY VALUE arguments into pairs; an odd count is a usage mistake worth a clear error.
 fn pairs<'a>(args: &'a [String], names: &str) -> anyhow::Result<Vec<(&'a String, &'a String)>> {
     if args.len() % 2 == 1 {
-        anyhow::bail!(
+        return Err(crate::exit::usage(format!(
             "expected {names} pairs, got an odd number of arguments ({}): {}",
             args.len(),
             args.join(" ")
-        );
+        )));
     }
     Ok(args
         .chunks_exact(2)
@@ -136,6 +145,24 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
             tasks::query(ctx, filter.as_deref(), &options, out).await
         }
         Command::Nodes => nodes::list(ctx, out).await,
+        Command::Task { task_id } => task_view::show(ctx, &task_id, out).await,
+        Command::Attempts { task_id } => task_view::attempts(ctx, &task_id, out).await,
+        Command::Pause { queue } => queue_ops::pause_or_resume(ctx, &queue, "pause", out).await,
+        Command::Resume { queue } => queue_ops::pause_or_resume(ctx, &queue, "resume", out).await,
+        Command::Units {
+            queue,
+            data,
+            file,
+            update,
+        } => queue_ops::add_units(ctx, &queue, data.as_deref(), file.as_deref(), update, out).await,
+        Command::Balance { set } => balance::balance(ctx, set.as_deref(), out).await,
+        Command::Top {
+            interval,
+            iterations,
+        } => {
+            let interval = std::time::Duration::from_secs_f64(interval);
+            top::top(ctx, interval, iterations, out).await
+        }
         Command::Summary => queues::summary(ctx, out).await,
         Command::Spec {
             action: SpecAction::Load { file, plugin },

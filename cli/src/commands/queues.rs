@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail};
 use reqwest::Method;
 use serde_json::{json, Map, Value};
 
-use super::{array, cell, pairs, shown, Ctx};
+use super::{array, cell, pairs, plural, shown, Ctx};
 use crate::args::Sort;
 use crate::envelope::{count, oid};
 use crate::table::{Align, Table};
@@ -34,8 +34,12 @@ pub async fn list(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
         ("Name", Align::Left),
         ("Threads", Align::Right),
         ("Queued", Align::Right),
+        ("Blocked", Align::Right),
         ("Running", Align::Right),
-        ("Completed", Align::Right),
+        ("Succeeded", Align::Right),
+        ("Failed", Align::Right),
+        ("Cancelled", Align::Right),
+        ("Orphaned", Align::Right),
     ]);
     for queue in queues {
         let id = queue
@@ -44,21 +48,50 @@ pub async fn list(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
             .map(|v| oid(v).map_or_else(|| cell(Some(v)), str::to_string))
             .unwrap_or_default();
         let mut row = vec![id];
-        for field in [
-            "plugin",
-            "name",
-            "threads",
-            "queued",
-            "running",
-            "completed",
-        ] {
+        for field in ["plugin", "name", "threads"] {
             row.push(cell(queue.get(field)));
         }
+        row.extend(status_columns(queue));
         table.row(row);
     }
     write!(out, "{}", table.render())?;
-    writeln!(out, "{} total queues.", queues.len())?;
+    writeln!(
+        out,
+        "{} total.",
+        plural(queues.len() as u64, "queue", "queues")
+    )?;
     Ok(())
+}
+
+/// Queued, blocked, running, succeeded, failed, cancelled and orphaned, each apart, from
+/// `by_status`; a server without it (Disbatch 4) gives its own queued (every status ≤ -2),
+/// running, succeeded and failed, and blanks for the rest rather than a wrong 0.
+fn status_columns(queue: &Value) -> Vec<String> {
+    let Some(groups) = queue.get("by_status").and_then(Value::as_object) else {
+        return ["queued", "", "running", "succeeded", "failed", "", ""]
+            .iter()
+            .map(|f| {
+                if f.is_empty() {
+                    String::new()
+                } else {
+                    cell(queue.get(*f))
+                }
+            })
+            .collect();
+    };
+    let n = |g: &str| groups.get(g).and_then(Value::as_u64).unwrap_or(0);
+    [
+        n("queued"),
+        n("blocked"),
+        n("claimed") + n("running"),
+        n("succeeded"),
+        n("failed"),
+        n("cancelled"),
+        n("orphaned"),
+    ]
+    .iter()
+    .map(u64::to_string)
+    .collect()
 }
 
 pub async fn create(
@@ -224,5 +257,19 @@ mod tests {
         let err = update_body(&strings(&["threads"])).unwrap_err().to_string();
         assert!(err.contains("odd number of arguments (1)"), "{err}");
         assert!(update_body(&strings(&["threads", "1", "name"])).is_err());
+    }
+
+    #[test]
+    fn each_status_has_its_column() {
+        let queue = json!({"queued": 9, "running": 2, "by_status": {
+            "queued": 3, "claimed": 1, "running": 1, "succeeded": 4, "failed": 2,
+            "terminated": 0, "blocked": 5, "cancelled": 6, "orphaned": 7, "other": 0}});
+        assert_eq!(status_columns(&queue), ["3", "5", "2", "4", "2", "6", "7"]);
+    }
+
+    #[test]
+    fn a_disbatch_server_leaves_the_new_columns_blank() {
+        let queue = json!({"queued": 9, "running": 2, "succeeded": 4, "failed": 1});
+        assert_eq!(status_columns(&queue), ["9", "", "2", "4", "1", "", ""]);
     }
 }

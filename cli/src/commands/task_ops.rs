@@ -60,7 +60,12 @@ pub async fn retry_queue(
         return Ok(());
     }
     let n = count(&reply.value, UPDATE, "modified_count")?;
-    writeln!(out, "Requeued {n} tasks in queue {}", shown(queue))?;
+    writeln!(
+        out,
+        "Requeued {} in queue {}",
+        super::plural(n, "task", "tasks"),
+        shown(queue)
+    )?;
     Ok(())
 }
 

@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, Context};
 use reqwest::Method;
 use serde_json::{json, Map, Value};
 
-use super::{pairs, shown, write_raw, Ctx};
+use super::{pairs, plural, shown, write_raw, Ctx};
 use crate::chunked;
 use crate::client::Reply;
 use crate::envelope::inserted_ids;
@@ -23,6 +23,14 @@ pub struct QueryOptions {
     pub full: bool,
     pub epoch: bool,
     pub pretty: bool,
+}
+
+impl QueryOptions {
+    /// Options that shape the server's JSON (Disbatch's dot options): asked for, the JSON is
+    /// the output, as in Disbatch's CLI.
+    fn shapes_json(&self) -> bool {
+        self.fields.is_some() || self.terse || self.full || self.epoch || self.pretty
+    }
 }
 
 /// One task's params from KEY VALUE arguments, all values strings as in Disbatch.
@@ -92,10 +100,13 @@ pub async fn query(
                     reply.value
                 )
             })?;
-        writeln!(out, "{count} tasks")?;
-    } else {
+        writeln!(out, "{}", plural(count, "task", "tasks"))?;
+    } else if ctx.json || options.shapes_json() {
         // The server already applied .pretty; its text is the output.
         write_raw(out, &reply.raw)?;
+    } else {
+        let tasks = super::array(&reply, "tasks")?;
+        super::task_view::write_tasks_table(tasks, out)?;
     }
     Ok(())
 }
@@ -154,7 +165,12 @@ fn report_created(
         return Ok(());
     }
     let ids = inserted_ids(&reply.value)?;
-    writeln!(out, "Created {} tasks in queue {}", ids.len(), shown(queue))?;
+    writeln!(
+        out,
+        "Created {} in queue {}",
+        plural(ids.len() as u64, "task", "tasks"),
+        shown(queue)
+    )?;
     for id in ids {
         writeln!(out, "{id}")?;
     }
@@ -186,7 +202,12 @@ pub async fn create_from_file(
     let json_out = if ctx.json { Some(&mut *out) } else { None };
     let created = chunked::upload(&ctx.client, queue, &entries, chunk_size, &bar, json_out).await?;
     if !ctx.json {
-        writeln!(out, "Created {created} tasks in queue {}", shown(queue))?;
+        writeln!(
+            out,
+            "Created {} in queue {}",
+            plural(created, "task", "tasks"),
+            shown(queue)
+        )?;
     }
     Ok(())
 }

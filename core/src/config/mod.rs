@@ -45,6 +45,8 @@ pub const DEFAULT_LOOP_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_DEAD_NODE_AFTER: Duration = Duration::from_secs(5 * 60);
 pub const MIN_DEAD_NODE_AFTER: Duration = Duration::from_secs(10);
 pub const DEFAULT_COUNTS_RECONCILE: Duration = Duration::from_secs(600);
+/// Per-minute statistics are kept per minute.
+pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Set by a DEN for its task runners: a copy of the config the node accepted, which a runner
 /// reads in place of its `--config` file (whose path still resolves relative paths), so an
@@ -140,6 +142,8 @@ pub struct Config {
     /// How often the maintenance leader checks each queue's kept task counts against its
     /// tasks (`counts_reconcile_s`, default 600).
     pub counts_reconcile: Duration,
+    /// The width of a statistics bucket (`stats_interval_s`, default 60); shorter only in tests.
+    pub stats_interval: Duration,
     /// `log_format`: text or JSON lines; None leaves it to `--log-format`, then text.
     pub log_format: Option<crate::logging::LogFormat>,
     /// `log_level`: a level or a `RUST_LOG`-style filter; `RUST_LOG` wins when set.

@@ -98,6 +98,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     counts_reconcile_s: Option<u64>,
     #[serde(default)]
+    stats_interval_s: Option<u64>,
+    #[serde(default)]
     log_format: Option<String>,
     #[serde(default)]
     log_level: Option<String>,
@@ -271,6 +273,7 @@ impl RawConfig {
             Some(0) => Err("key `counts_reconcile_s`: must be at least 1 s".to_string()),
             Some(s) => Ok(Duration::from_secs(s.min(7 * 24 * 3600))),
         });
+        let stats_interval = p.take(stats_interval(self.stats_interval_s));
         let balance = self.balance.unwrap_or_default();
         let web = self.web.unwrap_or_default();
         let tokens = p.take(super::tokens::web_tokens(web.tokens, base, warnings));
@@ -330,6 +333,7 @@ impl RawConfig {
             Some(loop_interval),
             Some(dead_node_after),
             Some(counts_reconcile),
+            Some(stats_interval),
             Some(tokens),
             Some(web_tls),
             Some(http),
@@ -349,6 +353,7 @@ impl RawConfig {
             loop_interval,
             dead_node_after,
             counts_reconcile,
+            stats_interval,
             tokens,
             web_tls,
             http,
@@ -409,6 +414,7 @@ impl RawConfig {
             change_streams: perl_bool::or(self.change_streams, true),
             dead_node_after,
             counts_reconcile,
+            stats_interval,
             log_format,
             log_level,
         })
@@ -447,6 +453,18 @@ fn dead_node_after(seconds: Option<u64>) -> Result<Duration, String> {
             MIN_DEAD_NODE_AFTER.as_secs()
         )),
         Some(s) => Ok(Duration::from_secs(s.min(365 * 24 * 3600))),
+    }
+}
+
+/// The width of a statistics bucket: a minute, or (for tests, which cannot wait minutes) a
+/// divisor of it, so buckets still tile each minute.
+fn stats_interval(seconds: Option<u64>) -> Result<Duration, String> {
+    match seconds {
+        None => Ok(super::DEFAULT_STATS_INTERVAL),
+        Some(s) if s == 0 || s > 60 || 60 % s != 0 => Err(format!(
+            "key `stats_interval_s`: {s} must divide 60 (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30 or 60)"
+        )),
+        Some(s) => Ok(Duration::from_secs(s)),
     }
 }
 

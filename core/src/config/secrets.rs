@@ -64,6 +64,7 @@ impl std::fmt::Debug for Config {
             change_streams,
             dead_node_after,
             counts_reconcile,
+            stats_interval,
             log_format,
             log_level,
         } = self;
@@ -95,6 +96,7 @@ impl std::fmt::Debug for Config {
             .field("change_streams", change_streams)
             .field("dead_node_after", dead_node_after)
             .field("counts_reconcile", counts_reconcile)
+            .field("stats_interval", stats_interval)
             .field("log_format", log_format)
             .field("log_level", log_level)
             .finish()

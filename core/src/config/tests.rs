@@ -523,3 +523,18 @@ fn allowed_hosts_and_origins_are_normalised_and_bad_entries_named() {
         assert!(e.contains("`web.allowed_origins[0]`"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn stats_interval_defaults_to_a_minute_and_must_divide_one() {
+    let base = r#"{"mongohost": "mongodb://h", "database": "d""#;
+    let c = parse(&format!("{base}}}")).expect("ok").config;
+    assert_eq!(c.stats_interval, Duration::from_secs(60));
+    let c = parse(&format!(r#"{base}, "stats_interval_s": 2}}"#))
+        .expect("ok")
+        .config;
+    assert_eq!(c.stats_interval, Duration::from_secs(2));
+    for bad in ["0", "7", "61", "120", "-1", "\"1\""] {
+        let e = error_of(&format!(r#"{base}, "stats_interval_s": {bad}}}"#));
+        assert!(e.contains("`stats_interval_s`"), "{bad}: {e}");
+    }
+}

@@ -9,16 +9,31 @@ use crate::error::{Error, Result};
 use crate::model::{status, QueueSort};
 
 impl Store {
-    /// Puts a task claimed by `claim_picks` back in the queue when its runner could not
-    /// be started; conditional on the attempt, so it never undoes a later claim.
-    pub async fn give_back_attempt(&self, id: ObjectId, attempt: ObjectId) -> Result<bool> {
+    /// Puts a task claimed by `claim_picks` back in the queue before its runner started, as
+    /// it was: no slot, lease or `attempt`, and `attempts` one less, or gone when the claim
+    /// was its first (`claimed` is the document the claim returned), so a Perl node that
+    /// claims it next finds it as it would have. Conditional on the attempt, so it never
+    /// undoes a later claim.
+    pub async fn give_back_attempt(
+        &self,
+        id: ObjectId,
+        attempt: ObjectId,
+        claimed: &Document,
+    ) -> Result<bool> {
+        let first = super::count_value(claimed.get(task::ATTEMPTS)) <= 1;
+        let mut unset = doc! {task::SLOT: "", task::LEASE_UNTIL: "", task::ATTEMPT: ""};
+        let mut update = doc! {
+            "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
+        };
+        if first {
+            unset.insert(task::ATTEMPTS, "");
+        } else {
+            update.insert("$inc", doc! {task::ATTEMPTS: -1});
+        }
+        update.insert("$unset", unset);
         self.update_one_counted(
             doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status::RUNNING},
-            doc! {
-                "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
-                "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
-                "$inc": {task::ATTEMPTS: -1},
-            },
+            update,
             Some(StatusGroup::Queued),
         )
         .await

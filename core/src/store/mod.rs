@@ -16,6 +16,7 @@ mod metrics;
 mod nodes;
 mod queues;
 pub mod schema;
+mod stats;
 mod summary;
 mod task_control;
 mod task_counts;
@@ -46,6 +47,7 @@ pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
 pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, LiveFleet, LiveNode, NodeLimit};
 pub use queues::{check_queue_fields, parse_queue};
+pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
 pub use task_counts::{
@@ -148,6 +150,7 @@ impl Store {
         for (collection, model) in schema::disbatch_indexes()
             .into_iter()
             .chain(schema::our_indexes())
+            .chain(schema::stats_indexes())
         {
             let keys = model.keys.clone();
             self.collection(collection)

@@ -255,3 +255,70 @@ pub mod balance {
     pub const MESSAGE: &str = "message";
     pub const TIMESTAMP: &str = "timestamp";
 }
+
+/// Ours: per-minute statistics, one document per minute and queue (`queue: null`: the whole
+/// fleet's totals, written for every minute, so it also marks how far the keeper got), kept by
+/// the maintenance leader and expired after `STATS_RETENTION`.
+pub const STATS_MINUTELY: &str = "stats_minutely";
+/// How long statistics are kept (the TTL on `minute`): a week of per-minute charts.
+pub const STATS_RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+pub mod stats {
+    /// The start of the bucket (a date; the TTL index reads it).
+    pub const MINUTE: &str = "minute";
+    /// The queue's `_id`, or null for the fleet's totals.
+    pub const QUEUE: &str = "queue";
+    pub const SUCCEEDED: &str = "succeeded";
+    /// Attempts that failed, will be retried, or timed out.
+    pub const FAILED: &str = "failed";
+    /// Attempts recovery closed as lost (their queue's `on_lost` then requeued or orphaned).
+    pub const LOST: &str = "lost";
+    pub const CANCELLED: &str = "cancelled";
+    /// Any other outcome (`discarded`, or one this version does not know).
+    pub const OTHER: &str = "other";
+    /// Tasks queued and running when the bucket was written; null for buckets written late,
+    /// after a gap, when only the present is known.
+    pub const QUEUED: &str = "queued";
+    pub const RUNNING: &str = "running";
+    /// Of the attempts that ran to an end in the bucket (not lost ones, whose end is when
+    /// recovery noticed); null when none did.
+    pub const MEAN_MS: &str = "mean_ms";
+    pub const P95_MS: &str = "p95_ms";
+    /// `[{node, succeeded, failed, lost}]`: the same counts per node (an array, not a
+    /// subdocument keyed by node, since node names may hold `.` or `$`).
+    pub const NODES: &str = "nodes";
+    pub const NODE: &str = "node";
+    /// The node that wrote the document.
+    pub const WRITER: &str = "writer";
+}
+
+/// The statistics' indexes: one document per minute and queue, whoever writes it (a leader
+/// change never writes a minute twice), and the TTL that bounds the collection.
+pub fn stats_indexes() -> Vec<(&'static str, IndexModel)> {
+    vec![
+        (
+            STATS_MINUTELY,
+            IndexModel::builder()
+                .keys(doc! {stats::MINUTE: 1, stats::QUEUE: 1})
+                .options(IndexOptions::builder().unique(true).build())
+                .build(),
+        ),
+        (
+            STATS_MINUTELY,
+            IndexModel::builder()
+                .keys(doc! {stats::MINUTE: 1})
+                .options(
+                    IndexOptions::builder()
+                        .expire_after(STATS_RETENTION)
+                        .build(),
+                )
+                .build(),
+        ),
+        // The keeper reads the attempts that ended in a minute; records are written when an
+        // attempt ends, so every record carries `end` and the index costs one key each.
+        (
+            ATTEMPTS,
+            IndexModel::builder().keys(doc! {attempt::END: 1}).build(),
+        ),
+    ]
+}

@@ -7,7 +7,9 @@ use mongodb::options::Credential;
 use mongodb::{Client, Database};
 use serde_json::Value;
 
-use super::schema::{ATTEMPTS, BALANCE, CHUNKS, FILES, LEASES, NODES, QUEUES, TASKS, TASK_COUNTS};
+use super::schema::{
+    ATTEMPTS, BALANCE, CHUNKS, FILES, LEASES, NODES, QUEUES, STATS_MINUTELY, TASKS, TASK_COUNTS,
+};
 use crate::config::{Component, Config};
 use crate::error::{Error, Result};
 
@@ -78,6 +80,9 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             // Ours: claims and results keep the task counts; the maintenance leader
             // creates and reconciles them.
             (TASK_COUNTS, &["insert", "update"]),
+            // Ours: the maintenance leader upserts per-minute statistics and creates their
+            // unique and TTL indexes.
+            (STATS_MINUTELY, &["insert", "update", "createIndex"]),
         ],
         Component::Web => vec![
             ("", &["find", "listIndexes"]),
@@ -94,6 +99,8 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             (ATTEMPTS, &["createIndex"]),
             // Ours: creating, cancelling, retrying and deleting tasks keep the task counts.
             (TASK_COUNTS, &["update"]),
+            // Ours: ensure_indexes creates the statistics' indexes too (GET /stats only reads).
+            (STATS_MINUTELY, &["createIndex"]),
         ],
         Component::TaskRunner => vec![
             ("", &["find"]),
@@ -448,6 +455,7 @@ mod tests {
             ("leases", set(&["insert", "update"])),
             ("balance", set(&["insert", "update"])),
             ("task_counts", set(&["insert", "update"])),
+            ("stats_minutely", set(&["insert", "update", "createIndex"])),
         ]
         .into_iter()
         .map(|(c, a)| (c.to_string(), a))

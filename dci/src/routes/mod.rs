@@ -11,6 +11,7 @@ mod nodes;
 pub mod openapi;
 mod queues;
 mod specs;
+mod stats;
 mod summary;
 mod task_one;
 mod tasks_create;
@@ -324,6 +325,13 @@ pub fn table() -> Vec<Route> {
             READ,
             "Queue, task and node gauges in Prometheus text format",
             || get(metrics::get),
+        ),
+        route(
+            Method::GET,
+            "/stats",
+            READ,
+            "Per-minute statistics per queue (?minutes=N, 1..=10080, default 60; &queue=Q, id or name)",
+            || get(stats::get),
         ),
         route(
             Method::GET,

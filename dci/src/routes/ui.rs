@@ -14,10 +14,16 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("tasks.js", JS, include_str!("../../ui/tasks.js")),
     ("attempts.js", JS, include_str!("../../ui/attempts.js")),
     ("balance.js", JS, include_str!("../../ui/balance.js")),
+    ("charts.js", JS, include_str!("../../ui/charts.js")),
     (
         "app.css",
         "text/css; charset=utf-8",
         include_str!("../../ui/app.css"),
+    ),
+    (
+        "charts.css",
+        "text/css; charset=utf-8",
+        include_str!("../../ui/charts.css"),
     ),
 ];
 

@@ -70,7 +70,11 @@ impl Claimer {
             let Ok(id) = task.get_object_id(task::ID) else {
                 continue;
             };
-            if self.store.give_back_attempt(id, pick.attempt).await? {
+            if self
+                .store
+                .give_back_attempt(id, pick.attempt, &task)
+                .await?
+            {
                 given_back += 1;
             }
             self.view.runner_exited(queue.id, Some(pick.slot));

@@ -1,0 +1,224 @@
+//! Reading tasks for people: `task ID`, `attempts ID`, and the `tasks` table.
+
+use std::io::Write;
+
+use reqwest::Method;
+use serde_json::Value;
+
+use super::{array, cell, plural, shown, Ctx};
+use crate::envelope::oid;
+use crate::table::{Align, Table};
+
+/// A status code's name, as the console and README name them.
+pub fn status_name(status: Option<&Value>) -> String {
+    let Some(code) = status.and_then(Value::as_i64) else {
+        return cell(status);
+    };
+    let name = match code {
+        -6 => "orphaned",
+        -5 => "cancelled",
+        -4 => "blocked",
+        -3 => "terminated",
+        -2 => "queued",
+        -1 => "claimed",
+        0 => "running",
+        1 => "succeeded",
+        c if c >= 2 => "failed",
+        _ => return code.to_string(),
+    };
+    format!("{name} ({code})")
+}
+
+/// A date as the server rendered it: text as is, `{"$date": …}` unwrapped, epoch numbers kept.
+fn date(value: Option<&Value>) -> String {
+    match value {
+        Some(Value::Object(o)) => cell(o.get("$date")),
+        other => cell(other),
+    }
+}
+
+fn id_of(value: &Value) -> String {
+    value
+        .get("_id")
+        .or_else(|| value.get("id"))
+        .map(|v| oid(v).map_or_else(|| cell(Some(v)), str::to_string))
+        .unwrap_or_default()
+}
+
+/// Params as one line of JSON, for a table cell (the table cuts it).
+fn params(task: &Value) -> String {
+    task.get("params")
+        .or_else(|| task.get("parameters"))
+        .map_or_else(String::new, Value::to_string)
+}
+
+/// `tasks` in human mode: one row per task.
+pub fn write_tasks_table(tasks: &[Value], out: &mut dyn Write) -> anyhow::Result<()> {
+    let mut table = Table::new(&[
+        ("ID", Align::Left),
+        ("Queue", Align::Left),
+        ("Status", Align::Left),
+        ("Node", Align::Left),
+        ("Attempts", Align::Right),
+        ("Modified", Align::Left),
+        ("Params", Align::Left),
+    ]);
+    for t in tasks {
+        let queue = t
+            .get("queue")
+            .map(|q| oid(q).map_or_else(|| cell(Some(q)), str::to_string));
+        table.row(vec![
+            id_of(t),
+            queue.unwrap_or_default(),
+            status_name(t.get("status")),
+            cell(t.get("node")),
+            cell(t.get("attempts")),
+            date(t.get("mtime")),
+            params(t),
+        ]);
+    }
+    write!(out, "{}", table.render())?;
+    writeln!(out, "{}.", plural(tasks.len() as u64, "task", "tasks"))?;
+    Ok(())
+}
+
+/// `task ID`: one task, field by field.
+pub async fn show(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+    let reply = ctx
+        .client
+        .call(Method::GET, &["tasks", task_id], None)
+        .await?;
+    if ctx.raw(&reply, out)? {
+        return Ok(());
+    }
+    let t = &reply.value;
+    let Some(fields) = t.as_object() else {
+        anyhow::bail!("unexpected response from the server: expected a task object");
+    };
+    let mut lines: Vec<(String, String)> = vec![
+        ("id".into(), id_of(t)),
+        ("status".into(), status_name(t.get("status"))),
+    ];
+    for (key, value) in fields {
+        match key.as_str() {
+            "_id" | "id" | "status" => {}
+            "ctime" | "mtime" | "not_before" | "lease_until" => {
+                lines.push((key.clone(), date(Some(value))))
+            }
+            "queue" => lines.push((
+                key.clone(),
+                oid(value).map_or_else(|| cell(Some(value)), str::to_string),
+            )),
+            "stdout" | "stderr" => lines.push((key.clone(), output_summary(value))),
+            _ => lines.push((key.clone(), cell(Some(value)))),
+        }
+    }
+    let width = lines
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    for (key, value) in lines {
+        writeln!(out, "{:width$}  {}", shown(&key), shown(&value))?;
+    }
+    Ok(())
+}
+
+/// Output in a task document: inline text is summarised (the `stdout` verb prints it whole).
+fn output_summary(value: &Value) -> String {
+    match value {
+        Value::Null => String::new(),
+        Value::String(s) if s.chars().count() <= 60 && !s.contains('\n') => s.clone(),
+        Value::String(s) => format!(
+            "{} of text (disbatch stdout|stderr ID prints it)",
+            plural(s.len() as u64, "byte", "bytes")
+        ),
+        other => match oid(other) {
+            Some(id) => format!("GridFS file {id} (disbatch stdout|stderr ID prints it)"),
+            None => other.to_string(),
+        },
+    }
+}
+
+/// `attempts ID`: the task's attempts, oldest first.
+pub async fn attempts(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+    let reply = ctx
+        .client
+        .call(Method::GET, &["tasks", task_id, "attempts"], None)
+        .await?;
+    if ctx.raw(&reply, out)? {
+        return Ok(());
+    }
+    let rows = array(&reply, "attempts")?;
+    let mut table = Table::new(&[
+        ("#", Align::Right),
+        ("Node", Align::Left),
+        ("PID", Align::Right),
+        ("Start", Align::Left),
+        ("End", Align::Left),
+        ("Outcome", Align::Left),
+        ("Status", Align::Left),
+        ("Exit", Align::Left),
+        ("Reason", Align::Left),
+    ]);
+    for (i, a) in rows.iter().enumerate() {
+        let exit = match (a.get("exit_code"), a.get("signal")) {
+            (Some(code), _) if !code.is_null() => format!("code {}", cell(Some(code))),
+            (_, Some(signal)) if !signal.is_null() => format!("signal {}", cell(Some(signal))),
+            _ => String::new(),
+        };
+        table.row(vec![
+            (i + 1).to_string(),
+            cell(a.get("node")),
+            cell(a.get("pid")),
+            date(a.get("start")),
+            date(a.get("end")),
+            cell(a.get("outcome")),
+            a.get("status")
+                .filter(|s| !s.is_null())
+                .map_or_else(String::new, |s| status_name(Some(s))),
+            exit,
+            cell(a.get("reason")),
+        ]);
+    }
+    write!(out, "{}", table.render())?;
+    writeln!(out, "{}.", plural(rows.len() as u64, "attempt", "attempts"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn statuses_are_named_with_their_code() {
+        assert_eq!(status_name(Some(&json!(-2))), "queued (-2)");
+        assert_eq!(status_name(Some(&json!(0))), "running (0)");
+        assert_eq!(status_name(Some(&json!(7))), "failed (7)");
+        assert_eq!(status_name(Some(&json!(-9))), "-9");
+        assert_eq!(status_name(Some(&json!("x"))), "x");
+        assert_eq!(status_name(None), "");
+    }
+
+    #[test]
+    fn the_table_counts_in_words() {
+        let mut out = Vec::new();
+        write_tasks_table(
+            &[json!({"_id": {"$oid": "a"}, "status": 1, "params": {"k": "v"}})],
+            &mut out,
+        )
+        .expect("table");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert!(text.contains("succeeded (1)"), "{text}");
+        assert!(text.contains(r#"{"k":"v"}"#), "{text}");
+        assert!(text.ends_with("1 task.\n"), "{text}");
+    }
+
+    #[test]
+    fn long_output_is_summarised() {
+        assert_eq!(output_summary(&json!("ok")), "ok");
+        assert!(output_summary(&json!("a\nb")).starts_with("3 bytes"));
+        assert!(output_summary(&json!({"$oid": "abc"})).contains("GridFS file abc"));
+    }
+}

@@ -1,0 +1,97 @@
+//! Exit statuses by class of failure, so a script can tell a mistake in its command from a
+//! missing task, a conflict, an outage or a server fault.
+
+use reqwest::StatusCode;
+
+use crate::client::{HttpError, Unreachable};
+
+/// Anything not below: a local file that cannot be read, a reply that makes no sense.
+pub const OTHER: u8 = 1;
+/// The command line, or a request made from it, is wrong (clap's own status for usage).
+pub const USAGE: u8 = 2;
+/// No such task, queue, node or route (404).
+pub const NOT_FOUND: u8 = 3;
+/// The request conflicts with the current state (409): already paused, still running, live.
+pub const CONFLICT: u8 = 4;
+/// No answer from the server: refused, unresolvable, timed out.
+pub const UNREACHABLE: u8 = 5;
+/// The server failed (5xx).
+pub const SERVER_ERROR: u8 = 6;
+/// The server refused the credentials or the role (401, 403).
+pub const ACCESS_DENIED: u8 = 7;
+
+/// A mistake in the command's own arguments, found before anything is sent.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// A usage error with `message`.
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    UsageError(message.into()).into()
+}
+
+/// The exit status for `e`, by the first cause in its chain that has a class.
+pub fn status_for(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if let Some(http) = cause.downcast_ref::<HttpError>() {
+            return for_http(http.status);
+        }
+        if cause.is::<Unreachable>() {
+            return UNREACHABLE;
+        }
+        // Only arguments and input files are parsed with serde_json's errors kept as a
+        // cause; a server reply that is not JSON is reported without one.
+        if cause.is::<UsageError>() || cause.is::<serde_json::Error>() {
+            return USAGE;
+        }
+    }
+    OTHER
+}
+
+fn for_http(status: StatusCode) -> u8 {
+    match status.as_u16() {
+        404 | 410 => NOT_FOUND,
+        409 => CONFLICT,
+        401 | 403 => ACCESS_DENIED,
+        400 | 405 | 411 | 413 | 414 | 415 | 422 => USAGE,
+        500..=599 => SERVER_ERROR,
+        _ => OTHER,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_statuses_map_to_classes() {
+        assert_eq!(for_http(StatusCode::NOT_FOUND), NOT_FOUND);
+        assert_eq!(for_http(StatusCode::CONFLICT), CONFLICT);
+        assert_eq!(for_http(StatusCode::FORBIDDEN), ACCESS_DENIED);
+        assert_eq!(for_http(StatusCode::BAD_REQUEST), USAGE);
+        assert_eq!(for_http(StatusCode::SERVICE_UNAVAILABLE), SERVER_ERROR);
+        assert_eq!(for_http(StatusCode::IM_A_TEAPOT), OTHER);
+    }
+
+    #[test]
+    fn causes_are_found_through_context() {
+        use anyhow::Context;
+        let e = Err::<(), _>(usage("odd pairs"))
+            .context("update-queue")
+            .unwrap_err();
+        assert_eq!(status_for(&e), USAGE);
+        let bad: Result<serde_json::Value, _> = serde_json::from_str("{");
+        let e = bad.context("invalid JSON argument").unwrap_err();
+        assert_eq!(status_for(&e), USAGE);
+        let e = anyhow::Error::new(Unreachable("GET x: connection refused".into()));
+        assert_eq!(status_for(&e), UNREACHABLE);
+        assert_eq!(status_for(&anyhow::anyhow!("other")), OTHER);
+    }
+}

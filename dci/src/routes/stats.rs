@@ -1,0 +1,187 @@
+//! `GET /stats`: the per-minute statistics the maintenance leader keeps, for the charts.
+
+use std::collections::HashMap;
+
+use axum::extract::RawQuery;
+use axum::http::HeaderValue;
+use axum::response::Response;
+use bson::oid::ObjectId;
+use bson::{Bson, Document};
+use disbatch_core::store::schema::{queue as queue_field, stats};
+use serde_json::{json, Value};
+
+use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
+use crate::render::json_response;
+
+/// A week: as far back as statistics are kept.
+pub const MAX_MINUTES: u64 = 7 * 24 * 60;
+const DEFAULT_MINUTES: u64 = 60;
+/// The most buckets one answer holds (a few MiB of JSON); beyond it the oldest are left out
+/// and `X-Disbatch-Truncated` says so. A day of one queue and the fleet fits.
+pub const MAX_BUCKETS: usize = 20_000;
+
+/// `?minutes=N&queue=Q`.
+#[derive(Debug, PartialEq, Eq)]
+struct StatsQuery {
+    minutes: u64,
+    queue: Option<String>,
+}
+
+fn parse_query(query: Option<&str>) -> ApiResult<StatsQuery> {
+    let mut q = StatsQuery {
+        minutes: DEFAULT_MINUTES,
+        queue: None,
+    };
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match k.as_ref() {
+            "minutes" => {
+                q.minutes = v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| (1..=MAX_MINUTES).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "minutes must be a whole number from 1 to {MAX_MINUTES}"
+                        ))
+                    })?;
+            }
+            "queue" if v.is_empty() => {
+                return Err(ApiError::bad_request("queue must not be empty"));
+            }
+            "queue" => q.queue = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    Ok(q)
+}
+
+pub async fn get(Ns(state): Ns, RawQuery(query): RawQuery) -> ApiResult<Response> {
+    let q = parse_query(query.as_deref())?;
+    let queue = match &q.queue {
+        Some(ident) => Some(super::queues::find_id(&state, ident).await?),
+        None => None,
+    };
+    let window_ms = i64::try_from(q.minutes * 60_000).unwrap_or(i64::MAX);
+    let from = bson::DateTime::now()
+        .timestamp_millis()
+        .saturating_sub(window_ms);
+    let (docs, cut) = state.store.read_stats(from, queue, MAX_BUCKETS).await?;
+    let names: HashMap<ObjectId, String> = state
+        .store
+        .queue_documents()
+        .await?
+        .iter()
+        .filter_map(|d| {
+            let id = d.get_object_id(queue_field::ID).ok()?;
+            Some((id, d.get_str(queue_field::NAME).ok()?.to_string()))
+        })
+        .collect();
+    let rows: Vec<Value> = docs.iter().map(|d| bucket_json(d, &names)).collect();
+    let mut response = json_response(&Value::Array(rows), false);
+    if cut {
+        response
+            .headers_mut()
+            .insert("x-disbatch-truncated", HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// One stored bucket as the API shows it; fields a hand edit broke read as 0 or null.
+fn bucket_json(d: &Document, names: &HashMap<ObjectId, String>) -> Value {
+    let count = |doc: &Document, k: &str| match doc.get(k) {
+        Some(Bson::Int64(n)) => (*n).max(0),
+        Some(Bson::Int32(n)) => i64::from(*n).max(0),
+        _ => 0,
+    };
+    let maybe_count = |k: &str| match d.get(k) {
+        Some(Bson::Int64(_) | Bson::Int32(_)) => json!(count(d, k)),
+        _ => Value::Null,
+    };
+    let ms = |k: &str| match d.get(k) {
+        Some(Bson::Double(x)) if x.is_finite() => json!(x),
+        _ => Value::Null,
+    };
+    let queue_id = d.get_object_id(stats::QUEUE).ok();
+    let nodes: Vec<Value> = d
+        .get_array(stats::NODES)
+        .map(|a| a.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|n| {
+            let n = n.as_document()?;
+            Some(json!({
+                "node": n.get_str(stats::NODE).ok()?,
+                "succeeded": count(n, stats::SUCCEEDED),
+                "failed": count(n, stats::FAILED),
+                "lost": count(n, stats::LOST),
+            }))
+        })
+        .collect();
+    json!({
+        "minute": d.get_datetime(stats::MINUTE).map(|t| t.timestamp_millis().div_euclid(1000)).unwrap_or(0),
+        // A deleted queue's buckets keep its id as their name.
+        "queue": queue_id.map(|id| names.get(&id).cloned().unwrap_or_else(|| id.to_hex())),
+        "queue_id": queue_id.map(|id| id.to_hex()),
+        "succeeded": count(d, stats::SUCCEEDED),
+        "failed": count(d, stats::FAILED),
+        "lost": count(d, stats::LOST),
+        "cancelled": count(d, stats::CANCELLED),
+        "other": count(d, stats::OTHER),
+        "queued": maybe_count(stats::QUEUED),
+        "running": maybe_count(stats::RUNNING),
+        "mean_ms": ms(stats::MEAN_MS),
+        "p95_ms": ms(stats::P95_MS),
+        "nodes": nodes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minutes_default_to_an_hour_and_are_bounded() {
+        assert_eq!(
+            parse_query(None).expect("ok"),
+            StatsQuery {
+                minutes: 60,
+                queue: None
+            }
+        );
+        let q = parse_query(Some("minutes=10080&queue=a%20b")).expect("ok");
+        assert_eq!(
+            q,
+            StatsQuery {
+                minutes: 10080,
+                queue: Some("a b".into())
+            }
+        );
+        for bad in [
+            "minutes=0",
+            "minutes=10081",
+            "minutes=-1",
+            "minutes=x",
+            "minutes=",
+            "minutes=1.5",
+            "queue=",
+        ] {
+            assert!(parse_query(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_broken_bucket_reads_as_zeros_and_nulls() {
+        let d = bson::doc! {"minute": "soon", "succeeded": "many", "queued": -3_i64, "mean_ms": f64::NAN, "nodes": [{"node": 1}, {"node": "n", "failed": 2}]};
+        let v = bucket_json(&d, &HashMap::new());
+        assert_eq!(v["minute"], 0);
+        assert_eq!(v["succeeded"], 0);
+        assert_eq!(v["queued"], 0);
+        assert_eq!(v["mean_ms"], Value::Null);
+        assert_eq!(v["queue"], Value::Null);
+        assert_eq!(
+            v["nodes"],
+            json!([{"node": "n", "succeeded": 0, "failed": 2, "lost": 0}])
+        );
+    }
+}
