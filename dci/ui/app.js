@@ -366,10 +366,11 @@ function taskList(data) {
 let confirmResolve = null;
 
 /** An in-page modal (not window.confirm): resolves true on #confirm-yes. */
-function confirmDialog(text, yesLabel) {
+function confirmDialog(text, yesLabel, noLabel) {
   const modal = document.getElementById("confirm");
   document.getElementById("confirm-text").textContent = text;
   document.getElementById("confirm-yes").textContent = yesLabel || "Delete";
+  document.getElementById("confirm-no").textContent = noLabel || "Cancel";
   if (confirmResolve) confirmResolve(false);
   modal.hidden = false;
   document.getElementById("confirm-no").focus();

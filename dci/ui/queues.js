@@ -4,6 +4,22 @@
 const SORTS = [["default", "default"], ["fifo", "fifo"], ["lifo", "lifo"], ["priority", "priority"]];
 const QUEUE_NAME = /^[\p{Alphabetic}\p{N}_-]+$/u;   // Disbatch's ^[\w-]+$ (Unicode \w)
 
+/*
+ * The count columns: class, the status a click lists, and the count from `by_status` (every
+ * status group apart). Disbatch's own `queued` field counts every status ≤ -2, cancelled and
+ * orphaned too; here "queued" is -2 alone. Running is claimed (-1) plus running (0). They
+ * come right after the name, so a phone shows them before the settings.
+ */
+const COUNT_COLUMNS = [
+  ["queued", -2, (b) => b.queued],
+  ["blocked", -4, (b) => b.blocked],
+  ["running", 0, (b) => b.claimed + b.running],
+  ["succeeded", 1, (b) => b.succeeded],
+  ["failed", 2, (b) => b.failed],
+  ["cancelled", -5, (b) => b.cancelled],
+  ["orphaned", -6, (b) => b.orphaned],
+];
+
 /* ---------- Queues ---------- */
 
 PAGES.queues = {
@@ -13,8 +29,7 @@ PAGES.queues = {
     const s = (ctx.state = { plugins: null });
     s.msg = msgBox("queues-msg");
     s.grid = gridTable("queues-table", [
-      "name", "plugin", ["threads", "num"], "sort", ["queued", "num"], ["running", "num"],
-      ["succeeded", "num"], ["failed", "num"], "",
+      "name", ...COUNT_COLUMNS.map(([cls]) => [cls, "num"]), "plugin", ["threads", "num"], "sort", "",
     ]);
     main.append(
       el("div", { class: "page-head" }, el("h1", null, "Queues")),
@@ -48,9 +63,10 @@ function renderQueueRows(ctx, queues) {
   const { tbody } = ctx.state.grid;
   if (!queues.length) {
     tbody.replaceChildren(el("tr", { class: "empty" },
-      el("td", { colspan: 9 }, "No queues yet — create one below.")));
+      el("td", { colspan: COUNT_COLUMNS.length + 5 }, "No queues yet — create one below.")));
     return;
   }
+  ctx.state.latest = new Map(queues.map((q) => [q.id, q]));
   patchRows(tbody, queues.map((q) => queueRow(ctx, q)), "queue");
 }
 
@@ -84,6 +100,14 @@ function queueRow(ctx, q) {
   const sort = selectEl({ class: "sort", "aria-label": `sort of ${shown(q.name)}` }, SORTS, q.sort || "default");
   for (const [select, field] of [[plugin, "plugin"], [sort, "sort"]]) {
     select.addEventListener("change", async () => {
+      if (field === "plugin" && !(await confirmDialog(
+        `Change the plugin of queue "${shown(q.name)}" from ${shown(select.dataset.value)} to ` +
+        `${shown(select.value)}? Its tasks not yet run will run with ${shown(select.value)}.`,
+        "Change plugin"))) {
+        select.value = select.dataset.value;
+        select.blur();
+        return;
+      }
       select.disabled = true;
       try {
         await update(field, select.value);
@@ -100,9 +124,10 @@ function queueRow(ctx, q) {
 
   const link = (status) => `#/tasks?${new URLSearchParams(
     status === undefined ? { queue: q.id } : { queue: q.id, status })}`;
-  const count = (cls, status) => {
-    const n = q[cls];
-    if (n === undefined || n === null) return el("td", { class: `num ${cls}` }, "–");
+  const by = q.by_status || {};
+  const count = (cls, status, of) => {
+    const n = of(by);
+    if (typeof n !== "number" || Number.isNaN(n)) return el("td", { class: `num ${cls}` }, "–");
     return el("td", { class: `num ${cls}` },
       el("a", { href: link(status), class: `count st-${cls}${n ? "" : " zero"}` }, String(n)));
   };
@@ -120,21 +145,57 @@ function queueRow(ctx, q) {
       onclick: () => queueAction(ctx, q, "pause"),
     }, "Pause"));
   }
-  actions.append(el("button", {
-    type: "button", class: "delete danger", onclick: () => deleteQueue(ctx, q),
-  }, "Delete"));
+  const waiting = (by.queued || 0) + (by.blocked || 0);
+  actions.append(
+    el("button", {
+      type: "button", class: "retry-failed", disabled: !(by.failed > 0),
+      title: by.failed > 0 ? "requeue the failed tasks (status ≥ 2)" : "no failed tasks",
+      onclick: () => bulkAction(ctx, q.id, "retry"),
+    }, "Retry failed"),
+    el("button", {
+      type: "button", class: "cancel-queued", disabled: !(waiting > 0),
+      title: waiting > 0 ? "cancel the queued and blocked tasks" : "no queued or blocked tasks",
+      onclick: () => bulkAction(ctx, q.id, "cancel"),
+    }, "Cancel queued"),
+    el("button", {
+      type: "button", class: "delete danger", onclick: () => deleteQueue(ctx, q),
+    }, "Delete"));
 
   return el("tr", { dataset: { queue: q.name, id: q.id }, class: paused ? "paused" : null },
     el("td", { class: "name" }, el("a", { href: link(), class: "queue-link" }, shown(q.name))),
+    COUNT_COLUMNS.map(([cls, status, of]) => count(cls, status, of)),
     el("td", { class: "col-plugin" }, plugin),
     el("td", { class: "col-threads num" }, threads,
       paused ? el("span", { class: "paused-note" }, ` paused (was ${q.paused_threads})`) : null),
     el("td", { class: "col-sort" }, sort),
-    count("queued", -2),
-    count("running", 0),
-    count("succeeded", 1),
-    count("failed", 2),
     actions);
+}
+
+/**
+ * "Retry failed" (POST queues/:id/retry with status "failed": every status ≥ 2) and "Cancel queued" (POST
+ * queues/:id/cancel: queued and blocked), each after a confirmation naming the count the
+ * page shows now (read at click time: polling may have kept an older button).
+ */
+async function bulkAction(ctx, id, action) {
+  const s = ctx.state;
+  const q = (s.latest && s.latest.get(id)) || { id, name: id, by_status: {} };
+  const by = q.by_status || {};
+  const name = shown(q.name);
+  const [question, yes, body] = action === "retry"
+    ? [`Retry the ${by.failed} failed task(s) of queue "${name}"? They are queued again.`,
+      "Retry failed", { status: "failed" }]
+    : [`Cancel the ${(by.queued || 0) + (by.blocked || 0)} queued and blocked task(s) of queue ` +
+      `"${name}"? Running tasks are left alone.`, "Cancel queued", undefined];
+  if (!(await confirmDialog(question, yes))) return;
+  try {
+    const r = await api("POST", `queues/${encodeURIComponent(id)}/${action}`, body);
+    const n = r && r["MongoDB::UpdateResult"] ? r["MongoDB::UpdateResult"].modified_count : "?";
+    showMsg(s.msg, `queue ${name}: ${n} task(s) ${action === "retry" ? "queued again" : "cancelled"}`,
+      "notice");
+  } catch (e) {
+    showMsg(s.msg, `queue ${name}: ${e.message}`, "error");
+  }
+  refreshNow();
 }
 
 async function queueAction(ctx, q, action) {
@@ -219,7 +280,7 @@ PAGES.nodes = {
     const s = (ctx.state = {});
     s.msg = msgBox("nodes-msg");
     s.grid = gridTable("nodes-table", [
-      "node", "state", "last seen", ["running", "num"], ["maxthreads", "num"],
+      "node", "state", "last seen", ["running", "num"], ["maxthreads", "num"], "",
     ]);
     main.append(
       el("div", { class: "page-head" }, el("h1", null, "Nodes"),
@@ -237,7 +298,7 @@ PAGES.nodes = {
     if (list.length) patchRows(s.grid.tbody, list.map((n) => nodeRow(ctx, n)), "node");
     else {
       s.grid.tbody.replaceChildren(el("tr", { class: "empty" },
-        el("td", { colspan: 5 }, "No nodes have registered.")));
+        el("td", { colspan: 6 }, "No nodes have registered.")));
     }
     ctx.rendered();
   },
@@ -275,5 +336,24 @@ function nodeRow(ctx, n) {
         el("span", { class: "muted" }, `(${fmtAgo(Date.now() - seen.getTime())})`)]
       : el("span", { class: "muted" }, "never")),
     el("td", { class: "num col-running" }, String(n.running ?? 0)),
-    el("td", { class: "num col-maxthreads" }, max));
+    el("td", { class: "num col-maxthreads" }, max),
+    el("td", { class: "actions" }, n.live ? null : el("button", {
+      type: "button", class: "forget danger", title: "delete this stale node's document",
+      onclick: () => forgetNode(ctx, ident, name),
+    }, "Forget")));
+}
+
+/** DELETE nodes/:id after a confirmation; the server refuses a live node or one with tasks. */
+async function forgetNode(ctx, ident, name) {
+  const s = ctx.state;
+  const question = `Forget node "${shown(name)}"? Its document is deleted; ` +
+    "a node that heartbeats again is listed again.";
+  if (!(await confirmDialog(question, "Forget node"))) return;
+  try {
+    await api("DELETE", `nodes/${encodeURIComponent(ident)}`);
+    showMsg(s.msg, `node ${shown(name)} forgotten`, "notice");
+  } catch (e) {
+    showMsg(s.msg, `node ${shown(name)}: ${e.message}`, "error");
+  }
+  refreshNow();
 }

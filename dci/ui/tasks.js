@@ -209,10 +209,11 @@ PAGES.task = {
       el("dt", null, "params"), el("dd", null, s.params = el("pre", { id: "task-params", class: "json" })));
     s.attempts.hidden = true;
     s.panels = ["stdout", "stderr"].map((stream) => outputPanel(ctx, stream));
+    s.history = attemptsPanel(ctx);   // attempts.js
     main.append(
       el("div", { class: "page-head" }, el("h1", null, "Task ", el("span", { class: "mono" }, id)),
         el("a", { href: "#/tasks", id: "task-back", class: "back" }, "← tasks")),
-      s.msg, s.actions, s.info, ...s.panels.map((p) => p.root));
+      s.msg, s.actions, s.info, s.history.root, ...s.panels.map((p) => p.root));
   },
 
   async refresh(ctx) {
@@ -228,7 +229,7 @@ PAGES.task = {
     const key = `${task.status}|${task.mtime}|${JSON.stringify(task.stdout)}|${JSON.stringify(task.stderr)}`;
     const changed = key !== s.lastKey;
     s.lastKey = key;
-    await Promise.all(s.panels.map((p) => p.refresh(task, changed)));
+    await Promise.all([...s.panels.map((p) => p.refresh(task, changed)), s.history.refresh(task, changed)]);
     ctx.rendered();
   },
 };
@@ -278,9 +279,17 @@ function renderTaskActions(ctx, t) {
       showMsg(s.msg, e.message, "error");
     }
   };
+  const running = t.status === -1 || t.status === 0;
+  const cancel = async () => {
+    const question = running
+      ? `Cancel running task ${s.id}? Its plugin is stopped (SIGTERM, then SIGKILL) and the task recorded as cancelled.`
+      : `Cancel task ${s.id}? It will not run.`;
+    if (!(await confirmDialog(question, "Cancel task", running ? "Keep running" : "Keep it"))) return;
+    await post("cancel", running ? "cancel requested: the node stops the plugin" : "task cancelled")();
+  };
   s.actions.replaceChildren(...[
-    canCancel(t.status) ? el("button", { type: "button", id: "task-cancel", class: "cancel",
-      onclick: post("cancel", "task cancelled") }, "Cancel") : null,
+    canCancel(t.status) || running ? el("button", { type: "button", id: "task-cancel", class: "cancel",
+      onclick: cancel }, "Cancel") : null,
     canRetry(t.status) ? el("button", { type: "button", id: "task-retry", class: "retry",
       onclick: post("retry", "task queued for retry") }, "Retry") : null,
     canDelete(t.status) ? el("button", { type: "button", id: "task-delete", class: "delete danger",

@@ -270,13 +270,18 @@ async fn queues_list_counts_by_status_and_are_found_by_name_or_id() {
     assert_eq!(
         find("alpha"),
         json!({"completed": 3, "failed": 2, "id": alpha.to_hex(), "name": "alpha", "paused_threads": null,
-               "plugin": "echo", "queued": 5, "running": 2, "sort": null, "succeeded": 1, "threads": 2})
+               "plugin": "echo", "queued": 5, "running": 2, "sort": null, "succeeded": 1, "threads": 2,
+               "by_status": {"queued": 1, "claimed": 1, "running": 1, "succeeded": 1, "failed": 2,
+                             "terminated": 1, "blocked": 1, "cancelled": 1, "orphaned": 1, "other": 0}}),
+        "Disbatch's fields keep their meaning (queued: every status <= -2); by_status splits them"
     );
     assert_eq!(
         find("beta"),
         json!({"completed": 0, "failed": 0, "id": beta.to_hex(), "name": "beta", "paused_threads": null,
                "plugin": "Disbatch::Plugin::Demo", "queued": 1, "running": 0, "sort": null, "succeeded": 0,
-               "threads": null})
+               "threads": null,
+               "by_status": {"queued": 1, "claimed": 0, "running": 0, "succeeded": 0, "failed": 0,
+                             "terminated": 0, "blocked": 0, "cancelled": 0, "orphaned": 0, "other": 0}})
     );
 
     let (status, by_name) = dci.get("/queues/alpha").await;

@@ -120,6 +120,11 @@ async fn a_runner_killed_outright_is_recovered_by_another_node_and_requeued() {
     assert_eq!(outcomes(&records), ["lost", "succeeded"], "{records:?}");
     assert_eq!(records[0].get_str("node").ok(), Some("n1"));
     assert_eq!(
+        records[0].get_str("reason").ok(),
+        Some("its lease passed on node n1"),
+        "the lost attempt says why"
+    );
+    assert_eq!(
         task.get_object_id("attempt").ok(),
         records[1].get_object_id("_id").ok()
     );
@@ -162,7 +167,13 @@ async fn a_lost_task_is_orphaned_by_default_and_frees_its_slot() {
         task.get("slot").is_none() && task.get("lease_until").is_none(),
         "{task}"
     );
-    assert_eq!(outcomes(&db.attempts(id).await), ["lost"]);
+    let records = db.attempts(id).await;
+    assert_eq!(outcomes(&records), ["lost"]);
+    let reason = records[0].get_str("reason").unwrap_or_default();
+    assert!(
+        reason.starts_with("its task runner on node n1 exited without a result"),
+        "the orphaned task's attempt says why: {records:?}"
+    );
     // threads is 1: the next task runs only if the lost one's slot was freed.
     let next = db.insert_tasks(queue, vec![doc! {}.into()]).await;
     db.wait_complete(&next, Duration::from_secs(30)).await;
@@ -210,6 +221,11 @@ async fn a_paused_runner_that_lost_its_lease_cannot_overwrite_the_next_attempt()
     assert_eq!(after.get_str("stdout").ok(), Some(stdout.as_str()));
     let records = db.attempts(id).await;
     assert_eq!(outcomes(&records), ["lost", "succeeded"], "{records:?}");
+    assert_eq!(
+        records[0].get_str("reason").ok(),
+        Some("its lease passed on node n1"),
+        "{records:?}"
+    );
     drop(den);
     db.drop().await;
 }

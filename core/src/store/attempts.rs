@@ -77,6 +77,28 @@ impl Store {
         Ok(found.and_then(|d| d.get_str(attempt::OUTCOME).ok().map(str::to_string)))
     }
 
+    /// A task's newest `limit` attempts, oldest first (index `{task, start}`, read backwards),
+    /// and whether older ones were left out.
+    pub async fn recent_attempts(
+        &self,
+        task: ObjectId,
+        limit: usize,
+    ) -> Result<(Vec<Document>, bool)> {
+        let context = format!("listing attempts of task {task}");
+        let cursor = self
+            .raw(ATTEMPTS)
+            .find(doc! {attempt::TASK: task})
+            .sort(doc! {attempt::START: -1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1))
+            .await
+            .map_err(|e| Error::mongo(context.clone(), e))?;
+        let mut found = self.read_all(ATTEMPTS, cursor, &context).await?;
+        let more = found.len() > limit;
+        found.truncate(limit);
+        found.reverse();
+        Ok((found, more))
+    }
+
     /// A task's attempts, oldest first.
     pub async fn attempts_of(&self, task: ObjectId) -> Result<Vec<Document>> {
         let context = format!("listing attempts of task {task}");

@@ -125,6 +125,7 @@ pub mod queue {
 }
 
 pub mod node {
+    pub const ID: &str = "_id";
     pub const NODE: &str = "node";
     pub const TIMESTAMP: &str = "timestamp";
     pub const MAXTHREADS: &str = "maxthreads";

@@ -90,6 +90,58 @@ impl Store {
         Ok(total)
     }
 
+    /// Requeues every failed task of `queue`: status 2 and the plugin-defined codes above it,
+    /// all that Disbatch counts as failed (numbers only: a string status is no failure code).
+    pub async fn retry_queue_failed(&self, queue: ObjectId) -> Result<WriteCounts> {
+        let r = self
+            .collection(TASKS)
+            .update_many(
+                doc! {task::QUEUE: queue, task::STATUS: {"$gte": status::FAILED}},
+                requeue_update(),
+            )
+            .await
+            .map_err(|e| Error::mongo(format!("retrying failed tasks of queue {queue}"), e))?;
+        let moved = super::Moved {
+            n: r.modified_count,
+            ..super::Moved::new(queue, Some(StatusGroup::Failed), Some(StatusGroup::Queued))
+        };
+        self.count_moves(&[moved]).await;
+        Ok(WriteCounts::from(r))
+    }
+
+    /// Cancels every task of `queue` that waits to run: queued (-2) and blocked (-4), the
+    /// statuses `cancel_task` cancels at once. Claimed and running tasks are left alone: they
+    /// are cancelled one by one (a running one is stopped by its node).
+    pub async fn cancel_queue(&self, queue: ObjectId) -> Result<WriteCounts> {
+        // One write per status, so each one's count says which group its tasks left.
+        let mut total = WriteCounts::default();
+        for s in [status::QUEUED, status::BLOCKED] {
+            let r = self
+                .collection(TASKS)
+                .update_many(
+                    doc! {task::QUEUE: queue, task::STATUS: s},
+                    doc! {
+                        "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
+                        "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
+                    },
+                )
+                .await
+                .map_err(|e| Error::mongo(format!("cancelling tasks of queue {queue}"), e))?;
+            let moved = super::Moved {
+                n: r.modified_count,
+                ..super::Moved::new(
+                    queue,
+                    Some(super::group_of(s)),
+                    Some(StatusGroup::Cancelled),
+                )
+            };
+            self.count_moves(&[moved]).await;
+            total.matched += r.matched_count;
+            total.modified += r.modified_count;
+        }
+        Ok(total)
+    }
+
     /// Deletes a task that is not claimed or running, then its output files.
     pub async fn delete_task(&self, id: ObjectId) -> Result<ControlOutcome> {
         let filter =

@@ -319,6 +319,16 @@ impl Store {
             .map_err(|e| Error::mongo(format!("looking for live tasks of queue {queue}"), e))
     }
 
+    /// Whether task `id` exists: one read by `_id` of that field only.
+    pub async fn task_exists(&self, id: ObjectId) -> Result<bool> {
+        self.raw(TASKS)
+            .find_one(doc! {task::ID: id})
+            .projection(doc! {task::ID: 1})
+            .await
+            .map(|found| found.is_some())
+            .map_err(|e| Error::mongo(format!("reading task {id}"), e))
+    }
+
     pub async fn get_task(&self, id: ObjectId) -> Result<Option<Document>> {
         let found = self
             .raw(TASKS)

@@ -50,6 +50,36 @@ impl Store {
         Ok(out)
     }
 
+    /// Deletes node `id`'s document unless it heartbeated within `live` (checked in the same
+    /// write, so a node that comes back meanwhile is kept). A node's name is reused by the
+    /// next heartbeat of a node with that name, which writes a fresh document.
+    pub async fn forget_node(&self, id: ObjectId, live: std::time::Duration) -> Result<bool> {
+        let filter = doc! {
+            node::ID: id,
+            "$or": [
+                {node::TIMESTAMP: {"$lt": super::leases::ago(live)}},
+                {node::TIMESTAMP: {"$exists": false}},
+                {node::TIMESTAMP: {"$not": {"$type": "date"}}},
+            ],
+        };
+        self.collection(NODES)
+            .delete_one(filter)
+            .await
+            .map(|r| r.deleted_count == 1)
+            .map_err(|e| Error::mongo(format!("deleting node {id}"), e))
+    }
+
+    /// Claimed or running tasks held by node `name` (index node+status+queue).
+    pub async fn tasks_held_by(&self, name: &str) -> Result<u64> {
+        self.collection(TASKS)
+            .count_documents(doc! {
+                task::NODE: name,
+                task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]},
+            })
+            .await
+            .map_err(|e| Error::mongo(format!("counting the tasks of node {name}"), e))
+    }
+
     /// Sets (or with `Bson::Null`, clears the limit of) a node's `maxthreads`.
     pub async fn set_node_maxthreads(&self, id: ObjectId, value: Bson) -> Result<WriteCounts> {
         self.collection(NODES)

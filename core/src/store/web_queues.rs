@@ -16,6 +16,8 @@ pub struct QueueCounts {
     /// Of `completed`: status 1, and status ≥ 2.
     pub succeeded: u64,
     pub failed: u64,
+    /// Every group apart (queued is -2 alone here), for readers that show them apart.
+    pub by_status: GroupCounts,
 }
 
 impl From<GroupCounts> for QueueCounts {
@@ -40,6 +42,7 @@ impl From<GroupCounts> for QueueCounts {
             completed: succeeded + failed,
             succeeded,
             failed,
+            by_status: c,
         }
     }
 }

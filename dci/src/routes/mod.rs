@@ -1,5 +1,6 @@
 //! The route table: every route once, feeding the router, `GET /info` and `/openapi.json`.
 
+mod attempts;
 mod balance;
 mod health;
 mod info;
@@ -141,6 +142,13 @@ pub fn table() -> Vec<Route> {
             || post(nodes::set_maxthreads),
         ),
         route(
+            Method::DELETE,
+            "/nodes/{node}",
+            OPERATE,
+            "Forget a stale node's document (409 for a live node or one holding tasks)",
+            || delete(nodes::forget),
+        ),
+        route(
             Method::GET,
             "/plugins",
             READ,
@@ -208,6 +216,13 @@ pub fn table() -> Vec<Route> {
         ),
         route(
             Method::POST,
+            "/queues/{queue}/cancel",
+            OPERATE,
+            "Cancel a queue's queued (-2) and blocked (-4) tasks",
+            || post(queues::cancel),
+        ),
+        route(
+            Method::POST,
             "/queues/{queue}/pause",
             OPERATE,
             "Pause a queue: threads to 0, remembered",
@@ -252,7 +267,7 @@ pub fn table() -> Vec<Route> {
             Method::POST,
             "/tasks/{id}/cancel",
             OPERATE,
-            "Cancel a queued task",
+            "Cancel a task: at once if waiting, by stopping its plugin if running",
             || post(task_one::cancel),
         ),
         route(
@@ -261,6 +276,13 @@ pub fn table() -> Vec<Route> {
             OPERATE,
             "Requeue a finished, orphaned or cancelled task",
             || post(task_one::retry),
+        ),
+        route(
+            Method::GET,
+            "/tasks/{id}/attempts",
+            READ,
+            "A task's attempts, oldest first (the newest 1000)",
+            || get(attempts::list),
         ),
         route(
             Method::GET,

@@ -2,6 +2,8 @@
 
 use axum::response::Response;
 use bson::{Bson, Document};
+use disbatch_core::store::schema::node as field;
+use disbatch_core::store::WriteCounts;
 use serde_json::{json, Value};
 
 use crate::envelope;
@@ -22,21 +24,23 @@ fn node_json(d: &Document, running: u64, live_window_ms: i64) -> Value {
         if let Some(ts) = ts {
             map.insert("timestamp".into(), render::date(ts, Dates::Millis));
         }
-        // Saturating: ops can store any date, even i64::MIN milliseconds.
-        let age = ts.map(|t| {
-            bson::DateTime::now()
-                .timestamp_millis()
-                .saturating_sub(t.timestamp_millis())
-        });
-        map.insert(
-            "live".into(),
-            Value::Bool(age.is_some_and(|a| a <= live_window_ms)),
-        );
+        map.insert("live".into(), Value::Bool(is_live(d, live_window_ms)));
         map.insert("running".into(), Value::from(running));
         // Keep the key order canonical after the inserts.
         map.sort_keys();
     }
     v
+}
+
+/// Whether a node heartbeated within the window: what `live` says and `DELETE` refuses on.
+fn is_live(d: &Document, live_window_ms: i64) -> bool {
+    // Saturating: ops can store any date, even i64::MIN milliseconds.
+    let age = d.get_datetime(field::TIMESTAMP).ok().map(|t| {
+        bson::DateTime::now()
+            .timestamp_millis()
+            .saturating_sub(t.timestamp_millis())
+    });
+    age.is_some_and(|a| a <= live_window_ms)
 }
 
 pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
@@ -102,6 +106,47 @@ pub async fn set_maxthreads(
         .map_err(|_| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
     let counts = state.store.set_node_maxthreads(id, value).await?;
     Ok(json_response(&envelope::update(&counts), false))
+}
+
+/// `DELETE /nodes/:node`: forgets a stale node's document. Refused (409) for a node that is
+/// live by the same test as `GET /nodes` (a heartbeat within `web.live_window_ms`), and for a
+/// node that still holds claimed or running tasks: recovery finds a dead node's lease-less
+/// tasks through its document, so forgetting it would strand them.
+pub async fn forget(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
+    let node = find(&state, &ident).await?;
+    let name = node.get_str(field::NODE).unwrap_or_default().to_string();
+    let window = state.config.web.live_window;
+    let id = node
+        .get_object_id(field::ID)
+        .map_err(|_| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
+    let refuse = |why: String| {
+        Err(ApiError::conflict(format!(
+            "node {ident} was not forgotten: {why}"
+        )))
+    };
+    let live = |why: &str| {
+        format!(
+            "it is live (heartbeat within the last {} ms, web.live_window_ms{why})",
+            window.as_millis()
+        )
+    };
+    if is_live(&node, window.as_millis() as i64) {
+        return refuse(live(""));
+    }
+    let held = state.store.tasks_held_by(&name).await?;
+    if held > 0 {
+        return refuse(format!(
+            "it still holds {held} claimed or running task(s); recovery needs its document to take them back"
+        ));
+    }
+    if !state.store.forget_node(id, window).await? {
+        return refuse(live("; it came back meanwhile"));
+    }
+    let counts = WriteCounts {
+        deleted: 1,
+        ..Default::default()
+    };
+    Ok(json_response(&envelope::delete(&counts), false))
 }
 
 /// A non-negative integer given as a JSON number or a digit string (form bodies).

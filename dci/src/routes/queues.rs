@@ -6,7 +6,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_core::config::Role;
 use disbatch_core::store::schema::queue as field;
-use disbatch_core::store::{check_queue_fields, QueueCounts, WriteCounts};
+use disbatch_core::store::{check_queue_fields, QueueCounts, StatusGroup, WriteCounts};
 use serde_json::{json, Map, Value};
 
 use super::nodes::non_negative;
@@ -45,7 +45,18 @@ fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
         "succeeded": counts.succeeded,
         "failed": counts.failed,
         "paused_threads": get(field::PAUSED_THREADS),
+        "by_status": by_status(&counts),
     })
+}
+
+/// Each status group apart, named as in `task_counts` and the metrics: `queued` here is -2
+/// alone, where the top-level `queued` keeps Disbatch's meaning (every status ≤ -2).
+fn by_status(counts: &QueueCounts) -> Value {
+    let groups: Map<String, Value> = StatusGroup::ALL
+        .iter()
+        .map(|g| (g.as_str().to_string(), json!(counts.by_status.get(*g))))
+        .collect();
+    Value::Object(groups)
 }
 
 pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
@@ -230,13 +241,19 @@ pub async fn resume(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Respo
     Ok(json_response(&envelope::update(&counts), false))
 }
 
-/// `POST /queues/:queue/retry {"status": [codes]}`: requeue a queue's failed/orphaned tasks.
+/// `POST /queues/:queue/retry {"status": [codes]}`: requeue a queue's failed/orphaned tasks;
+/// `{"status": "failed"}` requeues every failed one, status 2 and the codes above it.
 pub async fn retry(
     Ns(state): Ns,
     Path(ident): Path<String>,
     params: Params,
 ) -> ApiResult<Response> {
     let p = params.given();
+    if p.get("status").and_then(Value::as_str) == Some("failed") {
+        let id = find_id(&state, &ident).await?;
+        let counts = state.store.retry_queue_failed(id).await?;
+        return Ok(json_response(&envelope::update(&counts), false));
+    }
     let statuses: Vec<i32> = match p.get("status") {
         None => vec![2, -6],
         Some(Value::Array(items)) => items
@@ -269,4 +286,13 @@ fn status_code(v: &Value) -> Option<i32> {
         Value::String(s) => s.trim().parse().ok(),
         _ => None,
     }
+}
+
+/// `POST /queues/:queue/cancel`: cancels the queue's tasks that wait to run, queued (-2) and
+/// blocked (-4); claimed and running tasks are left to `POST /tasks/:id/cancel`. Answers
+/// Disbatch's update envelope: `modified_count` is how many were cancelled.
+pub async fn cancel(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
+    let id = find_id(&state, &ident).await?;
+    let counts = state.store.cancel_queue(id).await?;
+    Ok(json_response(&envelope::update(&counts), false))
 }

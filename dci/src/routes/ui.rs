@@ -17,6 +17,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
         JS,
         include_str!("../../ui/live_output.js"),
     ),
+    ("attempts.js", JS, include_str!("../../ui/attempts.js")),
     ("balance.js", JS, include_str!("../../ui/balance.js")),
     ("charts.js", JS, include_str!("../../ui/charts.js")),
     (

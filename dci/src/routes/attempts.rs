@@ -1,0 +1,94 @@
+//! `GET /tasks/:id/attempts`: a task's attempt records, oldest first, for the console and
+//! `disbatch attempts`.
+
+use axum::response::Response;
+use bson::Document;
+use disbatch_core::store::schema::attempt;
+use serde_json::{Map, Value};
+
+use crate::error::{ApiError, ApiResult};
+use crate::namespace::Ns;
+use crate::path::Path;
+use crate::render::{self, json_response, Dates};
+use crate::request::object_id;
+
+/// At most this many attempts are answered: the newest, oldest first. A task retried more
+/// often than this is a runaway; `X-Attempts-Truncated: true` says older ones were left out.
+pub const MAX_ATTEMPTS: usize = 1000;
+
+/// The fields of one attempt, in this shape whatever the record holds (missing ones null).
+const FIELDS: [&str; 12] = [
+    attempt::ID,
+    attempt::TASK,
+    attempt::QUEUE,
+    attempt::NODE,
+    attempt::PID,
+    attempt::START,
+    attempt::END,
+    attempt::OUTCOME,
+    attempt::STATUS,
+    attempt::EXIT_CODE,
+    attempt::SIGNAL,
+    attempt::REASON,
+];
+
+pub async fn list(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
+    let oid = object_id("task", &id)?;
+    if !state.store.task_exists(oid).await? {
+        return Err(ApiError::not_found(format!("no task with id {id}")));
+    }
+    let (records, truncated) = state.store.recent_attempts(oid, MAX_ATTEMPTS).await?;
+    let rows: Vec<Value> = records.iter().map(attempt_json).collect();
+    let mut response = json_response(&Value::Array(rows), false);
+    if truncated {
+        response.headers_mut().insert(
+            axum::http::HeaderName::from_static("x-attempts-truncated"),
+            axum::http::HeaderValue::from_static("true"),
+        );
+    }
+    Ok(response)
+}
+
+/// One record as the API renders documents (`{"$oid"}` ids, text dates), only `FIELDS`.
+fn attempt_json(d: &Document) -> Value {
+    let row: Map<String, Value> = FIELDS
+        .iter()
+        .map(|k| {
+            let v = d
+                .get(*k)
+                .map_or(Value::Null, |b| render::bson(b, Dates::Text));
+            (k.to_string(), v)
+        })
+        .collect();
+    Value::Object(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::oid::ObjectId;
+    use bson::{doc, DateTime};
+
+    #[test]
+    fn an_attempt_has_every_field_and_null_for_missing_ones() {
+        let id = ObjectId::new();
+        let v = attempt_json(&doc! {
+            "_id": id, "outcome": "lost", "reason": "its lease passed on node n1",
+            "start": DateTime::from_millis(0), "pid": 7_i64, "result": {"x": 1},
+        });
+        assert_eq!(v["_id"], serde_json::json!({"$oid": id.to_hex()}));
+        assert_eq!(v["start"], serde_json::json!("1970-01-01T00:00:00"));
+        assert_eq!(v["pid"], serde_json::json!(7));
+        assert_eq!(v["end"], Value::Null);
+        assert_eq!(v["exit_code"], Value::Null);
+        assert_eq!(
+            v["reason"],
+            serde_json::json!("its lease passed on node n1")
+        );
+        assert!(
+            v.get("result").is_none(),
+            "the plugin's result is not listed"
+        );
+        assert_eq!(v.as_object().map(|m| m.len()), Some(FIELDS.len()));
+    }
+}
