@@ -19,6 +19,12 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ),
     ("attempts.js", JS, include_str!("../../ui/attempts.js")),
     ("balance.js", JS, include_str!("../../ui/balance.js")),
+    // uPlot 1.6.32 (MIT), vendored: https://github.com/leeoniya/uPlot/tree/1.6.32/dist
+    (
+        "uPlot.iife.min.js",
+        JS,
+        include_str!("../../ui/uPlot.iife.min.js"),
+    ),
     ("charts.js", JS, include_str!("../../ui/charts.js")),
     (
         "app.css",
@@ -29,6 +35,16 @@ const ASSETS: &[(&str, &str, &str)] = &[
         "charts.css",
         "text/css; charset=utf-8",
         include_str!("../../ui/charts.css"),
+    ),
+    (
+        "uPlot.min.css",
+        "text/css; charset=utf-8",
+        include_str!("../../ui/uPlot.min.css"),
+    ),
+    (
+        "uPlot.LICENSE",
+        "text/plain; charset=utf-8",
+        include_str!("../../ui/uPlot.LICENSE"),
     ),
 ];
 
