@@ -2,7 +2,10 @@
 /*
  * Disbatch operator console — the Charts page: throughput, queue depth and throughput per node
  * over time, from GET /stats (per-minute buckets the maintenance leader keeps), for the whole
- * fleet or one queue. The charts are plain SVG drawn here: no library, every label a text node.
+ * fleet or one queue. Drawn with uPlot 1.6.32 (MIT, dci/ui/uPlot.LICENSE), vendored from
+ * https://github.com/leeoniya/uPlot/tree/1.6.32/dist (uPlot.iife.min.js, uPlot.min.css) and
+ * served by disbatch-web itself: no CDN. uPlot draws on <canvas> and writes every label with
+ * textContent, so stored names stay text.
  */
 
 const RANGES = [["60", "1 hour"], ["360", "6 hours"], ["1440", "24 hours"], ["10080", "7 days"]];
@@ -12,10 +15,10 @@ const CHART_REFRESH_MS = 15000;
 const MAX_NODE_LINES = 8;
 /** Points are marked while few enough to tell apart. */
 const MAX_MARKED = 90;
-const SVG_NS = "http://www.w3.org/2000/svg";
-const CHART_W = 400;
 const CHART_H = 180;
-const PAD = { left: 40, right: 8, top: 10, bottom: 22 };
+/** One color per series (canvas strokes cannot take CSS classes). */
+const COLORS = ["#1f9d55", "#d64545", "#b7791f", "#3182ce", "#805ad5", "#2c7a7b", "#c05621",
+  "#4a5568"];
 
 PAGES.charts = {
   title: "Charts",
@@ -32,6 +35,11 @@ PAGES.charts = {
     s.range.addEventListener("change", go);
     s.queue.addEventListener("change", go);
     s.charts = el("div", { id: "charts", class: "charts" });
+    s.plots = [];
+    // uPlot draws at a fixed pixel size: follow the boxes' width (window, phone rotation).
+    s.resize = new ResizeObserver(() => {
+      for (const u of s.plots) fitWidth(u);
+    });
     main.append(
       el("div", { class: "page-head" }, el("h1", null, "Charts"),
         el("div", { class: "charts-controls" }, s.range, s.queue)),
@@ -63,18 +71,13 @@ PAGES.charts = {
       queue ? r.queue_id === queue || r.queue === queue : r.queue === null);
     const to = Date.now() / 1000;
     const from = to - Number(minutes) * 60;
-    s.charts.replaceChildren(...drawCharts(wanted, from, to));
+    drawCharts(s, wanted, from, to);
     ctx.rendered();
   },
 };
 
-/** The three charts of a scope's buckets (sorted by minute). */
-function drawCharts(rows, from, to) {
-  const at = (r) => r.minute;
-  const series = (name, cls, pick) => ({
-    name, cls,
-    points: rows.filter((r) => typeof pick(r) === "number").map((r) => [at(r), pick(r)]),
-  });
+/** The four charts of a scope's buckets (sorted by minute), replacing those drawn before. */
+function drawCharts(s, rows, from, to) {
   const nodeTotals = new Map();
   for (const r of rows) {
     for (const n of Array.isArray(r.nodes) ? r.nodes : []) {
@@ -82,33 +85,38 @@ function drawCharts(rows, from, to) {
     }
   }
   const nodes = [...nodeTotals.entries()].sort((a, b) => b[1] - a[1]).slice(0, MAX_NODE_LINES);
-  const perNode = nodes.map(([node], i) => series(shown(node), `s${i % 8}`, (r) => {
-    const n = (Array.isArray(r.nodes) ? r.nodes : []).find((x) => x.node === node);
-    return n ? n.succeeded + n.failed + n.lost : 0;
-  }));
-  return [
-    lineChart("chart-throughput", "Finished per minute", from, to, [
-      series("succeeded", "s0", (r) => r.succeeded),
-      series("failed", "s1", (r) => r.failed),
-      series("lost", "s2", (r) => r.lost),
-    ]),
-    lineChart("chart-depth", "Queue depth", from, to, [
-      series("queued", "s3", (r) => r.queued),
-      series("running", "s4", (r) => r.running),
-    ]),
-    lineChart("chart-duration", "Duration (ms)", from, to, [
-      series("mean", "s5", (r) => r.mean_ms),
-      series("p95", "s6", (r) => r.p95_ms),
-    ]),
-    lineChart("chart-nodes", "Finished per minute, by node", from, to, perNode),
+  const num = (v) => (typeof v === "number" ? v : null);
+  const specs = [
+    ["chart-throughput", "Finished per minute", [
+      ["succeeded", 0, (r) => num(r.succeeded)],
+      ["failed", 1, (r) => num(r.failed)],
+      ["lost", 2, (r) => num(r.lost)],
+    ]],
+    ["chart-depth", "Queue depth", [
+      ["queued", 3, (r) => num(r.queued)],
+      ["running", 4, (r) => num(r.running)],
+    ]],
+    ["chart-duration", "Duration (ms)", [
+      ["mean", 5, (r) => num(r.mean_ms)],
+      ["p95", 6, (r) => num(r.p95_ms)],
+    ]],
+    ["chart-nodes", "Finished per minute, by node", nodes.map(([node], i) => [shown(node), i, (r) => {
+      const n = (Array.isArray(r.nodes) ? r.nodes : []).find((x) => x.node === node);
+      return n ? n.succeeded + n.failed + n.lost : 0;
+    }])],
   ];
-}
-
-function svg(tag, attrs, ...children) {
-  const node = document.createElementNS(SVG_NS, tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
-  for (const c of children) node.append(c instanceof Node ? c : String(c));
-  return node;
+  for (const u of s.plots) u.destroy();
+  s.resize.disconnect();
+  const boxes = specs.map(([id, title, series]) => {
+    const box = el("figure", { id, class: "chart-box", "data-points": rows.length,
+      "data-series": series.length }, el("figcaption", null, title));
+    if (!rows.length) box.append(el("p", { class: "hint" }, "No statistics in this range yet."));
+    return box;
+  });
+  s.charts.replaceChildren(...boxes);
+  s.plots = specs.map(([, title, series], i) =>
+    lineChart(boxes[i], title, from, to, rows, series));
+  for (const box of boxes) s.resize.observe(box);
 }
 
 /** A short label for a count or a duration: 1234 → "1.2k". */
@@ -119,49 +127,53 @@ function fmtShort(v) {
   return String(Math.round(v * 10) / 10);
 }
 
-function fmtAxisTime(seconds, span) {
-  const d = new Date(seconds * 1000);
-  const hm = d.toTimeString().slice(0, 5);
-  return span > 86400 ? `${d.getMonth() + 1}/${d.getDate()} ${hm}` : hm;
+/** The width a chart may take inside its box (padding excluded). */
+function chartWidth(box) {
+  const cs = getComputedStyle(box);
+  const w = box.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  return Math.max(120, Math.floor(w));
 }
 
-/** One line chart as a <figure>: an SVG scaled to its box, a title and a legend. */
-function lineChart(id, title, from, to, seriesList) {
-  const all = seriesList.flatMap((s) => s.points);
-  const max = Math.max(1, ...all.map((p) => p[1]));
-  const span = Math.max(1, to - from);
-  const w = CHART_W - PAD.left - PAD.right;
-  const h = CHART_H - PAD.top - PAD.bottom;
-  const x = (t) => PAD.left + Math.min(1, Math.max(0, (t - from) / span)) * w;
-  const y = (v) => PAD.top + h - (v / max) * h;
-  const chart = svg("svg", {
-    viewBox: `0 0 ${CHART_W} ${CHART_H}`, role: "img", class: "chart",
-    "aria-label": title, "data-points": all.length,
-  }, svg("title", null, title));
-  for (const v of [0, max / 2, max]) {
-    chart.append(
-      svg("line", { class: "grid-line", x1: PAD.left, x2: CHART_W - PAD.right, y1: y(v), y2: y(v) }),
-      svg("text", { class: "tick", x: PAD.left - 4, y: y(v) + 4, "text-anchor": "end" }, fmtShort(v)));
-  }
-  chart.append(
-    svg("text", { class: "tick", x: PAD.left, y: CHART_H - 6 }, fmtAxisTime(from, span)),
-    svg("text", { class: "tick", x: CHART_W - PAD.right, y: CHART_H - 6, "text-anchor": "end" },
-      fmtAxisTime(to, span)));
-  for (const s of seriesList) {
-    if (!s.points.length) continue;
-    const points = s.points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
-    const g = svg("g", { class: `series ${s.cls}`, "data-series": s.name },
-      svg("polyline", { points }));
-    if (s.points.length <= MAX_MARKED) {
-      for (const [t, v] of s.points) {
-        g.append(svg("circle", { cx: x(t).toFixed(1), cy: y(v).toFixed(1), r: 2 },
-          svg("title", null, `${s.name} ${fmtAxisTime(t, span)}: ${fmtShort(v)}`)));
-      }
-    }
-    chart.append(g);
-  }
-  const legend = el("ul", { class: "legend" }, seriesList.map((s) =>
-    el("li", null, el("span", { class: `swatch ${s.cls}` }), s.name)));
-  const empty = all.length ? null : el("p", { class: "hint" }, "No statistics in this range yet.");
-  return el("figure", { id, class: "chart-box" }, el("figcaption", null, title), chart, legend, empty);
+function fitWidth(u) {
+  const box = u.root.parentNode;
+  if (!box || !box.isConnected || !box.clientWidth) return;
+  const width = chartWidth(box);
+  if (width !== u.width) u.setSize({ width, height: CHART_H });
+}
+
+/**
+ * One uPlot line chart in `box`: time across (the chosen range), zero-based values up, one line
+ * per [name, color, pick(row)] and uPlot's legend (names as text; values follow the cursor).
+ */
+function lineChart(box, title, from, to, rows, series) {
+  const data = [rows.map((r) => r.minute), ...series.map(([, , pick]) => rows.map(pick))];
+  const marked = rows.length <= MAX_MARKED;
+  const opts = {
+    width: chartWidth(box),
+    height: CHART_H,
+    scales: {
+      x: { time: true, range: () => [from, to] },
+      y: { range: (u, min, max) => [0, Math.max(1, max || 0) * 1.05] },
+    },
+    axes: [
+      { stroke: "#5b6472", grid: { stroke: "#e3e7ee", width: 1 }, ticks: { show: false } },
+      { stroke: "#5b6472", grid: { stroke: "#e3e7ee", width: 1 }, ticks: { show: false },
+        size: 44, values: (u, splits) => splits.map(fmtShort) },
+    ],
+    series: [
+      { label: "time" },
+      ...series.map(([name, color]) => ({
+        label: name,
+        stroke: COLORS[color % COLORS.length],
+        width: 1.75,
+        points: { show: marked, size: 4, fill: COLORS[color % COLORS.length] },
+        value: (u, v) => (v === null || v === undefined ? "--" : fmtShort(v)),
+      })),
+    ],
+    legend: { live: true },
+    cursor: { drag: { x: false, y: false } },
+  };
+  const u = new uPlot(opts, data, box);
+  u.root.setAttribute("aria-label", title);
+  return u;
 }

@@ -317,8 +317,9 @@ async fn one_node_writes_and_a_leader_change_writes_no_minute_twice() {
     db.drop().await;
 }
 
-/// The Charts page draws the stored buckets: lines with points for throughput, depth,
-/// durations and each node, at desktop and at phone width, with nothing blocked by the CSP.
+/// The Charts page draws the stored buckets with the vendored uPlot: a canvas per chart with
+/// every bucket of the range for throughput, depth, durations and each node, at desktop and at
+/// phone width, with nothing blocked by the CSP.
 #[tokio::test]
 async fn the_charts_page_draws_the_statistics() {
     use disbatch_tests::Browser;
@@ -334,19 +335,24 @@ async fn the_charts_page_draws_the_statistics() {
     wait_counted(&db, 2_000).await;
     let dci = Dci::start(&config);
 
+    let fleet_before = buckets(&db, doc! {"queue": Bson::Null}).await.len() as u64;
     let b = Browser::start(1280, 900).await;
     b.record_csp_violations().await;
     b.open(&format!("{}/#/charts?minutes=60", dci.url), "charts")
         .await;
-    let points = |chart: &'static str| {
+    // [buckets drawn, lines, canvas width, canvas height, legend text] of one uPlot chart.
+    let chart = |id: &'static str| {
         let b = &b;
         async move {
             b.client
                 .execute(
                     &format!(
-                        "const s = document.querySelector('#{chart} svg'); \
-                         return s ? [Number(s.dataset.points), s.querySelectorAll('polyline').length, \
-                         s.querySelectorAll('circle').length] : null"
+                        "const box = document.getElementById('{id}'); \
+                         const c = box && box.querySelector('.uplot canvas'); \
+                         if (!c) return null; \
+                         const r = c.getBoundingClientRect(); \
+                         return [Number(box.dataset.points), Number(box.dataset.series), \
+                         r.width, r.height, box.querySelector('.u-legend').textContent]"
                     ),
                     vec![],
                 )
@@ -354,23 +360,36 @@ async fn the_charts_page_draws_the_statistics() {
                 .expect("chart")
         }
     };
-    let throughput = points("chart-throughput").await;
-    assert!(throughput[0].as_u64() > Some(0), "{throughput}");
+    let fleet_after = buckets(&db, doc! {"queue": Bson::Null}).await.len() as u64;
+    for id in [
+        "chart-throughput",
+        "chart-depth",
+        "chart-duration",
+        "chart-nodes",
+    ] {
+        let c = chart(id).await;
+        assert!(c.is_array(), "{id} has a uPlot canvas");
+        // Every fleet bucket of the hour is drawn (more may be written while the page loads).
+        let drawn = c[0].as_u64().unwrap_or(0);
+        assert!(
+            drawn > 0 && drawn >= fleet_before && drawn <= fleet_after,
+            "{id}: {c}, buckets {fleet_before}..{fleet_after}"
+        );
+        assert!(c[2].as_f64() > Some(200.0), "{id} canvas width: {c}");
+        assert!(c[3].as_f64() > Some(100.0), "{id} canvas height: {c}");
+    }
+    let throughput = chart("chart-throughput").await;
     assert_eq!(throughput[1], 3, "succeeded, failed and lost lines");
-    assert!(throughput[2].as_u64() > Some(0), "points marked");
-    let depth = points("chart-depth").await;
-    assert!(depth[0].as_u64() > Some(0), "{depth}");
-    let nodes = points("chart-nodes").await;
+    let legend = throughput[4].as_str().unwrap_or("");
+    for name in ["succeeded", "failed", "lost"] {
+        assert!(legend.contains(name), "{legend}");
+    }
+    let nodes = chart("chart-nodes").await;
     assert!(
         nodes[1].as_u64() >= Some(1),
         "a line per node that ran tasks: {nodes}"
     );
-    let legend = b
-        .find("#chart-nodes .legend")
-        .await
-        .text()
-        .await
-        .expect("legend");
+    let legend = nodes[4].as_str().unwrap_or("");
     assert!(legend.contains("n1") || legend.contains("n2"), "{legend}");
     b.screenshot("charts").await;
 
@@ -387,7 +406,7 @@ async fn the_charts_page_draws_the_statistics() {
         ))
         .await;
     assert_eq!(option.text().await.expect("text"), "busy <b>queue</b>");
-    let one = points("chart-throughput").await;
+    let one = chart("chart-throughput").await;
     assert!(one[0].as_u64() > Some(0), "{one}");
     assert!(b
         .client
@@ -408,7 +427,7 @@ async fn the_charts_page_draws_the_statistics() {
         .client
         .execute(
             "return [document.documentElement.scrollWidth, \
-             document.querySelector('#chart-throughput svg').getBoundingClientRect().width]",
+             document.querySelector('#chart-throughput .uplot canvas').getBoundingClientRect().width]",
             vec![],
         )
         .await
