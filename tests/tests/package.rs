@@ -391,7 +391,7 @@ async fn unpacked_node_runs_a_task_queued_with_the_unpacked_cli_and_dci() {
     ]);
     assert!(created.starts_with("Created queue packaged"), "{created}");
     let tasks = cli(&["create-tasks", "packaged", r#"[{"commands":"ab"}]"#]);
-    assert!(tasks.starts_with("Created 1 tasks"), "{tasks}");
+    assert!(tasks.starts_with("Created 1 task in"), "{tasks}");
 
     // The task runner is not in the config: the DEN finds the packaged one beside itself.
     let den = Den::start_adjusted(
