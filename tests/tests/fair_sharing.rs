@@ -10,36 +10,16 @@ use disbatch_tests::{write_config, Den, TestDb};
 use futures::TryStreamExt;
 use serde_json::json;
 
+/// `dens` equal nodes, `n0`, `n1`, …, with no `maxthreads`.
 async fn share_by_node(
     db: &TestDb,
     dens: usize,
     threads: i32,
     tasks: usize,
 ) -> BTreeMap<String, usize> {
-    let config = write_config(db, "node.json", json!({}));
-    let queue = db.insert_queue("shared", "echo", 0).await;
-    let ids = db
-        .insert_tasks(
-            queue,
-            (0..tasks)
-                .map(|_| doc! {"sleep_ms": 50_i64}.into())
-                .collect(),
-        )
-        .await;
-    let nodes: Vec<Den> = (0..dens)
-        .map(|i| Den::start(&config, &format!("n{i}")))
-        .collect();
-    // Every node is up and has said what it serves before the queue opens.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": threads}})
-        .await
-        .expect("open the queue");
-    db.wait_complete(&ids, Duration::from_secs(120)).await;
-    let by_node = tasks_by_node(db, doc! {"queue": queue}).await;
-    drop(nodes);
-    by_node
+    let names: Vec<String> = (0..dens).map(|i| format!("n{i}")).collect();
+    let nodes: Vec<(&str, Option<i32>)> = names.iter().map(|n| (n.as_str(), None)).collect();
+    share_by_maxthreads(db, &nodes, threads, tasks).await
 }
 
 #[tokio::test]
@@ -157,6 +137,8 @@ async fn a_node_that_joins_later_gets_its_share_within_seconds() {
 
 /// Runs `tasks` 50 ms tasks on a queue of `threads` over nodes with the given `maxthreads`
 /// (None: no limit), set as ops set them on the node documents; returns the tasks by node.
+/// Runs `tasks` 50 ms tasks on a queue of `threads` shared by `nodes` (name, `maxthreads`),
+/// opened once every node has registered and read the others: tasks run by each node.
 async fn share_by_maxthreads(
     db: &TestDb,
     nodes: &[(&str, Option<i32>)],
@@ -177,7 +159,8 @@ async fn share_by_maxthreads(
     let names: Vec<&str> = nodes.iter().map(|(n, _)| *n).collect();
     disbatch_tests::wait_for(
         "every node to register",
-        Duration::from_secs(20),
+        // A loaded machine can take seconds to start a node; a late one would get less.
+        Duration::from_secs(60),
         || async {
             db.db
                 .collection::<Document>("nodes")
