@@ -11,21 +11,8 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         Ok(loaded) => (web_checks(&loaded.config), loaded.warnings),
         Err(problems) => (problems, Vec::new()),
     };
-    for warning in &warnings {
-        eprintln!("warning: {}", shown(warning));
-    }
-    if problems.is_empty() {
-        println!("config OK: {}", path.display());
-        return Ok(());
-    }
-    for problem in &problems {
-        eprintln!("problem: {}", shown(problem));
-    }
-    anyhow::bail!(
-        "config {} has {} problem(s)",
-        path.display(),
-        problems.len()
-    )
+    disbatch_core::config::reload::report_check(path, &problems, &warnings)
+        .map_err(anyhow::Error::msg)
 }
 
 /// What disbatch-web refuses at start besides the config itself: certificates it cannot use.
@@ -40,9 +27,4 @@ fn web_checks(config: &Config) -> Vec<String> {
         problems.push(format!("key `web.tls.cert_file`: {e:#}"));
     }
     problems
-}
-
-fn shown(message: &str) -> String {
-    let redacted = disbatch_core::redact::redact(message);
-    disbatch_core::printable::escape(&redacted).into_owned()
 }

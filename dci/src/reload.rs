@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use disbatch_core::config::{changed_keys, keep_keys, Config, WebToken};
+use disbatch_core::config::reload::reread;
+use disbatch_core::config::{keep_keys, WebToken};
 use disbatch_core::logging::Logging;
 
 use crate::access::Access;
@@ -58,25 +59,14 @@ impl Reloader {
     }
 
     /// Reloads on every SIGHUP until the process ends.
-    pub async fn run(mut self, mut hangups: tokio::signal::unix::Signal) {
-        while hangups.recv().await.is_some() {
-            tracing::info!(config = %self.path.display(), "SIGHUP received: reloading the config");
-            if let Err(reason) = self.reload() {
-                tracing::error!(
-                    config = %self.path.display(),
-                    "config reload refused, the running config is kept: {reason}"
-                );
-            }
-        }
+    pub async fn run(mut self, hangups: tokio::signal::unix::Signal) {
+        let path = self.path.clone();
+        disbatch_core::config::reload::reload_on_hangup(&path, hangups, || self.reload()).await;
     }
 
     /// Reads the file again; applies it whole or, when it is not valid, not at all.
     pub fn reload(&mut self) -> Result<(), String> {
-        let value = Config::read_value(&self.path).map_err(|e| e.to_string())?;
-        let written = Config::check_value(&self.path, value.clone()).map_err(|problems| {
-            format!("{} problem(s): {}", problems.len(), problems.join("; "))
-        })?;
-        let mut changed = changed_keys(&self.accepted, &value);
+        let (value, written, mut changed) = reread(&self.path, &self.accepted)?;
         if written.config.web.tokens != self.tokens && !changed.iter().any(|k| k == "web.tokens") {
             changed.push("web.tokens".to_string());
         }

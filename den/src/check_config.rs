@@ -13,21 +13,8 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         Ok(loaded) => node_checks(&loaded.config, loaded.warnings),
         Err(problems) => (problems, Vec::new()),
     };
-    for warning in &warnings {
-        eprintln!("warning: {}", shown(warning));
-    }
-    if problems.is_empty() {
-        println!("config OK: {}", path.display());
-        return Ok(());
-    }
-    for problem in &problems {
-        eprintln!("problem: {}", shown(problem));
-    }
-    anyhow::bail!(
-        "config {} has {} problem(s)",
-        path.display(),
-        problems.len()
-    )
+    disbatch_core::config::reload::report_check(path, &problems, &warnings)
+        .map_err(anyhow::Error::msg)
 }
 
 /// What disbatchd itself refuses at start (a runner it cannot execute), and what it only
@@ -54,9 +41,4 @@ fn node_checks(config: &Config, mut warnings: Vec<String>) -> (Vec<String>, Vec<
         );
     }
     (problems, warnings)
-}
-
-fn shown(message: &str) -> String {
-    let redacted = disbatch_core::redact::redact(message);
-    disbatch_core::printable::escape(&redacted).into_owned()
 }

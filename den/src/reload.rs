@@ -4,7 +4,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use disbatch_core::config::{changed_keys, keep_keys, Config};
+use disbatch_core::config::reload::reread;
+use disbatch_core::config::{keep_keys, Config};
 use disbatch_core::logging::Logging;
 use disbatch_core::plugin::PluginTable;
 use tokio::sync::watch;
@@ -141,25 +142,14 @@ impl Reloader {
     }
 
     /// Reloads on every SIGHUP until the process ends.
-    pub async fn run(mut self, mut hangups: tokio::signal::unix::Signal) {
-        while hangups.recv().await.is_some() {
-            tracing::info!(config = %self.path.display(), "SIGHUP received: reloading the config");
-            if let Err(reason) = self.reload() {
-                tracing::error!(
-                    config = %self.path.display(),
-                    "config reload refused, the running config is kept: {reason}"
-                );
-            }
-        }
+    pub async fn run(mut self, hangups: tokio::signal::unix::Signal) {
+        let path = self.path.clone();
+        disbatch_core::config::reload::reload_on_hangup(&path, hangups, || self.reload()).await;
     }
 
     /// Reads the file again; applies it whole or, when it is not valid, not at all.
     pub fn reload(&mut self) -> Result<(), String> {
-        let value = Config::read_value(&self.path).map_err(|e| e.to_string())?;
-        let written = Config::check_value(&self.path, value.clone()).map_err(|problems| {
-            format!("{} problem(s): {}", problems.len(), problems.join("; "))
-        })?;
-        let changed = changed_keys(&self.accepted, &value);
+        let (value, written, changed) = reread(&self.path, &self.accepted)?;
         let (restart, applied): (Vec<String>, Vec<String>) = changed
             .into_iter()
             .partition(|k| NEEDS_RESTART.contains(&k.as_str()));

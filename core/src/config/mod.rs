@@ -12,6 +12,7 @@ mod perl_bool;
 mod plugin_user;
 mod raw;
 mod relaxed;
+pub mod reload;
 mod web_http;
 pub(crate) use raw::resolve as resolve_path;
 mod secrets;
