@@ -19,12 +19,17 @@ struct Sampled {
     samples: u32,
 }
 
-/// Starts DENs `n1` and `n2`, samples the queue's running counts every few ms until every
-/// task is complete, then stops the DENs.
+/// Starts DENs `n1` and `n2` on a queue inserted with `threads` 0, opens it to `threads` once
+/// both have registered and read each other, samples the queue's running counts every few ms
+/// until every task is complete, then stops the DENs.
+///
+/// Opening late matters: on a loaded machine one node can start a second or more after the
+/// other, which alone could drain a short queue before the late one claims anything.
 async fn drain_with_two_nodes(
     db: &TestDb,
     config: &Path,
     queue: ObjectId,
+    threads: i32,
     ids: &[ObjectId],
 ) -> Sampled {
     let stop = Arc::new(AtomicBool::new(false));
@@ -50,6 +55,29 @@ async fn drain_with_two_nodes(
         s
     });
     let nodes = (Den::start(config, "n1"), Den::start(config, "n2"));
+    disbatch_tests::wait_for(
+        "both nodes to register",
+        Duration::from_secs(60),
+        || async {
+            db.db
+                .collection::<bson::Document>("nodes")
+                // A heartbeat writes `timestamp`; a document ops inserted beforehand has none.
+                .count_documents(
+                    doc! {"node": {"$in": ["n1", "n2"]}, "timestamp": {"$exists": true}},
+                )
+                .await
+                .unwrap_or(0)
+                == 2
+        },
+    )
+    .await;
+    // Each node reads the fleet every 2 s; past that, both know they share the queue.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    db.db
+        .collection::<bson::Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": threads}})
+        .await
+        .expect("open the queue");
     db.wait_complete(ids, Duration::from_secs(120)).await;
     stop.store(true, Ordering::Relaxed);
     drop(nodes);
@@ -60,7 +88,7 @@ async fn drain_with_two_nodes(
 async fn two_nodes_share_a_queue_within_its_global_threads() {
     let db = TestDb::new("twonodes").await;
     let config = write_config(&db, "node.json", json!({}));
-    let queue = db.insert_queue("shared", "echo", 3).await;
+    let queue = db.insert_queue("shared", "echo", 0).await;
     let runs = db.path("runs.txt");
     let runs_path = runs.to_string_lossy().to_string();
     let ids = db
@@ -75,7 +103,7 @@ async fn two_nodes_share_a_queue_within_its_global_threads() {
         max_all: max_running,
         samples,
         ..
-    } = drain_with_two_nodes(&db, &config, queue, &ids).await;
+    } = drain_with_two_nodes(&db, &config, queue, 3, &ids).await;
 
     eprintln!("two nodes, threads 3, 100 tasks: max running {max_running} over {samples} samples");
     assert!(samples > 20, "sampler took only {samples} samples");
@@ -111,7 +139,7 @@ async fn node_maxthreads_caps_one_node_while_the_other_fills_the_queue() {
         .insert_one(doc! {"node": "n1", "maxthreads": "1"})
         .await
         .expect("node doc");
-    let queue = db.insert_queue("capped", "echo", 4).await;
+    let queue = db.insert_queue("capped", "echo", 0).await;
     let ids = db
         .insert_tasks(
             queue,
@@ -122,7 +150,7 @@ async fn node_maxthreads_caps_one_node_while_the_other_fills_the_queue() {
         .await;
     let Sampled {
         max_all, max_n1, ..
-    } = drain_with_two_nodes(&db, &config, queue, &ids).await;
+    } = drain_with_two_nodes(&db, &config, queue, 4, &ids).await;
     assert!(
         max_n1 <= 1,
         "n1 has maxthreads \"1\" but ran {max_n1} at once"
