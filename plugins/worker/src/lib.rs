@@ -15,7 +15,8 @@
 //! ```
 //!
 //! A binary that also runs as a process plugin checks [`requested`] first and keeps its
-//! process-mode path as it was.
+//! process-mode path as it was. A panic in the handler ends the worker (exit 101): the
+//! supervisor fails that task, as for a process plugin that crashed, and starts another worker.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
