@@ -118,6 +118,24 @@ fn echo_keeps_each_tasks_output_facts_and_result_apart() {
 }
 
 #[test]
+fn output_larger_than_a_pipe_cannot_block_a_worker() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut worker = Worker::start(
+        command(env!("CARGO_BIN_EXE_disbatch-plugin-echo")),
+        dir.path(),
+    );
+    // 4 000 lines of ~120 bytes: over 7 pipe buffers (64 KiB), written while nobody reads.
+    let (doc, env, attempt) = task(1, json!({"lines": 4000, "line_pad": 100}));
+    let big = worker.run(&doc, &env, &attempt);
+    assert_eq!(done(&big).0, 0);
+    assert_eq!(big.stdout().lines().count(), 4001, "params line + 4000");
+    assert!(big.stdout().len() > 7 * 65536, "{}", big.stdout().len());
+    let (doc, env, attempt) = task(2, json!({}));
+    assert_eq!(worker.run(&doc, &env, &attempt).stdout(), "{}\n");
+    assert_eq!(worker.stop().code(), Some(0));
+}
+
+#[test]
 fn a_worker_dying_mid_task_is_seen_as_such() {
     let dir = tempfile::tempdir().expect("dir");
     let mut worker = Worker::start(
@@ -248,6 +266,35 @@ fn the_python_helper_speaks_the_protocol() {
     let error = worker.read_message().expect("error");
     assert_eq!(error["type"], "error");
     assert_eq!(worker.wait().code(), Some(2));
+}
+
+#[test]
+fn the_channel_is_not_inherited_by_what_a_worker_starts() {
+    let Some(python) = python() else {
+        eprintln!("no python3: skipped");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let script = dir.path().join("spawner.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import os, sys\nsys.path.insert(0, {:?})\nimport disbatch_worker\n\
+             def handle(task):\n    sys.stdout.flush()\n    \
+             os.system('test -e /proc/$$/fd/3 && echo fd3 open || echo fd3 closed')\n\
+             disbatch_worker.run(handle)\n",
+            example_py().parent().expect("dir")
+        ),
+    )
+    .expect("script");
+    let mut cmd = Command::new(&python);
+    cmd.env_clear().env("PATH", "/usr/bin:/bin").arg(&script);
+    let mut worker = Worker::start(cmd, dir.path());
+    let (doc, env, attempt) = task(1, json!({}));
+    let ended = worker.run(&doc, &env, &attempt);
+    assert_eq!(done(&ended).0, 0);
+    assert_eq!(ended.stdout(), "fd3 closed\n");
+    assert_eq!(worker.stop().code(), Some(0));
 }
 
 #[test]
