@@ -13,6 +13,12 @@
 //! (integer) `x`s, after `print_env`.
 //!
 //! Exit codes besides `exit_code`: 2 bad input, 3 output write error, 4 file/env error.
+//!
+//! Started with `DISBATCH_WORKER_PROTOCOL` it is a persistent worker (plugins/PROTOCOL.md)
+//! doing the same per task: the `DISBATCH_*` facts come from the task message instead of the
+//! environment, `result` goes back in the `done` message, the exit code is the `done`'s
+//! `exit`; `abort` kills the worker (the supervisor fails the task and starts another) and
+//! `ignore_term` lasts for the rest of the worker's life.
 
 use serde_json::{Map, Value};
 use std::fs::OpenOptions;
@@ -53,8 +59,28 @@ struct Options {
     line_pad: usize,
 }
 
+/// What one run of the plugin is told, wherever it came from (stdin and the environment, or
+/// a worker's task message).
+struct Input<'a> {
+    params: Value,
+    attempts: u64,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
 fn main() -> ExitCode {
-    match run() {
+    if disbatch_worker::requested() {
+        return disbatch_worker::run(serve_task);
+    }
+    let outcome = read_params().and_then(|(params, attempts)| {
+        let env = |name: &str| std::env::var(name).ok();
+        let input = Input {
+            params,
+            attempts,
+            env: &env,
+        };
+        run(&input, write_result)
+    });
+    match outcome {
         Ok(code) => ExitCode::from(code),
         Err(fail) => {
             let _ = writeln!(io::stderr(), "disbatch-plugin-echo: {}", fail.msg);
@@ -63,9 +89,37 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<u8, Fail> {
-    let (params, attempts) = read_params()?;
-    let opts = match &params {
+/// One task in worker mode: the same as a process run, the result kept for the `done` message.
+fn serve_task(task: &disbatch_worker::Task) -> disbatch_worker::Outcome {
+    let env = |name: &str| task.env(name).map(str::to_string);
+    let input = Input {
+        params: task.params().clone(),
+        attempts: task.attempts(),
+        env: &env,
+    };
+    let mut kept = None;
+    let code = match run(&input, |result| {
+        kept = Some(result.clone());
+        Ok(())
+    }) {
+        Ok(code) => i32::from(code),
+        Err(fail) => {
+            let _ = writeln!(io::stderr(), "disbatch-plugin-echo: {}", fail.msg);
+            i32::from(fail.code)
+        }
+    };
+    disbatch_worker::Outcome {
+        exit: code,
+        result: kept,
+    }
+}
+
+fn run(
+    input: &Input<'_>,
+    write_result: impl FnOnce(&Value) -> Result<(), Fail>,
+) -> Result<u8, Fail> {
+    let (params, attempts) = (&input.params, input.attempts);
+    let opts = match params {
         Value::Object(map) => parse_options(map)?,
         _ => Options::default(),
     };
@@ -82,9 +136,9 @@ fn run() -> Result<u8, Fail> {
     let line = format!("{params}\n");
     write_stdout(line.as_bytes())?;
     for name in &opts.print_env {
-        let line = match std::env::var(name) {
-            Ok(v) => format!("{name}={v}\n"),
-            Err(_) => format!("{name} unset\n"),
+        let line = match (input.env)(name) {
+            Some(v) => format!("{name}={v}\n"),
+            None => format!("{name} unset\n"),
         };
         write_stdout(line.as_bytes())?;
     }
@@ -105,7 +159,7 @@ fn run() -> Result<u8, Fail> {
             .map_err(|e| Fail::new(3, format!("cannot write to stderr: {e}")))?;
     }
     if let Some(path) = &opts.append_to {
-        append_task_id(path)?;
+        append_task_id(path, input.env)?;
     }
     if let Some(ms) = opts.sleep_ms {
         std::thread::sleep(Duration::from_millis(ms));
@@ -220,9 +274,13 @@ fn write_stdout(bytes: &[u8]) -> Result<(), Fail> {
 }
 
 /// Appends `$DISBATCH_TASK_ID\n` to `path` in a single write.
-fn append_task_id(path: &str) -> Result<(), Fail> {
-    let id = std::env::var("DISBATCH_TASK_ID")
-        .map_err(|e| Fail::new(4, format!("cannot use DISBATCH_TASK_ID for append_to: {e}")))?;
+fn append_task_id(path: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(), Fail> {
+    let id = env("DISBATCH_TASK_ID").ok_or_else(|| {
+        Fail::new(
+            4,
+            "cannot use DISBATCH_TASK_ID for append_to: environment variable not found",
+        )
+    })?;
     let line = format!("{id}\n");
     OpenOptions::new()
         .append(true)
