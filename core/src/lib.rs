@@ -40,6 +40,7 @@ pub mod serve;
 pub mod store;
 pub mod utf8;
 pub mod work_spec;
+pub mod worker_policy;
 
 pub use error::{Error, Result};
 

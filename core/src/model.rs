@@ -70,6 +70,8 @@ pub struct Queue {
     pub spec: SpecFields,
     /// Lease, on_lost, timeout and kill grace (defaults for a plain Disbatch queue).
     pub run: crate::run_policy::RunPolicy,
+    /// A process per task or persistent workers, and the workers' lifecycle.
+    pub worker: crate::worker_policy::WorkerPolicy,
     /// The document as read, handed to task runners so they need not read it again.
     pub raw: bson::Document,
 }

@@ -10,6 +10,7 @@ use crate::model::{
     parse_flag, parse_integer, parse_limit, Queue, QueueSort, SpecFields, DEFAULT_WEIGHT,
 };
 use crate::run_policy::{self, OnLost, RunPolicy};
+use crate::worker_policy::{self, WorkerMode, WorkerPolicy};
 
 impl Store {
     /// All queues in natural order. A document without an ObjectId `_id` or that cannot be
@@ -70,12 +71,13 @@ pub fn parse_queue(d: &Document) -> Result<Queue, String> {
     let cap = d.get(queue::THREADS).or_else(|| d.get(queue::MAX_RUNNING));
     let spec = spec_fields(d);
     let run = run_policy(d);
-    // An unreadable work-spec or run-policy field makes the queue unservable, reported like
-    // bad threads.
-    let threads = match (parse_limit(cap), &spec, &run) {
-        (Ok(t), Ok(_), Ok(_)) => Ok(t.unwrap_or(0)),
-        (Err(e), _, _) => Err(format!("threads: {e}")),
-        (_, Err(e), _) | (_, _, Err(e)) => Err(e.clone()),
+    let worker = worker_fields(d);
+    // An unreadable work-spec, run-policy or worker field makes the queue unservable,
+    // reported like bad threads.
+    let threads = match (parse_limit(cap), &spec, &run, &worker) {
+        (Ok(t), Ok(_), Ok(_), Ok(_)) => Ok(t.unwrap_or(0)),
+        (Err(e), _, _, _) => Err(format!("threads: {e}")),
+        (_, Err(e), _, _) | (_, _, Err(e), _) | (_, _, _, Err(e)) => Err(e.clone()),
     };
     let (sort, sort_warning) = QueueSort::parse(d.get(queue::SORT));
     Ok(Queue {
@@ -87,6 +89,7 @@ pub fn parse_queue(d: &Document) -> Result<Queue, String> {
         sort_warning,
         spec: spec.unwrap_or_default(),
         run: run.unwrap_or_default(),
+        worker: worker.unwrap_or_default(),
         raw: d.clone(),
     })
 }
@@ -144,6 +147,37 @@ fn run_policy(d: &Document) -> Result<RunPolicy, String> {
             .filter(|t| !t.is_zero()),
         kill_grace: run_policy::parse_seconds(seconds(queue::KILL_GRACE)?, queue::KILL_GRACE)?
             .unwrap_or(run_policy::DEFAULT_KILL_GRACE),
+    })
+}
+
+/// `worker` and its lifecycle fields; a value that cannot be read is the queue's skip reason.
+fn worker_fields(d: &Document) -> Result<WorkerPolicy, String> {
+    let mode = match d.get(queue::WORKER) {
+        None | Some(Bson::Null) => WorkerMode::default(),
+        Some(Bson::String(s)) => WorkerMode::parse(Some(s))?,
+        Some(other) => return Err(format!("worker must be a string, found {other}")),
+    };
+    let seconds = |key: &str, default| -> Result<std::time::Duration, String> {
+        let value = match d.get(key) {
+            None | Some(Bson::Null) => None,
+            Some(Bson::Int32(n)) => Some(*n as f64),
+            Some(Bson::Int64(n)) => Some(*n as f64),
+            Some(Bson::Double(f)) => Some(*f),
+            Some(other) => return Err(format!("{key} must be a number of seconds, found {other}")),
+        };
+        Ok(run_policy::parse_seconds(value, key)?.unwrap_or(default))
+    };
+    let count = |key: &str| -> Result<Option<u64>, String> {
+        let n = parse_integer(d.get(key)).map_err(|e| format!("{key}: {e}"))?;
+        worker_policy::limit_from(n, key)
+    };
+    Ok(WorkerPolicy {
+        mode,
+        idle: seconds(queue::WORKER_IDLE_S, worker_policy::DEFAULT_IDLE)?,
+        max_tasks: count(queue::WORKER_MAX_TASKS)?,
+        max_rss_mb: count(queue::WORKER_MAX_RSS_MB)?,
+        start: seconds(queue::WORKER_START_S, worker_policy::DEFAULT_START)?
+            .max(std::time::Duration::from_millis(100)),
     })
 }
 
@@ -250,5 +284,54 @@ impl Store {
             .await
             .map(|r| r.modified_count == 1)
             .map_err(|e| Error::mongo(format!("taking the continuous turn of queue {id}"), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue_with(fields: Document) -> Result<Queue, String> {
+        let mut d = doc! {queue::ID: ObjectId::new(), queue::NAME: "q", queue::PLUGIN: "p"};
+        d.extend(fields);
+        parse_queue(&d)
+    }
+
+    #[test]
+    fn a_queue_without_worker_fields_runs_a_process_per_task() {
+        let q = queue_with(doc! {}).unwrap();
+        assert_eq!(q.worker, WorkerPolicy::default());
+        assert!(!q.worker.persistent());
+    }
+
+    #[test]
+    fn worker_fields_are_read_with_their_units() {
+        let q = queue_with(doc! {
+            queue::WORKER: "persistent", queue::WORKER_IDLE_S: 2.5, queue::WORKER_MAX_TASKS: 100_i64,
+            queue::WORKER_MAX_RSS_MB: 512, queue::WORKER_START_S: 3,
+        })
+        .unwrap();
+        assert!(q.worker.persistent());
+        assert_eq!(q.worker.idle, std::time::Duration::from_millis(2500));
+        assert_eq!(q.worker.max_tasks, Some(100));
+        assert_eq!(q.worker.max_rss_mb, Some(512));
+        assert_eq!(q.worker.start, std::time::Duration::from_secs(3));
+        assert!(q.threads.is_ok());
+    }
+
+    #[test]
+    fn an_unreadable_worker_field_makes_the_queue_unservable_with_its_reason() {
+        for (fields, needle) in [
+            (doc! {queue::WORKER: "pool"}, "\"pool\""),
+            (doc! {queue::WORKER: 1}, "worker must be a string"),
+            (doc! {queue::WORKER_MAX_TASKS: -3}, "worker_max_tasks"),
+            (doc! {queue::WORKER_IDLE_S: "soon"}, "worker_idle_s"),
+            (doc! {queue::WORKER_MAX_RSS_MB: 1.5}, "worker_max_rss_mb"),
+        ] {
+            let q = queue_with(fields.clone()).unwrap();
+            let e = q.threads.unwrap_err();
+            assert!(e.contains(needle), "{fields}: {e}");
+            assert!(check_queue_fields(&fields).is_err(), "{fields}");
+        }
     }
 }

@@ -122,6 +122,16 @@ pub mod queue {
     pub const TIMEOUT: &str = "timeout";
     /// Ours, seconds between SIGTERM and SIGKILL when a plugin is stopped (default 5).
     pub const KILL_GRACE: &str = "kill_grace";
+    /// Ours: "process" (default: a plugin process per task) or "persistent" (workers).
+    pub const WORKER: &str = "worker";
+    /// Ours, seconds an idle persistent worker is kept (default 60).
+    pub const WORKER_IDLE_S: &str = "worker_idle_s";
+    /// Ours: tasks after which a persistent worker is replaced (default 0: no limit).
+    pub const WORKER_MAX_TASKS: &str = "worker_max_tasks";
+    /// Ours: resident MiB past which a persistent worker is replaced (default 0: no limit).
+    pub const WORKER_MAX_RSS_MB: &str = "worker_max_rss_mb";
+    /// Ours, seconds a new persistent worker has to say `ready` (default 30).
+    pub const WORKER_START_S: &str = "worker_start_s";
 }
 
 pub mod node {
