@@ -23,12 +23,16 @@ use crate::runner_deaths::RunnerDeaths;
 /// What an empty pipe takes without blocking on Linux (its default capacity).
 const PIPE_CAPACITY: usize = 64 * 1024;
 
-/// A runner this process started, while it lives.
+/// A runner this process started (or a task handed to its worker host), while it lives.
 #[derive(Debug, Clone)]
-struct Live {
-    pid: u32,
-    queue: ObjectId,
-    slot: Option<u32>,
+pub(crate) struct Live {
+    pub pid: u32,
+    pub queue: ObjectId,
+    pub slot: Option<u32>,
+    pub attempt: ObjectId,
+    pub started: Instant,
+    /// Run by the worker host of this pid, not by a runner of its own.
+    pub hosted: bool,
 }
 
 /// A runner that exited: the slot it held is free (unless another node took the task).
@@ -57,14 +61,16 @@ pub struct Executor {
     /// The whole environment of every runner (`runner_env`): nothing else of this node's.
     env: Arc<Vec<(OsString, OsString)>>,
     /// Runners started by this process and still alive.
-    live: Arc<Mutex<HashMap<ObjectId, Live>>>,
+    pub(crate) live: Arc<Mutex<HashMap<ObjectId, Live>>>,
     /// Runners that exited since the claimer last looked.
     exited: Arc<Mutex<Vec<Exited>>>,
     runner_exited: Arc<Notify>,
     /// Stores runners' results; None leaves each runner to store its own.
     completer: Option<Completer>,
     /// Recovers the tasks of runners that die without a result; None leaves them to leases.
-    deaths: Option<RunnerDeaths>,
+    pub(crate) deaths: Option<RunnerDeaths>,
+    /// The worker host running this node's persistent-queue tasks, once one is needed.
+    pub(crate) host: Arc<Mutex<Option<crate::worker_host::HostHandle>>>,
 }
 
 impl Executor {
@@ -84,6 +90,7 @@ impl Executor {
             completer,
             deaths,
             live: Arc::new(Mutex::new(HashMap::new())),
+            host: Arc::new(Mutex::new(None)),
             exited: Arc::new(Mutex::new(Vec::new())),
             runner_exited: Arc::new(Notify::new()),
         }
@@ -93,6 +100,9 @@ impl Executor {
     /// theirs.
     pub fn set_env(&mut self, env: Vec<(OsString, OsString)>) {
         self.env = Arc::new(env);
+        // The host was started with the old config and environment: it drains, and the
+        // next persistent task starts a new one.
+        self.retire_host();
     }
 
     /// Whether runners hand their results to this node (`Handoff::relay`).
@@ -134,6 +144,15 @@ impl Executor {
             .lock()
             .ok()
             .and_then(|l| l.get(&task).map(|r| r.pid));
+        let hosted = self
+            .live
+            .lock()
+            .ok()
+            .is_some_and(|l| l.get(&task).is_some_and(|r| r.hosted));
+        if hosted {
+            self.wake_hosted(task);
+            return;
+        }
         let Some(pid) = pid.filter(|p| *p > 1) else {
             return;
         };
@@ -147,6 +166,9 @@ impl Executor {
     /// handing it the claimed task on stdin. It runs in a new session so it outlives a restart
     /// or kill of this DEN and gets none of its signals.
     pub fn spawn_runner(&self, handoff: &Handoff, slot: Option<u32>) -> std::io::Result<()> {
+        if disbatch_core::store::runs_persistent(&handoff.queue) {
+            return self.hand_to_host(handoff, slot);
+        }
         let task = handoff
             .task_id()
             .ok_or_else(|| std::io::Error::other("the claimed task has no ObjectId _id"))?;
@@ -236,13 +258,13 @@ impl Executor {
                 pid: pid.unwrap_or(0),
                 queue,
                 slot,
+                attempt: handoff.attempt,
+                started: Instant::now(),
+                hosted: false,
             };
             live.insert(task, runner);
         }
-        let live = self.live.clone();
-        let exited = self.exited.clone();
-        let notify = self.runner_exited.clone();
-        let started = Instant::now();
+        let executor = self.clone();
         let deaths = self.deaths.clone();
         let attempt = handoff.attempt;
         tokio::spawn(async move {
@@ -276,21 +298,37 @@ impl Executor {
                 (None, Some(deaths)) => deaths.recorded_outcome(attempt).await.unwrap_or("unknown"),
                 (None, None) => "unknown",
             };
-            let runner = live.lock().ok().and_then(|mut l| l.remove(&task));
-            if let (Some(runner), Ok(mut exited)) = (runner, exited.lock()) {
-                exited.push(Exited {
-                    task,
-                    queue: runner.queue,
-                    slot: runner.slot,
-                    ran_for: started.elapsed(),
-                    success,
-                    outcome,
-                });
-            }
-            notify.notify_one();
+            executor.task_ended(task, success, outcome);
         });
         tracing::debug!(task = %task, ?pid, "started task runner");
         Ok(())
+    }
+}
+
+impl Executor {
+    /// A task's runner exited (or its host reported it ended): its slot is free.
+    pub(crate) fn task_ended(&self, task: ObjectId, success: bool, outcome: &'static str) {
+        let runner = self.live.lock().ok().and_then(|mut l| l.remove(&task));
+        if let (Some(runner), Ok(mut exited)) = (runner, self.exited.lock()) {
+            exited.push(Exited {
+                task,
+                queue: runner.queue,
+                slot: runner.slot,
+                ran_for: runner.started.elapsed(),
+                success,
+                outcome,
+            });
+        }
+        self.runner_exited.notify_one();
+    }
+
+    /// The environment every runner (and worker host) gets.
+    pub(crate) fn runner_env(&self) -> Arc<Vec<(OsString, OsString)>> {
+        self.env.clone()
+    }
+
+    pub(crate) fn runner_command(&self) -> (PathBuf, PathBuf, String) {
+        (self.runner.clone(), self.config.clone(), self.node.clone())
     }
 }
 

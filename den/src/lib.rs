@@ -24,5 +24,6 @@ pub mod runner_env;
 pub mod running_view;
 pub mod skip_log;
 pub mod stats_keeper;
+pub mod worker_host;
 
 pub use node::Node;

@@ -1,5 +1,5 @@
-//! Runs the prepared plugin under its supervisor and turns how it ended into the task's
-//! end and captured output.
+//! Runs the prepared plugin as a process under its supervisor, and turns how a run ended
+//! (a process's or a worker's) into the task's end and captured output.
 
 use std::time::Duration;
 
@@ -8,27 +8,28 @@ use disbatch_core::model::status;
 use disbatch_core::store::TaskEnd;
 use disbatch_core::{Error, Result};
 
+use crate::outcome::Exit;
 use crate::outcome::{decide, Outcome};
 use crate::plugin_process::{start_plugin, PluginCall};
 use crate::prepare::Prepared;
-use crate::record::{Captured, Finished};
+use crate::record::{Captured, Finished, Spool};
 use crate::runner::{Ran, Run, RunFacts};
-use crate::spool::{read_result, ResultFile};
-use crate::supervisor::{supervise, Stopped};
+use crate::spool::{read_result, ResultFile, SpoolPaths};
+use crate::supervisor::{supervise, Stopped, Wake};
 
 pub(crate) async fn run_and_capture(
     doc: &Document,
     prepared: Prepared,
     run: &Run<'_>,
-    wake: Option<tokio::signal::unix::Signal>,
+    wake: Option<Wake>,
 ) -> Result<Ran> {
     let Run {
         store,
         config,
         task,
         attempt,
-        attempts,
         node,
+        ..
     } = *run;
     let spool = tempfile::Builder::new()
         .prefix(&format!("disbatch-task-{task}-"))
@@ -41,21 +42,12 @@ pub(crate) async fn run_and_capture(
         task_json,
         task_id: task.to_hex(),
         attempt: attempt.to_hex(),
-        queue_name: prepared.queue_name,
+        queue_name: prepared.queue_name.clone(),
         queue_id: prepared.queue_id.to_hex(),
         queue_config: prepared.config_json.clone(),
         node: node.to_string(),
         env: &config.plugin_env,
         user: config.plugin_user.as_ref(),
-    };
-    let finished = |end, stdout, stderr, spool| Finished {
-        task,
-        node: node.to_string(),
-        attempt,
-        end,
-        stdout,
-        stderr,
-        spool,
     };
     let mut plugin = match start_plugin(call, spool.path()) {
         Ok(p) => p,
@@ -64,15 +56,7 @@ pub(crate) async fn run_and_capture(
                 "could not start plugin {}: {e}",
                 prepared.executable.display()
             );
-            tracing::warn!(task = %task, "{reason}");
-            let end = TaskEnd::Status(status::FAILED);
-            let done = finished(
-                end,
-                Captured::from_text("Unable to start"),
-                Captured::from_text(reason),
-                None,
-            );
-            return Ok(Ran::Finished(Box::new(done), RunFacts::default()));
+            return Ok(unable_to_start(run, reason));
         }
     };
     // The output so far, for watching, beside the plugin; stopped before the result is
@@ -88,31 +72,85 @@ pub(crate) async fn run_and_capture(
     }
     let stopped = stopped.map_err(|e| Error::io("waiting for the plugin", e))?;
     let paths = plugin.paths.clone();
-    let exit = match stopped {
-        Stopped::Exited(e) | Stopped::TimedOut(e, _) | Stopped::Cancelled(e) => e,
-        Stopped::LeaseLost(e) => {
-            let facts = RunFacts {
-                exit: Some(e),
-                stopped: Some(stopped),
-                ..RunFacts::default()
-            };
-            return Ok(Ran::LeaseLost(facts));
-        }
-    };
+    if let Stopped::LeaseLost(e) = stopped {
+        return Ok(Ran::LeaseLost(lease_lost(e, stopped)));
+    }
     let (result, refused) = match read_result(&paths.result).await {
         ResultFile::Missing => (None, None),
         ResultFile::Written(bytes) => (Some(bytes), None),
         ResultFile::Refused(why) => (None, Some(why)),
     };
+    let ending = Ending {
+        stopped,
+        result,
+        refused,
+        lead: None,
+        requeue: false,
+    };
+    conclude(run, &prepared, ending, &paths, Spool::Dir(spool)).await
+}
+
+/// The facts of a run whose task was recovered elsewhere meanwhile.
+pub(crate) fn lease_lost(exit: Exit, stopped: Stopped) -> RunFacts {
+    RunFacts {
+        exit: Some(exit),
+        stopped: Some(stopped),
+        ..RunFacts::default()
+    }
+}
+
+/// How a run ended, as its supervisor saw it.
+pub(crate) struct Ending {
+    pub stopped: Stopped,
+    /// What the plugin gave as its result (the result file, a worker's `done`).
+    pub result: Option<Vec<u8>>,
+    /// Why the result was not trusted, when it was not.
+    pub refused: Option<String>,
+    /// The supervisor's own account, when the plugin did not end as plugins should (a
+    /// worker that died or broke the protocol): it leads the task's stderr note.
+    pub lead: Option<String>,
+    /// The queue's `on_lost: requeue` applies: the task goes back to the queue.
+    pub requeue: bool,
+}
+
+/// Turns how a run ended into the task's end (status, retry, chaining) and its output,
+/// with the runner's notes appended to its stderr: the same for a process and a worker.
+pub(crate) async fn conclude(
+    run: &Run<'_>,
+    prepared: &Prepared,
+    ending: Ending,
+    paths: &SpoolPaths,
+    spool: Spool,
+) -> Result<Ran> {
+    let Run {
+        task,
+        attempt,
+        attempts,
+        node,
+        ..
+    } = *run;
+    let Ending {
+        stopped,
+        result,
+        refused,
+        lead,
+        requeue,
+    } = ending;
+    let exit = match stopped {
+        Stopped::Exited(e)
+        | Stopped::TimedOut(e, _)
+        | Stopped::Cancelled(e)
+        | Stopped::LeaseLost(e) => e,
+    };
     let mut outcome = decide(exit, result.as_deref());
     if let Some(why) = refused {
-        tracing::warn!(task = %task, "the plugin's result file is ignored: {why}");
+        tracing::warn!(task = %task, "the plugin's result is ignored: {why}");
         outcome.refuse_result(&why);
     }
     let Outcome {
-        status,
+        mut status,
         mut note,
-        retry,
+        mut retry,
         result,
     } = outcome;
     // Why the runner ended the plugin comes first; the exit's own remark follows.
@@ -122,6 +160,15 @@ pub(crate) async fn run_and_capture(
             None => why,
         });
     };
+    if let Some(why) = lead {
+        lead_note(why);
+        if requeue {
+            retry = Some(Duration::ZERO);
+        } else {
+            status = status::FAILED;
+            retry = None;
+        }
+    }
     let end = match (stopped, retry) {
         (Stopped::TimedOut(_, after), _) => {
             lead_note(format!("timed out after {} s", after.as_secs_f64()));
@@ -178,13 +225,31 @@ pub(crate) async fn run_and_capture(
         chain,
         stopped: (!matches!(stopped, Stopped::Exited(_))).then_some(stopped),
     };
-    let done = finished(
+    let done = Finished {
+        task,
+        node: node.to_string(),
+        attempt,
         end,
-        Captured::load(&paths.stdout).await?,
-        Captured::load(&paths.stderr).await?,
-        Some(spool),
-    );
+        stdout: Captured::load(&paths.stdout).await?,
+        stderr: Captured::load(&paths.stderr).await?,
+        spool: Some(spool),
+    };
     Ok(Ran::Finished(Box::new(done), facts))
+}
+
+/// A plugin that could not start: the task fails with the reason as its stderr.
+pub(crate) fn unable_to_start(run: &Run<'_>, reason: String) -> Ran {
+    tracing::warn!(task = %run.task, "{reason}");
+    let done = Finished {
+        task: run.task,
+        node: run.node.to_string(),
+        attempt: run.attempt,
+        end: TaskEnd::Status(status::FAILED),
+        stdout: Captured::from_text("Unable to start"),
+        stderr: Captured::from_text(reason),
+        spool: None,
+    };
+    Ran::Finished(Box::new(done), RunFacts::default())
 }
 
 /// The runner's own remarks go at the end of the task's stderr, on a line of their own.

@@ -11,3 +11,4 @@ pub mod record;
 pub mod runner;
 pub mod spool;
 pub mod supervisor;
+pub mod worker;

@@ -10,6 +10,7 @@ use disbatch_core::output::GfsMode;
 use disbatch_dtr::connection::LazyStore;
 use disbatch_dtr::node_link::{read_handoff, NodeLink};
 use disbatch_dtr::runner::{run_handed_off, run_task};
+use disbatch_dtr::supervisor::Wake;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Runs one task claimed by a Disbatch node and records its result.
@@ -19,8 +20,8 @@ struct Args {
     #[arg(long)]
     config: PathBuf,
     /// The task's id (24 hex digits).
-    #[arg(long)]
-    task: String,
+    #[arg(long, required_unless_present = "worker_host")]
+    task: Option<String>,
     /// The node that claimed the task; default: the config's `node`, then the hostname.
     #[arg(long)]
     node: Option<String>,
@@ -31,6 +32,10 @@ struct Args {
     /// its queue to stdin (BSON); the runner then reads nothing from the database first.
     #[arg(long)]
     handoff: bool,
+    /// Serve the node's persistent-queue tasks in long-lived workers (plugins/PROTOCOL.md):
+    /// handoffs stream in on stdin until it closes; ended tasks are reported on stdout.
+    #[arg(long, conflicts_with_all = ["task", "handoff"])]
+    worker_host: bool,
 }
 
 // One thread: the plugin's parent-death signal is tied to the thread that spawned it.
@@ -65,8 +70,6 @@ async fn run(args: Args, logging: disbatch_core::logging::Logging) -> anyhow::Re
     // First, before the task starts: SIGUSR1's default action would kill the runner, and the
     // node sends it to point out a cancel request.
     let wake = signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
-    let task = ObjectId::parse_str(&args.task)
-        .map_err(|_| anyhow::anyhow!("--task {:?} is not a task id (24 hex digits)", args.task))?;
     let loaded = load_config(&args.config)?;
     let mut config = loaded.config;
     if let Some(level) = &config.log_level {
@@ -80,21 +83,28 @@ async fn run(args: Args, logging: disbatch_core::logging::Logging) -> anyhow::Re
     let node = config.node_name(args.node.as_deref())?;
     // Connected only when something needs the database: a relayed result needs none.
     let store = LazyStore::new(&config);
+    if args.worker_host {
+        disbatch_dtr::worker::host::serve(config, store, node).await;
+        return Ok(());
+    }
+    let given = args.task.unwrap_or_default();
+    let task = ObjectId::parse_str(&given)
+        .map_err(|_| anyhow::anyhow!("--task {given:?} is not a task id (24 hex digits)"))?;
     let report = if args.handoff {
         let handoff = read_handoff().await.map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             handoff.task_id() == Some(task),
-            "the handoff on stdin is for another task than --task {}",
-            args.task
+            "the handoff on stdin is for another task than --task {given}"
         );
         let mut link = if handoff.relay {
             NodeLink::open()
         } else {
             None
         };
-        run_handed_off(&config, &store, handoff, &node, Some(wake), link.as_mut()).await?
+        let wake = Some(Wake::Signal(wake));
+        run_handed_off(&config, &store, handoff, &node, wake, link.as_mut(), None).await?
     } else {
-        run_task(&config, &store, task, &node, Some(wake)).await?
+        run_task(&config, &store, task, &node, Some(Wake::Signal(wake))).await?
     };
     tracing::debug!(task = %task, ?report, "done");
     Ok(())

@@ -58,7 +58,7 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
     // Only allow-listed variables reach the plugin: a node's environment may hold secrets.
     cmd.env_clear();
     for (name, value) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| call.env.allows(n)) {
+        if name.to_str().is_some_and(|n| plugin_may_see(call.env, n)) {
             cmd.env(name, value);
         }
     }
@@ -120,15 +120,21 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
     })
 }
 
+/// Whether a variable of the runner's reaches a plugin: allow-listed, and never one of the
+/// worker protocol's (a dual-mode plugin would take it as a call to run as a worker).
+pub fn plugin_may_see(env: &PluginEnv, name: &str) -> bool {
+    env.allows(name) && !name.starts_with(disbatch_core::worker_policy::RESERVED_ENV_PREFIX)
+}
+
 /// The ids a plugin of `plugin_user` takes on, ready for use between fork and exec.
-struct Identity {
+pub(crate) struct Identity {
     uid: libc::uid_t,
     gid: libc::gid_t,
     groups: Vec<libc::gid_t>,
 }
 
 impl Identity {
-    fn of(user: &PluginUser) -> Identity {
+    pub(crate) fn of(user: &PluginUser) -> Identity {
         Identity {
             uid: user.uid,
             gid: user.gid,
@@ -138,7 +144,7 @@ impl Identity {
 
     /// Groups first, then the group, then the user: each step needs the privilege the next
     /// one gives up. Async-signal-safe: it only reads `self`.
-    fn assume(&self) -> std::io::Result<()> {
+    pub(crate) fn assume(&self) -> std::io::Result<()> {
         // SAFETY: the pointer and length describe `self.groups`, alive for the call.
         let set = unsafe {
             libc::setgroups(self.groups.len(), self.groups.as_ptr()) == 0
@@ -153,28 +159,35 @@ impl Identity {
     }
 }
 
-impl PluginProcess {
-    /// Waits for the plugin to exit. Cancel-safe: it can race a timer in `select!`.
-    pub async fn wait(&mut self) -> std::io::Result<Exit> {
+impl crate::supervisor::Supervised for PluginProcess {
+    async fn wait(&mut self) -> std::io::Result<Exit> {
         self.child.wait().await.map(Exit::from)
     }
 
-    /// Stops the plugin's whole process group: SIGTERM, up to `grace` to exit, then SIGKILL.
-    pub async fn stop(&mut self, grace: Duration) -> std::io::Result<Exit> {
-        self.signal_group(Signal::SIGTERM);
-        if let Ok(exit) = tokio::time::timeout(grace, self.child.wait()).await {
-            self.signal_group(Signal::SIGKILL); // children that ignored the TERM
-            return exit.map(Exit::from);
-        }
-        tracing::warn!(grace = ?grace, "plugin ignored SIGTERM; sending SIGKILL");
-        self.signal_group(Signal::SIGKILL);
-        self.child.wait().await.map(Exit::from)
+    async fn stop(&mut self, grace: Duration) -> std::io::Result<Exit> {
+        stop_group(&mut self.child, self.group, grace).await
     }
+}
 
-    fn signal_group(&self, signal: Signal) {
-        if let Some(group) = self.group {
+/// Stops a plugin's whole process group: SIGTERM, up to `grace` for `child` to exit, then
+/// SIGKILL (also to children that ignored the TERM).
+pub async fn stop_group(
+    child: &mut Child,
+    group: Option<Pid>,
+    grace: Duration,
+) -> std::io::Result<Exit> {
+    let signal_group = |signal| {
+        if let Some(group) = group {
             // ESRCH: the group is already gone, which is what we want.
             let _ = killpg(group, signal);
         }
+    };
+    signal_group(Signal::SIGTERM);
+    if let Ok(exit) = tokio::time::timeout(grace, child.wait()).await {
+        signal_group(Signal::SIGKILL);
+        return exit.map(Exit::from);
     }
+    tracing::warn!(grace = ?grace, "plugin ignored SIGTERM; sending SIGKILL");
+    signal_group(Signal::SIGKILL);
+    child.wait().await.map(Exit::from)
 }

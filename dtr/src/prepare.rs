@@ -7,6 +7,7 @@ use disbatch_core::config::Config;
 use disbatch_core::model::Queue;
 use disbatch_core::run_policy::RunPolicy;
 use disbatch_core::store::schema::task as field;
+use disbatch_core::worker_policy::WorkerPolicy;
 
 /// A task ready to run.
 pub struct Prepared {
@@ -17,6 +18,7 @@ pub struct Prepared {
     pub then: Option<String>,
     pub config_json: Option<String>,
     pub run: RunPolicy,
+    pub worker: WorkerPolicy,
 }
 
 /// The queue as the runner found it: read, missing, or unreadable (with the reason).
@@ -73,6 +75,7 @@ pub fn prepare(
         then: queue.spec.then.clone(),
         config_json: queue.spec.config_json.clone(),
         run: queue.run,
+        worker: queue.worker,
     })
 }
 

@@ -65,8 +65,28 @@ pub struct Finished {
     pub end: TaskEnd,
     pub stdout: Captured,
     pub stderr: Captured,
-    /// The directory holding the spooled output, kept until the result is written.
-    pub spool: Option<tempfile::TempDir>,
+    /// Where the output is spooled, kept until the result is written.
+    pub spool: Option<Spool>,
+}
+
+/// What holds a run's output files until its result is written.
+pub enum Spool {
+    /// A process plugin's own directory, removed once the result is written.
+    Dir(tempfile::TempDir),
+    /// The worker that ran the task: its output files are the task's until it is given back
+    /// (its next task empties them), so it is lent until the result is written.
+    Worker(Box<crate::worker::Lent>),
+}
+
+impl Spool {
+    /// Keeps the output on disk for an operator when the result cannot be written; a worker
+    /// is then retired, so its files are not emptied by another task.
+    pub fn keep(self) -> PathBuf {
+        match self {
+            Spool::Dir(dir) => dir.keep(),
+            Spool::Worker(lent) => lent.keep_output(),
+        }
+    }
 }
 
 /// Stores the outputs and the final status. If the server refuses the document as too large,

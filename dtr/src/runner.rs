@@ -14,7 +14,6 @@ use disbatch_core::store::{
     TaskEnd,
 };
 use disbatch_core::Result;
-use tokio::signal::unix::Signal;
 
 use crate::capture::run_and_capture;
 use crate::connection::LazyStore;
@@ -22,13 +21,23 @@ use crate::node_link::NodeLink;
 use crate::outcome::Exit;
 use crate::prepare::{prepare, QueueLookup};
 use crate::record::{record_result, with_retries, Captured, Finished};
-use crate::supervisor::Stopped;
+use crate::supervisor::{Stopped, Wake};
+use crate::worker::batch::BatchWriter;
+use crate::worker::Pool;
+
+/// What a worker host lends the runs it holds: its workers, and its batched result writes.
+#[derive(Clone, Copy)]
+pub struct Hosting<'a> {
+    pub pool: &'a Pool,
+    pub batch: &'a BatchWriter,
+}
 
 /// What became of the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunReport {
-    /// The result was recorded: a final status, or requeued for a retry.
-    Recorded(TaskEnd),
+    /// The result was recorded: a final status, or requeued for a retry; and the attempt's
+    /// outcome as its record names it.
+    Recorded(TaskEnd, &'static str),
     /// The task was not claimed by this node any more (given back, reaped): nothing was run.
     NotClaimed,
     /// The plugin ran but the task had changed hands; the result was discarded.
@@ -71,8 +80,9 @@ pub async fn run_handed_off(
     store: &LazyStore,
     handoff: Handoff,
     node: &str,
-    wake: Option<Signal>,
+    wake: Option<Wake>,
     link: Option<&mut NodeLink>,
+    hosting: Option<Hosting<'_>>,
 ) -> Result<RunReport> {
     let started = DateTime::now();
     let task = handoff.task.get_object_id(field::ID).map_err(|_| {
@@ -87,7 +97,7 @@ pub async fn run_handed_off(
         attempts: attempts_started(&handoff.task),
         node,
     };
-    run_attempt(&run, &handoff.task, queue, started, wake, link).await
+    run_attempt(&run, &handoff.task, queue, started, wake, link, hosting).await
 }
 
 /// Starts a task this node claimed (`-1`) as a new attempt and runs it: for a runner started
@@ -97,7 +107,7 @@ pub async fn run_task(
     store: &LazyStore,
     task: ObjectId,
     node: &str,
-    wake: Option<Signal>,
+    wake: Option<Wake>,
 ) -> Result<RunReport> {
     let attempt = ObjectId::new();
     let started = DateTime::now();
@@ -125,7 +135,7 @@ pub async fn run_task(
         attempts: attempts_started(&doc),
         node,
     };
-    run_attempt(&run, &doc, queue, started, wake, None).await
+    run_attempt(&run, &doc, queue, started, wake, None, None).await
 }
 
 async fn run_attempt(
@@ -133,8 +143,9 @@ async fn run_attempt(
     doc: &Document,
     queue: QueueLookup,
     started: DateTime,
-    wake: Option<Signal>,
+    wake: Option<Wake>,
     link: Option<&mut NodeLink>,
+    hosting: Option<Hosting<'_>>,
 ) -> Result<RunReport> {
     let Run {
         store,
@@ -169,7 +180,12 @@ async fn run_attempt(
             );
             Ran::Finished(Box::new(unable(reason)), RunFacts::default())
         }
-        Ok(p) => run_and_capture(doc, p, run, wake).await?,
+        Ok(p) => match hosting {
+            Some(h) if p.worker.persistent() => {
+                crate::worker::run::run_in_worker(doc, p, run, h.pool, wake).await?
+            }
+            _ => run_and_capture(doc, p, run, wake).await?,
+        },
     };
     let queue_id = doc.get_object_id(field::QUEUE).ok();
     let record = |end: AttemptEnd| AttemptRecord {
@@ -208,12 +224,13 @@ async fn run_attempt(
     // The attempt record goes first: if this runner dies before the result lands, recovery
     // marks the record lost, so a record never claims a result the task does not show.
     let closing = record(attempt_end(outcome, final_status, &facts));
-    let relayed = match (link, relayable(&finished, &closing, config.gfs)) {
-        (Some(link), Some(completion)) => Some(link.report(&completion, patience).await),
+    let relayed = match (link, hosting, relayable(&finished, &closing, config.gfs)) {
+        (Some(link), _, Some(completion)) => Some(link.report(&completion, patience).await),
+        (None, Some(h), Some(completion)) => Some(h.batch.report(completion).await),
         _ => None,
     };
     match relayed {
-        Some(Ack::Recorded) => return Ok(recorded(store, task, end, &facts).await),
+        Some(Ack::Recorded) => return Ok(recorded(store, task, end, outcome, &facts).await),
         Some(Ack::NotOurs) => {
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
             return Ok(RunReport::Discarded);
@@ -228,8 +245,8 @@ async fn run_attempt(
             // The output stays on local disk for an operator; the task's lease will pass and
             // a node will recover it.
             let mut finished = finished;
-            if let Some(dir) = finished.spool.take() {
-                let kept = dir.keep();
+            if let Some(spool) = finished.spool.take() {
+                let kept = spool.keep();
                 tracing::error!(task = %task, output = %kept.display(), "could not record the result; its output is kept");
             }
             return Err(e);
@@ -245,9 +262,9 @@ async fn run_attempt(
             .unwrap_or(false)
     };
     match outcome_of_write {
-        FinishOutcome::Recorded => Ok(recorded(store, task, end, &facts).await),
+        FinishOutcome::Recorded => Ok(recorded(store, task, end, outcome, &facts).await),
         FinishOutcome::NotOurs if stored_by_node().await => {
-            Ok(recorded(store, task, end, &facts).await)
+            Ok(recorded(store, task, end, outcome, &facts).await)
         }
         FinishOutcome::NotOurs | FinishOutcome::TooLarge => {
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
@@ -284,7 +301,13 @@ fn relayable(finished: &Finished, record: &AttemptRecord, gfs: GfsMode) -> Optio
 }
 
 /// The result is stored as this attempt's: chain its output, if its queue chains.
-async fn recorded(store: &LazyStore, task: ObjectId, end: TaskEnd, facts: &RunFacts) -> RunReport {
+async fn recorded(
+    store: &LazyStore,
+    task: ObjectId,
+    end: TaskEnd,
+    outcome: &'static str,
+    facts: &RunFacts,
+) -> RunReport {
     tracing::info!(task = %task, ?end, "task finished");
     if let (TaskEnd::Status(status::SUCCEEDED), Some((then, units))) = (end, &facts.chain) {
         match store.get().await {
@@ -294,7 +317,7 @@ async fn recorded(store: &LazyStore, task: ObjectId, end: TaskEnd, facts: &RunFa
             }
         }
     }
-    RunReport::Recorded(end)
+    RunReport::Recorded(end, outcome)
 }
 
 fn attempt_end(outcome: &'static str, status: Option<i32>, facts: &RunFacts) -> AttemptEnd {

@@ -1,6 +1,8 @@
-//! Watches a running plugin: keeps the task's lease, enforces the queue's timeout, and stops
-//! the plugin when an operator cancels the task or the lease is lost.
+//! Watches a running plugin (a process, or a persistent worker running the task): keeps the
+//! task's lease, enforces the queue's timeout, and stops the plugin when an operator cancels
+//! the task or the lease is lost.
 
+use std::future::Future;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
@@ -11,7 +13,30 @@ use tokio::sync::mpsc;
 
 use crate::connection::LazyStore;
 use crate::outcome::Exit;
-use crate::plugin_process::PluginProcess;
+
+/// What a supervisor can wait for and stop: a plugin process, or a worker running one task.
+pub trait Supervised {
+    /// Resolves when the run ends on its own. Cancel-safe: it races a timer in `select!`.
+    fn wait(&mut self) -> impl Future<Output = std::io::Result<Exit>>;
+    /// Stops the run now: SIGTERM to its process group, SIGKILL after `grace`.
+    fn stop(&mut self, grace: Duration) -> impl Future<Output = std::io::Result<Exit>>;
+}
+
+/// What makes the lease keeper renew at once: SIGUSR1 for a runner of one task, a message from
+/// the node for a worker host running many.
+pub enum Wake {
+    Signal(Signal),
+    Channel(mpsc::Receiver<()>),
+}
+
+impl Wake {
+    async fn recv(&mut self) -> Option<()> {
+        match self {
+            Wake::Signal(s) => s.recv().await,
+            Wake::Channel(c) => c.recv().await,
+        }
+    }
+}
 
 /// Why the plugin stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +65,8 @@ pub async fn supervise(
     task: ObjectId,
     attempt: ObjectId,
     policy: RunPolicy,
-    plugin: &mut PluginProcess,
-    wake: Option<Signal>,
+    plugin: &mut impl Supervised,
+    wake: Option<Wake>,
 ) -> std::io::Result<Stopped> {
     let (news_tx, mut news) = mpsc::channel(1);
     // Renewal runs beside the plugin: a slow or unreachable server must delay neither the
@@ -89,7 +114,7 @@ async fn keep_lease(
     task: ObjectId,
     attempt: ObjectId,
     lease: Duration,
-    mut wake: Option<Signal>,
+    mut wake: Option<Wake>,
     news: mpsc::Sender<LeaseNews>,
 ) {
     let every = lease / 3;
@@ -125,9 +150,9 @@ async fn keep_lease(
     }
 }
 
-async fn recv(signal: &mut Option<Signal>) -> Option<()> {
-    match signal {
-        Some(s) => s.recv().await,
+async fn recv(wake: &mut Option<Wake>) -> Option<()> {
+    match wake {
+        Some(w) => w.recv().await,
         None => std::future::pending().await,
     }
 }

@@ -50,7 +50,7 @@ pub use live_output::{
 };
 pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, LiveFleet, LiveNode, NodeLimit};
-pub use queues::{check_queue_fields, parse_queue};
+pub use queues::{check_queue_fields, parse_queue, runs_persistent};
 pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};

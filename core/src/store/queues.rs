@@ -150,6 +150,12 @@ fn run_policy(d: &Document) -> Result<RunPolicy, String> {
     })
 }
 
+/// Whether a queue document (as handed to a runner) asks for persistent workers: the one
+/// field a node reads per task to route it, without decoding the rest.
+pub fn runs_persistent(d: &Document) -> bool {
+    matches!(d.get(queue::WORKER), Some(Bson::String(s)) if s == WorkerMode::Persistent.as_str())
+}
+
 /// `worker` and its lifecycle fields; a value that cannot be read is the queue's skip reason.
 fn worker_fields(d: &Document) -> Result<WorkerPolicy, String> {
     let mode = match d.get(queue::WORKER) {

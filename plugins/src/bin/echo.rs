@@ -10,7 +10,8 @@
 //! first attempt (the task document's `attempts` is 1 or missing), after `sleep_ms`. For live
 //! output: `lines` (integer) prints that many lines `line I UNIX_MS` (I from 1, the time it
 //! was printed in milliseconds), `line_ms` (integer) apart, each padded with `line_pad`
-//! (integer) `x`s, after `print_env`.
+//! (integer) `x`s, after `print_env`. `print_pid` (bool) prints `pid N` (its process id) after
+//! the params, so tests can tell which worker ran a task.
 //!
 //! Exit codes besides `exit_code`: 2 bad input, 3 output write error, 4 file/env error.
 //!
@@ -53,6 +54,7 @@ struct Options {
     exit_code: u8,
     ignore_term: bool,
     print_env: Vec<String>,
+    print_pid: bool,
     sleep_first_ms: Option<u64>,
     lines: u64,
     line_ms: u64,
@@ -135,6 +137,9 @@ fn run(
     }
     let line = format!("{params}\n");
     write_stdout(line.as_bytes())?;
+    if opts.print_pid {
+        write_stdout(format!("pid {}\n", std::process::id()).as_bytes())?;
+    }
     for name in &opts.print_env {
         let line = match (input.env)(name) {
             Some(v) => format!("{name}={v}\n"),
@@ -258,6 +263,7 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
         exit_code,
         ignore_term: flag("ignore_term")?,
         print_env,
+        print_pid: flag("print_pid")?,
         sleep_first_ms,
         lines: count("lines")?,
         line_ms: count("line_ms")?,

@@ -1,0 +1,209 @@
+//! The node's side of its worker host (plugins/PROTOCOL.md, dtr/src/worker/host.rs): started
+//! lazily in its own session for the first persistent-queue task, fed handoffs over its
+//! stdin, and read for ended tasks on its stdout. Retired (stdin closed: it drains) on a
+//! config reload; a host that dies has its tasks recovered as a dead runner's are.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+
+use bson::oid::ObjectId;
+use bson::{doc, Document};
+use disbatch_core::handoff::Handoff;
+use disbatch_core::isolation::CloexecRanges;
+use disbatch_core::relay::{read_frame, write_frame};
+use tokio::process::{ChildStdout, Command};
+use tokio::sync::mpsc;
+
+use crate::executor::{Executor, Live};
+use crate::metrics::outcome_label;
+
+/// Frame names shared with the host (`disbatch_dtr::worker::host::frame`).
+const WAKE: &str = "wake";
+const ENDED: &str = "ended";
+
+/// A running host: its pid and the sender of frames to its stdin.
+#[derive(Debug)]
+pub struct HostHandle {
+    pid: u32,
+    frames: mpsc::UnboundedSender<Document>,
+}
+
+impl Executor {
+    /// Hands a claimed task of a persistent queue to this node's worker host, starting one
+    /// first if there is none (or it died).
+    pub(crate) fn hand_to_host(&self, handoff: &Handoff, slot: Option<u32>) -> std::io::Result<()> {
+        let task = handoff
+            .task_id()
+            .ok_or_else(|| std::io::Error::other("the claimed task has no ObjectId _id"))?;
+        let queue = handoff
+            .queue_id()
+            .ok_or_else(|| std::io::Error::other("the claimed task has no queue id"))?;
+        let frame = doc! {
+            "task": &handoff.task, "attempt": handoff.attempt, "queue": &handoff.queue, "relay": false,
+        };
+        let mut host = self
+            .host
+            .lock()
+            .map_err(|_| std::io::Error::other("the worker host's lock is poisoned"))?;
+        let alive = host.as_ref().is_some_and(|h| !h.frames.is_closed());
+        if !alive {
+            *host = Some(self.start_host()?);
+        }
+        let Some(handle) = host.as_ref() else {
+            return Err(std::io::Error::other("no worker host"));
+        };
+        // Registered before the frame goes: the host may report it ended at once.
+        if let Ok(mut live) = self.live.lock() {
+            live.insert(
+                task,
+                Live {
+                    pid: handle.pid,
+                    queue,
+                    slot,
+                    attempt: handoff.attempt,
+                    started: std::time::Instant::now(),
+                    hosted: true,
+                },
+            );
+        }
+        if handle.frames.send(frame).is_err() {
+            if let Ok(mut live) = self.live.lock() {
+                live.remove(&task);
+            }
+            return Err(std::io::Error::other("the worker host is gone"));
+        }
+        tracing::debug!(task = %task, host = handle.pid, "handed the task to the worker host");
+        Ok(())
+    }
+
+    /// Tells the host to renew `task`'s lease now (a cancel request was seen).
+    pub(crate) fn wake_hosted(&self, task: ObjectId) {
+        if let Ok(Some(host)) = self.host.lock().as_deref() {
+            let _ = host.frames.send(doc! {WAKE: task});
+        }
+    }
+
+    /// Closes the current host's stdin: it takes no new task, finishes those it runs (their
+    /// ends still reach this node), stops its workers and exits.
+    pub fn retire_host(&self) {
+        let old = self.host.lock().ok().and_then(|mut h| h.take());
+        if let Some(old) = old {
+            tracing::info!(host = old.pid, "retiring the worker host; it drains");
+        }
+    }
+
+    fn start_host(&self) -> std::io::Result<HostHandle> {
+        let (runner, config, node) = self.runner_command();
+        let mut cmd = Command::new(runner);
+        cmd.arg("--config")
+            .arg(config)
+            .arg("--node")
+            .arg(node)
+            .arg("--worker-host")
+            .env_clear()
+            .envs(self.runner_env().iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(false);
+        let private = CloexecRanges::above_stderr_except(None);
+        // SAFETY: setsid and close_range are async-signal-safe and touch no memory.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Its own session, as a runner's: a restart or kill of this node leaves it
+                // running its tasks to their results.
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                private.apply()?;
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let pid = child.id().unwrap_or(0);
+        let (frames, mut to_send) = mpsc::unbounded_channel::<Document>();
+        let mut stdin = child.stdin.take();
+        tokio::spawn(async move {
+            while let Some(frame) = to_send.recv().await {
+                let Some(pipe) = stdin.as_mut() else { break };
+                if let Err(e) = write_frame(pipe, &frame).await {
+                    tracing::warn!(host = pid, error = %e, "could not write to the worker host");
+                    break;
+                }
+            }
+            // Dropping stdin closes it: the host drains.
+        });
+        let stdout = child.stdout.take();
+        let executor = self.clone();
+        tokio::spawn(async move {
+            if let Some(stdout) = stdout {
+                read_ended(&executor, pid, stdout).await;
+            }
+            let status = match child.wait().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(host = pid, error = %e, "could not wait for the worker host");
+                    std::process::ExitStatus::from_raw(1 << 8)
+                }
+            };
+            executor.host_exited(pid, status).await;
+        });
+        tracing::info!(host = pid, "started a worker host");
+        Ok(HostHandle { pid, frames })
+    }
+
+    /// A host exited: tasks it still held have no result coming; recover them at once.
+    async fn host_exited(&self, pid: u32, status: std::process::ExitStatus) {
+        if let Ok(mut host) = self.host.lock() {
+            if host.as_ref().is_some_and(|h| h.pid == pid) {
+                *host = None;
+            }
+        }
+        let orphans: Vec<(ObjectId, ObjectId)> = self
+            .live
+            .lock()
+            .map(|l| {
+                l.iter()
+                    .filter(|(_, r)| r.hosted && r.pid == pid)
+                    .map(|(t, r)| (*t, r.attempt))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if status.success() && orphans.is_empty() {
+            tracing::info!(host = pid, "worker host exited");
+            return;
+        }
+        tracing::warn!(host = pid, %status, tasks = orphans.len(), "worker host exited holding tasks");
+        for (task, attempt) in orphans {
+            let outcome = match &self.deaths {
+                Some(deaths) => {
+                    let exit = format!("worker host {status}");
+                    deaths.runner_died(task, attempt, &exit, None).await
+                }
+                None => None,
+            };
+            self.task_ended(task, false, outcome.unwrap_or("unknown"));
+        }
+    }
+}
+
+/// Reads the host's reports until it closes its stdout.
+async fn read_ended(executor: &Executor, pid: u32, mut stdout: ChildStdout) {
+    loop {
+        match read_frame(&mut stdout).await {
+            Ok(Some(d)) => {
+                let Ok(task) = d.get_object_id(ENDED) else {
+                    tracing::warn!(
+                        host = pid,
+                        "an unreadable report from the worker host was skipped"
+                    );
+                    continue;
+                };
+                let outcome = outcome_label(d.get_str("outcome").unwrap_or("unknown"));
+                executor.task_ended(task, true, outcome);
+            }
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(host = pid, error = %e, "the worker host's reports cannot be read");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The worker host: the task runner in `--worker-host` mode, started by a node in its own
+//! session. It takes the node's handoffs of persistent-queue tasks on stdin, runs each in a
+//! worker of its pool, stores results itself (in batches), and reports each ended task on
+//! stdout. At end of input (the node stopped, restarted or retired it) it drains: takes no new
+//! task, finishes and records those running, stops its workers and exits.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{doc, Document};
+use disbatch_core::config::Config;
+use disbatch_core::handoff::Handoff;
+use disbatch_core::relay::{read_frame, write_frame};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::batch::BatchWriter;
+use super::Pool;
+use crate::connection::LazyStore;
+use crate::runner::{run_handed_off, Hosting, RunReport};
+use crate::supervisor::Wake;
+
+/// How often idle workers are looked at for `worker_idle_s`.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// The messages a node sends a host, besides handoffs.
+pub mod frame {
+    /// `{"wake": <task id>}`: renew that task's lease now (the node saw a cancel request).
+    pub const WAKE: &str = "wake";
+    /// `{"ended": <task id>, "attempt": <id>, "outcome": <name>}`: a task is over and its
+    /// result written (or given up); its slot is free.
+    pub const ENDED: &str = "ended";
+}
+
+type Wakes = Arc<Mutex<HashMap<ObjectId, mpsc::Sender<()>>>>;
+
+/// Serves the node until its end of stdin closes, then drains. Returns the tasks run.
+pub async fn serve(config: Config, store: LazyStore, node: String) -> u64 {
+    let pool = Pool::default();
+    let batch = BatchWriter::start(store.clone());
+    let (ended_tx, ended_rx) = mpsc::unbounded_channel::<Document>();
+    let reporter = tokio::spawn(report_ended(ended_rx));
+    let wakes: Wakes = Arc::default();
+    let mut running = JoinSet::new();
+    // Frames are read by a task of their own: a read cut short by `select!` would lose the
+    // stream's place.
+    let (frames_tx, mut frames) = mpsc::channel::<std::io::Result<Document>>(64);
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        loop {
+            let frame = match read_frame(&mut stdin).await {
+                Ok(Some(d)) => Ok(d),
+                Ok(None) => return,
+                Err(e) => Err(e),
+            };
+            let failed = frame.is_err();
+            if frames_tx.send(frame).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    let mut idle_check = tokio::time::interval(IDLE_CHECK);
+    let mut handed = 0u64;
+    let config = Arc::new(config);
+    let node = Arc::new(node);
+    loop {
+        tokio::select! {
+            frame = frames.recv() => match frame.transpose() {
+                Ok(Some(d)) => {
+                    if let Ok(task) = d.get_object_id(frame::WAKE) {
+                        let waker = wakes.lock().ok().and_then(|w| w.get(&task).cloned());
+                        if let Some(w) = waker {
+                            let _ = w.try_send(());
+                        }
+                        continue;
+                    }
+                    let handoff = match Handoff::from_document(&d) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            tracing::warn!("worker host: skipped a frame from the node: {e}");
+                            continue;
+                        }
+                    };
+                    handed += 1;
+                    let (config, store, node) = (config.clone(), store.clone(), node.clone());
+                    let (pool, batch, wakes, ended) = (pool.clone(), batch.clone(), wakes.clone(), ended_tx.clone());
+                    // One thread (main's runtime): every worker is started from the thread that
+                    // armed its parent-death signal.
+                    running.spawn(async move {
+                        run_one(&config, &store, &node, handoff, &pool, &batch, &wakes, &ended).await
+                    });
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!("worker host: the node's stream cannot be read ({e}); draining");
+                    break;
+                }
+            },
+            _ = idle_check.tick() => pool.stop_idle(),
+            Some(_) = running.join_next() => {}
+        }
+    }
+    tracing::info!(
+        running = running.len(),
+        "worker host draining: no new task; finishing those running"
+    );
+    loop {
+        tokio::select! {
+            joined = running.join_next() => if joined.is_none() { break },
+            _ = idle_check.tick() => pool.stop_idle(),
+        }
+    }
+    pool.drain().await;
+    drop(ended_tx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), reporter).await;
+    let (started, retired) = pool.counts();
+    tracing::info!(
+        tasks = handed,
+        workers_started = started,
+        workers_stopped = retired,
+        "worker host stopped"
+    );
+    handed
+}
+
+/// Runs one handed-over task and reports its end to the node.
+#[allow(clippy::too_many_arguments)]
+async fn run_one(
+    config: &Config,
+    store: &LazyStore,
+    node: &str,
+    handoff: Handoff,
+    pool: &Pool,
+    batch: &BatchWriter,
+    wakes: &Wakes,
+    ended: &mpsc::UnboundedSender<Document>,
+) {
+    let Some(task) = handoff.task_id() else {
+        tracing::warn!("worker host: a handoff without a task id was skipped");
+        return;
+    };
+    let attempt = handoff.attempt;
+    let (wake_tx, wake_rx) = mpsc::channel(1);
+    if let Ok(mut w) = wakes.lock() {
+        w.insert(task, wake_tx);
+    }
+    let hosting = Hosting { pool, batch };
+    let report = run_handed_off(
+        config,
+        store,
+        handoff,
+        node,
+        Some(Wake::Channel(wake_rx)),
+        None,
+        Some(hosting),
+    )
+    .await;
+    if let Ok(mut w) = wakes.lock() {
+        w.remove(&task);
+    }
+    let outcome = match report {
+        Ok(RunReport::Recorded(_, outcome)) => outcome,
+        Ok(RunReport::Discarded) => "discarded",
+        Ok(RunReport::NotClaimed) => "discarded",
+        Err(e) => {
+            // The lease passes and recovery applies `on_lost`, as for a runner that failed.
+            tracing::error!(task = %task, error = %e, "worker host: could not run or record the task");
+            "unknown"
+        }
+    };
+    let _ = ended.send(doc! {frame::ENDED: task, "attempt": attempt, "outcome": outcome});
+}
+
+/// Writes ended tasks to the node; a node that is gone is not an error (results are stored).
+async fn report_ended(mut ended: mpsc::UnboundedReceiver<Document>) {
+    let mut stdout = tokio::io::stdout();
+    let mut listening = true;
+    while let Some(d) = ended.recv().await {
+        if listening && write_frame(&mut stdout, &d).await.is_err() {
+            tracing::info!(
+                "worker host: the node stopped listening; results are still stored here"
+            );
+            listening = false;
+        }
+    }
+}

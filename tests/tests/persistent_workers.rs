@@ -1,0 +1,582 @@
+//! Persistent workers (`worker: "persistent"`, plugins/PROTOCOL.md) with a real node, its
+//! worker host and echo in worker mode: tasks run in few long-lived processes and keep every
+//! promise of a process task — attempt records, output inline and in GridFS, timeouts, cancel,
+//! lease loss — while a worker's death, hang or recycling touches only its own task.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Document};
+use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
+use serde_json::json;
+
+async fn persistent_queue(db: &TestDb, name: &str, threads: i32, set: Document) -> ObjectId {
+    let queue = db.insert_queue(name, "echo", threads).await;
+    let mut fields = doc! {"worker": "persistent"};
+    fields.extend(set);
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": fields})
+        .await
+        .expect("queue");
+    queue
+}
+
+/// The worker pid a task printed (`print_pid`).
+fn pid_of(task: &Document) -> Option<u32> {
+    task.get_str("stdout")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("pid ")?.trim().parse().ok())
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+async fn wait_running(db: &TestDb, id: ObjectId) {
+    wait_for("the task to run", Duration::from_secs(30), || async {
+        db.task(id).await.get_i32("status").ok() == Some(0)
+    })
+    .await;
+}
+
+/// The last attempt's outcome, once closed.
+async fn closed_outcome(db: &TestDb, id: ObjectId) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let outcome = db
+            .attempts(id)
+            .await
+            .last()
+            .and_then(|a| a.get_str("outcome").ok().map(str::to_string))
+            .unwrap_or_default();
+        if !outcome.is_empty() && outcome != "running" {
+            return outcome;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the attempt of {id} never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_persistent_queue_runs_its_tasks_in_a_few_long_lived_workers() {
+    let db = TestDb::new("pw_basic").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(&db, "q", 2, doc! {}).await;
+    let params: Vec<bson::Bson> = (0..40)
+        .map(|i| {
+            let mut p = doc! {"i": i, "print_pid": true, "print_env": ["DISBATCH_TASK_ID", "DISBATCH_QUEUE"]};
+            match i % 4 {
+                1 => p.insert("exit_code", 3),
+                2 => p.insert("result", doc! {"status": 1, "note": i}),
+                3 => p.insert("stderr", format!("err {i}")),
+                _ => None,
+            };
+            p.into()
+        })
+        .collect();
+    let ids = db.insert_tasks(queue, params).await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let mut pids = HashSet::new();
+    for (i, id) in ids.iter().enumerate() {
+        let task = db.task(*id).await;
+        let stdout = task.get_str("stdout").unwrap_or("");
+        // Each task's output is its own: its params first, its own facts.
+        assert!(stdout.starts_with(&format!("{{\"i\":{i},")), "{task}");
+        assert!(
+            stdout.contains(&format!("DISBATCH_TASK_ID={}", id.to_hex())),
+            "{task}"
+        );
+        assert!(stdout.contains("DISBATCH_QUEUE=q"), "{task}");
+        let want = if i % 4 == 1 { 2 } else { 1 };
+        assert_eq!(task.get_i32("status").ok(), Some(want), "{task}");
+        let stderr = task.get_str("stderr").unwrap_or("");
+        if i % 4 == 3 {
+            assert_eq!(stderr, format!("err {i}"), "{task}");
+        } else if i % 4 == 1 {
+            assert!(stderr.contains("exited with code 3"), "{task}");
+        } else {
+            assert_eq!(stderr, "", "{task}");
+        }
+        pids.insert(pid_of(&task).expect("pid"));
+        let attempts = db.attempts(*id).await;
+        assert_eq!(attempts.len(), 1, "{attempts:?}");
+        let outcome = attempts[0].get_str("outcome").unwrap_or("");
+        assert_eq!(outcome, if i % 4 == 1 { "failed" } else { "succeeded" });
+        if i % 4 == 2 {
+            let result = attempts[0]
+                .get_document("result")
+                .expect("the done's result is kept");
+            assert!(
+                result.get("note").is_some() && result.get("status").is_some(),
+                "{result}"
+            );
+        }
+    }
+    println!("40 tasks ran in {} workers", pids.len());
+    assert!(
+        pids.len() <= 4,
+        "40 tasks on threads 2 took {} workers",
+        pids.len()
+    );
+    assert!(
+        den.log_text().contains("started a worker host"),
+        "{}",
+        den.log_text()
+    );
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn workers_are_replaced_after_worker_max_tasks_and_stopped_when_idle() {
+    let db = TestDb::new("pw_recycle").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(
+        &db,
+        "q",
+        1,
+        doc! {"worker_max_tasks": 3, "worker_idle_s": 1},
+    )
+    .await;
+    let params = (0..9)
+        .map(|i| doc! {"i": i, "print_pid": true}.into())
+        .collect();
+    let ids = db.insert_tasks(queue, params).await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let mut by_pid: BTreeMap<u32, usize> = BTreeMap::new();
+    for id in &ids {
+        let task = db.task(*id).await;
+        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        *by_pid.entry(pid_of(&task).expect("pid")).or_default() += 1;
+    }
+    println!("tasks by worker: {by_pid:?}");
+    assert_eq!(by_pid.len(), 3, "{by_pid:?}");
+    assert!(by_pid.values().all(|n| *n == 3), "{by_pid:?}");
+    // The last worker, idle, is stopped after worker_idle_s.
+    let last = *by_pid.keys().last().expect("a worker");
+    let pids: Vec<u32> = by_pid.keys().copied().collect();
+    wait_for("every worker to stop", Duration::from_secs(15), || {
+        let pids = pids.clone();
+        async move { pids.iter().all(|p| !alive(*p)) }
+    })
+    .await;
+    assert!(!alive(last));
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_worker_that_dies_mid_task_fails_only_that_task_and_is_replaced() {
+    let db = TestDb::new("pw_crash").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(&db, "q", 1, doc! {}).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"n": 0, "print_pid": true}.into(),
+                doc! {"n": 1, "print_pid": true, "abort": true}.into(),
+                doc! {"n": 2, "print_pid": true}.into(),
+            ],
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let tasks = [
+        db.task(ids[0]).await,
+        db.task(ids[1]).await,
+        db.task(ids[2]).await,
+    ];
+    assert_eq!(tasks[0].get_i32("status").ok(), Some(1), "{}", tasks[0]);
+    assert_eq!(tasks[1].get_i32("status").ok(), Some(2), "{}", tasks[1]);
+    assert_eq!(tasks[2].get_i32("status").ok(), Some(1), "{}", tasks[2]);
+    let stderr = tasks[1].get_str("stderr").unwrap_or("");
+    assert!(
+        stderr.contains("the worker running this task died"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("signal 6"), "{stderr}");
+    // Its output up to the abort is kept.
+    assert!(
+        tasks[1].get_str("stdout").unwrap_or("").contains("\"n\":1"),
+        "{}",
+        tasks[1]
+    );
+    assert_eq!(closed_outcome(&db, ids[1]).await, "failed");
+    let attempt = db.attempts(ids[1]).await.remove(0);
+    assert_eq!(attempt.get_i32("signal").ok(), Some(6), "{attempt}");
+    assert_eq!(pid_of(&tasks[0]), pid_of(&tasks[1]));
+    assert_ne!(
+        pid_of(&tasks[1]),
+        pid_of(&tasks[2]),
+        "a fresh worker ran the next task"
+    );
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn on_lost_requeue_gives_the_task_of_a_dead_worker_another_attempt() {
+    let db = TestDb::new("pw_requeue").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(&db, "q", 1, doc! {"on_lost": "requeue", "max_retries": 2}).await;
+    let ids = db
+        .insert_tasks(queue, vec![doc! {"abort": true}.into()])
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let task = db.task(ids[0]).await;
+    assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+    let attempts = db.attempts(ids[0]).await;
+    let outcomes: Vec<&str> = attempts
+        .iter()
+        .filter_map(|a| a.get_str("outcome").ok())
+        .collect();
+    assert_eq!(outcomes, ["retry", "failed"], "{attempts:?}");
+    assert!(
+        task.get_str("stderr")
+            .unwrap_or("")
+            .contains("too many retries"),
+        "{task}"
+    );
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_hung_worker_is_stopped_at_the_queue_timeout_and_the_next_task_gets_a_fresh_one() {
+    let db = TestDb::new("pw_timeout").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(&db, "q", 1, doc! {"timeout": 1, "kill_grace": 1}).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"print_pid": true, "sleep_ms": 30_000, "ignore_term": true}.into(),
+                doc! {"print_pid": true}.into(),
+            ],
+        )
+        .await;
+    let started = Instant::now();
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    let hung = db.task(ids[0]).await;
+    assert_eq!(hung.get_i32("status").ok(), Some(2), "{hung}");
+    assert!(
+        hung.get_str("stderr")
+            .unwrap_or("")
+            .contains("timed out after 1 s"),
+        "{hung}"
+    );
+    assert_eq!(closed_outcome(&db, ids[0]).await, "timed_out");
+    let attempt = db.attempts(ids[0]).await.remove(0);
+    assert_eq!(
+        attempt.get_i32("signal").ok(),
+        Some(9),
+        "TERM ignored, then KILL: {attempt}"
+    );
+    let next = db.task(ids[1]).await;
+    assert_eq!(next.get_i32("status").ok(), Some(1), "{next}");
+    let hung_pid = pid_of(&hung).expect("pid");
+    assert_ne!(Some(hung_pid), pid_of(&next));
+    assert!(!alive(hung_pid));
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_task_in_a_worker_stops_that_worker_within_seconds() {
+    let db = TestDb::new("pw_cancel").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(&db, "q", 1, doc! {}).await;
+    let id = db
+        .insert_tasks(
+            queue,
+            vec![doc! {"sleep_ms": 60_000, "print_pid": true}.into()],
+        )
+        .await[0];
+    let den = Den::start(&config, "n1");
+    let dci = Dci::start(&config);
+    wait_running(&db, id).await;
+    let asked = Instant::now();
+    let (code, body) = dci
+        .post(&format!("/tasks/{}/cancel", id.to_hex()), json!({}))
+        .await;
+    assert_eq!(code, 202, "{body}");
+    wait_for("the cancel to land", Duration::from_secs(10), || async {
+        db.task(id).await.get_i32("status").ok() == Some(-5)
+    })
+    .await;
+    let latency = asked.elapsed();
+    println!("task in a worker cancelled {latency:?} after the request");
+    let task = db.task(id).await;
+    assert!(
+        task.get_str("stderr")
+            .unwrap_or("")
+            .contains("cancelled by an operator"),
+        "{task}"
+    );
+    assert_eq!(closed_outcome(&db, id).await, "cancelled");
+    assert!(latency < Duration::from_secs(5), "{latency:?}");
+    assert!(!alive(pid_of(&task).expect("pid")));
+    drop(dci);
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_worker_whose_task_lost_its_lease_is_stopped_and_its_result_discarded() {
+    let db = TestDb::new("pw_lease").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(&db, "q", 1, doc! {"lease": 3}).await;
+    let id = db
+        .insert_tasks(queue, vec![doc! {"sleep_ms": 60_000}.into()])
+        .await[0];
+    let den = Den::start(&config, "n1");
+    wait_running(&db, id).await;
+    let ours = db.task(id).await.get_object_id("attempt").expect("attempt");
+    // Another node recovered and re-ran it, as recovery and a runner write it: the attempt on
+    // the task is not ours any more and the slot is free.
+    let theirs = ObjectId::new();
+    db.tasks()
+        .update_one(
+            doc! {"_id": id},
+            doc! {"$set": {"attempt": theirs, "status": 1, "stdout": "theirs"},
+            "$unset": {"slot": "", "lease_until": ""}},
+        )
+        .await
+        .expect("recover by hand");
+    // The worker is stopped: the host reports the task ended and the slot frees on the node.
+    let den_log = || den.log_text();
+    wait_for(
+        "the worker to be stopped",
+        Duration::from_secs(15),
+        || async {
+            std::fs::read_to_string(&den.log)
+                .unwrap_or_default()
+                .contains("lease lost")
+        },
+    )
+    .await;
+    let task = db.task(id).await;
+    assert_eq!(task.get_object_id("attempt").ok(), Some(theirs), "{task}");
+    assert_eq!(task.get_str("stdout").ok(), Some("theirs"), "{task}");
+    // Its attempt record is not closed as a result: recovery owns it (here, nobody).
+    let mine = db
+        .attempts(id)
+        .await
+        .into_iter()
+        .find(|a| a.get_object_id("_id").ok() == Some(ours));
+    let outcome = mine
+        .as_ref()
+        .and_then(|a| a.get_str("outcome").ok())
+        .unwrap_or("");
+    assert!(
+        outcome != "succeeded" && outcome != "failed",
+        "{mine:?}: {}",
+        den_log()
+    );
+    // The queue goes on with a fresh worker.
+    let next = db.insert_tasks(queue, vec![doc! {"n": 1}.into()]).await;
+    db.wait_complete(&next, Duration::from_secs(30)).await;
+    assert_eq!(db.task(next[0]).await.get_i32("status").ok(), Some(1));
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn output_over_16_mib_from_a_worker_goes_to_gridfs() {
+    let db = TestDb::new("pw_gridfs").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(&db, "q", 1, doc! {}).await;
+    // 18 000 lines of ~1 KiB: about 18 MiB of stdout; then a small task in the same worker.
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"print_pid": true, "lines": 18_000, "line_pad": 1_000}.into(),
+                doc! {"print_pid": true, "n": 2}.into(),
+            ],
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(120)).await;
+    let big = db.task(ids[0]).await;
+    assert_eq!(big.get_i32("status").ok(), Some(1), "status");
+    let file = big
+        .get_object_id("stdout")
+        .expect("stdout is a GridFS file id");
+    let meta = db
+        .db
+        .collection::<Document>("tasks.files")
+        .find_one(doc! {"_id": file})
+        .await
+        .expect("files")
+        .expect("the file");
+    let length = meta
+        .get_i64("length")
+        .map(|l| l as u64)
+        .or_else(|_| meta.get_i32("length").map(|l| l as u64))
+        .unwrap_or(0);
+    assert!(length > 16 * 1024 * 1024, "{meta}");
+    let small = db.task(ids[1]).await;
+    assert_eq!(small.get_i32("status").ok(), Some(1));
+    let stdout = small.get_str("stdout").expect("inline stdout");
+    assert!(
+        stdout.starts_with("{\"print_pid\":true,\"n\":2}"),
+        "the next task's output is only its own: {stdout:.200}"
+    );
+    assert!(stdout.len() < 200, "{}", stdout.len());
+    drop(den);
+    db.drop().await;
+}
+
+/// The pid the node reports for the process running `task` (its worker host).
+async fn host_pid_of(db: &TestDb, node: &str, task: ObjectId) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let n = db.node(node).await;
+        let pid = n.get_array("runners").ok().and_then(|runners| {
+            runners.iter().find_map(|r| {
+                let r = r.as_document()?;
+                (r.get_object_id("task").ok() == Some(task)).then(|| r.get_i64("pid").ok())?
+            })
+        });
+        if let Some(pid) = pid {
+            return pid as u32;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node never reported task {task}'s host"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_node_killed_outright_leaves_its_host_to_finish_and_record_then_no_worker_is_left() {
+    let db = TestDb::new("pw_den_restart").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(&db, "q", 2, doc! {}).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"n": 0, "print_pid": true, "sleep_ms": 3_000}.into(),
+                doc! {"n": 1, "print_pid": true, "sleep_ms": 3_000}.into(),
+            ],
+        )
+        .await;
+    let mut den = Den::start(&config, "n1");
+    wait_running(&db, ids[0]).await;
+    wait_running(&db, ids[1]).await;
+    let host = host_pid_of(&db, "n1", ids[0]).await;
+    assert!(alive(host), "host {host}");
+    den.kill_hard();
+    // Nobody is left to hand it tasks: the host drains, recording both results itself.
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+    let mut workers = Vec::new();
+    for id in &ids {
+        let task = db.task(*id).await;
+        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(closed_outcome(&db, *id).await, "succeeded");
+        workers.push(pid_of(&task).expect("pid"));
+    }
+    wait_for(
+        "the host and its workers to exit",
+        Duration::from_secs(15),
+        || {
+            let all: Vec<u32> = workers.iter().copied().chain([host]).collect();
+            async move { all.iter().all(|p| !alive(*p)) }
+        },
+    )
+    .await;
+    // A new node starts a new host for new tasks.
+    let den = Den::start(&config, "n1");
+    let more = db
+        .insert_tasks(queue, vec![doc! {"n": 2, "print_pid": true}.into()])
+        .await;
+    db.wait_complete(&more, Duration::from_secs(30)).await;
+    let task = db.task(more[0]).await;
+    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert!(!workers.contains(&pid_of(&task).expect("pid")));
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_host_killed_outright_takes_its_workers_with_it_and_its_tasks_are_recovered() {
+    let db = TestDb::new("pw_host_kill").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = persistent_queue(&db, "q", 1, doc! {"on_lost": "requeue", "max_retries": 3}).await;
+    // Sleeps only on its first attempt: the requeued attempt runs through.
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![doc! {"print_pid": true, "sleep_first_ms": 60_000}.into()],
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    wait_running(&db, ids[0]).await;
+    let host = host_pid_of(&db, "n1", ids[0]).await;
+    // The worker is the host's only child.
+    let worker = wait_child_of(host).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(host as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the host");
+    wait_for(
+        "the worker to die with its host",
+        Duration::from_secs(10),
+        || async move { !alive(worker) },
+    )
+    .await;
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let task = db.task(ids[0]).await;
+    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    let attempts = db.attempts(ids[0]).await;
+    let outcomes: Vec<&str> = attempts
+        .iter()
+        .filter_map(|a| a.get_str("outcome").ok())
+        .collect();
+    assert_eq!(outcomes, ["lost", "succeeded"], "{attempts:?}");
+    assert!(
+        den.log_text().contains("worker host exited holding tasks"),
+        "{}",
+        den.log_text()
+    );
+    drop(den);
+    db.drop().await;
+}
+
+/// The first child process of `parent`, once it has one.
+async fn wait_child_of(parent: u32) -> u32 {
+    let mut child = None;
+    wait_for("a child process", Duration::from_secs(15), || {
+        let path = format!("/proc/{parent}/task/{parent}/children");
+        child = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse().ok()));
+        let found = child.is_some();
+        async move { found }
+    })
+    .await;
+    child.unwrap_or(0)
+}
