@@ -153,6 +153,19 @@ pub fn spec_load(
         crate::run_policy::parse_seconds(value, key)?;
         put(key, value.map(Bson::Double), &mut unset);
     }
+    // How the plugin runs (plugins/PROTOCOL.md), checked the same way.
+    let worker = text(queue::WORKER)?.filter(|w| !w.is_empty());
+    crate::worker_policy::WorkerMode::parse(worker.as_deref())?;
+    put(queue::WORKER, worker.map(Bson::String), &mut unset);
+    for key in [queue::WORKER_IDLE_S, queue::WORKER_START_S] {
+        let value = seconds(key)?;
+        crate::run_policy::parse_seconds(value, key)?;
+        put(key, value.map(Bson::Double), &mut unset);
+    }
+    for key in [queue::WORKER_MAX_TASKS, queue::WORKER_MAX_RSS_MB] {
+        let value = limit(spec.get(key), key)?;
+        put(key, value.map(Bson::Int64), &mut unset);
+    }
     let max_running = int("max_running")?.filter(|n| *n > 0);
     put(queue::MAX_RUNNING, max_running.map(Bson::Int64), &mut unset);
     let threads = int("threads")?
@@ -169,6 +182,26 @@ pub fn spec_load(
     // What a node reads back must be what the spec meant: the node's own reader decides.
     crate::store::check_queue_fields(&set)?;
     Ok(SpecLoad { name, set, unset })
+}
+
+/// A worker limit (`worker_max_tasks`, `worker_max_rss_mb`): a whole number, 0 for no limit.
+/// Unlike the Coordinate counts a fraction is refused, not truncated, as a node would skip it.
+fn limit(value: Option<&Value>, key: &str) -> Result<Option<i64>, String> {
+    let n = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v
+            .as_i64()
+            .or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15)
+                    .map(|f| f as i64)
+            })
+            .ok_or(format!(
+                "{key} must be a whole number (0: no limit), found {v}"
+            ))?,
+    };
+    crate::worker_policy::limit_from(Some(n), key)?;
+    Ok(Some(n))
 }
 
 #[cfg(test)]
@@ -241,6 +274,74 @@ mod tests {
             (json!({"name": "a", "kill_grace": "soon"}), "kill_grace"),
         ] {
             assert!(load(bad).expect_err("bad").contains(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn worker_fields_are_mapped_checked_and_reset() {
+        let l = load(json!({"name": "a", "worker": "persistent", "worker_idle_s": 2.5,
+                            "worker_max_tasks": 100, "worker_max_rss_mb": 512.0, "worker_start_s": 3}))
+        .expect("ok");
+        assert_eq!(l.set.get_str("worker").ok(), Some("persistent"));
+        assert_eq!(l.set.get_f64("worker_idle_s").ok(), Some(2.5));
+        assert_eq!(l.set.get_i64("worker_max_tasks").ok(), Some(100));
+        assert_eq!(l.set.get_i64("worker_max_rss_mb").ok(), Some(512));
+        assert_eq!(l.set.get_f64("worker_start_s").ok(), Some(3.0));
+        let l = load(json!({"name": "a", "worker": "process", "worker_max_tasks": 0})).expect("ok");
+        assert_eq!(l.set.get_str("worker").ok(), Some("process"));
+        assert_eq!(l.set.get_i64("worker_max_tasks").ok(), Some(0));
+        let l = load(json!({"name": "a", "worker": ""})).expect("ok");
+        for field in [
+            "worker",
+            "worker_idle_s",
+            "worker_max_tasks",
+            "worker_max_rss_mb",
+            "worker_start_s",
+        ] {
+            assert!(l.unset.contains(&field), "{field} resets");
+            assert!(l.set.get(field).is_none(), "{field}");
+        }
+        for (bad, key) in [
+            (json!({"name": "a", "worker": "pool"}), "worker"),
+            (json!({"name": "a", "worker": 1}), "worker"),
+            (json!({"name": "a", "worker_idle_s": -1}), "worker_idle_s"),
+            (
+                json!({"name": "a", "worker_idle_s": "soon"}),
+                "worker_idle_s",
+            ),
+            (
+                json!({"name": "a", "worker_start_s": [3]}),
+                "worker_start_s",
+            ),
+            (
+                json!({"name": "a", "worker_max_tasks": -3}),
+                "worker_max_tasks",
+            ),
+            (
+                json!({"name": "a", "worker_max_tasks": "10"}),
+                "worker_max_tasks",
+            ),
+            (
+                json!({"name": "a", "worker_max_rss_mb": 1.5}),
+                "worker_max_rss_mb",
+            ),
+        ] {
+            assert!(load(bad.clone()).expect_err("bad").contains(key), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_worker_limit_is_a_whole_non_negative_number() {
+        assert_eq!(limit(None, "k"), Ok(None));
+        assert_eq!(limit(Some(&Value::Null), "k"), Ok(None));
+        assert_eq!(limit(Some(&json!(0)), "k"), Ok(Some(0)));
+        assert_eq!(limit(Some(&json!(7)), "k"), Ok(Some(7)));
+        assert_eq!(limit(Some(&json!(7.0)), "k"), Ok(Some(7)));
+        for bad in [json!(7.5), json!(-1), json!("7"), json!(true), json!(1e300)] {
+            assert!(
+                limit(Some(&bad), "k").expect_err("bad").contains('k'),
+                "{bad}"
+            );
         }
     }
 

@@ -118,7 +118,9 @@ async fn spec_queues_requeue_lost_units_and_plain_queues_orphan_them() {
     let (s, out) = dci
         .post(
             "/specs",
-            json!({"specs": [{"name": "spec-q"}, {"name": "spec-o", "on_lost": "orphan"}], "plugin": "echo"}),
+            json!({"specs": [{"name": "spec-q"}, {"name": "spec-o", "on_lost": "orphan", "worker": "persistent",
+                "worker_idle_s": 5, "worker_max_tasks": 0, "worker_max_rss_mb": 256, "worker_start_s": 0.5}],
+                "plugin": "echo"}),
         )
         .await;
     assert_eq!(s, 200, "{out}");
@@ -143,6 +145,28 @@ async fn spec_queues_requeue_lost_units_and_plain_queues_orphan_them() {
     assert_eq!(on_lost("spec-q").await.as_deref(), Some("requeue"));
     assert_eq!(on_lost("spec-o").await.as_deref(), Some("orphan"));
     assert_eq!(on_lost("plain").await, None, "Disbatch queues keep orphan");
+    // The worker fields are stored with the types a node reads: a word, seconds as doubles,
+    // limits as integers (0: no limit); a spec without them keeps a process per task.
+    let spec_o = queues
+        .find_one(doc! {"name": "spec-o"})
+        .await
+        .expect("find")
+        .expect("spec-o");
+    for (field, value) in [
+        ("worker", Bson::String("persistent".into())),
+        ("worker_idle_s", Bson::Double(5.0)),
+        ("worker_max_tasks", Bson::Int64(0)),
+        ("worker_max_rss_mb", Bson::Int64(256)),
+        ("worker_start_s", Bson::Double(0.5)),
+    ] {
+        assert_eq!(spec_o.get(field), Some(&value), "{field}: {spec_o}");
+    }
+    let spec_q = queues
+        .find_one(doc! {"name": "spec-q"})
+        .await
+        .expect("find")
+        .expect("spec-q");
+    assert!(spec_q.get("worker").is_none(), "{spec_q}");
     db.drop().await;
 }
 

@@ -31,7 +31,7 @@ async fn a_flows_file_becomes_chained_queues_and_a_reload_resets_them() {
     let config = write_config(&db, "node.json", json!({}));
     let dci = Dci::start(&config);
     let file = db.path("flows.yaml");
-    std::fs::write(&file, "flows:\n  a:\n    weight: 1000\n    then: b\n    max_running: 2\n  b:\n    weight: 1\n    disabled: true\n")
+    std::fs::write(&file, "flows:\n  a:\n    weight: 1000\n    then: b\n    max_running: 2\n  b:\n    weight: 1\n    disabled: true\n    worker: persistent\n    worker_idle_s: 2.5\n    worker_max_tasks: 100\n    worker_max_rss_mb: 512\n    worker_start_s: 3\n")
         .expect("write");
     let out = spec_load(&dci, &file);
     assert!(out.status.success(), "{out:?}");
@@ -43,6 +43,37 @@ async fn a_flows_file_becomes_chained_queues_and_a_reload_resets_them() {
     assert_eq!(a.get_i64("threads").ok(), Some(2));
     assert_eq!(a.get_str("then").ok(), Some("b"));
     assert_eq!(a.get_str("sort").ok(), Some("priority"));
+    // The worker fields keep their types: a word, seconds as doubles, limits as integers.
+    let b = queue(&db, "b").await;
+    assert_eq!(
+        b.get("worker"),
+        Some(&bson::Bson::String("persistent".into())),
+        "{b}"
+    );
+    assert_eq!(
+        b.get("worker_idle_s"),
+        Some(&bson::Bson::Double(2.5)),
+        "{b}"
+    );
+    assert_eq!(
+        b.get("worker_max_tasks"),
+        Some(&bson::Bson::Int64(100)),
+        "{b}"
+    );
+    assert_eq!(
+        b.get("worker_max_rss_mb"),
+        Some(&bson::Bson::Int64(512)),
+        "{b}"
+    );
+    assert_eq!(
+        b.get("worker_start_s"),
+        Some(&bson::Bson::Double(3.0)),
+        "{b}"
+    );
+    assert!(
+        a.get("worker").is_none(),
+        "a spec without `worker` runs a process per task"
+    );
     let config_weight = a
         .get_document("config")
         .ok()
@@ -115,6 +146,30 @@ async fn bad_specs_are_refused_and_nothing_is_written() {
             .starts_with("specs[1]: priority"),
         "{out}"
     );
+    for (bad, field) in [
+        (json!({"worker": "pool"}), "worker"),
+        (json!({"worker": 1}), "worker"),
+        (json!({"worker_idle_s": -1}), "worker_idle_s"),
+        (json!({"worker_idle_s": "soon"}), "worker_idle_s"),
+        (json!({"worker_max_tasks": -3}), "worker_max_tasks"),
+        (json!({"worker_max_rss_mb": 1.5}), "worker_max_rss_mb"),
+        (json!({"worker_start_s": [3]}), "worker_start_s"),
+    ] {
+        let mut spec = bad.clone();
+        spec["name"] = json!("w");
+        let (s, out) = dci
+            .post(
+                "/specs",
+                json!({"specs": [{"name": "ok"}, spec], "plugin": "echo"}),
+            )
+            .await;
+        assert_eq!(s, 400, "{bad}: {out}");
+        let error = out["error"].as_str().unwrap_or("");
+        assert!(
+            error.starts_with("specs[1]: ") && error.contains(field),
+            "{bad}: {out}"
+        );
+    }
     let (s, out) = dci
         .post(
             "/specs",
@@ -131,6 +186,14 @@ async fn bad_specs_are_refused_and_nothing_is_written() {
             .await
             .expect("count"),
         0
+    );
+    let bad_worker = db.path("bad_worker.yaml");
+    std::fs::write(&bad_worker, "name: w\nworker: pool\n").expect("write");
+    let out = spec_load(&dci, &bad_worker);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("worker must be"),
+        "{out:?}"
     );
     let bad_file = db.path("bad.yaml");
     std::fs::write(&bad_file, "flows: [1, 2]\n").expect("write");
