@@ -157,9 +157,21 @@ fn package_holds_binaries_plugins_units_docs_and_the_config_as_a_conffile() {
     }
     // The config will hold MongoDB passwords: never world-readable, even before postinst.
     expected.insert(format!("/{CONFIG}"), ("-rw-r-----", "root/root"));
-    for doc in ["copyright", "README.md", "config.example.json"] {
+    for doc in [
+        "copyright",
+        "README.md",
+        "config.example.json",
+        "PROTOCOL.md",
+    ] {
         expected.insert(
             format!("/usr/share/doc/disbatch/{doc}"),
+            ("-rw-r--r--", "root/root"),
+        );
+    }
+    // The persistent-worker helper for Python plugins, and its example.
+    for file in ["disbatch_worker.py", "example_worker.py"] {
+        expected.insert(
+            format!("/usr/share/disbatch/python/{file}"),
             ("-rw-r--r--", "root/root"),
         );
     }

@@ -38,6 +38,9 @@ type Wakes = Arc<Mutex<HashMap<ObjectId, mpsc::Sender<()>>>>;
 
 /// Serves the node until its end of stdin closes, then drains. Returns the tasks run.
 pub async fn serve(config: Config, store: LazyStore, node: String) -> u64 {
+    // Task counts are written a few times a second, not once per result batch (as a node
+    // writes its own): a busy host makes one count write per queue per period.
+    let counts = tokio::spawn(write_counts(store.clone()));
     let pool = Pool::default();
     let batch = BatchWriter::start(store.clone());
     let (ended_tx, ended_rx) = mpsc::unbounded_channel::<Document>();
@@ -113,6 +116,12 @@ pub async fn serve(config: Config, store: LazyStore, node: String) -> u64 {
         }
     }
     pool.drain().await;
+    counts.abort();
+    if let Ok(db) = store.get().await {
+        if let Err(e) = db.flush_counts().await {
+            tracing::warn!(error = %e, "worker host: could not write the last task counts; the reconcile repairs them");
+        }
+    }
     drop(ended_tx);
     let _ = tokio::time::timeout(Duration::from_secs(5), reporter).await;
     let (started, retired) = pool.counts();
@@ -123,6 +132,30 @@ pub async fn serve(config: Config, store: LazyStore, node: String) -> u64 {
         "worker host stopped"
     );
     handed
+}
+
+/// Defers the store's count writes and writes them every `DEFERRED_COUNTS_MAX_AGE`, once the
+/// store is connected (the first task connects it).
+async fn write_counts(store: LazyStore) {
+    let db = loop {
+        match store.get().await {
+            Ok(db) => break db,
+            Err(e) => {
+                tracing::debug!(error = %e, "worker host: not connected yet");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    db.defer_count_writes();
+    let mut every = tokio::time::interval(disbatch_core::store::DEFERRED_COUNTS_MAX_AGE);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        // Lost, not retried, as the node's count writer does: the reconcile repairs counts.
+        if let Err(e) = db.flush_counts().await {
+            tracing::warn!(error = %e, "worker host: could not write task counts");
+        }
+    }
 }
 
 /// Runs one handed-over task and reports its end to the node.

@@ -364,9 +364,14 @@ fn judge_done(m: &Map<String, Value>, attempt: &str) -> Result<TaskEnd, String> 
         Some(other) => return Err(format!("a {other:?} message while a task ran")),
         None => return Err("a message without a string type".to_string()),
     }
-    match m.get("attempt").and_then(Value::as_str) {
-        Some(a) if a == attempt => {}
-        other => return Err(format!("done for attempt {other:?}, not {attempt:?}")),
+    match m.get("attempt") {
+        Some(Value::String(a)) if a == attempt => {}
+        Some(other) => return Err(format!("done for attempt {other}, not {attempt:?}")),
+        None => {
+            return Err(format!(
+                "done without an attempt (the task's is {attempt:?})"
+            ))
+        }
     }
     let exit = m
         .get("exit")

@@ -135,5 +135,12 @@ pub(crate) async fn run_in_worker(
         // Stopped by the supervisor (timeout, cancel): the stop says why.
         None => {}
     }
-    conclude(run, &prepared, ending, &paths, Spool::Worker(Box::new(lent))).await
+    conclude(
+        run,
+        &prepared,
+        ending,
+        &paths,
+        Spool::Worker(Box::new(lent)),
+    )
+    .await
 }

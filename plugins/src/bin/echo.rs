@@ -11,7 +11,8 @@
 //! output: `lines` (integer) prints that many lines `line I UNIX_MS` (I from 1, the time it
 //! was printed in milliseconds), `line_ms` (integer) apart, each padded with `line_pad`
 //! (integer) `x`s, after `print_env`. `print_pid` (bool) prints `pid N` (its process id) after
-//! the params, so tests can tell which worker ran a task.
+//! the params, so tests can tell which worker ran a task. `leak_mb` (integer) allocates that
+//! many MiB and never frees them: a leaking worker, for `worker_max_rss_mb`.
 //!
 //! Exit codes besides `exit_code`: 2 bad input, 3 output write error, 4 file/env error.
 //!
@@ -55,6 +56,7 @@ struct Options {
     ignore_term: bool,
     print_env: Vec<String>,
     print_pid: bool,
+    leak_mb: u64,
     sleep_first_ms: Option<u64>,
     lines: u64,
     line_ms: u64,
@@ -139,6 +141,11 @@ fn run(
     write_stdout(line.as_bytes())?;
     if opts.print_pid {
         write_stdout(format!("pid {}\n", std::process::id()).as_bytes())?;
+    }
+    if opts.leak_mb > 0 {
+        // Touched, so it is resident, and leaked on purpose.
+        let leaked = vec![1u8; (opts.leak_mb as usize).saturating_mul(1024 * 1024)];
+        std::mem::forget(leaked);
     }
     for name in &opts.print_env {
         let line = match (input.env)(name) {
@@ -264,6 +271,7 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
         ignore_term: flag("ignore_term")?,
         print_env,
         print_pid: flag("print_pid")?,
+        leak_mb: count("leak_mb")?.min(4096),
         sleep_first_ms,
         lines: count("lines")?,
         line_ms: count("line_ms")?,

@@ -1,5 +1,5 @@
 //! A minimal, blocking supervisor for the worker protocol (plugins/PROTOCOL.md), for tests
-//! and the measurement spike only: the real one belongs to the node (WORKERS-STATUS.md). It
+//! and the measurement spike only: the real one is the worker host, dtr/src/worker/. It
 //! does what the protocol asks of a supervisor: the channel on descriptor 3, stdin from
 //! /dev/null, stdout and stderr in O_APPEND files truncated before each task, its own
 //! process group.

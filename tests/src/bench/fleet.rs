@@ -130,15 +130,35 @@ pub struct Fleet {
     metrics: Vec<String>,
 }
 
+/// The DENs' own CPU, and their runners' and worker hosts': reaped ones (`cutime`) and live
+/// ones with their live children (a host and its workers live across a run).
 fn ticks(pids: &[u32]) -> CpuTicks {
     let mut sum = CpuTicks::default();
     for pid in pids {
         if let Some(t) = procfs::cpu_ticks(*pid) {
             sum.own += t.own;
-            sum.children += t.children;
+            sum.children += t.children + live_descendants(*pid, 3);
         }
     }
     sum
+}
+
+/// Whether a DEN's child is its worker host (`disbatch-task-runner --worker-host`).
+fn is_worker_host(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"--worker-host"))
+}
+
+fn live_descendants(pid: u32, depth: u32) -> u64 {
+    if depth == 0 {
+        return 0;
+    }
+    procfs::children(pid)
+        .into_iter()
+        .map(|c| {
+            procfs::cpu_ticks(c).map_or(0, |t| t.own + t.children) + live_descendants(c, depth - 1)
+        })
+        .sum()
 }
 
 impl Fleet {
@@ -225,6 +245,18 @@ impl Fleet {
 
     fn attempts(&self) -> Collection<Document> {
         self.db.db.collection(ATTEMPTS)
+    }
+
+    /// Sets the bench queue's `worker` mode ("process" or "persistent").
+    pub async fn set_worker(&self, worker: &str) -> anyhow::Result<()> {
+        self.queues()
+            .update_one(
+                doc! {qf::ID: self.queue},
+                doc! {"$set": {qf::WORKER: worker}},
+            )
+            .await
+            .context("setting the queue's worker mode")?;
+        Ok(())
     }
 
     /// Opens (`threads`) or closes (0) the queue, as ops pause one.
@@ -505,11 +537,13 @@ impl Fleet {
                 .count_documents(doc! {attempt::OUTCOME: "running"})
                 .await
                 .context("counting open attempts")?;
+            // A worker host lives on between runs, idle: only per-task runners count.
             let live = self
                 .pids
                 .iter()
-                .map(|p| procfs::children(*p).len())
-                .sum::<usize>();
+                .flat_map(|p| procfs::children(*p))
+                .filter(|c| !is_worker_host(*c))
+                .count();
             let mut in_flight = self.proxy.in_flight();
             in_flight.retain(|label, _| !idle_labels.contains(&label));
             if busy == 0 && open == 0 && live == 0 && in_flight.is_empty() {

@@ -72,6 +72,9 @@ pub struct BenchOptions {
     /// Fleet mode: DENs started at once; each batch reports before the next starts, so a
     /// hundred nodes' start-up (indexes, first readings) does not hit the server in one burst.
     pub start_batch: usize,
+    /// The bench queue's `worker` modes, each measured on a fleet of its own, in this order
+    /// (`--worker process|persistent|both`).
+    pub workers: Vec<&'static str>,
 }
 
 impl BenchOptions {
@@ -101,6 +104,7 @@ impl BenchOptions {
             lease_secs: 6,
             size_secs: Duration::from_secs(900),
             start_batch: 10,
+            workers: vec!["process"],
         }
     }
 
@@ -150,7 +154,7 @@ impl BenchOptions {
 
 pub const USAGE: &str = "usage: disbatch-bench [--quick] [--uri URI] [--dens 1,2,4] [--tasks N] \
 [--depth 1000,100000] [--threads N] [--repeat N] [--run-secs S] [--idle-secs S] \
-[--latency-tasks N] [--loop-ms MS] [--polling] [--json FILE]
+[--latency-tasks N] [--loop-ms MS] [--polling] [--worker process|persistent|both] [--json FILE]
        disbatch-bench --fleet 1,10,50,100 [--quick] [--uri URI] [--tasks N] [--threads N] \
 [--idle-secs S] [--latency-tasks N] [--lease-secs S] [--size-secs S] [--loop-ms MS] [--json FILE]";
 
@@ -211,6 +215,18 @@ pub fn parse_args(args: &[String]) -> Result<BenchOptions, String> {
             "--fleet" => o.fleet = Some(list(flag, value)?),
             "--lease-secs" => o.lease_secs = number(flag, value)?.max(3),
             "--size-secs" => o.size_secs = Duration::from_secs(number(flag, value)?),
+            "--worker" => {
+                o.workers = match value.as_str() {
+                    "process" => vec!["process"],
+                    "persistent" => vec!["persistent"],
+                    "both" => vec!["process", "persistent"],
+                    other => {
+                        return Err(format!(
+                            "--worker {other:?}: expected process, persistent or both"
+                        ))
+                    }
+                }
+            }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -284,7 +300,9 @@ pub async fn run_bench(o: &BenchOptions, command: String) -> anyhow::Result<Benc
     ));
     let mut fleets = Vec::new();
     for &dens in &o.dens {
-        fleets.push(measure_fleet(o, &uri, &server, dens).await?);
+        for &worker in &o.workers {
+            fleets.push(measure_fleet(o, &uri, &server, dens, worker).await?);
+        }
     }
     let verdicts = report::verdicts(&fleets, &ceiling);
     Ok(BenchReport {
@@ -306,9 +324,12 @@ async fn measure_fleet(
     uri: &str,
     server: &HostUri,
     dens: usize,
+    worker: &'static str,
 ) -> anyhow::Result<FleetReport> {
     let threads = o.threads_for(dens);
     let fleet = Fleet::start(uri, server, dens, threads, o.loop_ms, o.change_streams).await?;
+    fleet.set_worker(worker).await?;
+    progress(&format!("{dens} DEN, worker {worker}"));
     let result = async {
         let idle = fleet.idle(o.idle).await.context("idle baseline")?;
         progress(&format!(
@@ -333,14 +354,15 @@ async fn measure_fleet(
                     .await
                     .with_context(|| format!("{dens} DEN, depth {depth}, run {repeat}"))?;
                 progress(&format!(
-                    "{dens} DEN depth {depth} run {repeat}: {} tasks, {:.1} tasks/s, {:.2} requests/task",
-                    r.tasks, r.tasks_per_sec, r.round_trips.per_task
+                    "{dens} DEN {worker} depth {depth} run {repeat}: {} tasks, {:.1} tasks/s, {:.2} requests/task, CPU ms/task DEN {:.2} runner {:.2} server {:?}",
+                    r.tasks, r.tasks_per_sec, r.round_trips.per_task, r.den_cpu_ms_per_task, r.runner_cpu_ms_per_task, r.server_cpu_ms_per_task
                 ));
                 runs.push(r);
             }
         }
         Ok::<_, anyhow::Error>(FleetReport {
             dens,
+            worker,
             threads,
             idle,
             idle_enqueue_to_start: latency,
@@ -374,6 +396,12 @@ mod tests {
         assert_eq!(o.json.as_deref(), Some(std::path::Path::new("out.json")));
         assert_eq!(o.threads_for(4), 32);
         assert!(o.change_streams);
+        assert_eq!(o.workers, ["process"]);
+        let both = parse_args(&args("--quick --worker both")).expect("parses");
+        assert_eq!(both.workers, ["process", "persistent"]);
+        assert!(parse_args(&args("--worker pool"))
+            .unwrap_err()
+            .contains("--worker"));
         assert!(
             !parse_args(&args("--polling --quick"))
                 .expect("parses")

@@ -15,6 +15,8 @@ use super::stats::{median, Latency};
 #[derive(Debug, Clone, Serialize)]
 pub struct FleetReport {
     pub dens: usize,
+    /// The bench queue's `worker` mode.
+    pub worker: &'static str,
     pub threads: u32,
     pub idle: IdleReport,
     /// Enqueue→start (attempt start − ctime) of tasks enqueued one at a time into the idle fleet.
@@ -57,6 +59,15 @@ fn ceiling_at(points: &[CeilingPoint], depth: usize) -> Option<&CeilingPoint> {
         .max_by(|a, b| a.claims_per_sec.total_cmp(&b.claims_per_sec))
 }
 
+/// The best rate of the DEN's own claim alone (any batch) at the depth nearest `depth`.
+fn den_claim_alone_at(points: &[CeilingPoint], depth: usize) -> Option<&CeilingPoint> {
+    let ours = || points.iter().filter(|p| p.path == ClaimPath::Disbatch);
+    let nearest = ours().map(|p| p.depth).min_by_key(|d| d.abs_diff(depth))?;
+    ours()
+        .filter(|p| p.depth == nearest)
+        .max_by(|a, b| a.claims_per_sec.total_cmp(&b.claims_per_sec))
+}
+
 /// Runs grouped by depth, in the order first seen.
 fn by_depth(runs: &[RunReport]) -> Vec<(usize, Vec<&RunReport>)> {
     let mut out: Vec<(usize, Vec<&RunReport>)> = Vec::new();
@@ -71,9 +82,9 @@ fn by_depth(runs: &[RunReport]) -> Vec<(usize, Vec<&RunReport>)> {
 
 /// Judges the issue's four targets, on the median of each scenario's repeats.
 pub fn verdicts(fleets: &[FleetReport], ceiling: &[CeilingPoint]) -> Vec<Verdict> {
-    let mut out = Vec::new();
+    let mut out = worker_verdicts(fleets, ceiling);
     for f in fleets {
-        let scope = format!("{} DEN", f.dens);
+        let scope = format!("{} DEN, worker {}", f.dens, f.worker);
         for (depth, runs) in by_depth(&f.runs) {
             let scope = format!("{scope}, depth {depth}");
             let rt = median(
@@ -130,6 +141,53 @@ pub fn verdicts(fleets: &[FleetReport], ceiling: &[CeilingPoint]) -> Vec<Verdict
             pass: cpu < 1.0,
             detail: format!("busiest DEN {cpu:.2}% of a core over {:.0} s", f.idle.secs),
         });
+    }
+    out
+}
+
+/// Issue 22: persistent workers at ≥ 2.5× process mode's throughput and ≥ 60% of the DEN's
+/// own claim alone (its best batch), at each DEN count and depth both modes ran.
+fn worker_verdicts(fleets: &[FleetReport], ceiling: &[CeilingPoint]) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    let tput =
+        |runs: &Vec<&RunReport>| median(&runs.iter().map(|r| r.tasks_per_sec).collect::<Vec<_>>());
+    for p in fleets.iter().filter(|f| f.worker == "persistent") {
+        let process = fleets
+            .iter()
+            .find(|f| f.worker == "process" && f.dens == p.dens);
+        for (depth, runs) in by_depth(&p.runs) {
+            let fast = tput(&runs);
+            let scope = format!("{} DEN, depth {depth}", p.dens);
+            if let Some(slow) = process.and_then(|f| {
+                by_depth(&f.runs)
+                    .into_iter()
+                    .find(|(d, _)| *d == depth)
+                    .map(|(_, r)| tput(&r))
+            }) {
+                out.push(Verdict {
+                    target: "persistent workers ≥ 2.5× process mode".into(),
+                    scope: scope.clone(),
+                    measured: fast / slow.max(1e-9),
+                    limit: 2.5,
+                    pass: fast >= 2.5 * slow,
+                    detail: format!("{fast:.1} vs {slow:.1} tasks/s"),
+                });
+            }
+            if let Some(c) = den_claim_alone_at(ceiling, depth) {
+                let share = fast / c.claims_per_sec.max(1e-9);
+                out.push(Verdict {
+                    target: "persistent workers ≥ 60% of the DEN's claim alone".into(),
+                    scope,
+                    measured: share,
+                    limit: 0.6,
+                    pass: share >= 0.6,
+                    detail: format!(
+                        "{fast:.1} tasks/s vs {:.0} claims/s (depth {}, batch {})",
+                        c.claims_per_sec, c.depth, c.batch
+                    ),
+                });
+            }
+        }
     }
     out
 }
@@ -255,7 +313,11 @@ fn fmt_map(map: &BTreeMap<String, f64>) -> String {
 
 fn fleet_table(out: &mut fmt::Formatter<'_>, f: &FleetReport) -> fmt::Result {
     let i = &f.idle;
-    writeln!(out, "\n{} DEN, queue threads {}", f.dens, f.threads)?;
+    writeln!(
+        out,
+        "\n{} DEN, worker {}, queue threads {}",
+        f.dens, f.worker, f.threads
+    )?;
     writeln!(
         out,
         "  idle {:.0} s: {:.2} requests/s (+{:.2} monitoring/s); DEN CPU {}",

@@ -1,0 +1,251 @@
+//! Persistent workers with a real node, beyond echo's happy paths: workers that break the
+//! protocol or never start, the Python helper as a real queue's plugin (chaining, retries,
+//! an exception), and a leaking worker replaced by `worker_max_rss_mb`.
+
+use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use bson::{doc, Document};
+use disbatch_tests::{echo_plugin, write_config, Den, TestDb};
+use serde_json::json;
+
+async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": set})
+        .await
+        .expect("queue");
+}
+
+fn script(db: &TestDb, name: &str, body: &str) -> PathBuf {
+    let path = db.path(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+fn pid_of(task: &Document) -> Option<u32> {
+    task.get_str("stdout")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("pid ")?.trim().parse().ok())
+}
+
+async fn outcomes(db: &TestDb, id: ObjectId) -> Vec<String> {
+    db.attempts(id)
+        .await
+        .iter()
+        .filter_map(|a| a.get_str("outcome").ok().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_worker_that_breaks_the_protocol_or_never_says_ready_fails_its_task_with_the_reason() {
+    let db = TestDb::new("pw_protocol").await;
+    // Says ready, then answers the task with a line that is not JSON.
+    let garbled = script(
+        &db,
+        "garbled.sh",
+        r#"echo '{"type":"ready","protocol":1}' >&3; read line <&3; echo 'this is not json' >&3; sleep 30"#,
+    );
+    // Answers for another attempt.
+    let wrong = script(
+        &db,
+        "wrong.sh",
+        r#"echo '{"type":"ready","protocol":1}' >&3; read line <&3; echo '{"type":"done","attempt":"nope","exit":0}' >&3; sleep 30"#,
+    );
+    // Never says ready; says why on stderr.
+    let silent = script(&db, "silent.sh", "echo 'warming up forever' >&2; sleep 30");
+    // A process plugin, not a worker: exits at once without a word on the channel.
+    let process_only = script(&db, "process.sh", "echo hello");
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"plugins": {"garbled": garbled, "wrong": wrong, "silent": silent,
+                            "process_only": process_only, "echo": echo_plugin()}}),
+    );
+    let mut ids = Vec::new();
+    for plugin in ["garbled", "wrong", "silent", "process_only"] {
+        let queue = db.insert_queue(plugin, plugin, 1).await;
+        set_queue(
+            &db,
+            queue,
+            doc! {"worker": "persistent", "worker_start_s": 1, "kill_grace": 1},
+        )
+        .await;
+        ids.push(db.insert_tasks(queue, vec![doc! {"n": 1}.into()]).await[0]);
+    }
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let expect = [
+        "worker protocol error: a line that is not JSON",
+        "worker protocol error: done for attempt \"nope\"",
+        "did not say ready within 1 s",
+        "exited before it said ready",
+    ];
+    for (id, needle) in ids.iter().zip(expect) {
+        let task = db.task(*id).await;
+        assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+        let stderr = task.get_str("stderr").unwrap_or("");
+        assert!(
+            stderr.contains(needle),
+            "{needle:?} not in {stderr:?}: {}",
+            den.log_text()
+        );
+    }
+    // The silent worker's own words reach the task's stderr.
+    let silent_task = db.task(ids[2]).await;
+    assert!(
+        silent_task
+            .get_str("stderr")
+            .unwrap_or("")
+            .contains("warming up forever"),
+        "{silent_task}"
+    );
+    assert_eq!(silent_task.get_str("stdout").ok(), Some("Unable to start"));
+    drop(den);
+    db.drop().await;
+}
+
+fn python_example() -> Option<PathBuf> {
+    let found = std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/python/example_worker.py");
+    if !found {
+        eprintln!("SKIPPED: no python3 on this machine");
+        return None;
+    }
+    Some(path)
+}
+
+#[tokio::test]
+async fn the_python_helper_runs_a_real_queue_with_chaining_retries_and_exceptions() {
+    let Some(example) = python_example() else {
+        return;
+    };
+    let db = TestDb::new("pw_python").await;
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"plugins": {"py": example, "echo": echo_plugin()}}),
+    );
+    let queue = db.insert_queue("py", "py", 2).await;
+    let next = db.insert_queue("next", "echo", 0).await;
+    set_queue(
+        &db,
+        queue,
+        doc! {"worker": "persistent", "then": "next", "max_retries": 2},
+    )
+    .await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"n": 1}.into(),
+                doc! {"fail": true}.into(),
+                doc! {"raise": true}.into(),
+                doc! {"retry": 0}.into(),
+                doc! {"n": 5}.into(),
+            ],
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let statuses: Vec<Option<i32>> = {
+        let mut v = Vec::new();
+        for id in &ids {
+            v.push(db.task(*id).await.get_i32("status").ok());
+        }
+        v
+    };
+    assert_eq!(
+        statuses,
+        [Some(1), Some(2), Some(2), Some(2), Some(1)],
+        "{}",
+        den.log_text()
+    );
+    let first = db.task(ids[0]).await;
+    assert!(
+        first
+            .get_str("stdout")
+            .unwrap_or("")
+            .starts_with(&ids[0].to_hex()),
+        "{first}"
+    );
+    let raised = db.task(ids[2]).await;
+    assert!(
+        raised
+            .get_str("stderr")
+            .unwrap_or("")
+            .contains("asked to raise"),
+        "{raised}"
+    );
+    assert_eq!(outcomes(&db, ids[3]).await, ["retry", "failed"]);
+    assert!(db
+        .task(ids[3])
+        .await
+        .get_str("stderr")
+        .unwrap_or("")
+        .contains("too many retries"));
+    // A succeeded task's output is chained to the `then` queue as unit "echo".
+    let unit = db.unit(next, "echo").await.expect("the chained unit");
+    assert!(
+        unit.get_document("params")
+            .is_ok_and(|p| p.contains_key("n")),
+        "{unit}"
+    );
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_leaking_worker_is_replaced_once_past_worker_max_rss_mb() {
+    let db = TestDb::new("pw_rss").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 1).await;
+    set_queue(
+        &db,
+        queue,
+        doc! {"worker": "persistent", "worker_max_rss_mb": 40},
+    )
+    .await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"n": 0, "print_pid": true}.into(),
+                doc! {"n": 1, "print_pid": true}.into(),
+                doc! {"n": 2, "print_pid": true, "leak_mb": 64}.into(),
+                doc! {"n": 3, "print_pid": true}.into(),
+            ],
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+    let mut pids = Vec::new();
+    for id in &ids {
+        let task = db.task(*id).await;
+        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        pids.push(pid_of(&task).expect("pid"));
+    }
+    assert_eq!(
+        pids[0], pids[1],
+        "below the limit the worker is kept: {pids:?}"
+    );
+    assert_eq!(
+        pids[1], pids[2],
+        "the limit applies after a task, not during it: {pids:?}"
+    );
+    assert_ne!(
+        pids[2], pids[3],
+        "past the limit the worker is replaced: {pids:?}"
+    );
+    assert_eq!(pids.iter().collect::<HashSet<_>>().len(), 2);
+    drop(den);
+    db.drop().await;
+}
