@@ -249,3 +249,71 @@ async fn a_leaking_worker_is_replaced_once_past_worker_max_rss_mb() {
     drop(den);
     db.drop().await;
 }
+
+#[tokio::test]
+async fn a_task_in_a_worker_shows_live_output_while_it_runs_and_the_next_task_starts_clean() {
+    let db = TestDb::new("pw_live").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 1).await;
+    set_queue(&db, queue, doc! {"worker": "persistent"}).await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"n": 0, "print_pid": true, "lines": 12, "line_ms": 300}.into(),
+                doc! {"n": 1, "print_pid": true, "lines": 8, "line_ms": 300}.into(),
+            ],
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    // The live copy of each task, as its text grew, read every 100 ms.
+    let mut seen: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let mut done = 0;
+        for (i, id) in ids.iter().enumerate() {
+            let task = db.task(*id).await;
+            if task.get_i32("status").ok() == Some(1) {
+                done += 1;
+            }
+            let text = task
+                .get_document("live_output")
+                .and_then(|l| l.get_document("stdout"))
+                .and_then(|s| s.get_str("text"))
+                .map(str::to_string);
+            if let Ok(text) = text {
+                if seen[i].last() != Some(&text) {
+                    seen[i].push(text);
+                }
+            }
+        }
+        if done == ids.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    db.wait_complete(&ids, Duration::from_secs(5)).await;
+    let tasks = [db.task(ids[0]).await, db.task(ids[1]).await];
+    assert_eq!(pid_of(&tasks[0]), pid_of(&tasks[1]), "one worker ran both");
+    for (i, task) in tasks.iter().enumerate() {
+        assert!(
+            seen[i].len() >= 2,
+            "task {i}'s live output grew while it ran: {:?}",
+            seen[i]
+        );
+        // Each copy is the start of that task's own output, never the other task's.
+        let stdout = task.get_str("stdout").unwrap_or("");
+        for text in &seen[i] {
+            assert!(
+                stdout.starts_with(text.as_str()),
+                "task {i}: {text:?} is not the start of {stdout:?}"
+            );
+        }
+        assert!(
+            task.get("live_output").is_none(),
+            "the live copy is gone once stored: {task}"
+        );
+    }
+    drop(den);
+    db.drop().await;
+}
