@@ -7,6 +7,17 @@ use bson::{doc, Document};
 
 use crate::store::schema::task;
 
+/// What a node and its worker host (the runner in `--worker-host` mode) send each other
+/// besides handoffs, each a BSON frame on the host's stdin or stdout.
+pub mod host_frame {
+    /// Node → host, `{"wake": <task id>}`: renew that task's lease now (a cancel request was
+    /// seen).
+    pub const WAKE: &str = "wake";
+    /// Host → node, `{"ended": <task id>, "attempt": <id>, "outcome": <name>}`: the task is
+    /// over and its result written (or given up); its slot is free.
+    pub const ENDED: &str = "ended";
+}
+
 /// A claimed task ready to run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Handoff {

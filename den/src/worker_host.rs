@@ -8,6 +8,7 @@ use std::process::Stdio;
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_core::handoff::host_frame::{ENDED, WAKE};
 use disbatch_core::handoff::Handoff;
 use disbatch_core::isolation::CloexecRanges;
 use disbatch_core::relay::{read_frame, write_frame};
@@ -16,10 +17,6 @@ use tokio::sync::mpsc;
 
 use crate::executor::{Executor, Live};
 use crate::metrics::outcome_label;
-
-/// Frame names shared with the host (`disbatch_dtr::worker::host::frame`).
-const WAKE: &str = "wake";
-const ENDED: &str = "ended";
 
 /// A running host: its pid and the sender of frames to its stdin.
 #[derive(Debug)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_core::config::Config;
-use disbatch_core::handoff::Handoff;
+use disbatch_core::handoff::{host_frame, Handoff};
 use disbatch_core::relay::{read_frame, write_frame};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -24,15 +24,6 @@ use crate::supervisor::Wake;
 
 /// How often idle workers are looked at for `worker_idle_s`.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
-
-/// The messages a node sends a host, besides handoffs.
-pub mod frame {
-    /// `{"wake": <task id>}`: renew that task's lease now (the node saw a cancel request).
-    pub const WAKE: &str = "wake";
-    /// `{"ended": <task id>, "attempt": <id>, "outcome": <name>}`: a task is over and its
-    /// result written (or given up); its slot is free.
-    pub const ENDED: &str = "ended";
-}
 
 type Wakes = Arc<Mutex<HashMap<ObjectId, mpsc::Sender<()>>>>;
 
@@ -72,7 +63,7 @@ pub async fn serve(config: Config, store: LazyStore, node: String) -> u64 {
         tokio::select! {
             frame = frames.recv() => match frame.transpose() {
                 Ok(Some(d)) => {
-                    if let Ok(task) = d.get_object_id(frame::WAKE) {
+                    if let Ok(task) = d.get_object_id(host_frame::WAKE) {
                         let waker = wakes.lock().ok().and_then(|w| w.get(&task).cloned());
                         if let Some(w) = waker {
                             let _ = w.try_send(());
@@ -203,7 +194,7 @@ async fn run_one(
             "unknown"
         }
     };
-    let _ = ended.send(doc! {frame::ENDED: task, "attempt": attempt, "outcome": outcome});
+    let _ = ended.send(doc! {host_frame::ENDED: task, "attempt": attempt, "outcome": outcome});
 }
 
 /// Writes ended tasks to the node; a node that is gone is not an error (results are stored).
