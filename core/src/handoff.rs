@@ -29,6 +29,10 @@ pub struct Handoff {
     pub queue: Document,
     /// The node takes the runner's completion on stdout and answers on stdin (see `relay`).
     pub relay: bool,
+    /// With `relay`: the node also takes the running task's live output copies on stdout
+    /// (`relay::LiveCopy`) and writes them, so the runner need not connect for them. A node
+    /// that does not say so (an older one) leaves the runner to write its own.
+    pub live: bool,
 }
 
 impl Handoff {
@@ -44,6 +48,7 @@ impl Handoff {
     pub fn encode(&self) -> Result<Vec<u8>, String> {
         let d = doc! {
             "task": &self.task, "attempt": self.attempt, "queue": &self.queue, "relay": self.relay,
+            "live": self.live,
         };
         let mut out = Vec::new();
         d.to_writer(&mut out)
@@ -70,6 +75,7 @@ impl Handoff {
                 .get_object_id("attempt")
                 .map_err(|_| "the handoff has no `attempt` id".to_string())?,
             relay: d.get_bool("relay").unwrap_or(false),
+            live: d.get_bool("live").unwrap_or(false),
         })
     }
 }
@@ -85,9 +91,20 @@ mod tests {
             attempt: ObjectId::new(),
             queue: doc! {"name": "q", "threads": 3},
             relay: true,
+            live: true,
         };
         let bytes = h.encode().unwrap();
         assert_eq!(Handoff::decode(&bytes).unwrap(), h);
+    }
+
+    #[test]
+    fn a_handoff_from_an_older_node_has_no_live_relay() {
+        let older = doc! {"task": {"_id": ObjectId::new()}, "queue": {}, "attempt": ObjectId::new(), "relay": true};
+        let mut bytes = Vec::new();
+        older.to_writer(&mut bytes).unwrap();
+        let h = Handoff::decode(&bytes).unwrap();
+        assert!(h.relay);
+        assert!(!h.live, "the runner writes its own live copies");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::store::{AttemptEnd, AttemptRecord, TaskEnd};
+use crate::store::{AttemptEnd, AttemptRecord, LiveOutput, LiveStream, TaskEnd, LIVE_TAIL};
 
 /// The runner's descriptor for the node's answers (stdin closes after the handoff).
 pub const ANSWER_FD: i32 = 3;
@@ -141,6 +141,82 @@ impl Completion {
     }
 }
 
+/// A running task's output so far, runner → node on stdout when the handoff says `live`,
+/// about once a second while the plugin runs: the node writes it to the task, fenced on the
+/// attempt, in batches with other runners' copies. Nothing is answered; the runner goes on
+/// and its completion follows on the same pipe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveCopy {
+    pub task: ObjectId,
+    pub output: LiveOutput,
+}
+
+impl LiveCopy {
+    /// The key that tells a live copy from a completion on the runner's stdout.
+    const KEY: &'static str = "live";
+
+    /// Whether a frame from a runner is a live copy (anything else is its completion).
+    pub fn is_live_copy(d: &Document) -> bool {
+        d.contains_key(Self::KEY)
+    }
+
+    pub fn encode(&self) -> Document {
+        let stream = |s: &LiveStream| {
+            doc! {
+                "text": s.text.as_str(),
+                "from": s.from.min(i64::MAX as u64) as i64,
+                "bytes": s.bytes.min(i64::MAX as u64) as i64,
+            }
+        };
+        doc! {
+            Self::KEY: self.task, "attempt": self.output.attempt,
+            "stdout": stream(&self.output.stdout), "stderr": stream(&self.output.stderr),
+        }
+    }
+
+    /// Refuses anything a runner of ours would not send: the node writes what it decodes.
+    pub fn decode(d: &Document) -> Result<LiveCopy, String> {
+        let stream = |k: &str| -> Result<LiveStream, String> {
+            let s = d
+                .get_document(k)
+                .map_err(|_| format!("live copy: no `{k}` document"))?;
+            let count = |n: &str| {
+                match s.get(n) {
+                    Some(Bson::Int64(v)) => u64::try_from(*v).map_err(|_| ()),
+                    _ => Err(()),
+                }
+                .map_err(|_| format!("live copy: `{k}.{n}` is not a count"))
+            };
+            let text = s
+                .get_str("text")
+                .map_err(|_| format!("live copy: no `{k}.text` string"))?;
+            let (from, bytes) = (count("from")?, count("bytes")?);
+            if text.len() as u64 > LIVE_TAIL || from > bytes {
+                return Err(format!(
+                    "live copy: `{k}` is not a tail of at most {LIVE_TAIL} bytes"
+                ));
+            }
+            Ok(LiveStream {
+                text: text.to_string(),
+                from,
+                bytes,
+            })
+        };
+        Ok(LiveCopy {
+            task: d
+                .get_object_id(Self::KEY)
+                .map_err(|_| "live copy: no task id".to_string())?,
+            output: LiveOutput {
+                attempt: d
+                    .get_object_id("attempt")
+                    .map_err(|_| "live copy: no `attempt` id".to_string())?,
+                stdout: stream("stdout")?,
+                stderr: stream("stderr")?,
+            },
+        })
+    }
+}
+
 impl Ack {
     pub fn name(self) -> &'static str {
         match self {
@@ -221,6 +297,41 @@ mod tests {
         }
     }
 
+    fn live_copy() -> LiveCopy {
+        LiveCopy {
+            task: ObjectId::new(),
+            output: LiveOutput {
+                attempt: ObjectId::new(),
+                stdout: LiveStream {
+                    text: "line 2 ✓\n".into(),
+                    from: 7,
+                    bytes: 18,
+                },
+                stderr: LiveStream::default(),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn live_copies_then_the_completion_share_the_runners_stdout() {
+        let copies = [live_copy(), live_copy()];
+        let done = completion(TaskEnd::Status(1));
+        let mut pipe = Vec::new();
+        for c in &copies {
+            write_frame(&mut pipe, &c.encode()).await.unwrap();
+        }
+        write_frame(&mut pipe, &done.encode()).await.unwrap();
+        let mut r = pipe.as_slice();
+        for c in &copies {
+            let d = read_frame(&mut r).await.unwrap().unwrap();
+            assert!(LiveCopy::is_live_copy(&d));
+            assert_eq!(&LiveCopy::decode(&d).unwrap(), c);
+        }
+        let d = read_frame(&mut r).await.unwrap().unwrap();
+        assert!(!LiveCopy::is_live_copy(&d), "a completion is not a copy");
+        assert_eq!(Completion::decode(&d).unwrap(), done);
+    }
+
     #[tokio::test]
     async fn completions_and_acks_round_trip_through_a_pipe() {
         let sent = [
@@ -268,5 +379,18 @@ mod tests {
             .unwrap_err()
             .contains("exploded"));
         assert_eq!(Ack::decode(&doc! {"ack": 3}), Ack::RecordYourself);
+        let copy = live_copy();
+        let mut oversized = copy.clone();
+        oversized.output.stdout.text = "x".repeat(LIVE_TAIL as usize + 1);
+        oversized.output.stdout.bytes = LIVE_TAIL + 1;
+        assert!(LiveCopy::decode(&oversized.encode())
+            .unwrap_err()
+            .contains("tail"));
+        let mut backwards = copy.encode();
+        backwards.insert("stderr", doc! {"text": "", "from": 9_i64, "bytes": 2_i64});
+        assert!(LiveCopy::decode(&backwards).is_err());
+        let mut no_attempt = copy.encode();
+        no_attempt.remove("attempt");
+        assert!(LiveCopy::decode(&no_attempt).is_err());
     }
 }

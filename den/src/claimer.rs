@@ -429,6 +429,7 @@ impl Claimer {
                 attempt: pick.attempt,
                 queue: queue.raw.clone(),
                 relay,
+                live: relay,
             };
             (handoff, pick.slot)
         });

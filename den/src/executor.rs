@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use disbatch_core::handoff::Handoff;
 use disbatch_core::isolation::CloexecRanges;
-use disbatch_core::relay::{read_frame, Ack, Completion, ANSWER_FD};
+use disbatch_core::relay::{read_frame, Ack, Completion, LiveCopy, ANSWER_FD};
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
 
@@ -342,12 +342,27 @@ async fn relay_result(
     answers: PipeWriter,
     mut stdout: ChildStdout,
 ) -> Option<&'static str> {
-    let frame = match read_frame(&mut stdout).await {
-        Ok(Some(frame)) => frame,
-        Ok(None) => return None,
-        Err(e) => {
-            tracing::warn!(task = %task, error = %e, "unreadable result from the task runner; it will store its own");
-            return None;
+    // Live output copies (when the handoff said `live`) come first, then the completion.
+    let frame = loop {
+        let frame = match read_frame(&mut stdout).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(task = %task, error = %e, "unreadable result from the task runner; it will store its own");
+                return None;
+            }
+        };
+        if !LiveCopy::is_live_copy(&frame) {
+            break frame;
+        }
+        match LiveCopy::decode(&frame) {
+            Ok(copy) if copy.task == task => completer.offer_live(copy),
+            Ok(copy) => {
+                tracing::warn!(task = %task, reported = %copy.task, "the task runner sent another task's live output; skipped")
+            }
+            Err(e) => {
+                tracing::warn!(task = %task, error = %e, "malformed live output from the task runner; skipped")
+            }
         }
     };
     let mut outcome = None;

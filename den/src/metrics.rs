@@ -23,6 +23,7 @@ const TASK_BUCKETS: &[f64] = &[
 const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit"];
 const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel", "fail"];
 const RESULT_ANSWERS: &[&str] = &["recorded", "not_ours", "record_yourself"];
+const LIVE_COPY_RESULTS: &[&str] = &["written", "not_written", "dropped"];
 /// How a task runner's attempt ended, as its attempt record (collection `attempts`) says,
 /// plus `unknown` when this node could not learn it; every runner exit is one of these.
 pub const TASK_OUTCOMES: &[&str] = &[
@@ -72,6 +73,7 @@ struct Inner {
     recoveries: IntCounterVec,
     results: IntCounterVec,
     result_batch: Histogram,
+    live_copies: IntCounterVec,
     documents_skipped: IntCounterVec,
     queues_skipped: prometheus::IntGauge,
 }
@@ -172,6 +174,12 @@ impl Default for Inner {
                 "Results stored per batch (one insert of attempt records, one update of tasks)",
                 BATCH_BUCKETS,
             ),
+            live_copies: counter_vec(
+                &registry,
+                "disbatch_den_live_copies_total",
+                "Live output copies runners handed to this node, by what became of them: written, not_written (the attempt was over, or the task had no room) or dropped (too many waiting, or the write failed; the runner's next copy replaces it)",
+                &["result"],
+            ),
             documents_skipped: counter_vec(
                 &registry,
                 "disbatch_den_documents_skipped_total",
@@ -194,6 +202,9 @@ impl Default for Inner {
         }
         for answer in RESULT_ANSWERS {
             let _ = inner.results.get_metric_with_label_values(&[answer]);
+        }
+        for result in LIVE_COPY_RESULTS {
+            let _ = inner.live_copies.get_metric_with_label_values(&[result]);
         }
         for how in RECOVERIES {
             let _ = inner.recoveries.get_metric_with_label_values(&[how]);
@@ -288,6 +299,17 @@ impl DenMetrics {
         self.inner.result_batch.observe(answers.len() as f64);
         for answer in answers {
             inc(&self.inner.results, &[answer]);
+        }
+    }
+
+    /// `n` live output copies ended as `result` (one of `LIVE_COPY_RESULTS`).
+    pub fn live_copies(&self, result: &'static str, n: u64) {
+        if let Ok(c) = self
+            .inner
+            .live_copies
+            .get_metric_with_label_values(&[result])
+        {
+            c.inc_by(n);
         }
     }
 

@@ -64,7 +64,14 @@ pub(crate) async fn run_and_capture(
     let doc_len = bson::to_vec(doc).map_or(u64::MAX, |v| v.len() as u64);
     let live = crate::live::has_room(doc_len).then(|| {
         let paths = plugin.paths.clone();
-        tokio::spawn(crate::live::keep_live(store.clone(), task, attempt, paths))
+        let relay = run.live_relay.cloned();
+        tokio::spawn(crate::live::keep_live(
+            store.clone(),
+            relay,
+            task,
+            attempt,
+            paths,
+        ))
     });
     let stopped = supervise(store, task, attempt, prepared.run, &mut plugin, wake).await;
     if let Some(live) = live {

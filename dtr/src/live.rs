@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use disbatch_core::output::MAX_DOCUMENT_SIZE;
+use disbatch_core::relay::LiveCopy;
 use disbatch_core::store::{LiveOutput, LiveStream, LiveWrite, LIVE_TAIL};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use crate::connection::LazyStore;
+use crate::node_link::LiveRelay;
 use crate::spool::{open_read, SpoolPaths};
 
 /// How often the spool files are looked at: the live view runs at most this far behind
@@ -30,7 +32,15 @@ pub fn has_room(doc_len: u64) -> bool {
 
 /// Copies the output to the task every `LIVE_EVERY` until the task is no longer this
 /// attempt's or the server refuses the copy; the caller stops it when the plugin ends.
-pub async fn keep_live(store: LazyStore, task: ObjectId, attempt: ObjectId, paths: SpoolPaths) {
+/// With `relay` the copies go to the node, which is connected already: this runner connects
+/// for them only if the node stops listening.
+pub async fn keep_live(
+    store: LazyStore,
+    mut relay: Option<LiveRelay>,
+    task: ObjectId,
+    attempt: ObjectId,
+    paths: SpoolPaths,
+) {
     let mut tick = tokio::time::interval(LIVE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is at once; nothing is written yet
@@ -55,6 +65,18 @@ pub async fn keep_live(store: LazyStore, task: ObjectId, attempt: ObjectId, path
             if let Some(s) = read_tail(&paths.stderr).await {
                 copy.stderr = s;
             }
+        }
+        if let Some(r) = &relay {
+            let sent = r.send(&LiveCopy {
+                task,
+                output: copy.clone(),
+            });
+            if sent {
+                written = lens;
+                continue;
+            }
+            tracing::debug!(task = %task, "the node stopped taking live output; writing it here");
+            relay = None;
         }
         let wrote = match store.get().await {
             Ok(db) => db.write_live_output(task, &copy).await,

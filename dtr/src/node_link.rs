@@ -1,13 +1,20 @@
-//! The pipes to the node that started this runner: the handoff arrives on stdin, the ended
-//! attempt goes back on stdout, and the node's answer arrives on `ANSWER_FD` once stored.
+//! The pipes to the node that started this runner: the handoff arrives on stdin, live
+//! output copies and then the ended attempt go back on stdout, and the node's answer arrives
+//! on `ANSWER_FD` once stored.
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::time::Duration;
 
+use bson::Document;
 use disbatch_core::handoff::Handoff;
-use disbatch_core::relay::{read_frame, write_frame, Ack, Completion, ANSWER_FD};
-use tokio::io::Stdout;
+use disbatch_core::relay::{read_frame, write_frame, Ack, Completion, LiveCopy, ANSWER_FD};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot};
+
+/// Frames waiting for stdout: a live copy that finds it full is skipped (the next one, a
+/// second later, holds everything it held).
+const PENDING_FRAMES: usize = 2;
 
 /// Reads the one frame the node writes on stdin before closing it.
 pub async fn read_handoff() -> Result<Handoff, String> {
@@ -18,9 +25,49 @@ pub async fn read_handoff() -> Result<Handoff, String> {
     Handoff::from_document(&frame)
 }
 
+/// A frame for the node, and who waits to know it was written.
+struct Outgoing {
+    frame: Document,
+    written: Option<oneshot::Sender<std::io::Result<()>>>,
+}
+
 pub struct NodeLink {
-    stdout: Stdout,
+    frames: mpsc::Sender<Outgoing>,
     answers: tokio::fs::File,
+}
+
+/// Sends the running task's live copies to the node; clones share the pipe.
+#[derive(Clone)]
+pub struct LiveRelay {
+    frames: mpsc::Sender<Outgoing>,
+}
+
+impl LiveRelay {
+    /// Queues a copy for the node; false once the node no longer listens (the caller then
+    /// writes its own copies).
+    pub fn send(&self, copy: &LiveCopy) -> bool {
+        let frame = Outgoing {
+            frame: copy.encode(),
+            written: None,
+        };
+        !matches!(self.frames.try_send(frame), Err(TrySendError::Closed(_)))
+    }
+}
+
+/// Owns stdout: frames go out whole, in order, however their senders are stopped. The first
+/// failed write ends it (the node is gone), which senders see as a closed channel.
+async fn write_frames(mut frames: mpsc::Receiver<Outgoing>) {
+    let mut stdout = tokio::io::stdout();
+    while let Some(out) = frames.recv().await {
+        let wrote = write_frame(&mut stdout, &out.frame).await;
+        let failed = wrote.is_err();
+        if let Some(w) = out.written {
+            let _ = w.send(wrote);
+        }
+        if failed {
+            return;
+        }
+    }
 }
 
 impl NodeLink {
@@ -44,10 +91,20 @@ impl NodeLink {
         // SAFETY: ANSWER_FD is the node's pipe (checked above through our copy); nothing in
         // this process owns that number.
         unsafe { nix::libc::close(ANSWER_FD) };
+        let (frames, pending) = mpsc::channel(PENDING_FRAMES);
+        tokio::spawn(write_frames(pending));
         Some(NodeLink {
-            stdout: tokio::io::stdout(),
+            frames,
             answers: tokio::fs::File::from_std(file),
         })
+    }
+
+    /// For sending live copies while the task runs (when the handoff says the node takes
+    /// them).
+    pub fn live_relay(&self) -> LiveRelay {
+        LiveRelay {
+            frames: self.frames.clone(),
+        }
     }
 
     /// Hands the ended attempt to the node and waits up to `patience` for its answer. A node
@@ -55,7 +112,18 @@ impl NodeLink {
     /// fenced on the attempt, so the node's late write and the runner's cannot both count.
     pub async fn report(&mut self, completion: &Completion, patience: Duration) -> Ack {
         let task = completion.task();
-        if let Err(e) = write_frame(&mut self.stdout, &completion.encode()).await {
+        let (written, wrote) = oneshot::channel();
+        let out = Outgoing {
+            frame: completion.encode(),
+            written: Some(written),
+        };
+        let wrote = match self.frames.send(out).await {
+            Ok(()) => wrote
+                .await
+                .unwrap_or_else(|_| Err(std::io::Error::other("the writer stopped"))),
+            Err(_) => Err(std::io::Error::other("an earlier write failed")),
+        };
+        if let Err(e) = wrote {
             tracing::info!(task = %task, error = %e, "the node is not listening; recording the result here");
             return Ack::RecordYourself;
         }

@@ -17,7 +17,7 @@ use disbatch_core::Result;
 
 use crate::capture::run_and_capture;
 use crate::connection::LazyStore;
-use crate::node_link::NodeLink;
+use crate::node_link::{LiveRelay, NodeLink};
 use crate::outcome::Exit;
 use crate::prepare::{prepare, QueueLookup};
 use crate::record::{record_result, with_retries, Captured, Finished};
@@ -70,6 +70,8 @@ pub(crate) struct Run<'a> {
     pub attempt: ObjectId,
     pub attempts: i64,
     pub node: &'a str,
+    /// Live output copies go to the node (the handoff said it takes them).
+    pub live_relay: Option<&'a LiveRelay>,
 }
 
 /// Runs a task its node claimed and handed over (the common case): no database round trip
@@ -89,6 +91,10 @@ pub async fn run_handed_off(
         disbatch_core::Error::Invalid("the handed-over task has no ObjectId _id".into())
     })?;
     let queue: QueueLookup = Ok(parse_queue(&handoff.queue).ok());
+    let relay = link
+        .as_ref()
+        .filter(|_| handoff.live)
+        .map(|l| l.live_relay());
     let run = Run {
         store,
         config,
@@ -96,6 +102,7 @@ pub async fn run_handed_off(
         attempt: handoff.attempt,
         attempts: attempts_started(&handoff.task),
         node,
+        live_relay: relay.as_ref(),
     };
     run_attempt(&run, &handoff.task, queue, started, wake, link, hosting).await
 }
@@ -134,6 +141,7 @@ pub async fn run_task(
         attempt,
         attempts: attempts_started(&doc),
         node,
+        live_relay: None,
     };
     run_attempt(&run, &doc, queue, started, wake, None, None).await
 }
@@ -154,6 +162,7 @@ async fn run_attempt(
         attempt,
         attempts,
         node,
+        ..
     } = *run;
     let unable = |reason: String| Finished {
         task,

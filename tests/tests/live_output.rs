@@ -163,6 +163,128 @@ async fn a_running_tasks_output_is_readable_within_a_second_or_two_and_stored_as
     db.drop().await;
 }
 
+/// The node takes its runners' live copies on their relay pipes and writes them itself: the
+/// runners of short tasks that print never open a connection of their own, and the output is
+/// live all the same. Every request is counted by a proxy in front of the server.
+#[tokio::test]
+async fn live_output_goes_through_the_node_and_its_runners_never_connect() {
+    use disbatch_tests::bench::proxy::{HostUri, Proxy};
+    use disbatch_tests::exposition;
+    let db = TestDb::new("live_relay").await;
+    let server = HostUri::parse(&db.uri).expect("a single-host test server URI");
+    let proxy = Proxy::start(server.host.clone()).await.expect("proxy");
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({
+            "mongohost": server.with_host(&proxy.addr.to_string()),
+            "metrics_listen": "127.0.0.1:0",
+        }),
+    );
+    let queue = db.insert_queue("live", "echo", 3).await;
+    let params = doc! {"lines": 8, "line_ms": 300};
+    let ids = db
+        .insert_tasks(queue, (0..3).map(|_| params.clone().into()).collect())
+        .await;
+    let dci = Dci::start(&config);
+    let den = Den::start(&config, "n1");
+    let (live, lags, last) = watch(&dci, ids[0]).await;
+    db.wait_complete(&ids, Duration::from_secs(60)).await;
+
+    let mut lengths: Vec<u64> = live.iter().map(|a| a.total).collect();
+    lengths.dedup();
+    assert!(
+        lengths.len() >= 3,
+        "the live output grew while the task ran: {lengths:?}"
+    );
+    assert!(lags.len() >= 4, "lines seen while running: {lags:?}");
+    assert_eq!(last.state, "final");
+    for a in &live {
+        assert!(
+            last.body.starts_with(&a.body),
+            "live is where the output begins"
+        );
+    }
+    let counts = proxy.snapshot();
+    let who: Vec<&String> = counts.app.keys().chain(counts.monitoring.keys()).collect();
+    assert!(
+        who.iter().any(|w| w.contains("disbatchd")),
+        "the proxy saw the node: {who:?}"
+    );
+    assert!(
+        !who.iter().any(|w| w.contains("task_runner")),
+        "no runner connected: {:?}",
+        counts.app
+    );
+    let text = reqwest::get(format!("{}/metrics", den.metrics_url().await))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    let e = exposition::check(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+    let copies = |result| {
+        e.value("disbatch_den_live_copies_total", &[("result", result)])
+            .unwrap_or(-1.0)
+    };
+    assert!(copies("written") >= 6.0, "{text}");
+    assert_eq!(copies("dropped"), 0.0, "{text}");
+    for id in &ids {
+        let task = db.task(*id).await;
+        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(task.get("live_output"), None, "{task}");
+    }
+    drop(den);
+    db.drop().await;
+}
+
+/// A runner whose node stops (SIGTERM leaves running tasks running) finds its pipe closed at
+/// the next copy and writes its copies itself from then on: the live output keeps growing
+/// without the node, and the result is stored whole.
+#[tokio::test]
+async fn a_runner_whose_node_stops_writes_its_live_output_itself() {
+    let db = TestDb::new("live_orphan").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("live", "echo", 1).await;
+    let ids = db
+        .insert_tasks(queue, vec![doc! {"lines": 16, "line_ms": 400}.into()])
+        .await;
+    let dci = Dci::start(&config);
+    let den = Den::start(&config, "n1");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut before = output(&dci, ids[0], "stdout").await;
+    while !(before.state == "live" && before.total > 0) {
+        assert!(Instant::now() < deadline, "no live output through the node");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        before = output(&dci, ids[0], "stdout").await;
+    }
+    drop(den);
+    let mut totals = vec![before.total];
+    let last = loop {
+        let a = output(&dci, ids[0], "stdout").await;
+        if a.state == "final" {
+            break a;
+        }
+        if a.state == "live" {
+            totals.push(a.total);
+        }
+        assert!(Instant::now() < deadline, "the task did not end");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    totals.dedup();
+    assert!(
+        totals.len() >= 3,
+        "the live output grew after the node stopped: {totals:?}"
+    );
+    let task = db.task(ids[0]).await;
+    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        printed_lines(&String::from_utf8_lossy(&last.body)).len(),
+        16
+    );
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn large_live_output_keeps_its_last_64_kib_and_gridfs_output_is_unchanged() {
     let db = TestDb::new("live_gridfs").await;

@@ -28,7 +28,7 @@ pub struct LiveStream {
 }
 
 /// One live copy of a running attempt's output.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveOutput {
     pub attempt: ObjectId,
     pub stdout: LiveStream,
@@ -61,18 +61,7 @@ impl Store {
         task_id: ObjectId,
         live: &LiveOutput,
     ) -> Result<LiveWrite> {
-        let filter = doc! {
-            task::ID: task_id,
-            task::ATTEMPT: live.attempt,
-            task::STATUS: status::RUNNING,
-        };
-        let copy = doc! {
-            live::ATTEMPT: live.attempt,
-            live::AT: DateTime::now(),
-            live::STDOUT: stream_doc(&live.stdout),
-            live::STDERR: stream_doc(&live.stderr),
-        };
-        let update = doc! {"$set": {task::LIVE_OUTPUT: copy}};
+        let (filter, update) = live_write(task_id, live);
         match self.collection(TASKS).update_one(filter, update).await {
             Ok(r) if r.matched_count == 0 => Ok(LiveWrite::NotOurs),
             Ok(_) => Ok(LiveWrite::Written),
@@ -83,6 +72,52 @@ impl Store {
             )),
         }
     }
+
+    /// Writes the live copies runners relayed to this node, each fenced as
+    /// `write_live_output` fences it, in as few `update` commands as their size allows.
+    /// Copies are for watching: one the server refuses (its task would pass 16 MiB) or whose
+    /// attempt is over is simply not written. Returns how many were written.
+    pub async fn write_live_outputs(&self, copies: &[(ObjectId, LiveOutput)]) -> Result<u64> {
+        let mut written = 0;
+        let mut statements: Vec<Document> = Vec::new();
+        let mut bytes = 0;
+        for (i, (task_id, live)) in copies.iter().enumerate() {
+            let (q, u) = live_write(*task_id, live);
+            bytes += (live.stdout.text.len() + live.stderr.text.len()) as u64 + 256;
+            statements.push(doc! {"q": q, "u": u, "multi": false, "upsert": false});
+            if bytes >= MAX_LIVE_COMMAND_BYTES || i + 1 == copies.len() {
+                let updates = std::mem::take(&mut statements);
+                bytes = 0;
+                let reply = self
+                    .db
+                    .run_command(doc! {"update": TASKS, "updates": updates, "ordered": false})
+                    .await
+                    .map_err(|e| Error::mongo("writing live output copies", e))?;
+                written += super::count_value(reply.get("n"));
+            }
+        }
+        Ok(written)
+    }
+}
+
+/// Keeps one command of live copies well under the 16 MiB a command may hold (a copy holds
+/// at most two `LIVE_TAIL`s).
+const MAX_LIVE_COMMAND_BYTES: u64 = 8 * 1024 * 1024;
+
+/// The fenced write of one live copy: only while the task still runs as its attempt.
+fn live_write(task_id: ObjectId, live: &LiveOutput) -> (Document, Document) {
+    let filter = doc! {
+        task::ID: task_id,
+        task::ATTEMPT: live.attempt,
+        task::STATUS: status::RUNNING,
+    };
+    let copy = doc! {
+        live::ATTEMPT: live.attempt,
+        live::AT: DateTime::now(),
+        live::STDOUT: stream_doc(&live.stdout),
+        live::STDERR: stream_doc(&live.stderr),
+    };
+    (filter, doc! {"$set": {task::LIVE_OUTPUT: copy}})
 }
 
 /// The live copy of `stream` ("stdout" or "stderr") in a task document, when the task runs

@@ -92,7 +92,14 @@ pub(crate) async fn run_in_worker(
     let doc_len = bson::to_vec(doc).map_or(u64::MAX, |v| v.len() as u64);
     let live = crate::live::has_room(doc_len).then(|| {
         let paths = paths.clone();
-        tokio::spawn(crate::live::keep_live(store.clone(), task, attempt, paths))
+        // The host is connected (it stores results): it writes copies itself.
+        tokio::spawn(crate::live::keep_live(
+            store.clone(),
+            None,
+            task,
+            attempt,
+            paths,
+        ))
     });
     let stopped = {
         let mut in_worker = InWorker { worker, grace };
