@@ -41,8 +41,8 @@ async fn a_tiny_bench_run_reports_every_figure() {
 
     assert_eq!(
         report.ceiling.len(),
-        8,
-        "2 depths × (2 raw concurrencies + the DEN's claim alone, batches of 1 and 8)"
+        10,
+        "2 depths × (2 raw concurrencies + the DEN's claim alone, batches of 1 and 8, + claim and result)"
     );
     for depth in [100, 300] {
         let paths: Vec<(ClaimPath, usize, usize)> = report
@@ -57,7 +57,8 @@ async fn a_tiny_bench_run_reports_every_figure() {
                 (ClaimPath::Raw, 1, 1),
                 (ClaimPath::Raw, 4, 1),
                 (ClaimPath::Disbatch, 1, 1),
-                (ClaimPath::Disbatch, 1, 8)
+                (ClaimPath::Disbatch, 1, 8),
+                (ClaimPath::Cycle, 1, 8)
             ]
         );
     }

@@ -11,8 +11,11 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_core::config::{Component, Config};
 use disbatch_core::model::{status, QueueSort};
+use disbatch_core::relay::Completion;
 use disbatch_core::store::schema::{task, TASKS};
-use disbatch_core::store::{ClaimWindow, Pick, PickOutcome, Store};
+use disbatch_core::store::{
+    AttemptEnd, AttemptRecord, ClaimWindow, Pick, PickOutcome, Store, TaskEnd,
+};
 use mongodb::{Client, Collection};
 use serde::Serialize;
 
@@ -30,6 +33,11 @@ pub enum ClaimPath {
     /// filter and claim window, slots and attempts), alone: what our claim costs on this
     /// server, without a fleet competing for the CPU.
     Disbatch,
+    /// A whole task's database work alone: the DEN's claim of a batch, then the batch's
+    /// results recorded as a worker host records them (`Store::record_completions`: attempt
+    /// records and fenced results in one `bulkWrite`), counts deferred as both defer them.
+    /// No process runs: the most tasks/s any executor could reach on this server.
+    Cycle,
 }
 
 /// One measurement: `concurrency` claimers against a queue `depth` deep.
@@ -99,9 +107,13 @@ pub async fn measure(
     let server_pid = HostUri::parse(uri)
         .ok()
         .and_then(|h| super::fleet::local_server_pid(&h));
+    // The node and its worker host write task counts every 250 ms, not with each batch.
+    let deferred = store_for(uri, &name).await?;
+    deferred.defer_count_writes();
     let scratch = Scratch {
         coll,
         store,
+        deferred,
         server_pid,
     };
     let result = measure_in(
@@ -122,6 +134,8 @@ pub async fn measure(
 struct Scratch {
     coll: Collection<Document>,
     store: Store,
+    /// The same database with count writes deferred (the whole-task cycle).
+    deferred: Store,
     server_pid: Option<u32>,
 }
 
@@ -136,6 +150,7 @@ async fn measure_in(
     let Scratch {
         coll,
         store,
+        deferred,
         server_pid,
     } = scratch;
     let mut points = Vec::new();
@@ -151,14 +166,17 @@ async fn measure_in(
         let runs = concurrencies
             .iter()
             .map(|&k| (ClaimPath::Raw, k.max(1), 1))
-            .chain(DEN_BATCHES.iter().map(|&b| (ClaimPath::Disbatch, 1, b)));
+            .chain(DEN_BATCHES.iter().map(|&b| (ClaimPath::Disbatch, 1, b)))
+            .chain(std::iter::once((ClaimPath::Cycle, 1, CYCLE_BATCH)));
         for (path, k, batch) in runs {
             let claimer = match path {
                 ClaimPath::Raw => None,
                 ClaimPath::Disbatch => Some(store),
+                ClaimPath::Cycle => Some(deferred),
             };
             let cpu0 = server_pid.and_then(procfs::cpu_ticks);
             let run = ClaimRun {
+                path,
                 queue,
                 depth,
                 concurrency: k,
@@ -174,6 +192,7 @@ async fn measure_in(
             let what = match path {
                 ClaimPath::Raw => "ceiling",
                 ClaimPath::Disbatch => "DEN claim alone",
+                ClaimPath::Cycle => "claim and result alone",
             };
             crate::bench::progress(&format!(
                 "{what} depth {depth} ×{k}, batch {batch}: {:.0} claims/s, p50 {:.2} ms",
@@ -184,8 +203,10 @@ async fn measure_in(
             coll.update_many(
                 doc! {task::QUEUE: queue},
                 doc! {
-                    "$set": {task::STATUS: status::QUEUED, task::NODE: Bson::Null},
-                    "$unset": {task::SLOT: "", task::LEASE_UNTIL: "", task::ATTEMPT: "", task::ATTEMPTS: ""},
+                    "$set": {task::STATUS: status::QUEUED, task::NODE: Bson::Null,
+                        task::STDOUT: Bson::Null, task::STDERR: Bson::Null},
+                    "$unset": {task::SLOT: "", task::LEASE_UNTIL: "", task::ATTEMPT: "", task::ATTEMPTS: "",
+                        task::COMPLETE: ""},
                 },
             )
             .await
@@ -202,8 +223,12 @@ async fn measure_in(
 /// default share of the bench's queue (8 threads).
 const DEN_BATCHES: [usize; 2] = [1, 8];
 
+/// The batch of the whole-task cycle: the bench's `threads` per DEN.
+const CYCLE_BATCH: usize = 8;
+
 /// One claim measurement's shape.
 struct ClaimRun {
+    path: ClaimPath,
     queue: ObjectId,
     depth: usize,
     concurrency: usize,
@@ -225,6 +250,7 @@ async fn claim_run(
     let next_slot = Arc::new(AtomicU32::new(0));
     let started = Instant::now();
     let deadline = started + run.time;
+    let cycle = run.path == ClaimPath::Cycle;
     let mut workers = Vec::new();
     for i in 0..run.concurrency {
         let coll = coll.clone();
@@ -272,10 +298,16 @@ async fn claim_run(
                         let outcomes = store
                             .claim_picks(&node, Duration::from_secs(60), &picks)
                             .await?;
-                        outcomes
+                        let claimed: Vec<Completion> = picks
                             .iter()
-                            .filter(|o| matches!(o, PickOutcome::Claimed(_)))
-                            .count()
+                            .zip(&outcomes)
+                            .filter(|(_, o)| matches!(o, PickOutcome::Claimed(_)))
+                            .filter_map(|(p, _)| succeeded(p, queue, &node))
+                            .collect();
+                        if cycle && !claimed.is_empty() {
+                            store.record_completions(&claimed).await?;
+                        }
+                        claimed.len()
                     }
                 };
                 if claimed == 0 {
@@ -300,11 +332,7 @@ async fn claim_run(
     let secs = started.elapsed().as_secs_f64();
     drained |= run.depth <= run.budget && claims >= run.depth;
     Ok(CeilingPoint {
-        path: if store.is_some() {
-            ClaimPath::Disbatch
-        } else {
-            ClaimPath::Raw
-        },
+        path: run.path,
         depth: run.depth,
         concurrency: run.concurrency,
         batch: run.batch,
@@ -314,5 +342,29 @@ async fn claim_run(
         latency: Latency::of(&all),
         server_cpu_ms_per_claim: None,
         drained,
+    })
+}
+
+/// A no-op task's result for a claimed pick, as a worker host reports it.
+fn succeeded(pick: &Pick, queue: ObjectId, node: &str) -> Option<Completion> {
+    Some(Completion {
+        record: AttemptRecord {
+            id: pick.attempt,
+            task: pick.task.get_object_id(task::ID).ok()?,
+            queue: Some(queue),
+            node: node.to_string(),
+            pid: std::process::id(),
+            start: DateTime::now(),
+            end: AttemptEnd {
+                outcome: "succeeded",
+                status: Some(status::SUCCEEDED),
+                exit_code: None,
+                signal: None,
+                result: None,
+            },
+        },
+        end: TaskEnd::Status(status::SUCCEEDED),
+        stdout: String::new(),
+        stderr: String::new(),
     })
 }

@@ -262,6 +262,7 @@ impl fmt::Display for BenchReport {
                 match p.path {
                     ClaimPath::Raw => "raw",
                     ClaimPath::Disbatch => "DEN's",
+                    ClaimPath::Cycle => "DEN's + result",
                 },
                 p.depth,
                 p.concurrency,
