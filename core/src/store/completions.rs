@@ -371,7 +371,7 @@ fn result_write(c: &Completion, now: DateTime) -> (Document, Document) {
 
 /// Splits statements into runs whose encoded size stays under `MAX_COMMAND_BYTES`; a single
 /// statement over it goes alone (the server then refuses it, and its runner takes over).
-fn chunks_by_size(statements: &[(usize, Document)]) -> Vec<&[(usize, Document)]> {
+pub(super) fn chunks_by_size(statements: &[(usize, Document)]) -> Vec<&[(usize, Document)]> {
     let mut chunks = Vec::new();
     let mut start = 0;
     let mut bytes = 0;

@@ -78,31 +78,27 @@ impl Store {
     /// Copies are for watching: one the server refuses (its task would pass 16 MiB) or whose
     /// attempt is over is simply not written. Returns how many were written.
     pub async fn write_live_outputs(&self, copies: &[(ObjectId, LiveOutput)]) -> Result<u64> {
+        let statements: Vec<(usize, Document)> = copies
+            .iter()
+            .enumerate()
+            .map(|(i, (task_id, live))| {
+                let (q, u) = live_write(*task_id, live);
+                (i, doc! {"q": q, "u": u, "multi": false, "upsert": false})
+            })
+            .collect();
         let mut written = 0;
-        let mut statements: Vec<Document> = Vec::new();
-        let mut bytes = 0;
-        for (i, (task_id, live)) in copies.iter().enumerate() {
-            let (q, u) = live_write(*task_id, live);
-            bytes += (live.stdout.text.len() + live.stderr.text.len()) as u64 + 256;
-            statements.push(doc! {"q": q, "u": u, "multi": false, "upsert": false});
-            if bytes >= MAX_LIVE_COMMAND_BYTES || i + 1 == copies.len() {
-                let updates = std::mem::take(&mut statements);
-                bytes = 0;
-                let reply = self
-                    .db
-                    .run_command(doc! {"update": TASKS, "updates": updates, "ordered": false})
-                    .await
-                    .map_err(|e| Error::mongo("writing live output copies", e))?;
-                written += super::count_value(reply.get("n"));
-            }
+        for chunk in super::completions::chunks_by_size(&statements) {
+            let updates: Vec<Document> = chunk.iter().map(|(_, s)| s.clone()).collect();
+            let reply = self
+                .db
+                .run_command(doc! {"update": TASKS, "updates": updates, "ordered": false})
+                .await
+                .map_err(|e| Error::mongo("writing live output copies", e))?;
+            written += super::count_value(reply.get("n"));
         }
         Ok(written)
     }
 }
-
-/// Keeps one command of live copies well under the 16 MiB a command may hold (a copy holds
-/// at most two `LIVE_TAIL`s).
-const MAX_LIVE_COMMAND_BYTES: u64 = 8 * 1024 * 1024;
 
 /// The fenced write of one live copy: only while the task still runs as its attempt.
 fn live_write(task_id: ObjectId, live: &LiveOutput) -> (Document, Document) {
