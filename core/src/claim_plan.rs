@@ -161,8 +161,18 @@ impl Slots<'_> {
 /// order. The key is the task's own (its id), not its place in a read, so nodes whose reads
 /// of the head differ still reach for different tasks.
 pub fn lane_picks<T>(candidates: Vec<T>, n: usize, lane: &Lane, key: impl Fn(&T) -> u64) -> Vec<T> {
+    lane_split(candidates, n, lane, key).0
+}
+
+/// As `lane_picks`, with the candidates not picked as well (in their order).
+pub fn lane_split<T>(
+    candidates: Vec<T>,
+    n: usize,
+    lane: &Lane,
+    key: impl Fn(&T) -> u64,
+) -> (Vec<T>, Vec<T>) {
     if candidates.len() <= n {
-        return candidates;
+        return (candidates, Vec::new());
     }
     let owned: Vec<bool> = candidates.iter().map(|c| lane.owns(key(c))).collect();
     let own = (0..candidates.len()).filter(|i| owned[*i]);
@@ -170,11 +180,14 @@ pub fn lane_picks<T>(candidates: Vec<T>, n: usize, lane: &Lane, key: impl Fn(&T)
     let mut chosen: Vec<usize> = own.chain(other).take(n).collect();
     chosen.sort_unstable();
     let mut chosen = chosen.into_iter().peekable();
-    candidates
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, c)| chosen.next_if_eq(&i).map(|_| c))
-        .collect()
+    let (mut picked, mut rest) = (Vec::with_capacity(n), Vec::new());
+    for (i, c) in candidates.into_iter().enumerate() {
+        match chosen.next_if_eq(&i) {
+            Some(_) => picked.push(c),
+            None => rest.push(c),
+        }
+    }
+    (picked, rest)
 }
 
 /// The slots below which a node may claim in a queue where `slotless` claims (Perl nodes')
@@ -330,6 +343,12 @@ mod tests {
         let union: BTreeSet<u32> = all.iter().flatten().copied().collect();
         assert_eq!(union.len(), 32);
         assert!(lane_picks(Vec::<u32>::new(), 3, &lane, key).is_empty());
+        // What is not picked is left over, in claim order.
+        assert_eq!(
+            lane_split((0..8).collect(), 3, &lane, key),
+            (vec![1, 4, 7], vec![0, 2, 3, 5, 6])
+        );
+        assert_eq!(lane_split(vec![1, 2], 3, &lane, key), (vec![1, 2], vec![]));
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! Lanes: how the nodes sharing a queue divide its slots and its tasks among themselves,
 //! each in proportion to its weight (the room it can give the queue), without talking.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
 use std::sync::Arc;
 
 /// Longest cycle of slots over which weights are laid out; larger weights are scaled down to
 /// it, so a lane costs at most this many entries however large `threads` or `maxthreads` are.
 const MAX_CYCLE: u64 = 1024;
+/// Queues whose lanes a `LaneCache` keeps; past this it starts afresh (queues come and go).
+const MAX_CACHED: usize = 4096;
 
 /// This node's share of a queue: the positions it owns in a repeating cycle of slots, laid out
 /// so that every stretch of slots is divided about in proportion to the nodes' weights.
@@ -45,8 +48,11 @@ impl Lane {
         my_weight: u64,
         sharers: impl IntoIterator<Item = (&'a str, u64)>,
     ) -> Lane {
-        let mut weights: BTreeMap<&str, u64> = sharers.into_iter().collect();
-        weights.entry(me).or_insert(my_weight);
+        Lane::laid_out(me, &weights_of(me, my_weight, sharers))
+    }
+
+    /// The lane of `me` among `weights` (node → weight, `me` among them).
+    fn laid_out(me: &str, weights: &BTreeMap<&str, u64>) -> Lane {
         let nodes = u32::try_from(weights.len()).unwrap_or(u32::MAX);
         if weights.len() == 1 {
             return Lane::sole();
@@ -116,6 +122,81 @@ impl Lane {
     pub fn nodes(&self) -> u32 {
         self.nodes
     }
+}
+
+/// Lanes laid out before, each beside the weights it came from: a lane is laid out again only
+/// when its queue's sharers or their weights change, not on each of the claimer's passes (a
+/// layout costs the cycle times the sharers: about a million steps for 1 000 unequal nodes).
+#[derive(Debug, Clone)]
+pub struct LaneCache<K> {
+    lanes: HashMap<K, CachedLane>,
+}
+
+#[derive(Debug, Clone)]
+struct CachedLane {
+    me: String,
+    weights: Vec<(String, u64)>,
+    lane: Lane,
+}
+
+impl<K> Default for LaneCache<K> {
+    fn default() -> Self {
+        LaneCache {
+            lanes: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq> LaneCache<K> {
+    /// `Lane::weighted` for the queue `key`, from the cache when nothing it depends on changed.
+    pub fn lane<'a>(
+        &mut self,
+        key: K,
+        me: &str,
+        my_weight: u64,
+        sharers: impl IntoIterator<Item = (&'a str, u64)>,
+    ) -> Lane {
+        let weights = weights_of(me, my_weight, sharers);
+        if let Some(c) = self.lanes.get(&key) {
+            let same = c.me == me
+                && c.weights.len() == weights.len()
+                && c.weights
+                    .iter()
+                    .zip(&weights)
+                    .all(|((n, w), (m, v))| n == m && w == v);
+            if same {
+                return c.lane.clone();
+            }
+        }
+        let lane = Lane::laid_out(me, &weights);
+        if self.lanes.len() >= MAX_CACHED && !self.lanes.contains_key(&key) {
+            self.lanes.clear();
+        }
+        let weights = weights.iter().map(|(n, w)| (n.to_string(), *w)).collect();
+        self.lanes.insert(
+            key,
+            CachedLane {
+                me: me.to_string(),
+                weights,
+                lane: lane.clone(),
+            },
+        );
+        lane
+    }
+}
+
+/// `sharers` by name, with `me` among them (at `my_weight` when it is not already).
+fn weights_of<'a, 'b: 'a>(
+    me: &'a str,
+    my_weight: u64,
+    sharers: impl IntoIterator<Item = (&'b str, u64)>,
+) -> BTreeMap<&'a str, u64> {
+    let mut weights: BTreeMap<&'a str, u64> = sharers
+        .into_iter()
+        .map(|(n, w)| (n as &'a str, w))
+        .collect();
+    weights.entry(me).or_insert(my_weight);
+    weights
 }
 
 /// Weights reduced to small whole units with the same proportions: divided by their common
@@ -240,6 +321,29 @@ mod tests {
         // Slots near u32::MAX are counted and listed without overflow.
         let last = lanes[0].nth_slot(lanes[0].slots_below(u32::MAX) - 1);
         assert!(last.is_some_and(|s| s < u64::from(u32::MAX)));
+    }
+
+    #[test]
+    fn the_cache_lays_a_lane_out_again_only_when_its_inputs_change() {
+        let mut cache = LaneCache::default();
+        let fresh = |me: &str, w: u64, s: &[(&str, u64)]| Lane::weighted(me, w, s.iter().copied());
+        let mut check = |q: u32, me: &str, w: u64, s: &[(&str, u64)]| {
+            let cached = cache.lane(q, me, w, s.iter().copied());
+            assert_eq!(cached, fresh(me, w, s), "queue {q}, {me}, {s:?}");
+        };
+        check(1, "b", 2, &[("a", 1)]);
+        check(1, "b", 2, &[("a", 1)]);
+        check(1, "b", 2, &[("a", 3)]);
+        check(1, "b", 2, &[("a", 3), ("c", 3)]);
+        check(1, "b", 2, &[("c", 3)]);
+        check(1, "a", 2, &[("c", 3)]);
+        check(1, "a", 5, &[("c", 3)]);
+        check(2, "a", 5, &[]);
+        check(1, "a", 5, &[("c", 3)]);
+        for q in 0..(MAX_CACHED as u32 + 10) {
+            check(q, "a", 1, &[("b", 1)]);
+        }
+        assert!(cache.lanes.len() <= MAX_CACHED);
     }
 
     #[test]

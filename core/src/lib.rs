@@ -33,6 +33,7 @@ pub mod raw_doc;
 pub mod readiness;
 pub mod redact;
 pub mod relay;
+pub mod result_batches;
 pub mod run_policy;
 pub mod scheduler;
 #[cfg(feature = "serve")]

@@ -5,14 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bson::oid::ObjectId;
-use disbatch_core::claim_plan::{lane_picks, node_room, plan_claims, QueueClaims, QueueState};
-use disbatch_core::handoff::Handoff;
+use disbatch_core::claim_plan::{node_room, plan_claims, QueueState};
 use disbatch_core::model::Queue;
 use disbatch_core::scheduler::{share_room, SpecState};
-use disbatch_core::store::schema::task;
-use disbatch_core::store::{
-    claim_key, ClaimWindow, NodeLimit, Pick, PickOutcome, SkipReason, Store,
-};
+use disbatch_core::store::{ClaimWindow, NodeLimit, SkipReason, Store};
 use disbatch_core::Result;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -23,7 +19,9 @@ use crate::plugin_check::PluginCheck;
 use crate::running_view::RunningView;
 use crate::skip_log::SkipLog;
 
+mod batch;
 mod beside_perl;
+mod spare;
 
 /// Which queues this node serves (`activequeues` wins over `ignorequeues`, as in Disbatch).
 #[derive(Debug, Clone, Default)]
@@ -81,18 +79,10 @@ pub struct PassReport {
     pub on_node: u32,
     /// The pass stopped at its claim limit: run the next one without waiting.
     pub more: bool,
-}
-
-/// What one queue's batch did.
-#[derive(Debug, Default, Clone, Copy)]
-struct BatchReport {
-    claimed: u32,
-    /// Picks another node took first (the task or the slot).
-    lost: u32,
-    /// Fewer claimable tasks than wanted.
-    ran_dry: bool,
-    /// A runner could not be started; the batch's unstarted tasks were given back.
-    spawn_failed: bool,
+    /// Whether new tasks would have been claimed: a queue with room had too few claimable
+    /// ones (true), or not (false: the node was full, or every queue had more than its
+    /// room, was full or was held back). None when the pass stopped before looking.
+    pub short_of_tasks: Option<bool>,
 }
 
 pub struct Claimer {
@@ -108,6 +98,8 @@ pub struct Claimer {
     view: RunningView,
     /// Per queue: where its head was last read.
     windows: HashMap<ObjectId, ClaimWindow>,
+    /// Per queue: candidates read beyond the last batch, for the next ones.
+    spares: spare::Spares,
     /// Queued tasks this node will not try again: undecodable, or refused by the server.
     unrunnable: HashSet<ObjectId>,
     /// When the live nodes sharing queues were last read.
@@ -143,6 +135,7 @@ impl Claimer {
             queue_names: HashMap::new(),
             view: RunningView::default(),
             windows: HashMap::new(),
+            spares: spare::Spares::default(),
             unrunnable: HashSet::new(),
             sharers_read_at: None,
             reconfigured: false,
@@ -173,6 +166,14 @@ impl Claimer {
     ) -> Result<PassReport> {
         for exited in executor.take_exited() {
             self.view.runner_exited(exited.queue, exited.slot);
+            // Queued again behind the window, perhaps; with the tasks stream closed no event
+            // says so.
+            if exited.outcome == "retry" {
+                if let Some(w) = self.windows.get_mut(&exited.queue) {
+                    w.reset();
+                }
+                self.spares.forget(exited.queue);
+            }
             if let Some(name) = self.queue_names.get(&exited.queue) {
                 self.metrics
                     .runner_exited(name, exited.ran_for, exited.success);
@@ -208,6 +209,7 @@ impl Claimer {
             ..PassReport::default()
         };
         if room == 0 || self.servable.is_empty() {
+            report.short_of_tasks = Some(false);
             return Ok(report);
         }
         let states: Vec<QueueState> = self
@@ -287,6 +289,8 @@ impl Claimer {
                 specs[i].running += batch.claimed;
                 room -= batch.claimed.min(room);
                 report.claimed += batch.claimed;
+                report.short_of_tasks =
+                    Some(report.short_of_tasks == Some(true) || batch.out_of_tasks);
                 if batch.spawn_failed {
                     report.on_node = self.view.on_node;
                     return Ok(report);
@@ -308,148 +312,7 @@ impl Claimer {
         }
         report.on_node = self.view.on_node;
         report.more = report.claimed >= MAX_PASS_CLAIMS;
-        Ok(report)
-    }
-
-    /// Claims up to `n` tasks of `queue` in one batch and starts their runners.
-    async fn claim_batch(
-        &mut self,
-        queue: &Queue,
-        plan: &mut QueueClaims,
-        n: u32,
-        executor: &Executor,
-    ) -> Result<BatchReport> {
-        let mut report = BatchReport::default();
-        let n = n.min(plan.slots.len() as u32) as usize;
-        if n == 0 {
-            report.ran_dry = true;
-            return Ok(report);
-        }
-        let asked = Instant::now();
-        let threads = self
-            .servable
-            .iter()
-            .find(|q| q.queue.id == queue.id)
-            .map_or(0, |q| q.threads);
-        let lane = self.view.lane(queue.id, threads, &self.node);
-        let read = n
-            .saturating_mul(lane.spread() as usize)
-            .min(MAX_CANDIDATES)
-            .max(n);
-        let window = self.windows.entry(queue.id).or_default();
-        let found = self
-            .store
-            .claim_candidates(queue.id, queue.sort, read, lane.nodes() as usize, window)
-            .await?;
-        for (id, why) in found.unreadable {
-            let why = format!("its document cannot be decoded: {why}");
-            self.set_unrunnable(id, SkipReason::Undecodable, &why)
-                .await?;
-        }
-        let candidates: Vec<_> = found
-            .tasks
-            .into_iter()
-            .filter(|t| {
-                t.get_object_id(task::ID)
-                    .map_or(true, |id| !self.unrunnable.contains(&id))
-            })
-            .collect();
-        report.ran_dry = candidates.len() < n;
-        let before = match self.view.perl_nodes_claim() {
-            // Counted last, just before the claims: the window for a Perl claim to slip in
-            // between is one round trip, not the age of the last reading.
-            true => Some(self.room_beside_perl_claims(queue, plan, n).await?),
-            false => None,
-        };
-        let n = before.as_ref().map_or(n, |(room, _)| *room);
-        if n == 0 {
-            self.metrics.claim_missed(&queue.name, "full");
-            return Ok(report);
-        }
-        let chosen = lane_picks(candidates, n, &lane, claim_key);
-        let picks: Vec<Pick> = chosen
-            .into_iter()
-            .filter_map(|task| {
-                plan.slots.pop().map(|slot| Pick {
-                    task,
-                    slot,
-                    attempt: ObjectId::new(),
-                })
-            })
-            .collect();
-        if picks.is_empty() {
-            self.metrics.claim_missed(&queue.name, "empty");
-            return Ok(report);
-        }
-        let outcomes = self
-            .store
-            .claim_picks(&self.node, queue.run.lease, &picks)
-            .await?;
-        let latency = asked.elapsed();
-        let mut claimed = Vec::new();
-        for (pick, outcome) in picks.into_iter().zip(outcomes) {
-            match outcome {
-                PickOutcome::Claimed(task) => {
-                    self.metrics.claimed(&queue.name, latency);
-                    self.view.claimed(queue.id, pick.slot);
-                    report.claimed += 1;
-                    claimed.push((task, pick));
-                }
-                PickOutcome::Lost => {
-                    self.metrics.claim_missed(&queue.name, "lost");
-                    report.lost += 1;
-                    plan.slots.push(pick.slot);
-                }
-                PickOutcome::SlotTaken => {
-                    // Another node holds it: remember, so later passes skip it too.
-                    self.metrics.claim_missed(&queue.name, "slot_taken");
-                    report.lost += 1;
-                    self.view.slot_taken(queue.id, pick.slot);
-                }
-                PickOutcome::Refused(why) => {
-                    self.metrics.claim_missed(&queue.name, "refused");
-                    plan.slots.push(pick.slot);
-                    if let Ok(id) = pick.task.get_object_id(task::ID) {
-                        let why = format!("the server refused to claim it: {why}");
-                        self.set_unrunnable(id, SkipReason::UpdateRefused, &why)
-                            .await?;
-                    }
-                }
-            }
-        }
-        if let Some((_, before)) = &before {
-            report.claimed -= self
-                .give_back_claims_past_cap(queue, threads, before, &mut claimed)
-                .await?;
-        }
-        let relay = executor.relays();
-        let mut handoffs = claimed.into_iter().map(|(task, pick)| {
-            let handoff = Handoff {
-                task: *task,
-                attempt: pick.attempt,
-                queue: queue.raw.clone(),
-                relay,
-                live: relay,
-            };
-            (handoff, pick.slot)
-        });
-        while let Some((handoff, slot)) = handoffs.next() {
-            let Err(e) = executor.spawn_runner(&handoff, Some(slot)) else {
-                self.metrics.runner_started(&queue.name);
-                continue;
-            };
-            tracing::error!(task = ?handoff.task_id(), error = %e, "could not start the task runner; giving the batch's unstarted tasks back");
-            report.spawn_failed = true;
-            for (handoff, slot) in std::iter::once((handoff, slot)).chain(handoffs) {
-                if let Some(id) = handoff.task_id() {
-                    self.store
-                        .give_back_attempt(id, handoff.attempt, &handoff.task)
-                        .await?;
-                }
-                self.view.runner_exited(queue.id, Some(slot));
-            }
-            break;
-        }
+        report.short_of_tasks.get_or_insert(false);
         Ok(report)
     }
 
@@ -477,6 +340,7 @@ impl Claimer {
     /// Forgets where each queue's head was: tasks may have been queued again behind it.
     pub fn reset_windows(&mut self) {
         self.windows.values_mut().for_each(ClaimWindow::reset);
+        self.spares.clear();
     }
 
     /// Reads the queues and the running counts again.

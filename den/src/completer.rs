@@ -6,26 +6,22 @@ use std::collections::HashMap;
 
 use bson::oid::ObjectId;
 use disbatch_core::relay::{Ack, Completion, LiveCopy};
+use disbatch_core::result_batches::ResultBatches;
 use disbatch_core::store::{LiveOutput, Store};
+use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::DenMetrics;
-
-/// Most results stored by one batch; more wait for the next.
-const MAX_BATCH: usize = 256;
 
 /// Live copies waiting for their write, at most (each up to two 64 KiB tails, so this bounds
 /// the memory they hold to ~32 MiB); past it a copy is dropped, and its runner's next one,
 /// a second later, holds all it held.
 const MAX_LIVE_WAITING: usize = 256;
 
-type Pending = (Completion, oneshot::Sender<Ack>);
-
 /// A handle on the batch writers; clones share them.
 #[derive(Clone)]
 pub struct Completer {
-    pending: mpsc::UnboundedSender<Pending>,
+    results: ResultBatches,
     live: mpsc::Sender<LiveCopy>,
     metrics: DenMetrics,
 }
@@ -38,12 +34,14 @@ impl std::fmt::Debug for Completer {
 
 impl Completer {
     pub fn start(store: Store, metrics: DenMetrics) -> Completer {
-        let (pending, queue) = mpsc::unbounded_channel();
-        tokio::spawn(store_batches(store.clone(), queue, metrics.clone()));
+        let results = {
+            let (store, metrics) = (store.clone(), metrics.clone());
+            ResultBatches::start(move |batch| store_batch(store.clone(), batch, metrics.clone()))
+        };
         let (live, copies) = mpsc::channel(MAX_LIVE_WAITING);
         tokio::spawn(write_live_copies(store, copies, metrics.clone()));
         Completer {
-            pending,
+            results,
             live,
             metrics,
         }
@@ -62,39 +60,24 @@ impl Completer {
 
     /// Stores one result with whatever else is waiting, and returns the runner's answer.
     pub async fn store_result(&self, completion: Completion) -> Ack {
-        let (reply, answer) = oneshot::channel();
-        if self.pending.send((completion, reply)).is_err() {
-            return Ack::RecordYourself;
-        }
-        answer.await.unwrap_or(Ack::RecordYourself)
+        self.results.store(completion).await
     }
 }
 
-/// Waits for a result, takes every other result already waiting, and stores them together:
-/// batches grow with load without ever holding a result back for company.
-async fn store_batches(
-    store: Store,
-    mut queue: mpsc::UnboundedReceiver<Pending>,
-    metrics: DenMetrics,
-) {
-    let mut batch = Vec::new();
-    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let (completions, replies): (Vec<Completion>, Vec<_>) = batch.drain(..).unzip();
-        let acks = match store.record_completions(&completions).await {
-            Ok(acks) => acks,
-            Err(e) => {
-                // Each runner then writes its own, with its own patience through an outage.
-                metrics.db_error("store_results");
-                tracing::warn!(results = completions.len(), error = %e, "could not store runners' results; they will store them");
-                vec![Ack::RecordYourself; completions.len()]
-            }
-        };
-        let answers: Vec<&'static str> = acks.iter().map(|a| a.name()).collect();
-        metrics.results_stored(&answers);
-        for (reply, ack) in replies.into_iter().zip(acks) {
-            let _ = reply.send(ack);
+/// Stores one batch of runners' results and counts the answers.
+async fn store_batch(store: Store, completions: Vec<Completion>, metrics: DenMetrics) -> Vec<Ack> {
+    let acks = match store.record_completions(&completions).await {
+        Ok(acks) => acks,
+        Err(e) => {
+            // Each runner then writes its own, with its own patience through an outage.
+            metrics.db_error("store_results");
+            tracing::warn!(results = completions.len(), error = %e, "could not store runners' results; they will store them");
+            vec![Ack::RecordYourself; completions.len()]
         }
-    }
+    };
+    let answers: Vec<&'static str> = acks.iter().map(|a| a.name()).collect();
+    metrics.results_stored(&answers);
+    acks
 }
 
 /// Writes the live copies waiting, the newest of each task's, in one command per batch.

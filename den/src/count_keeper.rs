@@ -1,10 +1,11 @@
 //! The count keeper: the maintenance leader's reconcile of the kept task counts with the
 //! tasks, run in the background so a slow count never holds up a pass.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use disbatch_core::store::Store;
-use tokio::task::JoinHandle;
+
+use crate::chore::Chore;
 
 /// How often the leader looks for queues due (a new queue is counted within this).
 const CHECK_EVERY: Duration = Duration::from_secs(30);
@@ -17,52 +18,44 @@ pub struct CountKeeper {
     /// writers that keep no counts (Perl nodes, hand edits) are corrected within this, and an
     /// idle backlog is read once per period rather than on every console refresh.
     every: Duration,
-    running: Option<JoinHandle<()>>,
-    next: Option<Instant>,
+    chore: Chore,
 }
 
 impl CountKeeper {
     pub fn new(every: Duration) -> CountKeeper {
         CountKeeper {
             every,
-            running: None,
-            next: None,
+            chore: Chore::default(),
         }
     }
 
     /// Starts a reconcile when one is due and none is running (the leader calls this on each
     /// of its maintenance passes).
     pub fn tick(&mut self, store: &Store) {
-        if self.running.as_ref().is_some_and(|h| !h.is_finished()) {
-            return;
-        }
-        if self.next.is_some_and(|t| Instant::now() < t) {
-            return;
-        }
-        self.next = Some(Instant::now() + CHECK_EVERY.min(self.every));
-        let (store, every) = (store.clone(), self.every);
-        self.running = Some(tokio::spawn(async move {
-            match store.reconcile_task_counts(every, GRACE).await {
-                Ok(r) if r.corrected > 0 => tracing::info!(
-                    queues = r.corrected,
-                    tasks = r.drift,
-                    "task counts were off (tasks changed by writers that keep no counts: Perl nodes, hand edits, a process killed mid-write); corrected"
-                ),
-                Ok(r) if r.reconciled + r.busy > 0 => {
-                    tracing::debug!(reconciled = r.reconciled, busy = r.busy, "task counts reconciled")
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "could not reconcile task counts; trying again later"),
-            }
-        }));
+        let every = self.every;
+        self.chore
+            .start_if_due(CHECK_EVERY.min(every), || reconcile(store.clone(), every));
     }
 
     /// For a node that stops leading or stops: a reconcile in flight is dropped; the next
     /// leader's finds the same queues due.
     pub fn stop(&mut self) {
-        if let Some(h) = self.running.take() {
-            h.abort();
+        self.chore.stop();
+    }
+}
+
+/// One reconcile of every queue due, with what it found in the log.
+async fn reconcile(store: Store, every: Duration) {
+    match store.reconcile_task_counts(every, GRACE).await {
+        Ok(r) if r.corrected > 0 => tracing::info!(
+            queues = r.corrected,
+            tasks = r.drift,
+            "task counts were off (tasks changed by writers that keep no counts: Perl nodes, hand edits, a process killed mid-write); corrected"
+        ),
+        Ok(r) if r.reconciled + r.busy > 0 => {
+            tracing::debug!(reconciled = r.reconciled, busy = r.busy, "task counts reconciled")
         }
-        self.next = None;
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not reconcile task counts; trying again later"),
     }
 }

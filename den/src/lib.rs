@@ -2,6 +2,7 @@
 
 pub mod balancer;
 pub mod check_config;
+pub mod chore;
 pub mod claimer;
 pub mod completer;
 pub mod continuous;

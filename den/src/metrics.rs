@@ -76,6 +76,7 @@ struct Inner {
     live_copies: IntCounterVec,
     documents_skipped: IntCounterVec,
     queues_skipped: prometheus::IntGauge,
+    change_streams_open: prometheus::IntGauge,
 }
 
 impl Default for Inner {
@@ -190,6 +191,11 @@ impl Default for Inner {
                 &registry,
                 "disbatch_den_queues_skipped",
                 "Queues this node skips now for a value it cannot use (each logged with its reason when it starts being skipped)",
+            ),
+            change_streams_open: gauge(
+                &registry,
+                "disbatch_den_change_streams_open",
+                "This node's change streams open now (tasks and queues: 2); they are closed while every queue the node claims from has more claimable tasks than it has room for (its own task ends wake it then), since the server reads every write for an open stream",
             ),
             registry,
         };
@@ -323,6 +329,14 @@ impl DenMetrics {
         self.inner
             .queues_skipped
             .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A change stream opened (true) or closed (false).
+    pub fn change_stream_open(&self, open: bool) {
+        match open {
+            true => self.inner.change_streams_open.inc(),
+            false => self.inner.change_streams_open.dec(),
+        }
     }
 
     /// `how`: "requeue", "orphan" or "cancel".

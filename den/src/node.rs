@@ -40,6 +40,9 @@ const IDLE_READ_INTERVALS: u32 = 5;
 /// How often a node applies Disbatch's orphan rule to its own lease-less claims (only older
 /// versions made them): the rule waits 5 minutes anyway.
 const OWN_ORPHANS_EVERY: Duration = Duration::from_secs(60);
+/// Change streams opened again stay open at least this long: a node at the edge of its
+/// capacity opens them at most about this often.
+const STREAMS_OPEN_AT_LEAST: Duration = Duration::from_secs(1);
 
 pub struct Node {
     pub store: Store,
@@ -102,6 +105,8 @@ impl Node {
         // Refusals already logged, so a lasting one is logged once.
         let mut reported: HashSet<String> = HashSet::new();
         let mut wake = Wake::Timer;
+        // When the change streams were last opened again after being closed.
+        let mut streams_reopened: Option<Instant> = None;
         // Set on shutdown: the pass in flight finishes but sends no new claims.
         let stopping = AtomicBool::new(false);
         loop {
@@ -192,6 +197,19 @@ impl Node {
                     }
                     failures = 0;
                     retry.reset();
+                    if let (Some(n), Some(short)) = (&self.notifier, report.short_of_tasks) {
+                        // A node with nothing running skips its timer passes' reading: it
+                        // learns of new work and queue changes only from the streams.
+                        if short || self.executor.live_runners() == 0 {
+                            if n.watch(true) {
+                                streams_reopened = Some(Instant::now());
+                            }
+                        } else if streams_reopened
+                            .is_none_or(|t| t.elapsed() >= STREAMS_OPEN_AT_LEAST)
+                        {
+                            n.watch(false);
+                        }
+                    }
                     if maintenance {
                         next_maintenance = started + self.interval;
                     }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use disbatch_core::claim_plan::Lane;
+use disbatch_core::lanes::LaneCache;
 use disbatch_core::store::RunningSnapshot;
 
 /// Past this age the view is read again even without a maintenance pass: other nodes' claims
@@ -36,6 +37,7 @@ pub struct RunningView {
     read_at: Option<Instant>,
     /// When a reading last found a claim that holds no slot.
     slotless_seen: Option<Instant>,
+    lanes: LaneCache<ObjectId>,
 }
 
 impl RunningView {
@@ -112,14 +114,16 @@ impl RunningView {
     /// This node's lane among the nodes seen claiming from `queue` lately and the live nodes
     /// that serve it with room, each weighted by the room it can give the queue: its
     /// `maxthreads` up to the queue's `threads` (a node of unknown or no limit, `threads`).
-    pub fn lane(&self, queue: ObjectId, threads: u32, me: &str) -> Lane {
+    pub fn lane(&mut self, queue: ObjectId, threads: u32, me: &str) -> Lane {
+        let capacity = &self.capacity;
         let weight = |node: &str| {
-            let cap = self.capacity.get(node).copied().flatten();
+            let cap = capacity.get(node).copied().flatten();
             u64::from(cap.map_or(threads, |c| c.min(threads)))
         };
         let seen = self.claimers.get(&queue);
         let sharers = self.sharers.get(&queue);
-        Lane::weighted(
+        self.lanes.lane(
+            queue,
             me,
             weight(me),
             seen.into_iter()

@@ -2,11 +2,12 @@
 //! queue and node, durations, queue depth), written in the background once a minute is over.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use disbatch_core::store::{add_depths, bucket_attempts, StatusGroup, Store};
 use disbatch_core::Result;
-use tokio::task::JoinHandle;
+
+use crate::chore::Chore;
 
 /// How long after a minute ends it is counted: an attempt that ended in its last moments has
 /// its record written by then (records are written right after the attempt ends).
@@ -19,8 +20,7 @@ pub struct StatsKeeper {
     /// The bucket width (`stats_interval_s`: a minute unless testing).
     width: Duration,
     node: String,
-    running: Option<JoinHandle<()>>,
-    next: Option<Instant>,
+    chore: Chore,
 }
 
 impl StatsKeeper {
@@ -28,37 +28,29 @@ impl StatsKeeper {
         StatsKeeper {
             width,
             node: node.to_string(),
-            running: None,
-            next: None,
+            chore: Chore::default(),
         }
     }
 
     /// Writes the buckets of the minutes that ended since the last written, when a check is
     /// due and none is running (the leader calls this on each of its maintenance passes).
     pub fn tick(&mut self, store: &Store) {
-        if self.running.as_ref().is_some_and(|h| !h.is_finished()) {
-            return;
-        }
-        if self.next.is_some_and(|t| Instant::now() < t) {
-            return;
-        }
         // A fraction of a bucket: a minute is written within seconds of its grace passing.
-        self.next = Some(Instant::now() + (self.width / 4).max(Duration::from_millis(250)));
-        let (store, width, node) = (store.clone(), self.width, self.node.clone());
-        self.running = Some(tokio::spawn(async move {
-            if let Err(e) = keep(&store, width, &node).await {
-                tracing::warn!(error = %e, "could not write statistics; trying again later");
+        let every = (self.width / 4).max(Duration::from_millis(250));
+        self.chore.start_if_due(every, || {
+            let (store, width, node) = (store.clone(), self.width, self.node.clone());
+            async move {
+                if let Err(e) = keep(&store, width, &node).await {
+                    tracing::warn!(error = %e, "could not write statistics; trying again later");
+                }
             }
-        }));
+        });
     }
 
     /// For a node that stops leading or stops: a pass in flight is dropped; what it wrote is
     /// kept, and the next leader continues after the last minute finished.
     pub fn stop(&mut self) {
-        if let Some(h) = self.running.take() {
-            h.abort();
-        }
-        self.next = None;
+        self.chore.stop();
     }
 }
 

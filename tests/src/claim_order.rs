@@ -20,6 +20,8 @@ pub struct Change {
     status: Option<i64>,
     /// It set a queue slot: a claim by one of our nodes (a Perl claim holds none).
     slot: bool,
+    /// The node it set, if it set one (`Some(None)` when it cleared it).
+    node: Option<Option<String>>,
 }
 
 /// Records every change to the tasks collection, in server order, until `stop`.
@@ -55,9 +57,33 @@ pub async fn record_changes(
             _ => None,
         };
         let slot = set.get("slot").is_some_and(|s| !matches!(s, Bson::Null));
-        changes.push(Change { task, status, slot });
+        let node = set.get("node").map(|n| n.as_str().map(str::to_string));
+        changes.push(Change {
+            task,
+            status,
+            slot,
+            node,
+        });
     }
     changes
+}
+
+/// Tasks `node` held that were queued again before it finished them: what recovery took back
+/// from it (a Perl node never gives a task back itself). Judged from the server's order of
+/// writes, so a result of `node`'s that landed late is never mistaken for one it lost.
+pub fn requeued_from(changes: &[Change], node: &str) -> HashSet<ObjectId> {
+    let mut holder = std::collections::HashMap::<ObjectId, Option<String>>::new();
+    let mut out = HashSet::new();
+    for c in changes {
+        let held = holder.get(&c.task).cloned().flatten();
+        if c.status == Some(-2) && held.as_deref() == Some(node) {
+            out.insert(c.task);
+        }
+        if let Some(set) = &c.node {
+            holder.insert(c.task, set.clone());
+        }
+    }
+    out
 }
 
 /// What replaying the queue's changes in server order shows.

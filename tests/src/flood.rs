@@ -111,39 +111,58 @@ pub async fn open_each(
     }
 }
 
-/// `/proc/net/tcp` rows (IPv4: the tests listen on 127.0.0.1): local port, state, inode.
-fn tcp_rows() -> Vec<(u16, String, String)> {
+/// One `/proc/net/tcp` row (IPv4: the tests listen on 127.0.0.1).
+struct TcpRow {
+    local: u16,
+    remote: u16,
+    /// Hex, as the kernel writes it (`0A` listening, `01` established).
+    state: String,
+    inode: String,
+}
+
+fn tcp_rows() -> Vec<TcpRow> {
+    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
     let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
     text.lines()
         .skip(1)
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
-            let port = f.get(1)?.rsplit(':').next()?;
-            let port = u16::from_str_radix(port, 16).ok()?;
-            Some((port, f.get(3)?.to_string(), f.get(9)?.to_string()))
+            Some(TcpRow {
+                local: port(f.get(1)?)?,
+                remote: port(f.get(2)?)?,
+                state: f.get(3)?.to_string(),
+                inode: f.get(9)?.to_string(),
+            })
         })
         .collect()
 }
 
-/// Connections to `port` that process `pid` holds open (accepted, not yet closed).
-pub fn held_connections(pid: u32, port: u16) -> usize {
-    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+/// The inodes of the sockets process `pid` holds descriptors for.
+fn socket_inodes(pid: u32) -> std::collections::HashSet<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|dir| {
             dir.flatten()
                 .filter_map(|e| std::fs::read_link(e.path()).ok())
                 .filter_map(|l| {
                     let l = l.to_string_lossy().into_owned();
-                    l.strip_prefix("socket:[")
-                        .and_then(|i| i.strip_suffix(']'))
-                        .map(str::to_string)
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
                 })
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Connections to `port` that process `pid` holds open (accepted, not yet closed).
+pub fn held_connections(pid: u32, port: u16) -> usize {
+    let inodes = socket_inodes(pid);
+    // Counted by inode: `/proc/net/tcp` is read in chunks, and a table that changes between
+    // them (a flood being accepted and evicted) can list a socket twice.
     tcp_rows()
-        .iter()
-        .filter(|(local, state, inode)| *local == port && state != "0A" && inodes.contains(inode))
-        .count()
+        .into_iter()
+        .filter(|r| r.local == port && r.state != "0A" && inodes.contains(&r.inode))
+        .map(|r| r.inode)
+        .collect::<std::collections::HashSet<_>>()
+        .len()
 }
 
 /// When the server closed `s` (EOF or reset); None if it was still open after `limit`.
@@ -310,4 +329,21 @@ async fn read_one_response(s: &mut TcpStream) {
 /// Milliseconds, for the printed figures.
 pub fn ms(d: Duration) -> u128 {
     d.as_millis()
+}
+
+/// The TCP sockets process `pid` holds, one line each (`local → remote state`), for a failed
+/// assertion on `held_connections` to show what was held.
+pub fn describe_sockets(pid: u32) -> String {
+    let inodes = socket_inodes(pid);
+    tcp_rows()
+        .into_iter()
+        .filter(|r| inodes.contains(&r.inode))
+        .map(|r| {
+            format!(
+                "{} → {} state {} inode {}",
+                r.local, r.remote, r.state, r.inode
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

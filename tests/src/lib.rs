@@ -1,6 +1,7 @@
 //! Integration-test harness: a real MongoDB-wire server, one database per test, real binaries.
 
 pub mod api;
+pub mod api_calls;
 pub mod bench;
 mod browser;
 pub mod chaos;
@@ -169,6 +170,29 @@ impl TestDb {
             out.push(cursor.deserialize_current().expect("attempt"));
         }
         out
+    }
+
+    /// A task's attempt records, oldest first, once there are at least `count` and none is
+    /// still `running`. A result's record is written before the task's result, but a lost
+    /// attempt's record after the task moved (recovery moves it only while it still runs as
+    /// that attempt, then writes the record), so a reader that has just seen a task recovered
+    /// may find its record missing for one write. Panics after 10 s.
+    pub async fn closed_attempts(&self, task: ObjectId, count: usize) -> Vec<Document> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let records = self.attempts(task).await;
+            let closed = records
+                .iter()
+                .all(|a| a.get_str("outcome").is_ok_and(|o| o != "running"));
+            if records.len() >= count && closed {
+                return records;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{count} closed attempt records expected, have {records:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     /// `$set`s fields on a task, the way ops edit documents by hand.

@@ -4,6 +4,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -95,8 +96,26 @@ impl PerlDen {
         // run-den hands the DEN its config by real path, and the DEN passes it on.
         let real = std::fs::canonicalize(&self.config).unwrap_or_else(|_| self.config.clone());
         let config = real.to_string_lossy().to_string();
-        for pid in processes_with_arg(&config) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        // A runner is forked, leaves the DEN's process group (setsid), then execs: while it
+        // execs its command line reads empty, so one scan can miss it (CI saw such a runner
+        // finish its task after the kill). The host is dead once several scans find nothing.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut empty_scans = 0;
+        while empty_scans < 5 {
+            let pids = processes_with_arg(&config);
+            if pids.is_empty() {
+                empty_scans += 1;
+            } else {
+                empty_scans = 0;
+            }
+            for pid in pids {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Perl host's processes outlived 10 s of SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 

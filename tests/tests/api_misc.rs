@@ -1,63 +1,24 @@
-//! `disbatch-web` black-box: info, plugins, balance, monitoring, legacy routes, request parsing,
-//! limits, failures, and the OpenAPI document against the routes actually served.
+//! `disbatch-web` black-box: info, plugins, balance, monitoring, request parsing, limits and
+//! failures (legacy routes and the OpenAPI document: `api_routes.rs`).
 
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, DateTime, Document};
 use disbatch_tests::api::{assert_sorted_keys, error};
+use disbatch_tests::api_calls::raw_json;
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use reqwest::Method;
 use serde_json::{json, Value};
 
 const LEGACY: &str = "Disbatch::Web::Tasks";
 
-/// A request with a raw body: (status, content type, body as JSON, or as a string if not JSON).
-async fn raw(
-    dci: &Dci,
-    method: Method,
-    path: &str,
-    ct: Option<&str>,
-    body: &str,
-) -> (u16, String, Value) {
-    let mut req = dci
-        .http
-        .request(method, dci.at(path))
-        .body(body.to_string());
-    if let Some(ct) = ct {
-        req = req.header("content-type", ct);
-    }
-    let r = req.send().await.expect("request");
-    let status = r.status().as_u16();
-    let ct = r
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let text = r.text().await.expect("body");
-    (
-        status,
-        ct,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-fn ids(body: &Value) -> Vec<ObjectId> {
-    body["MongoDB::InsertManyResult"]["inserted"]
-        .as_array()
-        .unwrap_or_else(|| panic!("not an InsertManyResult: {body}"))
-        .iter()
-        .map(|i| ObjectId::parse_str(i["_id"]["$oid"].as_str().expect("_id")).expect("oid"))
-        .collect()
-}
-
 #[tokio::test]
 async fn info_and_plugins_describe_this_server() {
     let db = TestDb::new("api_info").await;
     let config = write_config(&db, "web.json", json!({}));
     let dci = Dci::start(&config);
-    let (status, ct, info) = raw(&dci, Method::GET, "/info", None, "").await;
+    let (status, ct, info) = raw_json(&dci, Method::GET, "/info", None, "").await;
     assert_eq!((status, ct.as_str()), (200, "application/json"));
     assert_sorted_keys(&info);
     let keys: Vec<&String> = info.as_object().expect("object").keys().collect();
@@ -135,7 +96,7 @@ async fn balance_is_read_written_and_validated() {
     db.insert_queue("c_2", "echo", 1).await;
     let dci = Dci::start(&config);
 
-    let (status, ct, text) = raw(&dci, Method::GET, "/balance", None, "").await;
+    let (status, ct, text) = raw_json(&dci, Method::GET, "/balance", None, "").await;
     assert_eq!((status, ct.as_str()), (200, "application/json"));
     let mut known = text["known_queues"]
         .as_array()
@@ -153,7 +114,7 @@ async fn balance_is_read_written_and_validated() {
         (status, body),
         (200, json!({"status": "success: queuebalance modified"}))
     );
-    let (status, ct, pretty) = raw(&dci, Method::GET, "/balance", None, "").await;
+    let (status, ct, pretty) = raw_json(&dci, Method::GET, "/balance", None, "").await;
     assert_eq!(status, 200);
     assert_eq!(ct, "application/json");
     assert_sorted_keys(&pretty);
@@ -402,205 +363,12 @@ async fn monitoring_reports_nodes_and_queuebalance() {
 }
 
 #[tokio::test]
-async fn legacy_task_routes_answer_only_when_loaded() {
-    let db = TestDb::new("api_legacy").await;
-    let queue = db.insert_queue("echo", "echo", 0).await;
-    db.db
-        .collection::<Document>("users")
-        .insert_many(vec![
-            doc! {"email": "a@example.com", "kind": "x"},
-            doc! {"email": "b@example.com", "kind": "x"},
-            doc! {"email": "c@example.com", "kind": "y"},
-        ])
-        .await
-        .expect("users");
-
-    let plain = Dci::start(&write_config(&db, "plain.json", json!({})));
-    for (path, body) in [
-        ("/tasks/search", json!({"filter": {}})),
-        ("/tasks/echo", json!([{"a": 1}])),
-        (
-            "/tasks/echo/users",
-            json!({"filter": {}, "params": {"u": "document.email"}}),
-        ),
-    ] {
-        let (status, reply) = plain.post(path, body).await;
-        assert_eq!(status, 404, "{path}: {reply}");
-        assert!(reply["error"].is_string(), "{path}: {reply}");
-    }
-    assert_eq!(db.count(doc! {}).await, 0, "nothing created");
-    drop(plain);
-
-    let dci = Dci::start(&write_config(
-        &db,
-        "legacy.json",
-        json!({"web_extensions": {LEGACY: {}}}),
-    ));
-    let (status, body) = dci
-        .post(
-            "/tasks/echo",
-            json!([{"kind": "a", "n": 1}, {"kind": "b", "n": 2}]),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let first = ids(&body);
-    assert_eq!(first.len(), 2);
-    let (status, body) = dci
-        .post(
-            &format!("/tasks/{}", queue.to_hex()),
-            json!([{"kind": "c"}]),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(ids(&body).len(), 1);
-    let (status, body) = dci.post("/tasks/nosuch", json!([{"kind": "c"}])).await;
-    assert_eq!((status, body), (400, error("queue not found")));
-    let (status, body) = dci.post("/tasks/echo", json!([])).await;
-    assert_eq!(
-        (status, body),
-        (
-            400,
-            error("'params' must be a JSON array of task params objects")
-        )
-    );
-    let (status, body) = dci
-        .post(
-            "/tasks/echo/users",
-            json!({"filter": {"kind": "x"}, "params": {"u": "document.email", "kind": "from"}}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let from = ids(&body);
-    assert_eq!(from.len(), 2);
-    let t = db.task(from[0]).await;
-    assert!(
-        t.get_document("params")
-            .expect("params")
-            .get_str("u")
-            .is_ok_and(|u| u.ends_with("@example.com")),
-        "{t}"
-    );
-    let total = db.count(doc! {}).await;
-    assert_eq!(total, 5);
-
-    // Outputs for the search: inline text on one task, GridFS on another.
-    db.tasks()
-        .update_one(
-            doc! {"_id": first[0]},
-            doc! {"$set": {"status": 1, "stdout": "inline out", "stderr": ""}},
-        )
-        .await
-        .expect("set");
-    let file = ObjectId::new();
-    db.db
-        .collection::<Document>("tasks.chunks")
-        .insert_one(doc! {"files_id": file, "n": 0, "data": "grid out"})
-        .await
-        .expect("chunk");
-    db.db
-        .collection::<Document>("tasks.files")
-        .insert_one(
-            doc! {"_id": file, "length": 8_i64, "chunkSize": 261120, "filename": "stdout",
-            "uploadDate": DateTime::now(), "metadata": {"task_id": first[1]}},
-        )
-        .await
-        .expect("file");
-    db.tasks()
-        .update_one(
-            doc! {"_id": first[1]},
-            doc! {"$set": {"status": 2, "stdout": file}},
-        )
-        .await
-        .expect("set");
-
-    let search = |body: Value| {
-        let dci = &dci;
-        async move { dci.post("/tasks/search", body).await }
-    };
-    let (status, all) = search(json!({"filter": {"queue": "echo"}})).await;
-    assert_eq!(status, 200, "{all}");
-    let all = all.as_array().expect("array").clone();
-    assert_eq!(all.len(), 5);
-    let find = |list: &[Value], id: ObjectId| {
-        list.iter()
-            .find(|t| t["_id"]["$oid"] == id.to_hex())
-            .cloned()
-            .expect("listed")
-    };
-    let t0 = find(&all, first[0]);
-    assert_eq!(t0["stdout"], "[terse mode]", "terse by default: {t0}");
-    assert!(
-        t0["ctime"].is_f64() || t0["ctime"].is_i64(),
-        "epoch ctime: {t0}"
-    );
-    assert_eq!(find(&all, first[1])["stdout"]["$oid"], file.to_hex());
-    let (_, full) = search(json!({"filter": {"queue": queue.to_hex()}, "terse": false})).await;
-    let full = full.as_array().expect("array").clone();
-    assert_eq!(find(&full, first[0])["stdout"], "inline out");
-    assert_eq!(find(&full, first[1])["stdout"], "grid out");
-
-    let (_, found) = search(json!({"filter": {"params.kind": "b"}})).await;
-    assert_eq!(
-        found.as_array().map(Vec::len),
-        Some(1),
-        "non-indexed filters are allowed: {found}"
-    );
-    assert_eq!(found[0]["_id"]["$oid"], first[1].to_hex());
-    let (_, found) = search(json!({"filter": {"_id": {"$oid": first[0].to_hex()}}})).await;
-    assert_eq!(found.as_array().map(Vec::len), Some(1), "{found}");
-    let ctime = db
-        .task(first[0])
-        .await
-        .get_datetime("ctime")
-        .expect("ctime")
-        .timestamp_millis();
-    let (_, found) = search(json!({"filter": {"ctime": ctime}, "count": true})).await;
-    assert_eq!(
-        found,
-        json!({"count": 2}),
-        "millisecond ctime matches the first batch"
-    );
-    let (status, body) = search(json!({"filter": {"queue": "echo"}, "count": true})).await;
-    assert_eq!((status, body), (200, json!({"count": 5})));
-    let (status, body) = search(json!({"options": {"limit": 2}})).await;
-    assert_eq!(status, 200);
-    assert_eq!(body.as_array().map(Vec::len), Some(2), "{body}");
-
-    let (status, body) = search(json!({"options": {"limit": 101}})).await;
-    assert_eq!((status, body), (400, error("limit cannot exceed 100")));
-    let (status, body) = search(json!({"filter": {"_id": {"$oid": "bad"}}})).await;
-    assert_eq!(status, 400, "{body}");
-    assert!(
-        body["error"]
-            .as_str()
-            .is_some_and(|e| e.starts_with("Bad OID passed")),
-        "{body}"
-    );
-    for bad in [json!({"filter": "x"}), json!({"options": [1]})] {
-        let (status, body) = search(bad.clone()).await;
-        assert_eq!(
-            (status, body),
-            (400, error("filter and options must be name/value objects")),
-            "{bad}"
-        );
-    }
-    let (status, body) = search(json!({"filter": {"status": {"$bogus": 1}}})).await;
-    assert_eq!(
-        status, 400,
-        "a filter the server refuses is bad input: {body}"
-    );
-    assert!(body["error"].is_string(), "{body}");
-    drop(dci);
-    db.drop().await;
-}
-
-#[tokio::test]
 async fn parameters_are_read_from_json_forms_or_the_query_string() {
     let db = TestDb::new("api_inputs").await;
     let dci = Dci::start(&write_config(&db, "web.json", json!({})));
     let post = |path: &'static str, ct: Option<&'static str>, body: &'static str| {
         let dci = &dci;
-        async move { raw(dci, Method::POST, path, ct, body).await }
+        async move { raw_json(dci, Method::POST, path, ct, body).await }
     };
 
     let (status, ct, body) = post(
@@ -650,7 +418,7 @@ async fn parameters_are_read_from_json_forms_or_the_query_string() {
         (Method::POST, "/balance"),
     ];
     for (method, path) in routes {
-        let (status, ct, body) = raw(
+        let (status, ct, body) = raw_json(
             &dci,
             method.clone(),
             path,
@@ -700,7 +468,7 @@ async fn bodies_over_the_limit_unknown_routes_and_wrong_methods_get_json_errors(
     assert_eq!(db.count(doc! {}).await, 1, "the big body created nothing");
 
     for path in ["/nope", "/tasks/a/b/c/d", "/queues/echo/nope"] {
-        let (status, ct, body) = raw(&dci, Method::GET, path, None, "").await;
+        let (status, ct, body) = raw_json(&dci, Method::GET, path, None, "").await;
         assert_eq!(
             (status, ct.as_str()),
             (404, "application/json"),
@@ -713,7 +481,7 @@ async fn bodies_over_the_limit_unknown_routes_and_wrong_methods_get_json_errors(
         (Method::PUT, "/queues"),
         (Method::GET, "/tasks/search"),
     ] {
-        let (status, ct, body) = raw(&dci, method.clone(), path, None, "").await;
+        let (status, ct, body) = raw_json(&dci, method.clone(), path, None, "").await;
         assert_eq!(
             (status, ct.as_str()),
             (405, "application/json"),
@@ -825,119 +593,5 @@ async fn a_database_outage_is_503_json() {
         "{body}"
     );
     drop(dci);
-    db.drop().await;
-}
-
-/// Every (path, method) of the OpenAPI document, with its path parameters filled in.
-fn documented(doc: &Value) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for (path, ops) in doc["paths"].as_object().expect("paths") {
-        for method in ops.as_object().expect("operations").keys() {
-            out.push((path.clone(), method.to_uppercase()));
-        }
-    }
-    out
-}
-
-/// The routes `GET /info` lists, in OpenAPI spelling.
-fn listed(info: &Value) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for (method, paths) in info["routes"].as_object().expect("routes") {
-        for p in paths.as_array().expect("paths") {
-            let p = p.as_str().expect("path");
-            let templated: Vec<String> = p
-                .split('/')
-                .map(|seg| match seg.strip_prefix(':') {
-                    Some(name) => format!("{{{name}}}"),
-                    None => seg.to_string(),
-                })
-                .collect();
-            out.push((templated.join("/"), method.clone()));
-        }
-    }
-    out
-}
-
-#[tokio::test]
-async fn every_documented_route_exists_and_every_listed_route_is_documented() {
-    let db = TestDb::new("api_openapi").await;
-    let queue = db.insert_queue("q", "echo", 0).await;
-    let task = db.insert_tasks(queue, vec![doc! {"a": 1}.into()]).await[0];
-    db.insert_node("n0", Duration::ZERO).await;
-
-    for legacy in [false, true] {
-        let extra = if legacy {
-            json!({"web_extensions": {LEGACY: {}}})
-        } else {
-            json!({})
-        };
-        let dci = Dci::start(&write_config(&db, &format!("web-{legacy}.json"), extra));
-        let (status, ct, doc) = raw(&dci, Method::GET, "/openapi.json", None, "").await;
-        assert_eq!((status, ct.as_str()), (200, "application/json"), "{doc}");
-        assert!(
-            doc["openapi"]
-                .as_str()
-                .is_some_and(|v| v.starts_with("3.0")),
-            "{doc}"
-        );
-        assert!(doc["info"]["title"].is_string(), "{doc}");
-        let routes = documented(&doc);
-        assert!(routes.len() >= 23, "{routes:?}");
-        let (_, info) = dci.get("/info").await;
-        let mut from_info = listed(&info);
-        let mut from_doc = routes.clone();
-        from_info.sort();
-        from_doc.sort();
-        assert_eq!(
-            from_info, from_doc,
-            "GET /info and /openapi.json list the same routes (legacy {legacy})"
-        );
-        let has_legacy = routes
-            .iter()
-            .any(|(p, m)| p == "/tasks/search" && m == "POST");
-        assert_eq!(has_legacy, legacy, "{routes:?}");
-
-        for (path, method) in &routes {
-            for param in doc["paths"][path][method.to_lowercase()]["parameters"]
-                .as_array()
-                .expect("parameters")
-            {
-                let name = param["name"].as_str().expect("name");
-                assert!(
-                    path.contains(&format!("{{{name}}}")),
-                    "{method} {path} documents {name}"
-                );
-            }
-            let concrete = path
-                .replace("{node}", "n0")
-                .replace("{queue}", "q")
-                .replace("{id}", &task.to_hex())
-                .replace("{collection}", "users");
-            let m = Method::from_bytes(method.as_bytes()).expect("method");
-            let (status, _, body) = raw(&dci, m, &concrete, Some("application/json"), "{}").await;
-            assert_ne!(status, 405, "{method} {concrete}: {body}");
-            assert!(status < 500, "{method} {concrete}: {status} {body}");
-            let fallback = body["error"]
-                .as_str()
-                .is_some_and(|e| e.starts_with("no route for"));
-            assert!(
-                !fallback,
-                "{method} {concrete} is documented but not routed: {body}"
-            );
-        }
-        drop(dci);
-        // The DELETE routes removed the queue and the task: put them back for the next round.
-        if !legacy {
-            db.db
-                .collection::<Document>("queues")
-                .insert_one(doc! {"_id": queue, "name": "q", "plugin": "echo", "threads": 0})
-                .await
-                .expect("queue back");
-            db.tasks()
-                .insert_one(doc! {"_id": task, "queue": queue, "status": -2, "params": {"a": 1}, "node": Bson::Null})
-                .await
-                .expect("task back");
-        }
-    }
     db.drop().await;
 }

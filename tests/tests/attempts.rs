@@ -4,38 +4,7 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
-use records::closed_attempts_of;
 use serde_json::json;
-
-mod records {
-    use bson::Document;
-    use disbatch_tests::TestDb;
-
-    /// A task's `count` attempt records once all are closed: the DTR closes an attempt
-    /// only after the task's own result is written, so a finished task may briefly show
-    /// its last attempt still running.
-    pub async fn closed_attempts_of(
-        db: &TestDb,
-        task: bson::oid::ObjectId,
-        count: usize,
-    ) -> Vec<Document> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let records = db.attempts(task).await;
-            let closed = records
-                .iter()
-                .all(|a| a.get_str("outcome").is_ok_and(|o| o != "running"));
-            if records.len() >= count && closed {
-                return records;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{count} closed attempt records expected, have {records:?}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    }
-}
 
 async fn set_queue(db: &TestDb, queue: bson::oid::ObjectId, set: Document) {
     db.db
@@ -57,7 +26,7 @@ async fn every_run_leaves_an_attempt_record() {
     db.wait_complete(&[id], Duration::from_secs(30)).await;
     let task = db.task(id).await;
     assert_eq!(task.get_i32("attempts").ok(), Some(1), "{task}");
-    let records = closed_attempts_of(&db, id, 1).await;
+    let records = db.closed_attempts(id, 1).await;
     assert_eq!(records.len(), 1);
     let a = &records[0];
     assert_eq!(
@@ -107,7 +76,8 @@ async fn a_result_can_ask_for_retries_until_max_retries_fails_the_task() {
         3,
         "max_retries 3 allows three runs"
     );
-    let outcomes: Vec<String> = closed_attempts_of(&db, id, 3)
+    let outcomes: Vec<String> = db
+        .closed_attempts(id, 3)
         .await
         .iter()
         .map(|a| a.get_str("outcome").unwrap_or("?").to_string())
@@ -149,7 +119,7 @@ async fn a_retry_with_a_delay_waits_before_running_again() {
         "{waiting}"
     );
     db.wait_complete(&[id], Duration::from_secs(30)).await;
-    let records = closed_attempts_of(&db, id, 2).await;
+    let records = db.closed_attempts(id, 2).await;
     assert_eq!(records.len(), 2);
     let first_end = records[0]
         .get_datetime("end")

@@ -231,6 +231,8 @@ async fn a_tiny_fleet_run_reports_every_figure() {
             .collect();
     let mut options = disbatch_tests::bench::parse_args(&args).expect("fleet options");
     options.uri = Some(server_uri());
+    // Its own node names: the leftover check below must not see another run's fleet.
+    options.node_prefix = format!("fleet{}", std::process::id());
     let report = match disbatch_tests::bench::run(&options, "bench_smoke --fleet 2".into())
         .await
         .expect("the fleet bench runs")
@@ -286,7 +288,7 @@ async fn a_tiny_fleet_run_reports_every_figure() {
 
     let text = report.to_string();
     assert!(
-        text.contains("| 2 |") && text.contains("follower fleet-"),
+        text.contains("| 2 |") && text.contains(&format!("follower {}-", options.node_prefix)),
         "{text}"
     );
     let json =
@@ -307,8 +309,9 @@ async fn a_tiny_fleet_run_reports_every_figure() {
     assert!(left.is_empty(), "left behind: {left:?}");
     db.drop().await;
     // Every DEN and runner of the fleet is gone (both carry `--node NAME`).
-    for node in ["fleet-000", "fleet-001"] {
-        let left = disbatch_tests::bench::procfs::processes_naming(node);
+    for i in 0..2 {
+        let node = format!("{}-{i:03}", options.node_prefix);
+        let left = disbatch_tests::bench::procfs::processes_naming(&node);
         assert!(left.is_empty(), "{node}: processes left running: {left:?}");
     }
 }

@@ -257,7 +257,7 @@ async fn a_killed_runner_is_recovered_at_once_and_lost_attempts_use_up_retries()
         t.get_datetime("not_before").is_ok(),
         "claimable again after a pause, so a runner that always dies cannot spin: {t}"
     );
-    let lost = db.attempts(task).await;
+    let lost = db.closed_attempts(task, 1).await;
     assert_eq!(lost.len(), 1, "{lost:?}");
     assert_eq!(lost[0].get_str("outcome").ok(), Some("lost"));
     let reason = lost[0].get_str("reason").unwrap_or_default();

@@ -278,7 +278,7 @@ async fn a_plugin_of_a_same_user_node_reads_no_environment_and_inherits_no_descr
 /// What the spy's result file said, as the attempt record keeps it.
 async fn spy_result(db: &TestDb, task: &Document) -> Option<String> {
     let id = task.get_object_id("_id").ok()?;
-    let attempt = db.attempts(id).await.pop()?;
+    let attempt = db.closed_attempts(id, 1).await.pop()?;
     let result = attempt.get_document("result").ok()?;
     result.get_str("spy").ok().map(str::to_string)
 }

@@ -116,7 +116,7 @@ async fn a_runner_killed_outright_is_recovered_by_another_node_and_requeued() {
         task.get("lease_until").is_none() && task.get("slot").is_none(),
         "{task}"
     );
-    let records = db.attempts(id).await;
+    let records = db.closed_attempts(id, 2).await;
     assert_eq!(outcomes(&records), ["lost", "succeeded"], "{records:?}");
     assert_eq!(records[0].get_str("node").ok(), Some("n1"));
     assert_eq!(
@@ -167,7 +167,7 @@ async fn a_lost_task_is_orphaned_by_default_and_frees_its_slot() {
         task.get("slot").is_none() && task.get("lease_until").is_none(),
         "{task}"
     );
-    let records = db.attempts(id).await;
+    let records = db.closed_attempts(id, 1).await;
     assert_eq!(outcomes(&records), ["lost"]);
     let reason = records[0].get_str("reason").unwrap_or_default();
     assert!(
@@ -219,7 +219,7 @@ async fn a_paused_runner_that_lost_its_lease_cannot_overwrite_the_next_attempt()
     assert_eq!(after.get_i32("status").ok(), Some(1), "{after}");
     assert_eq!(after.get_object_id("attempt").ok(), Some(second));
     assert_eq!(after.get_str("stdout").ok(), Some(stdout.as_str()));
-    let records = db.attempts(id).await;
+    let records = db.closed_attempts(id, 2).await;
     assert_eq!(outcomes(&records), ["lost", "succeeded"], "{records:?}");
     assert_eq!(
         records[0].get_str("reason").ok(),

@@ -439,7 +439,10 @@ async fn cli_follow_prints_the_output_as_it_comes_and_exits_when_the_task_ends()
     let db = TestDb::new("live_cli").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("live", "echo", 1).await;
-    let params = doc! {"lines": 8, "line_ms": 400, "stderr": "to stderr\n"};
+    // 4.5 s: the runner copies the output once a second and the CLI asks every 0.5 s, so
+    // about three copies land a second or more before the end. At 3.2 s only two did, the
+    // second within a poll of the limit, and a slow poll under load left one.
+    let params = doc! {"lines": 10, "line_ms": 450, "stderr": "to stderr\n"};
     let ids = db.insert_tasks(queue, vec![params.into()]).await;
     let dci = Dci::start(&config);
     // Started before the task runs: it waits, then follows.
@@ -492,6 +495,10 @@ async fn cli_follow_prints_the_output_as_it_comes_and_exits_when_the_task_ends()
         .iter()
         .filter(|(at, _)| exited.duration_since(*at) >= Duration::from_secs(1))
         .count();
+    println!(
+        "--follow: {} chunks, {early} of them a second or more before it exited",
+        chunks.len()
+    );
     assert!(
         early >= 2,
         "output came while the task ran ({} chunks, {early} early)",

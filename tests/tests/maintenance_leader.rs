@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
-use disbatch_tests::{write_config, Den, TestDb};
+use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
 async fn leader(db: &TestDb) -> Option<String> {
@@ -70,13 +70,21 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The log line follows the write that recovered the task.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let recovered_by = |den: &Den| {
         den.log_text()
             .matches("recovered a task whose lease passed")
             .count()
     };
+    // The log line follows the write that recovered the task, by a moment or, on a busy
+    // machine, by more.
+    let leader_den = dens
+        .iter()
+        .position(|d| d.node == first)
+        .expect("leader is one of ours");
+    wait_for("the leader's log line", Duration::from_secs(10), || async {
+        recovered_by(&dens[leader_den]) > 0
+    })
+    .await;
     let by_node: Vec<(String, usize)> = dens
         .iter()
         .map(|d| (d.node.clone(), recovered_by(d)))
@@ -97,10 +105,6 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
 
     // The leader dies without handing over: another node leads within a lease (1.5 s at
     // these 100 ms passes) and recovers what is lost from then on.
-    let leader_den = dens
-        .iter()
-        .position(|d| d.node == first)
-        .expect("leader is one of ours");
     dens[leader_den].kill_hard();
     let killed = Instant::now();
     let second = wait_leader(&db, Some(&first)).await;
@@ -118,8 +122,13 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let new_leader = dens.iter().find(|d| d.node == second).expect("new leader");
+    wait_for(
+        "the new leader's log line",
+        Duration::from_secs(10),
+        || async { recovered_by(new_leader) > 0 },
+    )
+    .await;
     assert_eq!(recovered_by(new_leader), 1, "{}", new_leader.log_text());
     drop(dens);
     db.drop().await;

@@ -108,7 +108,7 @@ async fn a_persistent_queue_runs_its_tasks_in_a_few_long_lived_workers() {
             assert_eq!(stderr, "", "{task}");
         }
         pids.insert(pid_of(&task).expect("pid"));
-        let attempts = db.attempts(*id).await;
+        let attempts = db.closed_attempts(*id, 1).await;
         assert_eq!(attempts.len(), 1, "{attempts:?}");
         let outcome = attempts[0].get_str("outcome").unwrap_or("");
         assert_eq!(outcome, if i % 4 == 1 { "failed" } else { "succeeded" });
@@ -238,7 +238,7 @@ async fn on_lost_requeue_gives_the_task_of_a_dead_worker_another_attempt() {
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     let task = db.task(ids[0]).await;
     assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
-    let attempts = db.attempts(ids[0]).await;
+    let attempts = db.closed_attempts(ids[0], 2).await;
     let outcomes: Vec<&str> = attempts
         .iter()
         .filter_map(|a| a.get_str("outcome").ok())
@@ -551,7 +551,7 @@ async fn a_host_killed_outright_takes_its_workers_with_it_and_its_tasks_are_reco
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     let task = db.task(ids[0]).await;
     assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
-    let attempts = db.attempts(ids[0]).await;
+    let attempts = db.closed_attempts(ids[0], 2).await;
     let outcomes: Vec<&str> = attempts
         .iter()
         .filter_map(|a| a.get_str("outcome").ok())

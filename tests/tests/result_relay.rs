@@ -197,7 +197,7 @@ async fn a_node_stores_its_runners_results_and_answers_each() {
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     for (i, id) in ids.iter().enumerate() {
         let t = db.task(*id).await;
-        let attempts = db.attempts(*id).await;
+        let attempts = db.closed_attempts(*id, 1).await;
         assert_eq!(attempts.len(), 1, "{attempts:?}");
         if i < 12 {
             assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
@@ -269,7 +269,7 @@ async fn a_runner_whose_node_is_gone_stores_its_own_result() {
         t.get_str("stdout").unwrap_or("").contains("sleep_ms"),
         "{t}"
     );
-    let attempts = db.attempts(id).await;
+    let attempts = db.closed_attempts(id, 1).await;
     assert_eq!(attempts.len(), 1, "{attempts:?}");
     assert_eq!(attempts[0].get_str("outcome").ok(), Some("succeeded"));
     // The runner shares the node's log: it said why it stored the result itself.
@@ -313,7 +313,7 @@ async fn a_runner_that_reads_stdin_to_its_end_still_runs_and_relays() {
     for id in &ids {
         let t = db.task(*id).await;
         assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
-        assert_eq!(db.attempts(*id).await.len(), 1);
+        assert_eq!(db.closed_attempts(*id, 1).await.len(), 1);
     }
     let log = den.log_text();
     assert!(!log.contains("recording the result here"), "{log}");

@@ -1,5 +1,5 @@
 //! Event-driven claims with a real node: a task queued into an idle fleet starts on the
-//! change stream's event, not at the next timer pass.
+//! change stream's event, not at the next timer pass; a busy node closes its streams.
 
 use std::time::{Duration, Instant};
 
@@ -127,6 +127,85 @@ async fn without_change_streams_a_node_claims_on_its_timer() {
         "each task waited for a timer pass: {timer_before} → {timer}\n{text}"
     );
     assert!(!den.log_text().contains("watching tasks and queues"));
+    drop(den);
+    db.drop().await;
+}
+
+/// A node with more claimable tasks than room closes its change streams (the server reads
+/// every write for an open stream; its own runners' exits wake it), and opens them again once
+/// it runs short: a task queued after the backlog still starts on its event, not at the 10 s
+/// timer.
+#[tokio::test]
+async fn a_busy_node_closes_its_change_streams_and_opens_them_when_it_runs_short() {
+    let db = TestDb::new("wakeups_busy").await;
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"loop_interval_ms": 10_000, "metrics_listen": "127.0.0.1:0"}),
+    );
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let den = Den::start(&config, "n1");
+    wait_for("the change streams", Duration::from_secs(30), || async {
+        den.log_text().contains("watching tasks and queues")
+    })
+    .await;
+    let scrape = || async {
+        let text = den.scrape().await;
+        let e = disbatch_tests::exposition::check(&text).unwrap_or_else(|err| panic!("{err}"));
+        (
+            e.value("disbatch_den_change_streams_open", &[])
+                .unwrap_or(-1.0),
+            e.value("disbatch_den_wakeups_total", &[("source", "change_stream")])
+                .unwrap_or(0.0),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scrape().await.0 != 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "both streams open on an idle node"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 2 at a time, 200 ms each: about 2 s of backlog.
+    let backlog = db
+        .insert_tasks(
+            queue,
+            (0..20).map(|_| doc! {"sleep_ms": 200}.into()).collect(),
+        )
+        .await;
+    let mut closed = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !closed && Instant::now() < deadline {
+        closed = scrape().await.0 == 0.0;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        closed,
+        "the streams closed while the node had more tasks than room"
+    );
+    db.wait_complete(&backlog, Duration::from_secs(60)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scrape().await.0 != 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the streams opened again once the node ran short"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let events_before = scrape().await.1;
+    let queued = Instant::now();
+    let id = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    db.wait_complete(&[id], Duration::from_secs(5)).await;
+    assert!(
+        queued.elapsed() < Duration::from_secs(2),
+        "a task queued after the backlog ran on its event, not at the 10 s timer: {:?}",
+        queued.elapsed()
+    );
+    assert!(
+        scrape().await.1 > events_before,
+        "woken by the change stream"
+    );
     drop(den);
     db.drop().await;
 }

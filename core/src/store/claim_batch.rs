@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::options::ReturnDocument;
+use mongodb::options::{ReturnDocument, UpdateModifications};
 
 use super::claim_run::{claim_reads, claimable};
 use super::schema::{task, TASKS};
@@ -209,12 +209,20 @@ impl Store {
             .iter()
             .zip(writes)
             .map(|(pick, (filter, update, set))| async move {
+                let (filter, update) = claim_write(&pick.task, &filter, &update);
+                let by_id = update.finds_by_id();
                 let result = self
                     .raw(TASKS)
-                    .find_one_and_update(filter, update)
+                    .find_one_and_update(filter, update.into_modifications())
                     .return_document(ReturnDocument::After)
                     .await;
                 match result {
+                    // Found by `_id`, it comes back whether or not the claim held.
+                    Ok(Some(raw))
+                        if by_id && raw.get_object_id(task::ATTEMPT).ok() != Some(pick.attempt) =>
+                    {
+                        Ok(PickOutcome::Lost)
+                    }
                     Ok(Some(raw)) => Ok(match crate::raw_doc::from_raw(&raw) {
                         Ok(doc) => PickOutcome::Claimed(Box::new(doc)),
                         // Read and decoded a moment ago; keep what was read, with the claim.
@@ -242,9 +250,14 @@ impl Store {
         picks: &[Pick],
         writes: &[(Document, Document, Document)],
     ) -> Result<Option<Vec<PickOutcome>>> {
-        let ops: Vec<Document> = writes
+        let mut by_id = Vec::with_capacity(writes.len());
+        let ops: Vec<Document> = picks
             .iter()
-            .map(|(filter, update, _)| {
+            .zip(writes)
+            .map(|(pick, (filter, update, _))| {
+                let (filter, update) = claim_write(&pick.task, filter, update);
+                by_id.push(update.finds_by_id());
+                let update = update.into_bson();
                 doc! {"update": 0, "filter": filter, "updateMods": update, "multi": false}
             })
             .collect();
@@ -265,8 +278,12 @@ impl Store {
                 continue;
             };
             let ok = super::count_value(r.get("ok")) == 1;
+            let applied = match by_id.get(idx) {
+                Some(true) => r.get("nModified"),
+                _ => r.get("n"),
+            };
             outcomes[idx] = Some(match (ok, r.get_i32("code").unwrap_or(0)) {
-                (true, _) if super::count_value(r.get("n")) == 1 => {
+                (true, _) if super::count_value(applied) == 1 => {
                     PickOutcome::Claimed(Box::new(claimed_document(&pick.task, set)))
                 }
                 (true, _) => PickOutcome::Lost,
@@ -397,6 +414,49 @@ fn window_over(head: &[Document], read: usize, asked: i64) -> Option<WindowRange
             .any(|d| d.get(task::NODE) == Some(&Bson::Int32(-1))),
         read_at: Instant::now(),
     })
+}
+
+/// The claim's write, found by `_id` (`by_id.rs`) unless the task as read holds an array
+/// where the claim compares (a query's equality would match it, an expression's would not).
+fn claim_write(read: &Document, filter: &Document, update: &Document) -> (Document, ClaimUpdate) {
+    let scalars = [task::STATUS, task::NODE, task::MTIME]
+        .iter()
+        .all(|f| !matches!(read.get(*f), Some(Bson::Array(_))));
+    match scalars
+        .then(|| super::by_id::conditional_by_id(filter, update))
+        .flatten()
+    {
+        Some((filter, pipeline)) => (filter, ClaimUpdate::ByIdPipeline(pipeline)),
+        None => (filter.clone(), ClaimUpdate::AsPlanned(update.clone())),
+    }
+}
+
+/// A claim's update: the pipeline of a write found by `_id` (whose `nModified`, not `n`, says
+/// whether it held), or the update document as planned, for the filter as planned.
+enum ClaimUpdate {
+    ByIdPipeline(Vec<Document>),
+    AsPlanned(Document),
+}
+
+impl ClaimUpdate {
+    fn finds_by_id(&self) -> bool {
+        matches!(self, ClaimUpdate::ByIdPipeline(_))
+    }
+
+    fn into_modifications(self) -> UpdateModifications {
+        match self {
+            ClaimUpdate::ByIdPipeline(p) => UpdateModifications::Pipeline(p),
+            ClaimUpdate::AsPlanned(d) => UpdateModifications::Document(d),
+        }
+    }
+
+    /// The `updateMods` of a bulkWrite op.
+    fn into_bson(self) -> Bson {
+        match self {
+            ClaimUpdate::ByIdPipeline(p) => Bson::from(p),
+            ClaimUpdate::AsPlanned(d) => Bson::from(d),
+        }
+    }
 }
 
 /// The task is still queued and unclaimed exactly as read: every write to a task moves its

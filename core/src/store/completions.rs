@@ -114,8 +114,21 @@ impl Store {
         let attempts_ns = format!("{}.{ATTEMPTS}", self.db.name());
         let tasks_ns = format!("{}.{TASKS}", self.db.name());
         let mut ops: Vec<(usize, Document)> = Vec::with_capacity(batch.len() * 2);
+        // Per completion: whether its task write is found by `_id` (`by_id.rs`), so that
+        // `nModified`, not `n`, says whether it was still this attempt's.
+        let mut by_id = Vec::with_capacity(batch.len());
         for (i, c) in batch.iter().enumerate() {
             let (filter, update) = result_write(c, now);
+            let (filter, update) = match super::by_id::conditional_by_id(&filter, &update) {
+                Some((filter, pipeline)) => {
+                    by_id.push(true);
+                    (filter, Bson::from(pipeline))
+                }
+                None => {
+                    by_id.push(false);
+                    (filter, Bson::from(update))
+                }
+            };
             ops.push((
                 i,
                 doc! {"insert": 0, "document": attempt_document(&c.record)},
@@ -165,7 +178,12 @@ impl Store {
                         p.acks[*i] = Ack::RecordYourself;
                         next = start + idx + 2;
                     }
-                    (false, true) if super::count_value(r.get("n")) == 0 => {
+                    (false, true)
+                        if super::count_value(r.get(match by_id[*i] {
+                            true => "nModified",
+                            false => "n",
+                        })) == 0 =>
+                    {
                         p.acks[*i] = Ack::NotOurs
                     }
                     (false, true) => {}

@@ -3,6 +3,7 @@
 mod attempts;
 mod balance;
 mod balance_lease;
+mod by_id;
 mod claim_batch;
 mod claim_run;
 mod completions;

@@ -23,11 +23,12 @@ pub enum WorkSignal {
 }
 
 impl Store {
-    /// Opens both change streams; fails at once when the server has none (a standalone
-    /// mongod), so the caller can fall back to polling. `await_time` is how long the server
-    /// holds each `getMore` open without events: an event still arrives at once, so a long
-    /// one costs no latency, and it sets what an idle stream costs (one request per wait).
-    pub async fn watch_for_work(
+    /// Opens a change stream on tasks queued or queued again; fails at once when the server
+    /// has none (a standalone mongod), so the caller can fall back to polling. `await_time`
+    /// is how long the server holds each `getMore` open without events: an event still
+    /// arrives at once, so a long one costs no latency, and it sets what an idle stream costs
+    /// (one request per wait). While it is open the server reads every task write for it.
+    pub async fn watch_tasks_for_work(
         &self,
         await_time: std::time::Duration,
     ) -> Result<impl Stream<Item = Result<WorkSignal>> + Send> {
@@ -35,32 +36,44 @@ impl Store {
             {"operationType": "insert"},
             {format!("updateDescription.updatedFields.{}", task::STATUS): crate::model::status::QUEUED},
         ]}};
-        // Only the resume token travels; the event's content does not matter.
-        let slim = doc! {"$project": {"operationType": 1}};
         let tasks = self
             .collection(TASKS)
             .watch()
             .max_await_time(await_time)
-            .pipeline([claimable, slim.clone()])
+            .pipeline([claimable, slim()])
             .await
             .map_err(|e| Error::mongo("watching tasks", e))?;
+        let context = "watching tasks";
+        Ok(tasks.map(move |e| match e {
+            Ok(event) if event.operation_type == OperationType::Insert => Ok(WorkSignal::Tasks),
+            Ok(_) => Ok(WorkSignal::Requeued),
+            Err(e) => Err(Error::mongo(context, e)),
+        }))
+    }
+
+    /// Opens a change stream on queue documents (threads, pause, a new queue…), as
+    /// `watch_tasks_for_work` does on tasks.
+    pub async fn watch_queues(
+        &self,
+        await_time: std::time::Duration,
+    ) -> Result<impl Stream<Item = Result<WorkSignal>> + Send> {
         let queues = self
             .collection(QUEUES)
             .watch()
             .max_await_time(await_time)
-            .pipeline([slim])
+            .pipeline([slim()])
             .await
             .map_err(|e| Error::mongo("watching queues", e))?;
-        let context = "watching tasks";
-        let tasks = tasks.map(move |e| match e {
-            Ok(event) if event.operation_type == OperationType::Insert => Ok(WorkSignal::Tasks),
-            Ok(_) => Ok(WorkSignal::Requeued),
-            Err(e) => Err(Error::mongo(context, e)),
-        });
-        let queues = queues.map(|e: std::result::Result<ChangeStreamEvent<Document>, _>| {
-            e.map(|_| WorkSignal::Queues)
-                .map_err(|e| Error::mongo("watching queues", e))
-        });
-        Ok(futures::stream::select(tasks, queues))
+        Ok(
+            queues.map(|e: std::result::Result<ChangeStreamEvent<Document>, _>| {
+                e.map(|_| WorkSignal::Queues)
+                    .map_err(|e| Error::mongo("watching queues", e))
+            }),
+        )
     }
+}
+
+/// Only the resume token travels; the event's content does not matter.
+fn slim() -> Document {
+    doc! {"$project": {"operationType": 1}}
 }

@@ -41,12 +41,9 @@ impl ClaimCounts {
     pub async fn scrape(bases: &[String]) -> anyhow::Result<ClaimCounts> {
         let mut counts = ClaimCounts::default();
         for base in bases {
-            let text = reqwest::get(format!("{base}/metrics"))
-                .await?
-                .error_for_status()?
-                .text()
-                .await?;
-            counts.add(&text).map_err(anyhow::Error::msg)?;
+            counts
+                .add(&exposition_of(base).await?)
+                .map_err(anyhow::Error::msg)?;
         }
         Ok(counts)
     }
@@ -59,6 +56,58 @@ impl ClaimCounts {
             lost_per_task: per(self.lost, before.lost),
             slot_taken_per_task: per(self.slot_taken, before.slot_taken),
             empty_reads_per_task: per(self.empty, before.empty),
+        }
+    }
+}
+
+async fn exposition_of(base: &str) -> anyhow::Result<String> {
+    Ok(reqwest::get(format!("{base}/metrics"))
+        .await?
+        .error_for_status()?
+        .text()
+        .await?)
+}
+
+/// Task ends the DENs counted (`disbatch_den_tasks_finished_total`): how the bench follows a
+/// run without reading the database it measures (counting attempts reads every one of them).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TaskEnds {
+    pub succeeded: f64,
+    /// Any other outcome: failed, retry, timed out, lost, discarded, unknown.
+    pub other: f64,
+}
+
+impl TaskEnds {
+    fn add(&mut self, text: &str) -> Result<(), String> {
+        let e = exposition::check(text)?;
+        for s in e
+            .samples
+            .iter()
+            .filter(|s| s.name == "disbatch_den_tasks_finished_total")
+        {
+            match s.labels.iter().find(|(k, _)| k == "outcome") {
+                Some((_, o)) if o == "succeeded" => self.succeeded += s.value,
+                _ => self.other += s.value,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sums every DEN's counts.
+    pub async fn scrape(bases: &[String]) -> anyhow::Result<TaskEnds> {
+        let mut ends = TaskEnds::default();
+        for base in bases {
+            ends.add(&exposition_of(base).await?)
+                .map_err(anyhow::Error::msg)?;
+        }
+        Ok(ends)
+    }
+
+    /// The ends counted since `before`.
+    pub fn since(&self, before: &TaskEnds) -> TaskEnds {
+        TaskEnds {
+            succeeded: self.succeeded - before.succeeded,
+            other: self.other - before.other,
         }
     }
 }
@@ -105,5 +154,36 @@ mod tests {
         assert_eq!(per.claimed_per_task, 3.0);
         assert_eq!(per.lost_per_task, 0.8);
         assert!(ClaimCounts::default().add("not metrics{").is_err());
+    }
+
+    #[test]
+    fn task_ends_split_succeeded_from_every_other_outcome() {
+        let text = "# TYPE disbatch_den_tasks_finished_total counter\n\
+            disbatch_den_tasks_finished_total{queue=\"a\",outcome=\"succeeded\"} 7\n\
+            disbatch_den_tasks_finished_total{queue=\"b\",outcome=\"succeeded\"} 1\n\
+            disbatch_den_tasks_finished_total{queue=\"a\",outcome=\"failed\"} 0\n\
+            disbatch_den_tasks_finished_total{queue=\"a\",outcome=\"retry\"} 2\n\
+            # TYPE disbatch_den_claims_total counter\n\
+            disbatch_den_claims_total{queue=\"a\"} 10\n";
+        let mut ends = TaskEnds::default();
+        ends.add(text).expect("parses");
+        assert_eq!(
+            ends,
+            TaskEnds {
+                succeeded: 8.0,
+                other: 2.0
+            }
+        );
+        let before = TaskEnds {
+            succeeded: 3.0,
+            other: 2.0,
+        };
+        assert_eq!(
+            ends.since(&before),
+            TaskEnds {
+                succeeded: 5.0,
+                other: 0.0
+            }
+        );
     }
 }

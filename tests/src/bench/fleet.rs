@@ -1,5 +1,5 @@
 //! A fleet of real DENs on one database behind the counting proxy, and the measurements taken
-//! on it: the idle baseline, enqueue→start latency on an idle fleet, and bulk runs.
+//! on it while idle: the baseline and enqueue→start latency (bulk runs: `fleet_run`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -13,17 +13,15 @@ use mongodb::Collection;
 use serde::Serialize;
 use serde_json::json;
 
-use super::accounting::{first_claim, reply_latencies, round_trips, RoundTrips};
-use super::ceiling::enqueue;
-use super::contention::{ClaimCounts, Contention};
-use super::procfs::{self, CpuTicks, RunnerSampler, RunnerSamples};
+use super::contention::TaskEnds;
+use super::procfs::{self, CpuTicks};
 use super::proxy::{Counts, HostUri, Proxy};
 use super::stats::Latency;
 use crate::{bin_path, write_config, Den, TestDb};
 
 /// How long a fleet may take to go quiet after a run: at 100 000 queued tasks SecantusDB
 /// takes tens of seconds per claim with four nodes asking at once (60 s was not enough).
-const DRAIN_LIMIT: Duration = Duration::from_secs(300);
+pub(super) const DRAIN_LIMIT: Duration = Duration::from_secs(300);
 
 /// The server's process when it listens on this machine, for its CPU time.
 pub(super) fn local_server_pid(server: &HostUri) -> Option<u32> {
@@ -56,42 +54,6 @@ pub struct IdleReport {
     pub(super) counts: Counts,
 }
 
-/// One bulk run: `tasks` tasks worked from a backlog of `depth`.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunReport {
-    pub dens: usize,
-    pub depth: usize,
-    pub repeat: usize,
-    pub queued_at_go: u64,
-    /// Tasks that ran: more than asked when nodes claimed before they saw the queue close.
-    pub tasks: usize,
-    /// "tasks" when the asked number succeeded, "time" when the run's time limit came first
-    /// (deep queues on a server whose claims slow down with depth).
-    pub stopped_by: &'static str,
-    /// From the first claim to the last completion.
-    pub busy_secs: f64,
-    pub tasks_per_sec: f64,
-    /// Where `busy_secs` starts: the proxy's first claim, or the moment the queue opened.
-    pub first_claim_from: &'static str,
-    /// Attempt start minus the later of the task's ctime and the moment the queue opened:
-    /// time spent queued behind the backlog plus the claim and the runner's start.
-    pub queued_to_start: Latency,
-    pub round_trips: RoundTrips,
-    /// Claims per task, from the DENs' metrics: how often nodes got in each other's way.
-    pub contention: Contention,
-    /// Request→reply time at the proxy by `process label`: what each command costs the
-    /// server (a claim's latency is its `den findAndModify tasks` entry, or whatever the
-    /// DEN claims with).
-    pub reply_ms: BTreeMap<String, Latency>,
-    pub den_cpu_ms_per_task: f64,
-    /// The runners' CPU (with their plugins), as the DENs reaped them.
-    pub runner_cpu_ms_per_task: f64,
-    /// The server's CPU, when it runs on this machine.
-    pub server_cpu_ms_per_task: Option<f64>,
-    pub den_peak_rss_kib: u64,
-    pub runners: RunnerSamples,
-}
-
 /// Each DEN's metrics URL, as it prints it once listening.
 async fn metrics_listeners(dens: &[Den]) -> anyhow::Result<Vec<String>> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -118,21 +80,21 @@ async fn metrics_listeners(dens: &[Den]) -> anyhow::Result<Vec<String>> {
 /// Real DENs on a database of their own; stopped when dropped.
 pub struct Fleet {
     pub db: TestDb,
-    proxy: Proxy,
-    dens: Vec<Den>,
-    pids: Vec<u32>,
-    queue: ObjectId,
+    pub(super) proxy: Proxy,
+    pub(super) dens: Vec<Den>,
+    pub(super) pids: Vec<u32>,
+    pub(super) queue: ObjectId,
     pub threads: u32,
-    server_pid: Option<u32>,
+    pub(super) server_pid: Option<u32>,
     /// The nodes' config file: every runner they start names it.
     config: std::path::PathBuf,
     /// Each DEN's metrics listener.
-    metrics: Vec<String>,
+    pub(super) metrics: Vec<String>,
 }
 
 /// The DENs' own CPU, and their runners' and worker hosts': reaped ones (`cutime`) and live
 /// ones with their live children (a host and its workers live across a run).
-fn ticks(pids: &[u32]) -> CpuTicks {
+pub(super) fn ticks(pids: &[u32]) -> CpuTicks {
     let mut sum = CpuTicks::default();
     for pid in pids {
         if let Some(t) = procfs::cpu_ticks(*pid) {
@@ -231,7 +193,7 @@ impl Fleet {
         }
     }
 
-    async fn count(&self, filter: Document) -> anyhow::Result<u64> {
+    pub(super) async fn count(&self, filter: Document) -> anyhow::Result<u64> {
         self.db
             .tasks()
             .count_documents(filter)
@@ -260,7 +222,7 @@ impl Fleet {
     }
 
     /// Opens (`threads`) or closes (0) the queue, as ops pause one.
-    async fn set_threads(&self, threads: u32) -> anyhow::Result<()> {
+    pub(super) async fn set_threads(&self, threads: u32) -> anyhow::Result<()> {
         self.queues()
             .update_one(
                 doc! {qf::ID: self.queue},
@@ -318,6 +280,7 @@ impl Fleet {
         n: usize,
         gap: Duration,
     ) -> anyhow::Result<Latency> {
+        let before = TaskEnds::scrape(&self.metrics).await?;
         self.set_threads(self.threads).await?;
         let mut tick = tokio::time::interval(gap);
         for _ in 0..n {
@@ -331,7 +294,7 @@ impl Fleet {
                 .await
                 .context("enqueueing a latency probe")?;
         }
-        self.wait_succeeded(n, Duration::from_secs(60), false)
+        self.wait_succeeded(&before, n, Duration::from_secs(60), false)
             .await?;
         self.set_threads(0).await?;
         self.wait_drained(idle, DRAIN_LIMIT).await?;
@@ -341,165 +304,34 @@ impl Fleet {
         Ok(Latency::of(&waits))
     }
 
-    /// One bulk run: tops the backlog up to `depth`, opens the queue, and closes it again
-    /// once `tasks` have succeeded or `max_secs` (when given) have passed; counts everything
-    /// between opening and the last runner's exit. Without `max_secs`, not reaching `tasks`
-    /// within 10 minutes is an error.
-    pub async fn run(
+    /// Waits until `n` tasks have succeeded since the counts `before` (taken before the queue
+    /// opened) (true) or, when `partial`, until `timeout` passes with at least one (false). Fails at once if any task ends otherwise. Follows the
+    /// DENs' metrics, not the database: counting attempts every 50 ms read every attempt of
+    /// the run each time, a tenth of the server's CPU taken from the nodes it measures.
+    pub(super) async fn wait_succeeded(
         &self,
-        depth: usize,
-        tasks: usize,
-        repeat: usize,
-        idle: &IdleReport,
-        max_secs: Option<Duration>,
-    ) -> anyhow::Result<RunReport> {
-        let queued = self
-            .count(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED})
-            .await?;
-        enqueue(
-            &self.db.tasks(),
-            self.queue,
-            depth.saturating_sub(queued as usize),
-        )
-        .await?;
-        self.settle(idle).await?;
-        // A closed queue can still see a claim or two from a node's stale reading; those runs
-        // belong to no measurement.
-        self.wait_drained(idle, DRAIN_LIMIT).await?;
-        self.clear_finished().await?;
-        let queued_at_go = self
-            .count(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED})
-            .await?;
-
-        let c0 = self.proxy.snapshot();
-        let cpu0 = ticks(&self.pids);
-        let server0 = self.server_pid.and_then(procfs::cpu_ticks);
-        let claims0 = ClaimCounts::scrape(&self.metrics).await?;
-        let sampler = RunnerSampler::start(self.pids.clone(), Duration::from_millis(20));
-        let t0 = Instant::now();
-        let go = DateTime::now().timestamp_millis();
-        self.proxy.mark();
-        self.set_threads(self.threads).await?;
-        let limit = max_secs.unwrap_or(Duration::from_secs(600));
-        let all = self
-            .wait_succeeded(tasks, limit, max_secs.is_some())
-            .await?;
-        self.set_threads(0).await?;
-        self.wait_drained(idle, DRAIN_LIMIT).await?;
-        let window = t0.elapsed().as_secs_f64();
-        let counts = self.proxy.snapshot().since(&c0);
-        let cpu1 = ticks(&self.pids);
-        let server1 = self.server_pid.and_then(procfs::cpu_ticks);
-        let runners = sampler.finish();
-        let claims1 = ClaimCounts::scrape(&self.metrics).await?;
-        let den_peak_rss_kib = self
-            .pids
-            .iter()
-            .filter_map(|p| procfs::peak_rss_kib(*p))
-            .max()
-            .unwrap_or(0);
-
-        if counts.unparsed_connections > 0 {
-            bail!(
-                "the proxy could not read {} connection(s) as MongoDB wire protocol: the \
-                 request counts would be wrong",
-                counts.unparsed_connections
-            );
-        }
-        let mut samples = self.samples().await?;
-        self.clear_finished().await?;
-        let early = samples.len();
-        samples.retain(|s| s.start >= go);
-        if samples.len() < early {
-            super::progress(&format!(
-                "warning: {} task(s) started before the queue opened; left out",
-                early - samples.len()
-            ));
-        }
-        let done = samples.len();
-        if done == 0 {
-            bail!("no task ran");
-        }
-        let (first_claim, first_claim_from) = match first_claim(&counts, idle) {
-            Some(ms) if ms >= go => (ms, "proxy"),
-            _ => (go, "go"),
-        };
-        let last = samples.iter().map(|s| s.mtime).max().unwrap_or(first_claim);
-        let busy_secs = ((last - first_claim) as f64 / 1000.0).max(1e-3);
-        let waits: Vec<f64> = samples
-            .iter()
-            .map(|s| (s.start - s.ctime.max(go)) as f64)
-            .collect();
-        let hz = procfs::clock_ticks();
-        let per_task_ms = |ticks: u64| ticks as f64 / hz * 1000.0 / done as f64;
-        Ok(RunReport {
-            dens: self.dens.len(),
-            depth,
-            repeat,
-            queued_at_go,
-            tasks: done,
-            stopped_by: if all { "tasks" } else { "time" },
-            busy_secs,
-            tasks_per_sec: done as f64 / busy_secs,
-            first_claim_from,
-            queued_to_start: Latency::of(&waits),
-            round_trips: round_trips(&counts, idle, window, done),
-            contention: claims1.per_task_since(&claims0, done),
-            reply_ms: reply_latencies(&counts),
-            den_cpu_ms_per_task: per_task_ms(cpu1.own.saturating_sub(cpu0.own)),
-            runner_cpu_ms_per_task: per_task_ms(cpu1.children.saturating_sub(cpu0.children)),
-            server_cpu_ms_per_task: match (server0, server1) {
-                (Some(a), Some(b)) => Some(per_task_ms(b.own.saturating_sub(a.own))),
-                _ => None,
-            },
-            den_peak_rss_kib,
-            runners,
-        })
-    }
-
-    /// Waits until the fleet's traffic is back to its idle rate: DENs that watch for new tasks
-    /// read every inserted backlog task, and that cost is the enqueue's, not the run's.
-    async fn settle(&self, idle: &IdleReport) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let quiet = idle.requests_per_sec * 1.5 + 2.0;
-        loop {
-            let before = self.proxy.snapshot();
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let rate = self.proxy.snapshot().since(&before).app_total() as f64;
-            if rate <= quiet {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("the fleet still made {rate} requests/s 120 s after the backlog was enqueued (idle: {:.1}/s)", idle.requests_per_sec);
-            }
-        }
-    }
-
-    /// Waits until `n` attempts have succeeded (true) or, when `partial`, until `timeout`
-    /// passes with at least one (false). Fails at once if any attempt ends otherwise.
-    async fn wait_succeeded(
-        &self,
+        before: &TaskEnds,
         n: usize,
         timeout: Duration,
         partial: bool,
     ) -> anyhow::Result<bool> {
         let deadline = Instant::now() + timeout;
         loop {
-            let ok = self
-                .attempts()
-                .count_documents(doc! {attempt::OUTCOME: "succeeded"})
-                .await
-                .context("counting attempts")?;
+            let ends = TaskEnds::scrape(&self.metrics).await?.since(before);
+            let ok = ends.succeeded as u64;
             if ok as usize >= n {
                 return Ok(true);
             }
-            let bad = self
-                .attempts()
-                .find_one(doc! {attempt::OUTCOME: {"$nin": ["succeeded", "running"]}})
-                .await
-                .context("looking for failed attempts")?;
-            if let Some(bad) = bad {
-                bail!("an attempt did not succeed: {bad}");
+            if ends.other > 0.0 {
+                let bad = self
+                    .attempts()
+                    .find_one(doc! {attempt::OUTCOME: {"$nin": ["succeeded", "running"]}})
+                    .await
+                    .context("looking for failed attempts")?;
+                bail!(
+                    "{} task(s) did not succeed; one attempt: {bad:?}",
+                    ends.other
+                );
             }
             if Instant::now() > deadline && partial && ok > 0 {
                 return Ok(false);
@@ -523,7 +355,11 @@ impl Fleet {
     /// runner is alive and no request unanswered but those an idle node makes too: a node that
     /// decided to claim just before the queue closed has a claim in flight that the database
     /// does not show yet.
-    async fn wait_drained(&self, idle: &IdleReport, timeout: Duration) -> anyhow::Result<()> {
+    pub(super) async fn wait_drained(
+        &self,
+        idle: &IdleReport,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
         let idle_labels: Vec<&String> = idle.counts.app.values().flat_map(|m| m.keys()).collect();
         let deadline = Instant::now() + timeout;
         let mut quiet_since: Option<Instant> = None;
@@ -562,7 +398,7 @@ impl Fleet {
     }
 
     /// Every succeeded attempt with its task's ctime and completion mtime (ms since epoch).
-    async fn samples(&self) -> anyhow::Result<Vec<Sample>> {
+    pub(super) async fn samples(&self) -> anyhow::Result<Vec<Sample>> {
         let mut cursor = self
             .attempts()
             .find(doc! {attempt::OUTCOME: "succeeded"})
@@ -611,7 +447,7 @@ impl Fleet {
     }
 
     /// Finished tasks and all attempt records go, so each run starts from the same shape.
-    async fn clear_finished(&self) -> anyhow::Result<()> {
+    pub(super) async fn clear_finished(&self) -> anyhow::Result<()> {
         self.db
             .tasks()
             .delete_many(doc! {task::QUEUE: self.queue, task::COMPLETE: true})
@@ -642,8 +478,8 @@ impl Fleet {
     }
 }
 
-struct Sample {
-    ctime: i64,
-    start: i64,
-    mtime: i64,
+pub(super) struct Sample {
+    pub(super) ctime: i64,
+    pub(super) start: i64,
+    pub(super) mtime: i64,
 }

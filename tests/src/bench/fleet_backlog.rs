@@ -10,7 +10,7 @@ use disbatch_core::model::status;
 use disbatch_core::store::schema::task;
 
 use super::ceiling::enqueue;
-use super::fleet_scale::{node_name, ScaleFleet};
+use super::fleet_scale::ScaleFleet;
 use super::procfs;
 use super::proxy::Counts;
 use super::scale_report::{BacklogFigures, Share};
@@ -67,8 +67,9 @@ impl ScaleFleet {
             .max()
             .unwrap_or(first);
         let busy_secs = ((last - first) as f64 / 1000.0).max(1e-3);
-        let mut per_node: BTreeMap<String, u64> =
-            (0..self.dens.len()).map(|i| (node_name(i), 0)).collect();
+        let mut per_node: BTreeMap<String, u64> = (0..self.dens.len())
+            .map(|i| (self.node_name(i), 0))
+            .collect();
         for t in &tasks {
             if let Ok(node) = t.doc.get_str(task::NODE) {
                 *per_node.entry(node.to_string()).or_default() += 1;

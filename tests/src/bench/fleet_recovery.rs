@@ -13,7 +13,7 @@ use disbatch_core::store::schema::{
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::fleet_scale::{node_name, ScaleFleet, TaskDoc};
+use super::fleet_scale::{ScaleFleet, TaskDoc};
 use super::procfs;
 use super::scale_report::RecoveryFigures;
 
@@ -88,7 +88,7 @@ impl ScaleFleet {
     async fn give_long_tasks(&mut self, victim: &str, queue: ObjectId) -> anyhow::Result<()> {
         super::progress(&format!("{victim} holds no long task: giving it two"));
         let others: Vec<String> = (0..self.dens.len())
-            .map(node_name)
+            .map(|i| self.node_name(i))
             .filter(|n| n != victim)
             .collect();
         let nodes = self.db.collection::<Document>(NODES);
@@ -147,21 +147,24 @@ impl ScaleFleet {
             .read_tasks(doc! {task::QUEUE: queue, task::STATUS: status::RUNNING})
             .await?;
         let held = |name: &str| running.iter().filter(|t| t.node() == Some(name)).count();
-        let mut candidates: Vec<usize> = self
+        let live: Vec<usize> = self
             .dens
             .iter_mut()
             .enumerate()
             .filter_map(|(i, d)| d.is_running().then_some(i))
-            .filter(|i| (owner.as_deref() == Some(node_name(*i).as_str())) == leader)
             .collect();
-        candidates.sort_by_key(|i| std::cmp::Reverse(held(&node_name(*i))));
+        let mut candidates: Vec<usize> = live
+            .into_iter()
+            .filter(|i| (owner.as_deref() == Some(self.node_name(*i).as_str())) == leader)
+            .collect();
+        candidates.sort_by_key(|i| std::cmp::Reverse(held(&self.node_name(*i))));
         let Some(&victim) = candidates.first() else {
             bail!(
                 "no live {} to kill (leader {owner:?})",
                 if leader { "leader" } else { "follower" }
             );
         };
-        let name = node_name(victim);
+        let name = self.node_name(victim);
         let running = if held(&name) == 0 {
             self.give_long_tasks(&name, queue).await?;
             self.read_tasks(doc! {task::QUEUE: queue, task::STATUS: status::RUNNING})

@@ -156,6 +156,8 @@ pub(super) struct ScaleFleet {
     pub(super) last_start: Instant,
     /// The long tasks' queue and lease, once made.
     pub(super) long: Option<(ObjectId, u64)>,
+    /// Nodes are named `PREFIX-000`, `PREFIX-001`, ….
+    pub(super) node_prefix: String,
 }
 
 impl ScaleFleet {
@@ -182,6 +184,7 @@ impl ScaleFleet {
             loop_ms: o.loop_ms,
             last_start: Instant::now(),
             long: None,
+            node_prefix: o.node_prefix.clone(),
         };
         let mongohost = server.with_host(&fleet.proxy.addr.to_string());
         for i in 0..n {
@@ -195,7 +198,7 @@ impl ScaleFleet {
                     "change_streams": o.change_streams,
                 }),
             );
-            let den = Den::start(&config, &node_name(i));
+            let den = Den::start(&config, &fleet.node_name(i));
             fleet.pids.push(den.pid().as_raw() as u32);
             fleet.dens.push(den);
             fleet.configs.push(config);
@@ -514,9 +517,11 @@ impl TaskDoc {
     }
 }
 
-/// Zero-padded, so the nodes' lanes (sorted by name) follow their start order.
-pub(super) fn node_name(i: usize) -> String {
-    format!("fleet-{i:03}")
+impl ScaleFleet {
+    /// Zero-padded, so the nodes' lanes (sorted by name) follow their start order.
+    pub(super) fn node_name(&self, i: usize) -> String {
+        format!("{}-{i:03}", self.node_prefix)
+    }
 }
 
 /// The end of a log, for an error message.

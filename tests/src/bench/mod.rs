@@ -8,6 +8,7 @@ pub mod contention;
 pub mod fleet;
 mod fleet_backlog;
 mod fleet_recovery;
+pub mod fleet_run;
 pub mod fleet_scale;
 pub mod procfs;
 pub mod proxy;
@@ -75,6 +76,9 @@ pub struct BenchOptions {
     /// The bench queue's `worker` modes, each measured on a fleet of its own, in this order
     /// (`--worker process|persistent|both`).
     pub workers: Vec<&'static str>,
+    /// Fleet mode: nodes are named `PREFIX-000`, `PREFIX-001`, … (default `fleet`). A test
+    /// names its own, so that its check for processes left over sees none of another run's.
+    pub node_prefix: String,
 }
 
 impl BenchOptions {
@@ -105,6 +109,7 @@ impl BenchOptions {
             size_secs: Duration::from_secs(900),
             start_batch: 10,
             workers: vec!["process"],
+            node_prefix: "fleet".to_string(),
         }
     }
 

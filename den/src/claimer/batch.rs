@@ -1,0 +1,208 @@
+//! One queue's batch: its candidates read (or taken from the spares of the last read), picked
+//! by lane, claimed together and handed to runners.
+
+use std::time::Instant;
+
+use bson::oid::ObjectId;
+use disbatch_core::claim_plan::{lane_split, QueueClaims};
+use disbatch_core::handoff::Handoff;
+use disbatch_core::model::{Queue, QueueSort};
+use disbatch_core::store::schema::task;
+use disbatch_core::store::{claim_key, Candidates, Pick, PickOutcome, SkipReason};
+use disbatch_core::Result;
+
+use super::{spare, Claimer, MAX_CANDIDATES};
+use crate::executor::Executor;
+
+/// What one queue's batch did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct BatchReport {
+    pub(super) claimed: u32,
+    /// Picks another node took first (the task or the slot).
+    pub(super) lost: u32,
+    /// Fewer claimable tasks than wanted.
+    pub(super) ran_dry: bool,
+    /// Fewer claimable tasks than there was room for (not fewer slots).
+    pub(super) out_of_tasks: bool,
+    /// A runner could not be started; the batch's unstarted tasks were given back.
+    pub(super) spawn_failed: bool,
+}
+
+impl Claimer {
+    /// Claims up to `n` tasks of `queue` in one batch and starts their runners.
+    pub(super) async fn claim_batch(
+        &mut self,
+        queue: &Queue,
+        plan: &mut QueueClaims,
+        n: u32,
+        executor: &Executor,
+    ) -> Result<BatchReport> {
+        let mut report = BatchReport::default();
+        let n = n.min(plan.slots.len() as u32) as usize;
+        if n == 0 {
+            report.ran_dry = true;
+            return Ok(report);
+        }
+        let asked = Instant::now();
+        let threads = self
+            .servable
+            .iter()
+            .find(|q| q.queue.id == queue.id)
+            .map_or(0, |q| q.threads);
+        let lane = self.view.lane(queue.id, threads, &self.node);
+        let read = n
+            .saturating_mul(lane.spread() as usize)
+            .min(MAX_CANDIDATES)
+            .max(n);
+        // Queues claimed in `_id` order keep what a read found beyond the batch: tasks
+        // queued since come after them, and one queued again resets them with the window.
+        let in_id_order = matches!(queue.sort, QueueSort::Fifo | QueueSort::Default);
+        let spares = match in_id_order {
+            true => self.spares.take(queue.id, n),
+            false => None,
+        };
+        let (found, read_at) = match spares {
+            Some((tasks, read_at)) => (
+                Candidates {
+                    tasks,
+                    unreadable: Vec::new(),
+                },
+                read_at,
+            ),
+            None => {
+                let read = match in_id_order {
+                    true => read.clamp(spare::READ_AT_LEAST, MAX_CANDIDATES),
+                    false => read,
+                };
+                let window = self.windows.entry(queue.id).or_default();
+                let read_at = Instant::now();
+                let found = self
+                    .store
+                    .claim_candidates(queue.id, queue.sort, read, lane.nodes() as usize, window)
+                    .await?;
+                (found, read_at)
+            }
+        };
+        for (id, why) in found.unreadable {
+            let why = format!("its document cannot be decoded: {why}");
+            self.set_unrunnable(id, SkipReason::Undecodable, &why)
+                .await?;
+        }
+        let candidates: Vec<_> = found
+            .tasks
+            .into_iter()
+            .filter(|t| {
+                t.get_object_id(task::ID)
+                    .map_or(true, |id| !self.unrunnable.contains(&id))
+            })
+            .collect();
+        report.ran_dry = candidates.len() < n;
+        report.out_of_tasks = report.ran_dry;
+        let before = match self.view.perl_nodes_claim() {
+            // Counted last, just before the claims: the window for a Perl claim to slip in
+            // between is one round trip, not the age of the last reading.
+            true => Some(self.room_beside_perl_claims(queue, plan, n).await?),
+            false => None,
+        };
+        let n = before.as_ref().map_or(n, |(room, _)| *room);
+        if n == 0 {
+            self.metrics.claim_missed(&queue.name, "full");
+            return Ok(report);
+        }
+        let (chosen, rest) = lane_split(candidates, n, &lane, claim_key);
+        if in_id_order {
+            // Only this node's lane: another's tasks are the ones its node is claiming.
+            let own: Vec<_> = rest
+                .into_iter()
+                .filter(|t| lane.owns(claim_key(t)))
+                .collect();
+            self.spares.keep(queue.id, own, read_at);
+        }
+        let picks: Vec<Pick> = chosen
+            .into_iter()
+            .filter_map(|task| {
+                plan.slots.pop().map(|slot| Pick {
+                    task,
+                    slot,
+                    attempt: ObjectId::new(),
+                })
+            })
+            .collect();
+        if picks.is_empty() {
+            self.metrics.claim_missed(&queue.name, "empty");
+            return Ok(report);
+        }
+        let outcomes = self
+            .store
+            .claim_picks(&self.node, queue.run.lease, &picks)
+            .await?;
+        let latency = asked.elapsed();
+        let mut claimed = Vec::new();
+        for (pick, outcome) in picks.into_iter().zip(outcomes) {
+            match outcome {
+                PickOutcome::Claimed(task) => {
+                    self.metrics.claimed(&queue.name, latency);
+                    self.view.claimed(queue.id, pick.slot);
+                    report.claimed += 1;
+                    claimed.push((task, pick));
+                }
+                PickOutcome::Lost => {
+                    self.metrics.claim_missed(&queue.name, "lost");
+                    report.lost += 1;
+                    plan.slots.push(pick.slot);
+                    // Another node claims near them: the spares are likely gone as well.
+                    self.spares.forget(queue.id);
+                }
+                PickOutcome::SlotTaken => {
+                    // Another node holds it: remember, so later passes skip it too.
+                    self.metrics.claim_missed(&queue.name, "slot_taken");
+                    report.lost += 1;
+                    self.view.slot_taken(queue.id, pick.slot);
+                }
+                PickOutcome::Refused(why) => {
+                    self.metrics.claim_missed(&queue.name, "refused");
+                    plan.slots.push(pick.slot);
+                    if let Ok(id) = pick.task.get_object_id(task::ID) {
+                        let why = format!("the server refused to claim it: {why}");
+                        self.set_unrunnable(id, SkipReason::UpdateRefused, &why)
+                            .await?;
+                    }
+                }
+            }
+        }
+        if let Some((_, before)) = &before {
+            report.claimed -= self
+                .give_back_claims_past_cap(queue, threads, before, &mut claimed)
+                .await?;
+        }
+        let relay = executor.relays();
+        let mut handoffs = claimed.into_iter().map(|(task, pick)| {
+            let handoff = Handoff {
+                task: *task,
+                attempt: pick.attempt,
+                queue: queue.raw.clone(),
+                relay,
+                live: relay,
+            };
+            (handoff, pick.slot)
+        });
+        while let Some((handoff, slot)) = handoffs.next() {
+            let Err(e) = executor.spawn_runner(&handoff, Some(slot)) else {
+                self.metrics.runner_started(&queue.name);
+                continue;
+            };
+            tracing::error!(task = ?handoff.task_id(), error = %e, "could not start the task runner; giving the batch's unstarted tasks back");
+            report.spawn_failed = true;
+            for (handoff, slot) in std::iter::once((handoff, slot)).chain(handoffs) {
+                if let Some(id) = handoff.task_id() {
+                    self.store
+                        .give_back_attempt(id, handoff.attempt, &handoff.task)
+                        .await?;
+                }
+                self.view.runner_exited(queue.id, Some(slot));
+            }
+            break;
+        }
+        Ok(report)
+    }
+}
