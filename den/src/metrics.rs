@@ -62,6 +62,7 @@ struct Inner {
     claims_given_back: IntCounterVec,
     claim_latency: Histogram,
     passes: IntCounter,
+    queue_reads: IntCounter,
     pass_duration: Histogram,
     wakeups: IntCounterVec,
     runners_started: IntCounterVec,
@@ -108,6 +109,11 @@ impl Default for Inner {
                 ROUND_TRIP_BUCKETS,
             ),
             passes: counter(&registry, "disbatch_den_passes_total", "Node passes run"),
+            queue_reads: counter(
+                &registry,
+                "disbatch_den_queue_reads_total",
+                "Passes that read every queue this node serves and tried to claim from each (an idle node's timer passes skip the reading)",
+            ),
             pass_duration: histogram(
                 &registry,
                 "disbatch_den_pass_duration_seconds",
@@ -252,6 +258,12 @@ impl DenMetrics {
     pub fn pass(&self, duration: Duration) {
         self.inner.passes.inc();
         self.inner.pass_duration.observe(duration.as_secs_f64());
+    }
+
+    /// A pass that read every queue it serves, so a queue that got no claim in it was
+    /// looked at and passed over.
+    pub fn queue_read(&self) {
+        self.inner.queue_reads.inc();
     }
 
     /// `source`: "timer", "change_stream" or "runner_exit".

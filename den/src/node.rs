@@ -109,6 +109,9 @@ impl Node {
         let mut streams_reopened: Option<Instant> = None;
         // Set on shutdown: the pass in flight finishes but sends no new claims.
         let stopping = AtomicBool::new(false);
+        // Logged once: operators and the test harness read it as "this node has sent its
+        // first heartbeat and read its queues", which a process start alone does not say.
+        let mut first_pass_done = false;
         loop {
             if failures > 0 {
                 connected_since = Instant::now();
@@ -170,6 +173,7 @@ impl Node {
                         .await?;
                     if read == Reading::Now {
                         last_read = Some(Instant::now());
+                        self.metrics.queue_read();
                     }
                     claimed_lately = report.claimed > 0;
                     if maintenance && !stopping.load(Ordering::Relaxed) {
@@ -192,6 +196,10 @@ impl Node {
             self.metrics.pass(started.elapsed());
             let wait = match result {
                 Ok(report) => {
+                    if !first_pass_done && maintenance {
+                        first_pass_done = true;
+                        tracing::info!(node = %self.name, "first pass done: heartbeat written and queues read");
+                    }
                     if failures > 0 {
                         tracing::info!(failures, "database reachable again; passes resumed");
                     }

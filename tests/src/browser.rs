@@ -229,6 +229,18 @@ impl Browser {
 
     pub async fn close(mut self) {
         let _ = self.client.clone().close().await;
+        self.kill_all();
+    }
+
+    /// Kills chromedriver and the Chromium it started: after a panic no session was closed,
+    /// and Chromium's processes would outlive the test.
+    fn kill_all(&mut self) {
+        for pid in crate::cleanup::descendants_of(self.driver.id() as i32) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
@@ -236,7 +248,7 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = self.driver.kill();
+        self.kill_all();
     }
 }
 

@@ -6,7 +6,9 @@ pub mod bench;
 mod browser;
 pub mod chaos;
 pub mod claim_order;
+pub mod cleanup;
 pub mod corrupting_proxy;
+pub mod cutting_proxy;
 mod dci;
 mod den;
 pub mod exposition;
@@ -80,6 +82,12 @@ impl TestDb {
             .collect();
         name.truncate(60);
         let client = Client::with_uri_str(&uri).await.expect("client");
+        TestDb::with_client(uri, name, client)
+    }
+
+    /// A test database reached through a client the test made (a user's login, say).
+    pub fn with_client(uri: String, name: String, client: Client) -> TestDb {
+        cleanup::test_started();
         let db = client.database(&name);
         let dir = tempfile::tempdir().expect("tempdir");
         TestDb {
@@ -240,7 +248,9 @@ impl TestDb {
     /// Waits until every given task is complete, or panics with their states.
     pub async fn wait_complete(&self, ids: &[ObjectId], timeout: Duration) {
         let filter = doc! {"_id": {"$in": ids.to_vec()}, "complete": true};
+        let timeout = scaled(timeout);
         let deadline = Instant::now() + timeout;
+        let mut backoff = Backoff::new();
         loop {
             let done = self
                 .tasks()
@@ -257,7 +267,7 @@ impl TestDb {
                     ids.len()
                 );
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            backoff.wait().await;
         }
     }
 
@@ -281,19 +291,61 @@ impl TestDb {
     }
 }
 
+impl Drop for TestDb {
+    /// Pass or panic, every process the test started goes with it (see `cleanup`).
+    fn drop(&mut self) {
+        cleanup::test_ended(self.dir.path());
+    }
+}
+
 /// Polls `check` until it returns true, panicking with `what` after `timeout`.
 pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    let timeout = scaled(timeout);
     let deadline = Instant::now() + timeout;
+    let mut backoff = Backoff::new();
     while !check().await {
         assert!(
             Instant::now() < deadline,
             "timed out after {timeout:?} waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        backoff.wait().await;
+    }
+}
+
+/// A wait's deadline, stretched by `DISBATCH_TEST_SLOWDOWN` (a factor, default 1) for slow
+/// machines. Only deadlines, the time after which a wait gives up, are scaled: never a bound
+/// a test asserts as the product's behaviour.
+pub fn scaled(timeout: Duration) -> Duration {
+    let factor = std::env::var("DISBATCH_TEST_SLOWDOWN")
+        .ok()
+        .and_then(|f| f.parse::<f64>().ok())
+        .filter(|f| f.is_finite() && *f >= 1.0)
+        .unwrap_or(1.0);
+    timeout.mul_f64(factor)
+}
+
+/// The pause between two polls of a wait: 10 ms at first, so a quick event is seen quickly,
+/// doubling to 200 ms, so a long wait does not load the shared server with queries.
+pub struct Backoff(Duration);
+
+impl Backoff {
+    pub fn new() -> Backoff {
+        Backoff(Duration::from_millis(10))
+    }
+
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_millis(200));
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::new()
     }
 }
 

@@ -102,14 +102,7 @@ async fn auth_db(test: &str) -> TestDb {
     let uri = auth_server().to_string();
     let client = login(&uri, ROOT, ROOT_PASSWORD, "admin").await;
     let name = format!("u_{test}_{}", N.fetch_add(1, Ordering::SeqCst));
-    let db = client.database(&name);
-    TestDb {
-        uri,
-        name,
-        client,
-        db,
-        dir: tempfile::tempdir().expect("tempdir"),
-    }
+    TestDb::with_client(uri, name, client)
 }
 
 /// The database as one component's user sees it.
