@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use disbatch_core::config::{Component, Config};
-use disbatch_core::serve::{serve as serve_http, Limits};
+use disbatch_core::serve::{serve_counted, Limits};
 use disbatch_core::store::Store;
 use disbatch_dci::origin::Policy;
 use disbatch_dci::{router, tls, AppState};
@@ -109,6 +109,7 @@ async fn serve() -> anyhow::Result<()> {
     let closing = store.clone();
     let tokens = config.web.tokens.clone();
     let state = AppState::new(store, config);
+    let connections = state.web_metrics.connections();
     let reloader = disbatch_dci::reload::Reloader::new(
         args.config.clone(),
         started.value,
@@ -127,7 +128,7 @@ async fn serve() -> anyhow::Result<()> {
         }
         tracing::info!("stopping");
     };
-    serve_http(listener, app, limits, tls, stop).await;
+    serve_counted(listener, app, limits, tls, Some(connections), stop).await;
     closing.shutdown().await;
     Ok(())
 }

@@ -11,6 +11,7 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use disbatch_core::printable::shown;
+use disbatch_core::serve::ConnectionGauges;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
@@ -39,6 +40,7 @@ struct Inner {
     registry: Registry,
     requests: IntCounterVec,
     duration: HistogramVec,
+    connections: ConnectionGauges,
 }
 
 impl WebMetrics {
@@ -65,6 +67,8 @@ impl WebMetrics {
         )?;
         registry.register(Box::new(duration.clone()))?;
         disbatch_core::ops_metrics::register(&registry)?;
+        let connections = ConnectionGauges::new("web")?;
+        connections.register(&registry)?;
         for (method, route) in routes {
             for status in STATUS_CLASSES {
                 requests.get_metric_with_label_values(&[method.as_str(), route, status])?;
@@ -75,8 +79,14 @@ impl WebMetrics {
                 registry,
                 requests,
                 duration,
+                connections,
             }),
         })
+    }
+
+    /// The listener's connection gauges, for the accept loop to keep.
+    pub fn connections(&self) -> ConnectionGauges {
+        self.inner.connections.clone()
     }
 
     pub fn observe(&self, method: &str, route: &str, status: u16, took: Duration) {
@@ -179,6 +189,8 @@ mod tests {
             "disbatch_web_http_requests_total{method=\"GET\",route=\"/tasks/{id}\",status=\"5xx\"} 0",
             "disbatch_web_http_requests_total{method=\"other\",route=\"unmatched\",status=\"4xx\"} 1",
             "disbatch_web_http_request_duration_seconds_count{method=\"GET\",route=\"/tasks/{id}\"} 1",
+            "disbatch_listener_connections_open{listener=\"web\"} 0",
+            "disbatch_listener_connections_open_max{listener=\"web\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }

@@ -10,7 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use disbatch_core::readiness::{healthz, Readiness};
-use disbatch_core::serve::{serve, Limits};
+use disbatch_core::serve::{serve_counted, ConnectionGauges, Limits};
+use prometheus::{Encoder, Registry, TextEncoder};
 
 use crate::metrics::DenMetrics;
 
@@ -28,6 +29,8 @@ pub const METRICS_LIMITS: Limits = Limits {
 struct Listener {
     metrics: DenMetrics,
     readiness: Readiness,
+    /// The listener's own families, which the node's metrics know nothing of.
+    connections: Registry,
 }
 
 /// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` until `shutdown` resolves;
@@ -38,21 +41,35 @@ pub async fn serve_metrics(
     readiness: Readiness,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    let connections = Registry::new();
+    let gauges = ConnectionGauges::new("metrics").and_then(|g| {
+        g.register(&connections)?;
+        Ok(g)
+    });
+    let gauges = gauges
+        .inspect_err(|e| tracing::warn!(error = %e, "the listener's connection gauges"))
+        .ok();
     let app = Router::new()
         .route("/metrics", get(scrape))
         .route("/healthz", get(|| async { healthz() }))
         .route("/readyz", get(ready))
         .fallback(not_found)
-        .with_state(Listener { metrics, readiness });
-    serve(listener, app, METRICS_LIMITS, None, shutdown).await;
+        .with_state(Listener {
+            metrics,
+            readiness,
+            connections,
+        });
+    serve_counted(listener, app, METRICS_LIMITS, None, gauges, shutdown).await;
 }
 
 async fn scrape(State(l): State<Listener>) -> Response {
-    (
-        [(CONTENT_TYPE, prometheus::TEXT_FORMAT)],
-        l.metrics.render(),
-    )
-        .into_response()
+    let mut text = l.metrics.render();
+    let mut own = Vec::new();
+    match TextEncoder::new().encode(&l.connections.gather(), &mut own) {
+        Ok(()) => text.push_str(&String::from_utf8_lossy(&own)),
+        Err(e) => tracing::warn!(error = %e, "rendering the listener's connection gauges"),
+    }
+    ([(CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response()
 }
 
 async fn ready(State(l): State<Listener>) -> Response {
@@ -102,6 +119,13 @@ mod tests {
         assert!(ok.contains("\r\n\r\n"), "{ok}");
         let body = ok.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
         assert!(has(body, "disbatch_den_passes_total 1"), "{body}");
+        assert!(
+            has(
+                body,
+                "disbatch_listener_connections_open{listener=\"metrics\"} 1"
+            ),
+            "{body}"
+        );
         let missing = fetch("/other").await;
         assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
         let alive = fetch("/healthz").await;

@@ -34,6 +34,7 @@ use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
 use activity::Timeouts;
+pub use slots::ConnectionGauges;
 use slots::Slots;
 
 /// One listener's limits.
@@ -88,12 +89,24 @@ pub async fn serve(
     tls: Option<Arc<ServerConfig>>,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_counted(listener, app, limits, tls, None, shutdown).await;
+}
+
+/// `serve`, keeping `gauges` at the number of connections open.
+pub async fn serve_counted(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    tls: Option<Arc<ServerConfig>>,
+    gauges: Option<ConnectionGauges>,
+    shutdown: impl Future<Output = ()>,
+) {
     let tls = tls.map(TlsAcceptor::from);
     let timeouts = Timeouts {
         header: limits.header_timeout,
         idle: limits.idle_timeout,
     };
-    let slots = Slots::new(limits.max_connections);
+    let slots = Slots::counted_by(limits.max_connections, gauges);
     let (stop, stopped) = watch::channel(false);
     let mut refused = Warned::default();
     let mut failed = Warned::default();

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use prometheus::{IntGauge, Opts, Registry};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::activity::Activity;
@@ -22,6 +23,52 @@ pub(super) struct Slots {
     permits: Arc<Semaphore>,
     held: Mutex<HashMap<u64, Arc<Activity>>>,
     next_id: AtomicU64,
+    gauges: Option<ConnectionGauges>,
+}
+
+/// A listener's own count of its connections, for `/metrics`:
+/// `disbatch_listener_connections_open` (admitted and not yet closed) and
+/// `disbatch_listener_connections_open_max` (the most open at once since the listener
+/// started), labelled `listener`. The high-water mark shows that the cap held through a whole
+/// flood, which samples of the open count, or of the kernel's socket tables, cannot.
+#[derive(Clone)]
+pub struct ConnectionGauges {
+    open: IntGauge,
+    most: IntGauge,
+}
+
+impl ConnectionGauges {
+    /// Gauges at 0 for the listener named `listener` (`web`, `metrics`), not yet registered.
+    pub fn new(listener: &str) -> prometheus::Result<Self> {
+        let gauge = |name: &str, help: &str| {
+            IntGauge::with_opts(Opts::new(name, help).const_label("listener", listener))
+        };
+        Ok(ConnectionGauges {
+            open: gauge(
+                "disbatch_listener_connections_open",
+                "Connections the listener has admitted and not yet closed (at most its \
+                 max_connections)",
+            )?,
+            most: gauge(
+                "disbatch_listener_connections_open_max",
+                "The most connections the listener has held open at once since it started",
+            )?,
+        })
+    }
+
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.open.clone()))?;
+        registry.register(Box::new(self.most.clone()))
+    }
+
+    /// Called under the slots' lock, so counts are set in the order they changed.
+    fn count(&self, open: usize) {
+        let open = i64::try_from(open).unwrap_or(i64::MAX);
+        self.open.set(open);
+        if open > self.most.get() {
+            self.most.set(open);
+        }
+    }
 }
 
 /// A connection's slot; it frees the slot when dropped (when the connection is closed).
@@ -35,18 +82,33 @@ pub(super) struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         // Before the permit goes: a connection waiting for the slot must not find this one.
-        self.slots.lock().remove(&self.id);
+        let mut held = self.slots.lock();
+        held.remove(&self.id);
+        self.slots.counted(held.len());
     }
 }
 
 impl Slots {
+    #[cfg(test)]
     pub fn new(max: usize) -> Arc<Slots> {
+        Slots::counted_by(max, None)
+    }
+
+    /// Slots whose open count `gauges` follow.
+    pub fn counted_by(max: usize, gauges: Option<ConnectionGauges>) -> Arc<Slots> {
         Arc::new(Slots {
             max,
             permits: Arc::new(Semaphore::new(max)),
             held: Mutex::new(HashMap::with_capacity(max)),
             next_id: AtomicU64::new(0),
+            gauges,
         })
+    }
+
+    fn counted(&self, open: usize) {
+        if let Some(gauges) = &self.gauges {
+            gauges.count(open);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Activity>>> {
@@ -71,7 +133,11 @@ impl Slots {
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let activity = Arc::new(Activity::new());
-        self.lock().insert(id, activity.clone());
+        {
+            let mut held = self.lock();
+            held.insert(id, activity.clone());
+            self.counted(held.len());
+        }
         Some(Slot {
             id,
             activity,
@@ -153,5 +219,17 @@ mod tests {
         assert!(!slots.drain(Duration::from_millis(10)).await);
         drop((second, third));
         assert!(slots.drain(Duration::from_millis(10)).await);
+    }
+
+    #[tokio::test]
+    async fn the_gauges_follow_the_open_connections_and_keep_their_most() {
+        let gauges = ConnectionGauges::new("test").expect("gauges");
+        let slots = Slots::counted_by(3, Some(gauges.clone()));
+        let (a, b) = (slots.admit().await, slots.admit().await);
+        assert_eq!((gauges.open.get(), gauges.most.get()), (2, 2));
+        drop(a);
+        assert_eq!((gauges.open.get(), gauges.most.get()), (1, 2));
+        drop(b);
+        assert_eq!((gauges.open.get(), gauges.most.get()), (0, 2));
     }
 }
