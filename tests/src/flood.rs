@@ -32,9 +32,11 @@ pub fn open_fds(pid: u32) -> usize {
 }
 
 /// When the server accepted a connection, as a client can bound it: not before `connected`
-/// (its connect returned), not after `accepted` (a request on a later connection had been
-/// answered: the server accepts in order). A server timeout running from the accept closes
-/// the connection between `connected + t` and `accepted + t`.
+/// (taken before its connect was started: an instant taken after the connect returned could
+/// be later than the accept when the client's task runs late), not after `accepted` (a
+/// request on a later connection had been answered: the server accepts in order). A server
+/// timeout running from the accept closes the connection between `connected + t` and
+/// `accepted + t`.
 #[derive(Debug, Clone, Copy)]
 pub struct Accepted {
     pub connected: Instant,
@@ -44,9 +46,11 @@ pub struct Accepted {
 /// How long a connection lived on the server, as far as a client can tell.
 #[derive(Debug, Clone, Copy)]
 pub struct Lifetime {
-    /// From `accepted` to the close: the server held it at least this long.
+    /// From `accepted` to the close: the server held it at least this long. The estimate
+    /// for upper bounds: longer than a bound, the server provably held it too long.
     pub at_least: Duration,
-    /// From `connected` to the close: the server held it at most this long.
+    /// From `connected` to the close: the server held it at most this long. The estimate for
+    /// lower bounds: shorter than a bound, the server provably closed it too early.
     pub at_most: Duration,
 }
 
@@ -82,8 +86,8 @@ pub async fn open_each(
         let mut set = JoinSet::new();
         for _ in 0..batch {
             set.spawn(async move {
-                let s = TcpStream::connect(addr).await;
-                (s, Instant::now())
+                let connecting = Instant::now();
+                (TcpStream::connect(addr).await, connecting)
             });
         }
         let mut opened = Vec::with_capacity(batch);
@@ -152,8 +156,16 @@ fn socket_inodes(pid: u32) -> std::collections::HashSet<String> {
         .unwrap_or_default()
 }
 
-/// Connections to `port` that process `pid` holds open (accepted, not yet closed).
+/// Connections to `port` that process `pid` holds open (accepted, not yet closed), as the
+/// kernel's tables show them: a cross-check of the server's own count. The smaller of two
+/// reads: neither the descriptor directory nor `/proc/net/tcp` is read atomically, and while
+/// connections are closed and accepted a read can list a closed socket beside its successor;
+/// a socket really held is in both reads.
 pub fn held_connections(pid: u32, port: u16) -> usize {
+    held_once(pid, port).min(held_once(pid, port))
+}
+
+fn held_once(pid: u32, port: u16) -> usize {
     let inodes = socket_inodes(pid);
     // Counted by inode: `/proc/net/tcp` is read in chunks, and a table that changes between
     // them (a flood being accepted and evicted) can list a socket twice.
@@ -323,6 +335,38 @@ async fn read_one_response(s: &mut TcpStream) {
         if buf.len() >= end + 4 + length {
             return;
         }
+    }
+}
+
+/// A listener's own count of its connections (`disbatch_listener_connections_open` and
+/// `_open_max`), from its `/metrics`.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerCount {
+    /// Open while the scrape was answered, the scrape's own connection included.
+    pub open: u64,
+    /// The most open at once since the listener started.
+    pub most: u64,
+}
+
+/// Scrapes `addr`'s `/metrics` (on a new connection, which takes a slot like any other) for
+/// the connection gauges of its listener `listener` (`web`, `metrics`).
+pub async fn listener_count(addr: SocketAddr, listener: &str) -> ListenerCount {
+    let request = crate::hostile::get_request("/metrics");
+    let response = crate::hostile::raw_http(addr, &request, Duration::from_secs(30))
+        .await
+        .expect("GET /metrics");
+    assert_eq!(response.status, 200, "GET /metrics");
+    let text = String::from_utf8_lossy(&response.body);
+    let gauge = |name: &str| {
+        let sample = format!("{name}{{listener=\"{listener}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&sample))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {sample} in /metrics:\n{text}"))
+    };
+    ListenerCount {
+        open: gauge("disbatch_listener_connections_open"),
+        most: gauge("disbatch_listener_connections_open_max"),
     }
 }
 
