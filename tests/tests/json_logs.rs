@@ -28,7 +28,9 @@ async fn a_den_with_json_logs_writes_one_object_per_line() {
     let config = write_config(
         &db,
         "node.json",
-        json!({"log_format": "json", LEAKY_KEY: 1}),
+        // No metrics listener: its address is announced on stdout, which the harness logs
+        // beside stderr, and this test reads that log as stderr alone.
+        json!({"log_format": "json", "metrics_listen": null, LEAKY_KEY: 1}),
     );
     let queue = db.insert_queue("q", "echo", 1).await;
     let ids = db
