@@ -29,6 +29,11 @@ pub struct Launch {
 
 impl Dci {
     /// Starts the server on 127.0.0.1 with an OS-chosen port and waits until it listens.
+    ///
+    /// The wait is a blocking read of its first line, on the caller's thread: in a
+    /// current-thread test runtime nothing else of the test runs meanwhile (a fraction of a
+    /// second). A test whose runtime serves the DCI something it needs before it listens (a
+    /// proxy in front of the database) must run on a multi-thread runtime.
     pub fn start(config: &Path) -> Dci {
         Dci::launch(config, Launch::default())
     }

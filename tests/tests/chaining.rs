@@ -26,6 +26,9 @@ async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
     let list_form =
         doc! {"result": {"output": ["l1", ["l2", {"y": 2}, {"priority": 7, "delay": 60}]]}};
     let failed = doc! {"exit_code": 3, "result": {"output": ["never"]}};
+    // Chaining happens after this and before the check below: a delay of 60 s puts
+    // `not_before` 60 s past a moment between the two, however long that stretch is.
+    let before = bson::DateTime::now().timestamp_millis();
     let ids = db
         .insert_tasks(
             first,
@@ -46,14 +49,16 @@ async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
     assert!(db.unit(next, "l1").await.is_some());
     let l2 = db.unit(next, "l2").await.expect("l2");
     assert_eq!(l2.get_i64("priority").ok(), Some(7));
-    let delay_ms = l2
+    let not_before = l2
         .get_datetime("not_before")
         .expect("not_before")
-        .timestamp_millis()
-        - bson::DateTime::now().timestamp_millis();
+        .timestamp_millis();
+    let after = bson::DateTime::now().timestamp_millis();
     assert!(
-        delay_ms > 50_000,
-        "delay 60 s gave not_before {delay_ms} ms ahead"
+        (before + 60_000..=after + 60_000).contains(&not_before),
+        "delay 60 s gave not_before {} ms after the tasks were queued, {} ms after the check",
+        not_before - before,
+        not_before - after
     );
     assert!(
         db.unit(next, "never").await.is_none(),

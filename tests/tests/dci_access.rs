@@ -477,8 +477,9 @@ async fn https_with_a_private_ca_serves_the_api_and_the_cli() {
     db.drop().await;
 }
 
-/// Runs `disbatch-web` expecting it to exit at start; returns (success, stderr).
-fn failed_start(config: &Path) -> (bool, String) {
+/// Runs `disbatch-web` expecting it to exit at start; returns (success, stderr). Awaits the
+/// exit, so the test's runtime (its database client) keeps running meanwhile.
+async fn failed_start(config: &Path) -> (bool, String) {
     let mut child = Command::new(bin_path("disbatch-web"))
         .arg("--config")
         .arg(config)
@@ -488,13 +489,14 @@ fn failed_start(config: &Path) -> (bool, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn disbatch-web");
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + disbatch_tests::scaled(Duration::from_secs(30));
+    let mut backoff = disbatch_tests::Backoff::new();
     while child.try_wait().expect("wait").is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
             panic!("disbatch-web kept running with a bad web.tls");
         }
-        std::thread::sleep(Duration::from_millis(50));
+        backoff.wait().await;
     }
     let out = child.wait_with_output().expect("output");
     (
@@ -517,7 +519,7 @@ async fn bad_tls_files_stop_the_start_naming_the_file() {
         "missing.json",
         json!({"web": {"tls": {"cert_file": missing, "key_file": "key.pem"}}}),
     );
-    let (ok, stderr) = failed_start(&config);
+    let (ok, stderr) = failed_start(&config).await;
     assert!(!ok, "{stderr}");
     assert!(
         stderr.contains(&missing.display().to_string()) && stderr.contains("web.tls.cert_file"),
@@ -530,7 +532,7 @@ async fn bad_tls_files_stop_the_start_naming_the_file() {
         "junk.json",
         json!({"web": {"tls": {"cert_file": "cert.pem", "key_file": "junk.pem"}}}),
     );
-    let (ok, stderr) = failed_start(&config);
+    let (ok, stderr) = failed_start(&config).await;
     assert!(!ok, "{stderr}");
     assert!(
         stderr.contains(&db.path("junk.pem").display().to_string())
@@ -546,7 +548,7 @@ async fn bad_tls_files_stop_the_start_naming_the_file() {
         "mismatch.json",
         json!({"web": {"tls": {"cert_file": "cert.pem", "key_file": "other-key.pem"}}}),
     );
-    let (ok, stderr) = failed_start(&config);
+    let (ok, stderr) = failed_start(&config).await;
     assert!(!ok, "{stderr}");
     assert!(stderr.contains("other-key.pem"), "{stderr}");
     db.drop().await;

@@ -8,6 +8,9 @@ use bson::{doc, Bson, DateTime, Document};
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
+/// How often the leader looks for silent nodes: dead_node_after_s (10 s here) / 4.
+const SILENT_CHECK_EVERY: Duration = Duration::from_millis(2_500);
+
 fn ago(secs: i64) -> DateTime {
     DateTime::from_millis(DateTime::now().timestamp_millis() - secs * 1000)
 }
@@ -24,7 +27,9 @@ async fn heartbeat(db: &TestDb, node: &str, at: DateTime) {
         .expect("node");
 }
 
-#[tokio::test]
+// Multi-threaded: the heartbeat of perl-live must keep beating while `Den::start` blocks its
+// thread waiting for the node to be ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_nodes_lease_less_tasks_follow_on_lost_and_others_are_left_alone() {
     let db = TestDb::new("dead_nodes").await;
     let config = write_config(&db, "node.json", json!({"dead_node_after_s": 10}));
@@ -56,8 +61,7 @@ async fn a_silent_nodes_lease_less_tasks_follow_on_lost_and_others_are_left_alon
         .await
         .expect("tasks");
 
-    let den = Den::start(&config, "rust-1");
-    // Keeps perl-live alive while the test runs.
+    // Keeps perl-live alive while the test runs, from before our node's first pass.
     let live_db = db.db.clone();
     let beat = tokio::spawn(async move {
         loop {
@@ -71,6 +75,7 @@ async fn a_silent_nodes_lease_less_tasks_follow_on_lost_and_others_are_left_alon
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     });
+    let den = Den::start(&config, "rust-1");
     db.wait_complete(&[ids[0], ids[2]], Duration::from_secs(60))
         .await;
     wait_for(
@@ -84,8 +89,12 @@ async fn a_silent_nodes_lease_less_tasks_follow_on_lost_and_others_are_left_alon
         assert_eq!(t.get_i32("status").ok(), Some(1), "{what} ran again: {t}");
         assert_eq!(t.get_str("node").ok(), Some("rust-1"), "{t}");
     }
-    // A few more passes: still untouched.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Still untouched at the next check for silent nodes. Those checks come every
+    // dead_node_after / 4 (2.5 s), not every pass, so that much time must pass (a lower
+    // bound: load only lengthens it) since the check that recovered the others; then two
+    // more readings of the queues mean a maintenance pass, and in it that check, ran since.
+    tokio::time::sleep(SILENT_CHECK_EVERY).await;
+    den.wait_queue_reads(2).await;
     for (i, what) in [(3, "a live node's run"), (4, "a leased run")] {
         let t = db.task(ids[i]).await;
         assert_eq!(t.get_i32("status").ok(), Some(0), "{what} left alone: {t}");

@@ -361,6 +361,7 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
             Err(_) => closed += 1,
         }
     }
+    // How long the corpus took is a figure to read, not a property: speed is the benches'.
     let elapsed = started.elapsed();
     let total = probes.len() + framing_probes.len();
     println!(
@@ -387,10 +388,6 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
     );
     assert!(dci.is_running(), "the DCI exited:\n{log}");
     assert_eq!(crashes(&log), Vec::<String>::new(), "DCI log:\n{log}");
-    assert!(
-        elapsed < Duration::from_secs(60),
-        "the corpus took {elapsed:?}"
-    );
 
     let now_queue = db
         .db

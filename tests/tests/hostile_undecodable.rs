@@ -51,8 +51,9 @@ async fn undecodable_documents_are_skipped_or_failed_and_the_rest_runs() {
         "{stderr}"
     );
     assert_eq!(task.get_bool("complete"), Ok(true));
-    // The queue that cannot be read is never served: its task waits.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The queue that cannot be read is never served: its task waits through three more
+    // readings of the queues.
+    den.wait_queue_reads(3).await;
     assert_eq!(db.task(waiting).await.get_i32("status"), Ok(-2));
 
     let log = den.log_text();

@@ -8,6 +8,18 @@ use bson::{doc, DateTime, Document};
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
+/// The maintenance lease as stored: (owner, until in ms).
+async fn lease(db: &TestDb) -> Option<(String, i64)> {
+    let lease = db
+        .db
+        .collection::<Document>("leases")
+        .find_one(doc! {"_id": "maintenance"})
+        .await
+        .expect("lease")?;
+    let owner = lease.get_str("owner").ok()?.to_string();
+    Some((owner, lease.get_datetime("until").ok()?.timestamp_millis()))
+}
+
 async fn leader(db: &TestDb) -> Option<String> {
     let lease = db
         .db
@@ -22,15 +34,23 @@ async fn leader(db: &TestDb) -> Option<String> {
 }
 
 async fn wait_leader(db: &TestDb, not: Option<&str>) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(l) = leader(db).await.filter(|l| Some(l.as_str()) != not) {
-            return l;
-        }
-        assert!(Instant::now() < deadline, "no new maintenance leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let found = std::cell::RefCell::new(None);
+    wait_for(
+        "a new maintenance leader",
+        Duration::from_secs(30),
+        || async {
+            let l = leader(db).await.filter(|l| Some(l.as_str()) != not);
+            let some = l.is_some();
+            *found.borrow_mut() = l;
+            some
+        },
+    )
+    .await;
+    found.into_inner().expect("a leader")
 }
+
+/// The maintenance lease at 100 ms passes: 15 intervals (den/src/node.rs).
+const LEASE_MS: i64 = 1_500;
 
 /// A running task whose lease passed long ago, on a node that is gone.
 async fn lost_task(db: &TestDb, queue: ObjectId) -> ObjectId {
@@ -62,14 +82,12 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
         .collect();
     let first = wait_leader(&db, None).await;
     let first_task = lost_task(&db, queue).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while db.task(first_task).await.get_i32("status").ok() != Some(-6) {
-        assert!(
-            Instant::now() < deadline,
-            "the leader never recovered the task"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(
+        "the leader to recover the task",
+        Duration::from_secs(30),
+        || async { db.task(first_task).await.get_i32("status").ok() == Some(-6) },
+    )
+    .await;
     let recovered_by = |den: &Den| {
         den.log_text()
             .matches("recovered a task whose lease passed")
@@ -103,25 +121,36 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
         .collect();
     assert_eq!(leading, [first.as_str()], "one leader");
 
-    // The leader dies without handing over: another node leads within a lease (1.5 s at
-    // these 100 ms passes) and recovers what is lost from then on.
+    // The leader dies without handing over: another node leads once its lease (1.5 s at
+    // these 100 ms passes) has lapsed, and recovers what is lost from then on.
     dens[leader_den].kill_hard();
     let killed = Instant::now();
+    let (owner, dead_until) = lease(&db).await.expect("the dead leader's lease");
+    assert_eq!(owner, first);
+    // The dead leader set `until` at its last renewal, before now: at most one lease ahead.
+    let ahead = dead_until - DateTime::now().timestamp_millis();
+    assert!(
+        ahead <= LEASE_MS,
+        "the lease reaches {ahead} ms ahead, longer than {LEASE_MS} ms"
+    );
     let second = wait_leader(&db, Some(&first)).await;
     println!(
         "maintenance leader {first} killed; {second} leads after {:?}",
         killed.elapsed()
     );
-    assert!(killed.elapsed() < Duration::from_secs(10));
+    // Taken only once the dead leader's lease had lapsed: the new one runs from then.
+    let (_, new_until) = lease(&db).await.expect("the new leader's lease");
+    assert!(
+        new_until >= dead_until + LEASE_MS,
+        "{second}'s lease (until {new_until}) was taken before {first}'s lapsed at {dead_until}"
+    );
     let second_task = lost_task(&db, queue).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while db.task(second_task).await.get_i32("status").ok() != Some(-6) {
-        assert!(
-            Instant::now() < deadline,
-            "the new leader never recovered the task"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(
+        "the new leader to recover the task",
+        Duration::from_secs(30),
+        || async { db.task(second_task).await.get_i32("status").ok() == Some(-6) },
+    )
+    .await;
     let new_leader = dens.iter().find(|d| d.node == second).expect("new leader");
     wait_for(
         "the new leader's log line",

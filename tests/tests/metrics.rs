@@ -185,9 +185,28 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
         .await
         .expect("threads");
     // Scrapes share one reading for up to a second (so every viewer costs the server one
-    // reading); one taken after that shows the change.
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let (_, _, text) = scrape(&dci, None).await;
+    // reading): scrape until one shows the change, then check it whole.
+    let last = std::cell::RefCell::new(String::new());
+    wait_for(
+        "a scrape showing the change",
+        Duration::from_secs(30),
+        || {
+            let scraped = scrape(&dci, None);
+            let last = &last;
+            async move {
+                let text = scraped.await.2;
+                let e = checked(&text);
+                *last.borrow_mut() = text;
+                e.value("disbatch_queue_threads", &[("queue", "paused")]) == Some(7.0)
+                    && e.value(
+                        "disbatch_queue_tasks",
+                        &[("queue", "a\"b\\c"), ("status", "succeeded")],
+                    ) == Some(1.0)
+            }
+        },
+    )
+    .await;
+    let text = last.into_inner();
     let e = checked(&text);
     assert_eq!(
         e.value(

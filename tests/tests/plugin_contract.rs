@@ -79,7 +79,8 @@ async fn lifo_queues_run_newest_first_and_activequeues_limit_a_node() {
     let order = disbatch_tests::read_lines(&runs);
     let expected: Vec<String> = ids.iter().rev().map(|id| id.to_hex()).collect();
     assert_eq!(order, expected, "threads 1 + lifo: newest task first");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Had the node served `other`, any of three more readings of its queues would claim it.
+    den.wait_queue_reads(3).await;
     assert_eq!(
         db.task(untouched).await.get_i32("status").ok(),
         Some(-2),

@@ -4,11 +4,12 @@
 //! before a plugin change, and the count columns at phone width. Screenshots land in
 //! `<target>/ui-screenshots/` (copied to docs/screenshots/ for the README).
 
+use std::path::Path;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
-use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, TestDb};
+use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, Launch, TestDb};
 use fantoccini::Locator;
 use serde_json::{json, Value};
 
@@ -71,6 +72,59 @@ async fn answer_confirm(b: &Browser, expect: &str, yes: bool, shot: Option<&str>
     b.find(button).await.click().await.expect("answer");
 }
 
+/// The requests the DCI's access log shows from byte `from` on, as (method, path).
+fn requests(log: &Path, from: usize) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.get(from..)
+        .unwrap_or("")
+        .lines()
+        .filter(|l| l.contains("disbatch_web::access"))
+        .filter_map(|l| {
+            let field = |name: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(name))
+                    .map(|v| v.trim_matches('"').to_string())
+            };
+            Some((field("method=")?, field("path=")?))
+        })
+        .collect()
+}
+
+fn log_len(log: &Path) -> usize {
+    std::fs::metadata(log).map_or(0, |m| m.len() as usize)
+}
+
+/// Has the page send one more request, to a path of its own, and waits until the DCI has
+/// answered it: whatever the page did before (a declined action's request, if it sent one)
+/// was sent before it.
+async fn page_request_answered(b: &Browser, log: &Path, marker: &str) {
+    b.client
+        .execute(
+            &format!("fetch('/{marker}', {{cache: 'no-store'}}); return null"),
+            vec![],
+        )
+        .await
+        .expect("fetch from the page");
+    let path = format!("/{marker}");
+    wait_for(
+        "the page's marker request in the access log",
+        Duration::from_secs(30),
+        || {
+            let seen = requests(log, 0).iter().any(|(_, p)| *p == path);
+            async move { seen }
+        },
+    )
+    .await;
+}
+
+/// Requests that change something (anything but GET and HEAD).
+fn writes(requests: &[(String, String)]) -> Vec<&(String, String)> {
+    requests
+        .iter()
+        .filter(|(m, _)| m != "GET" && m != "HEAD")
+        .collect()
+}
+
 async fn cell(b: &Browser, queue: &str, column: &str) -> String {
     let css = format!("tr[data-queue=\"{queue}\"] td.{column}");
     b.find(&css).await.text().await.unwrap_or_default()
@@ -80,7 +134,16 @@ async fn cell(b: &Browser, queue: &str, column: &str) -> String {
 async fn history_cancel_and_bulk_actions_from_the_console() {
     let db = TestDb::new("ui_console").await;
     let config = write_config(&db, "node.json", json!({}));
-    let dci = Dci::start(&config);
+    // Its access log shows which requests a declined confirmation did not send.
+    let dci_log = db.path("dci.log");
+    let dci = Dci::launch(
+        &config,
+        Launch {
+            log_file: Some(dci_log.clone()),
+            rust_log: Some("warn,disbatch_web::access=info".into()),
+            ..Launch::default()
+        },
+    );
     // Times out on its first attempt only (the plugin sleeps only then), so a retry succeeds.
     let hist = db.insert_queue("hist", "echo", 1).await;
     set_queue(&db, hist, doc! {"timeout": 1, "kill_grace": 1}).await;
@@ -88,8 +151,10 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
         .insert_tasks(hist, vec![doc! {"sleep_first_ms": 20_000}.into()])
         .await[0];
     let long = db.insert_queue("long", "echo", 1).await;
+    // Runs until cancelled: its gate is never opened.
+    let gate = db.path("sleeper.gate").to_string_lossy().to_string();
     let sleeper = db
-        .insert_tasks(long, vec![doc! {"sleep_ms": 60_000}.into()])
+        .insert_tasks(long, vec![doc! {"hold_until": &gate}.into()])
         .await[0];
     let bulk = db.insert_queue("bulk", "echo", 3).await;
     let failing = db
@@ -135,11 +200,14 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
         .await;
     // The run under way has no record yet: it is shown from the task.
     wait_outcomes(&b, &["running"]).await;
+    let before_decline = log_len(&dci_log);
     b.find("#task-cancel").await.click().await.expect("cancel");
     let keep = b.find("#confirm-no").await.text().await.unwrap_or_default();
     assert_eq!(keep, "Keep running");
     answer_confirm(&b, "Cancel running task", false, None).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    page_request_answered(&b, &dci_log, "after-declined-cancel").await;
+    let sent = requests(&dci_log, before_decline);
+    assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
     assert_eq!(
         status(&db, sleeper).await,
         Some(0),
@@ -229,6 +297,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
         }
     }
     assert!(picked, "the config lists a second plugin");
+    let before_decline = log_len(&dci_log);
     answer_confirm(
         &b,
         "Change the plugin of queue \"bulk\" from echo",
@@ -238,7 +307,9 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     .await;
     let shown = plugin.prop("value").await.ok().flatten();
     assert_eq!(shown.as_deref(), Some("echo"), "the select went back");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    page_request_answered(&b, &dci_log, "after-declined-plugin-change").await;
+    let sent = requests(&dci_log, before_decline);
+    assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
     let stored = db
         .db
         .collection::<Document>("queues")
@@ -250,6 +321,23 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
 
     let violations = b.csp_violations().await;
     assert_eq!(violations, Vec::<String>::new());
+    // Long after both declines, anything they sent late would be in the log by now: the one
+    // cancel is the confirmed one, and the queue itself was changed once, by this test.
+    let all = requests(&dci_log, 0);
+    let cancels = all
+        .iter()
+        .filter(|(m, p)| m == "POST" && *p == format!("/tasks/{}/cancel", sleeper.to_hex()))
+        .count();
+    assert_eq!(cancels, 1, "{all:?}");
+    let queue_paths = [
+        "/queues/bulk".to_string(),
+        format!("/queues/{}", bulk.to_hex()),
+    ];
+    let queue_writes = writes(&all)
+        .into_iter()
+        .filter(|(_, p)| queue_paths.contains(p))
+        .count();
+    assert_eq!(queue_writes, 1, "{all:?}");
     drop(den);
     b.close().await;
     db.drop().await;
@@ -270,8 +358,13 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         db.set_task(*id, doc! {"status": s}).await;
     }
     let busy = db.insert_queue("busy", "echo", 1).await;
+    // Runs until the test opens its gate.
+    let gate = db.path("busy.gate");
     let sleeper = db
-        .insert_tasks(busy, vec![doc! {"sleep_ms": 60_000}.into()])
+        .insert_tasks(
+            busy,
+            vec![doc! {"hold_until": gate.to_string_lossy().to_string()}.into()],
+        )
         .await[0];
     let den = Den::start(&config, "n1");
     wait_for("the sleeper to run", Duration::from_secs(20), || async {
@@ -369,6 +462,8 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         "{name_left}"
     );
     b.screenshot("phone-queue-counts-scrolled").await;
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&[sleeper], Duration::from_secs(60)).await;
     drop(den);
     b.close().await;
     db.drop().await;
