@@ -279,14 +279,21 @@ async fn a_running_task_cannot_be_retried_or_deleted() {
     let db = TestDb::new("api_running").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("echo", "echo", 1).await;
+    // Held at its gate until every request below has met it running.
+    let (runs, gate) = (db.path("runs.txt"), db.path("gate"));
     let id = db
-        .insert_tasks(queue, vec![doc! {"sleep_ms": 3000}.into()])
+        .insert_tasks(
+            queue,
+            vec![doc! {"append_to": runs.to_string_lossy().to_string(),
+            "hold_until": gate.to_string_lossy().to_string()}
+            .into()],
+        )
         .await[0];
     let hex = id.to_hex();
     let den = Den::start(&config, "n1");
     let dci = Dci::start(&config);
-    wait_for("the task to run", Duration::from_secs(20), || async {
-        db.task(id).await.get_i32("status").ok() == Some(0)
+    wait_for("the task to run", Duration::from_secs(60), || async {
+        read_lines(&runs).len() == 1
     })
     .await;
 
@@ -304,7 +311,8 @@ async fn a_running_task_cannot_be_retried_or_deleted() {
     let (_, node) = dci.get("/nodes/n1").await;
     assert_eq!(node["running"], 1, "{node}");
 
-    db.wait_complete(&[id], Duration::from_secs(30)).await;
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&[id], Duration::from_secs(60)).await;
     assert_eq!(status(&db, id).await, 1);
     let (code, body) = dci
         .send(Method::DELETE, &format!("/tasks/{hex}"), json!({}))

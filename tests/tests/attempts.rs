@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use bson::{doc, Document};
-use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
+use disbatch_tests::{read_lines, write_config, Den, TestDb};
+use futures::StreamExt;
 use serde_json::json;
 
 async fn set_queue(db: &TestDb, queue: bson::oid::ObjectId, set: Document) {
@@ -99,26 +100,37 @@ async fn a_retry_with_a_delay_waits_before_running_again() {
             vec![doc! {"result": {"retry": true, "delay": 1.5}}.into()],
         )
         .await[0];
+    // The requeue is read from the server's record of writes, not from the task while it
+    // waits: a test descheduled for the 1.5 s delay would miss that state.
+    let mut changes = db.tasks().watch().await.expect("watch the tasks");
     let den = Den::start(&config, "n1");
-    wait_for(
-        "the first attempt to end",
-        Duration::from_secs(30),
-        || async {
-            db.task(id).await.get_i32("attempts").ok() == Some(1)
-                && db.task(id).await.get_i32("status").ok() == Some(-2)
-        },
-    )
-    .await;
-    let waiting = db.task(id).await;
+    db.wait_complete(&[id], Duration::from_secs(60)).await;
+    let requeue = loop {
+        let event = tokio::time::timeout(
+            disbatch_tests::scaled(Duration::from_secs(30)),
+            changes.next(),
+        )
+        .await
+        .expect("the requeue in the change stream")
+        .expect("the change stream ended")
+        .expect("a change event");
+        if let Some(update) = event.update_description {
+            if update.updated_fields.get_i32("status").ok() == Some(-2) {
+                break update;
+            }
+        }
+    };
+    let set = &requeue.updated_fields;
     assert!(
-        waiting.get_datetime("not_before").is_ok(),
-        "requeued with not_before: {waiting}"
+        set.get_datetime("not_before").is_ok(),
+        "requeued with not_before: {set}"
     );
+    assert!(set.get("complete").is_none(), "{set}");
     assert!(
-        waiting.get("complete").is_none() && waiting.get("slot").is_none(),
-        "{waiting}"
+        requeue.removed_fields.iter().any(|f| f == "slot"),
+        "its slot freed: {:?}",
+        requeue.removed_fields
     );
-    db.wait_complete(&[id], Duration::from_secs(30)).await;
     let records = db.closed_attempts(id, 2).await;
     assert_eq!(records.len(), 2);
     let first_end = records[0]

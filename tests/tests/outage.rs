@@ -34,36 +34,50 @@ async fn a_server_outage_mid_run_loses_no_result_and_runs_nothing_twice() {
     let runs = db.path("runs.txt");
     let append = runs.to_string_lossy().to_string();
     let outage = outage();
-    let during = outage.as_millis() as i64 / 2;
-    let after = outage.as_millis() as i64 + 5_000;
-    // One plugin ends during the outage, one after it; the rest are queued behind them.
-    let mut params = vec![
-        doc! {"append_to": &append, "sleep_ms": during}.into(),
-        doc! {"append_to": &append, "sleep_ms": after}.into(),
-    ];
+    // One plugin ends during the outage, one after it, each when the test opens its gate;
+    // the rest are queued behind them.
+    let (during, after) = (db.path("gate-during"), db.path("gate-after"));
+    let held = |gate: &std::path::Path| {
+        doc! {"append_to": &append, "hold_until": gate.to_string_lossy().to_string()}.into()
+    };
+    let mut params = vec![held(&during), held(&after)];
     params.extend((0..8).map(|_| doc! {"append_to": &append}.into()));
     let slow = db.insert_tasks(queue, params[..2].to_vec()).await;
     let mut den = Den::start(&config, "n1");
     wait_for(
-        "both slow tasks to run",
-        Duration::from_secs(30),
-        || async {
-            db.count(doc! {"_id": {"$in": slow.clone()}, "status": 0})
-                .await
-                == 2
+        "both slow plugins to start",
+        Duration::from_secs(60),
+        || {
+            let started = read_lines(&runs).len() == 2;
+            async move { started }
         },
     )
     .await;
+    let first_attempt = db
+        .task(slow[0])
+        .await
+        .get_object_id("attempt")
+        .expect("attempt");
     let quick = db.insert_tasks(queue, params[2..].to_vec()).await;
 
     server.kill();
     let down = Instant::now();
-    tokio::time::sleep(outage).await;
+    std::fs::write(&during, "").expect("open the first gate");
+    // Its plugin has exited while the server is down: its result has nowhere to go yet.
+    wait_for("the first plugin to end", Duration::from_secs(60), || {
+        let ended = processes_of_attempt(first_attempt).is_empty();
+        async move { ended }
+    })
+    .await;
+    // The outage itself, deliberately longer than the lease (3 s) and server selection; on a
+    // slow machine it lasts at least until the first plugin has ended.
+    tokio::time::sleep(outage.saturating_sub(down.elapsed())).await;
     assert!(den.is_running(), "the node survived the outage");
     // Nothing can be stored before this moment: the server is down until restart() begins.
     let back = bson::DateTime::now();
     server.restart();
     println!("server down for {:?}", down.elapsed());
+    std::fs::write(&after, "").expect("open the second gate");
 
     let mut all = slow.clone();
     all.extend(&quick);
@@ -91,4 +105,20 @@ async fn a_server_outage_mid_run_loses_no_result_and_runs_nothing_twice() {
     den.stop();
     drop(db);
     drop(server);
+}
+
+/// Processes whose environment names this attempt: its plugin, while it lives (a zombie
+/// shows no environment).
+fn processes_of_attempt(attempt: bson::oid::ObjectId) -> Vec<u32> {
+    let needle = format!("DISBATCH_ATTEMPT={}", attempt.to_hex());
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+        })
+        .collect()
 }

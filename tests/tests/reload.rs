@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bson::doc;
-use disbatch_tests::{echo_plugin, wait_for, write_config, Dci, Den, Launch, TestDb};
+use disbatch_tests::{echo_plugin, read_lines, wait_for, write_config, Dci, Den, Launch, TestDb};
 use serde_json::json;
 
 /// How many times `needle` occurs in a log.
@@ -28,15 +28,21 @@ async fn a_reload_adds_a_plugin_without_touching_the_running_task() {
     let config = write_config(&db, "node.json", only_echo);
     let echo = db.insert_queue("long", "echo", 1).await;
     let other = db.insert_queue("other", "echo2", 1).await;
+    // Held at its gate until the reload is done and a task of the new plugin has run.
+    let (runs, gate) = (db.path("runs.txt"), db.path("gate"));
     let long = db
         .insert_tasks(
             echo,
-            vec![doc! {"sleep_ms": 4000, "stdout": "slept"}.into()],
+            vec![
+                doc! {"stdout": "slept", "append_to": runs.to_string_lossy().to_string(),
+                "hold_until": gate.to_string_lossy().to_string()}
+                .into(),
+            ],
         )
         .await[0];
     let den = Den::start(&config, "n1");
-    wait_for("the long task to run", Duration::from_secs(30), || async {
-        db.count(doc! {"_id": long, "status": 0}).await == 1
+    wait_for("the long task to run", Duration::from_secs(60), || async {
+        read_lines(&runs).len() == 1
     })
     .await;
     // A second name for the echo plugin: the queue `other` names it.
@@ -52,8 +58,15 @@ async fn a_reload_adds_a_plugin_without_touching_the_running_task() {
     let next = db
         .insert_tasks(other, vec![doc! {"stdout": "new plugin"}.into()])
         .await[0];
-    db.wait_complete(&[long, next], Duration::from_secs(60))
-        .await;
+    db.wait_complete(&[next], Duration::from_secs(60)).await;
+    let held = db.task(long).await;
+    assert_eq!(
+        held.get_i32("status").ok(),
+        Some(0),
+        "still running: {held}"
+    );
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&[long], Duration::from_secs(60)).await;
     let long = db.task(long).await;
     assert_eq!(long.get_i32("status").ok(), Some(1), "{long}");
     // The echo plugin writes its params back: the whole run, not cut short.

@@ -249,31 +249,35 @@ async fn a_runner_whose_node_is_gone_stores_its_own_result() {
     let db = TestDb::new("relay_orphan").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 2).await;
-    let runs = db.path("runs.txt");
+    let (runs, gate) = (db.path("runs.txt"), db.path("gate"));
     let id = db
         .insert_tasks(
             queue,
-            vec![doc! {"sleep_ms": 800, "append_to": runs.to_string_lossy().to_string()}.into()],
+            vec![doc! {"append_to": runs.to_string_lossy().to_string(),
+            "hold_until": gate.to_string_lossy().to_string()}
+            .into()],
         )
         .await[0];
     let mut den = Den::start(&config, "n1");
-    wait_for("the plugin to start", Duration::from_secs(30), || async {
+    wait_for("the plugin to start", Duration::from_secs(60), || async {
         read_lines(&runs).len() == 1
     })
     .await;
+    // The plugin ends only once its node is gone: the runner has no node to hand it to.
     den.kill_hard();
-    db.wait_complete(&[id], Duration::from_secs(30)).await;
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&[id], Duration::from_secs(60)).await;
     let t = db.task(id).await;
     assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
     assert!(
-        t.get_str("stdout").unwrap_or("").contains("sleep_ms"),
+        t.get_str("stdout").unwrap_or("").contains("hold_until"),
         "{t}"
     );
     let attempts = db.closed_attempts(id, 1).await;
     assert_eq!(attempts.len(), 1, "{attempts:?}");
     assert_eq!(attempts[0].get_str("outcome").ok(), Some("succeeded"));
     // The runner shares the node's log: it said why it stored the result itself.
-    wait_for("the runner's note", Duration::from_secs(5), || async {
+    wait_for("the runner's note", Duration::from_secs(30), || async {
         den.log_text().contains("recording the result here")
     })
     .await;

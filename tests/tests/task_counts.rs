@@ -56,7 +56,8 @@ async fn counts_doc(db: &TestDb, queue: ObjectId) -> Option<Document> {
 }
 
 async fn wait_reconciled(db: &TestDb, queue: ObjectId) -> Document {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + disbatch_tests::scaled(Duration::from_secs(60));
+    let mut backoff = disbatch_tests::Backoff::new();
     loop {
         if let Some(d) = counts_doc(db, queue).await {
             if d.get_datetime("reconciled_at").is_ok() {
@@ -67,7 +68,7 @@ async fn wait_reconciled(db: &TestDb, queue: ObjectId) -> Document {
             Instant::now() < deadline,
             "queue {queue} never got reconciled counts"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        backoff.wait().await;
     }
 }
 
@@ -148,7 +149,7 @@ async fn writes_keep_the_counts_without_a_recount() {
     let want = exact(&db, queue).await;
     wait_for(
         "the API to show the exact counts",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async { shown(&row(&dci, "q").await) == want },
     )
     .await;
@@ -187,7 +188,7 @@ async fn the_leader_corrects_counts_other_writers_changed() {
     assert_eq!(want["succeeded"], 6);
     wait_for(
         "the reconcile to correct the counts",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || async { shown(&row(&dci, "q").await) == want },
     )
     .await;
