@@ -72,6 +72,7 @@ struct Inner {
     runners: IntGaugeVec,
     db_errors: IntCounterVec,
     recoveries: IntCounterVec,
+    attempt_records_repaired: IntCounter,
     results: IntCounterVec,
     result_batch: Histogram,
     live_copies: IntCounterVec,
@@ -168,6 +169,11 @@ impl Default for Inner {
                 "disbatch_den_recoveries_total",
                 "Lost tasks recovered (lease passed, runner died, node silent): requeue, orphan, cancel or fail",
                 &["how"],
+            ),
+            attempt_records_repaired: counter(
+                &registry,
+                "disbatch_den_attempt_records_repaired_total",
+                "Records of lost attempts this node, as maintenance leader, wrote or corrected because the recovery that took their task had not (its node or the server died between moving the task and writing the record); each is logged",
             ),
             results: counter_vec(
                 &registry,
@@ -356,6 +362,11 @@ impl DenMetrics {
         inc(&self.inner.recoveries, &[how]);
     }
 
+    /// Lost attempts' records written by the leader after their recovery was cut short.
+    pub fn attempt_records_repaired(&self, n: u64) {
+        self.inner.attempt_records_repaired.inc_by(n);
+    }
+
     /// The Prometheus text exposition (format 0.0.4) of every metric recorded so far.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
@@ -462,6 +473,7 @@ mod tests {
             "disbatch_den_pass_duration_seconds_bucket{le=\"+Inf\"} 0",
             "disbatch_den_wakeups_total{source=\"change_stream\"} 0",
             "disbatch_den_recoveries_total{how=\"orphan\"} 0",
+            "disbatch_den_attempt_records_repaired_total 0",
             "disbatch_build_info{git_sha=\"GIT\",version=\"VERSION\"} 1",
         ] {
             let line = line

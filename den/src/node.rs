@@ -19,7 +19,9 @@ use crate::elector::Elector;
 use crate::executor::Executor;
 use crate::metrics::DenMetrics;
 use crate::notifier::Notifier;
-use crate::reaper::{reap_orphans, recover_expired_leases, recover_silent_nodes};
+use crate::reaper::{
+    reap_orphans, recover_expired_leases, recover_silent_nodes, write_unrecorded_attempts,
+};
 use crate::stats_keeper::StatsKeeper;
 
 /// Longest wait between passes while the database keeps failing (before jitter, which may
@@ -305,6 +307,8 @@ impl Node {
         connected_for: Duration,
         reported: &mut HashSet<String>,
     ) -> Result<()> {
+        let repaired = write_unrecorded_attempts(&self.store).await?;
+        self.metrics.attempt_records_repaired(repaired);
         let reaped = recover_expired_leases(&self.store, connected_for).await?;
         self.count_recoveries(&reaped);
         let (queues, _) = self.store.list_queues().await?;

@@ -163,6 +163,21 @@ pub async fn recover_expired_leases(store: &Store, connected_for: Duration) -> R
     Ok(report)
 }
 
+/// Writes the records of lost attempts that a recovery left unwritten (its node or the server
+/// died between moving the task and writing the record; the leader's job). Returns how many
+/// records it wrote or corrected.
+pub async fn write_unrecorded_attempts(store: &Store) -> Result<u64> {
+    let written = store.write_unrecorded_attempts().await?;
+    for lost in &written {
+        tracing::warn!(
+            task = %lost.task, attempt = %lost.attempt, from_node = lost.node.as_deref().unwrap_or("?"),
+            reason = %lost.reason,
+            "wrote the record of a lost attempt that its recovery had left unwritten"
+        );
+    }
+    Ok(written.len() as u64)
+}
+
 /// Recovers the lease-less claims (a Perl node's: it keeps no lease) of every node whose
 /// heartbeat is older than `silent_for`: nothing else ever ends them, and they hold their
 /// queue's threads. The node itself, should it come back, finds them gone, as after a

@@ -120,7 +120,8 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
             "queue_1_key_1",
             "queue_1_not_before_1",
             "queue_1_slot_1",
-            "queue_1_status_1"
+            "queue_1_status_1",
+            "unrecorded_attempts.attempt_1"
         ]
     );
     assert_eq!(names("queues").await, ["_id_", "name_1"]);

@@ -6,7 +6,8 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
-use super::schema::{attempt, task, ATTEMPTS, TASKS};
+use super::lost_records::LostAttempt;
+use super::schema::{task, TASKS};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::status;
@@ -149,7 +150,22 @@ impl Store {
             }
         };
         filter.insert(task::ATTEMPT, t.attempt.map_or(Bson::Null, Bson::ObjectId));
-        let mut set = doc! {task::MTIME: DateTime::now()};
+        let now = DateTime::now();
+        // The runner writes its attempt's record when it ends; recovery writes it instead, or
+        // overrules one written by a runner that died before its result landed.
+        let lost = t
+            .attempt
+            .filter(|_| t.status == status::RUNNING)
+            .map(|a| LostAttempt {
+                task: t.id,
+                queue: t.queue,
+                attempt: a,
+                node: t.node.clone(),
+                start: t.started,
+                end: now,
+                reason: why.to_string(),
+            });
+        let mut set = doc! {task::MTIME: now};
         match how {
             Recovery::Requeue => {
                 set.insert(task::STATUS, status::QUEUED);
@@ -176,13 +192,18 @@ impl Store {
                 );
             }
         }
-        let update = doc! {
+        let mut update = doc! {
             "$set": set,
             "$unset": {
                 task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
                 task::LIVE_OUTPUT: "",
             },
         };
+        // In the same write as the move, so that no crash leaves a moved task without either
+        // its lost attempt's record or what that record is to say (`lost_records.rs`).
+        if let Some(lost) = &lost {
+            update.insert("$push", doc! {task::UNRECORDED_ATTEMPTS: lost.entry()});
+        }
         let to = match how {
             Recovery::Requeue => StatusGroup::Queued,
             Recovery::Orphan => StatusGroup::Orphaned,
@@ -207,28 +228,14 @@ impl Store {
         if !moved {
             return Ok(false);
         }
-        // The runner writes its attempt's record when it ends; recovery writes it instead, or
-        // overrules one written by a runner that died before its result landed.
-        if let Some(a) = t.attempt.filter(|_| t.status == status::RUNNING) {
-            self.collection(ATTEMPTS)
-                .update_one(
-                    doc! {attempt::ID: a},
-                    doc! {
-                        "$set": {
-                            attempt::OUTCOME: "lost", attempt::END: DateTime::now(),
-                            attempt::REASON: why,
-                        },
-                        "$setOnInsert": {
-                            attempt::TASK: t.id,
-                            attempt::QUEUE: t.queue.map_or(Bson::Null, Bson::ObjectId),
-                            attempt::NODE: t.node.clone().map_or(Bson::Null, Bson::String),
-                            attempt::START: t.started.map_or(Bson::Null, Bson::DateTime),
-                        },
-                    },
-                )
-                .upsert(true)
-                .await
-                .map_err(|e| Error::mongo(format!("closing lost attempt {a}"), e))?;
+        if let Some(lost) = &lost {
+            // The task moved: failing here leaves its entry, and the leader writes the record.
+            if let Err(e) = self.write_lost_record(lost).await {
+                tracing::warn!(
+                    task = %t.id, attempt = %lost.attempt, error = %e,
+                    "recovered a task but could not write its lost attempt's record yet; the maintenance leader will"
+                );
+            }
         }
         // Counted after the attempt record, which readers of the task expect beside it.
         if let Some(queue) = t.queue {

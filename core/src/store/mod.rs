@@ -13,6 +13,7 @@ mod leases;
 mod live_output;
 mod lookup;
 mod lost;
+mod lost_records;
 mod maintenance_lease;
 mod metrics;
 mod nodes;
@@ -49,6 +50,7 @@ pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
 pub use live_output::{
     live_stream, terse_live_output, LiveOutput, LiveStream, LiveWrite, LIVE_TAIL,
 };
+pub use lost_records::LostAttempt;
 pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, LiveFleet, LiveNode, NodeLimit};
 pub use queues::{check_queue_fields, parse_queue, runs_persistent};

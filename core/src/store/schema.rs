@@ -45,6 +45,23 @@ pub mod task {
     /// Ours: a running task's output so far, written by its runner about once a second while
     /// the plugin runs and unset in the write that records the result (see `live`).
     pub const LIVE_OUTPUT: &str = "live_output";
+    /// Ours: lost attempts whose record is not written yet, `[{attempt, node, start, end,
+    /// reason}]` (see `unrecorded`). Recovery adds one in the very write that takes the task
+    /// from the attempt and removes it once the record is in, so a node or server that dies
+    /// between the two writes leaves the record to be written by the maintenance leader.
+    /// Absent otherwise.
+    pub const UNRECORDED_ATTEMPTS: &str = "unrecorded_attempts";
+}
+
+/// Fields of an entry of a task's `unrecorded_attempts`: what the lost attempt's record says.
+pub mod unrecorded {
+    /// The attempt's id: the `_id` of its record.
+    pub const ATTEMPT: &str = "attempt";
+    pub const NODE: &str = "node";
+    pub const START: &str = "start";
+    /// When recovery took the task from the attempt.
+    pub const END: &str = "end";
+    pub const REASON: &str = "reason";
 }
 
 /// Fields of a task's `live_output`: `{attempt, at, stdout: {text, from, bytes}, stderr: …}`.
@@ -204,6 +221,7 @@ pub fn disbatch_indexes() -> Vec<(&'static str, IndexModel)> {
 /// makes a queue's `threads` hold across nodes (two claims never hold one slot), the key index
 /// makes a work unit's key unique within its queue.
 pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
+    let unrecorded_key = unrecorded_field(unrecorded::ATTEMPT);
     let unique_where_present = |field: &str| {
         IndexModel::builder()
             .keys(doc! {task::QUEUE: 1, field: 1})
@@ -247,7 +265,22 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
                 .keys(doc! {attempt::TASK: 1, attempt::START: 1})
                 .build(),
         ),
+        // Only a task whose lost attempt's record is still to be written carries the field,
+        // for the moment between two writes (or after a crash between them): the leader's
+        // look for such tasks each pass reads just those.
+        (
+            TASKS,
+            IndexModel::builder()
+                .keys(doc! {unrecorded_key: 1})
+                .options(IndexOptions::builder().sparse(true).build())
+                .build(),
+        ),
     ]
+}
+
+/// `unrecorded_attempts.<field>`, for queries into the array's entries.
+pub fn unrecorded_field(field: &str) -> String {
+    format!("{}.{field}", task::UNRECORDED_ATTEMPTS)
 }
 
 /// Ours: one document per queue, `{_id: <queue id>, queued: n, succeeded: n, …, seq: n,
