@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
@@ -175,8 +176,8 @@ pub async fn run_chaos(opts: &ChaosOptions) -> ChaosReport {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    // Runners may still be closing attempt records of tasks that are already terminal.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let dens: Vec<i32> = nodes.iter().flatten().map(|d| d.pid().as_raw()).collect();
+    wait_until_quiet(&db, &config, &dens, opts.settle_within, &mut report).await;
     check_end_state(&db, &ids, &mut report).await;
     for den in nodes.iter_mut().flatten() {
         den.stop();
@@ -185,6 +186,69 @@ pub async fn run_chaos(opts: &ChaosOptions) -> ChaosReport {
     drop(db);
     drop(server);
     report
+}
+
+/// Waits until nothing can still change the history: no runner of this run is alive (a runner
+/// whose task is already terminal may still be closing its attempt record, retrying with up
+/// to 5 s between tries after the server's restart), no task is claimed or running, and no
+/// lost attempt's record is still to be written. `dens` are the nodes, which stay up.
+async fn wait_until_quiet(
+    db: &TestDb,
+    config: &Path,
+    dens: &[i32],
+    within: Duration,
+    report: &mut ChaosReport,
+) {
+    let deadline = Instant::now() + within;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        let alive = processes_naming(&config.to_string_lossy(), dens);
+        let open = db.count(doc! {"status": {"$in": [-1, 0]}}).await;
+        let unrecorded = db
+            .count(doc! {"unrecorded_attempts": {"$exists": true}})
+            .await;
+        let running_records = db
+            .db
+            .collection::<Document>("attempts")
+            .count_documents(doc! {"outcome": "running"})
+            .await
+            .unwrap_or(u64::MAX);
+        if alive.is_empty() && open == 0 && unrecorded == 0 && running_records == 0 {
+            return;
+        }
+        if Instant::now() > deadline {
+            report.problems.push(format!(
+                "not quiet {within:?} after the tasks ended: runners alive {alive:?}, tasks \
+                 claimed or running {open}, tasks with unwritten lost records {unrecorded}, \
+                 open attempt records {running_records}"
+            ));
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Live processes (zombies aside) other than `except` with an argument containing `needle`.
+fn processes_naming(needle: &str, except: &[i32]) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| !except.contains(pid) && *pid != std::process::id() as i32)
+        .filter(|pid| {
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rfind(')')
+                    .and_then(|i| s[i + 1..].split_whitespace().next().map(str::to_string))
+                    .is_none_or(|state| state == "Z" || state == "X")
+            });
+            let names = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.split(|b| *b == 0)
+                    .any(|arg| String::from_utf8_lossy(arg).contains(needle))
+            });
+            names && !zombie
+        })
+        .collect()
 }
 
 /// A runner of a running task, chosen at random from the nodes' documents: (task, attempt,
