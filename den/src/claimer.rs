@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bson::oid::ObjectId;
-use disbatch_core::claim_plan::{node_room, plan_claims, QueueState};
+use disbatch_core::claim_plan::{node_room, plan_claims, QueueClaims, QueueState};
 use disbatch_core::model::Queue;
 use disbatch_core::scheduler::{share_room, SpecState};
 use disbatch_core::store::{ClaimWindow, NodeLimit, SkipReason, Store};
@@ -241,6 +241,9 @@ impl Claimer {
                 }
             })
             .collect();
+        // Per queue, what this pass claimed: max_getwork bounds it, and operators (and the
+        // tests) see that it held.
+        let mut claimed_here = vec![0u32; plan.len()];
         // Rounds: the room is shared by the scheduler, each queue's share claimed in one
         // batch; a queue that came up short for reasons other than running dry goes again.
         'rounds: for _ in 0..MAX_ROUNDS {
@@ -282,9 +285,13 @@ impl Claimer {
                             specs[i].available = false;
                             continue;
                         }
-                        None => return Err(e),
+                        None => {
+                            self.record_pass_claims(&plan, &claimed_here);
+                            return Err(e);
+                        }
                     },
                 };
+                claimed_here[i] += batch.claimed;
                 plan[i].wanted = plan[i].wanted.saturating_sub(batch.claimed);
                 specs[i].running += batch.claimed;
                 room -= batch.claimed.min(room);
@@ -292,6 +299,7 @@ impl Claimer {
                 report.short_of_tasks =
                     Some(report.short_of_tasks == Some(true) || batch.out_of_tasks);
                 if batch.spawn_failed {
+                    self.record_pass_claims(&plan, &claimed_here);
                     report.on_node = self.view.on_node;
                     return Ok(report);
                 }
@@ -310,10 +318,19 @@ impl Claimer {
                 break;
             }
         }
+        self.record_pass_claims(&plan, &claimed_here);
         report.on_node = self.view.on_node;
         report.more = report.claimed >= MAX_PASS_CLAIMS;
         report.short_of_tasks.get_or_insert(false);
         Ok(report)
+    }
+
+    fn record_pass_claims(&self, plan: &[QueueClaims], claimed: &[u32]) {
+        for (queue, n) in plan.iter().zip(claimed) {
+            if let (true, Some(name)) = (*n > 0, self.queue_names.get(&queue.queue)) {
+                self.metrics.claimed_in_pass(name, *n);
+            }
+        }
     }
 
     /// Fails a task no runner can be handed (or, when the server will not even take that

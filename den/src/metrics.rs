@@ -61,6 +61,7 @@ struct Inner {
     claim_misses: IntCounterVec,
     claims_given_back: IntCounterVec,
     claim_latency: Histogram,
+    claims_per_pass: HistogramVec,
     passes: IntCounter,
     queue_reads: IntCounter,
     pass_duration: Histogram,
@@ -108,6 +109,13 @@ impl Default for Inner {
                 "disbatch_den_claim_latency_seconds",
                 "Time to claim a batch (its read and its claim), once per task claimed",
                 ROUND_TRIP_BUCKETS,
+            ),
+            claims_per_pass: histogram_vec(
+                &registry,
+                "disbatch_den_claims_per_pass",
+                "Tasks one pass claimed from a queue, once per pass and queue it claimed from: a queue's max_getwork bounds it",
+                &["queue"],
+                BATCH_BUCKETS,
             ),
             passes: counter(&registry, "disbatch_den_passes_total", "Node passes run"),
             queue_reads: counter(
@@ -240,6 +248,17 @@ impl DenMetrics {
     pub fn claimed(&self, queue: &str, latency: Duration) {
         inc(&self.inner.claims, &[&metric_label(queue)]);
         self.inner.claim_latency.observe(latency.as_secs_f64());
+    }
+
+    /// One pass claimed `n` tasks of `queue` (kept after any given back).
+    pub fn claimed_in_pass(&self, queue: &str, n: u32) {
+        if let Ok(h) = self
+            .inner
+            .claims_per_pass
+            .get_metric_with_label_values(&[&metric_label(queue)])
+        {
+            h.observe(f64::from(n));
+        }
     }
 
     /// A claim that came to nothing: `reason` is "empty", "lost", "slot_taken", "refused", or
@@ -491,6 +510,7 @@ mod tests {
         m.claimed("q1", Duration::from_millis(3));
         clone.claimed("q1", Duration::from_millis(30));
         m.claim_missed("q\"2\\\nx", "lost");
+        m.claimed_in_pass("q1", 2);
         m.pass(Duration::from_millis(20));
         m.wakeup("timer");
         m.wakeup("timer");
@@ -507,6 +527,8 @@ mod tests {
             "disbatch_den_claim_latency_seconds_count 2",
             "disbatch_den_claim_latency_seconds_bucket{le=\"0.005\"} 1",
             "disbatch_den_claim_latency_seconds_bucket{le=\"0.05\"} 2",
+            "disbatch_den_claims_per_pass_bucket{queue=\"q1\",le=\"1\"} 0",
+            "disbatch_den_claims_per_pass_bucket{queue=\"q1\",le=\"2\"} 1",
             "disbatch_den_claim_misses_total{queue=\"q\\\"2\\\\\\nx\",reason=\"lost\"} 1",
             "disbatch_den_passes_total 1",
             "disbatch_den_pass_duration_seconds_count 1",
