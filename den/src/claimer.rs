@@ -395,19 +395,24 @@ impl Claimer {
             .iter()
             .map(|n| (n.node.clone(), n.maxthreads))
             .collect();
-        self.view.set_sharers(
-            ids.iter()
-                .map(|q| {
-                    let nodes = live
-                        .iter()
-                        .filter(|n| n.room != Some(0) && n.serves.contains(q))
-                        .map(|n| n.node.clone())
-                        .collect();
-                    (*q, nodes)
-                })
-                .collect(),
-            capacity,
-        );
+        let sharers: HashMap<ObjectId, Vec<String>> = ids
+            .iter()
+            .map(|q| {
+                let nodes = live
+                    .iter()
+                    .filter(|n| n.room != Some(0) && n.serves.contains(q))
+                    .map(|n| n.node.clone())
+                    .collect();
+                (*q, nodes)
+            })
+            .collect();
+        // Published so that whoever needs the fleet to agree on lanes (a test opening a queue,
+        // ops adding a node) can see this node has read its sharers, not guess a time.
+        self.metrics.sharers(sharers.iter().filter_map(|(q, nodes)| {
+            let name = self.queue_names.get(q)?;
+            Some((name.as_str(), nodes.len()))
+        }));
+        self.view.set_sharers(sharers, capacity);
         Ok(())
     }
 

@@ -71,6 +71,7 @@ struct Inner {
     tasks_finished: IntCounterVec,
     task_duration: HistogramVec,
     runners: IntGaugeVec,
+    sharers: IntGaugeVec,
     db_errors: IntCounterVec,
     recoveries: IntCounterVec,
     attempt_records_repaired: IntCounter,
@@ -164,6 +165,12 @@ impl Default for Inner {
                 &registry,
                 "disbatch_den_runners",
                 "Task runners alive now",
+                &["queue"],
+            ),
+            sharers: gauge_vec(
+                &registry,
+                "disbatch_den_sharers",
+                "Live nodes this node last read as serving the queue with room (itself included once its heartbeat says it serves it): the nodes its lane of the queue's slots is laid out among, beside those seen holding its tasks. Read from the heartbeats every 2 s",
                 &["queue"],
             ),
             db_errors: counter_vec(
@@ -366,6 +373,21 @@ impl DenMetrics {
         self.inner
             .queues_skipped
             .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Each served queue's sharers as just read (`queue` name, nodes); queues no longer
+    /// served drop out.
+    pub fn sharers<'a>(&self, read: impl IntoIterator<Item = (&'a str, usize)>) {
+        self.inner.sharers.reset();
+        for (queue, n) in read {
+            if let Ok(g) = self
+                .inner
+                .sharers
+                .get_metric_with_label_values(&[&metric_label(queue)])
+            {
+                g.set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
     }
 
     /// A change stream opened (true) or closed (false).
