@@ -30,7 +30,9 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 pub(crate) fn test_started() {
     SUBREAPER.call_once(|| {
         if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-            eprintln!("cleanup: cannot become a child subreaper ({e}); orphans may outlive the test");
+            eprintln!(
+                "cleanup: cannot become a child subreaper ({e}); orphans may outlive the test"
+            );
         }
     });
     LIVE.fetch_add(1, Ordering::SeqCst);
