@@ -1,7 +1,7 @@
 //! Claims in the server's order of writes, from a change stream: which claims landed with a
 //! queue already at its `threads`, ours (holding a slot) or a Perl node's (holding none).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +11,13 @@ use bson::{Bson, Document};
 use futures::StreamExt;
 use mongodb::change_stream::event::ChangeStreamEvent;
 use mongodb::change_stream::ChangeStream;
+use mongodb::Collection;
+
+/// A field only the recorder's markers carry: no task has it, and no node reads a document
+/// without a queue and a status as a task.
+const MARKER: &str = "claim_order_marker";
+/// The value of the last marker, at which the recorder stops.
+const END: &str = "end";
 
 /// One change to a task, in the order the server applied it.
 #[derive(Debug, Clone)]
@@ -24,7 +31,73 @@ pub struct Change {
     node: Option<Option<String>>,
 }
 
-/// Records every change to the tasks collection, in server order, until `stop`.
+/// A recording of the tasks collection's changes, in server order, between its start and its
+/// `finish`. It ends at a marker it writes itself, so the last change before `finish` is in
+/// it however late the stream delivers it (a recorder that stops at a quiet moment may not).
+pub struct Recording {
+    tasks: Collection<Document>,
+    recorder: tokio::task::JoinHandle<Vec<Change>>,
+    markers: Vec<ObjectId>,
+}
+
+impl Recording {
+    /// Opens the stream before returning: every change the caller makes from now on is in it.
+    pub async fn start(tasks: Collection<Document>) -> Recording {
+        let stream = tasks.watch().await.expect("watch the tasks");
+        // Never set: the recorder stops at the marker `finish` writes.
+        let stop = Arc::new(AtomicBool::new(false));
+        let recorder = tokio::spawn(record_changes(stream, stop));
+        Recording {
+            tasks,
+            recorder,
+            markers: Vec::new(),
+        }
+    }
+
+    /// Writes a marker: changes after it in the recording were applied after this call.
+    pub async fn mark(&mut self) -> ObjectId {
+        self.write_marker(false).await
+    }
+
+    async fn write_marker(&mut self, last: bool) -> ObjectId {
+        let id = ObjectId::new();
+        self.tasks
+            .insert_one(bson::doc! {"_id": id, MARKER: if last { END } else { "mark" }})
+            .await
+            .expect("insert a marker");
+        self.markers.push(id);
+        id
+    }
+
+    /// Every change up to now, the markers among them (find them with `position`).
+    pub async fn finish(mut self) -> Vec<Change> {
+        let end = self.write_marker(true).await;
+        let wait = crate::scaled(Duration::from_secs(60));
+        let changes = tokio::time::timeout(wait, &mut self.recorder)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("the change stream did not deliver the end marker within {wait:?}")
+            })
+            .expect("recorder");
+        assert!(
+            position(&changes, end).is_some(),
+            "the change stream ended before the recording's last marker"
+        );
+        self.tasks
+            .delete_many(bson::doc! {"_id": {"$in": &self.markers}})
+            .await
+            .expect("remove the markers");
+        changes
+    }
+}
+
+/// Where `marker` is in `changes`.
+pub fn position(changes: &[Change], marker: ObjectId) -> Option<usize> {
+    changes.iter().position(|c| c.task == marker)
+}
+
+/// Records every change to the tasks collection, in server order, until `stop`, or up to
+/// the marker `Recording::finish` writes.
 pub async fn record_changes(
     mut stream: ChangeStream<ChangeStreamEvent<Document>>,
     stop: Arc<AtomicBool>,
@@ -58,12 +131,17 @@ pub async fn record_changes(
         };
         let slot = set.get("slot").is_some_and(|s| !matches!(s, Bson::Null));
         let node = set.get("node").map(|n| n.as_str().map(str::to_string));
+        let last = set.get_str(MARKER) == Ok(END);
         changes.push(Change {
             task,
             status,
             slot,
             node,
         });
+        // The recording's last marker: everything before it in server order has been seen.
+        if last {
+            break;
+        }
     }
     changes
 }
@@ -84,6 +162,110 @@ pub fn requeued_from(changes: &[Change], node: &str) -> HashSet<ObjectId> {
         }
     }
     out
+}
+
+/// After one claim or release of a task, in server order: what each node held then.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Its index in the recorded changes (compare with `position` of a marker).
+    pub at: usize,
+    /// A claim (true) or a release (false).
+    pub claim: bool,
+    /// The node that claimed or released.
+    pub node: String,
+    /// Tasks each node holds (claimed or running) after it; a node holding none is absent.
+    pub held: BTreeMap<String, usize>,
+}
+
+impl Step {
+    pub fn of(&self, node: &str) -> usize {
+        self.held.get(node).copied().unwrap_or(0)
+    }
+
+    pub fn total(&self) -> usize {
+        self.held.values().sum()
+    }
+}
+
+/// Replays `changes` to `tasks` in server order: every claim and release, with what each
+/// node held at once after it. These are the product's decisions, how the slots were divided,
+/// whatever the speed of each node's runners.
+pub fn holdings(changes: &[Change], tasks: &HashSet<ObjectId>) -> Vec<Step> {
+    let mut node_of = HashMap::<ObjectId, String>::new();
+    let mut holder = HashMap::<ObjectId, String>::new();
+    let mut held = BTreeMap::<String, usize>::new();
+    let mut steps = Vec::new();
+    for (at, c) in changes.iter().enumerate() {
+        if !tasks.contains(&c.task) {
+            continue;
+        }
+        match &c.node {
+            Some(Some(n)) => {
+                node_of.insert(c.task, n.clone());
+            }
+            Some(None) => {
+                node_of.remove(&c.task);
+            }
+            None => {}
+        }
+        let Some(status) = c.status else { continue };
+        let holds = status == -1 || status == 0;
+        let now = node_of.get(&c.task).filter(|_| holds).cloned();
+        let before = holder.get(&c.task).cloned();
+        if now == before {
+            continue;
+        }
+        if let Some(n) = &before {
+            holder.remove(&c.task);
+            if let Some(k) = held.get_mut(n) {
+                *k -= 1;
+                if *k == 0 {
+                    held.remove(n);
+                }
+            }
+            if now.is_none() {
+                steps.push(Step {
+                    at,
+                    claim: false,
+                    node: n.clone(),
+                    held: held.clone(),
+                });
+            }
+        }
+        if let Some(n) = now {
+            holder.insert(c.task, n.clone());
+            *held.entry(n.clone()).or_default() += 1;
+            steps.push(Step {
+                at,
+                claim: true,
+                node: n,
+                held: held.clone(),
+            });
+        }
+    }
+    steps
+}
+
+/// Each node's share of the slots held: its mean holding over `steps` over the mean total.
+pub fn slot_shares(steps: &[Step]) -> BTreeMap<String, f64> {
+    let mut sum = BTreeMap::<String, usize>::new();
+    for s in steps {
+        for (n, k) in &s.held {
+            *sum.entry(n.clone()).or_default() += k;
+        }
+    }
+    let total: usize = sum.values().sum();
+    sum.into_iter()
+        .map(|(n, k)| (n, k as f64 / total.max(1) as f64))
+        .collect()
+}
+
+/// The steps while the queue had tasks left to claim: from its first claim to its last, when
+/// it stops being shared and drains.
+pub fn while_queued(steps: &[Step]) -> &[Step] {
+    let first = steps.iter().position(|s| s.claim).unwrap_or(0);
+    let last = steps.iter().rposition(|s| s.claim).map_or(0, |i| i + 1);
+    steps.get(first..last.max(first)).unwrap_or(&[])
 }
 
 /// What replaying the queue's changes in server order shows.
@@ -220,4 +402,27 @@ pub fn claim_like_perl(
             })
         })
         .collect()
+}
+
+/// Waits until each of `dens` has read `n` nodes serving queue `queue` (its name) with room
+/// (`disbatch_den_sharers`): from then on each lays out its lane among all of them, so a
+/// queue opened now is divided from its first claim.
+pub async fn wait_sharers(dens: &[&crate::Den], queue: &str, n: usize) {
+    let sample = format!("disbatch_den_sharers{{queue=\"{queue}\"}}");
+    crate::wait_for(
+        &format!("{} nodes to read {n} sharers of {queue}", dens.len()),
+        Duration::from_secs(60),
+        || {
+            let sample = &sample;
+            async move {
+                for den in dens {
+                    if den.metric(sample).await != n as f64 {
+                        return false;
+                    }
+                }
+                true
+            }
+        },
+    )
+    .await;
 }

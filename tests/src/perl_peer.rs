@@ -90,19 +90,35 @@ impl PerlDen {
     }
 
     /// The host dies: the DEN and every task runner it started (each in a session of its
-    /// own, found by this node's config path on its command line) are killed at once.
+    /// own) are killed at once, and the host is dead once several scans find none of them.
     pub fn kill_host(&mut self) {
+        // Every process of the host shares its UTS namespace (run-den unshares it; a runner's
+        // fork, setsid and exec keep it), which reads the same at every moment of an exec.
+        let host = self
+            .child
+            .as_ref()
+            .and_then(|c| uts_namespace(&c.id().to_string()))
+            .filter(|ns| Some(ns) != uts_namespace("self").as_ref());
+        // All at once: a runner left running while its DEN dies could still finish its task.
+        if let Some(host) = &host {
+            for pid in processes_in(host) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
         self.kill_den();
-        // run-den hands the DEN its config by real path, and the DEN passes it on.
+        // run-den hands the DEN its config by real path, and the DEN passes it on: without a
+        // namespace of its own (no node name), that is how its runners are found. While a
+        // runner execs its command line reads empty, so one scan can miss it (CI saw such a
+        // runner finish its task after the kill).
         let real = std::fs::canonicalize(&self.config).unwrap_or_else(|_| self.config.clone());
         let config = real.to_string_lossy().to_string();
-        // A runner is forked, leaves the DEN's process group (setsid), then execs: while it
-        // execs its command line reads empty, so one scan can miss it (CI saw such a runner
-        // finish its task after the kill). The host is dead once several scans find nothing.
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut empty_scans = 0;
         while empty_scans < 5 {
-            let pids = processes_with_arg(&config);
+            let mut pids = processes_with_arg(&config);
+            if let Some(host) = &host {
+                pids.extend(processes_in(host));
+            }
             if pids.is_empty() {
                 empty_scans += 1;
             } else {
@@ -145,5 +161,23 @@ fn processes_with_arg(arg: &str) -> Vec<i32> {
                 .map(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
                 .unwrap_or(false)
         })
+        .collect()
+}
+
+/// The UTS namespace of process `pid` ("self" for this one), as `uts:[inode]`.
+fn uts_namespace(pid: &str) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/uts"))
+        .ok()
+        .map(|l| l.to_string_lossy().to_string())
+}
+
+/// Pids of the live processes in UTS namespace `ns` (a zombie's namespace reads as none).
+fn processes_in(ns: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .filter(|pid| uts_namespace(&pid.to_string()).as_deref() == Some(ns))
         .collect()
 }

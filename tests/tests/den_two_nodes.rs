@@ -1,87 +1,53 @@
 //! Two DENs on one queue: the global `threads` holds across nodes, each task runs once.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
-
 use std::path::Path;
+use std::time::Duration;
 
 use bson::doc;
 use bson::oid::ObjectId;
+use disbatch_tests::claim_order::{holdings, wait_sharers, Recording};
 use disbatch_tests::{read_lines, write_config, Den, TestDb};
 use serde_json::json;
 
-/// The highest running (-1/0) counts sampled while two DENs drain a queue.
-struct Sampled {
-    max_all: u64,
-    max_n1: u64,
-    samples: u32,
+/// The most the queue's tasks and `n1` held at once, replayed from every claim and release in
+/// the server's order: exact, with no sampler to miss a moment or to load the server.
+struct Held {
+    max_all: usize,
+    max_n1: usize,
+    claims: usize,
 }
 
 /// Starts DENs `n1` and `n2` on a queue inserted with `threads` 0, opens it to `threads` once
-/// both have registered and read each other, samples the queue's running counts every few ms
-/// until every task is complete, then stops the DENs.
+/// both have read each other as sharers of it, records every change to the tasks until each
+/// is complete, then stops the DENs.
 ///
 /// Opening late matters: on a loaded machine one node can start a second or more after the
 /// other, which alone could drain a short queue before the late one claims anything.
 async fn drain_with_two_nodes(
     db: &TestDb,
     config: &Path,
-    queue: ObjectId,
+    (queue, name): (ObjectId, &str),
     threads: i32,
     ids: &[ObjectId],
-) -> Sampled {
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks = db.tasks();
-    let stop_flag = stop.clone();
-    let sampler = tokio::spawn(async move {
-        let mut s = Sampled {
-            max_all: 0,
-            max_n1: 0,
-            samples: 0,
-        };
-        while !stop_flag.load(Ordering::Relaxed) {
-            let running = doc! {"queue": queue, "status": {"$in": [-1, 0]}};
-            let all = tasks.count_documents(running.clone()).await.unwrap_or(0);
-            let mut on_n1 = running;
-            on_n1.insert("node", "n1");
-            let mine = tasks.count_documents(on_n1).await.unwrap_or(0);
-            s.max_all = s.max_all.max(all);
-            s.max_n1 = s.max_n1.max(mine);
-            s.samples += 1;
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        s
-    });
-    let nodes = (Den::start(config, "n1"), Den::start(config, "n2"));
-    disbatch_tests::wait_for(
-        "both nodes to register",
-        Duration::from_secs(60),
-        || async {
-            db.db
-                .collection::<bson::Document>("nodes")
-                // A heartbeat writes `timestamp`; a document ops inserted beforehand has none.
-                .count_documents(
-                    doc! {"node": {"$in": ["n1", "n2"]}, "timestamp": {"$exists": true}},
-                )
-                .await
-                .unwrap_or(0)
-                == 2
-        },
-    )
-    .await;
-    // Each node reads the fleet every 2 s; past that, both know they share the queue.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+) -> Held {
+    let recording = Recording::start(db.tasks()).await;
+    let nodes = [Den::start(config, "n1"), Den::start(config, "n2")];
+    wait_sharers(&nodes.iter().collect::<Vec<_>>(), name, 2).await;
     db.db
         .collection::<bson::Document>("queues")
         .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": threads}})
         .await
         .expect("open the queue");
     db.wait_complete(ids, Duration::from_secs(120)).await;
-    stop.store(true, Ordering::Relaxed);
+    let changes = recording.finish().await;
     drop(nodes);
-    sampler.await.expect("sampler")
+    let steps = holdings(&changes, &ids.iter().copied().collect());
+    Held {
+        max_all: steps.iter().map(|s| s.total()).max().unwrap_or(0),
+        max_n1: steps.iter().map(|s| s.of("n1")).max().unwrap_or(0),
+        claims: steps.iter().filter(|s| s.claim).count(),
+    }
 }
 
 #[tokio::test]
@@ -99,14 +65,16 @@ async fn two_nodes_share_a_queue_within_its_global_threads() {
                 .collect(),
         )
         .await;
-    let Sampled {
+    let Held {
         max_all: max_running,
-        samples,
+        claims,
         ..
-    } = drain_with_two_nodes(&db, &config, queue, 3, &ids).await;
+    } = drain_with_two_nodes(&db, &config, (queue, "shared"), 3, &ids).await;
 
-    eprintln!("two nodes, threads 3, 100 tasks: max running {max_running} over {samples} samples");
-    assert!(samples > 20, "sampler took only {samples} samples");
+    eprintln!(
+        "two nodes, threads 3, 100 tasks: max running {max_running}, {claims} claims replayed"
+    );
+    assert_eq!(claims, 100, "the replay saw each task claimed once");
     assert!(
         max_running <= 3,
         "queue threads 3 exceeded: {max_running} running at once"
@@ -148,9 +116,12 @@ async fn node_maxthreads_caps_one_node_while_the_other_fills_the_queue() {
                 .collect(),
         )
         .await;
-    let Sampled {
-        max_all, max_n1, ..
-    } = drain_with_two_nodes(&db, &config, queue, 4, &ids).await;
+    let Held {
+        max_all,
+        max_n1,
+        claims,
+    } = drain_with_two_nodes(&db, &config, (queue, "capped"), 4, &ids).await;
+    assert_eq!(claims, 40, "the replay saw each task claimed once");
     assert!(
         max_n1 <= 1,
         "n1 has maxthreads \"1\" but ran {max_n1} at once"

@@ -3,13 +3,11 @@
 //! queue already at its `threads` (judged in the server's order of writes, from a change
 //! stream), and a dead Perl host's tasks are recovered by ours.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_tests::claim_order::{record_changes, replay, requeued_from};
+use disbatch_tests::claim_order::{replay, requeued_from, Recording};
 use disbatch_tests::perl_peer::PerlDen;
 use disbatch_tests::{read_lines, write_config, Den, TestDb};
 use futures::TryStreamExt;
@@ -50,9 +48,7 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Opened before the tasks exist, so it sees every claim, in the server's order.
-    let stop = Arc::new(AtomicBool::new(false));
-    let stream = db.tasks().watch().await.expect("watch the tasks");
-    let recorder = tokio::spawn(record_changes(stream, stop.clone()));
+    let recording = Recording::start(db.tasks()).await;
     let ids = db
         .insert_tasks(queue, (0..48).map(|_| params()).collect())
         .await;
@@ -61,8 +57,7 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
     wait_for_perl_claims(&db, queue, &perl_node).await;
     let ours = [Den::start(&config, "rust-a"), Den::start(&config, "rust-b")];
     db.wait_complete(&ids, Duration::from_secs(180)).await;
-    stop.store(true, Ordering::Relaxed);
-    let changes = recorder.await.expect("recorder");
+    let changes = recording.finish().await;
 
     // Every task ran once, successfully, and both kinds of node took part.
     let tasks: Vec<Document> = db
@@ -118,9 +113,7 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
     // Which tasks the dead host left unfinished is read from the server's order of writes, not
     // from a snapshot after the kill: that races any write still landing from the host (CI saw
     // a task it held at the snapshot finished by its Perl runner afterwards).
-    let stop = Arc::new(AtomicBool::new(false));
-    let stream = db.tasks().watch().await.expect("watch the tasks");
-    let recorder = tokio::spawn(record_changes(stream, stop.clone()));
+    let recording = Recording::start(db.tasks()).await;
     let lossy_ids = db
         .insert_tasks(lossy, (0..8).map(|_| params()).collect())
         .await;
@@ -132,8 +125,7 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
     // task ended but never complete, which is Disbatch 4's own behaviour.
     wait_ended(&db, &lossy_ids, Duration::from_secs(120)).await;
     let done_after = killed.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let changes = recorder.await.expect("recorder");
+    let changes = recording.finish().await;
     let lossy_set: std::collections::HashSet<ObjectId> = lossy_ids.iter().copied().collect();
     let recovered: Vec<ObjectId> = requeued_from(&changes, &perl_node)
         .into_iter()
@@ -155,6 +147,7 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
             Some("rust-c"),
             "run again by ours: {t}"
         );
+        assert_eq!(t.get_i32("attempts").ok(), Some(1), "run once by ours: {t}");
     }
     assert!(
         done_after >= Duration::from_secs(9),

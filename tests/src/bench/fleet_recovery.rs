@@ -44,25 +44,33 @@ impl ScaleFleet {
             .insert_many(docs)
             .await
             .context("enqueueing long tasks")?;
-        // Opened only once every node publishes that it serves the queue and the others have
-        // read that (every 2 s): before, the first node to see the tasks has no lanes to keep
-        // to and takes them all.
-        let nodes = self.db.collection::<Document>(NODES);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let live = self.dens.len() as u64;
-        while nodes
-            .count_documents(doc! {node::SERVES: queue})
-            .await
-            .context("reading nodes")?
-            < live
-        {
+        // Opened only once every node has read every other as serving the queue
+        // (`disbatch_den_sharers`): before, the first node to see the tasks has no lanes to
+        // keep to and takes them all.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let live = self.dens.len() as f64;
+        let sample = "disbatch_den_sharers{queue=\"long\"}";
+        let mut unread = self.dens.iter().collect::<Vec<_>>();
+        while !unread.is_empty() {
+            let mut still = Vec::new();
+            for den in unread {
+                if den.metric(sample).await < live {
+                    still.push(den);
+                }
+            }
+            unread = still;
+            if unread.is_empty() {
+                break;
+            }
             if Instant::now() > deadline {
-                super::progress("warning: not every node published the long queue within 30 s");
+                super::progress(&format!(
+                    "warning: {} nodes had not read every node serving the long queue within 60 s",
+                    unread.len()
+                ));
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_secs(3)).await;
         self.set_threads(queue, n as u32).await?;
         let deadline = Instant::now() + Duration::from_secs(120);
         while self
