@@ -37,7 +37,7 @@ async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
         .await;
     let den = Den::start(&config, "n1");
     db.wait_complete(&ids, Duration::from_secs(30)).await;
-    wait_for("chained units", Duration::from_secs(10), || async {
+    wait_for("chained units", Duration::from_secs(30), || async {
         db.count(doc! {"queue": next}).await == 4
     })
     .await;
@@ -98,7 +98,7 @@ async fn chaining_updates_existing_units_and_tolerates_a_missing_then_queue() {
         .await;
     wait_for(
         "the unit to be requeued",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async {
             db.unit(next, "k")
                 .await
@@ -117,7 +117,7 @@ async fn chaining_updates_existing_units_and_tolerates_a_missing_then_queue() {
     // The runner chains after its result is stored: the line may come a moment later.
     wait_for(
         "the missing-queue warning",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async {
             den.log_text()
                 .contains("does not exist; output not chained")

@@ -99,7 +99,7 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
         .iter()
         .position(|d| d.node == first)
         .expect("leader is one of ours");
-    wait_for("the leader's log line", Duration::from_secs(10), || async {
+    wait_for("the leader's log line", Duration::from_secs(30), || async {
         recovered_by(&dens[leader_den]) > 0
     })
     .await;
@@ -154,7 +154,7 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
     let new_leader = dens.iter().find(|d| d.node == second).expect("new leader");
     wait_for(
         "the new leader's log line",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async { recovered_by(new_leader) > 0 },
     )
     .await;

@@ -58,7 +58,7 @@ async fn runs_under_its_csp(b: &Browser) {
         .expect("inline script");
     wait_for(
         "the inline script's violation",
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         || async {
             b.csp_violations()
                 .await
@@ -168,7 +168,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     .expect("cancel");
     wait_for(
         "the task to be cancelled",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async { db.task(victim).await.get_i32("status").ok() == Some(-5) },
     )
     .await;
@@ -181,7 +181,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     threads.send_keys(&format!("2{ENTER}")).await.expect("type");
     wait_for(
         "threads 2 to be stored",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || async {
             queue_doc(&db, "console")
                 .await
@@ -229,7 +229,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
         .await;
     let max = b.find("tr[data-node=\"n1\"] input.maxthreads").await;
     max.send_keys(&format!("5{ENTER}")).await.expect("type");
-    wait_for("maxthreads 5", Duration::from_secs(10), || async {
+    wait_for("maxthreads 5", Duration::from_secs(30), || async {
         db.node("n1").await.get_i64("maxthreads").ok() == Some(5)
     })
     .await;
