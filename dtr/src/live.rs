@@ -49,19 +49,27 @@ pub async fn keep_live(
         stdout: LiveStream::default(),
         stderr: LiveStream::default(),
     };
-    let mut written = (0, 0);
+    // The lengths the task's copy shows; None when unknown.
+    let mut written = Some((0, 0));
     loop {
         tick.tick().await;
+        if relay.as_ref().is_some_and(LiveRelay::is_closed) {
+            // The node went away after taking the last copy, which it may never have written:
+            // from now on this runner writes the copies, the next one even if nothing grew.
+            tracing::debug!(task = %task, "the node stopped taking live output; writing it here");
+            relay = None;
+            written = None;
+        }
         let lens = (file_len(&paths.stdout).await, file_len(&paths.stderr).await);
-        if lens == written {
+        if written == Some(lens) {
             continue;
         }
-        if lens.0 != written.0 {
+        if written.is_none_or(|w| w.0 != lens.0) {
             if let Some(s) = read_tail(&paths.stdout).await {
                 copy.stdout = s;
             }
         }
-        if lens.1 != written.1 {
+        if written.is_none_or(|w| w.1 != lens.1) {
             if let Some(s) = read_tail(&paths.stderr).await {
                 copy.stderr = s;
             }
@@ -72,7 +80,7 @@ pub async fn keep_live(
                 output: copy.clone(),
             });
             if sent {
-                written = lens;
+                written = Some(lens);
                 continue;
             }
             tracing::debug!(task = %task, "the node stopped taking live output; writing it here");
@@ -83,7 +91,7 @@ pub async fn keep_live(
             Err(e) => Err(e),
         };
         match wrote {
-            Ok(LiveWrite::Written) => written = lens,
+            Ok(LiveWrite::Written) => written = Some(lens),
             // The lease keeper learns the same and stops the plugin.
             Ok(LiveWrite::NotOurs) => return,
             Ok(LiveWrite::TooLarge) => {

@@ -52,6 +52,11 @@ impl LiveRelay {
         };
         !matches!(self.frames.try_send(frame), Err(TrySendError::Closed(_)))
     }
+
+    /// Whether the node is known to be gone: a write to it failed.
+    pub fn is_closed(&self) -> bool {
+        self.frames.is_closed()
+    }
 }
 
 /// Owns stdout: frames go out whole, in order, however their senders are stopped. The first

@@ -2,7 +2,9 @@
 //! CLI's `--follow` and the console; the stored output stays as Disbatch stores it.
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
@@ -10,7 +12,9 @@ use bson::{doc, Bson, DateTime};
 use disbatch_core::store::{
     FinishOutcome, LiveOutput, LiveStream, LiveWrite, OutputValue, TaskEnd,
 };
-use disbatch_tests::{bin_path, write_config, Browser, Dci, Den, TestDb};
+use disbatch_tests::{
+    bin_path, scaled, wait_for, write_config, Backoff, Browser, Dci, Den, TestDb,
+};
 use serde_json::json;
 
 /// One answer of `GET /tasks/:id/stdout`.
@@ -68,70 +72,129 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Polls the route every 100 ms while the task runs; returns the live answers and, per line,
-/// how long after its printing it was first seen.
-async fn watch(dci: &Dci, id: ObjectId) -> (Vec<Answer>, Vec<i64>, Answer) {
-    let mut live = Vec::new();
-    let mut lags = Vec::new();
-    let mut seen = 0;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+/// Gate files for the echo plugin's `hold_until`: it prints `lines` lines and waits for the
+/// first gate, prints `lines` more and waits for the next, and so on. While a gate is shut the
+/// task provably runs, so what the test sees then was shown while it ran, however slow the
+/// machine is.
+fn gates(db: &TestDb, n: usize) -> (Vec<PathBuf>, Bson) {
+    let paths: Vec<PathBuf> = (0..n).map(|i| db.path(&format!("gate-{i}"))).collect();
+    let param = paths
+        .iter()
+        .map(|p| Bson::String(p.display().to_string()))
+        .collect();
+    (paths, Bson::Array(param))
+}
+
+fn open(gate: &Path) {
+    std::fs::write(gate, b"").expect("open the gate");
+}
+
+async fn assert_running(db: &TestDb, id: ObjectId, what: &str) {
+    let task = db.task(id).await;
+    assert_eq!(task.get_i32("status").ok(), Some(0), "{what}: {task}");
+}
+
+/// What the route showed while the task ran: every live answer, the highest line seen, and
+/// per line how long after its printing it was first seen (a figure, printed, not asserted).
+#[derive(Default)]
+struct Watched {
+    live: Vec<Answer>,
+    seen: u64,
+    lags: Vec<i64>,
+}
+
+impl Watched {
+    /// One answer of the route: the stored output, or None (a live answer is kept and its new
+    /// lines timed; a waiting one is passed over).
+    async fn ask(&mut self, dci: &Dci, id: ObjectId) -> Option<Answer> {
         let a = output(dci, id, "stdout").await;
         match a.state.as_str() {
-            "final" => return (live, lags, a),
+            "final" => return Some(a),
             "live" => {
                 let at = now_ms();
                 for (i, ms) in printed_lines(&String::from_utf8_lossy(&a.body)) {
-                    if i > seen {
-                        seen = i;
-                        lags.push(at - ms);
+                    if i > self.seen {
+                        self.seen = i;
+                        self.lags.push(at - ms);
                     }
                 }
-                live.push(a);
+                self.live.push(a);
             }
             other => assert_eq!(other, "waiting", "X-Disbatch-Output"),
         }
-        assert!(Instant::now() < deadline, "the task did not end");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        None
+    }
+
+    /// Asks until line `k` is live. The task must not end first.
+    async fn line(&mut self, dci: &Dci, id: ObjectId, k: u64) {
+        let deadline = Instant::now() + scaled(Duration::from_secs(60));
+        let mut backoff = Backoff::new();
+        while self.seen < k {
+            if let Some(a) = self.ask(dci, id).await {
+                panic!("the task ended before line {k} was live: {} bytes", a.total);
+            }
+            assert!(Instant::now() < deadline, "line {k} never became live");
+            backoff.wait().await;
+        }
+    }
+
+    /// Asks until the stored output is served.
+    async fn stored(&mut self, dci: &Dci, id: ObjectId) -> Answer {
+        let deadline = Instant::now() + scaled(Duration::from_secs(60));
+        let mut backoff = Backoff::new();
+        loop {
+            if let Some(a) = self.ask(dci, id).await {
+                return a;
+            }
+            assert!(Instant::now() < deadline, "the task did not end");
+            backoff.wait().await;
+        }
+    }
+
+    fn print_lags(&mut self, what: &str) {
+        self.lags.sort_unstable();
+        if let Some(max) = self.lags.last() {
+            println!(
+                "{what}: live output lag over {} lines: p50 {} ms, max {max} ms",
+                self.lags.len(),
+                percentile(&self.lags, 0.5),
+            );
+        }
     }
 }
 
 #[tokio::test]
-async fn a_running_tasks_output_is_readable_within_a_second_or_two_and_stored_as_before() {
+async fn a_running_tasks_output_is_readable_while_it_runs_and_stored_as_before() {
     let db = TestDb::new("live_inline").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("live", "echo", 1).await;
-    let params = doc! {"lines": 10, "line_ms": 400};
+    let (gate, gate_param) = gates(&db, 2);
+    let params = doc! {"lines": 3, "hold_until": gate_param.clone()};
     let ids = db.insert_tasks(queue, vec![params.clone().into()]).await;
     let dci = Dci::start(&config);
     let den = Den::start(&config, "n1");
-    let (live, mut lags, last) = watch(&dci, ids[0]).await;
+    let mut w = Watched::default();
+    w.line(&dci, ids[0], 3).await;
+    assert_running(&db, ids[0], "lines 1-3 are live while the task waits").await;
+    open(&gate[0]);
+    // Only a later copy can show lines 4-6: the live view grows while the task runs.
+    w.line(&dci, ids[0], 6).await;
+    assert_running(&db, ids[0], "lines 4-6 are live while the task waits").await;
+    open(&gate[1]);
+    let last = w.stored(&dci, ids[0]).await;
     db.wait_complete(&ids, Duration::from_secs(30)).await;
 
-    let lengths: Vec<u64> = live.iter().map(|a| a.total).collect();
-    let mut grew = lengths.clone();
-    grew.dedup();
+    let lengths: Vec<u64> = w.live.iter().map(|a| a.total).collect();
     assert!(
-        grew.len() >= 4,
-        "the live output grew while the task ran: {lengths:?}"
-    );
-    assert!(
-        lengths.windows(2).all(|w| w[0] <= w[1]),
+        lengths.windows(2).all(|win| win[0] <= win[1]),
         "never shrinks: {lengths:?}"
     );
-    for a in &live {
+    for a in &w.live {
         assert_eq!(a.skipped, 0, "small output is kept whole");
         assert_eq!(a.body.len() as u64, a.total);
     }
-    lags.sort_unstable();
-    println!(
-        "live output lag over {} lines: p50 {} ms, max {} ms (polling every 100 ms)",
-        lags.len(),
-        percentile(&lags, 0.5),
-        lags[lags.len() - 1]
-    );
-    assert!(lags.len() >= 6, "lines seen while running: {lags:?}");
-    assert!(lags[lags.len() - 1] <= 2500, "lags {lags:?}");
+    w.print_lags("inline");
+    assert_eq!(w.lags.len(), 6, "every line was seen while the task ran");
 
     // Stored exactly as before: inline, the whole output, and no live copy left.
     let task = db.task(ids[0]).await;
@@ -146,14 +209,14 @@ async fn a_running_tasks_output_is_readable_within_a_second_or_two_and_stored_as
     assert_eq!(last.state, "final");
     assert_eq!(last.body, stdout.as_bytes());
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 11, "{stdout}");
+    assert_eq!(lines.len(), 7, "{stdout}");
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(lines[0]).expect("params line"),
-        json!({"lines": 10, "line_ms": 400})
+        serde_json::to_value(&params).expect("params as JSON")
     );
     let numbered: Vec<u64> = printed_lines(stdout).iter().map(|(i, _)| *i).collect();
-    assert_eq!(numbered, (1..=10).collect::<Vec<_>>());
-    for a in &live {
+    assert_eq!(numbered, (1..=6).collect::<Vec<_>>());
+    for a in &w.live {
         assert!(
             stdout.as_bytes().starts_with(&a.body),
             "what was live is where the output begins"
@@ -164,9 +227,10 @@ async fn a_running_tasks_output_is_readable_within_a_second_or_two_and_stored_as
 }
 
 /// The node takes its runners' live copies on their relay pipes and writes them itself: the
-/// runners of short tasks that print never open a connection of their own, and the output is
-/// live all the same. Every request is counted by a proxy in front of the server.
-#[tokio::test]
+/// runners of tasks that print never open a connection of their own, and the output is live
+/// all the same. Every request is counted by a proxy in front of the server, which runs on
+/// this test's runtime: a multi-thread one, so it serves while `Den::start` blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_output_goes_through_the_node_and_its_runners_never_connect() {
     use disbatch_tests::bench::proxy::{HostUri, Proxy};
     use disbatch_tests::exposition;
@@ -182,24 +246,37 @@ async fn live_output_goes_through_the_node_and_its_runners_never_connect() {
         }),
     );
     let queue = db.insert_queue("live", "echo", 3).await;
-    let params = doc! {"lines": 8, "line_ms": 300};
+    // A lease far longer than the test: a runner renews its lease over its own connection,
+    // and that must not depend on how fast the machine gets through the gates.
+    db.db
+        .collection::<bson::Document>("queues")
+        .update_one(doc! {"_id": queue}, doc! {"$set": {"lease": 3600}})
+        .await
+        .expect("queue lease");
+    let (gate, gate_param) = gates(&db, 2);
+    let params = doc! {"lines": 2, "hold_until": gate_param};
     let ids = db
         .insert_tasks(queue, (0..3).map(|_| params.clone().into()).collect())
         .await;
     let dci = Dci::start(&config);
     let den = Den::start(&config, "n1");
-    let (live, lags, last) = watch(&dci, ids[0]).await;
+    // Each task shows two different live copies while it runs: six copies at least.
+    let mut watched: Vec<Watched> = ids.iter().map(|_| Watched::default()).collect();
+    for (w, id) in watched.iter_mut().zip(&ids) {
+        w.line(&dci, *id, 2).await;
+        assert_running(&db, *id, "lines 1-2 are live").await;
+    }
+    open(&gate[0]);
+    for (w, id) in watched.iter_mut().zip(&ids) {
+        w.line(&dci, *id, 4).await;
+        assert_running(&db, *id, "lines 3-4 are live").await;
+    }
+    open(&gate[1]);
+    let last = watched[0].stored(&dci, ids[0]).await;
     db.wait_complete(&ids, Duration::from_secs(60)).await;
 
-    let mut lengths: Vec<u64> = live.iter().map(|a| a.total).collect();
-    lengths.dedup();
-    assert!(
-        lengths.len() >= 3,
-        "the live output grew while the task ran: {lengths:?}"
-    );
-    assert!(lags.len() >= 4, "lines seen while running: {lags:?}");
     assert_eq!(last.state, "final");
-    for a in &live {
+    for a in &watched[0].live {
         assert!(
             last.body.starts_with(&a.body),
             "live is where the output begins"
@@ -239,49 +316,46 @@ async fn live_output_goes_through_the_node_and_its_runners_never_connect() {
 }
 
 /// A runner whose node stops (SIGTERM leaves running tasks running) finds its pipe closed at
-/// the next copy and writes its copies itself from then on: the live output keeps growing
-/// without the node, and the result is stored whole.
+/// the next copy and writes its copies itself from then on, that copy included: the live
+/// output keeps growing without the node, even when the output grows no more until the test
+/// opens the next gate, and the result is stored whole.
 #[tokio::test]
 async fn a_runner_whose_node_stops_writes_its_live_output_itself() {
     let db = TestDb::new("live_orphan").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("live", "echo", 1).await;
+    let (gate, gate_param) = gates(&db, 3);
     let ids = db
-        .insert_tasks(queue, vec![doc! {"lines": 16, "line_ms": 400}.into()])
+        .insert_tasks(
+            queue,
+            vec![doc! {"lines": 2, "hold_until": gate_param}.into()],
+        )
         .await;
     let dci = Dci::start(&config);
-    let den = Den::start(&config, "n1");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut before = output(&dci, ids[0], "stdout").await;
-    while !(before.state == "live" && before.total > 0) {
-        assert!(Instant::now() < deadline, "no live output through the node");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        before = output(&dci, ids[0], "stdout").await;
-    }
-    drop(den);
-    let mut totals = vec![before.total];
-    let last = loop {
-        let a = output(&dci, ids[0], "stdout").await;
-        if a.state == "final" {
-            break a;
-        }
-        if a.state == "live" {
-            totals.push(a.total);
-        }
-        assert!(Instant::now() < deadline, "the task did not end");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let mut den = Den::start(&config, "n1");
+    let mut w = Watched::default();
+    w.line(&dci, ids[0], 2).await;
+    den.stop();
+    let before = w.live.len();
+    // Lines 3-4, then 5-6, can only reach the task through the runner's own writes now.
+    open(&gate[0]);
+    w.line(&dci, ids[0], 4).await;
+    assert_running(&db, ids[0], "lines 3-4 are live without the node").await;
+    open(&gate[1]);
+    w.line(&dci, ids[0], 6).await;
+    assert_running(&db, ids[0], "lines 5-6 are live without the node").await;
+    open(&gate[2]);
+    let last = w.stored(&dci, ids[0]).await;
+    let mut totals: Vec<u64> = w.live[before - 1..].iter().map(|a| a.total).collect();
     totals.dedup();
     assert!(
         totals.len() >= 3,
-        "the live output grew after the node stopped: {totals:?}"
+        "the live output grew twice after the node stopped: {totals:?}"
     );
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
     let task = db.task(ids[0]).await;
     assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
-    assert_eq!(
-        printed_lines(&String::from_utf8_lossy(&last.body)).len(),
-        16
-    );
+    assert_eq!(printed_lines(&String::from_utf8_lossy(&last.body)).len(), 6);
     db.drop().await;
 }
 
@@ -290,13 +364,22 @@ async fn large_live_output_keeps_its_last_64_kib_and_gridfs_output_is_unchanged(
     let db = TestDb::new("live_gridfs").await;
     let config = write_config(&db, "node.json", json!({"gfs": true}));
     let queue = db.insert_queue("live", "echo", 1).await;
-    // ~20 KB a line: the copy holds the last 64 KiB of ~160 KB.
-    let params = doc! {"lines": 8, "line_ms": 500, "line_pad": 20000};
+    // ~20 KB a line: 80 KB before the first gate, so a copy made then is capped at 64 KiB.
+    let (gate, gate_param) = gates(&db, 2);
+    let params = doc! {"lines": 4, "line_pad": 20000, "hold_until": gate_param};
     let ids = db.insert_tasks(queue, vec![params.into()]).await;
     let dci = Dci::start(&config);
     let den = Den::start(&config, "n1");
-    let (live, _, last) = watch(&dci, ids[0]).await;
+    let mut w = Watched::default();
+    w.line(&dci, ids[0], 4).await;
+    assert_running(&db, ids[0], "lines 1-4 are live").await;
+    open(&gate[0]);
+    w.line(&dci, ids[0], 8).await;
+    assert_running(&db, ids[0], "lines 5-8 are live").await;
+    open(&gate[1]);
+    let last = w.stored(&dci, ids[0]).await;
     db.wait_complete(&ids, Duration::from_secs(30)).await;
+    let live = w.live;
 
     let task = db.task(ids[0]).await;
     let Some(Bson::ObjectId(file)) = task.get("stdout") else {
@@ -439,13 +522,23 @@ async fn cli_follow_prints_the_output_as_it_comes_and_exits_when_the_task_ends()
     let db = TestDb::new("live_cli").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("live", "echo", 1).await;
-    // 4.5 s: the runner copies the output once a second and the CLI asks every 0.5 s, so
-    // about three copies land a second or more before the end. At 3.2 s only two did, the
-    // second within a poll of the limit, and a slow poll under load left one.
-    let params = doc! {"lines": 10, "line_ms": 450, "stderr": "to stderr\n"};
+    let (gate, gate_param) = gates(&db, 2);
+    let params = doc! {"lines": 2, "stderr": "to stderr\n", "hold_until": gate_param};
     let ids = db.insert_tasks(queue, vec![params.into()]).await;
     let dci = Dci::start(&config);
-    // Started before the task runs: it waits, then follows.
+    let asked = || async {
+        let r = dci.http.get(dci.at("/metrics")).send().await;
+        let text = r.expect("GET /metrics").text().await.expect("metrics");
+        text.lines()
+            .filter(|l| {
+                l.starts_with("disbatch_web_http_requests_total{")
+                    && l.contains("route=\"/tasks/{id}/stdout\"")
+                    && l.contains("status=\"2xx\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = asked().await;
     let mut child = Command::new(bin_path("disbatch"))
         .args(["--url", &dci.url, "stdout", &ids[0].to_hex(), "--follow"])
         .stdout(Stdio::piped())
@@ -453,56 +546,68 @@ async fn cli_follow_prints_the_output_as_it_comes_and_exits_when_the_task_ends()
         .spawn()
         .expect("run disbatch");
     let mut pipe = child.stdout.take().expect("stdout");
-    let reader = std::thread::spawn(move || {
-        let mut chunks = Vec::new();
-        let mut buf = vec![0; 65536];
-        loop {
-            match pipe.read(&mut buf) {
-                Ok(0) | Err(_) => return chunks,
-                Ok(n) => chunks.push((Instant::now(), buf[..n].to_vec())),
+    let printed = Arc::new(Mutex::new(Vec::new()));
+    let reader = {
+        let printed = printed.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0; 65536];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                printed
+                    .lock()
+                    .expect("printed")
+                    .extend_from_slice(&buf[..n]);
             }
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(700)).await;
+        })
+    };
+    // The CLI has asked while the task waits to run (no node yet): it waits, then follows.
+    wait_for(
+        "--follow to ask for the queued task's output",
+        Duration::from_secs(30),
+        || async { asked().await > before },
+    )
+    .await;
     let den = Den::start(&config, "n1");
-    let started = Instant::now();
+    let shown = |k: u64| {
+        let printed = printed.clone();
+        async move {
+            let text = String::from_utf8_lossy(&printed.lock().expect("printed")).into_owned();
+            printed_lines(&text).iter().any(|(i, _)| *i >= k)
+        }
+    };
+    wait_for("--follow to print line 2", Duration::from_secs(60), || {
+        shown(2)
+    })
+    .await;
+    assert_running(&db, ids[0], "--follow printed lines 1-2 while the task ran").await;
+    open(&gate[0]);
+    wait_for("--follow to print line 4", Duration::from_secs(60), || {
+        shown(4)
+    })
+    .await;
+    assert_running(&db, ids[0], "--follow printed lines 3-4 while the task ran").await;
+    open(&gate[1]);
+    let deadline = Instant::now() + scaled(Duration::from_secs(60));
+    let mut backoff = Backoff::new();
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait") {
             break s;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "--follow never exited"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(Instant::now() < deadline, "--follow never exited");
+        backoff.wait().await;
     };
-    let exited = Instant::now();
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_string(&mut err);
     }
     assert!(status.success(), "--follow failed: {err}");
-    let chunks = reader.join().expect("reader");
-    let printed: Vec<u8> = chunks.iter().flat_map(|(_, c)| c.clone()).collect();
+    reader.join().expect("reader");
+    let printed = printed.lock().expect("printed").clone();
     let task = db.task(ids[0]).await;
     assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
     assert_eq!(
         String::from_utf8_lossy(&printed),
         task.get_str("stdout").expect("inline stdout"),
         "everything, once, in order"
-    );
-    let early = chunks
-        .iter()
-        .filter(|(at, _)| exited.duration_since(*at) >= Duration::from_secs(1))
-        .count();
-    println!(
-        "--follow: {} chunks, {early} of them a second or more before it exited",
-        chunks.len()
-    );
-    assert!(
-        early >= 2,
-        "output came while the task ran ({} chunks, {early} early)",
-        chunks.len()
     );
     // Followed stderr of an ended task: all of it at once.
     let stderr = dci.cli(&["stderr", &ids[0].to_hex(), "--follow"]);
@@ -517,7 +622,8 @@ async fn the_task_page_tails_a_running_tasks_output() {
     let db = TestDb::new("live_ui").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("live", "echo", 1).await;
-    let params = doc! {"lines": 14, "line_ms": 500, "stderr": "<b>not bold</b>\n"};
+    let (gate, gate_param) = gates(&db, 2);
+    let params = doc! {"lines": 3, "stderr": "<b>not bold</b>\n", "hold_until": gate_param};
     let ids = db.insert_tasks(queue, vec![params.into()]).await;
     let dci = Dci::start(&config);
     let den = Den::start(&config, "n1");
@@ -539,6 +645,7 @@ async fn the_task_page_tails_a_running_tasks_output() {
         .text()
         .await
         .unwrap_or_default();
+    open(&gate[0]);
     let later = b
         .wait_text("#task-stdout", "more lines", |t| t.contains("line 6 "))
         .await;
@@ -561,10 +668,7 @@ async fn the_task_page_tails_a_running_tasks_output() {
     );
     b.screenshot("task-live-output").await;
     println!("live range while running: {range}");
-    b.wait_text("#task-stdout", "the whole output", |t| {
-        t.contains("line 14 ")
-    })
-    .await;
+    open(&gate[1]);
     db.wait_complete(&ids, Duration::from_secs(30)).await;
     b.wait_text(
         "section.output-panel[data-stream=\"stdout\"] .range",
@@ -579,6 +683,13 @@ async fn the_task_page_tails_a_running_tasks_output() {
         .await
         .unwrap_or_default();
     assert_eq!(stderr.trim(), "<b>not bold</b>", "shown as text");
+    let whole = b
+        .find("#task-stdout")
+        .await
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(whole.contains("line 6 "), "the whole output: {whole:?}");
     b.screenshot("task-live-output-ended").await;
     drop(den);
     b.close().await;
@@ -620,7 +731,12 @@ async fn live_output_cpu_per_task() {
     let started = Instant::now();
     db.wait_complete(&ids, Duration::from_secs(300)).await;
     // The last runners are reaped a moment after their results land.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_for(
+        "the node to reap its runners",
+        Duration::from_secs(60),
+        || async { den.metric("disbatch_den_runners{queue=\"live\"}").await == 0.0 },
+    )
+    .await;
     let after = cpu_ticks(pid).expect("stat");
     let ms = |ticks: u64| ticks as f64 * 1000.0 / clock_ticks();
     let children = ms(after.children - before.children);

@@ -5,11 +5,11 @@
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
-use disbatch_tests::{echo_plugin, write_config, Den, TestDb};
+use disbatch_tests::{echo_plugin, scaled, wait_for, write_config, Backoff, Den, TestDb};
 use serde_json::json;
 
 async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
@@ -203,6 +203,42 @@ async fn the_python_helper_runs_a_real_queue_with_chaining_retries_and_exception
     db.drop().await;
 }
 
+/// Waits until the node has heard that `n` tasks succeeded (for a worker host's task: that it
+/// reported the task's end, which it does once the task's worker is back in its pool or
+/// retired).
+async fn heard_ended(den: &Den, n: u64) {
+    wait_for(
+        "the node to hear the task ended",
+        Duration::from_secs(60),
+        || async {
+            let text = den.scrape().await;
+            let succeeded: f64 = text
+                .lines()
+                .filter(|l| {
+                    l.starts_with("disbatch_den_tasks_finished_total{")
+                        && l.contains(r#"outcome="succeeded""#)
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum();
+            succeeded >= n as f64
+        },
+    )
+    .await;
+}
+
+/// Runs `params` as one task of `queue` and returns it once the node has heard that it ended:
+/// the worker host reports a task's end after it gave the task's worker back to its pool (or
+/// retired it), so whatever task comes next finds the pool as this one left it. One task at a
+/// time, the order tasks run in is the test's, not the claim order.
+async fn run_alone(db: &TestDb, den: &Den, queue: ObjectId, params: Document) -> Document {
+    let id = db.insert_tasks(queue, vec![params.into()]).await[0];
+    db.wait_complete(&[id], Duration::from_secs(60)).await;
+    heard_ended(den, db.count(doc! {"queue": queue, "complete": true}).await).await;
+    let task = db.task(id).await;
+    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    task
+}
+
 #[tokio::test]
 async fn a_leaking_worker_is_replaced_once_past_worker_max_rss_mb() {
     let db = TestDb::new("pw_rss").await;
@@ -214,23 +250,15 @@ async fn a_leaking_worker_is_replaced_once_past_worker_max_rss_mb() {
         doc! {"worker": "persistent", "worker_max_rss_mb": 40},
     )
     .await;
-    let ids = db
-        .insert_tasks(
-            queue,
-            vec![
-                doc! {"n": 0, "print_pid": true}.into(),
-                doc! {"n": 1, "print_pid": true}.into(),
-                doc! {"n": 2, "print_pid": true, "leak_mb": 64}.into(),
-                doc! {"n": 3, "print_pid": true}.into(),
-            ],
-        )
-        .await;
     let den = Den::start(&config, "n1");
-    db.wait_complete(&ids, Duration::from_secs(60)).await;
     let mut pids = Vec::new();
-    for id in &ids {
-        let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    for params in [
+        doc! {"n": 0, "print_pid": true},
+        doc! {"n": 1, "print_pid": true},
+        doc! {"n": 2, "print_pid": true, "leak_mb": 64},
+        doc! {"n": 3, "print_pid": true},
+    ] {
+        let task = run_alone(&db, &den, queue, params).await;
         pids.push(pid_of(&task).expect("pid"));
     }
     assert_eq!(
@@ -250,57 +278,73 @@ async fn a_leaking_worker_is_replaced_once_past_worker_max_rss_mb() {
     db.drop().await;
 }
 
+/// Reads the task's live stdout copy until it shows `want`, keeping every distinct copy seen
+/// on the way. The task is held at a gate meanwhile, so it must still be running then.
+async fn live_until(db: &TestDb, id: ObjectId, want: &str, seen: &mut Vec<String>) {
+    let deadline = Instant::now() + scaled(Duration::from_secs(60));
+    let mut backoff = Backoff::new();
+    loop {
+        let task = db.task(id).await;
+        let text = task
+            .get_document("live_output")
+            .and_then(|l| l.get_document("stdout"))
+            .and_then(|s| s.get_str("text"))
+            .map(str::to_string);
+        if let Ok(text) = text {
+            if seen.last() != Some(&text) {
+                seen.push(text.clone());
+            }
+            if text.contains(want) {
+                assert_eq!(
+                    task.get_i32("status").ok(),
+                    Some(0),
+                    "{want:?} live: {task}"
+                );
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no live copy showed {want:?}: {seen:?}; {task}"
+        );
+        backoff.wait().await;
+    }
+}
+
+fn open(gate: &Path) {
+    std::fs::write(gate, b"").expect("open the gate");
+}
+
 #[tokio::test]
 async fn a_task_in_a_worker_shows_live_output_while_it_runs_and_the_next_task_starts_clean() {
     let db = TestDb::new("pw_live").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 1).await;
     set_queue(&db, queue, doc! {"worker": "persistent"}).await;
-    let ids = db
-        .insert_tasks(
-            queue,
-            vec![
-                doc! {"n": 0, "print_pid": true, "lines": 12, "line_ms": 300}.into(),
-                doc! {"n": 1, "print_pid": true, "lines": 8, "line_ms": 300}.into(),
-            ],
-        )
-        .await;
     let den = Den::start(&config, "n1");
-    // The live copy of each task, as its text grew, read every 100 ms.
+    // Each task prints two lines and waits at a gate, two more and waits at another: its live
+    // copy must show lines 2 and then 4 while it waits, so it grows while the task runs.
     let mut seen: Vec<Vec<String>> = vec![Vec::new(), Vec::new()];
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while std::time::Instant::now() < deadline {
-        let mut done = 0;
-        for (i, id) in ids.iter().enumerate() {
-            let task = db.task(*id).await;
-            if task.get_i32("status").ok() == Some(1) {
-                done += 1;
-            }
-            let text = task
-                .get_document("live_output")
-                .and_then(|l| l.get_document("stdout"))
-                .and_then(|s| s.get_str("text"))
-                .map(str::to_string);
-            if let Ok(text) = text {
-                if seen[i].last() != Some(&text) {
-                    seen[i].push(text);
-                }
-            }
-        }
-        if done == ids.len() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut tasks = Vec::new();
+    for (n, seen) in seen.iter_mut().enumerate() {
+        let gates = [
+            db.path(&format!("gate-{n}-a")),
+            db.path(&format!("gate-{n}-b")),
+        ];
+        let hold: Vec<String> = gates.iter().map(|g| g.display().to_string()).collect();
+        let params = doc! {"n": n as i32, "print_pid": true, "lines": 2, "hold_until": hold};
+        let id = db.insert_tasks(queue, vec![params.into()]).await[0];
+        live_until(&db, id, "line 2 ", seen).await;
+        open(&gates[0]);
+        live_until(&db, id, "line 4 ", seen).await;
+        open(&gates[1]);
+        db.wait_complete(&[id], Duration::from_secs(60)).await;
+        heard_ended(&den, n as u64 + 1).await;
+        tasks.push(db.task(id).await);
     }
-    db.wait_complete(&ids, Duration::from_secs(5)).await;
-    let tasks = [db.task(ids[0]).await, db.task(ids[1]).await];
     assert_eq!(pid_of(&tasks[0]), pid_of(&tasks[1]), "one worker ran both");
     for (i, task) in tasks.iter().enumerate() {
-        assert!(
-            seen[i].len() >= 2,
-            "task {i}'s live output grew while it ran: {:?}",
-            seen[i]
-        );
+        assert!(seen[i].len() >= 2, "task {i}'s copies: {:?}", seen[i]);
         // Each copy is the start of that task's own output, never the other task's.
         let stdout = task.get_str("stdout").unwrap_or("");
         for text in &seen[i] {

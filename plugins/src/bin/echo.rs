@@ -12,7 +12,14 @@
 //! was printed in milliseconds), `line_ms` (integer) apart, each padded with `line_pad`
 //! (integer) `x`s, after `print_env`. `print_pid` (bool) prints `pid N` (its process id) after
 //! the params, so tests can tell which worker ran a task. `leak_mb` (integer) allocates that
-//! many MiB and never frees them: a leaking worker, for `worker_max_rss_mb`.
+//! many MiB and never frees them: a leaking worker, for `worker_max_rss_mb`. `hold_until`
+//! (path) is a gate a test opens: after `append_to` (which tells the test the task has
+//! started) the plugin waits until that path exists, so a test acts while the task provably
+//! runs instead of guessing a `sleep_ms` window; it gives up with exit code 4 after 10 minutes
+//! so that a forgotten gate cannot hold a process for ever. `hold_until` may also be an array
+//! of paths, gates opened in turn: after each gate but the last, `lines` more lines (numbered
+//! on) are printed before the next, so a test releases output step by step and sees each step
+//! arrive while the task still runs.
 //!
 //! Exit codes besides `exit_code`: 2 bad input, 3 output write error, 4 file/env error.
 //!
@@ -49,6 +56,7 @@ struct Options {
     stderr: Option<String>,
     append_to: Option<String>,
     sleep_ms: Option<u64>,
+    hold_until: Vec<String>,
     invalid_utf8: bool,
     result: Option<Value>,
     abort: bool,
@@ -154,16 +162,7 @@ fn run(
         };
         write_stdout(line.as_bytes())?;
     }
-    for i in 1..=opts.lines {
-        if i > 1 && opts.line_ms > 0 {
-            std::thread::sleep(Duration::from_millis(opts.line_ms));
-        }
-        let ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
-        let line = format!("line {i} {ms}{}\n", "x".repeat(opts.line_pad));
-        write_stdout(line.as_bytes())?;
-    }
+    print_lines(&opts, 1)?;
     if let Some(text) = &opts.stderr {
         io::stderr()
             .write_all(text.as_bytes())
@@ -172,6 +171,12 @@ fn run(
     }
     if let Some(path) = &opts.append_to {
         append_task_id(path, input.env)?;
+    }
+    for (k, path) in opts.hold_until.iter().enumerate() {
+        if k > 0 {
+            print_lines(&opts, k as u64 * opts.lines + 1)?;
+        }
+        wait_for_gate(path)?;
     }
     if let Some(ms) = opts.sleep_ms {
         std::thread::sleep(Duration::from_millis(ms));
@@ -264,6 +269,16 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
         stderr: string("stderr")?,
         append_to: string("append_to")?,
         sleep_ms,
+        hold_until: match get("hold_until") {
+            None => Vec::new(),
+            Some(Value::String(path)) => vec![path.clone()],
+            Some(Value::Array(paths)) => paths
+                .iter()
+                .map(|p| p.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad("hold_until", "a path or an array of paths"))?,
+            Some(_) => return Err(bad("hold_until", "a path or an array of paths")),
+        },
         invalid_utf8: flag("invalid_utf8")?,
         result: params.get("result").cloned(),
         abort: flag("abort")?,
@@ -277,6 +292,21 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
         line_ms: count("line_ms")?,
         line_pad: count("line_pad")? as usize,
     })
+}
+
+/// Prints `opts.lines` lines `line I UNIX_MS`, I from `first`, `line_ms` apart.
+fn print_lines(opts: &Options, first: u64) -> Result<(), Fail> {
+    for i in first..first + opts.lines {
+        if i > first && opts.line_ms > 0 {
+            std::thread::sleep(Duration::from_millis(opts.line_ms));
+        }
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let line = format!("line {i} {ms}{}\n", "x".repeat(opts.line_pad));
+        write_stdout(line.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// Writes bytes to stdout and flushes, so output survives a later abort.
@@ -302,6 +332,23 @@ fn append_task_id(path: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<()
         .open(path)
         .and_then(|mut file| file.write_all(line.as_bytes()))
         .map_err(|e| Fail::new(4, format!("cannot append to {path}: {e}")))
+}
+
+/// Blocks until `path` exists: the test's gate. Polled, because the gate is a plain file a
+/// test creates (no inotify dependency for a test plugin); 10 ms costs nothing beside a task.
+fn wait_for_gate(path: &str) -> Result<(), Fail> {
+    const GIVE_UP: Duration = Duration::from_secs(600);
+    let start = std::time::Instant::now();
+    while !std::path::Path::new(path).exists() {
+        if start.elapsed() > GIVE_UP {
+            return Err(Fail::new(
+                4,
+                format!("hold_until: {path} did not appear in 600 s"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
 }
 
 /// Writes `result` as JSON to the `$DISBATCH_RESULT` file.
