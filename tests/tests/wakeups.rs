@@ -109,7 +109,7 @@ fn held(started: &Path, gate: &Path) -> bson::Document {
 /// events never gets there.
 async fn started_on_events(db: &TestDb, den: &Den, queue: ObjectId, want: usize) -> Vec<Start> {
     let mut starts: Vec<Start> = Vec::new();
-    for n in 0..want * 2 {
+    for n in 0..want + 5 {
         let start = queue_one(db, den, queue, n).await;
         println!("task {n}: {start:?}");
         starts.push(start);
