@@ -184,9 +184,10 @@ impl TestDb {
     /// still `running`. A result's record is written before the task's result, but a lost
     /// attempt's record after the task moved (recovery moves it only while it still runs as
     /// that attempt, then writes the record), so a reader that has just seen a task recovered
-    /// may find its record missing for one write. Panics after 10 s.
+    /// may find its record missing for one write. Panics after 30 s (scaled).
     pub async fn closed_attempts(&self, task: ObjectId, count: usize) -> Vec<Document> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = Instant::now() + scaled(Duration::from_secs(30));
+        let mut backoff = Backoff::new();
         loop {
             let records = self.attempts(task).await;
             let closed = records
@@ -196,10 +197,10 @@ impl TestDb {
                 return records;
             }
             assert!(
-                std::time::Instant::now() < deadline,
+                Instant::now() < deadline,
                 "{count} closed attempt records expected, have {records:?}"
             );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            backoff.wait().await;
         }
     }
 
