@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
+use futures::StreamExt;
 use serde_json::json;
 
 async fn set_queue(db: &TestDb, queue: bson::oid::ObjectId, set: Document) {
@@ -224,6 +225,27 @@ async fn a_continuous_queue_gets_exactly_one_unit_per_interval_across_two_nodes(
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("tick", "echo", 2).await;
     set_queue(&db, queue, doc! {"continuous": true, "interval": 1}).await;
+    // Every turn a node takes, in server order: the turns are what the nodes agree on, and
+    // reading them needs no guess at how late a unit's own timestamp was taken.
+    let queues = db.db.collection::<Document>("queues");
+    let mut stream = queues.watch().await.expect("watch the queues");
+    let turns = tokio::spawn(async move {
+        let mut next_turns = Vec::new();
+        while let Some(event) = stream.next().await {
+            let set = event
+                .expect("queue change")
+                .update_description
+                .map(|u| u.updated_fields)
+                .unwrap_or_default();
+            if set.contains_key("test_end") {
+                break;
+            }
+            if let Ok(next) = set.get_datetime("next_continuous") {
+                next_turns.push(next.timestamp_millis());
+            }
+        }
+        next_turns
+    });
     let (n1, n2) = (Den::start(&config, "n1"), Den::start(&config, "n2"));
     wait_for("five units", Duration::from_secs(60), || async {
         db.count(doc! {"queue": queue}).await >= 5
@@ -231,6 +253,14 @@ async fn a_continuous_queue_gets_exactly_one_unit_per_interval_across_two_nodes(
     .await;
     // No node left to make a unit: what is read below only changes by units finishing.
     drop((n1, n2));
+    queues
+        .update_one(doc! {"_id": queue}, doc! {"$set": {"test_end": true}})
+        .await
+        .expect("end marker");
+    let next_turns = tokio::time::timeout(Duration::from_secs(60), turns)
+        .await
+        .expect("the change stream delivers the end marker")
+        .expect("turn recorder");
     let mut cursor = db
         .tasks()
         .find(doc! {"queue": queue})
@@ -241,19 +271,22 @@ async fn a_continuous_queue_gets_exactly_one_unit_per_interval_across_two_nodes(
     while cursor.advance().await.expect("advance") {
         made.push(cursor.deserialize_current().expect("task"));
     }
-    let times: Vec<i64> = made
-        .iter()
-        .map(|t| t.get_datetime("ctime").expect("ctime").timestamp_millis())
-        .collect();
-    // A turn is taken in the database, at least the interval after the last; a unit's
-    // time is read one round trip after its turn, hence the tolerance. Two nodes making a
-    // unit for one turn are milliseconds apart.
-    for pair in times.windows(2) {
+    // A turn is taken in the database only once the last one's interval has passed (both
+    // nodes read one clock here), so each turn's next time is a full interval after the last.
+    for pair in next_turns.windows(2) {
         assert!(
-            pair[1] - pair[0] >= 750,
-            "two units within one interval: {times:?}"
+            pair[1] - pair[0] >= 1000,
+            "two turns within one interval: {next_turns:?}"
         );
     }
+    // A unit only with a turn of its own: two nodes making units for one turn would make
+    // more units than turns (a turn taken just before the nodes died may have none yet).
+    assert!(
+        made.len() <= next_turns.len(),
+        "{} units from {} turns: {next_turns:?}",
+        made.len(),
+        next_turns.len()
+    );
     let mut keys = std::collections::HashSet::new();
     for t in &made {
         let key = t.get_str("key").expect("key");

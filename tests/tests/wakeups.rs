@@ -175,26 +175,38 @@ async fn without_change_streams_a_node_claims_on_its_timer() {
             wakeups("change_stream"),
             settled,
             text,
+            wakeups("runner_exit").unwrap_or(0.0),
         )
     };
     // Begin once a timer pass has run to its end: every task below needs a wake-up of its own.
     let timer_before = std::cell::Cell::new(0.0);
     wait_for("a settled timer pass", Duration::from_secs(30), || async {
-        let (timer, _, settled, _) = scrape().await;
+        let (timer, _, settled, _, _) = scrape().await;
         timer_before.set(timer);
         timer >= 1.0 && settled
     })
     .await;
     let timer_before = timer_before.get();
     let mut latencies = Vec::new();
-    for _ in 0..4 {
+    for done in 0..4 {
+        // The previous task's runner exit has woken its pass and that pass has ended: with no
+        // stream and no runner left, only a timer pass can claim the next task.
+        wait_for(
+            "the last runner exit's pass",
+            Duration::from_secs(30),
+            || async {
+                let (_, _, settled, _, exits) = scrape().await;
+                settled && exits >= f64::from(done)
+            },
+        )
+        .await;
         let queued = Instant::now();
         let id = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
         db.wait_complete(&[id], Duration::from_secs(30)).await;
         latencies.push(queued.elapsed());
     }
     println!("enqueue → complete on a 300 ms timer: {latencies:?}");
-    let (timer, change_stream, _, text) = scrape().await;
+    let (timer, change_stream, _, text, _) = scrape().await;
     assert_eq!(change_stream, Some(0.0), "{text}");
     assert!(
         timer - timer_before >= 4.0,
