@@ -408,10 +408,11 @@ impl Claimer {
             .collect();
         // Published so that whoever needs the fleet to agree on lanes (a test opening a queue,
         // ops adding a node) can see this node has read its sharers, not guess a time.
-        self.metrics.sharers(sharers.iter().filter_map(|(q, nodes)| {
-            let name = self.queue_names.get(q)?;
-            Some((name.as_str(), nodes.len()))
-        }));
+        self.metrics
+            .sharers(sharers.iter().filter_map(|(q, nodes)| {
+                let name = self.queue_names.get(q)?;
+                Some((name.as_str(), nodes.len()))
+            }));
         self.view.set_sharers(sharers, capacity);
         Ok(())
     }
