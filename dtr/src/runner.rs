@@ -262,13 +262,14 @@ async fn run_attempt(
         }
     };
     let stored_by_node = || async {
-        // The node may have stored it after all, and only its answer was lost.
-        relayed.is_some()
-            && with_retries("reading the task back", || {
-                db.task_shows_result(task, attempt, end)
-            })
-            .await
-            .unwrap_or(false)
+        // The node may have stored it after all, and only its answer was lost; or this
+        // runner's own write landed and only its reply was lost (a server restart), so the
+        // retry found the task ended.
+        with_retries("reading the task back", || {
+            db.task_shows_result(task, attempt, end)
+        })
+        .await
+        .unwrap_or(false)
     };
     match outcome_of_write {
         FinishOutcome::Recorded => Ok(recorded(store, task, end, outcome, &facts).await),

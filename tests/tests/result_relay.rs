@@ -7,7 +7,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
 use disbatch_core::relay::{Ack, Completion};
-use disbatch_core::store::{AttemptEnd, AttemptRecord, Store, TaskEnd};
+use disbatch_core::store::{AttemptEnd, AttemptRecord, FinishOutcome, OutputValue, Store, TaskEnd};
 use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
@@ -174,6 +174,56 @@ async fn batch_answers(db: &TestDb, store: &Store) {
         .await
         .expect("empty")
         .is_empty());
+}
+
+/// A runner that stopped waiting for its node's answer stores its result itself, while the
+/// node's batch still holds it: the node's record insert lands first, the runner's task write
+/// next, and the node's fenced task write then finds the task ended. The task shows this
+/// attempt's result, so its record must still say so (chaos: a task that succeeded on an
+/// attempt whose record said "discarded").
+#[tokio::test]
+async fn a_result_its_runner_stored_meanwhile_keeps_the_record_the_node_wrote() {
+    let db = TestDb::new("relay_both_store").await;
+    let bulk = db.den_store().await;
+    let queue = db.insert_queue("q", "echo", 4).await;
+    for store in [bulk.clone(), bulk.without_bulk_write()] {
+        let attempt = ObjectId::new();
+        let id = running(&db, queue, attempt).await;
+        let finished = store
+            .finish_task(
+                id,
+                "n1",
+                attempt,
+                TaskEnd::Status(1),
+                OutputValue::Text(format!("out of {id}")),
+                OutputValue::Text(String::new()),
+            )
+            .await
+            .expect("runner's write");
+        assert_eq!(finished, FinishOutcome::Recorded);
+        let c = completion(id, attempt, TaskEnd::Status(1), "succeeded");
+        let acks = store.record_completions(&[c]).await.expect("batch");
+        let t = db.task(id).await;
+        assert_eq!(
+            (t.get_i32("status").ok(), t.get_object_id("attempt").ok()),
+            (Some(1), Some(attempt)),
+            "{t}"
+        );
+        let outcomes: Vec<String> = db
+            .attempts(id)
+            .await
+            .iter()
+            .map(|a| a.get_str("outcome").unwrap_or("?").to_string())
+            .collect();
+        assert_eq!(
+            outcomes,
+            ["succeeded"],
+            "bulk_write: {:?}",
+            store.uses_bulk_write()
+        );
+        assert_eq!(acks, vec![Ack::Recorded], "the task shows this result");
+    }
+    db.drop().await;
 }
 
 async fn scrape(base: &str) -> String {

@@ -61,8 +61,20 @@ impl Store {
                 }
             }
         }
+        // Stored by its runner meanwhile (it stopped waiting for this node's answer and wrote
+        // the same result): the task shows this attempt's result, so the record this batch
+        // inserted is right, and the runner's own write counted the move.
+        let mut stored_by_runner = vec![false; batch.len()];
         for (i, c) in batch.iter().enumerate() {
             if progress.acks[i] == Ack::NotOurs && progress.inserted[i] {
+                if self
+                    .task_shows_result(c.record.task, c.record.id, c.end)
+                    .await?
+                {
+                    progress.acks[i] = Ack::Recorded;
+                    stored_by_runner[i] = true;
+                    continue;
+                }
                 self.change_attempt_outcome(c.record.id, c.record.end.outcome, "discarded")
                     .await?;
             }
@@ -70,8 +82,9 @@ impl Store {
         let moves: Vec<super::Moved> = batch
             .iter()
             .zip(&progress.acks)
-            .filter(|(_, a)| **a == Ack::Recorded)
-            .filter_map(|(c, _)| {
+            .zip(&stored_by_runner)
+            .filter(|((_, a), by_runner)| **a == Ack::Recorded && !**by_runner)
+            .filter_map(|((c, _), _)| {
                 Some(super::Moved::new(
                     c.record.queue?,
                     None,
