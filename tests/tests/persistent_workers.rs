@@ -176,6 +176,9 @@ async fn workers_are_replaced_after_worker_max_tasks_and_stopped_when_idle() {
         .update_one(doc! {"_id": queue}, doc! {"$set": {"worker_idle_s": 1}})
         .await
         .expect("queue");
+    // The next task carries the queue's policy as the node last read it: the node reads its
+    // queues twice first, so the second reading began after the change.
+    den.wait_queue_reads(2).await;
     let last = db
         .insert_tasks(queue, vec![doc! {"print_pid": true}.into()])
         .await;
