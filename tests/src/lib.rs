@@ -119,6 +119,15 @@ impl TestDb {
         id
     }
 
+    /// Sets a queue's `threads` the way ops do (opening, resizing or pausing it).
+    pub async fn set_threads(&self, queue: ObjectId, threads: i32) {
+        self.db
+            .collection::<Document>("queues")
+            .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": threads}})
+            .await
+            .expect("set the queue's threads");
+    }
+
     /// Inserts tasks with the Disbatch 4 creation shape.
     pub async fn insert_tasks(&self, queue: ObjectId, params: Vec<Bson>) -> Vec<ObjectId> {
         let now = DateTime::now();

@@ -34,11 +34,7 @@ async fn drain_with_two_nodes(
     let recording = Recording::start(db.tasks()).await;
     let nodes = [Den::start(config, "n1"), Den::start(config, "n2")];
     wait_sharers(&nodes.iter().collect::<Vec<_>>(), name, 2).await;
-    db.db
-        .collection::<bson::Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": threads}})
-        .await
-        .expect("open the queue");
+    db.set_threads(queue, threads).await;
     db.wait_complete(ids, Duration::from_secs(120)).await;
     let changes = recording.finish().await;
     drop(nodes);

@@ -105,7 +105,7 @@ async fn a_node_that_joins_later_gets_its_share_once_it_has_read_its_sharers() {
         .map(|i| Den::start(&config, &format!("n{i}")))
         .collect();
     wait_sharers(&first.iter().collect::<Vec<_>>(), "shared", 2).await;
-    open(&db, queue, 6).await;
+    db.set_threads(queue, 6).await;
     // The two hold the queue's 6 slots between them before the third arrives.
     disbatch_tests::wait_for(
         "n0 and n1 to hold 3 each",
@@ -182,14 +182,6 @@ async fn a_node_that_joins_later_gets_its_share_once_it_has_read_its_sharers() {
     db.drop().await;
 }
 
-async fn open(db: &TestDb, queue: ObjectId, threads: i32) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": threads}})
-        .await
-        .expect("open the queue");
-}
-
 /// Runs `tasks` 50 ms tasks on a queue of `threads` shared by `nodes` (name, `maxthreads`,
 /// None: no limit, set as ops set it on the node document before the node starts), opened
 /// once every node has read all of them as its sharers.
@@ -222,7 +214,7 @@ async fn share_by_maxthreads(
     let dens: Vec<Den> = nodes.iter().map(|(n, _)| Den::start(&config, n)).collect();
     // Each node's weights come with its sharers (their `maxthreads`, set before any started).
     wait_sharers(&dens.iter().collect::<Vec<_>>(), "shared", nodes.len()).await;
-    open(db, queue, threads).await;
+    db.set_threads(queue, threads).await;
     db.wait_complete(&ids, Duration::from_secs(120)).await;
     let changes = recording.finish().await;
     let ran = {

@@ -72,14 +72,6 @@ async fn wait_reconciled(db: &TestDb, queue: ObjectId) -> Document {
     }
 }
 
-async fn set_threads(db: &TestDb, queue: ObjectId, threads: i32) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": {"threads": threads}})
-        .await
-        .expect("threads");
-}
-
 fn kept(d: &Document, group: &str) -> i64 {
     match d.get(group) {
         Some(bson::Bson::Int64(n)) => *n,
@@ -102,7 +94,7 @@ async fn writes_keep_the_counts_without_a_recount() {
     let first = wait_reconciled(&db, queue).await;
     let reconciled_at = first.get_datetime("reconciled_at").copied().expect("date");
     assert_eq!(kept(&first, "queued"), 5, "{first}");
-    set_threads(&db, queue, 4).await;
+    db.set_threads(queue, 4).await;
 
     // Created through the API (succeed or fail), chained through units, run by the DEN.
     let params: Vec<Value> = (0..40)
@@ -117,7 +109,7 @@ async fn writes_keep_the_counts_without_a_recount() {
     })
     .await;
     // Paused again: retry two failed ones (they stay queued), delete a third.
-    set_threads(&db, queue, 0).await;
+    db.set_threads(queue, 0).await;
     let failed: Vec<ObjectId> = {
         let mut c = db
             .tasks()

@@ -249,15 +249,18 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
                 .ok_or_else(|| bad("sleep_first_ms", "a non-negative integer"))?,
         ),
     };
-    let print_env = match get("print_env") {
-        None => Vec::new(),
-        Some(Value::Array(names)) => names
+    // A list of strings; `one` also takes a single string as a list of one.
+    let strings = |key: &str, want: &str, one: bool| match get(key) {
+        None => Ok(Vec::new()),
+        Some(Value::String(s)) if one => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) => items
             .iter()
-            .map(|n| n.as_str().map(str::to_string))
+            .map(|v| v.as_str().map(str::to_string))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad("print_env", "an array of strings"))?,
-        Some(_) => return Err(bad("print_env", "an array of strings")),
+            .ok_or_else(|| bad(key, want)),
+        Some(_) => Err(bad(key, want)),
     };
+    let print_env = strings("print_env", "an array of strings", false)?;
     let exit_code = match get("exit_code") {
         None => 0,
         Some(v) => v
@@ -269,16 +272,7 @@ fn parse_options(params: &Map<String, Value>) -> Result<Options, Fail> {
         stderr: string("stderr")?,
         append_to: string("append_to")?,
         sleep_ms,
-        hold_until: match get("hold_until") {
-            None => Vec::new(),
-            Some(Value::String(path)) => vec![path.clone()],
-            Some(Value::Array(paths)) => paths
-                .iter()
-                .map(|p| p.as_str().map(str::to_string))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| bad("hold_until", "a path or an array of paths"))?,
-            Some(_) => return Err(bad("hold_until", "a path or an array of paths")),
-        },
+        hold_until: strings("hold_until", "a path or an array of paths", true)?,
         invalid_utf8: flag("invalid_utf8")?,
         result: params.get("result").cloned(),
         abort: flag("abort")?,
