@@ -83,6 +83,10 @@ pub struct PassReport {
     /// ones (true), or not (false: the node was full, or every queue had more than its
     /// room, was full or was held back). None when the pass stopped before looking.
     pub short_of_tasks: Option<bool>,
+    /// The node had room but a queue it serves had no slot for it (at its `threads`, or
+    /// every free slot another lane's): it reads again every pass, not at an idle node's
+    /// pace, so it takes its lane back as soon as a slot frees.
+    pub waiting_for_slots: bool,
 }
 
 pub struct Claimer {
@@ -141,6 +145,13 @@ impl Claimer {
             reconfigured: false,
             metrics,
         }
+    }
+
+    /// Keeps slots seen held as their lanes' for `window` (see `RunningView`): the wiring
+    /// gives three loop intervals, time for a node reading every pass to take its slot back.
+    pub fn with_contest_window(mut self, window: std::time::Duration) -> Self {
+        self.view = RunningView::with_contest_window(window);
+        self
     }
 
     /// Serves other queues or plugins from the next pass on (a config reload); claims
@@ -225,6 +236,9 @@ impl Claimer {
             })
             .collect();
         let mut plan = plan_claims(&states, room, &mut self.rng);
+        report.waiting_for_slots = states
+            .iter()
+            .any(|q| q.threads > 0 && !plan.iter().any(|c| c.queue == q.id));
         let mut specs: Vec<SpecState> = plan
             .iter()
             .map(|claims| {

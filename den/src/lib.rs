@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod metrics_http;
 pub mod node;
 pub mod notifier;
+pub mod outside_inserts;
 pub mod plugin_check;
 pub mod reaper;
 pub mod reload;

@@ -167,7 +167,8 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
             filter,
             plugins,
             metrics.clone(),
-        ),
+        )
+        .with_contest_window(config.loop_interval * 3),
         executor: Executor::new(
             runner,
             config_path.clone(),

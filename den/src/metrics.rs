@@ -75,6 +75,7 @@ struct Inner {
     db_errors: IntCounterVec,
     recoveries: IntCounterVec,
     attempt_records_repaired: IntCounter,
+    outside_inserts_signalled: IntCounter,
     results: IntCounterVec,
     result_batch: Histogram,
     live_copies: IntCounterVec,
@@ -190,6 +191,11 @@ impl Default for Inner {
                 "disbatch_den_attempt_records_repaired_total",
                 "Records of lost attempts this node, as maintenance leader, wrote or corrected because the recovery that took their task had not (its node or the server died between moving the task and writing the record); each is logged",
             ),
+            outside_inserts_signalled: counter(
+                &registry,
+                "disbatch_den_outside_inserts_signalled_total",
+                "Work signals this node, as maintenance leader, wrote for tasks another writer queued without one (ops by hand, Perl tools): its probe found a newer queued task",
+            ),
             results: counter_vec(
                 &registry,
                 "disbatch_den_results_total",
@@ -222,7 +228,7 @@ impl Default for Inner {
             change_streams_open: gauge(
                 &registry,
                 "disbatch_den_change_streams_open",
-                "This node's change streams open now (tasks and queues: 2); they are closed while every queue the node claims from has more claimable tasks than it has room for (its own task ends wake it then), since the server reads every write for an open stream",
+                "This node's change stream on queues open now (0 or 1); it is closed while every queue the node claims from has more claimable tasks than it has room for (its own task ends wake it then), since every open stream is a cursor the server feeds",
             ),
             registry,
         };
@@ -408,6 +414,11 @@ impl DenMetrics {
         self.inner.attempt_records_repaired.inc_by(n);
     }
 
+    /// A work signal written for tasks queued by a writer that sends none.
+    pub fn outside_insert_signalled(&self) {
+        self.inner.outside_inserts_signalled.inc();
+    }
+
     /// The Prometheus text exposition (format 0.0.4) of every metric recorded so far.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
@@ -515,6 +526,7 @@ mod tests {
             "disbatch_den_wakeups_total{source=\"change_stream\"} 0",
             "disbatch_den_recoveries_total{how=\"orphan\"} 0",
             "disbatch_den_attempt_records_repaired_total 0",
+            "disbatch_den_outside_inserts_signalled_total 0",
             "disbatch_build_info{git_sha=\"GIT\",version=\"VERSION\"} 1",
         ] {
             let line = line

@@ -19,6 +19,7 @@ use crate::elector::Elector;
 use crate::executor::Executor;
 use crate::metrics::DenMetrics;
 use crate::notifier::Notifier;
+use crate::outside_inserts::OutsideInserts;
 use crate::reaper::{
     reap_orphans, recover_expired_leases, recover_silent_nodes, write_unrecorded_attempts,
 };
@@ -98,12 +99,16 @@ impl Node {
             self.interval * LEADER_TRY_INTERVALS,
         );
         let mut count_keeper = CountKeeper::new(self.counts_reconcile);
+        let mut outside_inserts = OutsideInserts::default();
         let mut stats_keeper = StatsKeeper::new(self.stats_interval, &self.name);
         let count_writer = CountWriter::start(self.store.clone());
         let mut next_own_orphans = Instant::now();
         let mut last_read: Option<Instant> = None;
         // Whether the last claim pass claimed anything: a busy node reads every pass.
         let mut claimed_lately = false;
+        // Whether the last claim pass found a queue with no slot for this node: it reads
+        // every pass too, to take its lane back as soon as a slot frees.
+        let mut waiting_for_slots = false;
         // Refusals already logged, so a lasting one is logged once.
         let mut reported: HashSet<String> = HashSet::new();
         let mut wake = Wake::Timer;
@@ -136,8 +141,12 @@ impl Node {
                         if elector.leads(&self.store, &self.name).await {
                             count_keeper.tick(&self.store);
                             stats_keeper.tick(&self.store);
-                            self.lead_maintenance(connected_since.elapsed(), &mut reported)
-                                .await?;
+                            self.lead_maintenance(
+                                connected_since.elapsed(),
+                                &mut reported,
+                                &mut outside_inserts,
+                            )
+                            .await?;
                             if Instant::now() >= next_silent_check {
                                 self.recover_silent_nodes().await?;
                                 next_silent_check = Instant::now() + self.silent_check_every();
@@ -145,6 +154,7 @@ impl Node {
                         } else {
                             count_keeper.stop();
                             stats_keeper.stop();
+                            outside_inserts.forget();
                         }
                         self.forward_cancel_requests().await?;
                     }
@@ -152,7 +162,8 @@ impl Node {
                         .notifier
                         .as_ref()
                         .is_some_and(Notifier::take_queues_changed);
-                    let idle = !claimed_lately && self.executor.live_runners() == 0;
+                    let idle =
+                        !claimed_lately && !waiting_for_slots && self.executor.live_runners() == 0;
                     let read_due = last_read
                         .is_none_or(|t| t.elapsed() >= self.interval * IDLE_READ_INTERVALS);
                     if maintenance && wake == Wake::Timer && idle && !read_due && !queues_changed {
@@ -178,6 +189,7 @@ impl Node {
                         self.metrics.queue_read();
                     }
                     claimed_lately = report.claimed > 0;
+                    waiting_for_slots = report.waiting_for_slots;
                     if maintenance && !stopping.load(Ordering::Relaxed) {
                         // After claiming, so balancing never delays a claim; new threads apply
                         // at the next reading.
@@ -300,18 +312,22 @@ impl Node {
             .await
     }
 
-    /// The leader's share of maintenance: tasks whose lease passed, and continuous queues'
-    /// synthetic tasks, for the whole fleet.
+    /// The leader's share of maintenance: tasks whose lease passed, continuous queues'
+    /// synthetic tasks, and tasks queued without a work signal, for the whole fleet.
     async fn lead_maintenance(
         &mut self,
         connected_for: Duration,
         reported: &mut HashSet<String>,
+        outside_inserts: &mut OutsideInserts,
     ) -> Result<()> {
         let repaired = write_unrecorded_attempts(&self.store).await?;
         self.metrics.attempt_records_repaired(repaired);
         let reaped = recover_expired_leases(&self.store, connected_for).await?;
         self.count_recoveries(&reaped);
         let (queues, _) = self.store.list_queues().await?;
+        outside_inserts
+            .probe(&self.store, &queues, &self.metrics)
+            .await?;
         let continuous = continuous_queues(&queues);
         if !continuous.is_empty() {
             let report = make_continuous_units(&self.store, &continuous).await?;

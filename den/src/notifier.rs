@@ -1,9 +1,9 @@
-//! The notifier: wakes the node loop when work may have appeared, through change streams on
-//! `tasks` and `queues`; when the server has none, the loop's timer is the fallback. The
-//! streams are open only while the node is short of tasks: a change stream makes the server
-//! read every write for it (SecantusDB, measured: a tenth of its CPU at 400 tasks/s, for
-//! streams that had nothing to say), while a node with more claimable tasks than room is
-//! woken by its own task ends and reads its queues on every maintenance pass anyway.
+//! The notifier: wakes the node loop when work may have appeared, through a change stream on
+//! queue documents (queue changes, and the work signals our writers and the maintenance
+//! leader's probe write when tasks are queued); when the server has none, the loop's timer
+//! is the fallback. The stream is open only while the node is short of tasks: a node with
+//! more claimable tasks than room is woken by its own task ends and reads its queues on
+//! every maintenance pass anyway, and every open stream is one more cursor the server feeds.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,13 +25,13 @@ pub struct Notifier {
     wake: Arc<Notify>,
     queues_changed: Arc<AtomicBool>,
     requeued: Arc<AtomicBool>,
-    /// Whether the streams should be open.
+    /// Whether the stream should be open.
     want_streams: Arc<watch::Sender<bool>>,
 }
 
 impl Notifier {
     /// Starts watching in the background; an idle stream asks the server again every
-    /// `await_time`. The streams start open.
+    /// `await_time`. The stream starts open.
     pub fn start(store: Store, metrics: DenMetrics, await_time: Duration) -> Notifier {
         let notifier = Notifier {
             wake: Arc::new(Notify::new()),
@@ -39,10 +39,7 @@ impl Notifier {
             requeued: Arc::new(AtomicBool::new(false)),
             want_streams: Arc::new(watch::Sender::new(true)),
         };
-        for watched in [Watched::Tasks, Watched::Queues] {
-            let (store, notifier, metrics) = (store.clone(), notifier.clone(), metrics.clone());
-            tokio::spawn(keep_watching(watched, store, notifier, metrics, await_time));
-        }
+        tokio::spawn(keep_watching(store, notifier.clone(), metrics, await_time));
         notifier
     }
 
@@ -56,14 +53,14 @@ impl Notifier {
         self.queues_changed.swap(false, Ordering::AcqRel)
     }
 
-    /// True once after a task was queued again: claim windows may have passed it by.
+    /// True once after tasks were queued again: claim windows may have passed them by.
     pub fn take_requeued(&self) -> bool {
         self.requeued.swap(false, Ordering::AcqRel)
     }
 
-    /// Opens (true) or closes (false) the streams; true if that changed what was asked.
-    /// Opening them again wakes the node once each is open, so work that came while they
-    /// were closed is not left for the timer.
+    /// Opens (true) or closes (false) the stream; true if that changed what was asked.
+    /// Opening it again wakes the node once it is open, so work that came while it was
+    /// closed is not left for the timer.
     pub fn watch(&self, wanted: bool) -> bool {
         self.want_streams
             .send_if_modified(|w| std::mem::replace(w, wanted) != wanted)
@@ -80,39 +77,10 @@ impl Notifier {
     }
 }
 
-/// Which of the two streams a watcher keeps open.
-#[derive(Clone, Copy, PartialEq)]
-enum Watched {
-    Tasks,
-    Queues,
-}
-
-impl Watched {
-    fn name(self) -> &'static str {
-        match self {
-            Watched::Tasks => "tasks",
-            Watched::Queues => "queues",
-        }
-    }
-
-    async fn open(
-        self,
-        store: &Store,
-        await_time: Duration,
-    ) -> Result<std::pin::Pin<Box<dyn Stream<Item = Result<WorkSignal, Error>> + Send>>, Error>
-    {
-        Ok(match self {
-            Watched::Tasks => Box::pin(store.watch_tasks_for_work(await_time).await?),
-            Watched::Queues => Box::pin(store.watch_queues(await_time).await?),
-        })
-    }
-}
-
-/// Keeps one change stream open while the node wants it, passing its signals on; reopens it
+/// Keeps the change stream open while the node wants it, passing its signals on; reopens it
 /// after a failure with a jittered backoff (after an outage or a failover, a fleet's streams
 /// reopen spread over time).
 async fn keep_watching(
-    watched: Watched,
     store: Store,
     notifier: Notifier,
     metrics: DenMetrics,
@@ -125,17 +93,16 @@ async fn keep_watching(
     // Closed because the node had no use for it (not by a failure): what came meanwhile has
     // no event, so its reopening wakes the node.
     let mut closed_by_node = false;
-    let what = watched.name();
     loop {
         if wanted.wait_for(|w| *w).await.is_err() {
             return;
         }
-        match watched.open(&store, await_time).await {
-            Ok(mut stream) => {
-                if watched == Watched::Tasks && (!opened_before || said_polling) {
-                    tracing::info!("watching tasks and queues (while short of tasks): claims start on change events");
+        match store.watch_queues(await_time).await {
+            Ok(stream) => {
+                if !opened_before || said_polling {
+                    tracing::info!("watching queues for work signals (while short of tasks): claims start on their events");
                 } else {
-                    tracing::debug!(stream = what, "change stream open");
+                    tracing::debug!("change stream open");
                 }
                 opened_before = true;
                 said_polling = false;
@@ -144,6 +111,7 @@ async fn keep_watching(
                 if std::mem::take(&mut closed_by_node) {
                     notifier.wake.notify_one();
                 }
+                let mut stream = Box::pin(stream);
                 let ended = tokio::select! {
                     ended = pass_on(&mut stream, &notifier, &metrics) => Some(ended.err()),
                     _ = wanted.wait_for(|w| !*w) => None,
@@ -152,23 +120,18 @@ async fn keep_watching(
                 match ended {
                     None => {
                         closed_by_node = true;
-                        tracing::debug!(
-                            stream = what,
-                            "change stream closed: the node has more tasks than room"
-                        );
+                        tracing::debug!("change stream closed: the node has more tasks than room");
                         continue;
                     }
                     Some(Some(e)) => {
-                        tracing::warn!(stream = what, error = %e, "change stream failed; polling until it is back");
+                        tracing::warn!(error = %e, "change stream failed; polling until it is back");
                         metrics.db_error("change_stream");
                     }
-                    Some(None) => {
-                        tracing::info!(stream = what, "change stream ended; opening it again")
-                    }
+                    Some(None) => tracing::info!("change stream ended; opening it again"),
                 }
             }
             Err(e) => {
-                if !said_polling && watched == Watched::Queues {
+                if !said_polling {
                     tracing::warn!(error = %e, "no change streams on this server; polling every pass");
                 }
                 said_polling = true;

@@ -1,7 +1,7 @@
 //! The claimer's view of running tasks between database readings: the last snapshot, moved
 //! forward by this node's own claims and runner exits, and read again at least every second.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
@@ -24,9 +24,14 @@ const MIXED_MEMORY: Duration = Duration::from_secs(5 * 60);
 pub struct RunningView {
     per_queue: HashMap<ObjectId, u32>,
     slots: HashMap<ObjectId, BTreeSet<u32>>,
-    /// Per queue: the slots held at the last two readings, and at the last one.
+    /// Per queue: the slots held at any reading of the contest window.
     contested: HashMap<ObjectId, BTreeSet<u32>>,
-    read_slots: HashMap<ObjectId, BTreeSet<u32>>,
+    /// The readings' held slots within the contest window (at least the last two).
+    recent: VecDeque<(Instant, HashMap<ObjectId, BTreeSet<u32>>)>,
+    /// How long a slot seen held stays another lane's: long enough for its own node to read
+    /// again and take it back, so a slot borrowed from a node that was slow to claim goes back
+    /// to it when the borrowed task ends, instead of being borrowed again at once.
+    contest_window: Duration,
     /// Per queue: the nodes seen holding its tasks, and when last.
     claimers: HashMap<ObjectId, HashMap<String, Instant>>,
     pub on_node: u32,
@@ -41,6 +46,15 @@ pub struct RunningView {
 }
 
 impl RunningView {
+    /// A view whose slots seen held stay contested for `window` (and for two readings at
+    /// least).
+    pub fn with_contest_window(window: Duration) -> RunningView {
+        RunningView {
+            contest_window: window,
+            ..RunningView::default()
+        }
+    }
+
     /// `live` is how many runners this process has not yet seen exit: one may have written
     /// its result (so the snapshot no longer counts it) and still be exiting; its exit will
     /// be subtracted later, so the node count must include it now or run over `maxthreads`.
@@ -62,12 +76,22 @@ impl RunningView {
             self.slotless_seen = Some(now);
         }
         self.per_queue = s.per_queue;
-        let mut contested = s.slots.clone();
-        for (queue, held) in std::mem::take(&mut self.read_slots) {
-            contested.entry(queue).or_default().extend(held);
+        self.recent.push_back((now, s.slots.clone()));
+        while self.recent.len() > 2
+            && self
+                .recent
+                .front()
+                .is_some_and(|(at, _)| now.duration_since(*at) > self.contest_window)
+        {
+            self.recent.pop_front();
+        }
+        let mut contested: HashMap<ObjectId, BTreeSet<u32>> = HashMap::new();
+        for (_, held) in &self.recent {
+            for (queue, slots) in held {
+                contested.entry(*queue).or_default().extend(slots);
+            }
         }
         self.contested = contested;
-        self.read_slots = s.slots.clone();
         self.slots = s.slots;
         self.on_node = s.on_node.max(live);
         self.read_at = Some(now);
@@ -97,7 +121,7 @@ impl RunningView {
         self.slots.get(&queue).cloned().unwrap_or_default()
     }
 
-    /// Slots held at either of the last two readings.
+    /// Slots held at any reading of the contest window, and at least of the last two.
     pub fn contested(&self, queue: ObjectId) -> BTreeSet<u32> {
         self.contested.get(&queue).cloned().unwrap_or_default()
     }
@@ -194,6 +218,26 @@ mod tests {
         assert_eq!(v.contested(q), BTreeSet::from([2, 3]));
         v.read(reading(&[]), 0);
         assert!(v.contested(q).is_empty());
+    }
+
+    #[test]
+    fn within_the_contest_window_every_reading_counts() {
+        let q = ObjectId::new();
+        let reading = |held: &[u32]| {
+            let mut s = RunningSnapshot::default();
+            s.slots.insert(q, held.iter().copied().collect());
+            s
+        };
+        let mut v = RunningView::with_contest_window(Duration::from_secs(3600));
+        v.read(reading(&[1]), 0);
+        v.read(reading(&[2]), 0);
+        v.read(reading(&[]), 0);
+        v.read(reading(&[]), 0);
+        assert_eq!(
+            v.contested(q),
+            BTreeSet::from([1, 2]),
+            "a borrowed slot stays its owner's"
+        );
     }
 
     #[test]

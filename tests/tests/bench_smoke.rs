@@ -225,7 +225,7 @@ async fn a_tiny_bench_run_reports_every_figure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_fleet_run_reports_every_figure() {
     let args: Vec<String> =
-        "--fleet 2 --quick --idle-secs 2 --latency-tasks 5 --tasks 40 --lease-secs 3"
+        "--fleet 2 --quick --idle-secs 2 --latency-tasks 5 --tasks 40 --lease-secs 3 --paused-tasks 500"
             .split_whitespace()
             .map(str::to_string)
             .collect();
@@ -254,7 +254,8 @@ async fn a_tiny_fleet_run_reports_every_figure() {
             .any(|k| k.starts_with("den ") && k.ends_with(" nodes")),
         "{i:?}"
     );
-    // Two change streams a node, each an open connection.
+    // A node's change stream holds a connection of its own beside its pool's and its
+    // monitoring's.
     assert!(i.open_connections >= 4, "{i:?}");
     assert!(i.den_cpu_percent_total.is_finite() && i.den_cpu_percent_total >= 0.0);
     finite_positive("DEN RSS", i.den_rss_mib_total);
@@ -267,6 +268,18 @@ async fn a_tiny_fleet_run_reports_every_figure() {
     assert_eq!(s.enqueue_to_start.n, 5);
     finite_positive("enqueue→start p50", s.enqueue_to_start.p50_ms);
     assert!(s.requests_per_probe.is_finite());
+    assert_eq!(s.enqueue_to_start_direct.n, 5);
+    finite_positive(
+        "enqueue→start p50, inserted directly",
+        s.enqueue_to_start_direct.p50_ms,
+    );
+    let hows: Vec<&str> = s.paused_inserts.iter().map(|p| p.how).collect();
+    assert_eq!(hows, ["store", "direct"]);
+    for p in &s.paused_inserts {
+        assert_eq!(p.tasks, 500);
+        finite_positive("paused insert time", p.insert_secs);
+        assert!(!p.requests_after.is_empty(), "{p:?}");
+    }
     let b = &s.backlog;
     assert_eq!((b.depth, b.tasks, b.stopped_by), (40, 40, "tasks"));
     finite_positive("backlog tasks/s", b.tasks_per_sec);

@@ -66,6 +66,7 @@ mod reload;
 mod result_relay;
 mod run_control;
 mod scheduler;
+mod shares_on_a_busy_machine;
 mod specs;
 mod stats;
 mod store_claims;

@@ -1,5 +1,7 @@
-//! Event-driven claims with a real node: a task queued into an idle fleet starts on the
-//! change stream's event, not at the next timer pass; a busy node closes its streams.
+//! Event-driven claims with a real node: a task queued into an idle fleet through our writers
+//! starts on the work signal's change event, not at the next timer pass; one inserted by
+//! another writer (ops, a Perl tool) starts on the signal the maintenance leader's probe
+//! writes at its next pass; a busy node closes its stream.
 //!
 //! "On the event" is read from the node itself, never from a latency: its debug log names
 //! what woke the pass that claimed each task, and its change-stream wake-ups must have gone
@@ -10,8 +12,12 @@ use std::time::{Duration, Instant};
 
 use bson::doc;
 use bson::oid::ObjectId;
+use disbatch_core::store::Store;
 use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
+
+/// What a node logs once its change stream is open.
+const WATCHING: &str = "watching queues for work signals";
 
 /// The node's pass loop logs what woke each pass that claimed tasks (at debug).
 const PASS_LOG: (&str, &str) = ("RUST_LOG", "info,disbatch_den::node=debug");
@@ -58,15 +64,17 @@ async fn wakeups(den: &Den, source: &str) -> f64 {
 /// Queues one task, held once it starts until its start has been accounted for, then lets it
 /// finish, and waits until the node has been woken by its runner's exit: no exit of this
 /// task is left to wake a pass that could claim the next one.
-async fn queue_one(db: &TestDb, den: &Den, queue: ObjectId, n: usize) -> Start {
+async fn queue_one(db: &TestDb, store: &Store, den: &Den, queue: ObjectId, n: usize) -> Start {
     let started = db.path("started.txt");
     let gate = db.path(&format!("gate-{n}"));
     let logged_before = claiming_wakes(den).len();
     let events_before = wakeups(den, "change_stream").await;
     let queued = Instant::now();
-    let id = db
-        .insert_tasks(queue, vec![held(&started, &gate).into()])
-        .await[0];
+    // The DCI's path: the tasks, then their queue's work signal.
+    let id = store
+        .insert_tasks(queue, vec![held(&started, &gate)])
+        .await
+        .expect("insert through the store")[0];
     wait_for("the task to start", Duration::from_secs(30), || async {
         read_lines(&started).contains(&id.to_hex())
     })
@@ -107,10 +115,16 @@ fn held(started: &Path, gate: &Path) -> bson::Document {
 /// pass another cause started (a timer pass, a runner's exit) that happens to claim the task
 /// first proves nothing either way, and is only printed; a node that does not claim on
 /// events never gets there.
-async fn started_on_events(db: &TestDb, den: &Den, queue: ObjectId, want: usize) -> Vec<Start> {
+async fn started_on_events(
+    db: &TestDb,
+    store: &Store,
+    den: &Den,
+    queue: ObjectId,
+    want: usize,
+) -> Vec<Start> {
     let mut starts: Vec<Start> = Vec::new();
     for n in 0..want + 5 {
-        let start = queue_one(db, den, queue, n).await;
+        let start = queue_one(db, store, den, queue, n).await;
         println!("task {n}: {start:?}");
         starts.push(start);
         if starts.iter().filter(|s| s.on_event()).count() >= want {
@@ -132,11 +146,12 @@ async fn a_task_queued_into_an_idle_node_starts_without_waiting_for_the_timer() 
     let config = write_config(&db, "node.json", json!({"loop_interval_ms": 10_000}));
     let queue = db.insert_queue("q", "echo", 2).await;
     let den = Den::start_with_env(&config, "n1", &[PASS_LOG]);
-    wait_for("the change streams", Duration::from_secs(30), || async {
-        den.log_text().contains("watching tasks and queues")
+    wait_for("the change stream", Duration::from_secs(30), || async {
+        den.log_text().contains(WATCHING)
     })
     .await;
-    let starts = started_on_events(&db, &den, queue, 5).await;
+    let store = db.den_store().await;
+    let starts = started_on_events(&db, &store, &den, queue, 5).await;
     let latencies: Vec<Duration> = starts.iter().map(|s| s.latency).collect();
     println!("enqueue → plugin start: {latencies:?}");
     drop(den);
@@ -212,7 +227,7 @@ async fn without_change_streams_a_node_claims_on_its_timer() {
         timer - timer_before >= 4.0,
         "each task waited for a timer pass: {timer_before} → {timer}\n{text}"
     );
-    assert!(!den.log_text().contains("watching tasks and queues"));
+    assert!(!den.log_text().contains(WATCHING));
     drop(den);
     db.drop().await;
 }
@@ -227,25 +242,24 @@ async fn a_busy_node_closes_its_change_streams_and_opens_them_when_it_runs_short
     let config = write_config(&db, "node.json", json!({"loop_interval_ms": 10_000}));
     let queue = db.insert_queue("q", "echo", 2).await;
     let den = Den::start_with_env(&config, "n1", &[PASS_LOG]);
-    wait_for("the change streams", Duration::from_secs(30), || async {
-        den.log_text().contains("watching tasks and queues")
+    wait_for("the change stream", Duration::from_secs(30), || async {
+        den.log_text().contains(WATCHING)
     })
     .await;
+    let store = db.den_store().await;
     let streams_open = || den.metric("disbatch_den_change_streams_open");
     wait_for(
-        "both streams open on an idle node",
+        "the stream open on an idle node",
         Duration::from_secs(30),
-        || async { streams_open().await == 2.0 },
+        || async { streams_open().await == 1.0 },
     )
     .await;
     // Held until the test has seen the streams closed: the node stays busy that long.
     let gate = db.path("backlog-gate").to_string_lossy().to_string();
-    let backlog = db
-        .insert_tasks(
-            queue,
-            (0..20).map(|_| doc! {"hold_until": &gate}.into()).collect(),
-        )
-        .await;
+    let backlog = store
+        .insert_tasks(queue, (0..20).map(|_| doc! {"hold_until": &gate}).collect())
+        .await
+        .expect("insert through the store");
     wait_for(
         "the streams closed while the node had more tasks than room",
         Duration::from_secs(60),
@@ -255,15 +269,64 @@ async fn a_busy_node_closes_its_change_streams_and_opens_them_when_it_runs_short
     std::fs::write(&gate, "").expect("open the gate");
     db.wait_complete(&backlog, Duration::from_secs(60)).await;
     wait_for(
-        "the streams opened again once the node ran short",
+        "the stream opened again once the node ran short",
         Duration::from_secs(30),
-        || async { streams_open().await == 2.0 },
+        || async { streams_open().await == 1.0 },
     )
     .await;
-    let starts = started_on_events(&db, &den, queue, 1).await;
+    let starts = started_on_events(&db, &store, &den, queue, 1).await;
     println!(
         "enqueue → plugin start after the backlog: {:?}",
         starts.iter().map(|s| s.latency).collect::<Vec<_>>()
+    );
+    drop(den);
+    db.drop().await;
+}
+
+/// A task another writer inserts (ops by hand, a Perl tool, Disbatch 4's DCI: no work signal)
+/// starts on the signal the maintenance leader's probe writes at its next pass, not at the
+/// idle node's own reading, which comes only every fifth pass. A pass that also reads (every
+/// fifth) may claim the task before the signal's event arrives; that proves nothing either
+/// way and is only printed.
+#[tokio::test]
+async fn a_task_inserted_by_another_writer_starts_on_the_leaders_probe() {
+    let db = TestDb::new("wakeups_outside").await;
+    let config = write_config(&db, "node.json", json!({"loop_interval_ms": 2_000}));
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let den = Den::start_with_env(&config, "n1", &[PASS_LOG]);
+    wait_for("the change stream", Duration::from_secs(30), || async {
+        den.log_text().contains(WATCHING)
+    })
+    .await;
+    let signalled = || den.metric("disbatch_den_outside_inserts_signalled_total");
+    let mut on_signal = 0;
+    for n in 0..8 {
+        let logged_before = claiming_wakes(&den).len();
+        let signals_before = signalled().await;
+        let queued = Instant::now();
+        // Straight into the collection, as ops would: no signal of ours.
+        let id = db.insert_tasks(queue, vec![doc! {"n": n}.into()]).await[0];
+        db.wait_complete(&[id], Duration::from_secs(60)).await;
+        let latency = queued.elapsed();
+        wait_for(
+            "the claiming pass logged",
+            Duration::from_secs(30),
+            || async { claiming_wakes(&den).len() > logged_before },
+        )
+        .await;
+        let woken = claiming_wakes(&den).split_off(logged_before);
+        let signals = signalled().await - signals_before;
+        println!("task {n}: woken by {woken:?}, probe signals {signals}, {latency:?}");
+        if woken == ["Change"] && signals >= 1.0 {
+            on_signal += 1;
+            if on_signal == 3 {
+                break;
+            }
+        }
+    }
+    assert!(
+        on_signal >= 3,
+        "3 tasks inserted behind the node's back started on the probe's signal"
     );
     drop(den);
     db.drop().await;

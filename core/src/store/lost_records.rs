@@ -133,7 +133,10 @@ impl Store {
         let context = "finding lost attempts without a record";
         let cursor = self
             .raw(TASKS)
-            .find(doc! {unrecorded_field(unrecorded::ATTEMPT): {"$exists": true}})
+            // A range from the least ObjectId, not `$exists`: SecantusDB reads every task for
+            // `$exists` (80 ms a pass at 50 000 tasks) but this one by the sparse index (1 ms).
+            // Every entry's attempt is an ObjectId.
+            .find(doc! {unrecorded_field(unrecorded::ATTEMPT): {"$gte": ObjectId::from_bytes([0; 12])}})
             .projection(doc! {task::QUEUE: 1, task::UNRECORDED_ATTEMPTS: 1})
             .limit(REPAIR_PER_PASS)
             .await

@@ -32,6 +32,7 @@ mod users;
 mod watch;
 mod web_nodes;
 mod web_queues;
+mod work_signal;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -70,6 +71,7 @@ pub use users::{
 };
 pub use watch::WorkSignal;
 pub use web_queues::QueueCounts;
+pub use work_signal::{CreatedSince, Queued, SIGNAL_SPACING};
 
 use crate::config::{Component, Config};
 use crate::error::{Error, Result};
@@ -85,6 +87,8 @@ pub struct Store {
     skips: SkipLedger,
     /// Count changes noted by writes and not yet written.
     counts: task_counts::CountLedger,
+    /// Work signals wanted and being written, per queue.
+    signals: work_signal::SignalLedger,
 }
 
 const BULK_WRITE_UNKNOWN: u8 = 0;
@@ -117,6 +121,7 @@ impl Store {
             bulk_write: Arc::new(AtomicU8::new(BULK_WRITE_UNKNOWN)),
             skips: SkipLedger::default(),
             counts: Default::default(),
+            signals: Default::default(),
         })
     }
 
@@ -128,6 +133,7 @@ impl Store {
             bulk_write: self.bulk_write.clone(),
             skips: self.skips.clone(),
             counts: Default::default(),
+            signals: Default::default(),
         }
     }
 

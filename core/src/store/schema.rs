@@ -149,6 +149,13 @@ pub mod queue {
     pub const WORKER_MAX_RSS_MB: &str = "worker_max_rss_mb";
     /// Ours, seconds a new persistent worker has to say `ready` (default 30).
     pub const WORKER_START_S: &str = "worker_start_s";
+    /// Ours: when our code last queued new tasks in this queue (the DCI, units, chaining,
+    /// continuous queues), or the maintenance leader found some queued by another writer. A
+    /// work signal: nodes watch queue documents, not every task insert.
+    pub const TASKS_QUEUED_AT: &str = "tasks_queued_at";
+    /// Ours: when our code last queued tasks of this queue again (a retry, a give-back, a
+    /// recovered lease): nodes read past their claim windows.
+    pub const TASKS_REQUEUED_AT: &str = "tasks_requeued_at";
 }
 
 pub mod node {

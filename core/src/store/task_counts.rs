@@ -131,9 +131,13 @@ impl Store {
     }
 
     /// Notes that tasks moved, and writes the changes at once (one update per queue) unless
-    /// writes are deferred. A failed count write is logged, not returned: the task writes it
+    /// writes are deferred; tasks that became queued are signalled to the nodes at once. A failed count write is logged, not returned: the task writes it
     /// follows have happened, and the reconcile repairs the counts.
     pub(super) async fn count_moves(&self, moves: &[Moved]) {
+        // Tasks moved into the queued group wake the nodes now, whatever happens to the counts.
+        for (queue, kind) in super::work_signal::signals_of(moves) {
+            self.signal_queued(queue, kind).await;
+        }
         for m in moves {
             let n = i64::try_from(m.n).unwrap_or(i64::MAX);
             if let Some(g) = m.from {

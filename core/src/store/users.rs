@@ -62,12 +62,12 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             ("", &["find"]),
             // Heartbeat is an upserting findAndModify.
             (NODES, &["insert", "update", "createIndex"]),
-            // Ours besides Disbatch's: the continuous-unit turn (`next_continuous`) and the
-            // QueueBalance threads the DEN writes; `changeStream` wakes claims on changes.
+            // Ours besides Disbatch's: the continuous-unit turn (`next_continuous`), the
+            // QueueBalance threads and the work signals the DEN writes; `changeStream`: queue
+            // changes and work signals wake claims.
             (QUEUES, &["update", "createIndex", "changeStream"]),
-            // `insert` is ours: continuous queues get their synthetic units from the DEN;
-            // `changeStream`: queued tasks and freed slots wake claims.
-            (TASKS, &["insert", "update", "createIndex", "changeStream"]),
+            // `insert` is ours: continuous queues get their synthetic units from the DEN.
+            (TASKS, &["insert", "update", "createIndex"]),
             (CHUNKS, &["createIndex"]),
             (FILES, &["createIndex"]),
             // Ours: lease recovery writes the lost attempt's record (an upsert: the runner
@@ -445,10 +445,7 @@ mod tests {
             ("", set(&["find"])),
             ("nodes", set(&["insert", "update", "createIndex"])),
             ("queues", set(&["update", "createIndex", "changeStream"])),
-            (
-                "tasks",
-                set(&["insert", "update", "createIndex", "changeStream"]),
-            ),
+            ("tasks", set(&["insert", "update", "createIndex"])),
             ("tasks.chunks", set(&["createIndex"])),
             ("tasks.files", set(&["createIndex"])),
             ("attempts", set(&["insert", "update", "createIndex"])),

@@ -80,10 +80,32 @@ async fn measure_size(
         idle.figures.server_cpu_percent,
         idle.figures.open_connections
     ));
+    // A client of the DCI: tasks, then their queue's work signal.
+    let store = db.den_store().await;
+    let mut paused_inserts = Vec::new();
+    for via in [Some(&store), None] {
+        let p = fleet
+            .paused_insert(via, o.paused_tasks, o.paused_watch)
+            .await
+            .context("paused insert")?;
+        progress(&format!(
+            "{n} DENs: {} tasks into the paused queue ({}) in {:.1} s; server under {}% after {:?} s",
+            p.tasks,
+            p.how,
+            p.insert_secs,
+            super::fleet_paused::SETTLED_PERCENT,
+            p.settled_after_secs
+        ));
+        paused_inserts.push(p);
+    }
     let (enqueue_to_start, requests_per_probe) = fleet
-        .probes(o.latency_tasks, o.latency_gap, idle.app_rate)
+        .probes(Some(&store), o.latency_tasks, o.latency_gap, idle.app_rate)
         .await
         .context("enqueue→start probes")?;
+    let (enqueue_to_start_direct, _) = fleet
+        .probes(None, o.latency_tasks, o.latency_gap, idle.app_rate)
+        .await
+        .context("enqueue→start probes, inserted directly")?;
     progress(&format!(
         "{n} DENs enqueue→start p50 {:.1} ms p99 {:.1} ms, {requests_per_probe:.1} requests per probe",
         enqueue_to_start.p50_ms, enqueue_to_start.p99_ms
@@ -127,6 +149,8 @@ async fn measure_size(
         idle: idle.figures,
         enqueue_to_start,
         requests_per_probe,
+        enqueue_to_start_direct,
+        paused_inserts,
         backlog,
         recovery,
         load_1m: (load_after_idle, load_after_backlog),
@@ -336,9 +360,11 @@ impl ScaleFleet {
         })
     }
 
-    /// Tasks inserted one at a time, `gap` apart, into the idle fleet with the queue open.
+    /// Tasks inserted one at a time, `gap` apart, into the idle fleet with the queue open:
+    /// through `store` (the DCI's path) or straight into the collection.
     async fn probes(
         &self,
+        store: Option<&disbatch_core::store::Store>,
         n: usize,
         gap: Duration,
         idle_rate: f64,
@@ -352,16 +378,28 @@ impl ScaleFleet {
         let mut ids = Vec::with_capacity(n);
         for _ in 0..n {
             tick.tick().await;
-            let now = DateTime::now();
-            let id = ObjectId::new();
-            self.tasks()
-                .insert_one(
-                    doc! {task::ID: id, task::QUEUE: self.queue, task::STATUS: status::QUEUED,
-                    task::NODE: Bson::Null, task::PARAMS: {}, task::CTIME: now, task::MTIME: now,
-                    task::STDOUT: Bson::Null, task::STDERR: Bson::Null},
-                )
-                .await
-                .context("enqueueing a probe")?;
+            let id = match store {
+                Some(store) => store
+                    .insert_tasks(self.queue, vec![doc! {}])
+                    .await
+                    .context("enqueueing a probe")?
+                    .first()
+                    .copied()
+                    .context("the probe's id")?,
+                None => {
+                    let now = DateTime::now();
+                    let id = ObjectId::new();
+                    self.tasks()
+                        .insert_one(
+                            doc! {task::ID: id, task::QUEUE: self.queue, task::STATUS: status::QUEUED,
+                            task::NODE: Bson::Null, task::PARAMS: {}, task::CTIME: now, task::MTIME: now,
+                            task::STDOUT: Bson::Null, task::STDERR: Bson::Null},
+                        )
+                        .await
+                        .context("enqueueing a probe")?;
+                    id
+                }
+            };
             ids.push(id);
         }
         self.wait_done(&ids, Duration::from_secs(60)).await?;

@@ -7,6 +7,7 @@ pub mod ceiling;
 pub mod contention;
 pub mod fleet;
 mod fleet_backlog;
+pub mod fleet_paused;
 mod fleet_recovery;
 pub mod fleet_run;
 pub mod fleet_scale;
@@ -79,6 +80,11 @@ pub struct BenchOptions {
     /// Fleet mode: nodes are named `PREFIX-000`, `PREFIX-001`, … (default `fleet`). A test
     /// names its own, so that its check for processes left over sees none of another run's.
     pub node_prefix: String,
+    /// Fleet mode: tasks inserted in bulk into the paused queue with the fleet idle, once
+    /// through our writers and once straight into the collection (`--paused-tasks`).
+    pub paused_tasks: usize,
+    /// Fleet mode: how long the server is watched after each paused insert.
+    pub paused_watch: Duration,
 }
 
 impl BenchOptions {
@@ -110,6 +116,8 @@ impl BenchOptions {
             start_batch: 10,
             workers: vec!["process"],
             node_prefix: "fleet".to_string(),
+            paused_tasks: 100_000,
+            paused_watch: Duration::from_secs(20),
         }
     }
 
@@ -126,6 +134,8 @@ impl BenchOptions {
             latency_tasks: if quick { 20 } else { 50 },
             latency_gap: Duration::from_millis(200),
             tasks: if quick { 300 } else { 2000 },
+            paused_tasks: if quick { 2000 } else { 100_000 },
+            paused_watch: Duration::from_secs(if quick { 5 } else { 20 }),
             ..base
         }
     }
@@ -161,7 +171,8 @@ pub const USAGE: &str = "usage: disbatch-bench [--quick] [--uri URI] [--dens 1,2
 [--depth 1000,100000] [--threads N] [--repeat N] [--run-secs S] [--idle-secs S] \
 [--latency-tasks N] [--loop-ms MS] [--polling] [--worker process|persistent|both] [--json FILE]
        disbatch-bench --fleet 1,10,50,100 [--quick] [--uri URI] [--tasks N] [--threads N] \
-[--idle-secs S] [--latency-tasks N] [--lease-secs S] [--size-secs S] [--loop-ms MS] [--json FILE]";
+[--idle-secs S] [--latency-tasks N] [--paused-tasks N] [--lease-secs S] [--size-secs S] [--loop-ms MS] \
+[--json FILE]";
 
 fn list(flag: &str, v: &str) -> Result<Vec<usize>, String> {
     let items: Result<Vec<usize>, _> = v.split(',').map(|s| s.trim().parse::<usize>()).collect();
@@ -220,6 +231,7 @@ pub fn parse_args(args: &[String]) -> Result<BenchOptions, String> {
             "--fleet" => o.fleet = Some(list(flag, value)?),
             "--lease-secs" => o.lease_secs = number(flag, value)?.max(3),
             "--size-secs" => o.size_secs = Duration::from_secs(number(flag, value)?),
+            "--paused-tasks" => o.paused_tasks = number(flag, value)? as usize,
             "--worker" => {
                 o.workers = match value.as_str() {
                     "process" => vec!["process"],

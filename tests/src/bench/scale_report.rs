@@ -36,6 +36,12 @@ pub struct SizeReport {
     pub enqueue_to_start: Latency,
     /// Requests above the idle rate per probe task: every node's change stream wakes it.
     pub requests_per_probe: f64,
+    /// The same probes inserted straight into the collection (no work signal): started on the
+    /// maintenance leader's probe, within a pass.
+    pub enqueue_to_start_direct: Latency,
+    /// Bulk inserts into the paused queue with the fleet idle: through our writers, then
+    /// straight into the collection.
+    pub paused_inserts: Vec<super::fleet_paused::PausedInsertFigures>,
     pub backlog: BacklogFigures,
     /// A follower's host dying, then (with 3 nodes or more) the maintenance leader's.
     pub recovery: Vec<RecoveryFigures>,
@@ -269,6 +275,34 @@ fn size_details(out: &mut fmt::Formatter<'_>, s: &SizeReport) -> fmt::Result {
         b.share.max_percent,
         b.share.even_percent
     )?;
+    writeln!(
+        out,
+        "  enqueue→start of tasks inserted directly: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (n={})",
+        s.enqueue_to_start_direct.p50_ms,
+        s.enqueue_to_start_direct.p99_ms,
+        s.enqueue_to_start_direct.max_ms,
+        s.enqueue_to_start_direct.n
+    )?;
+    for p in &s.paused_inserts {
+        let cpu: Vec<String> = p
+            .server_cpu_after
+            .iter()
+            .map(|c| format!("{c:.0}"))
+            .collect();
+        let req: Vec<String> = p.requests_after.iter().map(|r| format!("{r:.0}")).collect();
+        writeln!(
+            out,
+            "  paused insert ({}): {} tasks in {:.1} s; server CPU % each second after: [{}]; requests/s: [{}]; under {}% after {}",
+            p.how,
+            p.tasks,
+            p.insert_secs,
+            cpu.join(", "),
+            req.join(", "),
+            super::fleet_paused::SETTLED_PERCENT,
+            p.settled_after_secs
+                .map_or("n/a".into(), |s| format!("{s:.1} s"))
+        )?;
+    }
     for r in &s.recovery {
         writeln!(
             out,
