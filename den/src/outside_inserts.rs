@@ -1,7 +1,8 @@
 //! The outside-insert probe: tasks queued by writers that send no work signal (ops by hand,
-//! Perl tools, Disbatch 4's DCI) are found by the maintenance leader, which reads the tasks
-//! created since its last pass once and signals their open queues for the whole fleet; so such
-//! a task starts within about a pass, and idle nodes need not watch every insert themselves.
+//! Perl tools, Disbatch 4's DCI), and delayed tasks whose `not_before` passed (nothing is
+//! written then), are found by the maintenance leader, which reads the tasks created or come
+//! due since its last pass once and signals their open queues for the whole fleet; so such a
+//! task starts within about a pass, and idle nodes need not read their queues often.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,6 +26,8 @@ const AHEAD: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub struct OutsideInserts {
     after: Option<ObjectId>,
+    /// Delayed tasks that came due up to this time have been signalled.
+    due_until: Option<bson::DateTime>,
 }
 
 impl OutsideInserts {
@@ -47,18 +50,29 @@ impl OutsideInserts {
         let newest = created.iter().map(|c| c.newest).max().unwrap_or(after);
         let ceiling = id_at(now + AHEAD);
         self.after = Some(newest.min(ceiling).max(after));
-        let open: HashSet<ObjectId> = queues
+        let open: Vec<ObjectId> = queues
             .iter()
             .filter(|q| q.threads.as_ref().is_ok_and(|t| *t > 0) && !q.spec.paused)
             .map(|q| q.id)
             .collect();
-        for c in created
+        let until = bson::DateTime::from_system_time(now);
+        let due_after = self.due_until.unwrap_or_else(|| {
+            bson::DateTime::from_system_time(now.checked_sub(LOOK_BACK).unwrap_or(UNIX_EPOCH))
+        });
+        let due = store.came_due(&open, due_after, until).await?;
+        self.due_until = Some(until.max(due_after));
+        let mut signalled = HashSet::new();
+        let found = created
             .iter()
-            .filter(|c| c.queued > 0 && open.contains(&c.queue))
-        {
-            tracing::debug!(queue = %c.queue, queued = c.queued, "signalling tasks queued since the last probe");
-            store.signal_queued(c.queue, Queued::New).await;
-            metrics.outside_insert_signalled();
+            .filter(|c| c.queued > 0)
+            .map(|c| (c.queue, c.queued))
+            .chain(due);
+        for (queue, n) in found {
+            if open.contains(&queue) && signalled.insert(queue) {
+                tracing::debug!(%queue, tasks = n, "signalling tasks queued or come due since the last probe");
+                store.signal_queued(queue, Queued::New).await;
+                metrics.outside_insert_signalled();
+            }
         }
         Ok(())
     }
@@ -66,6 +80,7 @@ impl OutsideInserts {
     /// Forgets where it left off: a node that leads again looks back `LOOK_BACK`.
     pub fn forget(&mut self) {
         self.after = None;
+        self.due_until = None;
     }
 }
 

@@ -142,7 +142,7 @@ async fn started_on_events(
 async fn a_task_queued_into_an_idle_node_starts_without_waiting_for_the_timer() {
     let db = TestDb::new("wakeups").await;
     // Maintenance every 10 s, and an idle node's timer passes read its queues only every
-    // fifth: polling alone would leave a task queued for tens of seconds.
+    // tenth: polling alone would leave a task queued for tens of seconds.
     let config = write_config(&db, "node.json", json!({"loop_interval_ms": 10_000}));
     let queue = db.insert_queue("q", "echo", 2).await;
     let den = Den::start_with_env(&config, "n1", &[PASS_LOG]);
@@ -285,8 +285,8 @@ async fn a_busy_node_closes_its_change_streams_and_opens_them_when_it_runs_short
 
 /// A task another writer inserts (ops by hand, a Perl tool, Disbatch 4's DCI: no work signal)
 /// starts on the signal the maintenance leader's probe writes at its next pass, not at the
-/// idle node's own reading, which comes only every fifth pass. A pass that also reads (every
-/// fifth) may claim the task before the signal's event arrives; that proves nothing either
+/// idle node's own reading, which comes only every tenth pass. A pass that also reads (every
+/// tenth) may claim the task before the signal's event arrives; that proves nothing either
 /// way and is only printed.
 #[tokio::test]
 async fn a_task_inserted_by_another_writer_starts_on_the_leaders_probe() {

@@ -203,6 +203,43 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Per queue of `queues`, how many queued tasks came due in `(after, until]` (their
+    /// `not_before` passed then): one range of the `{queue, not_before}` index per queue, in
+    /// one request. Nothing is written when a delay ends, so the leader signals these too.
+    pub async fn came_due(
+        &self,
+        queues: &[ObjectId],
+        after: DateTime,
+        until: DateTime,
+    ) -> Result<Vec<(ObjectId, u64)>> {
+        if queues.is_empty() || until <= after {
+            return Ok(Vec::new());
+        }
+        let branches: Vec<Document> = queues
+            .iter()
+            .map(|q| doc! {task::QUEUE: q, task::NOT_BEFORE: {"$gt": after, "$lte": until}, task::STATUS: status::QUEUED})
+            .collect();
+        let pipeline = vec![
+            doc! {"$match": {"$or": branches}},
+            doc! {"$group": {"_id": format!("${}", task::QUEUE), "n": {"$sum": 1}}},
+        ];
+        let context = "reading the tasks that came due since the last probe";
+        let cursor = self
+            .collection(TASKS)
+            .aggregate(pipeline)
+            .with_type::<bson::RawDocumentBuf>()
+            .await
+            .map_err(|e| Error::mongo(context, e))?;
+        Ok(self
+            .read_all(TASKS, cursor, context)
+            .await?
+            .into_iter()
+            .filter_map(|g| Some((g.get_object_id("_id").ok()?, super::count_value(g.get("n")))))
+            .collect())
+    }
+}
+
 /// Tasks of one queue created since a probe's bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreatedSince {
