@@ -48,6 +48,11 @@ const SHARER_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(5);
 /// Which nodes share a queue changes slowly (a node starts, stops, fills up): read at most
 /// this often, not at every reading of running counts.
 const SHARERS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+/// While a node is this young, or the sharers it last read differed from the reading before,
+/// it reads them at every reading: nodes started together with a backlog waiting each see
+/// the others only once they have heartbeat, and one that laid out lanes alone would keep
+/// refilling every slot as its own until its next look (measured: 231/28/41 of 300 tasks).
+const SHARERS_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Most tasks one pass claims; a pass that reaches it is followed by another at once.
 const MAX_PASS_CLAIMS: u32 = 256;
 /// Most candidates read for one batch.
@@ -108,6 +113,10 @@ pub struct Claimer {
     unrunnable: HashSet<ObjectId>,
     /// When the live nodes sharing queues were last read.
     sharers_read_at: Option<Instant>,
+    /// The sharers last read, and whether they differed from the reading before.
+    last_sharers: HashMap<ObjectId, Vec<String>>,
+    sharers_moving: bool,
+    started: Instant,
     /// The queue filter or the plugins changed (a reload): read the queues again first.
     reconfigured: bool,
     metrics: DenMetrics,
@@ -142,6 +151,9 @@ impl Claimer {
             spares: spare::Spares::default(),
             unrunnable: HashSet::new(),
             sharers_read_at: None,
+            last_sharers: HashMap::new(),
+            sharers_moving: false,
+            started: Instant::now(),
             reconfigured: false,
             metrics,
         }
@@ -392,9 +404,11 @@ impl Claimer {
         // Every live node that serves a queue and has room gets a lane of its slots, not only
         // those seen holding its tasks: otherwise the node that frees a slot refills it before
         // the others ever see it free, and one node can keep a capped queue to itself.
-        if self
-            .sharers_read_at
-            .is_some_and(|t| t.elapsed() < SHARERS_EVERY)
+        let settling = self.sharers_moving || self.started.elapsed() < SHARERS_SETTLE;
+        if !settling
+            && self
+                .sharers_read_at
+                .is_some_and(|t| t.elapsed() < SHARERS_EVERY)
         {
             return Ok(());
         }
@@ -427,6 +441,8 @@ impl Claimer {
                 let name = self.queue_names.get(q)?;
                 Some((name.as_str(), nodes.len()))
             }));
+        self.sharers_moving = sharers != self.last_sharers;
+        self.last_sharers.clone_from(&sharers);
         self.view.set_sharers(sharers, capacity);
         Ok(())
     }

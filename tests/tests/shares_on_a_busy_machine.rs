@@ -17,6 +17,9 @@ use futures::TryStreamExt;
 use serde_json::json;
 
 const NODES: usize = 3;
+/// The production default: the tests' usual 100 ms passes hide what a node that reads its
+/// queues only now and then does to the shares.
+const LOOP_MS: u64 = 1000;
 const THREADS: i32 = 6;
 const TASKS: usize = 300;
 
@@ -54,7 +57,7 @@ fn check(ran: &BTreeMap<String, usize>, how: &str) {
 #[tokio::test]
 async fn identical_nodes_share_a_backlog_inserted_behind_their_back() {
     let db = TestDb::new("shares_inserted").await;
-    let config = write_config(&db, "node.json", json!({}));
+    let config = write_config(&db, "node.json", json!({"loop_interval_ms": LOOP_MS}));
     let queue = db.insert_queue("shared", "echo", THREADS).await;
     let dens: Vec<Den> = (0..NODES)
         .map(|i| Den::start(&config, &format!("n{i}")))
@@ -73,7 +76,7 @@ async fn identical_nodes_share_a_backlog_inserted_behind_their_back() {
 #[tokio::test]
 async fn identical_nodes_started_together_on_a_backlog_share_it() {
     let db = TestDb::new("shares_together").await;
-    let config = write_config(&db, "node.json", json!({}));
+    let config = write_config(&db, "node.json", json!({"loop_interval_ms": LOOP_MS}));
     let queue = db.insert_queue("shared", "echo", THREADS).await;
     let ids = insert_backlog(&db, queue).await;
     let dens: Vec<Den> = (0..NODES)
