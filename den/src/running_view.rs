@@ -157,10 +157,20 @@ impl RunningView {
         )
     }
 
+    /// This node claimed `slot`. The slot counts as seen held from now on, as if a reading
+    /// had shown it: a slot borrowed from another lane whose task ends before this node's next
+    /// reading must still be left to its lane's node for the window, not borrowed again.
     pub fn claimed(&mut self, queue: ObjectId, slot: u32) {
         *self.per_queue.entry(queue).or_default() += 1;
         self.slots.entry(queue).or_default().insert(slot);
         self.on_node = self.on_node.saturating_add(1);
+        self.contested.entry(queue).or_default().insert(slot);
+        if self.recent.is_empty() {
+            self.recent.push_back((Instant::now(), HashMap::new()));
+        }
+        if let Some((_, held)) = self.recent.back_mut() {
+            held.entry(queue).or_default().insert(slot);
+        }
     }
 
     /// Another node holds `slot`; its task counts against the queue until the next reading.
@@ -201,7 +211,7 @@ mod tests {
     }
 
     #[test]
-    fn contested_slots_are_those_held_at_either_of_two_readings() {
+    fn contested_slots_are_those_held_at_either_of_two_readings_or_claimed_since() {
         let q = ObjectId::new();
         let reading = |held: &[u32]| {
             let mut s = RunningSnapshot::default();
@@ -211,9 +221,10 @@ mod tests {
         let mut v = RunningView::default();
         v.read(reading(&[1, 2]), 0);
         v.claimed(q, 7);
-        assert_eq!(v.contested(q), BTreeSet::from([1, 2]));
+        // A slot this node claims counts as seen held with the last reading.
+        assert_eq!(v.contested(q), BTreeSet::from([1, 2, 7]));
         v.read(reading(&[2, 3]), 0);
-        assert_eq!(v.contested(q), BTreeSet::from([1, 2, 3]));
+        assert_eq!(v.contested(q), BTreeSet::from([1, 2, 3, 7]));
         v.read(reading(&[]), 0);
         assert_eq!(v.contested(q), BTreeSet::from([2, 3]));
         v.read(reading(&[]), 0);
@@ -238,6 +249,27 @@ mod tests {
             BTreeSet::from([1, 2]),
             "a borrowed slot stays its owner's"
         );
+    }
+
+    #[test]
+    fn a_slot_this_node_claimed_is_contested_though_no_reading_saw_it() {
+        let q = ObjectId::new();
+        let reading = |held: &[u32]| {
+            let mut s = RunningSnapshot::default();
+            s.slots.insert(q, held.iter().copied().collect());
+            s
+        };
+        let mut v = RunningView::with_contest_window(Duration::from_secs(3600));
+        v.read(reading(&[]), 0);
+        v.claimed(q, 3);
+        v.runner_exited(q, Some(3));
+        assert!(
+            v.contested(q).contains(&3),
+            "borrowed and ended before any reading"
+        );
+        v.read(reading(&[]), 0);
+        v.read(reading(&[]), 0);
+        assert!(v.contested(q).contains(&3), "still within the window");
     }
 
     #[test]
