@@ -113,6 +113,9 @@ pub struct Claimer {
     unrunnable: HashSet<ObjectId>,
     /// When the live nodes sharing queues were last read.
     sharers_read_at: Option<Instant>,
+    /// Every queue, as the last reading found them, and when: the maintenance leader uses
+    /// this list rather than reading the queues again on each of its passes.
+    all_queues: (Instant, Vec<Queue>),
     /// The sharers last read, and whether they differed from the reading before.
     last_sharers: HashMap<ObjectId, Vec<String>>,
     sharers_moving: bool,
@@ -151,6 +154,7 @@ impl Claimer {
             spares: spare::Spares::default(),
             unrunnable: HashSet::new(),
             sharers_read_at: None,
+            all_queues: (Instant::now(), Vec::new()),
             last_sharers: HashMap::new(),
             sharers_moving: false,
             started: Instant::now(),
@@ -248,9 +252,21 @@ impl Claimer {
             })
             .collect();
         let mut plan = plan_claims(&states, room, &mut self.rng);
-        report.waiting_for_slots = states
+        for q in states
             .iter()
-            .any(|q| q.threads > 0 && !plan.iter().any(|c| c.queue == q.id));
+            .filter(|q| q.threads > 0 && !plan.iter().any(|c| c.queue == q.id))
+        {
+            report.waiting_for_slots = true;
+            tracing::debug!(
+                queue = %q.id,
+                threads = q.threads,
+                running = q.running,
+                held = ?q.held_slots,
+                contested = ?q.contested,
+                lane = ?q.lane,
+                "no slot for this node in the queue"
+            );
+        }
         let mut specs: Vec<SpecState> = plan
             .iter()
             .map(|claims| {
@@ -375,6 +391,22 @@ impl Claimer {
         Ok(())
     }
 
+    /// Reads the queues if they were never read: the first heartbeat then says which queues
+    /// this node serves, so nodes started together see each other as sharers one heartbeat
+    /// sooner, instead of the first to claim laying out lanes alone for a whole pass.
+    pub async fn read_queues_first(&mut self, executor: &Executor) -> Result<()> {
+        if self.sharers_read_at.is_none() {
+            self.refresh(executor.live_runners()).await?;
+        }
+        Ok(())
+    }
+
+    /// Every queue as of the last reading, if it was read within `age` (and ever).
+    pub fn queues_read_within(&self, age: std::time::Duration) -> Option<&[Queue]> {
+        let (at, queues) = &self.all_queues;
+        (self.sharers_read_at.is_some() && at.elapsed() <= age).then_some(queues.as_slice())
+    }
+
     /// The queues this node serves, as of its last reading (published on its heartbeat).
     pub fn served(&self) -> Vec<ObjectId> {
         self.servable.iter().map(|q| q.queue.id).collect()
@@ -389,6 +421,7 @@ impl Claimer {
     /// Reads the queues and the running counts again.
     async fn refresh(&mut self, executor_live: u32) -> Result<()> {
         let (queues, problems) = self.store.list_queues().await?;
+        self.all_queues = (Instant::now(), queues.clone());
         for problem in problems {
             self.report_once(problem);
         }
@@ -442,6 +475,9 @@ impl Claimer {
                 Some((name.as_str(), nodes.len()))
             }));
         self.sharers_moving = sharers != self.last_sharers;
+        if self.sharers_moving {
+            tracing::debug!(?sharers, "the nodes sharing this node's queues changed");
+        }
         self.last_sharers.clone_from(&sharers);
         self.view.set_sharers(sharers, capacity);
         Ok(())

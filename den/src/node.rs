@@ -42,6 +42,10 @@ const LEADER_TRY_INTERVALS: u32 = 5;
 /// reported (a signal lost to an outage, a task whose `_id` is older than the probe's bound)
 /// at a cost of 0.3 requests/s per idle node at the default interval.
 const IDLE_READ_INTERVALS: u32 = 10;
+/// The leader writes the attempt records recoveries left unwritten every this many passes: a
+/// recovery writes its own record at once, so this repairs only a node or server that died
+/// between the two writes, and need not cost a request on every pass.
+const REPAIR_INTERVALS: u32 = 10;
 /// How often a node applies Disbatch's orphan rule to its own lease-less claims (only older
 /// versions made them): the rule waits 5 minutes anyway.
 const OWN_ORPHANS_EVERY: Duration = Duration::from_secs(60);
@@ -102,6 +106,7 @@ impl Node {
         );
         let mut count_keeper = CountKeeper::new(self.counts_reconcile);
         let mut outside_inserts = OutsideInserts::default();
+        let mut next_repair = Instant::now();
         let mut stats_keeper = StatsKeeper::new(self.stats_interval, &self.name);
         let count_writer = CountWriter::start(self.store.clone());
         let mut next_own_orphans = Instant::now();
@@ -147,6 +152,7 @@ impl Node {
                                 connected_since.elapsed(),
                                 &mut reported,
                                 &mut outside_inserts,
+                                &mut next_repair,
                             )
                             .await?;
                             if Instant::now() >= next_silent_check {
@@ -292,6 +298,7 @@ impl Node {
 
     /// The heartbeat; returns the node's `maxthreads` as read back.
     async fn heartbeat(&mut self, limit: &NodeLimit) -> Result<NodeLimit> {
+        self.claimer.read_queues_first(&self.executor).await?;
         let runners = self.executor.runners();
         let serves = self.claimer.served();
         let running = runners.len() as u32;
@@ -321,12 +328,24 @@ impl Node {
         connected_for: Duration,
         reported: &mut HashSet<String>,
         outside_inserts: &mut OutsideInserts,
+        next_repair: &mut Instant,
     ) -> Result<()> {
-        let repaired = write_unrecorded_attempts(&self.store).await?;
-        self.metrics.attempt_records_repaired(repaired);
+        if Instant::now() >= *next_repair {
+            let repaired = write_unrecorded_attempts(&self.store).await?;
+            self.metrics.attempt_records_repaired(repaired);
+            *next_repair = Instant::now() + self.interval * REPAIR_INTERVALS;
+        }
         let reaped = recover_expired_leases(&self.store, connected_for).await?;
         self.count_recoveries(&reaped);
-        let (queues, _) = self.store.list_queues().await?;
+        // The claimer's reading, kept fresh by queue changes' events and an idle node's
+        // periodic reading: one request less on each of the leader's passes.
+        let queues = match self
+            .claimer
+            .queues_read_within(self.interval * IDLE_READ_INTERVALS)
+        {
+            Some(queues) => queues.to_vec(),
+            None => self.store.list_queues().await?.0,
+        };
         outside_inserts
             .probe(&self.store, &queues, &self.metrics)
             .await?;

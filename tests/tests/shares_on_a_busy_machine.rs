@@ -44,10 +44,52 @@ async fn insert_backlog(db: &TestDb, queue: ObjectId) -> Vec<ObjectId> {
     .await
 }
 
-fn check(ran: &BTreeMap<String, usize>, how: &str) {
+/// Per node, the attempts it started in each second from the first start: printed beside the
+/// shares, so a failed run says when a node went without.
+async fn timeline(db: &TestDb) -> BTreeMap<String, Vec<usize>> {
+    let mut starts: Vec<(String, i64)> = Vec::new();
+    let mut cursor = db
+        .db
+        .collection::<bson::Document>("attempts")
+        .find(doc! {})
+        .await
+        .expect("find attempts");
+    while let Some(a) = cursor.try_next().await.expect("next attempt") {
+        if let (Ok(node), Ok(start)) = (a.get_str("node"), a.get_datetime("start")) {
+            starts.push((node.to_string(), start.timestamp_millis()));
+        }
+    }
+    let first = starts.iter().map(|(_, t)| *t).min().unwrap_or(0);
+    let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (node, t) in starts {
+        let second = ((t - first) / 1000) as usize;
+        let row = out.entry(node).or_default();
+        if row.len() <= second {
+            row.resize(second + 1, 0);
+        }
+        row[second] += 1;
+    }
+    out
+}
+
+fn check(
+    ran: &BTreeMap<String, usize>,
+    timeline: &BTreeMap<String, Vec<usize>>,
+    dens: &[Den],
+    how: &str,
+) {
     println!("{NODES} nodes, threads {THREADS}, {TASKS} tasks of 0.2 s, {how}: {ran:?}");
-    assert_eq!(ran.len(), NODES, "every node ran tasks: {ran:?}");
+    for (node, row) in timeline {
+        println!("  {node} started per second: {row:?}");
+    }
     let (low, high) = (TASKS * 20 / 100, TASKS * 50 / 100);
+    let fair = ran.len() == NODES && ran.values().all(|n| (low..=high).contains(n));
+    if !fair {
+        for den in dens {
+            println!("--- log of {} ---\n{}", den.log.display(), den.log_text());
+        }
+    }
+    assert_eq!(ran.len(), NODES, "every node ran tasks: {ran:?}");
     assert!(
         ran.values().all(|n| (low..=high).contains(n)),
         "every node ran 20–50% of the tasks ({low}–{high}): {ran:?}"
@@ -67,6 +109,8 @@ async fn identical_nodes_share_a_backlog_inserted_behind_their_back() {
     db.wait_complete(&ids, Duration::from_secs(180)).await;
     check(
         &ran_by_node(&db, queue).await,
+        &timeline(&db).await,
+        &dens,
         "inserted once the nodes had read each other",
     );
     drop(dens);
@@ -80,11 +124,21 @@ async fn identical_nodes_started_together_on_a_backlog_share_it() {
     let queue = db.insert_queue("shared", "echo", THREADS).await;
     let ids = insert_backlog(&db, queue).await;
     let dens: Vec<Den> = (0..NODES)
-        .map(|i| Den::spawn(&config, &format!("n{i}")))
+        .map(|i| {
+            Den::spawn_adjusted(
+                &disbatch_tests::bin_path("disbatchd"),
+                &config,
+                &format!("n{i}"),
+                &[("RUST_LOG", "info,disbatch_den=debug")],
+                |_| {},
+            )
+        })
         .collect();
     db.wait_complete(&ids, Duration::from_secs(180)).await;
     check(
         &ran_by_node(&db, queue).await,
+        &timeline(&db).await,
+        &dens,
         "there when the nodes started together",
     );
     drop(dens);
