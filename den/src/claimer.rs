@@ -333,6 +333,15 @@ impl Claimer {
                         }
                     },
                 };
+                if batch.claimed == 0 && batch.lost > 0 {
+                    // Other nodes took every slot or task it reached for: it is waiting for
+                    // a slot as much as one that found none free, and an idle node's pace
+                    // (reading every tenth pass, claiming from a stale view in between)
+                    // would keep it losing the same race (measured: a node that ran nothing
+                    // for 20 s beside two that shared 300 tasks).
+                    report.waiting_for_slots = true;
+                    tracing::debug!(queue = %queue.id, lost = batch.lost, "every claim of the batch went to another node");
+                }
                 claimed_here[i] += batch.claimed;
                 plan[i].wanted = plan[i].wanted.saturating_sub(batch.claimed);
                 specs[i].running += batch.claimed;
