@@ -70,6 +70,7 @@ mod shares_on_a_busy_machine;
 mod specs;
 mod stats;
 mod store_claims;
+mod store_probes;
 mod store_running;
 mod store_slots;
 mod summary;

@@ -1,0 +1,87 @@
+//! The maintenance leader's probes against a real server: tasks created since a bound, and
+//! delayed tasks come due in a window, over a backlog.
+
+use std::collections::BTreeMap;
+
+use bson::oid::ObjectId;
+use bson::{doc, DateTime, Document};
+use disbatch_tests::TestDb;
+
+fn at(ms_from: DateTime, ms: i64) -> DateTime {
+    DateTime::from_millis(ms_from.timestamp_millis() + ms)
+}
+
+#[tokio::test]
+async fn came_due_counts_queued_tasks_whose_delay_ended_in_the_window_per_probed_queue() {
+    let db = TestDb::new("probe_due").await;
+    let store = db.den_store().await;
+    let (a, b, unprobed) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+    let now = DateTime::now();
+    let task = |queue: ObjectId, status: i32, not_before: Option<DateTime>| {
+        let mut d = doc! {"queue": queue, "status": status, "node": null};
+        if let Some(t) = not_before {
+            d.insert("not_before", t);
+        }
+        d
+    };
+    // A backlog without delays, as a probe meets it on a busy queue.
+    let mut docs: Vec<Document> = (0..2000).map(|_| task(a, -2, None)).collect();
+    docs.extend([
+        task(a, -2, Some(at(now, -500))),
+        task(a, -2, Some(at(now, -100))),
+        task(a, 1, Some(at(now, -200))), // came due but no longer queued
+        task(a, -2, Some(at(now, -5000))), // came due before the window
+        task(a, -2, Some(at(now, 60_000))), // not due yet
+        task(b, -2, Some(at(now, -300))),
+        task(unprobed, -2, Some(at(now, -300))),
+        // Another tool's numbers: a double status still counts as queued.
+        doc! {"queue": b, "status": -2.0_f64, "node": null, "not_before": at(now, -10)},
+    ]);
+    db.tasks().insert_many(docs).await.expect("insert");
+    let due: BTreeMap<ObjectId, u64> = store
+        .came_due(&[a, b], at(now, -1000), now)
+        .await
+        .expect("came_due")
+        .into_iter()
+        .collect();
+    assert_eq!(due, BTreeMap::from([(a, 2), (b, 2)]));
+    assert!(store
+        .came_due(&[a, b], now, now)
+        .await
+        .expect("empty window")
+        .is_empty());
+    assert!(store
+        .came_due(&[], at(now, -1000), now)
+        .await
+        .expect("no queue")
+        .is_empty());
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn created_since_reads_only_tasks_made_after_the_bound() {
+    let db = TestDb::new("probe_created").await;
+    let store = db.den_store().await;
+    let (a, b) = (ObjectId::new(), ObjectId::new());
+    let old: Vec<Document> = (0..500)
+        .map(|_| doc! {"queue": a, "status": -2, "node": null})
+        .collect();
+    db.tasks().insert_many(old).await.expect("insert old");
+    let bound = ObjectId::new();
+    let new = vec![
+        doc! {"_id": ObjectId::new(), "queue": a, "status": -2, "node": null},
+        doc! {"_id": ObjectId::new(), "queue": a, "status": 1, "node": "n"},
+        doc! {"_id": ObjectId::new(), "queue": b, "status": -2, "node": null},
+    ];
+    let newest_a = new[1].get_object_id("_id").expect("id");
+    db.tasks().insert_many(new).await.expect("insert new");
+    let mut seen = store.created_since(bound).await.expect("created_since");
+    seen.sort_by_key(|c| c.queue != a);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        (seen[0].queue, seen[0].queued, seen[0].newest),
+        (a, 1, newest_a)
+    );
+    assert_eq!((seen[1].queue, seen[1].queued), (b, 1));
+    db.drop().await;
+}
