@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, Document};
 use disbatch_core::model::status;
 use disbatch_core::store::schema::{attempt, queue as qf, task, ATTEMPTS, QUEUES};
 use mongodb::Collection;
@@ -281,16 +281,16 @@ impl Fleet {
         gap: Duration,
     ) -> anyhow::Result<Latency> {
         let before = TaskEnds::scrape(&self.metrics).await?;
+        // Through the store, as the DCI queues a task (with its work signal): a task inserted
+        // straight into the collection waits for the leader's probe, once a pass, and fleet
+        // mode measures that path apart.
+        let store = self.db.den_store().await;
         self.set_threads(self.threads).await?;
         let mut tick = tokio::time::interval(gap);
         for _ in 0..n {
             tick.tick().await;
-            let now = DateTime::now();
-            self.db
-                .tasks()
-                .insert_one(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED,
-                task::NODE: Bson::Null, task::PARAMS: {}, task::CTIME: now, task::MTIME: now,
-                task::STDOUT: Bson::Null, task::STDERR: Bson::Null})
+            store
+                .insert_tasks(self.queue, vec![doc! {}])
                 .await
                 .context("enqueueing a latency probe")?;
         }
