@@ -195,6 +195,13 @@ impl RunningView {
 mod tests {
     use super::*;
 
+    /// A reading in which `queue`'s held slots are `held`.
+    fn reading(queue: ObjectId, held: &[u32]) -> RunningSnapshot {
+        let mut s = RunningSnapshot::default();
+        s.slots.insert(queue, held.iter().copied().collect());
+        s
+    }
+
     #[test]
     fn own_claims_and_exits_move_the_view() {
         let q = ObjectId::new();
@@ -213,37 +220,27 @@ mod tests {
     #[test]
     fn contested_slots_are_those_held_at_either_of_two_readings_or_claimed_since() {
         let q = ObjectId::new();
-        let reading = |held: &[u32]| {
-            let mut s = RunningSnapshot::default();
-            s.slots.insert(q, held.iter().copied().collect());
-            s
-        };
         let mut v = RunningView::default();
-        v.read(reading(&[1, 2]), 0);
+        v.read(reading(q, &[1, 2]), 0);
         v.claimed(q, 7);
         // A slot this node claims counts as seen held with the last reading.
         assert_eq!(v.contested(q), BTreeSet::from([1, 2, 7]));
-        v.read(reading(&[2, 3]), 0);
+        v.read(reading(q, &[2, 3]), 0);
         assert_eq!(v.contested(q), BTreeSet::from([1, 2, 3, 7]));
-        v.read(reading(&[]), 0);
+        v.read(reading(q, &[]), 0);
         assert_eq!(v.contested(q), BTreeSet::from([2, 3]));
-        v.read(reading(&[]), 0);
+        v.read(reading(q, &[]), 0);
         assert!(v.contested(q).is_empty());
     }
 
     #[test]
     fn within_the_contest_window_every_reading_counts() {
         let q = ObjectId::new();
-        let reading = |held: &[u32]| {
-            let mut s = RunningSnapshot::default();
-            s.slots.insert(q, held.iter().copied().collect());
-            s
-        };
         let mut v = RunningView::with_contest_window(Duration::from_secs(3600));
-        v.read(reading(&[1]), 0);
-        v.read(reading(&[2]), 0);
-        v.read(reading(&[]), 0);
-        v.read(reading(&[]), 0);
+        v.read(reading(q, &[1]), 0);
+        v.read(reading(q, &[2]), 0);
+        v.read(reading(q, &[]), 0);
+        v.read(reading(q, &[]), 0);
         assert_eq!(
             v.contested(q),
             BTreeSet::from([1, 2]),
@@ -254,21 +251,16 @@ mod tests {
     #[test]
     fn a_slot_this_node_claimed_is_contested_though_no_reading_saw_it() {
         let q = ObjectId::new();
-        let reading = |held: &[u32]| {
-            let mut s = RunningSnapshot::default();
-            s.slots.insert(q, held.iter().copied().collect());
-            s
-        };
         let mut v = RunningView::with_contest_window(Duration::from_secs(3600));
-        v.read(reading(&[]), 0);
+        v.read(reading(q, &[]), 0);
         v.claimed(q, 3);
         v.runner_exited(q, Some(3));
         assert!(
             v.contested(q).contains(&3),
             "borrowed and ended before any reading"
         );
-        v.read(reading(&[]), 0);
-        v.read(reading(&[]), 0);
+        v.read(reading(q, &[]), 0);
+        v.read(reading(q, &[]), 0);
         assert!(v.contested(q).contains(&3), "still within the window");
     }
 

@@ -112,6 +112,23 @@ impl Store {
         self.db.collection(name)
     }
 
+    /// Every result of an aggregation on `collection` that decodes; the others are reported
+    /// and left out.
+    pub(super) async fn aggregate_all(
+        &self,
+        collection: &'static str,
+        pipeline: Vec<Document>,
+        context: &str,
+    ) -> Result<Vec<Document>> {
+        let cursor = self
+            .collection(collection)
+            .aggregate(pipeline)
+            .with_type::<RawDocumentBuf>()
+            .await
+            .map_err(|e| Error::mongo(context.to_string(), e))?;
+        self.read_all(collection, cursor, context).await
+    }
+
     /// Every document of a cursor that decodes; the others are reported and left out.
     pub(super) async fn read_all(
         &self,

@@ -257,14 +257,8 @@ impl Store {
         pipeline: Vec<Document>,
     ) -> Result<(ObjectId, GroupCounts)> {
         let what = "counting tasks by status";
-        let cursor = self
-            .collection(TASKS)
-            .aggregate(pipeline)
-            .with_type::<bson::RawDocumentBuf>()
-            .await
-            .map_err(|e| Error::mongo(what, e))?;
         let mut out = GroupCounts::default();
-        for d in self.read_all(TASKS, cursor, what).await? {
+        for d in self.aggregate_all(TASKS, pipeline, what).await? {
             // Several stored types (1, 1.0, Int64 1) can land in one group: add, never replace.
             out.add(
                 StatusGroup::of(d.get("_id")),

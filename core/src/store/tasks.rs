@@ -108,15 +108,9 @@ impl Store {
                 "nodes": {"$addToSet": format!("${}", task::NODE)},
             }},
         ];
-        let cursor = self
-            .collection(TASKS)
-            .aggregate(pipeline)
-            .with_type::<bson::RawDocumentBuf>()
-            .await
-            .map_err(|e| Error::mongo("counting running tasks", e))?;
         let mut snap = RunningSnapshot::default();
         for group in self
-            .read_all(TASKS, cursor, "counting running tasks")
+            .aggregate_all(TASKS, pipeline, "counting running tasks")
             .await?
         {
             let mine = count_field(&group, "mine");
@@ -155,14 +149,8 @@ impl Store {
             }},
         ];
         let context = "counting a queue's running tasks";
-        let cursor = self
-            .collection(TASKS)
-            .aggregate(pipeline)
-            .with_type::<bson::RawDocumentBuf>()
-            .await
-            .map_err(|e| Error::mongo(context, e))?;
         let mut out = QueueRunning::default();
-        for group in self.read_all(TASKS, cursor, context).await? {
+        for group in self.aggregate_all(TASKS, pipeline, context).await? {
             out.running = count_field(&group, "n");
             out.slots = group
                 .get_array("slots")

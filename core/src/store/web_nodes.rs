@@ -32,15 +32,9 @@ impl Store {
             doc! {"$match": {task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}}},
             doc! {"$group": {"_id": format!("${}", task::NODE), "n": {"$sum": 1}}},
         ];
-        let cursor = self
-            .collection(TASKS)
-            .aggregate(pipeline)
-            .with_type::<bson::RawDocumentBuf>()
-            .await
-            .map_err(|e| Error::mongo("counting running tasks per node", e))?;
         let mut out = HashMap::new();
         for d in self
-            .read_all(TASKS, cursor, "counting running tasks per node")
+            .aggregate_all(TASKS, pipeline, "counting running tasks per node")
             .await?
         {
             if let Ok(name) = d.get_str("_id") {

@@ -181,14 +181,8 @@ impl Store {
             }},
         ];
         let context = "reading the tasks created since the last probe";
-        let cursor = self
-            .collection(TASKS)
-            .aggregate(pipeline)
-            .with_type::<bson::RawDocumentBuf>()
-            .await
-            .map_err(|e| Error::mongo(context, e))?;
         Ok(self
-            .read_all(TASKS, cursor, context)
+            .aggregate_all(TASKS, pipeline, context)
             .await?
             .into_iter()
             .filter_map(|g| {
