@@ -11,6 +11,7 @@ pub mod count_writer;
 pub mod durability;
 pub mod elector;
 pub mod executor;
+pub mod fanout;
 pub mod host;
 pub mod metrics;
 pub mod metrics_http;

@@ -76,6 +76,7 @@ struct Inner {
     recoveries: IntCounterVec,
     attempt_records_repaired: IntCounter,
     outside_inserts_signalled: IntCounter,
+    nodes_signalled: IntCounter,
     results: IntCounterVec,
     result_batch: Histogram,
     live_copies: IntCounterVec,
@@ -195,6 +196,11 @@ impl Default for Inner {
                 &registry,
                 "disbatch_den_outside_inserts_signalled_total",
                 "Work signals this node, as maintenance leader, wrote for tasks another writer queued without one (ops by hand, Perl tools): its probe found a newer queued task",
+            ),
+            nodes_signalled: counter(
+                &registry,
+                "disbatch_den_nodes_signalled_total",
+                "Nodes this node, as maintenance leader (the holder of the fleet's change stream), marked to read their queues at their next heartbeat, for work signalled on queues they serve",
             ),
             results: counter_vec(
                 &registry,
@@ -419,6 +425,10 @@ impl DenMetrics {
         self.inner.outside_inserts_signalled.inc();
     }
 
+    pub fn nodes_signalled(&self, n: u64) {
+        self.inner.nodes_signalled.inc_by(n);
+    }
+
     /// The Prometheus text exposition (format 0.0.4) of every metric recorded so far.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
@@ -527,6 +537,7 @@ mod tests {
             "disbatch_den_recoveries_total{how=\"orphan\"} 0",
             "disbatch_den_attempt_records_repaired_total 0",
             "disbatch_den_outside_inserts_signalled_total 0",
+            "disbatch_den_nodes_signalled_total 0",
             "disbatch_build_info{git_sha=\"GIT\",version=\"VERSION\"} 1",
         ] {
             let line = line

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use disbatch_core::backoff::Backoff;
-use disbatch_core::store::{Heartbeat, NodeLimit, Store};
+use disbatch_core::run_policy::MIN_LEASE;
+use disbatch_core::store::{Heartbeat, HeartbeatReply, NodeLimit, Store};
 use disbatch_core::Result;
 
 use crate::balancer::Balancer;
@@ -17,9 +18,10 @@ use crate::count_keeper::CountKeeper;
 use crate::count_writer::CountWriter;
 use crate::elector::Elector;
 use crate::executor::Executor;
+use crate::fanout::Fanout;
 use crate::metrics::DenMetrics;
 use crate::notifier::Notifier;
-use crate::outside_inserts::OutsideInserts;
+use crate::outside_inserts::{open_queues, OutsideInserts};
 use crate::reaper::{
     reap_orphans, recover_expired_leases, recover_silent_nodes, write_unrecorded_attempts,
 };
@@ -37,21 +39,22 @@ const LEADER_LEASE_INTERVALS: u32 = 15;
 const LEADER_TRY_INTERVALS: u32 = 5;
 /// In loop intervals: how often an idle node (no runners, nothing claimed by its last pass,
 /// no queue waiting for a slot) reads queues and running counts on its timer. Work signals
-/// wake it for new, requeued and come-due tasks at once (the leader signals those other
-/// writers queue and delayed tasks as they come due); this reading catches whatever no signal
-/// reported (a signal lost to an outage, a task whose `_id` is older than the probe's bound)
-/// at a cost of 0.3 requests/s per idle node at the default interval.
+/// wake it for new, requeued and come-due tasks (the leader at once, through its stream; the
+/// others at their next heartbeat, through the leader's fan-out); this reading catches
+/// whatever no signal reported (a signal lost to an outage or a leader change, a task whose
+/// `_id` is older than the probe's bound) at a cost of 0.3 requests/s per idle node at the
+/// default interval.
 const IDLE_READ_INTERVALS: u32 = 10;
-/// The leader writes the attempt records recoveries left unwritten every this many passes: a
-/// recovery writes its own record at once, so this repairs only a node or server that died
-/// between the two writes, and need not cost a request on every pass.
-const REPAIR_INTERVALS: u32 = 10;
+/// The leader writes the attempt records recoveries left unwritten every this many passes (and
+/// when it takes the lead): a recovery writes its own record at once, so this repairs only a
+/// node or server that died between the two writes, and need not cost an idle fleet more
+/// than a request a minute at the default interval.
+const REPAIR_INTERVALS: u32 = 60;
 /// How often a node applies Disbatch's orphan rule to its own lease-less claims (only older
 /// versions made them): the rule waits 5 minutes anyway.
 const OWN_ORPHANS_EVERY: Duration = Duration::from_secs(60);
-/// Change streams opened again stay open at least this long: a node at the edge of its
-/// capacity opens them at most about this often.
-const STREAMS_OPEN_AT_LEAST: Duration = Duration::from_secs(1);
+/// In loop intervals: a node whose heartbeat is older than this gets no fan-out.
+const FANOUT_LIVE_INTERVALS: u32 = 5;
 
 pub struct Node {
     pub store: Store,
@@ -106,7 +109,12 @@ impl Node {
         );
         let mut count_keeper = CountKeeper::new(self.counts_reconcile);
         let mut outside_inserts = OutsideInserts::default();
+        let mut fanout = Fanout::default();
+        // Whether this node leads the fleet's maintenance (and so holds its change stream).
+        let mut leading = false;
         let mut next_repair = Instant::now();
+        // When a lease may next pass (the leader recovers only then, not on every pass).
+        let mut next_recovery = Instant::now();
         let mut stats_keeper = StatsKeeper::new(self.stats_interval, &self.name);
         let count_writer = CountWriter::start(self.store.clone());
         let mut next_own_orphans = Instant::now();
@@ -119,8 +127,6 @@ impl Node {
         // Refusals already logged, so a lasting one is logged once.
         let mut reported: HashSet<String> = HashSet::new();
         let mut wake = Wake::Timer;
-        // When the change streams were last opened again after being closed.
-        let mut streams_reopened: Option<Instant> = None;
         // Set on shutdown: the pass in flight finishes but sends no new claims.
         let stopping = AtomicBool::new(false);
         // Logged once: operators and the test harness read it as "this node has sent its
@@ -139,13 +145,21 @@ impl Node {
             let maintenance = failures > 0 || started >= next_maintenance;
             let result = {
                 let pass = async {
+                    // The leader's fan-out, read back by this pass's heartbeat.
+                    let mut work_signalled = false;
                     if maintenance {
-                        limit = self.heartbeat(&limit).await?;
+                        let beat = self.heartbeat(&limit).await?;
+                        limit = beat.limit;
+                        work_signalled = beat.work_signalled;
                         if Instant::now() >= next_own_orphans {
                             reap_orphans(&self.store, &self.name).await?;
                             next_own_orphans = Instant::now() + OWN_ORPHANS_EVERY;
                         }
-                        if elector.leads(&self.store, &self.name).await {
+                        leading = elector.leads(&self.store, &self.name).await;
+                        if let Some(n) = &self.notifier {
+                            n.watch(leading);
+                        }
+                        if leading {
                             count_keeper.tick(&self.store);
                             stats_keeper.tick(&self.store);
                             self.lead_maintenance(
@@ -153,6 +167,7 @@ impl Node {
                                 &mut reported,
                                 &mut outside_inserts,
                                 &mut next_repair,
+                                &mut next_recovery,
                             )
                             .await?;
                             if Instant::now() >= next_silent_check {
@@ -163,6 +178,8 @@ impl Node {
                             count_keeper.stop();
                             stats_keeper.stop();
                             outside_inserts.forget();
+                            fanout.forget();
+                            next_recovery = Instant::now();
                         }
                         self.forward_cancel_requests().await?;
                     }
@@ -174,7 +191,16 @@ impl Node {
                         !claimed_lately && !waiting_for_slots && self.executor.live_runners() == 0;
                     let read_due = last_read
                         .is_none_or(|t| t.elapsed() >= self.interval * IDLE_READ_INTERVALS);
-                    if maintenance && wake == Wake::Timer && idle && !read_due && !queues_changed {
+                    if work_signalled {
+                        self.metrics.wakeup("leader_signal");
+                    }
+                    if maintenance
+                        && wake == Wake::Timer
+                        && idle
+                        && !read_due
+                        && !queues_changed
+                        && !work_signalled
+                    {
                         // An idle node's timer pass: its heartbeat was all it owed.
                         return Ok(PassReport::default());
                     }
@@ -185,9 +211,16 @@ impl Node {
                     } else {
                         Reading::IfStale
                     };
-                    if self.notifier.as_ref().is_some_and(Notifier::take_requeued) {
+                    // The leader's mark does not say whether the tasks were new or queued again.
+                    if work_signalled || self.notifier.as_ref().is_some_and(Notifier::take_requeued)
+                    {
                         self.claimer.reset_windows();
                     }
+                    // Taken before the pass: events that come during it wake another one.
+                    let signalled = match (leading, &self.notifier) {
+                        (true, Some(n)) => Some(n.take_signalled()),
+                        _ => None,
+                    };
                     let report = self
                         .claimer
                         .claim_tasks(&limit, &self.executor, read, &stopping)
@@ -198,6 +231,24 @@ impl Node {
                     }
                     claimed_lately = report.claimed > 0;
                     waiting_for_slots = report.waiting_for_slots;
+                    if let Some(signalled) = signalled {
+                        let open = self
+                            .claimer
+                            .queues_read_within(self.interval * IDLE_READ_INTERVALS)
+                            .map(open_queues);
+                        fanout
+                            .after_pass(
+                                &self.store,
+                                signalled,
+                                &self.name,
+                                &self.claimer.served(),
+                                open.as_deref(),
+                                &report,
+                                self.interval * FANOUT_LIVE_INTERVALS,
+                                &self.metrics,
+                            )
+                            .await?;
+                    }
                     if maintenance && !stopping.load(Ordering::Relaxed) {
                         // After claiming, so balancing never delays a claim; new threads apply
                         // at the next reading.
@@ -227,19 +278,6 @@ impl Node {
                     }
                     failures = 0;
                     retry.reset();
-                    if let (Some(n), Some(short)) = (&self.notifier, report.short_of_tasks) {
-                        // A node with nothing running skips its timer passes' reading: it
-                        // learns of new work and queue changes only from the streams.
-                        if short || self.executor.live_runners() == 0 {
-                            if n.watch(true) {
-                                streams_reopened = Some(Instant::now());
-                            }
-                        } else if streams_reopened
-                            .is_none_or(|t| t.elapsed() >= STREAMS_OPEN_AT_LEAST)
-                        {
-                            n.watch(false);
-                        }
-                    }
                     if maintenance {
                         next_maintenance = started + self.interval;
                     }
@@ -296,8 +334,8 @@ impl Node {
         Ok(())
     }
 
-    /// The heartbeat; returns the node's `maxthreads` as read back.
-    async fn heartbeat(&mut self, limit: &NodeLimit) -> Result<NodeLimit> {
+    /// The heartbeat; returns the node's `maxthreads` and the leader's mark, as read back.
+    async fn heartbeat(&mut self, limit: &NodeLimit) -> Result<HeartbeatReply> {
         self.claimer.read_queues_first(&self.executor).await?;
         let runners = self.executor.runners();
         let serves = self.claimer.served();
@@ -329,25 +367,50 @@ impl Node {
         reported: &mut HashSet<String>,
         outside_inserts: &mut OutsideInserts,
         next_repair: &mut Instant,
+        next_recovery: &mut Instant,
     ) -> Result<()> {
         if Instant::now() >= *next_repair {
             let repaired = write_unrecorded_attempts(&self.store).await?;
             self.metrics.attempt_records_repaired(repaired);
             *next_repair = Instant::now() + self.interval * REPAIR_INTERVALS;
         }
-        let reaped = recover_expired_leases(&self.store, connected_for).await?;
-        self.count_recoveries(&reaped);
         // The claimer's reading, kept fresh by queue changes' events and an idle node's
-        // periodic reading: one request less on each of the leader's passes.
+        // periodic reading: one request less on each of the leader's passes. Two intervals
+        // of slack: a reading due every tenth pass is a little more than ten intervals old
+        // just before it is made.
         let queues = match self
             .claimer
-            .queues_read_within(self.interval * IDLE_READ_INTERVALS)
+            .queues_read_within(self.interval * (IDLE_READ_INTERVALS + 2))
         {
             Some(queues) => queues.to_vec(),
             None => self.store.list_queues().await?.0,
         };
+        if Instant::now() >= *next_recovery {
+            // Read again at least every idle reading's span: a queue made since, or one whose
+            // lease was shortened, may write leases shorter than those read here.
+            let shortest_lease = queues
+                .iter()
+                .map(|q| q.run.lease)
+                .min()
+                .unwrap_or(MIN_LEASE)
+                .min(self.interval * IDLE_READ_INTERVALS);
+            let reaped = recover_expired_leases(&self.store, connected_for, shortest_lease).await?;
+            self.count_recoveries(&reaped);
+            *next_recovery = Instant::now() + reaped.next_check_in;
+        }
+        let inserts_watched = self.notifier.as_ref().is_some_and(Notifier::is_open);
+        let delays_changed = self
+            .notifier
+            .as_ref()
+            .is_some_and(Notifier::take_delays_changed);
         outside_inserts
-            .probe(&self.store, &queues, &self.metrics)
+            .probe(
+                &self.store,
+                &queues,
+                inserts_watched,
+                delays_changed,
+                &self.metrics,
+            )
             .await?;
         let continuous = continuous_queues(&queues);
         if !continuous.is_empty() {

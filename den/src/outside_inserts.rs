@@ -2,7 +2,9 @@
 //! Perl tools, Disbatch 4's DCI), and delayed tasks whose `not_before` passed (nothing is
 //! written then), are found by the maintenance leader, which reads the tasks created or come
 //! due since its last pass once and signals their open queues for the whole fleet; so such a
-//! task starts within about a pass, and idle nodes need not read their queues often.
+//! task starts within about a pass, and idle nodes need not read their queues often. While
+//! the leader's stream sees every insert, it reads created tasks only once on taking the
+//! lead (those created while no one led).
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -22,12 +24,22 @@ const LOOK_BACK: Duration = Duration::from_secs(30);
 /// with a right clock.
 const AHEAD: Duration = Duration::from_secs(1);
 
+/// In probes: how often whether delayed tasks exist is read again without an event saying
+/// so (ops may set a `not_before` by hand, which no event shows; the nodes' own readings,
+/// every tenth pass when idle, claim such a task once due meanwhile).
+const DELAYED_RECHECK: u32 = 60;
+
 /// Where the last probe left off: tasks with a greater `_id` are new to it.
 #[derive(Debug, Default)]
 pub struct OutsideInserts {
     after: Option<ObjectId>,
     /// Delayed tasks that came due up to this time have been signalled.
     due_until: Option<bson::DateTime>,
+    /// Whether open queues hold delayed tasks (None: to be read). While they hold none, no
+    /// pass looks for tasks coming due: an idle fleet's leader would spend a request a pass.
+    delayed: Option<bool>,
+    /// Probes until `delayed` is read again.
+    delayed_recheck_in: u32,
 }
 
 impl OutsideInserts {
@@ -36,30 +48,53 @@ impl OutsideInserts {
     /// here); a paused queue (`threads` 0) is not signalled. Tasks whose `_id` is no ObjectId,
     /// or an ObjectId older than the bound (made on a host whose clock is behind by more than a
     /// pass), are left to the nodes' own readings.
+    /// `inserts_watched`: the leader's stream is open, so created tasks need reading only
+    /// once, after taking the lead; `delays_changed`: its events saw a delayed task inserted,
+    /// tasks queued again (perhaps with a delay) or a queue changed.
     pub async fn probe(
         &mut self,
         store: &Store,
         queues: &[Queue],
+        inserts_watched: bool,
+        delays_changed: bool,
         metrics: &DenMetrics,
     ) -> Result<()> {
         let now = SystemTime::now();
-        let after = self
-            .after
-            .unwrap_or_else(|| id_at(now.checked_sub(LOOK_BACK).unwrap_or(UNIX_EPOCH)));
-        let created = store.created_since(after).await?;
-        let newest = created.iter().map(|c| c.newest).max().unwrap_or(after);
-        let ceiling = id_at(now + AHEAD);
-        self.after = Some(newest.min(ceiling).max(after));
-        let open: Vec<ObjectId> = queues
-            .iter()
-            .filter(|q| q.threads.as_ref().is_ok_and(|t| *t > 0) && !q.spec.paused)
-            .map(|q| q.id)
-            .collect();
+        let created = match (self.after, inserts_watched) {
+            (Some(after), true) => {
+                // Kept near the present: if the stream closes, probing resumes from here
+                // rather than reading every task made while it was open.
+                let recent = id_at(now.checked_sub(AHEAD).unwrap_or(UNIX_EPOCH));
+                self.after = Some(after.max(recent));
+                Vec::new()
+            }
+            (after, _) => {
+                let after = after
+                    .unwrap_or_else(|| id_at(now.checked_sub(LOOK_BACK).unwrap_or(UNIX_EPOCH)));
+                let created = store.created_since(after).await?;
+                let newest = created.iter().map(|c| c.newest).max().unwrap_or(after);
+                let ceiling = id_at(now + AHEAD);
+                self.after = Some(newest.min(ceiling).max(after));
+                created
+            }
+        };
+        let open = open_queues(queues);
         let until = bson::DateTime::from_system_time(now);
         let due_after = self.due_until.unwrap_or_else(|| {
             bson::DateTime::from_system_time(now.checked_sub(LOOK_BACK).unwrap_or(UNIX_EPOCH))
         });
-        let due = store.came_due(&open, due_after, until).await?;
+        if !inserts_watched || delays_changed || self.delayed_recheck_in == 0 {
+            self.delayed = None;
+        }
+        self.delayed_recheck_in = self.delayed_recheck_in.saturating_sub(1);
+        if self.delayed.is_none() && inserts_watched {
+            self.delayed = Some(store.any_delayed_after(&open, due_after).await?);
+            self.delayed_recheck_in = DELAYED_RECHECK;
+        }
+        let due = match self.delayed {
+            Some(false) => Vec::new(),
+            _ => store.came_due(&open, due_after, until).await?,
+        };
         self.due_until = Some(until.max(due_after));
         let mut signalled = HashSet::new();
         let found = created
@@ -79,9 +114,17 @@ impl OutsideInserts {
 
     /// Forgets where it left off: a node that leads again looks back `LOOK_BACK`.
     pub fn forget(&mut self) {
-        self.after = None;
-        self.due_until = None;
+        *self = OutsideInserts::default();
     }
+}
+
+/// The queues that may start tasks now (`threads` above 0, not paused).
+pub fn open_queues(queues: &[Queue]) -> Vec<ObjectId> {
+    queues
+        .iter()
+        .filter(|q| q.threads.as_ref().is_ok_and(|t| *t > 0) && !q.spec.paused)
+        .map(|q| q.id)
+        .collect()
 }
 
 /// The least ObjectId made at `t` (its first four bytes are seconds since the epoch).

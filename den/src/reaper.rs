@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use disbatch_core::model::status;
-use disbatch_core::run_policy::{OnLost, RunPolicy};
+use disbatch_core::run_policy::{OnLost, RunPolicy, MIN_LEASE};
 use disbatch_core::store::{ExpiredTask, Recovery, Store};
 use disbatch_core::Result;
 
@@ -29,6 +29,9 @@ pub struct ReapReport {
     pub failed: u64,
     /// Expired, but left alone: this node has not been connected for a whole lease.
     pub deferred: u64,
+    /// When a lease may next pass, from this pass's reading: no lease written after it ends
+    /// sooner than the shortest lease after it, so none is missed by waiting.
+    pub next_check_in: Duration,
 }
 
 /// A recovery's name in metrics and logs.
@@ -132,15 +135,43 @@ pub async fn reap_orphans(store: &Store, node: &str) -> Result<u64> {
 /// `connected_for` is how long this node has reached the database without a failure: after
 /// an outage (or its own start), runners get a lease and RECONNECT_SLACK to renew before
 /// their tasks may be taken from them.
-pub async fn recover_expired_leases(store: &Store, connected_for: Duration) -> Result<ReapReport> {
+/// `shortest_lease`: no lease written from now on is shorter (the fleet's queues' shortest,
+/// at least `MIN_LEASE`); the report says when to look again.
+pub async fn recover_expired_leases(
+    store: &Store,
+    connected_for: Duration,
+    shortest_lease: Duration,
+) -> Result<ReapReport> {
     let mut report = ReapReport::default();
-    let expired = store.expired_leases(RECOVER_PER_PASS).await?;
+    let shortest_lease = shortest_lease.max(MIN_LEASE);
+    let now = disbatch_core::store::deadline(Duration::ZERO);
+    let horizon = disbatch_core::store::deadline(shortest_lease);
+    let ending = store
+        .leases_ending_before(horizon, RECOVER_PER_PASS)
+        .await?;
+    let (expired, later): (Vec<_>, Vec<_>) = ending
+        .into_iter()
+        .partition(|t| t.lease_until.is_some_and(|until| until < now));
+    report.next_check_in = match later.first().and_then(|t| t.lease_until) {
+        // The batch held only expired leases: more may wait behind it.
+        None if expired.len() as i64 >= RECOVER_PER_PASS => Duration::ZERO,
+        None => shortest_lease,
+        Some(until) => Duration::from_millis(
+            u64::try_from(
+                until
+                    .timestamp_millis()
+                    .saturating_sub(now.timestamp_millis()),
+            )
+            .unwrap_or(0),
+        ),
+    };
     let mut policies = Policies::default();
     for t in &expired {
         let policy = policies.of(store, t.queue).await?;
         let lease = policy.map_or(disbatch_core::run_policy::DEFAULT_LEASE, |p| p.run.lease);
         if connected_for < lease + RECONNECT_SLACK {
             report.deferred += 1;
+            report.next_check_in = Duration::ZERO;
             continue;
         }
         let how = recovery_for(t, policy.as_ref());

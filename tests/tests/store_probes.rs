@@ -1,5 +1,5 @@
-//! The maintenance leader's probes against a real server: tasks created since a bound, and
-//! delayed tasks come due in a window, over a backlog.
+//! The maintenance leader's probes against a real server: tasks created since a bound,
+//! delayed tasks come due in a window or still to come, and leases ending before a horizon.
 
 use std::collections::BTreeMap;
 
@@ -83,5 +83,82 @@ async fn created_since_reads_only_tasks_made_after_the_bound() {
         (a, 1, newest_a)
     );
     assert_eq!((seen[1].queue, seen[1].queued), (b, 1));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn any_delayed_after_sees_only_the_probed_queues_delays_past_the_bound() {
+    let db = TestDb::new("probe_delayed").await;
+    let store = db.den_store().await;
+    let (a, b, unprobed) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+    let now = DateTime::now();
+    let mut docs: Vec<Document> = (0..1000)
+        .map(|_| doc! {"queue": a, "status": -2, "node": null})
+        .collect();
+    docs.push(doc! {"queue": a, "status": -2, "node": null, "not_before": at(now, -5000)});
+    docs.push(doc! {"queue": unprobed, "status": -2, "node": null, "not_before": at(now, 60_000)});
+    db.tasks().insert_many(docs).await.expect("insert");
+    let delayed = |queues: Vec<ObjectId>, after: DateTime| {
+        let store = store.clone();
+        async move {
+            store
+                .any_delayed_after(&queues, after)
+                .await
+                .expect("any_delayed_after")
+        }
+    };
+    assert!(
+        !delayed(vec![a, b], at(now, -1000)).await,
+        "a's delay ended before the bound"
+    );
+    assert!(
+        delayed(vec![a, b], at(now, -10_000)).await,
+        "a's delay ended after it"
+    );
+    assert!(!delayed(vec![], at(now, -10_000)).await, "no queue probed");
+    db.tasks()
+        .insert_one(doc! {"queue": b, "status": -2, "node": null, "not_before": at(now, 60_000)})
+        .await
+        .expect("insert");
+    assert!(
+        delayed(vec![a, b], now).await,
+        "b holds a task still delayed"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn leases_ending_before_a_horizon_come_earliest_first_and_only_while_held() {
+    let db = TestDb::new("probe_leases").await;
+    let store = db.den_store().await;
+    let queue = ObjectId::new();
+    let now = DateTime::now();
+    let task = |status: i32, lease_ms: i64| {
+        doc! {"_id": ObjectId::new(), "queue": queue, "status": status, "node": "n",
+        "lease_until": at(now, lease_ms)}
+    };
+    let docs = vec![
+        task(0, 2_000),
+        task(-1, -1_000),
+        task(0, 60_000),
+        task(1, -5_000), // finished: its lease no longer matters
+        task(0, -3_000),
+    ];
+    let ids: Vec<ObjectId> = docs
+        .iter()
+        .map(|d| d.get_object_id("_id").expect("id"))
+        .collect();
+    db.tasks().insert_many(docs).await.expect("insert");
+    let ending = store
+        .leases_ending_before(at(now, 10_000), 100)
+        .await
+        .expect("leases_ending_before");
+    let seen: Vec<ObjectId> = ending.iter().map(|t| t.id).collect();
+    assert_eq!(seen, vec![ids[4], ids[1], ids[0]]);
+    let expired = store.expired_leases(100).await.expect("expired_leases");
+    assert_eq!(
+        expired.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![ids[4], ids[1]]
+    );
     db.drop().await;
 }

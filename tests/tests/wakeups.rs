@@ -1,7 +1,8 @@
 //! Event-driven claims with a real node: a task queued into an idle fleet through our writers
 //! starts on the work signal's change event, not at the next timer pass; one inserted by
 //! another writer (ops, a Perl tool) starts on the signal the maintenance leader's probe
-//! writes at its next pass; a busy node closes its stream.
+//! writes at its next pass; only the leader holds a stream, and passes its events on to the
+//! followers through their node documents.
 //!
 //! "On the event" is read from the node itself, never from a latency: its debug log names
 //! what woke the pass that claimed each task, and its change-stream wake-ups must have gone
@@ -232,64 +233,91 @@ async fn without_change_streams_a_node_claims_on_its_timer() {
     db.drop().await;
 }
 
-/// A node with more claimable tasks than room closes its change streams (the server reads
-/// every write for an open stream; its own runners' exits wake it), and opens them again once
-/// it runs short: a task queued after the backlog still starts on its event, not at the 10 s
-/// timer.
+/// The fleet holds one change stream, the maintenance leader's, kept open while the leader
+/// is busy; a follower holds none and starts work on the mark the leader writes on its node
+/// document (read back by its heartbeat), not at its own idle reading, ten passes later.
+/// Here the leader does not even serve the queue, so only the mark can start its tasks
+/// before that reading; a task the follower's own reading happened to claim first proves
+/// nothing either way, and is only printed.
 #[tokio::test]
-async fn a_busy_node_closes_its_change_streams_and_opens_them_when_it_runs_short() {
-    let db = TestDb::new("wakeups_busy").await;
-    let config = write_config(&db, "node.json", json!({"loop_interval_ms": 10_000}));
-    let queue = db.insert_queue("q", "echo", 2).await;
-    let den = Den::start_with_env(&config, "n1", &[PASS_LOG]);
-    wait_for("the change stream", Duration::from_secs(30), || async {
-        den.log_text().contains(WATCHING)
+async fn a_follower_holds_no_stream_and_starts_work_on_the_busy_leaders_mark() {
+    let db = TestDb::new("wakeups_fanout").await;
+    let leader_config = write_config(
+        &db,
+        "leader.json",
+        json!({"loop_interval_ms": 2_000, "plugins": {"busy": disbatch_tests::echo_plugin()}}),
+    );
+    let busy = db.insert_queue("busy", "busy", 2).await;
+    let leader = Den::start_with_env(&leader_config, "n1", &[PASS_LOG]);
+    wait_for("the leader's stream", Duration::from_secs(30), || async {
+        leader.log_text().contains(WATCHING)
+            && leader.metric("disbatch_den_change_streams_open").await == 1.0
     })
     .await;
     let store = db.den_store().await;
-    let streams_open = || den.metric("disbatch_den_change_streams_open");
-    wait_for(
-        "the stream open on an idle node",
-        Duration::from_secs(30),
-        || async { streams_open().await == 1.0 },
-    )
-    .await;
-    // Held until the test has seen the streams closed: the node stays busy that long.
+    // Held until the end: the leader has more claimable tasks than room throughout.
     let gate = db.path("backlog-gate").to_string_lossy().to_string();
     let backlog = store
-        .insert_tasks(queue, (0..20).map(|_| doc! {"hold_until": &gate}).collect())
+        .insert_tasks(busy, (0..20).map(|_| doc! {"hold_until": &gate}).collect())
         .await
         .expect("insert through the store");
-    wait_for(
-        "the streams closed while the node had more tasks than room",
-        Duration::from_secs(60),
-        || async { streams_open().await == 0.0 },
-    )
+    let running = bson::doc! {"queue": busy, "status": 0};
+    wait_for("the leader busy", Duration::from_secs(60), || async {
+        db.count(running.clone()).await == 2
+    })
     .await;
-    std::fs::write(&gate, "").expect("open the gate");
-    db.wait_complete(&backlog, Duration::from_secs(60)).await;
-    wait_for(
-        "the stream opened again once the node ran short",
-        Duration::from_secs(30),
-        || async { streams_open().await == 1.0 },
-    )
-    .await;
-    let starts = started_on_events(&db, &store, &den, queue, 1).await;
-    println!(
-        "enqueue → plugin start after the backlog: {:?}",
-        starts.iter().map(|s| s.latency).collect::<Vec<_>>()
+    let follower_config = write_config(&db, "follower.json", json!({"loop_interval_ms": 2_000}));
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let follower = Den::start_with_env(&follower_config, "n2", &[PASS_LOG]);
+    let marked = || follower.metric("disbatch_den_wakeups_total{source=\"leader_signal\"}");
+    let mut on_mark = 0;
+    for n in 0..8 {
+        let marks_before = marked().await;
+        let queued = Instant::now();
+        let id = store
+            .insert_tasks(queue, vec![doc! {"n": n}])
+            .await
+            .expect("insert through the store")[0];
+        db.wait_complete(&[id], Duration::from_secs(60)).await;
+        let marks = marked().await - marks_before;
+        println!(
+            "task {n}: follower marks read {marks}, {:?}",
+            queued.elapsed()
+        );
+        if marks >= 1.0 {
+            on_mark += 1;
+            if on_mark == 3 {
+                break;
+            }
+        }
+    }
+    assert!(on_mark >= 3, "3 tasks started on the leader's mark");
+    assert!(leader.metric("disbatch_den_nodes_signalled_total").await >= 3.0);
+    assert_eq!(
+        leader.metric("disbatch_den_change_streams_open").await,
+        1.0,
+        "the busy leader kept the fleet's stream"
     );
-    drop(den);
+    assert_eq!(
+        follower.metric("disbatch_den_change_streams_open").await,
+        0.0
+    );
+    assert!(!follower.log_text().contains(WATCHING));
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&backlog, Duration::from_secs(120)).await;
+    drop(follower);
+    drop(leader);
     db.drop().await;
 }
 
 /// A task another writer inserts (ops by hand, a Perl tool, Disbatch 4's DCI: no work signal)
-/// starts on the signal the maintenance leader's probe writes at its next pass, not at the
-/// idle node's own reading, which comes only every tenth pass. A pass that also reads (every
-/// tenth) may claim the task before the signal's event arrives; that proves nothing either
-/// way and is only printed.
+/// starts on the maintenance leader's stream, which sees task inserts, not at the idle node's
+/// own reading, which comes only every tenth pass, and not on the leader's probe, which reads
+/// created tasks only while no stream is open. A pass that also reads (every tenth) may claim
+/// the task before the insert's event arrives; that proves nothing either way and is only
+/// printed.
 #[tokio::test]
-async fn a_task_inserted_by_another_writer_starts_on_the_leaders_probe() {
+async fn a_task_inserted_by_another_writer_starts_on_the_leaders_stream() {
     let db = TestDb::new("wakeups_outside").await;
     let config = write_config(&db, "node.json", json!({"loop_interval_ms": 2_000}));
     let queue = db.insert_queue("q", "echo", 2).await;
@@ -298,11 +326,11 @@ async fn a_task_inserted_by_another_writer_starts_on_the_leaders_probe() {
         den.log_text().contains(WATCHING)
     })
     .await;
-    let signalled = || den.metric("disbatch_den_outside_inserts_signalled_total");
-    let mut on_signal = 0;
+    let probe_signals = || den.metric("disbatch_den_outside_inserts_signalled_total");
+    let mut on_event = 0;
     for n in 0..8 {
         let logged_before = claiming_wakes(&den).len();
-        let signals_before = signalled().await;
+        let events_before = wakeups(&den, "change_stream").await;
         let queued = Instant::now();
         // Straight into the collection, as ops would: no signal of ours.
         let id = db.insert_tasks(queue, vec![doc! {"n": n}.into()]).await[0];
@@ -315,18 +343,23 @@ async fn a_task_inserted_by_another_writer_starts_on_the_leaders_probe() {
         )
         .await;
         let woken = claiming_wakes(&den).split_off(logged_before);
-        let signals = signalled().await - signals_before;
-        println!("task {n}: woken by {woken:?}, probe signals {signals}, {latency:?}");
-        if woken == ["Change"] && signals >= 1.0 {
-            on_signal += 1;
-            if on_signal == 3 {
+        let events = wakeups(&den, "change_stream").await - events_before;
+        println!("task {n}: woken by {woken:?}, stream events {events}, {latency:?}");
+        if woken == ["Change"] && events >= 1.0 {
+            on_event += 1;
+            if on_event == 3 {
                 break;
             }
         }
     }
     assert!(
-        on_signal >= 3,
-        "3 tasks inserted behind the node's back started on the probe's signal"
+        on_event >= 3,
+        "3 tasks inserted behind the node's back started on the stream's events"
+    );
+    assert_eq!(
+        probe_signals().await,
+        0.0,
+        "with the stream open, the probe signalled nothing"
     );
     drop(den);
     db.drop().await;

@@ -98,8 +98,18 @@ impl Store {
     /// Claimed or running tasks, on any node, whose lease passed before now; at most `limit`,
     /// longest expired first.
     pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredTask>> {
+        self.leases_ending_before(DateTime::now(), limit).await
+    }
+
+    /// Claimed or running tasks, on any node, whose lease ends before `horizon`; at most
+    /// `limit`, earliest end first: the expired ones, then when the next may expire.
+    pub async fn leases_ending_before(
+        &self,
+        horizon: DateTime,
+        limit: i64,
+    ) -> Result<Vec<ExpiredTask>> {
         let filter = doc! {
-            task::LEASE_UNTIL: {"$lt": DateTime::now()},
+            task::LEASE_UNTIL: {"$lt": horizon},
             task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]},
         };
         let cursor = self

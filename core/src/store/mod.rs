@@ -53,7 +53,7 @@ pub use live_output::{
 };
 pub use lost_records::LostAttempt;
 pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
-pub use nodes::{Heartbeat, LiveFleet, LiveNode, NodeLimit};
+pub use nodes::{Heartbeat, HeartbeatReply, LiveFleet, LiveNode, NodeLimit};
 pub use queues::{check_queue_fields, parse_queue, runs_persistent};
 pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
 pub use summary::StateCounts;
@@ -69,7 +69,7 @@ pub use users::{
     create_role_command, parse_additional, parse_perms, passwords, roles, Perms, RoleSpec,
     UserAdmin, COMPONENTS,
 };
-pub use watch::WorkSignal;
+pub use watch::{InsertedTask, QueueEvent, WorkEvent, WorkSignal};
 pub use web_queues::QueueCounts;
 pub use work_signal::{CreatedSince, Queued, SIGNAL_SPACING};
 

@@ -1,4 +1,5 @@
-//! Node queries: the heartbeat upsert, which also reads the node's `maxthreads`.
+//! Node queries: the heartbeat upsert, which also reads the node's `maxthreads` and takes
+//! the work signal the maintenance leader left for it; the leader's fan-out of those signals.
 
 use bson::{doc, DateTime};
 use mongodb::options::ReturnDocument;
@@ -44,6 +45,14 @@ pub struct LiveFleet {
     pub others: Vec<String>,
 }
 
+/// What a heartbeat read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatReply {
+    pub limit: NodeLimit,
+    /// The leader signalled work for a queue this node serves since its last heartbeat.
+    pub work_signalled: bool,
+}
+
 /// The node's own cap (`maxthreads`) as ops set it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeLimit {
@@ -55,39 +64,90 @@ pub enum NodeLimit {
 
 impl Store {
     /// Upserts the node document with `$set` of our own fields only, so a `maxthreads` that
-    /// ops set is never overwritten, and returns the node's limit in the same round trip.
-    pub async fn heartbeat(&self, beat: &Heartbeat<'_>) -> Result<NodeLimit> {
-        let updated = self
+    /// ops set is never overwritten, and in the same round trip returns the node's limit and
+    /// takes the leader's work signal (the document as it was: this write removes it).
+    pub async fn heartbeat(&self, beat: &Heartbeat<'_>) -> Result<HeartbeatReply> {
+        let before = self
             .raw(NODES)
             .find_one_and_update(
                 doc! {node::NODE: beat.node},
-                doc! {"$set": {
-                    node::TIMESTAMP: DateTime::now(),
-                    node::PID: beat.pid as i64,
-                    node::VERSION: beat.version,
-                    node::RUNNING: beat.running as i64,
-                    node::RUNTIMES: beat.runtimes.map_or(bson::Bson::Null, |r| r.into()),
-                    node::RUNNERS: beat.runners.iter().map(|(task, pid)| doc! {"task": task, "pid": *pid as i64}).collect::<Vec<_>>(),
-                    node::SERVES: beat.serves.to_vec(),
-                    node::SERVES_AT: DateTime::now(),
-                    node::ROOM: beat.room.map_or(bson::Bson::Null, |r| bson::Bson::Int64(r.into())),
-                }},
+                doc! {
+                    "$set": {
+                        node::TIMESTAMP: DateTime::now(),
+                        node::PID: beat.pid as i64,
+                        node::VERSION: beat.version,
+                        node::RUNNING: beat.running as i64,
+                        node::RUNTIMES: beat.runtimes.map_or(bson::Bson::Null, |r| r.into()),
+                        node::RUNNERS: beat.runners.iter().map(|(task, pid)| doc! {"task": task, "pid": *pid as i64}).collect::<Vec<_>>(),
+                        node::SERVES: beat.serves.to_vec(),
+                        node::SERVES_AT: DateTime::now(),
+                        node::ROOM: beat.room.map_or(bson::Bson::Null, |r| bson::Bson::Int64(r.into())),
+                    },
+                    "$unset": {node::WORK_SIGNALLED_AT: ""},
+                },
             )
             .upsert(true)
-            .return_document(ReturnDocument::After)
-            .projection(doc! {node::MAXTHREADS: 1})
+            .return_document(ReturnDocument::Before)
+            .projection(doc! {node::MAXTHREADS: 1, node::WORK_SIGNALLED_AT: 1})
             .await
             .map_err(|e| Error::mongo(format!("heartbeat of node {}", beat.node), e))?;
-        let updated = match self.decode_one(NODES, updated) {
+        let work_signalled = before
+            .as_ref()
+            .is_some_and(|d| matches!(d.get(node::WORK_SIGNALLED_AT), Ok(Some(_))));
+        let before = match self.decode_one(NODES, before) {
             Ok(d) => d,
-            Err(e) => return Ok(NodeLimit::Invalid(e.to_string())),
+            Err(e) => {
+                return Ok(HeartbeatReply {
+                    limit: NodeLimit::Invalid(e.to_string()),
+                    work_signalled,
+                })
+            }
         };
-        let limit = updated.as_ref().and_then(|d| d.get(node::MAXTHREADS));
-        Ok(match parse_limit(limit) {
+        // The document before this write holds the same `maxthreads`: this write never sets it.
+        let limit = before.as_ref().and_then(|d| d.get(node::MAXTHREADS));
+        let limit = match parse_limit(limit) {
             Ok(None) => NodeLimit::Unlimited,
             Ok(Some(n)) => NodeLimit::Max(n),
             Err(e) => NodeLimit::Invalid(format!("maxthreads: {e}")),
+        };
+        Ok(HeartbeatReply {
+            limit,
+            work_signalled,
         })
+    }
+
+    /// The leader's fan-out of work signals: marks the live nodes (ours, heartbeat within
+    /// `max_age`) other than `leader` that serve one of `queues`, or every one with `all`
+    /// (a queue changed: a new queue is served by no one yet). A node already marked is left
+    /// alone, so signals between two of its heartbeats cost one write in all. Returns how
+    /// many nodes were marked.
+    pub async fn signal_nodes(
+        &self,
+        leader: &str,
+        queues: &[bson::oid::ObjectId],
+        all: bool,
+        max_age: std::time::Duration,
+    ) -> Result<u64> {
+        if queues.is_empty() && !all {
+            return Ok(0);
+        }
+        let mut filter = doc! {
+            node::SERVES_AT: {"$gte": super::leases::ago(max_age)},
+            node::NODE: {"$ne": leader},
+            node::WORK_SIGNALLED_AT: {"$exists": false},
+        };
+        if !all {
+            filter.insert(node::SERVES, doc! {"$in": queues.to_vec()});
+        }
+        let updated = self
+            .raw(NODES)
+            .update_many(
+                filter,
+                doc! {"$set": {node::WORK_SIGNALLED_AT: DateTime::now()}},
+            )
+            .await
+            .map_err(|e| Error::mongo("signalling nodes of work", e))?;
+        Ok(updated.modified_count)
     }
 }
 

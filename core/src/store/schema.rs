@@ -177,6 +177,10 @@ pub mod node {
     /// Ours: when our DEN last wrote `serves`. Not `timestamp`: a Perl DEN that takes over
     /// the document rewrites it whole with a new `timestamp`, keeping our stale `serves`.
     pub const SERVES_AT: &str = "serves_at";
+    /// Ours: set by the maintenance leader when work came for a queue this node serves (the
+    /// leader holds the fleet's one change stream); the node's next heartbeat reads and
+    /// removes it, and the node reads its queues at once.
+    pub const WORK_SIGNALLED_AT: &str = "work_signalled_at";
 }
 
 pub mod file {

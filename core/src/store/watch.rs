@@ -1,14 +1,15 @@
-//! The change stream that tells a node there may be work: queue documents, which carry both
-//! queue changes and work signals (`work_signal`: tasks queued, tasks queued again). Tasks
-//! are not watched: a stream on `tasks` makes the server deliver every insert and every
-//! finish to every node, so its cost grows with nodes × tasks; signals cost one event per
-//! batch per node, and a node's own runner exits wake it.
+//! The fleet's one change stream, held by the maintenance leader: queue documents, which
+//! carry both queue changes and work signals (`work_signal`: tasks queued, tasks queued
+//! again), and task inserts, whoever made them (ops by hand, Perl tools: they write no
+//! signal). Task updates are not watched: every claim and finish would reach the leader.
+//! One stream on the database, not one per collection: the server reads its whole log once
+//! per open stream.
 
 use futures::{Stream, StreamExt};
 use mongodb::change_stream::event::{ChangeStreamEvent, OperationType};
 
-use super::schema::{queue, QUEUES};
-use super::Store;
+use super::schema::{queue, task, QUEUES, TASKS};
+use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
 use bson::{doc, Document};
 
@@ -23,30 +24,82 @@ pub enum WorkSignal {
     Queues,
 }
 
+/// One event of the stream: which queue, and what about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueEvent {
+    /// The queue document's `_id` (None: not an ObjectId, a document made by hand).
+    pub queue: Option<bson::oid::ObjectId>,
+    pub signal: WorkSignal,
+}
+
+/// One event of the leader's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkEvent {
+    Queue(QueueEvent),
+    Inserted(InsertedTask),
+}
+
+/// A task inserted, by any writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsertedTask {
+    pub queue: Option<bson::oid::ObjectId>,
+    /// Inserted in the queued group (claimable once due).
+    pub queued: bool,
+    /// When a delayed task becomes claimable.
+    pub not_before: Option<bson::DateTime>,
+}
+
 impl Store {
-    /// Opens a change stream on queue documents; fails at once when the server has none (a
-    /// standalone mongod), so the caller can fall back to polling. `await_time` is how long
-    /// the server holds each `getMore` open without events: an event still arrives at once,
-    /// so a long one costs no latency, and it sets what an idle stream costs (one request per
-    /// wait).
-    pub async fn watch_queues(
+    /// Opens the fleet's stream (queue changes and task inserts); fails at once when the
+    /// server has none (a standalone mongod), so the caller can fall back to polling.
+    /// `await_time` is how long the server holds each `getMore` open without events: an event
+    /// still arrives at once, so a long one costs no latency, and it sets what an idle stream
+    /// costs (one request per wait).
+    pub async fn watch_work(
         &self,
         await_time: std::time::Duration,
-    ) -> Result<impl Stream<Item = Result<WorkSignal>> + Send> {
-        let queues = self
-            .collection(QUEUES)
+    ) -> Result<impl Stream<Item = Result<WorkEvent>> + Send> {
+        let context = "watching queues and task inserts";
+        let events = self
+            .db
             .watch()
             .max_await_time(await_time)
-            .pipeline([slim()])
+            .pipeline([
+                doc! {"$match": {"$or": [
+                    {"ns.coll": QUEUES},
+                    {"ns.coll": TASKS, "operationType": "insert"},
+                ]}},
+                slim(),
+            ])
             .await
-            .map_err(|e| Error::mongo("watching queues", e))?;
-        Ok(
-            queues.map(|e: std::result::Result<ChangeStreamEvent<Document>, _>| {
-                e.map(|event| signal_of(&event))
-                    .map_err(|e| Error::mongo("watching queues", e))
-            }),
-        )
+            .map_err(|e| Error::mongo(context, e))?;
+        Ok(events.map(
+            move |e: std::result::Result<ChangeStreamEvent<Document>, _>| {
+                e.map(|event| event_of(&event))
+                    .map_err(|e| Error::mongo(context, e))
+            },
+        ))
     }
+}
+
+fn event_of(event: &ChangeStreamEvent<Document>) -> WorkEvent {
+    let on_tasks = event.ns.as_ref().and_then(|ns| ns.coll.as_deref()) == Some(TASKS);
+    if on_tasks && event.operation_type == OperationType::Insert {
+        let task = event.full_document.as_ref();
+        return WorkEvent::Inserted(InsertedTask {
+            queue: task.and_then(|d| d.get_object_id(task::QUEUE).ok()),
+            queued: task
+                .is_some_and(|d| StatusGroup::of(d.get(task::STATUS)) == StatusGroup::Queued),
+            not_before: task.and_then(|d| d.get_datetime(task::NOT_BEFORE).ok().copied()),
+        });
+    }
+    WorkEvent::Queue(QueueEvent {
+        queue: event
+            .document_key
+            .as_ref()
+            .and_then(|k| k.get_object_id(queue::ID).ok()),
+        signal: signal_of(event),
+    })
 }
 
 /// A work signal alone (an update of nothing but the signal fields) or a change of the queue.
@@ -73,10 +126,19 @@ fn signal_of(event: &ChangeStreamEvent<Document>) -> WorkSignal {
     }
 }
 
-/// The resume token, the kind of change and the names of the fields an update set (their
-/// values are the signals' dates or small queue fields).
+/// The resume token, the kind of change, the collection, the document's `_id`, the names of
+/// the fields a queue update set (their values are the signals' dates or small queue fields)
+/// and of an inserted task only what says whether it can be claimed, not its params.
 fn slim() -> Document {
-    doc! {"$project": {"operationType": 1, "updateDescription": 1}}
+    doc! {"$project": {
+        "operationType": 1,
+        "ns": 1,
+        "documentKey": 1,
+        "updateDescription": 1,
+        "fullDocument.queue": 1,
+        "fullDocument.status": 1,
+        "fullDocument.not_before": 1,
+    }}
 }
 
 #[cfg(test)]

@@ -246,6 +246,28 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Whether any task of `queues` has a `not_before` after `after` (due since, or still
+    /// delayed): one range of the `{queue, not_before}` index per queue, stopping at the
+    /// first. While none has, the leader need not look for tasks coming due.
+    pub async fn any_delayed_after(&self, queues: &[ObjectId], after: DateTime) -> Result<bool> {
+        if queues.is_empty() {
+            return Ok(false);
+        }
+        let branches: Vec<Document> = queues
+            .iter()
+            .map(|q| doc! {task::QUEUE: q, task::NOT_BEFORE: {"$gt": after}})
+            .collect();
+        let found = self
+            .raw(TASKS)
+            .find_one(doc! {"$or": branches})
+            .projection(doc! {task::ID: 1})
+            .await
+            .map_err(|e| Error::mongo("looking for delayed tasks", e))?;
+        Ok(found.is_some())
+    }
+}
+
 /// Tasks of one queue created since a probe's bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreatedSince {
