@@ -234,7 +234,7 @@ impl Default for Inner {
             change_streams_open: gauge(
                 &registry,
                 "disbatch_den_change_streams_open",
-                "This node's change stream on queues open now (0 or 1); it is closed while every queue the node claims from has more claimable tasks than it has room for (its own task ends wake it then), since every open stream is a cursor the server feeds",
+                "The fleet's change stream (queues and task inserts) open on this node now (0 or 1): only the maintenance leader holds it, and passes its events on to the other nodes through their node documents, since the server reads every write once for each open stream",
             ),
             registry,
         };

@@ -398,7 +398,7 @@ impl Node {
             self.count_recoveries(&reaped);
             *next_recovery = Instant::now() + reaped.next_check_in;
         }
-        let inserts_watched = self.notifier.as_ref().is_some_and(Notifier::is_open);
+        let inserts_watched = self.notifier.as_ref().is_some_and(Notifier::sees_inserts);
         let delays_changed = self
             .notifier
             .as_ref()

@@ -34,8 +34,9 @@ pub struct Notifier {
     want_streams: Arc<watch::Sender<bool>>,
     /// What the events reported since the last `take_signalled`, for the other nodes.
     signalled: Arc<Mutex<Signalled>>,
-    /// Whether the stream is open now (every insert is seen while it is).
-    open: Arc<AtomicBool>,
+    /// Whether the stream is open now and carries task inserts (every insert is seen while it
+    /// is).
+    sees_inserts: Arc<AtomicBool>,
     /// Since the last `take_delays_changed`: a delayed task was inserted, tasks were queued
     /// again or a queue changed, so delayed tasks may exist that the leader did not know of.
     delays_changed: Arc<AtomicBool>,
@@ -67,7 +68,7 @@ impl Notifier {
             requeued: Arc::new(AtomicBool::new(false)),
             want_streams: Arc::new(watch::Sender::new(false)),
             signalled: Arc::new(Mutex::new(Signalled::default())),
-            open: Arc::new(AtomicBool::new(false)),
+            sees_inserts: Arc::new(AtomicBool::new(false)),
             delays_changed: Arc::new(AtomicBool::new(true)),
         };
         tokio::spawn(keep_watching(store, notifier.clone(), metrics, await_time));
@@ -97,9 +98,9 @@ impl Notifier {
             .send_if_modified(|w| std::mem::replace(w, wanted) != wanted)
     }
 
-    /// Whether the stream is open: no task insert goes unseen meanwhile.
-    pub fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
+    /// Whether the stream is open and carries task inserts: none goes unseen meanwhile.
+    pub fn sees_inserts(&self) -> bool {
+        self.sees_inserts.load(Ordering::Acquire)
     }
 
     /// True once after delayed tasks may have appeared (see `delays_changed`).
@@ -196,7 +197,9 @@ async fn keep_watching(
         }
         match store.watch_work(await_time).await {
             Ok(stream) => {
-                if !opened_before || said_polling {
+                if !stream.sees_inserts {
+                    tracing::warn!("watching queues only: this user may not watch the database (grant `changeStream` on it: docs/deployment.md), so tasks other writers insert are found by a probe on each of the leader's passes");
+                } else if !opened_before || said_polling {
                     tracing::info!("watching queues for work signals and task inserts (for the fleet, while leading): claims start on their events");
                 } else {
                     tracing::debug!("change stream open");
@@ -205,7 +208,9 @@ async fn keep_watching(
                 said_polling = false;
                 retry.reset();
                 metrics.change_stream_open(true);
-                notifier.open.store(true, Ordering::Release);
+                notifier
+                    .sees_inserts
+                    .store(stream.sees_inserts, Ordering::Release);
                 // What came while it was closed has no event; a claim pass, and signals for
                 // every node, cover it.
                 notifier
@@ -215,13 +220,13 @@ async fn keep_watching(
                     .all = true;
                 notifier.delays_changed.store(true, Ordering::Release);
                 notifier.wake.notify_one();
-                let mut stream = Box::pin(stream);
+                let mut stream = stream.events;
                 let ended = tokio::select! {
                     ended = pass_on(&mut stream, &notifier, &metrics) => Some(ended.err()),
                     _ = wanted.wait_for(|w| !*w) => None,
                 };
                 metrics.change_stream_open(false);
-                notifier.open.store(false, Ordering::Release);
+                notifier.sees_inserts.store(false, Ordering::Release);
                 match ended {
                     None => {
                         tracing::debug!("change stream closed: the node no longer leads");

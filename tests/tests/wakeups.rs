@@ -364,3 +364,59 @@ async fn a_task_inserted_by_another_writer_starts_on_the_leaders_stream() {
     drop(den);
     db.drop().await;
 }
+
+/// A delayed task another writer inserts starts once due, on the signal the leader's come-due
+/// probe writes (nothing is written when a delay ends), not at the idle node's own reading:
+/// the stream's insert event told the leader that delayed tasks exist, so it probes each pass
+/// until they have come due. A pass that also reads (every tenth) may claim the task first;
+/// that proves nothing either way and is only printed.
+#[tokio::test]
+async fn a_delayed_task_inserted_by_another_writer_starts_on_the_come_due_signal() {
+    let db = TestDb::new("wakeups_delayed").await;
+    let config = write_config(&db, "node.json", json!({"loop_interval_ms": 2_000}));
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let den = Den::start_with_env(&config, "n1", &[PASS_LOG]);
+    wait_for("the change stream", Duration::from_secs(30), || async {
+        den.log_text().contains(WATCHING)
+    })
+    .await;
+    let probe_signals = || den.metric("disbatch_den_outside_inserts_signalled_total");
+    let mut on_signal = 0;
+    for n in 0..6 {
+        let logged_before = claiming_wakes(&den).len();
+        let signals_before = probe_signals().await;
+        let due = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 3_000);
+        // Straight into the collection, as ops would: no signal of ours.
+        let id = ObjectId::new();
+        let now = bson::DateTime::now();
+        db.tasks()
+            .insert_one(doc! {
+                "_id": id, "queue": queue, "status": -2, "node": null, "params": {"n": n},
+                "ctime": now, "mtime": now, "stdout": null, "stderr": null, "not_before": due,
+            })
+            .await
+            .expect("insert a delayed task");
+        db.wait_complete(&[id], Duration::from_secs(60)).await;
+        wait_for(
+            "the claiming pass logged",
+            Duration::from_secs(30),
+            || async { claiming_wakes(&den).len() > logged_before },
+        )
+        .await;
+        let woken = claiming_wakes(&den).split_off(logged_before);
+        let signals = probe_signals().await - signals_before;
+        println!("task {n}: woken by {woken:?}, probe signals {signals}");
+        if woken == ["Change"] && signals >= 1.0 {
+            on_signal += 1;
+            if on_signal == 2 {
+                break;
+            }
+        }
+    }
+    assert!(
+        on_signal >= 2,
+        "2 delayed tasks started on the come-due probe's signal"
+    );
+    drop(den);
+    db.drop().await;
+}

@@ -69,7 +69,7 @@ pub use users::{
     create_role_command, parse_additional, parse_perms, passwords, roles, Perms, RoleSpec,
     UserAdmin, COMPONENTS,
 };
-pub use watch::{InsertedTask, QueueEvent, WorkEvent, WorkSignal};
+pub use watch::{InsertedTask, QueueEvent, WorkEvent, WorkSignal, WorkStream};
 pub use web_queues::QueueCounts;
 pub use work_signal::{CreatedSince, Queued, SIGNAL_SPACING};
 

@@ -59,12 +59,14 @@ impl RoleSpec {
 fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])> {
     match component {
         Component::Den => vec![
-            ("", &["find"]),
+            // `changeStream` is ours: the maintenance leader's one stream watches the database
+            // (queue changes, work signals and task inserts by any writer).
+            ("", &["find", "changeStream"]),
             // Heartbeat is an upserting findAndModify.
             (NODES, &["insert", "update", "createIndex"]),
             // Ours besides Disbatch's: the continuous-unit turn (`next_continuous`), the
-            // QueueBalance threads and the work signals the DEN writes; `changeStream`: queue
-            // changes and work signals wake claims.
+            // QueueBalance threads and the work signals the DEN writes; `changeStream`: a
+            // stream on queues alone, what a role from before the database stream allows.
             (QUEUES, &["update", "createIndex", "changeStream"]),
             // `insert` is ours: continuous queues get their synthetic units from the DEN.
             (TASKS, &["insert", "update", "createIndex"]),
@@ -442,7 +444,7 @@ mod tests {
         let roles = roles(&Perms::new(), &BTreeMap::new()).expect("roles");
         let den = &role(&roles, "disbatchd").privileges;
         let expected: Perms = [
-            ("", set(&["find"])),
+            ("", set(&["find", "changeStream"])),
             ("nodes", set(&["insert", "update", "createIndex"])),
             ("queues", set(&["update", "createIndex", "changeStream"])),
             ("tasks", set(&["insert", "update", "createIndex"])),

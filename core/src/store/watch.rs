@@ -5,7 +5,8 @@
 //! One stream on the database, not one per collection: the server reads its whole log once
 //! per open stream.
 
-use futures::{Stream, StreamExt};
+use futures::stream::BoxStream;
+use futures::StreamExt;
 use mongodb::change_stream::event::{ChangeStreamEvent, OperationType};
 
 use super::schema::{queue, task, QUEUES, TASKS};
@@ -49,18 +50,24 @@ pub struct InsertedTask {
     pub not_before: Option<bson::DateTime>,
 }
 
+/// The leader's stream, and whether it carries task inserts.
+pub struct WorkStream {
+    pub events: BoxStream<'static, Result<WorkEvent>>,
+    /// False when only queue documents are watched (a role from before this stream, granting
+    /// `changeStream` on `queues` alone): the leader's probe then looks for inserts.
+    pub sees_inserts: bool,
+}
+
 impl Store {
     /// Opens the fleet's stream (queue changes and task inserts); fails at once when the
-    /// server has none (a standalone mongod), so the caller can fall back to polling.
+    /// server has none (a standalone mongod), so the caller can fall back to polling. A user
+    /// refused a stream on the database (code 13) gets one on `queues` alone.
     /// `await_time` is how long the server holds each `getMore` open without events: an event
     /// still arrives at once, so a long one costs no latency, and it sets what an idle stream
     /// costs (one request per wait).
-    pub async fn watch_work(
-        &self,
-        await_time: std::time::Duration,
-    ) -> Result<impl Stream<Item = Result<WorkEvent>> + Send> {
+    pub async fn watch_work(&self, await_time: std::time::Duration) -> Result<WorkStream> {
         let context = "watching queues and task inserts";
-        let events = self
+        let opened = self
             .db
             .watch()
             .max_await_time(await_time)
@@ -71,17 +78,42 @@ impl Store {
                 ]}},
                 slim(),
             ])
-            .await
-            .map_err(|e| Error::mongo(context, e))?;
-        Ok(events.map(
-            move |e: std::result::Result<ChangeStreamEvent<Document>, _>| {
-                e.map(|event| event_of(&event))
-                    .map_err(|e| Error::mongo(context, e))
-            },
-        ))
+            .await;
+        let (events, sees_inserts, context) = match opened {
+            Ok(events) => (events, true, context),
+            Err(e) if is_unauthorized(&e) => {
+                let context = "watching queues (this user may not watch the database)";
+                let events = self
+                    .collection(QUEUES)
+                    .watch()
+                    .max_await_time(await_time)
+                    .pipeline([slim()])
+                    .await
+                    .map_err(|e| Error::mongo(context, e))?;
+                (events, false, context)
+            }
+            Err(e) => return Err(Error::mongo(context, e)),
+        };
+        Ok(WorkStream {
+            events: events
+                .map(
+                    move |e: std::result::Result<ChangeStreamEvent<Document>, _>| {
+                        e.map(|event| event_of(&event))
+                            .map_err(|e| Error::mongo(context, e))
+                    },
+                )
+                .boxed(),
+            sees_inserts,
+        })
     }
 }
 
+fn is_unauthorized(e: &mongodb::error::Error) -> bool {
+    matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 13)
+}
+
+/// A collection stream on `queues` names no collection in its events' `ns`: they are queue
+/// events.
 fn event_of(event: &ChangeStreamEvent<Document>) -> WorkEvent {
     let on_tasks = event.ns.as_ref().and_then(|ns| ns.coll.as_deref()) == Some(TASKS);
     if on_tasks && event.operation_type == OperationType::Insert {
