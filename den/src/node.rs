@@ -121,6 +121,8 @@ impl Node {
         let mut last_read: Option<Instant> = None;
         // Whether the last claim pass claimed anything: a busy node reads every pass.
         let mut claimed_lately = false;
+        // Whether the last claim pass ran short of claimable tasks (or none has run).
+        let mut short_lately = true;
         // Whether the last claim pass found a queue with no slot for this node: it reads
         // every pass too, to take its lane back as soon as a slot frees.
         let mut waiting_for_slots = false;
@@ -211,9 +213,16 @@ impl Node {
                     } else {
                         Reading::IfStale
                     };
-                    // The leader's mark does not say whether the tasks were new or queued again.
-                    if work_signalled || self.notifier.as_ref().is_some_and(Notifier::take_requeued)
-                    {
+                    // Tasks queued again may sit behind the claim windows (the leader's mark
+                    // does not say whether they were new or queued again). Only a node short of
+                    // tasks reads from the heads again for them: with a backlog beyond its room
+                    // it has work in its windows, a head read matches the whole backlog on some
+                    // servers (SecantusDB: ~700 ms at 100 000 queued, each), and windows are
+                    // read afresh every 5 s anyway. (Before one stream per fleet, a busy node's
+                    // stream was closed, so it never reset on these signals either; the leader
+                    // now keeps its stream while busy.)
+                    let requeued = self.notifier.as_ref().is_some_and(Notifier::take_requeued);
+                    if (work_signalled || requeued) && short_lately {
                         self.claimer.reset_windows();
                     }
                     // Taken before the pass: events that come during it wake another one.
@@ -230,6 +239,7 @@ impl Node {
                         self.metrics.queue_read();
                     }
                     claimed_lately = report.claimed > 0;
+                    short_lately = report.short_of_tasks != Some(false);
                     waiting_for_slots = report.waiting_for_slots;
                     if let Some(signalled) = signalled {
                         let open = self

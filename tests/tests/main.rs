@@ -57,6 +57,7 @@ mod maintenance_leader;
 mod metrics;
 mod mixed_fleet;
 mod mongo_users;
+mod mongo_users_old_role;
 mod namespaces;
 mod outage;
 mod package;

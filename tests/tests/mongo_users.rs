@@ -15,7 +15,7 @@ use mongodb::{Client, Database};
 use serde_json::{json, Value};
 
 const ROOT: &str = "root";
-const ROOT_PASSWORD: &str = "root-secret";
+pub(crate) const ROOT_PASSWORD: &str = "root-secret";
 const USERS: [&str; 5] = [
     "disbatchd",
     "disbatch_web",
@@ -27,7 +27,7 @@ const USERS: [&str; 5] = [
 /// MongoDB's "not authorized" code.
 const UNAUTHORIZED: i32 = 13;
 
-fn passwords(suffix: &str) -> Value {
+pub(crate) fn passwords(suffix: &str) -> Value {
     let map: serde_json::Map<String, Value> = USERS
         .iter()
         .map(|u| (u.to_string(), json!(format!("{u}-{suffix}"))))
@@ -36,7 +36,7 @@ fn passwords(suffix: &str) -> Value {
 }
 
 /// `disbatch create-users` with the root password on stdin, as a script would run it.
-fn create_users(config: &Path, extra: &[&str], root_password: &str) -> Output {
+pub(crate) fn create_users(config: &Path, extra: &[&str], root_password: &str) -> Output {
     let mut child = Command::new(bin_path("disbatch"))
         .arg("create-users")
         .arg("--config")
@@ -54,7 +54,7 @@ fn create_users(config: &Path, extra: &[&str], root_password: &str) -> Output {
     child.wait_with_output().expect("disbatch output")
 }
 
-fn text(out: &Output) -> String {
+pub(crate) fn text(out: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
         out.status.code(),
@@ -97,7 +97,7 @@ async fn login(uri: &str, user: &str, password: &str, source: &str) -> Client {
 }
 
 /// A database of its own on the auth server, reached as root for setup and checks.
-async fn auth_db(test: &str) -> TestDb {
+pub(crate) async fn auth_db(test: &str) -> TestDb {
     static N: AtomicU32 = AtomicU32::new(0);
     let uri = auth_server().to_string();
     let client = login(&uri, ROOT, ROOT_PASSWORD, "admin").await;
@@ -142,7 +142,7 @@ async fn user_names(db: &TestDb) -> Vec<String> {
 }
 
 /// The role's privileges as the server holds them: collection → sorted actions.
-async fn privileges(db: &TestDb, role: &str) -> Vec<(String, Vec<String>)> {
+pub(crate) async fn privileges(db: &TestDb, role: &str) -> Vec<(String, Vec<String>)> {
     let reply = db
         .db
         .run_command(doc! {"rolesInfo": role, "showPrivileges": true})
@@ -214,7 +214,7 @@ async fn probe(db: &Database, op: Op, collection: &str) -> Option<i32> {
     }
 }
 
-fn has(privileges: &[(String, Vec<String>)], collection: &str, action: &str) -> bool {
+pub(crate) fn has(privileges: &[(String, Vec<String>)], collection: &str, action: &str) -> bool {
     privileges
         .iter()
         .any(|(c, a)| c == collection && a.iter().any(|x| x == action))

@@ -134,8 +134,9 @@ pub struct Config {
     pub web_extensions: Vec<String>,
     /// Where a DEN serves `GET /metrics` (`metrics_listen`); none: no listener.
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// Whether a DEN watches `tasks` and `queues` for work (`change_streams`, default true);
-    /// false: it claims on its timer and on runner exits only.
+    /// Whether the DEN, when it leads maintenance, watches the database for work (queue changes,
+    /// task inserts) and marks the other nodes (`change_streams`, default true); false: it claims
+    /// on its timer and on runner exits only.
     pub change_streams: bool,
     /// After how long without a heartbeat a node's lease-less claims (a Perl node's; ours
     /// carry leases) are recovered by their queue's `on_lost`.

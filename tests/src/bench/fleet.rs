@@ -149,9 +149,6 @@ impl Fleet {
             }),
         );
         let queue = db.insert_queue("bench", "noop", 0).await;
-        // Open and empty throughout: a fleet at rest still serves open queues, and their
-        // upkeep (delayed tasks coming due, readings) is part of what idle costs.
-        db.insert_queue("open-and-empty", "noop", 1).await;
         let dens: Vec<Den> = (0..dens)
             .map(|i| Den::start(&config, &format!("bench-{i}")))
             .collect();
