@@ -11,21 +11,27 @@ fn at(ms_from: DateTime, ms: i64) -> DateTime {
     DateTime::from_millis(ms_from.timestamp_millis() + ms)
 }
 
+/// A task as Disbatch's writers leave it, delayed until `not_before` when given.
+fn task(queue: ObjectId, status: i32, not_before: Option<DateTime>) -> Document {
+    let mut d = doc! {"queue": queue, "status": status, "node": null};
+    if let Some(t) = not_before {
+        d.insert("not_before", t);
+    }
+    d
+}
+
+/// `n` queued tasks without delays: the backlog a probe meets on a busy queue.
+fn backlog(queue: ObjectId, n: usize) -> Vec<Document> {
+    (0..n).map(|_| task(queue, -2, None)).collect()
+}
+
 #[tokio::test]
 async fn came_due_counts_queued_tasks_whose_delay_ended_in_the_window_per_probed_queue() {
     let db = TestDb::new("probe_due").await;
     let store = db.den_store().await;
     let (a, b, unprobed) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
     let now = DateTime::now();
-    let task = |queue: ObjectId, status: i32, not_before: Option<DateTime>| {
-        let mut d = doc! {"queue": queue, "status": status, "node": null};
-        if let Some(t) = not_before {
-            d.insert("not_before", t);
-        }
-        d
-    };
-    // A backlog without delays, as a probe meets it on a busy queue.
-    let mut docs: Vec<Document> = (0..2000).map(|_| task(a, -2, None)).collect();
+    let mut docs = backlog(a, 2000);
     docs.extend([
         task(a, -2, Some(at(now, -500))),
         task(a, -2, Some(at(now, -100))),
@@ -63,16 +69,19 @@ async fn created_since_reads_only_tasks_made_after_the_bound() {
     let db = TestDb::new("probe_created").await;
     let store = db.den_store().await;
     let (a, b) = (ObjectId::new(), ObjectId::new());
-    let old: Vec<Document> = (0..500)
-        .map(|_| doc! {"queue": a, "status": -2, "node": null})
-        .collect();
-    db.tasks().insert_many(old).await.expect("insert old");
+    db.tasks()
+        .insert_many(backlog(a, 500))
+        .await
+        .expect("insert old");
     let bound = ObjectId::new();
-    let new = vec![
-        doc! {"_id": ObjectId::new(), "queue": a, "status": -2, "node": null},
-        doc! {"_id": ObjectId::new(), "queue": a, "status": 1, "node": "n"},
-        doc! {"_id": ObjectId::new(), "queue": b, "status": -2, "node": null},
-    ];
+    let new: Vec<Document> = [(a, -2), (a, 1), (b, -2)]
+        .into_iter()
+        .map(|(queue, status)| {
+            let mut d = task(queue, status, None);
+            d.insert("_id", ObjectId::new());
+            d
+        })
+        .collect();
     let newest_a = new[1].get_object_id("_id").expect("id");
     db.tasks().insert_many(new).await.expect("insert new");
     let mut seen = store.created_since(bound).await.expect("created_since");
@@ -92,11 +101,9 @@ async fn any_delayed_after_sees_only_the_probed_queues_delays_past_the_bound() {
     let store = db.den_store().await;
     let (a, b, unprobed) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
     let now = DateTime::now();
-    let mut docs: Vec<Document> = (0..1000)
-        .map(|_| doc! {"queue": a, "status": -2, "node": null})
-        .collect();
-    docs.push(doc! {"queue": a, "status": -2, "node": null, "not_before": at(now, -5000)});
-    docs.push(doc! {"queue": unprobed, "status": -2, "node": null, "not_before": at(now, 60_000)});
+    let mut docs = backlog(a, 1000);
+    docs.push(task(a, -2, Some(at(now, -5000))));
+    docs.push(task(unprobed, -2, Some(at(now, 60_000))));
     db.tasks().insert_many(docs).await.expect("insert");
     let delayed = |queues: Vec<ObjectId>, after: DateTime| {
         let store = store.clone();
@@ -117,7 +124,7 @@ async fn any_delayed_after_sees_only_the_probed_queues_delays_past_the_bound() {
     );
     assert!(!delayed(vec![], at(now, -10_000)).await, "no queue probed");
     db.tasks()
-        .insert_one(doc! {"queue": b, "status": -2, "node": null, "not_before": at(now, 60_000)})
+        .insert_one(task(b, -2, Some(at(now, 60_000))))
         .await
         .expect("insert");
     assert!(
