@@ -18,7 +18,7 @@ use crate::count_keeper::CountKeeper;
 use crate::count_writer::CountWriter;
 use crate::elector::Elector;
 use crate::executor::Executor;
-use crate::fanout::Fanout;
+use crate::fanout::{Fanout, OwnQueues, StreamNeed};
 use crate::metrics::DenMetrics;
 use crate::notifier::Notifier;
 use crate::outside_inserts::{open_queues, OutsideInserts};
@@ -109,7 +109,13 @@ impl Node {
         );
         let mut count_keeper = CountKeeper::new(self.counts_reconcile);
         let mut outside_inserts = OutsideInserts::default();
-        let mut fanout = Fanout::default();
+        let mut fanout = Fanout::new(
+            self.store.clone(),
+            self.name.clone(),
+            self.interval * FANOUT_LIVE_INTERVALS,
+            self.metrics.clone(),
+        );
+        let mut stream_need = StreamNeed::default();
         // Whether this node leads the fleet's maintenance (and so holds its change stream).
         let mut leading = false;
         let mut next_repair = Instant::now();
@@ -150,7 +156,10 @@ impl Node {
                     // The leader's fan-out, read back by this pass's heartbeat.
                     let mut work_signalled = false;
                     if maintenance {
-                        let beat = self.heartbeat(&limit).await?;
+                        // Short of tasks, or running nothing (its queues may all be closed:
+                        // opening one is work too): it starts new work on the leader's marks.
+                        let waiting_for_work = short_lately || self.executor.live_runners() == 0;
+                        let beat = self.heartbeat(&limit, waiting_for_work).await?;
                         limit = beat.limit;
                         work_signalled = beat.work_signalled;
                         if Instant::now() >= next_own_orphans {
@@ -159,7 +168,21 @@ impl Node {
                         }
                         leading = elector.leads(&self.store, &self.name).await;
                         if let Some(n) = &self.notifier {
-                            n.watch(leading);
+                            let wanted = stream_need
+                                .wanted(
+                                    &self.store,
+                                    &self.name,
+                                    leading,
+                                    waiting_for_work,
+                                    self.interval * FANOUT_LIVE_INTERVALS,
+                                )
+                                .await?;
+                            if n.watch(wanted) && leading {
+                                tracing::debug!(
+                                    open = wanted,
+                                    "the fleet's stream: this node or another waits for work (open), or none does (closed)"
+                                );
+                            }
                         }
                         if leading {
                             count_keeper.tick(&self.store);
@@ -218,9 +241,7 @@ impl Node {
                     // tasks reads from the heads again for them: with a backlog beyond its room
                     // it has work in its windows, a head read matches the whole backlog on some
                     // servers (SecantusDB: ~700 ms at 100 000 queued, each), and windows are
-                    // read afresh every 5 s anyway. (Before one stream per fleet, a busy node's
-                    // stream was closed, so it never reset on these signals either; the leader
-                    // now keeps its stream while busy.)
+                    // read afresh every 5 s anyway.
                     let requeued = self.notifier.as_ref().is_some_and(Notifier::take_requeued);
                     if (work_signalled || requeued) && short_lately {
                         self.claimer.reset_windows();
@@ -242,22 +263,14 @@ impl Node {
                     short_lately = report.short_of_tasks != Some(false);
                     waiting_for_slots = report.waiting_for_slots;
                     if let Some(signalled) = signalled {
-                        let open = self
-                            .claimer
-                            .queues_read_within(self.interval * IDLE_READ_INTERVALS)
-                            .map(open_queues);
-                        fanout
-                            .after_pass(
-                                &self.store,
-                                signalled,
-                                &self.name,
-                                &self.claimer.served(),
-                                open.as_deref(),
-                                &report,
-                                self.interval * FANOUT_LIVE_INTERVALS,
-                                &self.metrics,
-                            )
-                            .await?;
+                        let own = || OwnQueues {
+                            served: self.claimer.served(),
+                            open: self
+                                .claimer
+                                .queues_read_within(self.interval * IDLE_READ_INTERVALS)
+                                .map(open_queues),
+                        };
+                        fanout.after_pass(signalled, own, &report).await?;
                     }
                     if maintenance && !stopping.load(Ordering::Relaxed) {
                         // After claiming, so balancing never delays a claim; new threads apply
@@ -345,7 +358,11 @@ impl Node {
     }
 
     /// The heartbeat; returns the node's `maxthreads` and the leader's mark, as read back.
-    async fn heartbeat(&mut self, limit: &NodeLimit) -> Result<HeartbeatReply> {
+    async fn heartbeat(
+        &mut self,
+        limit: &NodeLimit,
+        waiting_for_work: bool,
+    ) -> Result<HeartbeatReply> {
         self.claimer.read_queues_first(&self.executor).await?;
         let runners = self.executor.runners();
         let serves = self.claimer.served();
@@ -365,6 +382,7 @@ impl Node {
                 runners: &runners,
                 serves: &serves,
                 room,
+                waiting_for_work,
             })
             .await
     }

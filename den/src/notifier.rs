@@ -211,8 +211,10 @@ async fn keep_watching(
                 notifier
                     .sees_inserts
                     .store(stream.sees_inserts, Ordering::Release);
-                // What came while it was closed has no event; a claim pass, and signals for
-                // every node, cover it.
+                // What came while it was closed has no event, queue changes included (a
+                // queue closed meanwhile must not be claimed from on an old reading): a claim
+                // pass on a fresh reading, and signals for every node, cover it.
+                notifier.queues_changed.store(true, Ordering::Release);
                 notifier
                     .signalled
                     .lock()
@@ -229,7 +231,9 @@ async fn keep_watching(
                 notifier.sees_inserts.store(false, Ordering::Release);
                 match ended {
                     None => {
-                        tracing::debug!("change stream closed: the node no longer leads");
+                        tracing::debug!(
+                            "change stream closed: the node no longer leads, or no node waits for work"
+                        );
                         continue;
                     }
                     Some(Some(e)) => {

@@ -55,6 +55,25 @@ fn claiming_wakes(den: &Den) -> Vec<String> {
         .collect()
 }
 
+/// Inserts one task (`insert` returns its id), waits for it to complete and for the pass that
+/// claimed it to be logged, and returns what woke that pass.
+async fn woken_to_run(
+    db: &TestDb,
+    den: &Den,
+    insert: impl std::future::Future<Output = ObjectId>,
+) -> Vec<String> {
+    let logged_before = claiming_wakes(den).len();
+    let id = insert.await;
+    db.wait_complete(&[id], Duration::from_secs(60)).await;
+    wait_for(
+        "the claiming pass logged",
+        Duration::from_secs(30),
+        || async { claiming_wakes(den).len() > logged_before },
+    )
+    .await;
+    claiming_wakes(den).split_off(logged_before)
+}
+
 async fn wakeups(den: &Den, source: &str) -> f64 {
     den.metric(&format!(
         "disbatch_den_wakeups_total{{source=\"{source}\"}}"
@@ -234,7 +253,7 @@ async fn without_change_streams_a_node_claims_on_its_timer() {
 }
 
 /// The fleet holds one change stream, the maintenance leader's, kept open while the leader
-/// is busy; a follower holds none and starts work on the mark the leader writes on its node
+/// is busy as long as a follower waits for work; a follower holds none and starts work on the mark the leader writes on its node
 /// document (read back by its heartbeat), not at its own idle reading, ten passes later.
 /// Here the leader does not even serve the queue, so only the mark can start its tasks
 /// before that reading; a task the follower's own reading happened to claim first proves
@@ -296,13 +315,80 @@ async fn a_follower_holds_no_stream_and_starts_work_on_the_busy_leaders_mark() {
     assert_eq!(
         leader.metric("disbatch_den_change_streams_open").await,
         1.0,
-        "the busy leader kept the fleet's stream"
+        "the busy leader kept the fleet's stream for the waiting follower"
     );
     assert_eq!(
         follower.metric("disbatch_den_change_streams_open").await,
         0.0
     );
     assert!(!follower.log_text().contains(WATCHING));
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&backlog, Duration::from_secs(120)).await;
+    drop(follower);
+    drop(leader);
+    db.drop().await;
+}
+
+/// A busy leader drops the fleet's stream while no node waits for work (the server reads every
+/// write of a busy database for an open stream: that cost bought nothing), opens it again as
+/// soon as a follower's heartbeat says it waits, and keeps it while one does.
+#[tokio::test]
+async fn a_busy_leader_holds_the_stream_only_while_some_node_waits_for_work() {
+    let db = TestDb::new("wakeups_stream_need").await;
+    let leader_config = write_config(
+        &db,
+        "leader.json",
+        json!({"loop_interval_ms": 300, "plugins": {"busy": disbatch_tests::echo_plugin()}}),
+    );
+    let busy = db.insert_queue("busy", "busy", 2).await;
+    let leader = Den::start_with_env(&leader_config, "n1", &[PASS_LOG]);
+    let open = || leader.metric("disbatch_den_change_streams_open");
+    wait_for("the leader's stream", Duration::from_secs(30), || async {
+        leader.log_text().contains(WATCHING) && open().await == 1.0
+    })
+    .await;
+    let store = db.den_store().await;
+    // More held tasks than room: the leader is full, never short of tasks, until the gate.
+    let gate = db.path("backlog-gate").to_string_lossy().to_string();
+    let backlog = store
+        .insert_tasks(busy, (0..6).map(|_| doc! {"hold_until": &gate}).collect())
+        .await
+        .expect("insert through the store");
+    wait_for(
+        "the full leader to drop its stream",
+        Duration::from_secs(60),
+        || async { open().await == 0.0 },
+    )
+    .await;
+    assert_eq!(db.count(doc! {"queue": busy, "status": 0}).await, 2);
+    // A follower with nothing to do: its heartbeat says it waits for work.
+    let follower_config = write_config(&db, "follower.json", json!({"loop_interval_ms": 300}));
+    let queue = db.insert_queue("q", "echo", 2).await;
+    let follower = Den::start_with_env(&follower_config, "n2", &[PASS_LOG]);
+    wait_for(
+        "the stream back for the waiting follower",
+        Duration::from_secs(60),
+        || async { open().await == 1.0 },
+    )
+    .await;
+    // Still full: only the follower's waiting can have opened it.
+    assert_eq!(db.count(doc! {"queue": busy, "status": 0}).await, 2);
+    let marks_before = follower
+        .metric("disbatch_den_wakeups_total{source=\"leader_signal\"}")
+        .await;
+    let id = store
+        .insert_tasks(queue, vec![doc! {}])
+        .await
+        .expect("insert through the store")[0];
+    db.wait_complete(&[id], Duration::from_secs(60)).await;
+    println!(
+        "follower marks read: {}",
+        follower
+            .metric("disbatch_den_wakeups_total{source=\"leader_signal\"}")
+            .await
+            - marks_before
+    );
+    assert_eq!(open().await, 1.0, "kept while the follower waits");
     std::fs::write(&gate, "").expect("open the gate");
     db.wait_complete(&backlog, Duration::from_secs(120)).await;
     drop(follower);
@@ -329,20 +415,14 @@ async fn a_task_inserted_by_another_writer_starts_on_the_leaders_stream() {
     let probe_signals = || den.metric("disbatch_den_outside_inserts_signalled_total");
     let mut on_event = 0;
     for n in 0..8 {
-        let logged_before = claiming_wakes(&den).len();
         let events_before = wakeups(&den, "change_stream").await;
         let queued = Instant::now();
         // Straight into the collection, as ops would: no signal of ours.
-        let id = db.insert_tasks(queue, vec![doc! {"n": n}.into()]).await[0];
-        db.wait_complete(&[id], Duration::from_secs(60)).await;
-        let latency = queued.elapsed();
-        wait_for(
-            "the claiming pass logged",
-            Duration::from_secs(30),
-            || async { claiming_wakes(&den).len() > logged_before },
-        )
+        let woken = woken_to_run(&db, &den, async {
+            db.insert_tasks(queue, vec![doc! {"n": n}.into()]).await[0]
+        })
         .await;
-        let woken = claiming_wakes(&den).split_off(logged_before);
+        let latency = queued.elapsed();
         let events = wakeups(&den, "change_stream").await - events_before;
         println!("task {n}: woken by {woken:?}, stream events {events}, {latency:?}");
         if woken == ["Change"] && events >= 1.0 {
@@ -383,27 +463,22 @@ async fn a_delayed_task_inserted_by_another_writer_starts_on_the_come_due_signal
     let probe_signals = || den.metric("disbatch_den_outside_inserts_signalled_total");
     let mut on_signal = 0;
     for n in 0..6 {
-        let logged_before = claiming_wakes(&den).len();
         let signals_before = probe_signals().await;
         let due = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 3_000);
         // Straight into the collection, as ops would: no signal of ours.
-        let id = ObjectId::new();
-        let now = bson::DateTime::now();
-        db.tasks()
-            .insert_one(doc! {
-                "_id": id, "queue": queue, "status": -2, "node": null, "params": {"n": n},
-                "ctime": now, "mtime": now, "stdout": null, "stderr": null, "not_before": due,
-            })
-            .await
-            .expect("insert a delayed task");
-        db.wait_complete(&[id], Duration::from_secs(60)).await;
-        wait_for(
-            "the claiming pass logged",
-            Duration::from_secs(30),
-            || async { claiming_wakes(&den).len() > logged_before },
-        )
+        let woken = woken_to_run(&db, &den, async {
+            let id = ObjectId::new();
+            let now = bson::DateTime::now();
+            db.tasks()
+                .insert_one(doc! {
+                    "_id": id, "queue": queue, "status": -2, "node": null, "params": {"n": n},
+                    "ctime": now, "mtime": now, "stdout": null, "stderr": null, "not_before": due,
+                })
+                .await
+                .expect("insert a delayed task");
+            id
+        })
         .await;
-        let woken = claiming_wakes(&den).split_off(logged_before);
         let signals = probe_signals().await - signals_before;
         println!("task {n}: woken by {woken:?}, probe signals {signals}");
         if woken == ["Change"] && signals >= 1.0 {

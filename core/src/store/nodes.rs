@@ -23,6 +23,9 @@ pub struct Heartbeat<'a> {
     /// The queues it serves, and its room (None: unlimited).
     pub serves: &'a [bson::oid::ObjectId],
     pub room: Option<u32>,
+    /// Its last claim pass ran short of tasks, or it runs nothing: it starts new work on the
+    /// leader's marks.
+    pub waiting_for_work: bool,
 }
 
 /// A node that heartbeat lately, with the queues it serves and its room.
@@ -82,6 +85,7 @@ impl Store {
                         node::SERVES: beat.serves.to_vec(),
                         node::SERVES_AT: DateTime::now(),
                         node::ROOM: beat.room.map_or(bson::Bson::Null, |r| bson::Bson::Int64(r.into())),
+                        node::WAITING_FOR_WORK: beat.waiting_for_work,
                     },
                     "$unset": {node::WORK_SIGNALLED_AT: ""},
                 },
@@ -152,6 +156,27 @@ impl Store {
 }
 
 impl Store {
+    /// Whether a live node of ours other than `leader` (heartbeat within `max_age`) said at
+    /// its last heartbeat that it waits for work. One indexless read of `nodes`, a document
+    /// per node; made by a busy leader once per maintenance pass.
+    pub async fn others_wait_for_work(
+        &self,
+        leader: &str,
+        max_age: std::time::Duration,
+    ) -> Result<bool> {
+        let found = self
+            .raw(NODES)
+            .find_one(doc! {
+                node::SERVES_AT: {"$gte": super::leases::ago(max_age)},
+                node::NODE: {"$ne": leader},
+                node::WAITING_FOR_WORK: true,
+            })
+            .projection(doc! {"_id": 1})
+            .await
+            .map_err(|e| Error::mongo("reading which nodes wait for work", e))?;
+        Ok(found.is_some())
+    }
+
     /// The nodes that heartbeat at most `max_age` ago: ours wrote `serves` and `serves_at`
     /// then; any other with a fresh `timestamp` is a Perl node (it says nothing, claims
     /// outside the slots, and does not refresh `serves_at` on a document it takes over).

@@ -181,6 +181,10 @@ pub mod node {
     /// leader holds the fleet's one change stream); the node's next heartbeat reads and
     /// removes it, and the node reads its queues at once.
     pub const WORK_SIGNALLED_AT: &str = "work_signalled_at";
+    /// Ours: whether the node waits for work (its last claim pass ran short of tasks, or it
+    /// runs nothing), so it starts work on the leader's marks; the leader holds the fleet's
+    /// stream while itself or any node does.
+    pub const WAITING_FOR_WORK: &str = "waiting_for_work";
 }
 
 pub mod file {
