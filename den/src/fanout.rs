@@ -1,7 +1,7 @@
 //! The fan-out: the maintenance leader passes the fleet's change-stream events on to the
 //! nodes that serve the signalled queues, by marking their node documents (their next
 //! heartbeat reads the mark), so followers hold no stream of their own and still start new
-//! work within a heartbeat.
+//! work within a heartbeat; and whether that stream is worth holding (`StreamNeed`).
 
 use std::time::{Duration, Instant};
 

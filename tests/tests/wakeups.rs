@@ -252,27 +252,35 @@ async fn without_change_streams_a_node_claims_on_its_timer() {
     db.drop().await;
 }
 
+/// The only node serving queue `busy` (`threads` 2, plugin `busy`), started alone so it
+/// leads, once its stream is open.
+async fn start_leader_of_busy(db: &TestDb, loop_interval_ms: u64) -> (Den, ObjectId) {
+    let config = write_config(
+        db,
+        "leader.json",
+        json!({"loop_interval_ms": loop_interval_ms, "plugins": {"busy": disbatch_tests::echo_plugin()}}),
+    );
+    let busy = db.insert_queue("busy", "busy", 2).await;
+    let leader = Den::start_with_env(&config, "n1", &[PASS_LOG]);
+    wait_for("the leader's stream", Duration::from_secs(30), || async {
+        leader.log_text().contains(WATCHING)
+            && leader.metric("disbatch_den_change_streams_open").await == 1.0
+    })
+    .await;
+    (leader, busy)
+}
+
 /// The fleet holds one change stream, the maintenance leader's, kept open while the leader
-/// is busy as long as a follower waits for work; a follower holds none and starts work on the mark the leader writes on its node
-/// document (read back by its heartbeat), not at its own idle reading, ten passes later.
+/// is busy as long as a follower waits for work; a follower holds none and starts work on
+/// the mark the leader writes on its node document (read back by its heartbeat), not at its
+/// own idle reading, ten passes later.
 /// Here the leader does not even serve the queue, so only the mark can start its tasks
 /// before that reading; a task the follower's own reading happened to claim first proves
 /// nothing either way, and is only printed.
 #[tokio::test]
 async fn a_follower_holds_no_stream_and_starts_work_on_the_busy_leaders_mark() {
     let db = TestDb::new("wakeups_fanout").await;
-    let leader_config = write_config(
-        &db,
-        "leader.json",
-        json!({"loop_interval_ms": 2_000, "plugins": {"busy": disbatch_tests::echo_plugin()}}),
-    );
-    let busy = db.insert_queue("busy", "busy", 2).await;
-    let leader = Den::start_with_env(&leader_config, "n1", &[PASS_LOG]);
-    wait_for("the leader's stream", Duration::from_secs(30), || async {
-        leader.log_text().contains(WATCHING)
-            && leader.metric("disbatch_den_change_streams_open").await == 1.0
-    })
-    .await;
+    let (leader, busy) = start_leader_of_busy(&db, 2_000).await;
     let store = db.den_store().await;
     // Held until the end: the leader has more claimable tasks than room throughout.
     let gate = db.path("backlog-gate").to_string_lossy().to_string();
@@ -335,18 +343,8 @@ async fn a_follower_holds_no_stream_and_starts_work_on_the_busy_leaders_mark() {
 #[tokio::test]
 async fn a_busy_leader_holds_the_stream_only_while_some_node_waits_for_work() {
     let db = TestDb::new("wakeups_stream_need").await;
-    let leader_config = write_config(
-        &db,
-        "leader.json",
-        json!({"loop_interval_ms": 300, "plugins": {"busy": disbatch_tests::echo_plugin()}}),
-    );
-    let busy = db.insert_queue("busy", "busy", 2).await;
-    let leader = Den::start_with_env(&leader_config, "n1", &[PASS_LOG]);
+    let (leader, busy) = start_leader_of_busy(&db, 300).await;
     let open = || leader.metric("disbatch_den_change_streams_open");
-    wait_for("the leader's stream", Duration::from_secs(30), || async {
-        leader.log_text().contains(WATCHING) && open().await == 1.0
-    })
-    .await;
     let store = db.den_store().await;
     // More held tasks than room: the leader is full, never short of tasks, until the gate.
     let gate = db.path("backlog-gate").to_string_lossy().to_string();
