@@ -75,6 +75,23 @@ fn check_type(b: &Bson, path: &str) -> Result<(), String> {
     ))
 }
 
+/// Whether JSON can be encoded as BSON as it stands, read literally (a plugin's result, kept
+/// as written): it can unless a field name holds a NUL byte, which `storable` refuses too.
+/// The path of the first such name is given.
+pub fn check_encodable_keys(v: &Value, path: &str) -> Result<(), String> {
+    match v {
+        Value::Object(m) => m.iter().try_for_each(|(k, item)| {
+            check_key(k, path)?;
+            check_encodable_keys(item, &format!("{path}.{k}"))
+        }),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| check_encodable_keys(item, &format!("{path}[{i}]"))),
+        _ => Ok(()),
+    }
+}
+
 fn check_key(k: &str, path: &str) -> Result<(), String> {
     if k.contains('\0') {
         return Err(format!(
@@ -157,6 +174,17 @@ mod tests {
             assert!(e.starts_with(path), "{value}: {e}");
             assert!(e.contains(words), "{value}: {e}");
         }
+    }
+
+    #[test]
+    fn only_nul_bytes_in_names_make_json_unencodable() {
+        let plain = json!({"a": [{"$where": 1}, {"n": {"$numberLong": "x"}}], "": 2});
+        assert_eq!(check_encodable_keys(&plain, "result"), Ok(()));
+        let e = check_encodable_keys(&json!({"a": [1, {"b\u{0}": 1}]}), "result").unwrap_err();
+        assert!(
+            e.starts_with("result.a[1]: field name") && e.contains("NUL"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -105,6 +105,19 @@ impl Error {
         }
     }
 
+    /// True when the driver could not encode the request at all (a field name with a NUL
+    /// byte, a value BSON cannot hold): the same request can never succeed, so it is not an
+    /// outage to wait out.
+    pub fn is_unencodable(&self) -> bool {
+        match self {
+            Error::Mongo { driver, .. } => matches!(
+                driver.kind.as_ref(),
+                mongodb::error::ErrorKind::BsonSerialization(_)
+            ),
+            _ => false,
+        }
+    }
+
     /// The server's reason when it answered and refused the request itself (a filter, a
     /// namespace or a document it will not take), as opposed to being unreachable or busy:
     /// asking again will not help, and other requests are not affected.

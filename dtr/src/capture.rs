@@ -159,6 +159,7 @@ pub(crate) async fn conclude(
         mut note,
         mut retry,
         result,
+        record,
     } = outcome;
     // Why the runner ended the plugin comes first; the exit's own remark follows.
     let mut lead_note = |why: String| {
@@ -228,7 +229,7 @@ pub(crate) async fn conclude(
     }
     let facts = RunFacts {
         exit: Some(exit),
-        result: result.and_then(|m| bson::to_document(&m).ok()),
+        result: record,
         chain,
         stopped: (!matches!(stopped, Stopped::Exited(_))).then_some(stopped),
     };

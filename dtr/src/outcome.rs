@@ -2,10 +2,15 @@
 
 use std::process::ExitStatus;
 
-use disbatch_core::model::status;
 use std::time::Duration;
 
+use bson::Document;
+use disbatch_core::model::status;
+use disbatch_core::output::MAX_DOCUMENT_SIZE;
 use serde_json::{Map, Value};
+
+/// Room the attempt record keeps for its own fields beside the result document.
+const RECORD_FIELDS: u64 = 16 * 1024;
 
 /// How the plugin process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +37,10 @@ pub struct Outcome {
     pub note: Option<String>,
     /// The plugin asked to run again after this delay (`{"retry": true, "delay": s}`).
     pub retry: Option<Duration>,
-    /// The result file's object, kept on the attempt record.
+    /// The result file's object, read for chaining.
     pub result: Option<Map<String, Value>>,
+    /// The same object as it is kept on the attempt record: checked to be storable.
+    pub record: Option<Document>,
 }
 
 impl Outcome {
@@ -44,6 +51,7 @@ impl Outcome {
         self.status = status::FAILED;
         self.retry = None;
         self.result = None;
+        self.record = None;
         self.note = Some(match self.note.take() {
             Some(n) => format!("{n}; {why}"),
             None => why,
@@ -53,7 +61,8 @@ impl Outcome {
 
 /// Exit 0 → succeeded, non-zero or a signal → failed; a positive integer `status` in the
 /// result file wins, and `"retry": true` asks for another attempt. A result file that is not
-/// a JSON object (or a bad `delay`) fails the task, with the reason.
+/// a JSON object, or one the database cannot store, or a bad `status` or `delay`, fails the
+/// task, with the reason.
 pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
     let mut notes = Vec::new();
     let mut status = match exit {
@@ -72,6 +81,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
     };
     let mut retry = None;
     let mut result = None;
+    let mut record = None;
     match result_file.map(parse_result) {
         None | Some(Ok(None)) => {}
         Some(Ok(Some(r))) => {
@@ -80,6 +90,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
             }
             retry = r.retry;
             result = Some(r.object);
+            record = Some(r.record);
         }
         Some(Err(reason)) => {
             notes.push(format!("DISBATCH_RESULT file ignored: {reason}"));
@@ -93,6 +104,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
         note,
         retry,
         result,
+        record,
     }
 }
 
@@ -102,23 +114,42 @@ struct ResultFile {
     status: Option<i32>,
     retry: Option<Duration>,
     object: Map<String, Value>,
+    record: Document,
 }
 
-/// Ok(None) for an empty file. `status` counts only when a positive integer.
+/// Ok(None) for an empty file. A `status` that is not a positive integer is refused: taken
+/// for none, it would let a plugin that meant to fail succeed.
 fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| format!("it is not valid JSON ({e})"))?;
-    let Value::Object(object) = value else {
+    if !value.is_object() {
         return Err("it must hold a JSON object such as {\"status\": 1}".into());
+    }
+    // Kept as written (params that cannot be chained are said per unit, and the result still
+    // stands), but it must encode: a field name with a NUL byte, which chained params refuse
+    // too, would fail every write of the attempt record, for good.
+    let unstorable = |e: String| format!("the database cannot store it: {e}");
+    disbatch_core::client_json::check_encodable_keys(&value, "result").map_err(unstorable)?;
+    let Value::Object(object) = value else {
+        return Err("it must hold a JSON object".into());
     };
-    let status = object
-        .get("status")
-        .and_then(Value::as_i64)
-        .filter(|s| *s >= 1 && *s <= i32::MAX as i64)
-        .map(|s| s as i32);
+    let record = bson::to_document(&object).map_err(|e| unstorable(e.to_string()))?;
+    let encoded = bson::to_vec(&record)
+        .map_err(|e| unstorable(e.to_string()))?
+        .len() as u64;
+    if encoded > MAX_DOCUMENT_SIZE - RECORD_FIELDS {
+        return Err(format!(
+            "it is {encoded} bytes as a document, beyond the {} an attempt record holds",
+            MAX_DOCUMENT_SIZE - RECORD_FIELDS
+        ));
+    }
+    let status = match object.get("status") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(plugin_status(v)?),
+    };
     let retry = match object.get("retry") {
         Some(Value::Bool(true)) => {
             let delay = match object.get("delay") {
@@ -136,7 +167,39 @@ fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
         status,
         retry,
         object,
+        record,
     }))
+}
+
+/// A result's `status`: a whole number from 1 (succeeded) up; 2.0 is 2, as a plugin in a
+/// language without integers writes it.
+fn plugin_status(v: &Value) -> Result<i32, String> {
+    let whole = match v {
+        Value::Number(n) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 1e18)
+                .map(|f| f as i64)
+        }),
+        _ => None,
+    };
+    whole
+        .filter(|s| (1..=i64::from(i32::MAX)).contains(s))
+        .map(|s| s as i32)
+        .ok_or_else(|| {
+            let mut shown = v.to_string();
+            if shown.len() > 40 {
+                let cut = (0..=40)
+                    .rev()
+                    .find(|i| shown.is_char_boundary(*i))
+                    .unwrap_or(0);
+                shown.truncate(cut);
+                shown.push('…');
+            }
+            format!(
+                "\"status\" must be a whole number from 1 (succeeded) to {}, not {shown}",
+                i32::MAX
+            )
+        })
 }
 
 fn signal_name(sig: i32) -> String {
@@ -158,6 +221,7 @@ mod tests {
                 note: None,
                 retry: None,
                 result: None,
+                record: None,
             }
         );
         let failed = decide(Exit::Code(3), None);
@@ -182,11 +246,72 @@ mod tests {
             decide(Exit::Code(0), Some(br#"{"status": 7, "output": {}}"#)).status,
             7
         );
-        // Zero, negative or non-integer statuses are not positive: the exit code decides.
-        assert_eq!(decide(Exit::Code(0), Some(br#"{"status": 0}"#)).status, 1);
-        assert_eq!(decide(Exit::Code(0), Some(br#"{"status": -2}"#)).status, 1);
-        assert_eq!(decide(Exit::Code(0), Some(br#"{"status": "1"}"#)).status, 1);
+        assert_eq!(decide(Exit::Code(0), Some(br#"{"status": 2.0}"#)).status, 2);
+        assert_eq!(
+            decide(Exit::Code(1), Some(br#"{"status": null}"#)).status,
+            2
+        );
         assert_eq!(decide(Exit::Code(0), Some(b"  \n")).status, 1);
+    }
+
+    #[test]
+    fn a_status_that_is_not_a_positive_whole_number_fails_the_task_with_the_reason() {
+        let too_big = 1_i64 << 40;
+        for status in [
+            r#""2""#.to_string(),
+            "0".into(),
+            "-3".into(),
+            "1.5".into(),
+            too_big.to_string(),
+            "true".into(),
+            "{}".into(),
+            format!("\"{}\"", "9".repeat(100)),
+        ] {
+            let file = format!(r#"{{"status": {status}, "output": {{"k": {{}}}}}}"#);
+            let o = decide(Exit::Code(0), Some(file.as_bytes()));
+            assert_eq!(
+                (o.status, &o.result, &o.record),
+                (2, &None, &None),
+                "{status}"
+            );
+            let note = o.note.unwrap_or_default();
+            assert!(
+                note.contains("\"status\" must be a whole number from 1"),
+                "{status}: {note}"
+            );
+            assert!(note.len() < 200, "the value is shown short: {note}");
+        }
+        let note = decide(Exit::Code(0), Some(br#"{"status": 1.5}"#)).note;
+        assert!(note.is_some_and(|n| n.ends_with("not 1.5")));
+    }
+
+    #[test]
+    fn a_result_the_database_cannot_store_fails_the_task_with_the_reason() {
+        let o = decide(
+            Exit::Code(0),
+            Some(br#"{"status": 1, "output": {"a\u0000": {}}}"#),
+        );
+        assert_eq!(
+            (o.status, o.retry, &o.result, &o.record),
+            (2, None, &None, &None)
+        );
+        let note = o.note.unwrap_or_default();
+        assert!(
+            note.contains("the database cannot store it")
+                && note.contains("result.output")
+                && note.contains("NUL"),
+            "{note}"
+        );
+        // Kept as written: Extended-JSON-shaped values are the chaining's to judge, per unit.
+        let o = decide(
+            Exit::Code(0),
+            Some(br#"{"n": {"$numberLong": "x"}, "output": {}}"#),
+        );
+        assert_eq!(o.status, 1);
+        assert_eq!(
+            o.record,
+            Some(bson::doc! {"n": {"$numberLong": "x"}, "output": {}})
+        );
     }
 
     #[test]

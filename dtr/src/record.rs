@@ -194,7 +194,8 @@ pub const PATIENCE: Duration = Duration::from_secs(15 * 60);
 const MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// Retries database operations with capped exponential backoff and jitter for up to
-/// `PATIENCE`: the runners of a fleet that lost the database do not retry in step.
+/// `PATIENCE`: the runners of a fleet that lost the database do not retry in step. A request
+/// the driver cannot encode fails at once: no server's return would let it through.
 pub async fn with_retries<T, F, Fut>(what: &str, mut op: F) -> Result<T>
 where
     F: FnMut() -> Fut,
@@ -205,7 +206,7 @@ where
     let mut attempt: u32 = 1;
     loop {
         match op().await {
-            Err(e @ Error::Mongo { .. }) if started.elapsed() < PATIENCE => {
+            Err(e @ Error::Mongo { .. }) if started.elapsed() < PATIENCE && !e.is_unencodable() => {
                 let delay = delays.next_delay();
                 tracing::warn!(error = %e, attempt, retry_in = ?delay, failing_for = ?started.elapsed(), "{what} failed; retrying");
                 tokio::time::sleep(delay).await;

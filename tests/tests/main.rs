@@ -65,6 +65,7 @@ mod perl_cli;
 mod persistent_workers;
 mod plugin_contract;
 mod reload;
+mod result_refusals;
 mod result_relay;
 mod run_control;
 mod scheduler;
