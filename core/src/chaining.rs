@@ -18,14 +18,19 @@ pub struct Chained {
 /// Units named by a result's `output`: a map `{key: params}`, or a list of items that are a
 /// key, or `[key, params, meta?, priority?]` with meta `{priority, delay}`. Bad items are
 /// skipped, never fatal (Coordinate's rule); a repeated key keeps its last item. Params are
-/// read as the API reads them (Extended JSON for typed values); params that cannot be stored
-/// are reported in `problems` rather than dropped unseen.
+/// read as the API reads them (Extended JSON for typed values). Whatever is left out is
+/// reported in `problems` rather than dropped unseen: params that cannot be stored, a map
+/// with a value that is not an object (which names nothing at all, as in Coordinate), an
+/// `output` of another shape.
 pub fn units_from_output(output: &Value, now: DateTime) -> Chained {
     let mut units: BTreeMap<String, Unit> = BTreeMap::new();
     let mut problems = Vec::new();
     match output {
         // Every value must be an object, or the map names nothing.
-        Value::Object(map) if map.values().all(Value::is_object) => {
+        Value::Object(map) if !map.values().all(Value::is_object) => {
+            problems.push(map_not_chained(map));
+        }
+        Value::Object(map) => {
             for (key, data) in map {
                 match to_document(data, &format!("output.{key}")) {
                     Ok(params) => {
@@ -46,11 +51,55 @@ pub fn units_from_output(output: &Value, now: DateTime) -> Chained {
                 }
             }
         }
-        _ => {}
+        // The plugin said there is nothing to chain.
+        Value::Null => {}
+        other => problems.push(format!(
+            "output not chained: it is {}, not a map of units or a list of items",
+            kind(other)
+        )),
     }
     Chained {
         units: units.into_values().collect(),
         problems,
+    }
+}
+
+/// Why a map with values that are not objects chained nothing, naming the first few.
+fn map_not_chained(map: &serde_json::Map<String, Value>) -> String {
+    const NAMED: usize = 3;
+    let bad: Vec<(&String, &Value)> = map.iter().filter(|(_, v)| !v.is_object()).collect();
+    let mut named: Vec<String> = bad
+        .iter()
+        .take(NAMED)
+        .map(|(k, v)| format!("{} is {}", shown_key(k), kind(v)))
+        .collect();
+    if bad.len() > NAMED {
+        named.push(format!("and {} more", bad.len() - NAMED));
+    }
+    format!(
+        "output not chained: a map chains only when every value is an object (the unit's params), and {}",
+        named.join(", ")
+    )
+}
+
+/// A key as a message shows it: quoted, and cut when long (a key may be megabytes).
+fn shown_key(key: &str) -> String {
+    const MOST: usize = 80;
+    match key.char_indices().nth(MOST) {
+        Some((cut, _)) => format!("{:?}…", &key[..cut]),
+        None => format!("{key:?}"),
+    }
+}
+
+/// What kind of JSON value `v` is, for a message.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
     }
 }
 
@@ -123,9 +172,32 @@ mod tests {
         let units = units_from_output(&json!({"b": {"x": 1}, "a": {}}), now).units;
         assert_eq!(keys(&units), ["a", "b"]);
         assert_eq!(units[1].params, doc! {"x": 1});
-        assert!(units_from_output(&json!({"a": {}, "b": 5}), now)
-            .units
-            .is_empty());
+    }
+
+    #[test]
+    fn a_map_with_a_value_that_is_not_an_object_chains_nothing_and_says_which() {
+        let now = DateTime::now();
+        let one = units_from_output(&json!({"a": {}, "b": 5}), now);
+        assert!(one.units.is_empty());
+        assert_eq!(
+            one.problems,
+            ["output not chained: a map chains only when every value is an object (the unit's params), and \"b\" is a number"]
+        );
+        let many = units_from_output(
+            &json!({"a": "x", "b": [], "c": null, "d": true, "e": {}, &"k".repeat(200): 1}),
+            now,
+        );
+        assert!(many.units.is_empty());
+        let said = &many.problems[0];
+        assert!(
+            said.ends_with("\"a\" is a string, \"b\" is a list, \"c\" is null, and 2 more"),
+            "{said}"
+        );
+        let long = units_from_output(&json!({&"k".repeat(200): 1}), now).problems;
+        assert!(
+            long[0].contains(&format!("\"{}\"… is a number", "k".repeat(80))),
+            "{long:?}"
+        );
     }
 
     #[test]
@@ -205,9 +277,16 @@ mod tests {
     }
 
     #[test]
-    fn other_shapes_name_nothing() {
-        for v in [json!(null), json!("x"), json!(3), json!(true)] {
-            assert!(units_from_output(&v, DateTime::now()).units.is_empty());
+    fn other_shapes_name_nothing_and_say_so_unless_null() {
+        for v in [json!("x"), json!(3), json!(true)] {
+            let chained = units_from_output(&v, DateTime::now());
+            assert!(chained.units.is_empty());
+            assert_eq!(chained.problems.len(), 1, "{v}");
+            assert!(chained.problems[0].starts_with("output not chained: it is a"));
         }
+        assert_eq!(
+            units_from_output(&json!(null), DateTime::now()),
+            Chained::default()
+        );
     }
 }

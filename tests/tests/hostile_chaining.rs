@@ -1,6 +1,7 @@
 //! A plugin's chained `output` holding values that cannot be stored (Extended-JSON-shaped
 //! objects that are not valid Extended JSON, BSON-only types): the result stands, the good
-//! units are chained, the rest is said in the task's stderr, and the node stores the result.
+//! units are chained, the rest is said in the task's stderr, and the node stores the result;
+//! and a map output that chains nothing because one value is not an object says so.
 
 use std::time::Duration;
 
@@ -81,6 +82,35 @@ async fn output_that_cannot_be_stored_is_reported_on_the_task_and_the_rest_is_ch
         2.0
     );
     assert_eq!(crashes(&log), Vec::<String>::new(), "{log}");
+    drop(den);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_map_output_with_a_value_that_is_not_an_object_says_why_nothing_was_chained() {
+    let db = TestDb::new("hostile_chaining_map").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let first = db.insert_queue("first", "echo", 1).await;
+    let next = db.insert_queue("next", "echo", 0).await;
+    db.db
+        .collection::<Document>("queues")
+        .update_one(doc! {"_id": first}, doc! {"$set": {"then": "next"}})
+        .await
+        .expect("then");
+    let params = doc! {"result": {"output": {"good": {"n": 1}, "bad": 5, "worse": "x"}}};
+    let ids = db.insert_tasks(first, vec![params.into()]).await;
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, Duration::from_secs(30)).await;
+
+    let task = db.task(ids[0]).await;
+    assert_eq!(task.get_i32("status"), Ok(1), "the result stands");
+    let stderr = task.get_str("stderr").unwrap_or_default();
+    assert!(
+        stderr.contains(r#"chaining to queue "next": output not chained: a map chains only when every value is an object (the unit's params), and "bad" is a number, "worse" is a string"#),
+        "{stderr}"
+    );
+    // Coordinate's rule: such a map names no unit at all, not even the good one.
+    assert_eq!(db.count(doc! {"queue": next}).await, 0);
     drop(den);
     db.drop().await;
 }
