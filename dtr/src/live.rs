@@ -148,9 +148,24 @@ pub fn tail_text(bytes: &[u8], from: u64) -> LiveStream {
         }
         break;
     }
-    let kept = &bytes[start..end];
+    // Each invalid byte becomes a 3-byte U+FFFD: the text may outgrow the tail that was read,
+    // and a node refuses a copy over `LIVE_TAIL`. Whole characters are dropped from the front
+    // until it fits, so the copy still shows the newest output.
+    let mut text = String::from_utf8_lossy(&bytes[start..end]);
+    while text.len() as u64 > LIVE_TAIL {
+        let excess = text.len() - LIVE_TAIL as usize;
+        // Each byte left out shortens the text by one to three bytes.
+        start = (start + excess.div_ceil(3)).min(end);
+        // Not into the middle of a character: its rest would show as U+FFFDs.
+        let mut skipped = 0;
+        while start < end && skipped < 3 && (bytes[start] & 0xC0) == 0x80 {
+            start += 1;
+            skipped += 1;
+        }
+        text = String::from_utf8_lossy(&bytes[start..end]);
+    }
     LiveStream {
-        text: String::from_utf8_lossy(kept).into_owned(),
+        text: text.into_owned(),
         from: from + start as u64,
         bytes: from + end as u64,
     }
@@ -179,6 +194,43 @@ mod tests {
         let s = tail_text(b"x\xff\xfe", 0);
         assert_eq!((s.text.as_str(), s.bytes), ("x\u{fffd}\u{fffd}", 3));
         assert_eq!(tail_text(b"", 0), LiveStream::default());
+    }
+
+    #[test]
+    fn a_tail_of_invalid_bytes_stays_within_the_copy_limit_and_keeps_the_newest() {
+        let tail = LIVE_TAIL as usize;
+        // All invalid: each byte would become 3 bytes of U+FFFD.
+        let mut bytes = vec![0xFF_u8; tail];
+        bytes.extend_from_slice(b"newest");
+        let s = tail_text(&bytes[bytes.len() - tail..], 1000);
+        assert!(s.text.len() as u64 <= LIVE_TAIL, "{} bytes", s.text.len());
+        assert!(
+            s.text.len() as u64 > LIVE_TAIL - 3,
+            "{} bytes",
+            s.text.len()
+        );
+        assert!(s.text.ends_with("\u{fffd}newest"));
+        let end = 1000 + tail as u64;
+        assert_eq!(s.bytes, end);
+        // `from..bytes` is exactly what the text shows.
+        let shown = &bytes[bytes.len() - tail..][(s.from - 1000) as usize..];
+        assert_eq!(String::from_utf8_lossy(shown), s.text);
+        // Mixed with multi-byte characters: never cut inside one.
+        let mut mixed = Vec::new();
+        while mixed.len() < tail {
+            mixed.extend_from_slice("é\u{ff}€".as_bytes());
+            mixed.push(0xFE);
+        }
+        mixed.truncate(tail);
+        let s = tail_text(&mixed, 5);
+        assert!(s.text.len() as u64 <= LIVE_TAIL, "{} bytes", s.text.len());
+        let shown = &mixed[(s.from - 5) as usize..(s.bytes - 5) as usize];
+        assert_eq!(String::from_utf8_lossy(shown), s.text);
+        assert!(
+            !s.text.starts_with('\u{fffd}') || shown[0] == 0xFE,
+            "{:?}",
+            &shown[..4]
+        );
     }
 
     #[test]

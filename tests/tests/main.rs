@@ -53,6 +53,7 @@ mod idle_cost;
 mod json_logs;
 mod leases;
 mod live_output;
+mod live_output_bytes;
 mod maintenance_leader;
 mod metrics;
 mod mixed_fleet;
