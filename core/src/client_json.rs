@@ -123,6 +123,11 @@ fn check_filter(b: &Bson, path: &str) -> Result<(), String> {
                     ));
                 }
                 check_key(k, path)?;
+                // A regular expression is a C string in BSON: a NUL cannot be sent at all.
+                if matches!((k.as_str(), v), ("$regex" | "$options", Bson::String(s)) if s.contains('\0'))
+                {
+                    return Err(nul_in_regex(&format!("{path}.{k}")));
+                }
                 check_filter(v, &format!("{path}.{k}"))?;
             }
             Ok(())
@@ -131,8 +136,15 @@ fn check_filter(b: &Bson, path: &str) -> Result<(), String> {
             .iter()
             .enumerate()
             .try_for_each(|(i, item)| check_filter(item, &format!("{path}[{i}]"))),
+        Bson::RegularExpression(r) if r.pattern.contains('\0') || r.options.contains('\0') => {
+            Err(nul_in_regex(path))
+        }
         other => check_type(other, path),
     }
+}
+
+fn nul_in_regex(path: &str) -> String {
+    format!("{path}: a regular expression cannot contain a NUL byte")
 }
 
 #[cfg(test)]
@@ -197,6 +209,9 @@ mod tests {
             json!({"$expr": {"$function": {"body": "x", "args": [], "lang": "js"}}}),
             json!({"a": {"$undefined": true}}),
             json!({"$or": [{"a": {"$accumulator": {}}}]}),
+            json!({"a": {"$regex": "x\0"}}),
+            json!({"a": {"$regex": "x", "$options": "i\0"}}),
+            json!({"a": {"$regularExpression": {"pattern": "x\0", "options": ""}}}),
         ] {
             assert!(query_filter(&bad, "filter").is_err(), "{bad}");
         }

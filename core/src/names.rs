@@ -18,7 +18,7 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     }
     if let Some((i, c)) = name.char_indices().find(|(_, c)| is_unsafe(*c)) {
         return Err(format!(
-            "{what} {:?} contains {} at byte {i}: control and text-direction characters are not allowed",
+            "{what} {:?} contains {} at byte {i}: control, text-direction and invisible characters are not allowed",
             shown(name),
             describe(c)
         ));
@@ -32,15 +32,32 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Control characters (C0, DEL, C1), and the marks and overrides that reorder how text is
-/// shown (a name could look like another).
+/// Control characters (C0, DEL, C1), the marks and overrides that reorder how text is shown,
+/// and the characters that show as nothing or as a plain space (format characters such as
+/// U+200B zero-width space, fillers, variation selectors, spaces other than U+0020): with
+/// any of them a name could look like another (`demo\u{200b}` beside `demo`).
 pub fn is_unsafe(c: char) -> bool {
-    c.is_control()
-        || matches!(c,
-            '\u{200e}' | '\u{200f}' | '\u{061c}'
-            | '\u{202a}'..='\u{202e}'
-            | '\u{2066}'..='\u{2069}'
-            | '\u{2028}' | '\u{2029}')
+    c.is_control() || is_format(c) || is_invisible(c) || (c.is_whitespace() && c != ' ')
+}
+
+/// Unicode's format characters (general category Cf), bidi controls among them.
+fn is_format(c: char) -> bool {
+    matches!(c,
+        '\u{00ad}' | '\u{0600}'..='\u{0605}' | '\u{061c}' | '\u{06dd}' | '\u{070f}'
+        | '\u{0890}'..='\u{0891}' | '\u{08e2}' | '\u{180e}' | '\u{200b}'..='\u{200f}'
+        | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206f}'
+        | '\u{feff}' | '\u{fff9}'..='\u{fffb}' | '\u{110bd}' | '\u{110cd}'
+        | '\u{13430}'..='\u{1343f}' | '\u{1bca0}'..='\u{1bca3}' | '\u{1d173}'..='\u{1d17a}'
+        | '\u{e0001}' | '\u{e0020}'..='\u{e007f}')
+}
+
+/// Characters that are not format characters but still show as nothing: the combining
+/// grapheme joiner, Hangul fillers, variation selectors, the line and paragraph separators.
+fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{034f}' | '\u{115f}' | '\u{1160}' | '\u{3164}' | '\u{ffa0}' | '\u{2028}' | '\u{2029}'
+        | '\u{180b}'..='\u{180d}' | '\u{180f}' | '\u{fe00}'..='\u{fe0f}'
+        | '\u{e0100}'..='\u{e01ef}')
 }
 
 fn describe(c: char) -> String {
@@ -89,6 +106,15 @@ mod tests {
             ("a\u{85}", "U+0085"),
             ("evil\u{202e}txt", "U+202E"),
             ("x\u{2066}", "U+2066"),
+            ("demo\u{200b}", "U+200B"),
+            ("de\u{200d}mo", "U+200D"),
+            ("\u{feff}demo", "U+FEFF"),
+            ("demo\u{ad}", "U+00AD"),
+            ("demo\u{fe0f}", "U+FE0F"),
+            ("demo\u{3164}", "U+3164"),
+            ("a\u{a0}b", "U+00A0"),
+            ("a\u{3000}b", "U+3000"),
+            ("tag\u{e0041}", "U+E0041"),
             ("name ", "whitespace"),
             (" name", "whitespace"),
         ] {

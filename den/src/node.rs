@@ -383,6 +383,7 @@ impl Node {
                 serves: &serves,
                 room,
                 waiting_for_work,
+                interval: self.interval,
             })
             .await
     }

@@ -215,3 +215,68 @@ async fn node_maxthreads_is_set_cleared_and_validated() {
     drop(dci);
     db.drop().await;
 }
+
+/// A node whose loop interval is longer than the DCI's live window is live between two of
+/// its heartbeats: its document records the interval, `DELETE` refuses to forget it, and the
+/// `maxthreads` ops set on it stays.
+#[tokio::test]
+async fn a_node_with_a_long_loop_interval_is_not_forgotten_between_heartbeats() {
+    let db = TestDb::new("api_nodes_interval").await;
+    let config = write_config(&db, "node.json", json!({"loop_interval_ms": 30_000}));
+    let den = Den::start(&config, "slow");
+    let nodes = db.db.collection::<Document>("nodes");
+    wait_for("the DEN's first heartbeat", Duration::from_secs(20), || {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .count_documents(doc! {"node": "slow"})
+                .await
+                .unwrap_or(0)
+                == 1
+        }
+    })
+    .await;
+    let node = db.node("slow").await;
+    assert_eq!(
+        node.get("interval_ms"),
+        Some(&Bson::Int64(30_000)),
+        "{node}"
+    );
+    // 20 s since its last heartbeat: past the 15 s window, within its 30 s interval.
+    nodes
+        .update_one(
+            doc! {"node": "slow"},
+            doc! {"$set": {"maxthreads": 3_i64, "timestamp": DateTime::from_millis(DateTime::now().timestamp_millis() - 20_000)}},
+        )
+        .await
+        .expect("age the heartbeat");
+    let dci = Dci::start(&config);
+    let (status, list) = dci.get("/nodes").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list[0]["live"], true, "{list}");
+    let (status, body) = dci.send(Method::DELETE, "/nodes/slow", json!({})).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e
+            .contains("it is live (heartbeat within the last 90000 ms, 3 of its loop intervals)")),
+        "{body}"
+    );
+    assert_eq!(
+        db.node("slow").await.get("maxthreads"),
+        Some(&Bson::Int64(3)),
+        "the node and its maxthreads are kept"
+    );
+    // Past three of its intervals it is stale (stopped, so no heartbeat comes meanwhile).
+    drop(den);
+    nodes
+        .update_one(
+            doc! {"node": "slow"},
+            doc! {"$set": {"timestamp": DateTime::from_millis(DateTime::now().timestamp_millis() - 100_000)}},
+        )
+        .await
+        .expect("age the heartbeat more");
+    let (status, list) = dci.get("/nodes").await;
+    assert_eq!((status, &list[0]["live"]), (200, &json!(false)), "{list}");
+    drop(dci);
+    db.drop().await;
+}

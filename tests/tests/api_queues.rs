@@ -456,3 +456,121 @@ async fn a_queue_retry_requeues_the_chosen_statuses() {
     drop(dci);
     db.drop().await;
 }
+
+/// A retry of many status codes is one write per status group (these all count as failed:
+/// one write), not one per code; a list longer than the cap is refused before any write.
+// Multi-threaded: the proxy relays on this runtime while `Dci::start` blocks a thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_retry_of_many_codes_is_one_write_and_longer_lists_are_refused() {
+    use disbatch_tests::bench::proxy::{Counts, HostUri, Proxy};
+    let db = TestDb::new("api_queues_retry_many").await;
+    let server = HostUri::parse(&db.uri).expect("the test server's URI");
+    let proxy = Proxy::start(server.host.clone()).await.expect("the proxy");
+    let config = write_config(
+        &db,
+        "web.json",
+        json!({"mongohost": server.with_host(&proxy.addr.to_string())}),
+    );
+    let queue = db.insert_queue("q", "echo", 0).await;
+    let statuses = [2, 7, 300, 501, 1, 600];
+    let ids = db
+        .insert_tasks(
+            queue,
+            statuses.iter().map(|s| doc! {"s": *s}.into()).collect(),
+        )
+        .await;
+    for (id, s) in ids.iter().zip(statuses) {
+        db.set_task(*id, doc! {"status": s, "node": "n1"}).await;
+    }
+    let dci = Dci::start(&config);
+    let task_updates =
+        |c: &Counts| -> u64 { c.app.values().filter_map(|by| by.get("update tasks")).sum() };
+    let codes: Vec<i32> = (2..=501).collect();
+    let before = proxy.snapshot();
+    let (status, body) = dci.post("/queues/q/retry", json!({"status": codes})).await;
+    assert_eq!((status, body), (200, update_result(4, 4)));
+    let counted = proxy.snapshot().since(&before);
+    assert_eq!(
+        task_updates(&counted),
+        1,
+        "one write for {} codes: {:?}",
+        codes.len(),
+        counted.app
+    );
+    for (id, s) in ids.iter().zip(statuses) {
+        let now = db.task(*id).await.get_i32("status").expect("status");
+        let expected = if s == 1 || s == 600 { s } else { -2 };
+        assert_eq!(now, expected, "task with status {s}");
+    }
+
+    let too_many: Vec<i32> = (2..=1002).collect();
+    let before = proxy.snapshot();
+    let (status, body) = dci
+        .post("/queues/q/retry", json!({"status": too_many}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("status lists 1001 codes; at most 1000 are allowed")),
+        "{body}"
+    );
+    assert_eq!(task_updates(&proxy.snapshot().since(&before)), 0);
+    assert_eq!(db.task(ids[5]).await.get_i32("status").ok(), Some(600));
+    drop(dci);
+    db.drop().await;
+}
+
+/// Invisible characters (a zero-width space, a BOM, a no-break space) cannot make a queue
+/// name that looks like another, on create or on rename; a queue already stored with one
+/// stays readable and deletable.
+#[tokio::test]
+async fn queue_names_with_invisible_characters_are_refused_but_stored_ones_stay_usable() {
+    let db = TestDb::new("api_queues_invisible").await;
+    let config = write_config(&db, "web.json", json!({}));
+    db.insert_queue("demo", "echo", 0).await;
+    let stored = db.insert_queue("old\u{200b}", "echo", 0).await;
+    let dci = Dci::start(&config);
+    for (name, code) in [
+        ("demo\u{200b}", "U+200B"),
+        ("\u{feff}demo", "U+FEFF"),
+        ("de\u{a0}mo", "U+00A0"),
+        ("demo\u{2060}", "U+2060"),
+    ] {
+        let (status, body) = dci
+            .post("/queues", json!({"name": name, "plugin": "echo"}))
+            .await;
+        assert_eq!(status, 400, "{name:?}: {body}");
+        assert!(
+            body["error"].as_str().is_some_and(
+                |e| e.contains(code) && e.contains("invisible characters are not allowed")
+            ),
+            "{name:?}: {body}"
+        );
+        let (status, body) = dci.post("/queues/demo", json!({"name": name})).await;
+        assert_eq!(status, 400, "rename to {name:?}: {body}");
+    }
+    let (status, list) = dci.get("/queues").await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|q| q["name"].as_str())
+        .collect();
+    assert_eq!(names.len(), 2, "nothing was created: {names:?}");
+    let path = format!("/queues/{}", stored.to_hex());
+    let (status, body) = dci.get(&path).await;
+    assert_eq!(
+        (status, &body["name"]),
+        (200, &json!("old\u{200b}")),
+        "{body}"
+    );
+    let (status, body) = dci.send(Method::DELETE, &path, json!({})).await;
+    assert_eq!(
+        status, 200,
+        "a stored odd name can still be deleted: {body}"
+    );
+    drop(dci);
+    db.drop().await;
+}

@@ -17,6 +17,7 @@ mod attempts;
 mod balance_service;
 mod bench_smoke;
 mod beside_perl_claims;
+mod bounded_answers;
 mod chaining;
 mod chaos;
 mod check_config;

@@ -42,6 +42,7 @@ use crate::plugin::PluginTable;
 /// The shortest pass interval a DEN accepts: faster passes only load the database.
 pub const MIN_LOOP_INTERVAL: Duration = Duration::from_millis(100);
 pub const DEFAULT_LOOP_INTERVAL: Duration = Duration::from_secs(1);
+pub const MAX_LOOP_INTERVAL: Duration = Duration::from_secs(60);
 /// A node silent this long is taken for dead: its lease-less (Perl) claims are recovered.
 pub const DEFAULT_DEAD_NODE_AFTER: Duration = Duration::from_secs(5 * 60);
 pub const MIN_DEAD_NODE_AFTER: Duration = Duration::from_secs(10);

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::perl_bool::{self, PerlBool};
 use super::{
     BalanceSettings, Config, WebSettings, DEFAULT_COUNTS_RECONCILE, DEFAULT_DEAD_NODE_AFTER,
-    DEFAULT_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
+    DEFAULT_LOOP_INTERVAL, MAX_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
 };
 use crate::output::GfsMode;
 use crate::plugin::PluginTable;
@@ -438,8 +438,9 @@ fn loop_interval(ms: Option<u64>) -> Result<Duration, String> {
             "key `loop_interval_ms`: {ms} is below the minimum of {} ms",
             MIN_LOOP_INTERVAL.as_millis()
         )),
-        Some(ms) if ms > 60_000 => Err(format!(
-            "key `loop_interval_ms`: {ms} is above the maximum of 60000 ms"
+        Some(ms) if ms > MAX_LOOP_INTERVAL.as_millis() as u64 => Err(format!(
+            "key `loop_interval_ms`: {ms} is above the maximum of {} ms",
+            MAX_LOOP_INTERVAL.as_millis()
         )),
         Some(ms) => Ok(Duration::from_millis(ms)),
     }

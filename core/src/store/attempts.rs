@@ -3,9 +3,14 @@
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
+use super::decode::DocumentStream;
 use super::schema::{attempt, ATTEMPTS};
 use super::Store;
 use crate::error::{Error, Result};
+
+/// Attempt records per batch of a listing: the fields listed are small, but a hand-edited
+/// record's may not be.
+const ATTEMPTS_BATCH: u32 = 100;
 
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,26 +82,40 @@ impl Store {
         Ok(found.and_then(|d| d.get_str(attempt::OUTCOME).ok().map(str::to_string)))
     }
 
-    /// A task's newest `limit` attempts, oldest first (index `{task, start}`, read backwards),
-    /// and whether older ones were left out.
+    /// A task's newest `limit` attempts, oldest first, with only the `fields` asked for (an
+    /// attempt's plugin result may be 16 MiB: a listing must not read it), one at a time as
+    /// the caller takes them; and whether older ones were left out. Counted first (index
+    /// `{task, start}`), so the answer's header can say so before the first record is sent.
     pub async fn recent_attempts(
         &self,
         task: ObjectId,
         limit: usize,
-    ) -> Result<(Vec<Document>, bool)> {
+        fields: &[&str],
+    ) -> Result<(DocumentStream, bool)> {
         let context = format!("listing attempts of task {task}");
-        let cursor = self
-            .raw(ATTEMPTS)
-            .find(doc! {attempt::TASK: task})
-            .sort(doc! {attempt::START: -1})
-            .limit(i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1))
+        let filter = doc! {attempt::TASK: task};
+        let total = self
+            .collection(ATTEMPTS)
+            .count_documents(filter.clone())
             .await
             .map_err(|e| Error::mongo(context.clone(), e))?;
-        let mut found = self.read_all(ATTEMPTS, cursor, &context).await?;
-        let more = found.len() > limit;
-        found.truncate(limit);
-        found.reverse();
-        Ok((found, more))
+        let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+        let older = total.saturating_sub(limit);
+        let projection: Document = fields
+            .iter()
+            .map(|f| (f.to_string(), Bson::Int32(1)))
+            .collect();
+        let cursor = self
+            .raw(ATTEMPTS)
+            .find(filter)
+            .sort(doc! {attempt::START: 1, attempt::ID: 1})
+            .skip(older)
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .projection(projection)
+            .batch_size(ATTEMPTS_BATCH)
+            .await
+            .map_err(|e| Error::mongo(context.clone(), e))?;
+        Ok((self.decoded_stream(ATTEMPTS, cursor, context), older > 0))
     }
 
     /// A task's attempts, oldest first.

@@ -17,6 +17,10 @@ use crate::raw_doc;
 /// logged again, so memory stays bounded whatever a collection holds.
 const MAX_REMEMBERED: usize = 10_000;
 
+/// Documents one at a time, as a streamed read yields them.
+pub type DocumentStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<Document>> + Send + 'static>>;
+
 /// Why a document was left out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SkipReason {
@@ -148,6 +152,25 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// A cursor's documents one at a time as the caller takes them (memory bounded by the
+    /// driver's batch); undecodable ones are reported and left out, as in `read_all`.
+    pub(super) fn decoded_stream(
+        &self,
+        collection: &'static str,
+        cursor: Cursor<RawDocumentBuf>,
+        context: String,
+    ) -> DocumentStream {
+        let store = self.clone();
+        let docs = futures::StreamExt::filter_map(cursor, move |raw| {
+            let decoded = match raw {
+                Ok(raw) => store.decode_or_skip(collection, &raw).map(Ok),
+                Err(e) => Some(Err(Error::mongo(context.clone(), e))),
+            };
+            std::future::ready(decoded)
+        });
+        Box::pin(docs)
     }
 
     /// The document, or None after reporting it as undecodable.

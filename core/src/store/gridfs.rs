@@ -146,19 +146,48 @@ impl Store {
             let Some(c) = self.decode_one(CHUNKS, Some(raw))? else {
                 continue;
             };
-            match c.get(chunk::DATA) {
-                Some(Bson::String(s)) => out.extend_from_slice(s.as_bytes()),
-                Some(Bson::Binary(b)) => out.extend_from_slice(&b.bytes),
-                other => {
-                    return Err(Error::BadDocument {
-                        collection: CHUNKS,
-                        id: format!("{:?}", c.get("_id")),
-                        message: format!("chunk data is neither a string nor binary: {other:?}"),
-                    })
-                }
-            }
+            out.extend_from_slice(chunk_data(&c)?);
         }
         Ok(out)
+    }
+
+    /// The first `max_bytes` of an output file (the first chunks only are read), and whether
+    /// it holds more. Chunks as `read_output_file` takes them.
+    pub async fn read_output_prefix(
+        &self,
+        id: ObjectId,
+        max_bytes: usize,
+    ) -> Result<(Vec<u8>, bool)> {
+        let context = || format!("reading GridFS file {id}");
+        // Small batches: a reader that stops early must not have fetched 16 MiB of chunks.
+        let batch = u32::try_from(max_bytes / CHUNK_SIZE + 2).unwrap_or(u32::MAX);
+        let mut cursor = self
+            .raw(CHUNKS)
+            .find(doc! {chunk::FILES_ID: id})
+            .sort(doc! {chunk::N: 1})
+            .batch_size(batch)
+            .await
+            .map_err(|e| Error::mongo(context(), e))?;
+        let mut out = Vec::new();
+        while let Some(raw) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo(context(), e))?
+        {
+            if out.len() >= max_bytes {
+                return Ok((out, true));
+            }
+            let Some(c) = self.decode_one(CHUNKS, Some(raw))? else {
+                continue;
+            };
+            let data = chunk_data(&c)?;
+            let room = max_bytes - out.len();
+            out.extend_from_slice(&data[..data.len().min(room)]);
+            if data.len() > room {
+                return Ok((out, true));
+            }
+        }
+        Ok((out, false))
     }
 
     /// Describes the first chunk of an output file that holds neither text nor binary data
@@ -194,6 +223,19 @@ impl Store {
             .await
             .map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
         self.decode_one(FILES, found)
+    }
+}
+
+/// A chunk's bytes: string chunks (Disbatch) or binary ones (any standard GridFS writer).
+fn chunk_data(c: &Document) -> Result<&[u8]> {
+    match c.get(chunk::DATA) {
+        Some(Bson::String(s)) => Ok(s.as_bytes()),
+        Some(Bson::Binary(b)) => Ok(&b.bytes),
+        other => Err(Error::BadDocument {
+            collection: CHUNKS,
+            id: format!("{:?}", c.get("_id")),
+            message: format!("chunk data is neither a string nor binary: {other:?}"),
+        }),
     }
 }
 

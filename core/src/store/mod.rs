@@ -44,7 +44,7 @@ use mongodb::{Client, Collection, Database};
 
 pub use attempts::{AttemptEnd, AttemptRecord};
 pub use claim_batch::{claim_key, Candidates, ClaimWindow, Pick, PickOutcome};
-pub use decode::{SkipHook, SkipLedger, SkipReason};
+pub use decode::{DocumentStream, SkipHook, SkipLedger, SkipReason};
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};

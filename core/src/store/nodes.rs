@@ -26,6 +26,8 @@ pub struct Heartbeat<'a> {
     /// Its last claim pass ran short of tasks, or it runs nothing: it starts new work on the
     /// leader's marks.
     pub waiting_for_work: bool,
+    /// Its loop interval: the time between two heartbeats.
+    pub interval: std::time::Duration,
 }
 
 /// A node that heartbeat lately, with the queues it serves and its room.
@@ -86,6 +88,7 @@ impl Store {
                         node::SERVES_AT: DateTime::now(),
                         node::ROOM: beat.room.map_or(bson::Bson::Null, |r| bson::Bson::Int64(r.into())),
                         node::WAITING_FOR_WORK: beat.waiting_for_work,
+                        node::INTERVAL_MS: i64::try_from(beat.interval.as_millis()).unwrap_or(i64::MAX),
                     },
                     "$unset": {node::WORK_SIGNALLED_AT: ""},
                 },

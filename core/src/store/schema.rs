@@ -163,6 +163,9 @@ pub mod node {
     pub const NODE: &str = "node";
     pub const TIMESTAMP: &str = "timestamp";
     pub const MAXTHREADS: &str = "maxthreads";
+    /// Ours: the node's loop interval in milliseconds, how often it heartbeats; a reader
+    /// judges the node alive by it (a node with a long interval is not dead between beats).
+    pub const INTERVAL_MS: &str = "interval_ms";
     /// Ours, informational: what the DEN reports about itself on each heartbeat.
     pub const PID: &str = "pid";
     pub const VERSION: &str = "version";

@@ -6,9 +6,14 @@ use std::collections::BTreeMap;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
+use super::decode::DocumentStream;
 use super::schema::{attempt, stats, ATTEMPTS, STATS_MINUTELY};
 use super::Store;
 use crate::error::{Error, Result};
+
+/// Buckets per batch of a read: a bucket holds a line per node, and a week of them must not
+/// sit in memory at once (the server's own batches reach 16 MiB).
+const STATS_BATCH: u32 = 256;
 
 /// What the statistics need of one ended attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -258,32 +263,59 @@ impl Store {
         Ok(())
     }
 
-    /// Buckets from `from_ms` on, of one queue or of all (`None`: every queue's and the
-    /// fleet's), oldest first; at most `limit`, the newest kept when there are more. Returns
-    /// whether some were left out.
-    pub async fn read_stats(
+    /// Buckets of minutes `[from_ms, to_ms]` (`to_ms` None: to now), of one queue or of all
+    /// (`None`: every queue's and the fleet's), newest minute first or oldest first, at most
+    /// `limit` (0: no limit), one at a time as the caller takes them, with the fields the API
+    /// shows only.
+    pub async fn stream_stats(
         &self,
-        from_ms: i64,
+        minutes: (i64, Option<i64>),
         queue: Option<ObjectId>,
-        limit: usize,
-    ) -> Result<(Vec<Document>, bool)> {
-        let mut filter = doc! {stats::MINUTE: {"$gte": DateTime::from_millis(from_ms)}};
+        newest_first: bool,
+        limit: i64,
+    ) -> Result<DocumentStream> {
+        let (from_ms, to_ms) = minutes;
+        let mut range = doc! {"$gte": DateTime::from_millis(from_ms)};
+        if let Some(to) = to_ms {
+            range.insert("$lte", DateTime::from_millis(to));
+        }
+        let mut filter = doc! {stats::MINUTE: range};
         if let Some(q) = queue {
             filter.insert(stats::QUEUE, q);
+        }
+        // The answer's order, oldest minute first, is the reverse of the newest-first one.
+        let order = if newest_first { (-1, 1) } else { (1, -1) };
+        let node = |f: &str| format!("{}.{f}", stats::NODES);
+        let mut projection: Document = [
+            stats::MINUTE,
+            stats::QUEUE,
+            stats::SUCCEEDED,
+            stats::FAILED,
+            stats::LOST,
+            stats::CANCELLED,
+            stats::OTHER,
+            stats::QUEUED,
+            stats::RUNNING,
+            stats::MEAN_MS,
+            stats::P95_MS,
+        ]
+        .iter()
+        .map(|f| (f.to_string(), Bson::Int32(1)))
+        .collect();
+        for f in [stats::NODE, stats::SUCCEEDED, stats::FAILED, stats::LOST] {
+            projection.insert(node(f), 1);
         }
         let context = "reading statistics";
         let cursor = self
             .raw(STATS_MINUTELY)
             .find(filter)
-            .sort(doc! {stats::MINUTE: -1, stats::QUEUE: 1})
-            .limit(i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1))
+            .sort(doc! {stats::MINUTE: order.0, stats::QUEUE: order.1})
+            .projection(projection)
+            .limit(limit)
+            .batch_size(STATS_BATCH)
             .await
             .map_err(|e| Error::mongo(context, e))?;
-        let mut docs = self.read_all(STATS_MINUTELY, cursor, context).await?;
-        let cut = docs.len() > limit;
-        docs.truncate(limit);
-        docs.reverse();
-        Ok((docs, cut))
+        Ok(self.decoded_stream(STATS_MINUTELY, cursor, context.to_string()))
     }
 }
 

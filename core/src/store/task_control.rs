@@ -65,23 +65,32 @@ impl Store {
             .await
     }
 
-    /// Requeues every task of `queue` whose status is one of `statuses`.
+    /// Requeues every task of `queue` whose status is one of `statuses`: one write per
+    /// status group they fall in (at most five: succeeded, failed, terminated, cancelled,
+    /// orphaned), so each write's count says which group its tasks left.
     pub async fn retry_queue(&self, queue: ObjectId, statuses: &[i32]) -> Result<WriteCounts> {
-        // One write per status, so each one's count says which group its tasks left.
+        let mut by_group: Vec<(StatusGroup, Vec<i32>)> = Vec::new();
+        for s in statuses {
+            let group = super::group_of(*s);
+            match by_group.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, codes)) if codes.contains(s) => {}
+                Some((_, codes)) => codes.push(*s),
+                None => by_group.push((group, vec![*s])),
+            }
+        }
         let mut total = WriteCounts::default();
-        let mut seen = std::collections::HashSet::new();
-        for s in statuses.iter().filter(|s| seen.insert(**s)) {
+        for (group, codes) in by_group {
             let r = self
                 .collection(TASKS)
                 .update_many(
-                    doc! {task::QUEUE: queue, task::STATUS: *s},
+                    doc! {task::QUEUE: queue, task::STATUS: {"$in": codes}},
                     requeue_update(),
                 )
                 .await
                 .map_err(|e| Error::mongo(format!("retrying tasks of queue {queue}"), e))?;
             let moved = super::Moved {
                 n: r.modified_count,
-                ..super::Moved::new(queue, Some(super::group_of(*s)), Some(StatusGroup::Queued))
+                ..super::Moved::new(queue, Some(group), Some(StatusGroup::Queued))
             };
             self.count_moves(&[moved]).await;
             total.matched += r.matched_count;

@@ -4,9 +4,11 @@
 use axum::response::Response;
 use bson::Document;
 use disbatch_core::store::schema::attempt;
+use futures::StreamExt;
 use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ApiResult};
+use crate::json_stream;
 use crate::namespace::Ns;
 use crate::path::Path;
 use crate::render::{self, json_response, Dates};
@@ -32,14 +34,27 @@ const FIELDS: [&str; 12] = [
     attempt::REASON,
 ];
 
+/// Streamed, with only `FIELDS` read from the database: each record may hold a 16 MiB
+/// plugin result, which this listing does not show.
 pub async fn list(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
     let oid = object_id("task", &id)?;
     if !state.store.task_exists(oid).await? {
         return Err(ApiError::not_found(format!("no task with id {id}")));
     }
-    let (records, truncated) = state.store.recent_attempts(oid, MAX_ATTEMPTS).await?;
-    let rows: Vec<Value> = records.iter().map(attempt_json).collect();
-    let mut response = json_response(&Value::Array(rows), false);
+    let (mut records, truncated) = state
+        .store
+        .recent_attempts(oid, MAX_ATTEMPTS, &FIELDS)
+        .await?;
+    // The first record is read before answering, so a failed read is still an error status.
+    let mut response = match records.next().await.transpose()? {
+        None => json_response(&Value::Array(Vec::new()), false),
+        Some(first) => {
+            let rows = futures::stream::once(std::future::ready(Ok(first)))
+                .chain(records)
+                .map(|d| d.map(|d| attempt_json(&d)).map_err(ApiError::from));
+            json_stream::array_response(rows, false)
+        }
+    };
     if truncated {
         response.headers_mut().insert(
             axum::http::HeaderName::from_static("x-attempts-truncated"),

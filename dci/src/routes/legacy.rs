@@ -4,6 +4,7 @@ use axum::response::Response;
 use bson::{Bson, Document};
 use serde_json::{json, Map, Value};
 
+use super::full_output;
 use super::nodes::non_negative;
 use super::tasks_create::{create_from, resolve_queue};
 use super::tasks_search::task_json;
@@ -73,8 +74,9 @@ pub async fn search(Ns(state): Ns, params: Params) -> ApiResult<Response> {
     };
     let docs = state.store.find_tasks(filter, None, skip, limit).await?;
     let mut out = Vec::with_capacity(docs.len());
+    let budget = full_output::Budget::default();
     for d in docs {
-        out.push(task_json(&state, d, &o).await?);
+        out.push(task_json(&state, d, &o, &budget).await?);
     }
     Ok(json_response(&Value::Array(out), flag("pretty", false)))
 }

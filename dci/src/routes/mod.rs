@@ -2,6 +2,7 @@
 
 mod attempts;
 mod balance;
+mod full_output;
 mod health;
 mod info;
 mod legacy;

@@ -1,7 +1,10 @@
 //! `/nodes`: node documents with live running counts, and ops' `maxthreads`.
 
+use std::time::Duration;
+
 use axum::response::Response;
 use bson::{Bson, Document};
+use disbatch_core::config::MAX_LOOP_INTERVAL;
 use disbatch_core::store::schema::node as field;
 use disbatch_core::store::WriteCounts;
 use serde_json::{json, Value};
@@ -14,7 +17,7 @@ use crate::path::Path;
 use crate::render::{self, json_response, Dates};
 use crate::state::AppState;
 
-fn node_json(d: &Document, running: u64, live_window_ms: i64) -> Value {
+fn node_json(d: &Document, running: u64, web_window: Duration) -> Value {
     let mut v = render::document(d, Dates::Text);
     let ts = d.get_datetime("timestamp").ok().copied();
     if let Value::Object(map) = &mut v {
@@ -24,7 +27,7 @@ fn node_json(d: &Document, running: u64, live_window_ms: i64) -> Value {
         if let Some(ts) = ts {
             map.insert("timestamp".into(), render::date(ts, Dates::Millis));
         }
-        map.insert("live".into(), Value::Bool(is_live(d, live_window_ms)));
+        map.insert("live".into(), Value::Bool(is_live(d, web_window)));
         map.insert("running".into(), Value::from(running));
         // Keep the key order canonical after the inserts.
         map.sort_keys();
@@ -32,21 +35,39 @@ fn node_json(d: &Document, running: u64, live_window_ms: i64) -> Value {
     v
 }
 
-/// Whether a node heartbeated within the window: what `live` says and `DELETE` refuses on.
-fn is_live(d: &Document, live_window_ms: i64) -> bool {
+/// A node is live while its last heartbeat is younger than the longer of
+/// `web.live_window_ms` and this many of its own loop intervals, as its document records
+/// them: a node whose interval exceeds the window is not dead between two beats.
+const LIVE_INTERVALS: u32 = 3;
+
+/// How long after its last heartbeat node `d` still counts as live: `web_window`, or more for
+/// a node that says it heartbeats less often (read up to the longest interval a node may have).
+fn live_window(d: &Document, web_window: Duration) -> Duration {
+    let interval_ms = match d.get(field::INTERVAL_MS) {
+        Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
+        _ => 0,
+    };
+    let interval = Duration::from_millis(interval_ms).min(MAX_LOOP_INTERVAL);
+    web_window.max(interval * LIVE_INTERVALS)
+}
+
+/// Whether a node heartbeated within its live window: what `live` says and `DELETE` refuses on.
+fn is_live(d: &Document, web_window: Duration) -> bool {
+    let window = i64::try_from(live_window(d, web_window).as_millis()).unwrap_or(i64::MAX);
     // Saturating: ops can store any date, even i64::MIN milliseconds.
     let age = d.get_datetime(field::TIMESTAMP).ok().map(|t| {
         bson::DateTime::now()
             .timestamp_millis()
             .saturating_sub(t.timestamp_millis())
     });
-    age.is_some_and(|a| a <= live_window_ms)
+    age.is_some_and(|a| a <= window)
 }
 
 pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
     let (nodes, running) =
         futures::try_join!(state.store.list_nodes(), state.store.running_per_node())?;
-    let window = state.config.web.live_window.as_millis() as i64;
+    let window = state.config.web.live_window;
     let out: Vec<Value> = nodes
         .iter()
         .map(|d| {
@@ -69,7 +90,7 @@ pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response
     let d = find(&state, &ident).await?;
     let name = d.get_str("node").unwrap_or_default().to_string();
     let running = state.store.running_per_node().await?;
-    let window = state.config.web.live_window.as_millis() as i64;
+    let window = state.config.web.live_window;
     Ok(json_response(
         &node_json(&d, running.get(&name).copied().unwrap_or(0), window),
         false,
@@ -109,13 +130,14 @@ pub async fn set_maxthreads(
 }
 
 /// `DELETE /nodes/:node`: forgets a stale node's document. Refused (409) for a node that is
-/// live by the same test as `GET /nodes` (a heartbeat within `web.live_window_ms`), and for a
-/// node that still holds claimed or running tasks: recovery finds a dead node's lease-less
-/// tasks through its document, so forgetting it would strand them.
+/// live by the same test as `GET /nodes` (a heartbeat within `web.live_window_ms`, or within
+/// three of its own loop intervals when longer), and for a node that still holds claimed or
+/// running tasks: recovery finds a dead node's lease-less tasks through its document, so
+/// forgetting it would strand them.
 pub async fn forget(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let node = find(&state, &ident).await?;
     let name = node.get_str(field::NODE).unwrap_or_default().to_string();
-    let window = state.config.web.live_window;
+    let window = live_window(&node, state.config.web.live_window);
     let id = node
         .get_object_id(field::ID)
         .map_err(|_| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
@@ -124,13 +146,18 @@ pub async fn forget(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Respo
             "node {ident} was not forgotten: {why}"
         )))
     };
+    let source = if window > state.config.web.live_window {
+        format!("{LIVE_INTERVALS} of its loop intervals")
+    } else {
+        "web.live_window_ms".to_string()
+    };
     let live = |why: &str| {
         format!(
-            "it is live (heartbeat within the last {} ms, web.live_window_ms{why})",
+            "it is live (heartbeat within the last {} ms, {source}{why})",
             window.as_millis()
         )
     };
-    if is_live(&node, window.as_millis() as i64) {
+    if is_live(&node, state.config.web.live_window) {
         return refuse(live(""));
     }
     let held = state.store.tasks_held_by(&name).await?;

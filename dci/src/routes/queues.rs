@@ -241,6 +241,9 @@ pub async fn resume(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Respo
     Ok(json_response(&envelope::update(&counts), false))
 }
 
+/// The most status codes one retry may list.
+pub const MAX_RETRY_STATUSES: usize = 1000;
+
 /// `POST /queues/:queue/retry {"status": [codes]}`: requeue a queue's failed/orphaned tasks;
 /// `{"status": "failed"}` requeues every failed one, status 2 and the codes above it.
 pub async fn retry(
@@ -256,6 +259,12 @@ pub async fn retry(
     }
     let statuses: Vec<i32> = match p.get("status") {
         None => vec![2, -6],
+        Some(Value::Array(items)) if items.len() > MAX_RETRY_STATUSES => {
+            return Err(ApiError::bad_request(format!(
+                "status lists {} codes; at most {MAX_RETRY_STATUSES} are allowed (\"failed\" retries every failure code)",
+                items.len()
+            )))
+        }
         Some(Value::Array(items)) => items
             .iter()
             .map(status_code)

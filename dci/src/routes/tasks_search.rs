@@ -5,6 +5,7 @@ use bson::{Bson, Document};
 use disbatch_core::store::QueryError;
 use serde_json::{json, Value};
 
+use super::full_output;
 use super::tasks_create::resolve_queue;
 use futures::StreamExt;
 
@@ -71,21 +72,33 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
         return Ok(json_response(&empty, o.pretty));
     };
     if limit == 1 {
-        return Ok(json_response(&task_json(&state, first, o).await?, o.pretty));
+        let budget = full_output::Budget::default();
+        return Ok(json_response(
+            &task_json(&state, first, o, &budget).await?,
+            o.pretty,
+        ));
     }
     let options = o.clone();
     let pretty = o.pretty;
+    let budget = full_output::Budget::default();
     let items = futures::stream::once(std::future::ready(Ok(first)))
         .chain(docs)
         .then(move |d| {
-            let (state, options) = (state.clone(), options.clone());
-            async move { task_json(&state, d?, &options).await }
+            let (state, options, budget) = (state.clone(), options.clone(), budget.clone());
+            async move { task_json(&state, d?, &options, &budget).await }
         });
     Ok(json_stream::array_response(items, pretty))
 }
 
-/// One task with `.terse`, `.full` and `.epoch` applied.
-pub async fn task_json(state: &AppState, mut d: Document, o: &Options) -> ApiResult<Value> {
+/// One task with `.terse`, `.full` and `.epoch` applied; `.full` outputs take from `budget`,
+/// the answer's.
+pub async fn task_json(
+    state: &AppState,
+    mut d: Document,
+    o: &Options,
+    budget: &full_output::Budget,
+) -> ApiResult<Value> {
+    let task = d.get_object_id("_id").ok();
     for field in ["stdout", "stderr"] {
         match d.get(field) {
             // Perl's truth: "" and "0" are false, so Disbatch left them as they were.
@@ -94,8 +107,8 @@ pub async fn task_json(state: &AppState, mut d: Document, o: &Options) -> ApiRes
             }
             Some(Bson::ObjectId(id)) if o.full => {
                 // One corrupt file must not fail a whole search: its field says why instead.
-                let text = match state.store.read_output_file(*id).await {
-                    Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                let text = match full_output::text(state, task, field, *id, budget).await {
+                    Ok(text) => text,
                     Err(e @ disbatch_core::Error::BadDocument { .. }) => {
                         tracing::warn!(file = %id, error = %e, "unreadable task output");
                         format!("[unreadable output: {e}]")
