@@ -74,10 +74,8 @@ fn runtime_dir() -> std::io::Result<PathBuf> {
         None => {
             let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
                 Some(base) => PathBuf::from(base).join("disbatchd"),
-                None => std::env::temp_dir().join(format!(
-                    "disbatchd-{}",
-                    nix::unistd::geteuid().as_raw()
-                )),
+                None => std::env::temp_dir()
+                    .join(format!("disbatchd-{}", nix::unistd::geteuid().as_raw())),
             };
             match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
@@ -116,8 +114,12 @@ fn remove_stale_copies(runtime: &Path) {
             continue;
         }
         match std::fs::remove_dir_all(entry.path()) {
-            Ok(()) => tracing::info!(path = %entry.path().display(), "removed the runners' config copy of a node no longer running"),
-            Err(e) => tracing::warn!(path = %entry.path().display(), error = %e, "could not remove the runners' config copy of a node no longer running"),
+            Ok(()) => {
+                tracing::info!(path = %entry.path().display(), "removed the runners' config copy of a node no longer running")
+            }
+            Err(e) => {
+                tracing::warn!(path = %entry.path().display(), error = %e, "could not remove the runners' config copy of a node no longer running")
+            }
         }
     }
 }

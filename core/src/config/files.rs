@@ -155,7 +155,10 @@ mod tests {
         let zero = dir.path().join("zero");
         std::os::unix::fs::symlink("/dev/zero", &zero).expect("symlink");
         let refused = read_capped(&zero, 10).expect_err("a device");
-        assert!(refused.to_string().contains("character device"), "{refused}");
+        assert!(
+            refused.to_string().contains("character device"),
+            "{refused}"
+        );
         let big = dir.path().join("big");
         std::fs::write(&big, "x".repeat(11)).expect("write");
         let refused = read_capped(&big, 10).expect_err("too big");

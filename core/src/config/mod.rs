@@ -32,7 +32,9 @@ use std::time::Duration;
 pub use attributes::TlsSettings;
 pub use changes::{changed_keys, keep_keys};
 pub use driver_options::DriverOptions;
-pub use files::{exposed_secret_files, read_capped, token_files, MAX_CONFIG_BYTES, MAX_SECRET_BYTES};
+pub use files::{
+    exposed_secret_files, read_capped, token_files, MAX_CONFIG_BYTES, MAX_SECRET_BYTES,
+};
 pub use perl_bool::{perl_bool, PerlBool};
 pub use plugin_user::PluginUser;
 pub use web_http::{is_ip_literal, normal_host, split_host_port, WebOrigin};

@@ -447,10 +447,16 @@ fn a_password_of_the_wrong_type_is_refused_without_quoting_it() {
         for shown in ["12345678", "1234.5678", "true", "Listed-Pw-77"] {
             assert!(!e.contains(shown), "{shown} in {e}");
         }
-        let problems = Config::check_value(Path::new("/c.json"), serde_json::from_str(&text).expect("json"))
-            .expect_err("refused")
-            .join("; ");
-        assert!(!problems.contains("12345678") && !problems.contains("Listed-Pw-77"), "{problems}");
+        let problems = Config::check_value(
+            Path::new("/c.json"),
+            serde_json::from_str(&text).expect("json"),
+        )
+        .expect_err("refused")
+        .join("; ");
+        assert!(
+            !problems.contains("12345678") && !problems.contains("Listed-Pw-77"),
+            "{problems}"
+        );
     }
     let e = error_of(r#"{"mongohost": 12345678, "database": "d"}"#);
     assert!(e.contains("`mongohost`") && !e.contains("12345678"), "{e}");
