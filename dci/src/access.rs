@@ -16,7 +16,22 @@ use crate::error::{ApiError, ApiResult};
 /// The configured tokens, kept only as digests: equal-length values to compare in constant time.
 /// A config reload replaces them whole; a request checks against one set or the other.
 pub struct Access {
-    tokens: RwLock<Arc<Vec<Known>>>,
+    tokens: RwLock<Arc<Tokens>>,
+}
+
+struct Tokens {
+    known: Vec<Known>,
+    /// No tokens were configured. Tokens all revoked leave the API closed, not open.
+    open: bool,
+}
+
+impl Tokens {
+    fn configured(tokens: &[WebToken]) -> Tokens {
+        Tokens {
+            known: known(tokens),
+            open: tokens.is_empty(),
+        }
+    }
 }
 
 struct Known {
@@ -54,18 +69,38 @@ fn digest(text: &str) -> [u8; 32] {
 impl Access {
     pub fn new(tokens: &[WebToken]) -> Self {
         Access {
-            tokens: RwLock::new(Arc::new(known(tokens))),
+            tokens: RwLock::new(Arc::new(Tokens::configured(tokens))),
         }
     }
 
     /// Takes the tokens of a reloaded config; requests from now on are checked against them.
     pub fn replace(&self, tokens: &[WebToken]) {
-        let new = Arc::new(known(tokens));
+        let new = Arc::new(Tokens::configured(tokens));
         // A poisoned lock still holds a whole Vec: a panic cannot leave it half written.
         *self.tokens.write().unwrap_or_else(|p| p.into_inner()) = new;
     }
 
-    fn current(&self) -> Arc<Vec<Known>> {
+    /// Stops accepting the tokens named; the others stay. With none left the API is closed
+    /// to all, never open.
+    pub fn revoke(&self, names: &[&str]) {
+        let mut tokens = self.tokens.write().unwrap_or_else(|p| p.into_inner());
+        let known = tokens
+            .known
+            .iter()
+            .filter(|k| !names.contains(&&*k.name))
+            .map(|k| Known {
+                name: k.name.clone(),
+                role: k.role,
+                digest: k.digest,
+            })
+            .collect();
+        *tokens = Arc::new(Tokens {
+            known,
+            open: tokens.open,
+        });
+    }
+
+    fn current(&self) -> Arc<Tokens> {
         self.tokens
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -73,13 +108,13 @@ impl Access {
     }
 
     pub fn is_open(&self) -> bool {
-        self.current().is_empty()
+        self.current().open
     }
 
     /// The caller a request's `Authorization` header names, or why there is none.
     fn identify(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
         let tokens = self.current();
-        if tokens.is_empty() {
+        if tokens.open {
             return Ok(Caller::Open);
         }
         let Some(header) = headers.get(AUTHORIZATION) else {
@@ -97,7 +132,7 @@ impl Access {
         let presented = digest(presented);
         // Every entry is compared, so the time taken does not tell which one (if any) matched.
         let mut found = None;
-        for known in tokens.iter() {
+        for known in tokens.known.iter() {
             if bool::from(known.digest.ct_eq(&presented)) {
                 found = Some(known);
             }

@@ -57,6 +57,9 @@ async fn serve() -> anyhow::Result<()> {
     for warning in &started.loaded.warnings {
         tracing::warn!(config = %args.config.display(), "{warning}");
     }
+    for warning in disbatch_core::config::exposed_secret_files(&args.config, &started.value) {
+        tracing::warn!("{warning}");
+    }
     let config = started.loaded.config;
     // Every connection holds a descriptor: 512 of them (web.max_connections' default) would
     // leave a 1024 soft limit little for the database pool, GridFS reads and the rest.

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use disbatch_core::config::reload::reread;
-use disbatch_core::config::{keep_keys, WebToken};
+use disbatch_core::config::{keep_keys, read_capped, token_files, WebToken, MAX_SECRET_BYTES};
 use disbatch_core::logging::Logging;
 
 use crate::access::Access;
@@ -39,6 +39,8 @@ pub struct Reloader {
     tokens: Vec<WebToken>,
     access: Arc<Access>,
     logging: Logging,
+    /// Tokens were revoked since the last reload applied: the next one sets them all anew.
+    revoked: bool,
 }
 
 impl Reloader {
@@ -55,6 +57,7 @@ impl Reloader {
             tokens,
             access,
             logging,
+            revoked: false,
         }
     }
 
@@ -64,10 +67,49 @@ impl Reloader {
         disbatch_core::config::reload::reload_on_hangup(&path, hangups, || self.reload()).await;
     }
 
-    /// Reads the file again; applies it whole or, when it is not valid, not at all.
+    /// Reads the file again; applies it whole or, when it is not valid, not at all. Either
+    /// way a token whose `token_file` is gone or holds another token no longer opens the API:
+    /// deleting the file revokes the token even while the config is refused for it.
     pub fn reload(&mut self) -> Result<(), String> {
+        let outcome = self.apply();
+        if outcome.is_err() {
+            self.revoke_lost_token_files();
+        }
+        outcome
+    }
+
+    fn revoke_lost_token_files(&mut self) {
+        let mut lost: Vec<String> = Vec::new();
+        for (name, file) in token_files(&self.path, &self.accepted) {
+            let Some(token) = self.tokens.iter().find(|t| t.name == name) else {
+                continue;
+            };
+            let problem = match read_capped(&file, MAX_SECRET_BYTES) {
+                Err(e) => format!("cannot be read: {e}"),
+                Ok(text) if text.trim() != token.secret() => "holds another token".to_string(),
+                Ok(_) => continue,
+            };
+            tracing::warn!(
+                token = %name,
+                file = %file.display(),
+                "web token {name:?} revoked: its token_file {} {problem}",
+                file.display()
+            );
+            lost.push(name);
+        }
+        if lost.is_empty() {
+            return;
+        }
+        let names: Vec<&str> = lost.iter().map(String::as_str).collect();
+        self.access.revoke(&names);
+        self.tokens.retain(|t| !lost.contains(&t.name));
+        self.revoked = true;
+    }
+
+    fn apply(&mut self) -> Result<(), String> {
         let (value, written, mut changed) = reread(&self.path, &self.accepted)?;
-        if written.config.web.tokens != self.tokens && !changed.iter().any(|k| k == "web.tokens") {
+        let tokens_differ = written.config.web.tokens != self.tokens || self.revoked;
+        if tokens_differ && !changed.iter().any(|k| k == "web.tokens") {
             changed.push("web.tokens".to_string());
         }
         let (applied, other): (Vec<String>, Vec<String>) = changed
@@ -92,6 +134,7 @@ impl Reloader {
                 tracing::warn!("the reloaded config has no web.tokens: the API is now open to anyone who can reach it");
             }
             self.tokens = config.web.tokens;
+            self.revoked = false;
         }
         self.accepted = keep_keys(&self.accepted, value, &restart);
         for warning in &written.warnings {

@@ -72,8 +72,14 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     for warning in &started.loaded.warnings {
         tracing::warn!(config = %config_path.display(), "{warning}");
     }
+    for warning in disbatch_core::config::exposed_secret_files(&config_path, &started.value) {
+        tracing::warn!("{warning}");
+    }
     let config = started.loaded.config;
     let name = config.node_name(args.node.as_deref())?;
+    if config.plugin_user.is_none() && nix::unistd::geteuid().is_root() {
+        tracing::warn!("disbatchd runs as root and `plugin_user` is not set: plugins run as root; set `plugin_user` to run them as an unprivileged account");
+    }
     if let Some(user) = &config.plugin_user {
         let euid = nix::unistd::geteuid();
         if !euid.is_root() {

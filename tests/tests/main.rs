@@ -23,6 +23,7 @@ mod chaos;
 mod check_config;
 mod cli;
 mod cli_verbs;
+mod config_files;
 mod coordinate_semantics;
 mod credentials;
 mod dci_access;

@@ -86,7 +86,7 @@ fn remember_uri(uri: &str) {
 /// A secret file's text, trimmed; never quoted in an error.
 fn read_secret(key: &str, base: &Path, path: &str) -> Result<String, String> {
     let full = base.join(path);
-    let text = std::fs::read_to_string(&full)
+    let text = super::read_capped(&full, super::MAX_SECRET_BYTES)
         .map_err(|e| format!("key `{key}`: cannot read {}: {e}", full.display()))?;
     let text = text.trim();
     if text.is_empty() {

@@ -6,6 +6,7 @@ mod check;
 mod commas;
 mod credentials;
 mod driver_options;
+mod files;
 mod mongohost;
 pub use credentials::env_name as auth_env_name;
 mod perl_bool;
@@ -31,6 +32,9 @@ use std::time::Duration;
 pub use attributes::TlsSettings;
 pub use changes::{changed_keys, keep_keys};
 pub use driver_options::DriverOptions;
+pub use files::{
+    exposed_secret_files, read_capped, token_files, MAX_CONFIG_BYTES, MAX_SECRET_BYTES,
+};
 pub use perl_bool::{perl_bool, PerlBool};
 pub use plugin_user::PluginUser;
 pub use web_http::{is_ip_literal, normal_host, split_host_port, WebOrigin};
@@ -275,7 +279,7 @@ impl Config {
     /// Reads and validates a config file. Errors name the file, the key and the problem.
     pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
+        let text = read_capped(path, MAX_CONFIG_BYTES).map_err(|e| Error::Config {
             path: path.to_path_buf(),
             message: format!("cannot read it: {e}"),
         })?;
@@ -298,8 +302,8 @@ impl Config {
             path: path.to_path_buf(),
             message,
         };
-        let text =
-            std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read it: {e}")))?;
+        let text = read_capped(path, MAX_CONFIG_BYTES)
+            .map_err(|e| fail(format!("cannot read it: {e}")))?;
         relaxed::parse_relaxed_json(&text).map_err(fail)
     }
 

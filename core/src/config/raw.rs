@@ -168,6 +168,7 @@ impl RawConfig {
     /// Type-checks every key, naming the key on failure and collecting unknown keys as warnings.
     pub(super) fn from_value(value: Value, warnings: &mut Vec<String>) -> Result<Self, String> {
         check_objects(&value)?;
+        super::secrets::check_types(&value)?;
         let mut unknown = Vec::new();
         let raw: RawConfig = {
             // serde_ignored marks `Option` layers as `?`; operators know keys, not layers.

@@ -18,7 +18,9 @@ pub fn reread(path: &Path, accepted: &Value) -> Result<(Value, Loaded, Vec<Strin
 }
 
 /// Calls `reload` on every SIGHUP until the process ends; a refused reload keeps the running
-/// config and says why.
+/// config and says why. Files are read off the async workers (a file on a hung mount would
+/// otherwise stall the heartbeats or `/healthz`); no file can block for long anyway, as
+/// [`super::read_capped`] refuses FIFOs and devices.
 pub async fn reload_on_hangup(
     path: &Path,
     mut hangups: tokio::signal::unix::Signal,
@@ -26,7 +28,14 @@ pub async fn reload_on_hangup(
 ) {
     while hangups.recv().await.is_some() {
         tracing::info!(config = %path.display(), "SIGHUP received: reloading the config");
-        if let Err(reason) = reload() {
+        let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::MultiThread;
+        let outcome = if multi_thread {
+            tokio::task::block_in_place(&mut reload)
+        } else {
+            reload()
+        };
+        if let Err(reason) = outcome {
             tracing::error!(
                 config = %path.display(),
                 "config reload refused, the running config is kept: {reason}"

@@ -34,6 +34,24 @@ pub(super) fn remember(value: &Value) {
     }
 }
 
+/// Refuses a password of another type than a string before the decoder sees it: its message
+/// would quote the value ("invalid type: integer `12345678`").
+pub(super) fn check_types(value: &Value) -> Result<(), String> {
+    if let Some(Value::Object(auth)) = value.get("auth") {
+        for (user, password) in auth {
+            if !password.is_string() {
+                return Err(format!(
+                    "key `auth.{user}`: must be a string (a password; its value is not shown)"
+                ));
+            }
+        }
+    }
+    match value.get("mongohost") {
+        None | Some(Value::Null) | Some(Value::String(_)) => Ok(()),
+        Some(_) => Err("key `mongohost`: must be a string (a URI that may hold a password; its value is not shown)".into()),
+    }
+}
+
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Every field named, none skipped with `..`: a new field must be placed here on purpose.

@@ -437,6 +437,45 @@ fn a_mongohost_with_a_password_and_a_bad_scheme_is_refused_without_it() {
 }
 
 #[test]
+fn a_password_of_the_wrong_type_is_refused_without_quoting_it() {
+    for password in ["12345678", "1234.5678", "true", r#"["Listed-Pw-77"]"#] {
+        let text = format!(
+            r#"{{"mongohost": "mongodb://h", "database": "d", "auth": {{"disbatchd": {password}}}}}"#
+        );
+        let e = error_of(&text);
+        assert!(e.contains("`auth.disbatchd`"), "{e}");
+        for shown in ["12345678", "1234.5678", "true", "Listed-Pw-77"] {
+            assert!(!e.contains(shown), "{shown} in {e}");
+        }
+        let problems = Config::check_value(
+            Path::new("/c.json"),
+            serde_json::from_str(&text).expect("json"),
+        )
+        .expect_err("refused")
+        .join("; ");
+        assert!(
+            !problems.contains("12345678") && !problems.contains("Listed-Pw-77"),
+            "{problems}"
+        );
+    }
+    let e = error_of(r#"{"mongohost": 12345678, "database": "d"}"#);
+    assert!(e.contains("`mongohost`") && !e.contains("12345678"), "{e}");
+}
+
+#[test]
+fn a_token_read_from_its_file_is_masked_in_any_later_text() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("t.token"), "File-Token-0123456789abcdef\n").expect("write");
+    let text = r#"{"mongohost": "mongodb://h", "database": "d",
+        "web": {"tokens": [{"name": "f", "role": "read", "token_file": "t.token"}]}}"#;
+    Config::parse(&dir.path().join("c.json"), text).expect("ok");
+    assert_eq!(
+        crate::redact::redact("Bearer File-Token-0123456789abcdef"),
+        "Bearer ***"
+    );
+}
+
+#[test]
 fn passwords_of_a_parsed_config_are_masked_in_any_later_text() {
     parse(
         r#"{"mongohost": "mongodb://u:Remembered-Uri-Pw@h/", "database": "d",

@@ -97,11 +97,14 @@ fn web_token(
         (Some(token), None) => checked_secret(&format!("{at}.token"), token)?,
         (None, Some(file)) => {
             let path = resolve(base, file);
-            let text = std::fs::read_to_string(&path).map_err(|e| {
+            let text = super::read_capped(&path, super::MAX_SECRET_BYTES).map_err(|e| {
                 format!("key `{at}.token_file`: cannot read {}: {e}", path.display())
             })?;
             // A file's final newline is not part of the token.
-            checked_secret(&format!("{at}.token_file"), text.trim())?
+            let secret = text.trim();
+            // Inline tokens are known to the redactor from the start; this one only now.
+            crate::redact::remember_secret(secret);
+            checked_secret(&format!("{at}.token_file"), secret)?
         }
     };
     for key in map.keys() {
