@@ -54,37 +54,60 @@ const READY_AND_READ_TASK: &str = r#"echo '{"type":"ready","protocol":1}' >&3
 read line <&3
 attempt=$(printf '%s' "$line" | sed -n 's/.*"attempt":"\([0-9a-f]*\)".*/\1/p')"#;
 
+/// A worker answering its task with a `done` that carries a member the protocol ignores: an
+/// array of `elements` zeros (two bytes each), which a parse into a JSON tree turns into 32
+/// bytes each.
+fn junk_worker(db: &TestDb, name: &str, elements: u32) -> PathBuf {
+    let body = format!(
+        r#"{READY_AND_READ_TASK}
+{{ printf '{{"type":"done","attempt":"%s","exit":0,"result":{{"kept":1}},"junk":[' "$attempt"; yes 0 | head -n {elements} | tr '\n' ','; printf '0]}}\n'; }} >&3
+read line <&3"#
+    );
+    script(db, name, &body)
+}
+
 #[tokio::test]
 async fn a_done_line_far_over_the_result_limit_fails_its_task_and_the_host_stays_small() {
     let db = TestDb::new("hw_big_done").await;
-    // About 33 MB (under the 32 MiB line limit of the task side): 16.4 million elements of a
-    // member the protocol ignores, which a parse into a JSON tree turns into half a gigabyte.
-    let body = format!(
-        r#"{READY_AND_READ_TASK}
-{{ printf '{{"type":"done","attempt":"%s","exit":0,"junk":[' "$attempt"; yes 0 | head -n 16400000 | tr '\n' ','; printf '0]}}\n'; }} >&3
-read line <&3"#
+    // About 33 MB, under the 32 MiB line limit of the task side.
+    let big = junk_worker(&db, "big.sh", 16_400_000);
+    // About 16.4 MB, just under the cap on a worker's line: its junk is skipped, not built.
+    let near = junk_worker(&db, "near.sh", 8_200_000);
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"plugins": {"big": big, "near": near}}),
     );
-    let big = script(&db, "big.sh", &body);
-    let config = write_config(&db, "node.json", json!({"plugins": {"big": big}}));
-    let queue = worker_queue(&db, "big", doc! {}).await;
-    let ids = db.insert_tasks(queue, vec![doc! {"n": 1}.into()]).await;
+    let mut ids = Vec::new();
+    for plugin in ["big", "near"] {
+        let queue = worker_queue(&db, plugin, doc! {}).await;
+        ids.push(db.insert_tasks(queue, vec![doc! {"n": 1}.into()]).await[0]);
+    }
     let den = Den::start(&config, "n1");
     db.wait_complete(&ids, scaled(Duration::from_secs(120)))
         .await;
     let host = worker_host(&den).expect("the node's worker host is running");
     let peak_kib = procfs::peak_rss_kib(host).expect("the worker host's VmHWM");
     println!("worker host peak RSS: {} MiB", peak_kib / 1024);
-    let task = db.task(ids[0]).await;
-    let stderr = task.get_str("stderr").unwrap_or("");
-    assert_eq!(task.get_i32("status").ok(), Some(2), "{stderr}");
+    let big_task = db.task(ids[0]).await;
+    let stderr = big_task.get_str("stderr").unwrap_or("");
+    assert_eq!(big_task.get_i32("status").ok(), Some(2), "{stderr}");
     assert!(
         stderr.contains("worker protocol error: a line longer than")
             && stderr.contains("16 MiB result limit"),
         "the reason names the cap: {stderr}"
     );
+    let near_task = db.task(ids[1]).await;
+    assert_eq!(near_task.get_i32("status").ok(), Some(1), "{near_task}");
+    let attempts = db.closed_attempts(ids[1], 1).await;
+    let result = attempts.last().and_then(|a| a.get_document("result").ok());
+    assert!(
+        result.is_some_and(|r| r.contains_key("kept") && !r.contains_key("junk")),
+        "the done's result is kept: {attempts:?}"
+    );
     assert!(
         peak_kib < 100 * 1024,
-        "the worker host peaked at {} MiB reading one done line",
+        "the worker host peaked at {} MiB reading two done lines",
         peak_kib / 1024
     );
     drop(den);

@@ -242,7 +242,10 @@ impl Worker {
             Ok(None) => {
                 // The channel closed: the worker is exiting; give it its grace to finish.
                 let exit = match tokio::time::timeout(grace, self.child.wait()).await {
-                    Ok(status) => Exit::from(status?),
+                    Ok(status) => {
+                        self.end_group();
+                        Exit::from(status?)
+                    }
                     Err(_) => self.stop(grace).await?,
                 };
                 self.dead = true;
@@ -265,7 +268,19 @@ impl Worker {
     /// Stops the worker now (its whole process group); it is never used again.
     pub async fn stop(&mut self, grace: Duration) -> std::io::Result<Exit> {
         self.dead = true;
-        stop_group(&mut self.child, self.group, grace).await
+        // It kills the group once the worker is reaped, leftovers included.
+        stop_group(&mut self.child, self.group.take(), grace).await
+    }
+
+    /// Kills what is left of the worker's process group, as soon as the worker was reaped:
+    /// a process a task left behind, even double-forked, must not live on to write into later
+    /// tasks' output or hold the channel. Done at once, so the group's id cannot have been
+    /// taken by a new process since.
+    fn end_group(&mut self) {
+        if let Some(group) = self.group.take() {
+            // ESRCH: nothing was left behind.
+            let _ = killpg(group, Signal::SIGKILL);
+        }
     }
 
     /// Asks an idle worker to stop, as the protocol says, and stops it if it does not
@@ -273,7 +288,10 @@ impl Worker {
     pub async fn retire(mut self, grace: Duration) {
         let _ = self.writer.write_all(b"{\"type\":\"stop\"}\n").await;
         match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(_) => tracing::debug!(pid = self.pid, "worker stopped"),
+            Ok(_) => {
+                self.end_group();
+                tracing::debug!(pid = self.pid, "worker stopped");
+            }
             Err(_) => {
                 tracing::warn!(
                     pid = self.pid,
@@ -287,7 +305,17 @@ impl Worker {
 
     /// Whether it has exited (reaped here) while idle.
     pub fn exited(&mut self) -> bool {
-        self.dead || !matches!(self.child.try_wait(), Ok(None))
+        if self.dead {
+            return true;
+        }
+        match self.child.try_wait() {
+            Ok(None) => false,
+            Ok(Some(_)) => {
+                self.end_group();
+                true
+            }
+            Err(_) => true,
+        }
     }
 
     /// Its resident memory in MiB, from /proc; None when it cannot be read.
@@ -328,14 +356,9 @@ impl Worker {
 }
 
 impl Drop for Worker {
-    /// A worker ends (it exited, was stopped or replaced) with its whole process group: what
-    /// a task left behind, even double-forked, must not live on to write into later tasks'
-    /// output or hold the channel.
+    /// A worker never reaped here (`kill_on_drop` kills it) ends with its group too.
     fn drop(&mut self) {
-        if let Some(group) = self.group {
-            // ESRCH: nothing was left behind.
-            let _ = killpg(group, Signal::SIGKILL);
-        }
+        self.end_group();
     }
 }
 
