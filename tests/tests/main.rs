@@ -51,6 +51,7 @@ mod hostile_flood;
 mod hostile_http;
 mod hostile_plugins;
 mod hostile_undecodable;
+mod hostile_workers;
 mod idle_cost;
 mod json_logs;
 mod leases;

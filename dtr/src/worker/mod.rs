@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod host;
+pub mod message;
 pub mod pool;
 pub mod process;
 pub mod run;

@@ -10,22 +10,19 @@ use std::time::Duration;
 
 use disbatch_core::config::Config;
 use disbatch_core::isolation::CloexecRanges;
-use disbatch_core::output::MAX_DOCUMENT_SIZE;
 use disbatch_core::worker_policy::{PROTOCOL_ENV, PROTOCOL_VERSION};
 use nix::libc;
-use nix::sys::signal::Signal;
+use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Map, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
 
+use super::message::{parse_line, read_line, Message, MAX_WORKER_LINE};
 use crate::outcome::Exit;
 use crate::plugin_process::{plugin_may_see, stop_group, Identity};
 use crate::spool::SpoolPaths;
-
-/// The longest line either side accepts, newline included (PROTOCOL.md, section 2).
-pub const MAX_LINE: usize = 32 * 1024 * 1024;
 
 /// How the task a worker was given ended, as far as the protocol tells.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,18 +184,10 @@ impl Worker {
                 "the worker did not say ready within {} s",
                 start.as_secs_f64()
             ),
-            Ok(Ok(Some(m))) if m.get("type").and_then(Value::as_str) == Some("ready") => {
-                match m.get("protocol").and_then(Value::as_u64) {
-                    Some(v) if v == PROTOCOL_VERSION as u64 => return Ok(worker),
-                    other => format!(
-                        "the worker speaks protocol {other:?}, this host speaks {PROTOCOL_VERSION}"
-                    ),
-                }
-            }
-            Ok(Ok(Some(m))) => format!(
-                "the worker's first message is not ready: {}",
-                Value::Object(m)
-            ),
+            Ok(Ok(Some(m))) => match m.ready(PROTOCOL_VERSION as u64) {
+                Ok(()) => return Ok(worker),
+                Err(why) => why,
+            },
             Ok(Ok(None)) => "the worker exited before it said ready".to_string(),
             Ok(Err(e)) => format!("the worker's first message cannot be read: {e}"),
         };
@@ -232,31 +221,12 @@ impl Worker {
         Ok(())
     }
 
-    /// One message, None at end of input. Err: a line that is not a JSON object, or too long.
-    async fn read_message(&mut self) -> std::io::Result<Option<Map<String, Value>>> {
-        let mut line = Vec::new();
-        let limit = (MAX_LINE as u64) + 1;
-        let n = (&mut self.reader)
-            .take(limit)
-            .read_until(b'\n', &mut line)
-            .await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        if line.last() != Some(&b'\n') {
-            let why = if line.len() > MAX_LINE {
-                format!("a line longer than {MAX_LINE} bytes")
-            } else {
-                "a line cut short by end of input".to_string()
-            };
-            return Err(std::io::Error::other(why));
-        }
-        match serde_json::from_slice::<Value>(&line) {
-            Ok(Value::Object(m)) => Ok(Some(m)),
-            Ok(_) => Err(std::io::Error::other("a message that is not a JSON object")),
-            Err(e) => Err(std::io::Error::other(format!(
-                "a line that is not JSON: {e}"
-            ))),
+    /// One message, None at end of input. Err: a line over the cap, cut short, not JSON or
+    /// not an object.
+    async fn read_message(&mut self) -> std::io::Result<Option<Message>> {
+        match read_line(&mut self.reader, MAX_WORKER_LINE).await? {
+            Some(line) => parse_line(line).await.map(Some),
+            None => Ok(None),
         }
     }
 
@@ -265,14 +235,17 @@ impl Worker {
     pub async fn wait_task(&mut self, grace: Duration) -> std::io::Result<Exit> {
         let attempt = self.running.clone().unwrap_or_default();
         let end = match self.read_message().await {
-            Ok(Some(m)) => match judge_done(&m, &attempt) {
+            Ok(Some(m)) => match m.into_done(&attempt) {
                 Ok(end) => end,
                 Err(why) => TaskEnd::ProtocolError(why, self.stop(grace).await?),
             },
             Ok(None) => {
                 // The channel closed: the worker is exiting; give it its grace to finish.
                 let exit = match tokio::time::timeout(grace, self.child.wait()).await {
-                    Ok(status) => Exit::from(status?),
+                    Ok(status) => {
+                        self.end_group();
+                        Exit::from(status?)
+                    }
                     Err(_) => self.stop(grace).await?,
                 };
                 self.dead = true;
@@ -295,7 +268,19 @@ impl Worker {
     /// Stops the worker now (its whole process group); it is never used again.
     pub async fn stop(&mut self, grace: Duration) -> std::io::Result<Exit> {
         self.dead = true;
-        stop_group(&mut self.child, self.group, grace).await
+        // It kills the group once the worker is reaped, leftovers included.
+        stop_group(&mut self.child, self.group.take(), grace).await
+    }
+
+    /// Kills what is left of the worker's process group, as soon as the worker was reaped:
+    /// a process a task left behind, even double-forked, must not live on to write into later
+    /// tasks' output or hold the channel. Done at once, so the group's id cannot have been
+    /// taken by a new process since.
+    fn end_group(&mut self) {
+        if let Some(group) = self.group.take() {
+            // ESRCH: nothing was left behind.
+            let _ = killpg(group, Signal::SIGKILL);
+        }
     }
 
     /// Asks an idle worker to stop, as the protocol says, and stops it if it does not
@@ -303,7 +288,10 @@ impl Worker {
     pub async fn retire(mut self, grace: Duration) {
         let _ = self.writer.write_all(b"{\"type\":\"stop\"}\n").await;
         match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(_) => tracing::debug!(pid = self.pid, "worker stopped"),
+            Ok(_) => {
+                self.end_group();
+                tracing::debug!(pid = self.pid, "worker stopped");
+            }
             Err(_) => {
                 tracing::warn!(
                     pid = self.pid,
@@ -317,7 +305,17 @@ impl Worker {
 
     /// Whether it has exited (reaped here) while idle.
     pub fn exited(&mut self) -> bool {
-        self.dead || !matches!(self.child.try_wait(), Ok(None))
+        if self.dead {
+            return true;
+        }
+        match self.child.try_wait() {
+            Ok(None) => false,
+            Ok(Some(_)) => {
+                self.end_group();
+                true
+            }
+            Err(_) => true,
+        }
     }
 
     /// Its resident memory in MiB, from /proc; None when it cannot be read.
@@ -357,46 +355,11 @@ impl Worker {
     }
 }
 
-/// Checks a message that should be the `done` of attempt `attempt`.
-fn judge_done(m: &Map<String, Value>, attempt: &str) -> Result<TaskEnd, String> {
-    match m.get("type").and_then(Value::as_str) {
-        Some("done") => {}
-        Some(other) => return Err(format!("a {other:?} message while a task ran")),
-        None => return Err("a message without a string type".to_string()),
+impl Drop for Worker {
+    /// A worker never reaped here (`kill_on_drop` kills it) ends with its group too.
+    fn drop(&mut self) {
+        self.end_group();
     }
-    match m.get("attempt") {
-        Some(Value::String(a)) if a == attempt => {}
-        Some(other) => return Err(format!("done for attempt {other}, not {attempt:?}")),
-        None => {
-            return Err(format!(
-                "done without an attempt (the task's is {attempt:?})"
-            ))
-        }
-    }
-    let exit = m
-        .get("exit")
-        .and_then(Value::as_i64)
-        .and_then(|e| i32::try_from(e).ok())
-        .ok_or_else(|| {
-            format!(
-                "done with an exit that is not a 32-bit integer: {:?}",
-                m.get("exit")
-            )
-        })?;
-    let result = match m.get("result") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let bytes = serde_json::to_vec(v).map_err(|e| format!("done's result: {e}"))?;
-            if bytes.len() as u64 > MAX_DOCUMENT_SIZE {
-                return Err(format!(
-                    "done's result is {} bytes, over the {MAX_DOCUMENT_SIZE} a record holds",
-                    bytes.len()
-                ));
-            }
-            Some(bytes)
-        }
-    };
-    Ok(TaskEnd::Done { exit, result })
 }
 
 /// An exit in words, for messages.
@@ -405,59 +368,5 @@ pub fn describe(exit: std::io::Result<Exit>) -> String {
         Ok(Exit::Code(c)) => format!("exited with code {c}"),
         Ok(Exit::Signal(s)) => format!("killed by signal {s}"),
         Err(e) => format!("could not be waited for: {e}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn msg(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        }
-    }
-
-    #[test]
-    fn done_must_echo_the_attempt_and_carry_a_32_bit_exit() {
-        let ok = judge_done(
-            &msg(json!({"type": "done", "attempt": "a", "exit": 3, "result": {"x": 1}})),
-            "a",
-        );
-        assert_eq!(
-            ok,
-            Ok(TaskEnd::Done {
-                exit: 3,
-                result: Some(b"{\"x\":1}".to_vec())
-            })
-        );
-        let null = judge_done(
-            &msg(json!({"type": "done", "attempt": "a", "exit": 0, "result": null})),
-            "a",
-        );
-        assert_eq!(
-            null,
-            Ok(TaskEnd::Done {
-                exit: 0,
-                result: None
-            })
-        );
-        for (bad, needle) in [
-            (
-                json!({"type": "done", "attempt": "b", "exit": 0}),
-                "attempt",
-            ),
-            (json!({"type": "done", "attempt": "a"}), "exit"),
-            (
-                json!({"type": "done", "attempt": "a", "exit": 1_i64 << 40}),
-                "exit",
-            ),
-            (json!({"type": "ready", "protocol": 1}), "\"ready\""),
-            (json!({"attempt": "a"}), "type"),
-        ] {
-            let e = judge_done(&msg(bad.clone()), "a").unwrap_err();
-            assert!(e.contains(needle), "{bad}: {e}");
-        }
     }
 }
