@@ -120,6 +120,9 @@ pub(crate) struct Ending {
     pub requeue: bool,
 }
 
+/// Results longer than this are judged off the runtime's thread.
+const PARSED_IN_PLACE: usize = 64 * 1024;
+
 /// Turns how a run ended into the task's end (status, retry, chaining) and its output,
 /// with the runner's notes appended to its stderr: the same for a process and a worker.
 pub(crate) async fn conclude(
@@ -149,7 +152,15 @@ pub(crate) async fn conclude(
         | Stopped::Cancelled(e)
         | Stopped::LeaseLost(e) => e,
     };
-    let mut outcome = decide(exit, result.as_deref());
+    // A long result is parsed off this thread, which in a worker host serves every worker.
+    let mut outcome = match result {
+        Some(bytes) if bytes.len() > PARSED_IN_PLACE => {
+            tokio::task::spawn_blocking(move || decide(exit, Some(&bytes)))
+                .await
+                .map_err(|e| Error::io("judging the result", std::io::Error::other(e)))?
+        }
+        result => decide(exit, result.as_deref()),
+    };
     if let Some(why) = refused {
         tracing::warn!(task = %task, "the plugin's result is ignored: {why}");
         outcome.refuse_result(&why);

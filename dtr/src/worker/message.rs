@@ -121,10 +121,17 @@ pub fn parse(line: Vec<u8>) -> std::io::Result<Message> {
     // Only ever compared with short values or quoted: a long member is kept cut.
     let kept = |raw: Option<&RawValue>| raw.map(|r| quote(r.get()));
     let base = line.as_ptr() as usize;
-    let result = wire.result.map(|r| {
-        let start = r.get().as_ptr() as usize - base;
-        start..start + r.get().len()
-    });
+    // A borrowed member is a slice of the line: its place is its offset in it.
+    let result = match wire.result {
+        None => None,
+        Some(r) => {
+            let start = (r.get().as_ptr() as usize)
+                .checked_sub(base)
+                .filter(|s| s + r.get().len() <= line.len())
+                .ok_or_else(|| std::io::Error::other("a result outside its line"))?;
+            Some(start..start + r.get().len())
+        }
+    };
     let kind = kept(wire.kind).and_then(|k| serde_json::from_str::<String>(&k).ok());
     let (protocol, attempt, exit) = (kept(wire.protocol), kept(wire.attempt), kept(wire.exit));
     Ok(Message {
