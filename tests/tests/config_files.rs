@@ -149,13 +149,13 @@ async fn deleting_a_token_file_revokes_its_token_on_reload() {
     std::fs::remove_file(&file).expect("delete the token file");
     dci.hangup();
     wait_for_log("the refusal", || log_of(&log), "config reload refused", 1).await;
-    let text = log_of(&log);
-    assert!(text.contains("\"only\" revoked"), "says so: {text}");
     assert_eq!(
         status(&dci, "/queues", TOKEN).await,
         401,
         "the token of the deleted file is refused"
     );
+    let text = log_of(&log);
+    assert!(text.contains("\"only\" revoked"), "says so: {text}");
     let none = dci
         .http
         .get(dci.at("/queues"))
