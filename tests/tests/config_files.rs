@@ -245,3 +245,16 @@ async fn readable_secret_files_and_root_without_plugin_user_are_warned_about() {
     drop(dci);
     db.drop().await;
 }
+
+#[tokio::test]
+async fn a_fifo_as_the_config_stops_the_start_with_a_clear_error() {
+    let db = TestDb::new("files_fifo_start").await;
+    let config = db.path("node.json");
+    mkfifo(&config);
+    let mut den = Den::start(&config, "n1");
+    assert!(!den.is_running(), "{}", den.log_text());
+    let text = den.log_text();
+    assert!(text.contains("not a regular file but a FIFO"), "{text}");
+    drop(den);
+    db.drop().await;
+}
