@@ -149,13 +149,13 @@ async fn deleting_a_token_file_revokes_its_token_on_reload() {
     std::fs::remove_file(&file).expect("delete the token file");
     dci.hangup();
     wait_for_log("the refusal", || log_of(&log), "config reload refused", 1).await;
-    let text = log_of(&log);
-    assert!(text.contains("\"only\" revoked"), "says so: {text}");
     assert_eq!(
         status(&dci, "/queues", TOKEN).await,
         401,
         "the token of the deleted file is refused"
     );
+    let text = log_of(&log);
+    assert!(text.contains("\"only\" revoked"), "says so: {text}");
     let none = dci
         .http
         .get(dci.at("/queues"))
@@ -243,5 +243,18 @@ async fn readable_secret_files_and_root_without_plugin_user_are_warned_about() {
         "{text}"
     );
     drop(dci);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_fifo_as_the_config_stops_the_start_with_a_clear_error() {
+    let db = TestDb::new("files_fifo_start").await;
+    let config = db.path("node.json");
+    mkfifo(&config);
+    let mut den = Den::start(&config, "n1");
+    assert!(!den.is_running(), "{}", den.log_text());
+    let text = den.log_text();
+    assert!(text.contains("not a regular file but a FIFO"), "{text}");
+    drop(den);
     db.drop().await;
 }
