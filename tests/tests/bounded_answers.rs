@@ -36,9 +36,15 @@ async fn get(dci: &LoggedDci, path: &str) -> (u16, Option<String>, Vec<u8>) {
     (status, truncated, r.bytes().await.expect("body").to_vec())
 }
 
-fn assert_peak(dci: &LoggedDci, what: &str) {
+/// The DCI's peak so far, printed (before the answer is checked, so a wrong answer still
+/// shows what it cost).
+fn print_peak(dci: &LoggedDci, what: &str) -> u64 {
     let peak = peak_kib(dci.pid());
     println!("{what}: DCI peak RSS {} MiB", peak / 1024);
+    peak
+}
+
+fn assert_peak(peak: u64, what: &str) {
     assert!(
         peak < PEAK_LIMIT_KIB,
         "{what}: the DCI's peak RSS was {} MiB (VmHWM {peak} KiB), over {} MiB",
@@ -71,6 +77,7 @@ async fn attempts_with_12_mb_results_are_listed_without_reading_the_results() {
     let config = write_config(&db, "web.json", json!({}));
     let dci = LoggedDci::start(&config, &db.path("dci.log"));
     let (status, truncated, body) = get(&dci, &format!("/tasks/{task}/attempts")).await;
+    let peak = print_peak(&dci, "12 attempts with 12 MB results");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(truncated, None);
     let rows: Vec<Value> = serde_json::from_slice(&body).expect("a JSON array");
@@ -83,7 +90,7 @@ async fn attempts_with_12_mb_results_are_listed_without_reading_the_results() {
         assert!(r.get("result").is_none(), "{r}");
     }
     println!("{} bytes answered", body.len());
-    assert_peak(&dci, "12 attempts with 12 MB results");
+    assert_peak(peak, "12 attempts with 12 MB results");
     db.drop().await;
 }
 
@@ -120,6 +127,7 @@ async fn a_week_of_statistics_is_streamed_and_bounded_in_bytes() {
 
     // The week holds more than an answer may: the newest whole minutes that fit, oldest first.
     let (status, truncated, body) = get(&dci, "/stats?minutes=10080").await;
+    let peak = print_peak(&dci, "a week of statistics");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     println!("a week: {} bytes answered", body.len());
     assert!(body.len() <= 16 * 1024 * 1024, "{} bytes", body.len());
@@ -157,7 +165,7 @@ async fn a_week_of_statistics_is_streamed_and_bounded_in_bytes() {
         assert!(r.get("writer").is_none());
     }
     drop(rows);
-    assert_peak(&dci, "a week of statistics");
+    assert_peak(peak, "a week of statistics");
 
     // Ten hours fit whole.
     let (status, truncated, body) = get(&dci, "/stats?minutes=600").await;
@@ -203,6 +211,7 @@ async fn full_outputs_are_cut_per_output_and_per_answer() {
     let dci = LoggedDci::start(&config, &db.path("dci.log"));
 
     let (status, _, body) = get(&dci, &format!("/tasks?queue={queue}&.full=1")).await;
+    let peak = print_peak(&dci, "a .full search over a 48 MiB output");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     println!("{} bytes answered", body.len());
     let tasks: Vec<Value> = serde_json::from_slice(&body).expect("a JSON array");
@@ -255,6 +264,6 @@ async fn full_outputs_are_cut_per_output_and_per_answer() {
         );
     }
     drop(tasks);
-    assert_peak(&dci, "a .full search over a 48 MiB output");
+    assert_peak(peak, "a .full search over a 48 MiB output");
     db.drop().await;
 }
