@@ -291,7 +291,9 @@ function errorText(res, data, text) {
 function failure(res, data, text) {
   let message = errorText(res, data, text);
   if (res.status === 401) {
-    askToken(message);
+    // A refusal of a token already replaced (a poll sent before the new one was saved)
+    // must not reopen the prompt over the console the new token has loaded.
+    if (res.sentToken === undefined || res.sentToken === storedToken()) askToken(message);
     message = `an access token is needed (${message})`;
   } else if (res.status === 403) {
     message = `Your token's role cannot do this (${message})`;
@@ -305,8 +307,11 @@ function failure(res, data, text) {
 /** fetch with the access token, if any; a network failure becomes a readable Error. */
 async function send(path, opts) {
   opts.headers = withToken(opts.headers || {});
+  const sentToken = storedToken();
   try {
-    return await fetch(path, opts);
+    const res = await fetch(path, opts);
+    res.sentToken = sentToken;
+    return res;
   } catch (e) {
     throw new Error(`cannot reach the server (${e.message})`);
   }
