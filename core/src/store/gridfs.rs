@@ -130,25 +130,7 @@ impl Store {
     /// Reads a whole output file. Accepts string chunks (Disbatch) and binary chunks (any
     /// standard GridFS writer).
     pub async fn read_output_file(&self, id: ObjectId) -> Result<Vec<u8>> {
-        let context = || format!("reading GridFS file {id}");
-        let mut cursor = self
-            .raw(CHUNKS)
-            .find(doc! {chunk::FILES_ID: id})
-            .sort(doc! {chunk::N: 1})
-            .await
-            .map_err(|e| Error::mongo(context(), e))?;
-        let mut out = Vec::new();
-        while let Some(raw) = cursor
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo(context(), e))?
-        {
-            let Some(c) = self.decode_one(CHUNKS, Some(raw))? else {
-                continue;
-            };
-            out.extend_from_slice(chunk_data(&c)?);
-        }
-        Ok(out)
+        Ok(self.read_output_prefix(id, usize::MAX).await?.0)
     }
 
     /// The first `max_bytes` of an output file (the first chunks only are read), and whether
@@ -159,15 +141,15 @@ impl Store {
         max_bytes: usize,
     ) -> Result<(Vec<u8>, bool)> {
         let context = || format!("reading GridFS file {id}");
-        // Small batches: a reader that stops early must not have fetched 16 MiB of chunks.
-        let batch = u32::try_from(max_bytes / CHUNK_SIZE + 2).unwrap_or(u32::MAX);
-        let mut cursor = self
-            .raw(CHUNKS)
+        let chunks = self.raw(CHUNKS);
+        let mut find = chunks
             .find(doc! {chunk::FILES_ID: id})
-            .sort(doc! {chunk::N: 1})
-            .batch_size(batch)
-            .await
-            .map_err(|e| Error::mongo(context(), e))?;
+            .sort(doc! {chunk::N: 1});
+        // Small batches: a reader that stops early must not have fetched 16 MiB of chunks.
+        if let Ok(batch) = u32::try_from(max_bytes / CHUNK_SIZE + 2) {
+            find = find.batch_size(batch);
+        }
+        let mut cursor = find.await.map_err(|e| Error::mongo(context(), e))?;
         let mut out = Vec::new();
         while let Some(raw) = cursor
             .try_next()
