@@ -296,6 +296,24 @@ impl TestDb {
         self.dir.path().join(name)
     }
 
+    /// An executable `/bin/sh` script in the test's directory, for a plugin or a worker.
+    pub fn script(&self, name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.path(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path
+    }
+
+    /// Sets fields of a queue document directly, as an operator would.
+    pub async fn set_queue(&self, queue: ObjectId, set: Document) {
+        self.db
+            .collection::<Document>("queues")
+            .update_one(doc! {"_id": queue}, doc! {"$set": set})
+            .await
+            .expect("queue");
+    }
+
     pub async fn drop(self) {
         let _ = self.db.drop().await;
     }

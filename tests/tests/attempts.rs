@@ -2,18 +2,10 @@
 
 use std::time::Duration;
 
-use bson::{doc, Document};
+use bson::doc;
 use disbatch_tests::{read_lines, write_config, Den, TestDb};
 use futures::StreamExt;
 use serde_json::json;
-
-async fn set_queue(db: &TestDb, queue: bson::oid::ObjectId, set: Document) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": set})
-        .await
-        .expect("queue");
-}
 
 #[tokio::test]
 async fn every_run_leaves_an_attempt_record() {
@@ -50,7 +42,7 @@ async fn a_result_can_ask_for_retries_until_max_retries_fails_the_task() {
     let db = TestDb::new("retries").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 1).await;
-    set_queue(&db, queue, doc! {"max_retries": 3}).await;
+    db.set_queue(queue, doc! {"max_retries": 3}).await;
     let runs = db.path("runs.txt");
     let id = db
         .insert_tasks(
@@ -93,7 +85,7 @@ async fn a_retry_with_a_delay_waits_before_running_again() {
     let db = TestDb::new("retry_delay").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 1).await;
-    set_queue(&db, queue, doc! {"max_retries": 2}).await;
+    db.set_queue(queue, doc! {"max_retries": 2}).await;
     let id = db
         .insert_tasks(
             queue,

@@ -2,17 +2,9 @@
 
 use std::time::Duration;
 
-use bson::{doc, Document};
+use bson::doc;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
-
-async fn set_queue(db: &TestDb, queue: bson::oid::ObjectId, set: Document) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": set})
-        .await
-        .expect("queue");
-}
 
 #[tokio::test]
 async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
@@ -21,7 +13,7 @@ async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
     let first = db.insert_queue("first", "echo", 2).await;
     // The next queue is paused so the chained units stay visible as queued.
     let next = db.insert_queue("next", "echo", 0).await;
-    set_queue(&db, first, doc! {"then": "next"}).await;
+    db.set_queue(first, doc! {"then": "next"}).await;
     let map_form = doc! {"result": {"status": 1, "output": {"m1": {"x": 1}, "m2": {}}}};
     let list_form =
         doc! {"result": {"output": ["l1", ["l2", {"y": 2}, {"priority": 7, "delay": 60}]]}};
@@ -75,8 +67,8 @@ async fn chaining_updates_existing_units_and_tolerates_a_missing_then_queue() {
     let first = db.insert_queue("first", "echo", 1).await;
     let next = db.insert_queue("next", "echo", 0).await;
     let orphan = db.insert_queue("orphan", "echo", 1).await;
-    set_queue(&db, first, doc! {"then": "next"}).await;
-    set_queue(&db, orphan, doc! {"then": "no-such-queue"}).await;
+    db.set_queue(first, doc! {"then": "next"}).await;
+    db.set_queue(orphan, doc! {"then": "no-such-queue"}).await;
     // An existing finished unit with the same key is re-run with the new params.
     db.tasks()
         .insert_one(

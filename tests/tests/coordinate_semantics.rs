@@ -11,14 +11,6 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
 
-async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": set})
-        .await
-        .expect("update queue");
-}
-
 fn oid(v: &serde_json::Value) -> ObjectId {
     let hex = v["$oid"].as_str().or(v.as_str()).expect("an id");
     ObjectId::parse_str(hex).expect("object id")
@@ -88,7 +80,7 @@ async fn a_unit_without_priority_ranks_as_zero_and_priorities_are_floats() {
     let empty = db.task(id_of("")).await;
     assert_eq!(empty.get_str("key").ok(), Some(""), "{empty}");
 
-    set_queue(&db, queue, doc! {"threads": 1}).await;
+    db.set_queue(queue, doc! {"threads": 1}).await;
     let den = Den::start(&config, "n1");
     let all = [
         a,
@@ -230,12 +222,8 @@ async fn a_killed_runner_is_recovered_at_once_and_lost_attempts_use_up_retries()
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("lossy", "echo", 1).await;
     // Default lease (30 s): only the node that saw its runner die can recover it sooner.
-    set_queue(
-        &db,
-        queue,
-        doc! {"on_lost": "requeue", "max_retries": 2_i64},
-    )
-    .await;
+    db.set_queue(queue, doc! {"on_lost": "requeue", "max_retries": 2_i64})
+        .await;
     // A gate that never opens: the plugin ends only with its killed runner.
     let gate = db.path("never-opened");
     let task = db
@@ -305,8 +293,7 @@ async fn retries_used_up_by_an_expired_lease_fail_the_unit() {
     let db = TestDb::new("coord_lease_retries").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("lossy", "echo", 1).await;
-    set_queue(
-        &db,
+    db.set_queue(
         queue,
         doc! {"on_lost": "requeue", "max_retries": 3_i64, "lease": 3.0},
     )

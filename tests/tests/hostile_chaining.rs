@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson};
 use disbatch_tests::hostile::crashes;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
@@ -17,11 +17,7 @@ async fn output_that_cannot_be_stored_is_reported_on_the_task_and_the_rest_is_ch
     let first = db.insert_queue("first", "echo", 2).await;
     // Paused, so chained units stay visible as queued.
     let next = db.insert_queue("next", "echo", 0).await;
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": first}, doc! {"$set": {"then": "next"}})
-        .await
-        .expect("then");
+    db.set_queue(first, doc! {"then": "next"}).await;
     // Stored as plain sub-documents; the plugin gets them back as the same JSON and returns
     // them in its output, as a plugin passing its params through would.
     let map_form = doc! {"result": {"output": {
@@ -92,11 +88,7 @@ async fn a_map_output_with_a_value_that_is_not_an_object_says_why_nothing_was_ch
     let config = write_config(&db, "node.json", json!({}));
     let first = db.insert_queue("first", "echo", 1).await;
     let next = db.insert_queue("next", "echo", 0).await;
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": first}, doc! {"$set": {"then": "next"}})
-        .await
-        .expect("then");
+    db.set_queue(first, doc! {"then": "next"}).await;
     let params = doc! {"result": {"output": {"good": {"n": 1}, "bad": 5, "worse": "x"}}};
     let ids = db.insert_tasks(first, vec![params.into()]).await;
     let den = Den::start(&config, "n1");

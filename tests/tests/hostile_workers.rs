@@ -2,7 +2,6 @@
 //! stderr that forges lines in the node's log, a grandchild left behind to write into later
 //! tasks. The host must fail the task, stay small, log escaped text and leave no process.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,13 +10,6 @@ use bson::oid::ObjectId;
 use disbatch_tests::bench::procfs;
 use disbatch_tests::{scaled, wait_for, write_config, Den, TestDb};
 use serde_json::json;
-
-fn script(db: &TestDb, name: &str, body: &str) -> PathBuf {
-    let path = db.path(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    path
-}
 
 /// A persistent queue of `plugin`, one slot, quick to give up on a worker.
 async fn worker_queue(db: &TestDb, plugin: &str, more: bson::Document) -> ObjectId {
@@ -63,7 +55,7 @@ fn junk_worker(db: &TestDb, name: &str, elements: u32) -> PathBuf {
 {{ printf '{{"type":"done","attempt":"%s","exit":0,"result":{{"kept":1}},"junk":[' "$attempt"; yes 0 | head -n {elements} | tr '\n' ','; printf '0]}}\n'; }} >&3
 read line <&3"#
     );
-    script(db, name, &body)
+    db.script(name, &body)
 }
 
 #[tokio::test]
@@ -117,7 +109,7 @@ async fn a_done_line_far_over_the_result_limit_fails_its_task_and_the_host_stays
 #[tokio::test]
 async fn a_worker_that_cannot_start_forges_no_line_in_the_node_log() {
     let db = TestDb::new("hw_forged_log").await;
-    let forger = script(&db, "forger.sh", r#"printf 'x\nFORGED line\n' >&2; exit 3"#);
+    let forger = db.script("forger.sh", r#"printf 'x\nFORGED line\n' >&2; exit 3"#);
     let config = write_config(&db, "node.json", json!({"plugins": {"forger": forger}}));
     let queue = worker_queue(&db, "forger", doc! {}).await;
     let ids = db.insert_tasks(queue, vec![doc! {"n": 1}.into()]).await;
@@ -165,7 +157,7 @@ read line <&3"#,
         pid = pid_file.display(),
         gate = gate.display()
     );
-    let leaver = script(&db, "leaver.sh", &body);
+    let leaver = db.script("leaver.sh", &body);
     let config = write_config(&db, "node.json", json!({"plugins": {"leaver": leaver}}));
     // One task per worker: the first is replaced after its task.
     let queue = worker_queue(&db, "leaver", doc! {"worker_max_tasks": 1}).await;

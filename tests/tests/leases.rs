@@ -10,14 +10,6 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
 
-async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": set})
-        .await
-        .expect("queue");
-}
-
 /// Waits for the task to run and returns its runner's pid (from its node's document) and
 /// the attempt it runs as.
 async fn running_attempt(db: &TestDb, id: ObjectId) -> (Pid, ObjectId) {
@@ -77,7 +69,8 @@ async fn a_runner_killed_outright_is_recovered_by_another_node_and_requeued() {
     let db = TestDb::new("lease_requeue").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 1).await;
-    set_queue(&db, queue, doc! {"lease": 3, "on_lost": "requeue"}).await;
+    db.set_queue(queue, doc! {"lease": 3, "on_lost": "requeue"})
+        .await;
     let runs = db.path("runs.txt");
     let runs_path = runs.to_string_lossy().to_string();
     let id = db
@@ -147,7 +140,7 @@ async fn a_lost_task_is_orphaned_by_default_and_frees_its_slot() {
     let db = TestDb::new("lease_orphan").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 1).await;
-    set_queue(&db, queue, doc! {"lease": 3}).await;
+    db.set_queue(queue, doc! {"lease": 3}).await;
     let id = db
         .insert_tasks(queue, vec![doc! {"sleep_first_ms": 60_000}.into()])
         .await[0];
@@ -185,7 +178,8 @@ async fn a_paused_runner_that_lost_its_lease_cannot_overwrite_the_next_attempt()
     let db = TestDb::new("lease_fencing").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 1).await;
-    set_queue(&db, queue, doc! {"lease": 3, "on_lost": "requeue"}).await;
+    db.set_queue(queue, doc! {"lease": 3, "on_lost": "requeue"})
+        .await;
     // Every attempt waits at the gate: the first is still in its plugin when its runner
     // stops, and the test lets both plugins end once the second attempt runs.
     let (runs, gate) = (db.path("runs.txt"), db.path("gate"));

@@ -2,30 +2,13 @@
 //! with a NUL byte), from a result file or a persistent worker's `done`, and a `status` that
 //! is not a positive whole number. Each fails its task at once with the reason in stderr.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson};
 use disbatch_tests::cleanup::descendants_of;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
-
-fn script(db: &TestDb, name: &str, body: &str) -> PathBuf {
-    let path = db.path(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    path
-}
-
-async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": set})
-        .await
-        .expect("queue");
-}
 
 /// The per-task runners (not worker hosts) still running under this test.
 fn task_runners() -> Vec<String> {
@@ -48,14 +31,11 @@ fn task_runners() -> Vec<String> {
 async fn a_result_the_database_cannot_store_fails_the_task_with_the_reason() {
     let db = TestDb::new("result_unstorable").await;
     // Valid JSON and UTF-8, not storable: a field name with a NUL byte.
-    let file = script(
-        &db,
+    let file = db.script(
         "nul_file.sh",
         r#"printf '{"output":{"a\\u0000":{}}}' > "$DISBATCH_RESULT""#,
     );
-    let worker = script(
-        &db,
-        "nul_worker.sh",
+    let worker = db.script("nul_worker.sh",
         r#"echo '{"type":"ready","protocol":1}' >&3
 while read -r line <&3; do
   case "$line" in *'"type":"stop"'*) exit 0;; esac
@@ -70,9 +50,9 @@ done"#,
     );
     let by_file = db.insert_queue("by_file", "nul_file", 1).await;
     // Requeued on a lost lease, each attempt would have left one more runner retrying.
-    set_queue(&db, by_file, doc! {"on_lost": "requeue"}).await;
+    db.set_queue(by_file, doc! {"on_lost": "requeue"}).await;
     let by_worker = db.insert_queue("by_worker", "nul_worker", 1).await;
-    set_queue(&db, by_worker, doc! {"worker": "persistent"}).await;
+    db.set_queue(by_worker, doc! {"worker": "persistent"}).await;
     let mut ids = db.insert_tasks(by_file, vec![doc! {}.into()]).await;
     ids.extend(db.insert_tasks(by_worker, vec![doc! {}.into()]).await);
     let den = Den::start(&config, "n1");

@@ -9,14 +9,6 @@ use bson::{doc, Document};
 use disbatch_tests::{read_lines, wait_for, write_config, Backoff, Dci, Den, TestDb};
 use serde_json::json;
 
-async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": set})
-        .await
-        .expect("queue");
-}
-
 /// Params of a task whose plugin appends its id to `runs` and then waits for a gate that
 /// never opens: it runs until it is stopped, however long the test takes to act.
 fn never_ending(runs: &Path, more: Document) -> bson::Bson {
@@ -54,7 +46,8 @@ async fn a_plugin_past_its_queue_timeout_is_stopped_and_the_task_fails() {
     let db = TestDb::new("timeout").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 2).await;
-    set_queue(&db, queue, doc! {"timeout": 1, "kill_grace": 1}).await;
+    db.set_queue(queue, doc! {"timeout": 1, "kill_grace": 1})
+        .await;
     // Neither plugin ends by itself, so their tasks ending at all shows the timeout fired:
     // no bound on the clock is needed.
     let runs = db.path("runs.txt");

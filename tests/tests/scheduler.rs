@@ -7,14 +7,6 @@ use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb
 use futures::StreamExt;
 use serde_json::json;
 
-async fn set_queue(db: &TestDb, queue: bson::oid::ObjectId, set: Document) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": set})
-        .await
-        .expect("update queue");
-}
-
 async fn cap_node(db: &TestDb, node: &str, maxthreads: i32) {
     db.db
         .collection::<Document>("nodes")
@@ -36,7 +28,7 @@ async fn higher_priority_queues_run_before_lower_ones() {
     let runs = db.path("runs.txt").to_string_lossy().to_string();
     let low = db.insert_queue("low", "echo", 5).await;
     let high = db.insert_queue("high", "echo", 5).await;
-    set_queue(&db, high, doc! {"priority": 10}).await;
+    db.set_queue(high, doc! {"priority": 10}).await;
     // Low-priority tasks are older: without priorities they would run first.
     let low_ids = db
         .insert_tasks(
@@ -71,7 +63,7 @@ async fn max_getwork_limits_what_one_pass_claims_from_a_queue() {
     let db = TestDb::new("sched_getwork").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 10).await;
-    set_queue(&db, queue, doc! {"max_getwork": 2}).await;
+    db.set_queue(queue, doc! {"max_getwork": 2}).await;
     // All six are claimable at the node's first pass, with room for all: only max_getwork
     // stops that pass from taking them at once. Whatever wakes the node (timer, events,
     // runner exits), no pass may take more than two.
@@ -116,7 +108,7 @@ async fn paused_queues_are_skipped_until_resumed() {
     let db = TestDb::new("sched_paused").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 2).await;
-    set_queue(&db, queue, doc! {"disabled": true}).await;
+    db.set_queue(queue, doc! {"disabled": true}).await;
     let ids = db.insert_tasks(queue, vec![doc! {}.into()]).await;
     let den = Den::start(&config, "n1");
     den.wait_queue_reads(3).await;
@@ -125,7 +117,7 @@ async fn paused_queues_are_skipped_until_resumed() {
         Some(-2),
         "a disabled queue runs nothing"
     );
-    set_queue(&db, queue, doc! {"disabled": false}).await;
+    db.set_queue(queue, doc! {"disabled": false}).await;
     db.wait_complete(&ids, Duration::from_secs(30)).await;
     drop(den);
     db.drop().await;
@@ -138,9 +130,9 @@ async fn weights_split_a_node_between_queues_of_equal_priority() {
     cap_node(&db, "n1", 11).await;
     let light = db.insert_queue("light", "echo", 50).await;
     let heavy = db.insert_queue("heavy", "echo", 50).await;
-    set_queue(&db, light, doc! {"weight": 1}).await;
-    set_queue(&db, heavy, doc! {"nice": 10}).await; // weight 20 - 10 = 10
-                                                    // Held until the counts are read: no task ends and hands its slot on meanwhile.
+    db.set_queue(light, doc! {"weight": 1}).await;
+    db.set_queue(heavy, doc! {"nice": 10}).await; // weight 20 - 10 = 10
+                                                  // Held until the counts are read: no task ends and hands its slot on meanwhile.
     let gate = db.path("gate").to_string_lossy().to_string();
     for q in [light, heavy] {
         db.insert_tasks(
@@ -170,7 +162,7 @@ async fn delayed_tasks_wait_for_not_before_and_priority_sort_orders_by_priority_
     let config = write_config(&db, "node.json", json!({}));
     let runs = db.path("runs.txt").to_string_lossy().to_string();
     let queue = db.insert_queue("q", "echo", 1).await;
-    set_queue(&db, queue, doc! {"sort": "priority"}).await;
+    db.set_queue(queue, doc! {"sort": "priority"}).await;
     let ids = db
         .insert_tasks(
             queue,
@@ -224,7 +216,8 @@ async fn a_continuous_queue_gets_exactly_one_unit_per_interval_across_two_nodes(
     let db = TestDb::new("sched_continuous").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("tick", "echo", 2).await;
-    set_queue(&db, queue, doc! {"continuous": true, "interval": 1}).await;
+    db.set_queue(queue, doc! {"continuous": true, "interval": 1})
+        .await;
     // Every turn a node takes, in server order: the turns are what the nodes agree on, and
     // reading them needs no guess at how late a unit's own timestamp was taken.
     let queues = db.db.collection::<Document>("queues");
@@ -314,8 +307,9 @@ async fn a_node_serves_only_its_runtimes_and_queues_within_its_memory() {
     let go = db.insert_queue("go", "echo", 2).await;
     let plain = db.insert_queue("plain", "echo", 2).await;
     let huge = db.insert_queue("huge", "echo", 2).await;
-    set_queue(&db, go, doc! {"runtime": "go"}).await;
-    set_queue(&db, huge, doc! {"runtime": "go", "min_gb": 1.0e6}).await;
+    db.set_queue(go, doc! {"runtime": "go"}).await;
+    db.set_queue(huge, doc! {"runtime": "go", "min_gb": 1.0e6})
+        .await;
     let ran = db.insert_tasks(go, vec![doc! {}.into()]).await;
     let skipped = [
         db.insert_tasks(plain, vec![doc! {}.into()]).await[0],

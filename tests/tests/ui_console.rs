@@ -13,14 +13,6 @@ use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, Launch, TestDb};
 use fantoccini::Locator;
 use serde_json::{json, Value};
 
-async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": set})
-        .await
-        .expect("queue");
-}
-
 async fn status(db: &TestDb, id: ObjectId) -> Option<i32> {
     db.task(id).await.get_i32("status").ok()
 }
@@ -146,7 +138,8 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     );
     // Times out on its first attempt only (the plugin sleeps only then), so a retry succeeds.
     let hist = db.insert_queue("hist", "echo", 1).await;
-    set_queue(&db, hist, doc! {"timeout": 1, "kill_grace": 1}).await;
+    db.set_queue(hist, doc! {"timeout": 1, "kill_grace": 1})
+        .await;
     let flaky = db
         .insert_tasks(hist, vec![doc! {"sleep_first_ms": 20_000}.into()])
         .await[0];

@@ -3,7 +3,6 @@
 //! an exception), and a leaking worker replaced by `worker_max_rss_mb`.
 
 use std::collections::HashSet;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -11,21 +10,6 @@ use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_tests::{echo_plugin, scaled, wait_for, write_config, Backoff, Den, TestDb};
 use serde_json::json;
-
-async fn set_queue(db: &TestDb, queue: ObjectId, set: Document) {
-    db.db
-        .collection::<Document>("queues")
-        .update_one(doc! {"_id": queue}, doc! {"$set": set})
-        .await
-        .expect("queue");
-}
-
-fn script(db: &TestDb, name: &str, body: &str) -> PathBuf {
-    let path = db.path(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    path
-}
 
 fn pid_of(task: &Document) -> Option<u32> {
     task.get_str("stdout")
@@ -46,21 +30,17 @@ async fn outcomes(db: &TestDb, id: ObjectId, count: usize) -> Vec<String> {
 async fn a_worker_that_breaks_the_protocol_or_never_says_ready_fails_its_task_with_the_reason() {
     let db = TestDb::new("pw_protocol").await;
     // Says ready, then answers the task with a line that is not JSON.
-    let garbled = script(
-        &db,
-        "garbled.sh",
+    let garbled = db.script("garbled.sh",
         r#"echo '{"type":"ready","protocol":1}' >&3; read line <&3; echo 'this is not json' >&3; sleep 30"#,
     );
     // Answers for another attempt.
-    let wrong = script(
-        &db,
-        "wrong.sh",
+    let wrong = db.script("wrong.sh",
         r#"echo '{"type":"ready","protocol":1}' >&3; read line <&3; echo '{"type":"done","attempt":"nope","exit":0}' >&3; sleep 30"#,
     );
     // Never says ready; says why on stderr.
-    let silent = script(&db, "silent.sh", "echo 'warming up forever' >&2; sleep 30");
+    let silent = db.script("silent.sh", "echo 'warming up forever' >&2; sleep 30");
     // A process plugin, not a worker: exits at once without a word on the channel.
-    let process_only = script(&db, "process.sh", "echo hello");
+    let process_only = db.script("process.sh", "echo hello");
     let config = write_config(
         &db,
         "node.json",
@@ -70,8 +50,7 @@ async fn a_worker_that_breaks_the_protocol_or_never_says_ready_fails_its_task_wi
     let mut ids = Vec::new();
     for plugin in ["garbled", "wrong", "silent", "process_only"] {
         let queue = db.insert_queue(plugin, plugin, 1).await;
-        set_queue(
-            &db,
+        db.set_queue(
             queue,
             doc! {"worker": "persistent", "worker_start_s": 1, "kill_grace": 1},
         )
@@ -136,8 +115,7 @@ async fn the_python_helper_runs_a_real_queue_with_chaining_retries_and_exception
     );
     let queue = db.insert_queue("py", "py", 2).await;
     let next = db.insert_queue("next", "echo", 0).await;
-    set_queue(
-        &db,
+    db.set_queue(
         queue,
         doc! {"worker": "persistent", "then": "next", "max_retries": 2},
     )
@@ -244,8 +222,7 @@ async fn a_leaking_worker_is_replaced_once_past_worker_max_rss_mb() {
     let db = TestDb::new("pw_rss").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 1).await;
-    set_queue(
-        &db,
+    db.set_queue(
         queue,
         doc! {"worker": "persistent", "worker_max_rss_mb": 40},
     )
@@ -320,7 +297,7 @@ async fn a_task_in_a_worker_shows_live_output_while_it_runs_and_the_next_task_st
     let db = TestDb::new("pw_live").await;
     let config = write_config(&db, "node.json", json!({}));
     let queue = db.insert_queue("q", "echo", 1).await;
-    set_queue(&db, queue, doc! {"worker": "persistent"}).await;
+    db.set_queue(queue, doc! {"worker": "persistent"}).await;
     let den = Den::start(&config, "n1");
     // Each task prints two lines and waits at a gate, two more and waits at another: its live
     // copy must show lines 2 and then 4 while it waits, so it grows while the task runs.
