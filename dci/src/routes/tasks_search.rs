@@ -2,6 +2,7 @@
 
 use axum::response::Response;
 use bson::{Bson, Document};
+use disbatch_core::store::schema::task as task_field;
 use disbatch_core::store::QueryError;
 use serde_json::{json, Value};
 
@@ -98,8 +99,8 @@ pub async fn task_json(
     o: &Options,
     budget: &full_output::Budget,
 ) -> ApiResult<Value> {
-    let task = d.get_object_id("_id").ok();
-    for field in ["stdout", "stderr"] {
+    let task = d.get_object_id(task_field::ID).ok();
+    for field in [task_field::STDOUT, task_field::STDERR] {
         match d.get(field) {
             // Perl's truth: "" and "0" are false, so Disbatch left them as they were.
             Some(Bson::String(s)) if o.terse && !matches!(s.as_str(), "" | "0") => {
