@@ -73,6 +73,7 @@ mod result_refusals;
 mod result_relay;
 mod run_control;
 mod scheduler;
+mod server_contract;
 mod shares_on_a_busy_machine;
 mod specs;
 mod stats;

@@ -6,6 +6,15 @@
 //! update, measured), and `nModified`, not `n`, says whether the conditions held. Every
 //! caller's update changes the document when they hold (a new `mtime`, `attempt` or
 //! `status`), so `nModified` is 1 exactly then.
+//!
+//! What this relies on from the server, by MongoDB's documented behaviour: update pipelines
+//! (`update` and `findAndModify` take one from 4.2; `bulkWrite`'s `updateMods` from 8.0), and
+//! `nModified` counting only documents an update changed ("if the update operation results in
+//! no change to the document … nModified can be less than n", the `update` command's output,
+//! the same per operation in `bulkWrite`'s). A server that counted a pipeline that left the
+//! document as it was as modified would make a claim lost to another node look won: the
+//! server-contract test (`tests/tests/server_contract.rs`) fails on such a server, and
+//! `docs/deployment.md` says so.
 
 use bson::{doc, Bson, Document};
 
@@ -14,7 +23,7 @@ use super::schema::task;
 /// The write `filter` + `update` as `({_id}, pipeline)`, or None when it cannot be said so
 /// (no `_id` equality, a condition other than an equality on a scalar, an operator other
 /// than `$set`, `$unset` and `$inc`, or a field name with `.` or `$`): send it as it is.
-pub(super) fn conditional_by_id(
+pub fn conditional_by_id(
     filter: &Document,
     update: &Document,
 ) -> Option<(Document, Vec<Document>)> {
