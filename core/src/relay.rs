@@ -249,6 +249,20 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, d: &Document) -> std:
     w.flush().await
 }
 
+/// Writes several BSON documents with one write: a busy worker host and its node exchange
+/// frames in bursts, and a write per frame is a wake-up of the reader per frame.
+pub async fn write_frames<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frames: &[Document],
+) -> std::io::Result<()> {
+    let mut bytes = Vec::new();
+    for d in frames {
+        d.to_writer(&mut bytes).map_err(std::io::Error::other)?;
+    }
+    w.write_all(&bytes).await?;
+    w.flush().await
+}
+
 /// Reads one BSON document; `None` when the pipe closed before a frame began.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<Document>> {
     let mut len = [0u8; 4];

@@ -11,12 +11,16 @@ use bson::{doc, Document};
 use disbatch_core::handoff::host_frame::{ENDED, WAKE};
 use disbatch_core::handoff::Handoff;
 use disbatch_core::isolation::CloexecRanges;
-use disbatch_core::relay::{read_frame, write_frame};
+use disbatch_core::relay::{read_frame, write_frames};
+use tokio::io::BufReader;
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::mpsc;
 
 use crate::executor::{Executor, Live};
 use crate::metrics::outcome_label;
+
+/// At most this many frames to the host in one write.
+const FRAMES_PER_WRITE: usize = 64;
 
 /// A running host: its pid and the sender of frames to its stdin.
 #[derive(Debug)]
@@ -118,9 +122,12 @@ impl Executor {
         let (frames, mut to_send) = mpsc::unbounded_channel::<Document>();
         let mut stdin = child.stdin.take();
         tokio::spawn(async move {
-            while let Some(frame) = to_send.recv().await {
+            let mut burst = Vec::with_capacity(FRAMES_PER_WRITE);
+            while to_send.recv_many(&mut burst, FRAMES_PER_WRITE).await > 0 {
                 let Some(pipe) = stdin.as_mut() else { break };
-                if let Err(e) = write_frame(pipe, &frame).await {
+                let written = write_frames(pipe, &burst).await;
+                burst.clear();
+                if let Err(e) = written {
                     tracing::warn!(host = pid, error = %e, "could not write to the worker host");
                     break;
                 }
@@ -131,7 +138,8 @@ impl Executor {
         let executor = self.clone();
         tokio::spawn(async move {
             if let Some(stdout) = stdout {
-                read_ended(&executor, pid, stdout).await;
+                // Buffered: a host reports ends in bursts, read in one call.
+                read_ended(&executor, pid, BufReader::new(stdout)).await;
             }
             let status = match child.wait().await {
                 Ok(s) => s,
@@ -182,7 +190,7 @@ impl Executor {
 }
 
 /// Reads the host's reports until it closes its stdout.
-async fn read_ended(executor: &Executor, pid: u32, mut stdout: ChildStdout) {
+async fn read_ended(executor: &Executor, pid: u32, mut stdout: BufReader<ChildStdout>) {
     loop {
         match read_frame(&mut stdout).await {
             Ok(Some(d)) => {

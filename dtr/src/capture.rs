@@ -297,5 +297,8 @@ async fn append_note(stderr: &std::path::Path, note: &str) -> Result<()> {
         "{}[disbatch] {note}\n",
         if last[0] == b'\n' { "" } else { "\n" }
     );
-    file.write_all(text.as_bytes()).await.map_err(context)
+    file.write_all(text.as_bytes()).await.map_err(context)?;
+    // A tokio file's write returns once handed to a blocking thread: flushed, the note is in
+    // the file before the caller reads it back.
+    file.flush().await.map_err(context)
 }

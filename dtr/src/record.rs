@@ -11,6 +11,9 @@ use disbatch_core::output::{
 use disbatch_core::store::{FinishOutcome, OutputValue, Store, TaskEnd};
 use disbatch_core::{Error, Result};
 
+/// Spool files up to this size are read without leaving the runtime's thread.
+const READ_IN_PLACE: u64 = 64 * 1024;
+
 /// One captured stream: small enough to hold (and measure exactly), or left in its spool file.
 #[derive(Debug)]
 pub enum Captured {
@@ -24,20 +27,39 @@ pub enum Captured {
 
 impl Captured {
     /// Reads a spool file. Non-UTF-8 bytes become U+FFFD, which never shortens the text, so a
-    /// file too big for a document stays on disk and is streamed.
+    /// file too big for a document stays on disk and is streamed. A spool file is a regular
+    /// file in the runner's own directory: opening and measuring it, and reading it when it
+    /// is small (a worker's output usually is), happen on this thread, as a thread hop would
+    /// cost more than the read; a larger one is read on a blocking thread.
     pub async fn load(path: &Path) -> Result<Captured> {
-        use tokio::io::AsyncReadExt;
+        use std::io::Read;
         let context = |e| Error::io(format!("reading {}", path.display()), e);
-        let mut file = crate::spool::open_read(path).await.map_err(context)?;
-        let raw_len = file.metadata().await.map_err(context)?.len();
+        let mut file = crate::spool::open_read_std(path).map_err(context)?;
+        let raw_len = file.metadata().map_err(context)?.len();
         if raw_len > MAX_DOCUMENT_SIZE {
             return Ok(Captured::File {
                 path: path.to_path_buf(),
                 raw_len,
             });
         }
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).await.map_err(context)?;
+        let bytes = if raw_len <= READ_IN_PLACE {
+            let mut bytes = Vec::with_capacity(raw_len as usize);
+            file.read_to_end(&mut bytes).map_err(context)?;
+            bytes
+        } else {
+            tokio::task::spawn_blocking(move || {
+                let mut bytes = Vec::new();
+                file.read_to_end(&mut bytes).map(|_| bytes)
+            })
+            .await
+            .map_err(|e| {
+                Error::io(
+                    format!("reading {}", path.display()),
+                    std::io::Error::other(e),
+                )
+            })?
+            .map_err(context)?
+        };
         Ok(Captured::Text(match String::from_utf8(bytes) {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),

@@ -65,6 +65,14 @@ pub async fn open_read(path: &Path) -> io::Result<tokio::fs::File> {
         .await
 }
 
+/// `open_read` without a thread hop, for a caller that reads in place.
+pub fn open_read_std(path: &Path) -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 /// The plugin's result file, as far as the runner may trust it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ResultFile {

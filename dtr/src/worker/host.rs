@@ -12,15 +12,23 @@ use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_core::config::Config;
 use disbatch_core::handoff::{host_frame, Handoff};
-use disbatch_core::relay::{read_frame, write_frame};
+use disbatch_core::relay::{read_frame, write_frames};
+use tokio::io::BufReader;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::batch::BatchWriter;
+use super::node_pipe;
 use super::Pool;
 use crate::connection::LazyStore;
 use crate::runner::{run_handed_off, Hosting, RunReport};
 use crate::supervisor::Wake;
+
+/// The node's frames are read through a buffer this large: a burst of handoffs in one read.
+const FRAME_BUFFER: usize = 64 * 1024;
+
+/// At most this many ended tasks reported in one write.
+const REPORTS_PER_WRITE: usize = 64;
 
 /// How often idle workers are looked at for `worker_idle_s`.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -42,7 +50,7 @@ pub async fn serve(config: Config, store: LazyStore, node: String) -> u64 {
     // stream's place.
     let (frames_tx, mut frames) = mpsc::channel::<std::io::Result<Document>>(64);
     tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
+        let mut stdin = BufReader::with_capacity(FRAME_BUFFER, node_pipe::reader());
         loop {
             let frame = match read_frame(&mut stdin).await {
                 Ok(Some(d)) => Ok(d),
@@ -197,16 +205,19 @@ async fn run_one(
     let _ = ended.send(doc! {host_frame::ENDED: task, "attempt": attempt, "outcome": outcome});
 }
 
-/// Writes ended tasks to the node; a node that is gone is not an error (results are stored).
+/// Writes ended tasks to the node, those ended together in one write; a node that is gone is
+/// not an error (results are stored).
 async fn report_ended(mut ended: mpsc::UnboundedReceiver<Document>) {
-    let mut stdout = tokio::io::stdout();
+    let mut stdout = node_pipe::writer();
     let mut listening = true;
-    while let Some(d) = ended.recv().await {
-        if listening && write_frame(&mut stdout, &d).await.is_err() {
+    let mut burst = Vec::with_capacity(REPORTS_PER_WRITE);
+    while ended.recv_many(&mut burst, REPORTS_PER_WRITE).await > 0 {
+        if listening && write_frames(&mut stdout, &burst).await.is_err() {
             tracing::info!(
                 "worker host: the node stopped listening; results are still stored here"
             );
             listening = false;
         }
+        burst.clear();
     }
 }

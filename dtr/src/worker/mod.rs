@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod host;
 pub mod message;
+mod node_pipe;
 pub mod pool;
 pub mod process;
 pub mod run;
