@@ -64,7 +64,9 @@ fn ceiling_at(points: &[CeilingPoint], depth: usize) -> Option<&CeilingPoint> {
 /// results recorded as a worker host records them, no process anywhere ("DEN's + result").
 fn whole_task_ceiling_at(points: &[CeilingPoint], depth: usize) -> Option<&CeilingPoint> {
     let cycles = || points.iter().filter(|p| p.path == ClaimPath::Cycle);
-    let nearest = cycles().map(|p| p.depth).min_by_key(|d| d.abs_diff(depth))?;
+    let nearest = cycles()
+        .map(|p| p.depth)
+        .min_by_key(|d| d.abs_diff(depth))?;
     cycles()
         .filter(|p| p.depth == nearest)
         .max_by(|a, b| a.claims_per_sec.total_cmp(&b.claims_per_sec))
@@ -191,7 +193,10 @@ fn worker_verdicts(fleets: &[FleetReport], ceiling: &[CeilingPoint]) -> Vec<Verd
                     ),
                 });
             }
-            let server: Vec<f64> = runs.iter().filter_map(|r| r.server_cpu_ms_per_task).collect();
+            let server: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.server_cpu_ms_per_task)
+                .collect();
             if !server.is_empty() {
                 let ms = median(&server);
                 out.push(Verdict {
