@@ -93,10 +93,21 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
     params.extend((0..3).map(|_| Bson::from(doc! {"exit_code": 3})));
     let ids = db.insert_tasks(work, params).await;
     db.wait_complete(&ids, Duration::from_secs(60)).await;
+    // Recovery changes the task first and writes its lost attempt's record after: the record,
+    // not the task's status, is what the keeper counts and `wait_counted` reads.
     wait_for(
-        "the lost task's recovery",
+        "the lost task's recovery and its attempt record",
         Duration::from_secs(30),
-        || async { db.task(lost).await.get_i32("status").ok() == Some(-6) },
+        || async {
+            db.task(lost).await.get_i32("status").ok() == Some(-6)
+                && db
+                    .db
+                    .collection::<Document>("attempts")
+                    .find_one(doc! {"task": lost, "outcome": "lost"})
+                    .await
+                    .expect("read attempts")
+                    .is_some()
+        },
     )
     .await;
     wait_counted(&db, 2_000).await;
