@@ -243,10 +243,7 @@ impl Ack {
 
 /// Writes one BSON document (BSON is self-delimiting: it starts with its own length).
 pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, d: &Document) -> std::io::Result<()> {
-    let mut bytes = Vec::new();
-    d.to_writer(&mut bytes).map_err(std::io::Error::other)?;
-    w.write_all(&bytes).await?;
-    w.flush().await
+    write_frames(w, std::slice::from_ref(d)).await
 }
 
 /// Writes several BSON documents with one write: a busy worker host and its node exchange

@@ -5,6 +5,7 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::bench::procfs;
 use disbatch_tests::hostile::LoggedDci;
 use disbatch_tests::{write_config, TestDb};
 use serde_json::{json, Value};
@@ -14,12 +15,7 @@ const PEAK_LIMIT_KIB: u64 = 100 * 1024;
 
 /// A process's peak resident memory (VmHWM), in KiB.
 fn peak_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status")
+    procfs::peak_rss_kib(pid).expect("VmHWM in /proc/PID/status")
 }
 
 async fn get(dci: &LoggedDci, path: &str) -> (u16, Option<String>, Vec<u8>) {

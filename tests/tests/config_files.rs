@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use disbatch_tests::bench::procfs;
 use disbatch_tests::{wait_for, write_config, Dci, Den, Launch, TestDb};
 use serde_json::json;
 
@@ -125,13 +126,8 @@ async fn a_fifo_or_dev_zero_as_the_config_is_refused_on_reload_and_heartbeats_go
         let before = heartbeat(&db, "n1").await;
         wait_heartbeat_after(&db, "n1", before).await;
     }
-    let status = std::fs::read_to_string(format!("/proc/{}/status", den.pid()));
-    let peak = status
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmHWM"))
-        .map(str::to_string);
-    println!("disbatchd peak RSS after the reloads: {peak:?}");
+    let peak = procfs::peak_rss_kib(den.pid().as_raw() as u32);
+    println!("disbatchd peak RSS after the reloads: {peak:?} KiB");
     drop(den);
     db.drop().await;
 }

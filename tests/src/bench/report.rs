@@ -51,23 +51,15 @@ pub struct BenchReport {
     pub verdicts: Vec<Verdict>,
 }
 
-/// The best raw claim rate measured at the ceiling depth nearest `depth`.
-fn ceiling_at(points: &[CeilingPoint], depth: usize) -> Option<&CeilingPoint> {
-    let raw = || points.iter().filter(|p| p.path == ClaimPath::Raw);
-    let nearest = raw().map(|p| p.depth).min_by_key(|d| d.abs_diff(depth))?;
-    raw()
-        .filter(|p| p.depth == nearest)
-        .max_by(|a, b| a.claims_per_sec.total_cmp(&b.claims_per_sec))
-}
-
-/// The whole-task ceiling at the depth nearest `depth`: the DEN's claim in batches with its
-/// results recorded as a worker host records them, no process anywhere ("DEN's + result").
-fn whole_task_ceiling_at(points: &[CeilingPoint], depth: usize) -> Option<&CeilingPoint> {
-    let cycles = || points.iter().filter(|p| p.path == ClaimPath::Cycle);
-    let nearest = cycles()
+/// The best rate measured on `path` at the ceiling depth nearest `depth`: `Raw` is the
+/// server's own claim; `Cycle` the whole-task ceiling (the DEN's claim in batches with its
+/// results recorded as a worker host records them, no process anywhere: "DEN's + result").
+fn best_at(points: &[CeilingPoint], path: ClaimPath, depth: usize) -> Option<&CeilingPoint> {
+    let on_path = || points.iter().filter(|p| p.path == path);
+    let nearest = on_path()
         .map(|p| p.depth)
         .min_by_key(|d| d.abs_diff(depth))?;
-    cycles()
+    on_path()
         .filter(|p| p.depth == nearest)
         .max_by(|a, b| a.claims_per_sec.total_cmp(&b.claims_per_sec))
 }
@@ -98,7 +90,7 @@ pub fn verdicts(fleets: &[FleetReport], ceiling: &[CeilingPoint]) -> Vec<Verdict
                     .collect::<Vec<_>>(),
             );
             let tput = median(&runs.iter().map(|r| r.tasks_per_sec).collect::<Vec<_>>());
-            if let Some(c) = ceiling_at(ceiling, depth) {
+            if let Some(c) = best_at(ceiling, ClaimPath::Raw, depth) {
                 let limit = 0.5 * c.claims_per_sec / rt.max(1.0);
                 out.push(Verdict {
                     target: "throughput ≥ 50% of raw claim rate ÷ round trips per task".into(),
@@ -179,7 +171,7 @@ fn worker_verdicts(fleets: &[FleetReport], ceiling: &[CeilingPoint]) -> Vec<Verd
                     detail: format!("{fast:.1} vs {slow:.1} tasks/s"),
                 });
             }
-            if let Some(c) = whole_task_ceiling_at(ceiling, depth) {
+            if let Some(c) = best_at(ceiling, ClaimPath::Cycle, depth) {
                 let share = fast / c.claims_per_sec.max(1e-9);
                 out.push(Verdict {
                     target: "persistent workers ≥ 80% of the whole-task ceiling".into(),
@@ -225,8 +217,10 @@ fn depth_verdict(f: &FleetReport, ceiling: &[CeilingPoint]) -> Option<Verdict> {
     let tput =
         |runs: &Vec<&RunReport>| median(&runs.iter().map(|r| r.tasks_per_sec).collect::<Vec<_>>());
     let ours = tput(shallow_runs) / tput(deep_runs).max(1e-9);
-    let server = ceiling_at(ceiling, *shallow)?.claims_per_sec
-        / ceiling_at(ceiling, *deep)?.claims_per_sec.max(1e-9);
+    let server = best_at(ceiling, ClaimPath::Raw, *shallow)?.claims_per_sec
+        / best_at(ceiling, ClaimPath::Raw, *deep)?
+            .claims_per_sec
+            .max(1e-9);
     let limit = server.max(1.0) * 1.25;
     Some(Verdict {
         target: "slowdown with depth ≤ the server's own (+25%)".into(),
