@@ -6,7 +6,7 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::store::conditional_by_id;
+use disbatch_core::store::{conditional_by_id, BY_ID_WHEN as WHEN};
 use disbatch_tests::TestDb;
 
 /// A claim's write as the DEN sends it: conditions on the task as read, the claim's fields.
@@ -140,4 +140,58 @@ async fn a_pipeline_write_whose_conditions_hold_is_reported_modified_with_its_fi
         "a literal stays a literal"
     );
     assert!(!t.contains_key("lease_until"), "$unset removes: {t}");
+    assert!(
+        !t.contains_key(WHEN),
+        "the pipeline's own field is gone once it has run: {t}"
+    );
+}
+
+/// The pipeline's own field (`WHEN`) in a task, as no writer of ours puts it: kept, value and
+/// place, whether the conditions hold or not, and a write that did not hold still changes
+/// nothing and counts as unmodified.
+#[tokio::test]
+async fn a_task_holding_the_pipelines_own_field_keeps_it_and_no_op_writes_stay_no_ops() {
+    let db = TestDb::new("server_contract_own_field").await;
+    let mtime = DateTime::from_millis(1_700_000_000_000);
+    let (lost, won) = (ObjectId::new(), ObjectId::new());
+    for (id, status, node) in [(lost, 0, Bson::from("other")), (won, -2, Bson::Null)] {
+        db.tasks()
+            .insert_one(
+                doc! {"_id": id, "status": status, "node": node, "mtime": mtime,
+                WHEN: {"kept": [1, 2]}, "after": "x"},
+            )
+            .await
+            .expect("insert");
+    }
+    let before = raw(&db, lost).await;
+    let (filter, pipeline) = claim_write(lost, mtime);
+    let r = db
+        .tasks()
+        .update_one(filter, pipeline)
+        .await
+        .expect("update");
+    assert_eq!((r.matched_count, r.modified_count), (1, 0));
+    assert_eq!(raw(&db, lost).await, before, "byte for byte as it was");
+
+    let (filter, pipeline) = claim_write(won, mtime);
+    let r = db
+        .tasks()
+        .update_one(filter, pipeline)
+        .await
+        .expect("update");
+    assert_eq!((r.matched_count, r.modified_count), (1, 1));
+    let t = db
+        .tasks()
+        .find_one(doc! {"_id": won})
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(t.get_str("node"), Ok("n1"));
+    assert_eq!(t.get_document(WHEN), Ok(&doc! {"kept": [1, 2]}));
+    let keys: Vec<&str> = t.keys().map(String::as_str).collect();
+    assert_eq!(
+        &keys[..6],
+        ["_id", "status", "node", "mtime", WHEN, "after"],
+        "{t}"
+    );
 }
