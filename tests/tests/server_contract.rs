@@ -32,6 +32,25 @@ async fn raw(db: &TestDb, id: ObjectId) -> Vec<u8> {
     raw.into_bytes()
 }
 
+/// Sends the claim's write for `id` as the `update` command; (matched, modified).
+async fn claim(db: &TestDb, id: ObjectId, mtime: DateTime) -> (u64, u64) {
+    let (filter, pipeline) = claim_write(id, mtime);
+    let r = db
+        .tasks()
+        .update_one(filter, pipeline)
+        .await
+        .expect("update");
+    (r.matched_count, r.modified_count)
+}
+
+async fn task(db: &TestDb, id: ObjectId) -> Document {
+    db.tasks()
+        .find_one(doc! {"_id": id})
+        .await
+        .expect("read")
+        .expect("exists")
+}
+
 #[tokio::test]
 async fn a_pipeline_write_whose_conditions_fail_is_reported_unmodified_and_changes_nothing() {
     let db = TestDb::new("server_contract_update").await;
@@ -113,19 +132,8 @@ async fn a_pipeline_write_whose_conditions_hold_is_reported_modified_with_its_fi
         )
         .await
         .expect("insert");
-    let (filter, pipeline) = claim_write(id, mtime);
-    let r = db
-        .tasks()
-        .update_one(filter, pipeline)
-        .await
-        .expect("update");
-    assert_eq!((r.matched_count, r.modified_count), (1, 1));
-    let t = db
-        .tasks()
-        .find_one(doc! {"_id": id})
-        .await
-        .expect("read")
-        .expect("exists");
+    assert_eq!(claim(&db, id, mtime).await, (1, 1));
+    let t = task(&db, id).await;
     assert_eq!(t.get_i32("status"), Ok(0));
     assert_eq!(t.get_str("node"), Ok("n1"));
     assert_eq!(t.get_i32("slot"), Ok(3));
@@ -164,28 +172,11 @@ async fn a_task_holding_the_pipelines_own_field_keeps_it_and_no_op_writes_stay_n
             .expect("insert");
     }
     let before = raw(&db, lost).await;
-    let (filter, pipeline) = claim_write(lost, mtime);
-    let r = db
-        .tasks()
-        .update_one(filter, pipeline)
-        .await
-        .expect("update");
-    assert_eq!((r.matched_count, r.modified_count), (1, 0));
+    assert_eq!(claim(&db, lost, mtime).await, (1, 0));
     assert_eq!(raw(&db, lost).await, before, "byte for byte as it was");
 
-    let (filter, pipeline) = claim_write(won, mtime);
-    let r = db
-        .tasks()
-        .update_one(filter, pipeline)
-        .await
-        .expect("update");
-    assert_eq!((r.matched_count, r.modified_count), (1, 1));
-    let t = db
-        .tasks()
-        .find_one(doc! {"_id": won})
-        .await
-        .expect("read")
-        .expect("exists");
+    assert_eq!(claim(&db, won, mtime).await, (1, 1));
+    let t = task(&db, won).await;
     assert_eq!(t.get_str("node"), Ok("n1"));
     assert_eq!(t.get_document(WHEN), Ok(&doc! {"kept": [1, 2]}));
     let keys: Vec<&str> = t.keys().map(String::as_str).collect();
