@@ -81,13 +81,24 @@ pub enum Command {
         #[arg(long, value_enum)]
         sort: Option<Sort>,
     },
-    /// Change fields of a queue (name, plugin, threads, sort).
+    /// Change fields of a queue (name, plugin, threads, sort, and the flow limits rate_limit,
+    /// concurrency and unique as JSON objects or null).
     UpdateQueue {
         /// Queue id or name.
         queue: String,
         /// FIELD VALUE pairs; `threads` takes digits or `null`.
         #[arg(value_name = "FIELD VALUE", num_args = 1.., required = true)]
         pairs: Vec<String>,
+    },
+    /// Show a queue's flow limits and their budget now (starts left, keys at their max,
+    /// held tasks), or set them: `limits q --rate 50/10s --partition params.customer`,
+    /// `--concurrency-key params.account --max 1 --ordered`, `--unique-key params.id`;
+    /// `none` as the value of --rate, --concurrency-key or --unique-key removes that limit.
+    Limits {
+        /// Queue id or name.
+        queue: String,
+        #[command(flatten)]
+        options: LimitOptions,
     },
     /// Delete a queue (its tasks are kept).
     DeleteQueue {
@@ -282,6 +293,50 @@ pub enum Command {
     Completions { shell: Shell },
 }
 
+/// The options of `limits` that set a queue's flow limits (none given: show them).
+#[derive(clap::Args, Debug, Default, Clone, PartialEq)]
+pub struct LimitOptions {
+    /// Rate limit, STARTS/PERIOD: at most STARTS task starts in any PERIOD (50/10s, 5/500ms,
+    /// 100/1m), across all nodes; `none` removes it.
+    #[arg(long, value_name = "N/PERIOD|none")]
+    pub rate: Option<String>,
+    /// With --rate: a task field (params.customer) whose every value has its own budget.
+    #[arg(long, value_name = "PATH", requires = "rate")]
+    pub partition: Option<String>,
+    /// With --partition: the most partitions with starts in their window at once.
+    #[arg(long, value_name = "N", requires = "partition")]
+    pub max_partitions: Option<u64>,
+    /// Per-key concurrency: a task field (params.account); `none` removes it.
+    #[arg(long, value_name = "PATH|none")]
+    pub concurrency_key: Option<String>,
+    /// With --concurrency-key: the most running tasks per key [server default: 1].
+    #[arg(long, value_name = "N", requires = "concurrency_key")]
+    pub max: Option<u64>,
+    /// With --concurrency-key: tasks of one key start in the order they were queued.
+    #[arg(long, requires = "concurrency_key")]
+    pub ordered: bool,
+    /// Unique tasks: a task field (params.id); creating a task whose value a live one has
+    /// gives that task instead; `none` removes it.
+    #[arg(long, value_name = "PATH|none")]
+    pub unique_key: Option<String>,
+    /// With --unique-key: the states in which a task keeps its key [server default:
+    /// queued,running].
+    #[arg(
+        long,
+        value_name = "STATE,…",
+        value_delimiter = ',',
+        requires = "unique_key"
+    )]
+    pub unique_states: Option<Vec<String>>,
+    /// With --unique-key: a task also keeps its key this many seconds after it was created.
+    #[arg(long, value_name = "SECONDS", requires = "unique_key")]
+    pub unique_for: Option<f64>,
+    /// Set a rate limit or concurrency even while live Perl Disbatch nodes serve (they claim
+    /// past both).
+    #[arg(long)]
+    pub force: bool,
+}
+
 /// `top --interval`: from a tenth of a second to a day.
 fn parse_interval(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -311,6 +366,37 @@ mod tests {
     #[test]
     fn clap_definition_is_consistent() {
         Args::command().debug_assert();
+    }
+
+    #[test]
+    fn limits_take_their_options() {
+        let args = Args::try_parse_from([
+            "disbatch",
+            "limits",
+            "q",
+            "--rate",
+            "50/10s",
+            "--partition",
+            "params.c",
+            "--unique-key",
+            "params.id",
+            "--unique-states",
+            "queued,running",
+        ])
+        .unwrap();
+        match args.command {
+            Command::Limits { queue, options } => {
+                assert_eq!(queue, "q");
+                assert_eq!(options.partition.as_deref(), Some("params.c"));
+                assert_eq!(
+                    options.unique_states,
+                    Some(vec!["queued".to_string(), "running".to_string()])
+                );
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(Args::try_parse_from(["disbatch", "limits", "q", "--partition", "p"]).is_err());
+        assert!(Args::try_parse_from(["disbatch", "limits", "q", "--ordered"]).is_err());
     }
 
     #[test]

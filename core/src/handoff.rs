@@ -33,6 +33,10 @@ pub struct Handoff {
     /// (`relay::LiveCopy`) and writes them, so the runner need not connect for them. A node
     /// that does not say so (an older one) leaves the runner to write its own.
     pub live: bool,
+    /// When the queue's rate limit granted this attempt's start (the server's time): the
+    /// attempt's record starts then, not when the runner got going, so the records show what
+    /// the limit counted. None without a rate limit.
+    pub started_at: Option<bson::DateTime>,
 }
 
 impl Handoff {
@@ -50,6 +54,10 @@ impl Handoff {
             "task": &self.task, "attempt": self.attempt, "queue": &self.queue, "relay": self.relay,
             "live": self.live,
         };
+        let mut d = d;
+        if let Some(at) = self.started_at {
+            d.insert("started_at", at);
+        }
         let mut out = Vec::new();
         d.to_writer(&mut out)
             .map_err(|e| format!("encoding the handoff: {e}"))?;
@@ -76,6 +84,7 @@ impl Handoff {
                 .map_err(|_| "the handoff has no `attempt` id".to_string())?,
             relay: d.get_bool("relay").unwrap_or(false),
             live: d.get_bool("live").unwrap_or(false),
+            started_at: d.get_datetime("started_at").ok().copied(),
         })
     }
 }
@@ -87,6 +96,7 @@ mod tests {
     #[test]
     fn a_handoff_round_trips_exactly() {
         let h = Handoff {
+            started_at: None,
             task: doc! {"_id": ObjectId::new(), "params": {"n": 1_i64, "when": bson::DateTime::now()}},
             attempt: ObjectId::new(),
             queue: doc! {"name": "q", "threads": 3},

@@ -72,6 +72,8 @@ pub struct Queue {
     pub run: crate::run_policy::RunPolicy,
     /// A process per task or persistent workers, and the workers' lifecycle.
     pub worker: crate::worker_policy::WorkerPolicy,
+    /// Rate limit, per-key concurrency and unique tasks (none for a plain Disbatch queue).
+    pub limits: crate::limits::FlowLimits,
     /// The document as read, handed to task runners so they need not read it again.
     pub raw: bson::Document,
 }

@@ -166,6 +166,15 @@ pub fn spec_load(
         let value = limit(spec.get(key), key)?;
         put(key, value.map(Bson::Int64), &mut unset);
     }
+    // Flow limits (`limits.rs`): stored as given, read back below by the node's own parser.
+    for key in [queue::RATE_LIMIT, queue::CONCURRENCY, queue::UNIQUE] {
+        let value = match spec.get(key) {
+            None | Some(Value::Null) => None,
+            Some(v @ Value::Object(_)) => Some(crate::client_json::storable(v, key)?),
+            Some(other) => return Err(format!("{key} must be an object or null, found {other}")),
+        };
+        put(key, value, &mut unset);
+    }
     let max_running = int("max_running")?.filter(|n| *n > 0);
     put(queue::MAX_RUNNING, max_running.map(Bson::Int64), &mut unset);
     let threads = int("threads")?
@@ -324,6 +333,41 @@ mod tests {
             (
                 json!({"name": "a", "worker_max_rss_mb": 1.5}),
                 "worker_max_rss_mb",
+            ),
+        ] {
+            assert!(load(bad.clone()).expect_err("bad").contains(key), "{bad}");
+        }
+    }
+
+    #[test]
+    fn flow_limits_are_mapped_checked_and_reset() {
+        let l = load(
+            json!({"name": "a", "rate_limit": {"starts": 50, "per_s": 10},
+                            "concurrency": {"key": "params.account", "ordered": true},
+                            "unique": {"key": "params.id", "for_s": 60}}),
+        )
+        .expect("ok");
+        let limits = crate::limits::parse(&l.set).expect("a node reads them");
+        assert_eq!(limits.rate.map(|r| r.starts), Some(50));
+        assert!(limits.concurrency.is_some_and(|c| c.ordered));
+        assert!(limits.unique.is_some());
+        let l = load(json!({"name": "a", "rate_limit": null})).expect("ok");
+        for field in ["rate_limit", "concurrency", "unique"] {
+            assert!(l.unset.contains(&field), "{field} resets");
+        }
+        for (bad, key) in [
+            (json!({"name": "a", "rate_limit": 5}), "rate_limit"),
+            (
+                json!({"name": "a", "rate_limit": {"starts": 0, "per_s": 1}}),
+                "rate_limit.starts",
+            ),
+            (
+                json!({"name": "a", "concurrency": {"max": 1}}),
+                "concurrency.key",
+            ),
+            (
+                json!({"name": "a", "unique": {"key": "k", "states": ["done"]}}),
+                "unique.states",
             ),
         ] {
             assert!(load(bad.clone()).expect_err("bad").contains(key), "{bad}");

@@ -36,6 +36,7 @@ PAGES.queues = {
       s.msg,
       s.grid.wrap,
       newQueueForm(ctx),
+      limitsCard(ctx),   // limits.js
     );
     takeFlash(s.msg);
   },
@@ -50,6 +51,8 @@ PAGES.queues = {
     s.plugins = Array.isArray(plugins) ? plugins : [];
     fillPluginSelect(s.newPlugin, s.plugins);
     renderQueueRows(ctx, queues);
+    await renderLimits(ctx, queues);
+    if (!ctx.alive()) return;
     ctx.rendered();
   },
 };

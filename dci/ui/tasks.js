@@ -202,12 +202,14 @@ PAGES.task = {
       el("dt", null, "id"), el("dd", { id: "task-id", class: "mono" }, id),
       el("dt", null, "queue"), dd("queue"),
       el("dt", null, "status"), dd("status-cell"),
+      s.heldDt = el("dt", { hidden: true }, "held"), dd("held"),
       el("dt", null, "node"), dd("node"),
       el("dt", null, "ctime"), dd("ctime"),
       el("dt", null, "mtime"), dd("mtime"),
       s.attemptsDt = el("dt", { hidden: true }, "attempts"), dd("attempts"),
       el("dt", null, "params"), el("dd", null, s.params = el("pre", { id: "task-params", class: "json" })));
     s.attempts.hidden = true;
+    s.held.hidden = true;
     s.panels = ["stdout", "stderr"].map((stream) => outputPanel(ctx, stream));
     s.history = attemptsPanel(ctx);   // attempts.js
     main.append(
@@ -226,6 +228,8 @@ PAGES.task = {
     const task = taskList(found)[0];
     if (!task) throw new Error(`no task with id ${s.id}`);
     renderTask(ctx, task, queueNames(queues));
+    await renderHeld(ctx, task, queues);   // limits.js
+    if (!ctx.alive()) return;
     const key = `${task.status}|${task.mtime}|${JSON.stringify(task.stdout)}|${JSON.stringify(task.stderr)}`;
     const changed = key !== s.lastKey;
     s.lastKey = key;

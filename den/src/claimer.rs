@@ -21,6 +21,7 @@ use crate::skip_log::SkipLog;
 
 mod batch;
 mod beside_perl;
+mod limits;
 mod spare;
 
 /// Which queues this node serves (`activequeues` wins over `ignorequeues`, as in Disbatch).
@@ -92,6 +93,8 @@ pub struct PassReport {
     /// every free slot another lane's): it reads again every pass, not at an idle node's
     /// pace, so it takes its lane back as soon as a slot frees.
     pub waiting_for_slots: bool,
+    /// A queue's flow limits held tasks back: the next pass is due by then at the latest.
+    pub held_until: Option<Instant>,
 }
 
 pub struct Claimer {
@@ -109,6 +112,8 @@ pub struct Claimer {
     windows: HashMap<ObjectId, ClaimWindow>,
     /// Per queue: candidates read beyond the last batch, for the next ones.
     spares: spare::Spares,
+    /// What this node knows of its queues' rate-limit windows.
+    limits: limits::LimitViews,
     /// Queued tasks this node will not try again: undecodable, or refused by the server.
     unrunnable: HashSet<ObjectId>,
     /// When the live nodes sharing queues were last read.
@@ -152,6 +157,7 @@ impl Claimer {
             view: RunningView::default(),
             windows: HashMap::new(),
             spares: spare::Spares::default(),
+            limits: limits::LimitViews::default(),
             unrunnable: HashSet::new(),
             sharers_read_at: None,
             all_queues: (Instant::now(), Vec::new()),
@@ -342,6 +348,15 @@ impl Claimer {
                     report.waiting_for_slots = true;
                     tracing::debug!(queue = %queue.id, lost = batch.lost, "every claim of the batch went to another node");
                 }
+                if batch.held {
+                    // Held back, not out of work: read every pass, and at once when a limit
+                    // frees.
+                    report.waiting_for_slots = true;
+                }
+                if let Some(until) = batch.held_until {
+                    report.held_until =
+                        Some(report.held_until.map_or(until, |t: Instant| t.min(until)));
+                }
                 claimed_here[i] += batch.claimed;
                 plan[i].wanted = plan[i].wanted.saturating_sub(batch.claimed);
                 specs[i].running += batch.claimed;
@@ -355,7 +370,7 @@ impl Claimer {
                     return Ok(report);
                 }
                 // With max_getwork the batch was the queue's share of this pass.
-                let progress = batch.claimed > 0 || batch.lost > 0;
+                let progress = batch.claimed > 0 || batch.lost > 0 || batch.fresh_exclusions;
                 if batch.ran_dry
                     || !progress
                     || specs[i].max_getwork.is_some()
@@ -440,6 +455,7 @@ impl Claimer {
         self.queue_names = queues.iter().map(|q| (q.id, q.name.clone())).collect();
         let servable: HashSet<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         self.windows.retain(|id, _| servable.contains(id));
+        self.limits.retain(&servable);
         let ids: Vec<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
         self.view.read(snapshot, executor_live);
@@ -459,6 +475,19 @@ impl Claimer {
         if !fleet.others.is_empty() {
             // A Perl node claims from the moment it runs; a reading may not show it yet.
             self.view.perl_nodes_live();
+            let limited: Vec<String> = self
+                .servable
+                .iter()
+                .filter(|q| q.queue.limits.limits_claims())
+                .map(|q| format!("{} ({})", q.queue.name, q.queue.id))
+                .collect();
+            if !limited.is_empty() {
+                // Perl nodes know no flow limits: they claim these queues' tasks past them.
+                self.report_once(format!(
+                    "Perl Disbatch nodes are live beside this one: they do not hold the rate_limit or concurrency of queues {}; stop them or remove the limits",
+                    limited.join(", ")
+                ));
+            }
         }
         let live = fleet.ours;
         let capacity = live

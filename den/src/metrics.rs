@@ -60,6 +60,7 @@ struct Inner {
     claims: IntCounterVec,
     claim_misses: IntCounterVec,
     claims_given_back: IntCounterVec,
+    limit_holds: IntCounterVec,
     claim_latency: Histogram,
     claims_per_pass: HistogramVec,
     passes: IntCounter,
@@ -106,6 +107,12 @@ impl Default for Inner {
                 "disbatch_den_claims_given_back_total",
                 "Claims given back before their runner started: on a queue Perl nodes also claim from, other nodes' claims arrived between this node's count and its claims, and with them the queue could have passed its threads",
                 &["queue"],
+            ),
+            limit_holds: counter_vec(
+                &registry,
+                "disbatch_den_limit_holds_total",
+                "Claimable tasks a claim left queued because a flow limit of their queue held them back, by limit: rate_limit (no start left in the window), partition_limit (max_partitions live partitions), concurrency (the key at its max), ordered (an older task of the key waits), or unused_grant (a start granted whose claim then went to another node: the window counts it)",
+                &["queue", "limit"],
             ),
             claim_latency: histogram(
                 &registry,
@@ -284,6 +291,17 @@ impl DenMetrics {
     /// "full" (Perl nodes' claims, counted just before, left the queue no room).
     pub fn claim_missed(&self, queue: &str, reason: &'static str) {
         inc(&self.inner.claim_misses, &[&metric_label(queue), reason]);
+    }
+
+    /// `n` claimable tasks held back by `limit` (see the metric's help).
+    pub fn limit_held(&self, queue: &str, limit: &'static str, n: u64) {
+        if let Ok(c) = self
+            .inner
+            .limit_holds
+            .get_metric_with_label_values(&[&metric_label(queue), limit])
+        {
+            c.inc_by(n);
+        }
     }
 
     /// Claims given back unstarted because, beside Perl nodes' claims, they could have

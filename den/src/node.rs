@@ -315,7 +315,11 @@ impl Node {
                     if report.more {
                         Duration::ZERO
                     } else {
-                        next_maintenance.saturating_duration_since(Instant::now())
+                        let next = next_maintenance.saturating_duration_since(Instant::now());
+                        // A flow limit frees before the next pass: claim then, not a pass late.
+                        report.held_until.map_or(next, |t| {
+                            next.min(t.saturating_duration_since(Instant::now()))
+                        })
                     }
                 }
                 Err(e) => {
@@ -401,6 +405,11 @@ impl Node {
         if Instant::now() >= *next_repair {
             let repaired = write_unrecorded_attempts(&self.store).await?;
             self.metrics.attempt_records_repaired(repaired);
+            // Rate-limit windows of partitions gone quiet (one per customer ever seen, else).
+            let removed = self.store.remove_expired_rate_windows().await?;
+            if removed > 0 {
+                tracing::debug!(removed, "removed rate-limit windows of quiet partitions");
+            }
             *next_repair = Instant::now() + self.interval * REPAIR_INTERVALS;
         }
         // The claimer's reading, kept fresh by queue changes' events and an idle node's

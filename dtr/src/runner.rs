@@ -86,7 +86,7 @@ pub async fn run_handed_off(
     link: Option<&mut NodeLink>,
     hosting: Option<Hosting<'_>>,
 ) -> Result<RunReport> {
-    let started = DateTime::now();
+    let started = handoff.started_at.unwrap_or_else(DateTime::now);
     let task = handoff.task.get_object_id(field::ID).map_err(|_| {
         disbatch_core::Error::Invalid("the handed-over task has no ObjectId _id".into())
     })?;

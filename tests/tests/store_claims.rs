@@ -31,6 +31,7 @@ async fn claim_batch(
                 task,
                 slot: *next_slot,
                 attempt: ObjectId::new(),
+                holds: Default::default(),
             }
         })
         .collect();
@@ -141,6 +142,7 @@ async fn a_task_changed_since_it_was_read_is_not_claimed_blind() {
             task,
             slot: i as u32,
             attempt: ObjectId::new(),
+            holds: Default::default(),
         })
         .collect();
     let outcomes = store
@@ -303,6 +305,7 @@ async fn two_claimers_at_once_never_exceed_threads_or_share_a_task() {
                     task,
                     slot: *slot,
                     attempt: ObjectId::new(),
+                    holds: Default::default(),
                 })
                 .collect();
             let outcomes = store
@@ -320,6 +323,7 @@ async fn two_claimers_at_once_never_exceed_threads_or_share_a_task() {
                     }
                     PickOutcome::Lost => {}
                     PickOutcome::Refused(why) => panic!("a plain task was refused: {why}"),
+                    PickOutcome::KeySlotTaken => panic!("a task with no key slot lost one"),
                 }
             }
         }

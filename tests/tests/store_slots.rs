@@ -5,7 +5,7 @@ use std::time::Duration;
 use bson::doc;
 use bson::oid::ObjectId;
 use disbatch_core::model::QueueSort;
-use disbatch_core::store::{ClaimWindow, Pick, PickOutcome, Store};
+use disbatch_core::store::{ClaimWindow, LimitIndex, Pick, PickOutcome, Store};
 use disbatch_tests::TestDb;
 
 /// Reads the queue's head and claims `slots.len()` of its tasks for `node`, one slot each.
@@ -23,6 +23,7 @@ async fn claim(store: &Store, queue: ObjectId, node: &str, slots: &[u32]) -> Vec
             task,
             slot: *slot,
             attempt: ObjectId::new(),
+            holds: Default::default(),
         })
         .collect();
     store
@@ -125,6 +126,23 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
         ]
     );
     assert_eq!(names("queues").await, ["_id_", "name_1"]);
+    assert_eq!(names("rate_limits").await, ["_id_", "queue_1_until_1"]);
+    // The flow limits' own indexes come with the first queue that uses them, not before.
+    store
+        .ensure_limit_index(LimitIndex::KeySlots)
+        .await
+        .expect("key slots");
+    store
+        .ensure_limit_index(LimitIndex::Unique)
+        .await
+        .expect("unique");
+    let tasks = names("tasks").await;
+    for name in [
+        "queue_1_concurrency_key_1_concurrency_slot_1",
+        "queue_1_unique_key_1_unique_gen_1",
+    ] {
+        assert!(tasks.contains(&name.to_string()), "{name}: {tasks:?}");
+    }
     assert_eq!(names("nodes").await, ["_id_", "node_1"]);
     assert_eq!(names("tasks.chunks").await, ["_id_", "files_id_1_n_1"]);
     assert_eq!(

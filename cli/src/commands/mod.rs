@@ -1,6 +1,7 @@
 //! Runs one parsed command against the server and writes its output.
 
 mod balance;
+mod limits;
 mod nodes;
 mod queue_ops;
 mod queues;
@@ -107,6 +108,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         } => queues::create(ctx, &name, &plugin, threads, sort, out).await,
         Command::UpdateQueue { queue, pairs } => queues::update(ctx, &queue, &pairs, out).await,
         Command::DeleteQueue { queue } => queues::delete(ctx, &queue, out).await,
+        Command::Limits { queue, options } => limits::limits(ctx, &queue, &options, out).await,
         Command::CreateTask { queue, pairs } => tasks::create_one(ctx, &queue, &pairs, out).await,
         Command::CreateTasks {
             queue,

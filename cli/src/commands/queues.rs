@@ -141,6 +141,11 @@ pub fn update_body(args: &[String]) -> anyhow::Result<Map<String, Value>> {
                     .parse::<u64>()
                     .map_or_else(|_| json!(digits), |n| json!(n))
             }
+            // Flow limits are objects: JSON text is sent as JSON (`null` removes the limit);
+            // anything else goes as text, for the server to explain.
+            ("rate_limit" | "concurrency" | "unique", text) => {
+                serde_json::from_str::<Value>(text).unwrap_or_else(|_| json!(text))
+            }
             _ => json!(value),
         };
         body.insert(field.clone(), value);
@@ -249,6 +254,23 @@ mod tests {
         assert_eq!(
             Value::Object(body),
             json!({"threads": "99999999999999999999999"})
+        );
+    }
+
+    #[test]
+    fn limit_fields_go_as_json() {
+        let body = update_body(&strings(&[
+            "rate_limit",
+            r#"{"starts": 5, "per_s": 1}"#,
+            "unique",
+            "null",
+            "concurrency",
+            "soon",
+        ]))
+        .unwrap();
+        assert_eq!(
+            Value::Object(body),
+            json!({"rate_limit": {"starts": 5, "per_s": 1}, "unique": null, "concurrency": "soon"})
         );
     }
 

@@ -110,6 +110,7 @@ pub async fn show(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Resu
                 oid(value).map_or_else(|| cell(Some(value)), str::to_string),
             )),
             "stdout" | "stderr" => lines.push((key.clone(), output_summary(value))),
+            "held" => lines.push((key.clone(), held_line(value))),
             _ => lines.push((key.clone(), cell(Some(value)))),
         }
     }
@@ -122,6 +123,20 @@ pub async fn show(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Resu
         writeln!(out, "{:width$}  {}", shown(&key), shown(&value))?;
     }
     Ok(())
+}
+
+/// `held` (the DCI's: why a queued task waits on its queue's flow limits): the limit, the
+/// reason, and until when.
+fn held_line(value: &Value) -> String {
+    let until = match value.get("until") {
+        None | Some(Value::Null) => String::new(),
+        Some(u) => format!(" (until {})", date(Some(u))),
+    };
+    format!(
+        "{}: {}{until}",
+        cell(value.get("limit")),
+        cell(value.get("reason"))
+    )
 }
 
 /// Output in a task document: inline text is summarised (the `stdout` verb prints it whole).
@@ -213,6 +228,18 @@ mod tests {
         assert!(text.contains("succeeded (1)"), "{text}");
         assert!(text.contains(r#"{"k":"v"}"#), "{text}");
         assert!(text.ends_with("1 task.\n"), "{text}");
+    }
+
+    #[test]
+    fn a_held_task_says_why_and_until_when() {
+        let held =
+            json!({"limit": "rate_limit", "reason": "used up", "until": "2026-01-01T00:00:10"});
+        assert_eq!(
+            held_line(&held),
+            "rate_limit: used up (until 2026-01-01T00:00:10)"
+        );
+        let held = json!({"limit": "concurrency", "reason": "at max", "until": null});
+        assert_eq!(held_line(&held), "concurrency: at max");
     }
 
     #[test]

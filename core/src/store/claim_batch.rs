@@ -63,6 +63,20 @@ pub struct Pick {
     pub task: Document,
     pub slot: u32,
     pub attempt: ObjectId,
+    /// What the queue's flow limits have the claim hold besides its slot.
+    pub holds: PickHolds,
+}
+
+/// A claim's part in its queue's flow limits.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PickHolds {
+    /// The task's concurrency key and the key slot to hold (unique per queue and key).
+    pub key_slot: Option<(Bson, u32)>,
+    /// When the rate limit granted the attempt's start (the server's time): the runner
+    /// records it as the attempt's start, so the attempts' starts show the limit held.
+    pub started_at: Option<DateTime>,
+    /// The rate-limit partition whose window granted the start (null without partitions).
+    pub partition: Option<Bson>,
 }
 
 /// What became of one pick.
@@ -74,6 +88,8 @@ pub enum PickOutcome {
     Lost,
     /// Another node holds the slot.
     SlotTaken,
+    /// Another task holds the key slot (`PickHolds::key_slot`).
+    KeySlotTaken,
     /// The server refused this task's claim itself (with its reason): it holds something
     /// the server cannot update, and will refuse it again.
     Refused(String),
@@ -188,14 +204,21 @@ impl Store {
         let writes: Vec<(Document, Document, Document)> = picks
             .iter()
             .map(|p| {
-                let set = doc! {
+                let mut set = doc! {
                     task::NODE: node,
                     task::STATUS: status::RUNNING,
-                    task::MTIME: now,
+                    // A rate-limited attempt starts when its start was granted: recovery
+                    // records a lost attempt as starting at its claim's `mtime`.
+                    task::MTIME: p.holds.started_at.unwrap_or(now),
                     task::SLOT: p.slot as i64,
                     task::LEASE_UNTIL: deadline,
                     task::ATTEMPT: p.attempt,
                 };
+                if let Some((key, slot)) = &p.holds.key_slot {
+                    set.insert(task::CONCURRENCY_KEY, key.clone());
+                    set.insert(task::CONCURRENCY_SLOT, i64::from(*slot));
+                }
+
                 let update = doc! {"$set": set.clone(), "$inc": {task::ATTEMPTS: 1}};
                 (still_as_read(&p.task), update, set)
             })
@@ -231,7 +254,7 @@ impl Store {
                         }
                     }),
                     Ok(None) => Ok(PickOutcome::Lost),
-                    Err(e) if super::is_duplicate_key(&e) => Ok(PickOutcome::SlotTaken),
+                    Err(e) if super::is_duplicate_key(&e) => Ok(duplicate_outcome(&e.to_string())),
                     Err(e) => match super::refusal(&e) {
                         Some(reason) => Ok(PickOutcome::Refused(reason)),
                         None => Err(Error::mongo("claiming a task", e)),
@@ -287,7 +310,7 @@ impl Store {
                     PickOutcome::Claimed(Box::new(claimed_document(&pick.task, set)))
                 }
                 (true, _) => PickOutcome::Lost,
-                (false, 11000) => PickOutcome::SlotTaken,
+                (false, 11000) => duplicate_outcome(r.get_str("errmsg").unwrap_or("")),
                 (false, code) if super::is_transient_code(code) => PickOutcome::Lost,
                 (false, code) => PickOutcome::Refused(super::short_message(
                     r.get_str("errmsg").unwrap_or("no reason given"),
@@ -355,7 +378,7 @@ impl Store {
 
     /// Claimable tasks, each decoded alone: one that cannot be is set aside by `_id` (or
     /// reported and left out, without an ObjectId `_id` to name it by).
-    async fn read_tasks(
+    pub(super) async fn read_tasks(
         &self,
         filter: Document,
         order: Document,
@@ -393,8 +416,8 @@ impl Store {
 /// One read of claimable tasks: what it found, and how many documents came back in all
 /// (decodable or not), which is what tells whether it reached the end of the queue.
 #[derive(Debug, Default)]
-struct CandidateRead {
-    candidates: Candidates,
+pub(super) struct CandidateRead {
+    pub(super) candidates: Candidates,
     read: usize,
 }
 
@@ -414,6 +437,15 @@ fn window_over(head: &[Document], read: usize, asked: i64) -> Option<WindowRange
             .any(|d| d.get(task::NODE) == Some(&Bson::Int32(-1))),
         read_at: Instant::now(),
     })
+}
+
+/// Which of the claim's unique holds another task has: the key slot when the server names
+/// its index, otherwise the queue slot.
+fn duplicate_outcome(message: &str) -> PickOutcome {
+    match message.contains(task::CONCURRENCY_SLOT) {
+        true => PickOutcome::KeySlotTaken,
+        false => PickOutcome::SlotTaken,
+    }
 }
 
 /// The claim's write, found by `_id` (`by_id.rs`) unless the task as read holds an array

@@ -1,14 +1,49 @@
-//! What claims share: which tasks are claimable, in which order, and giving a claim back.
+//! What claims share: which tasks are claimable, in which order, reading them past what a
+//! queue's flow limits hold, and giving a claim back.
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
 use super::schema::{task, TASKS};
-use super::{StatusGroup, Store};
+use super::{Candidates, StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::{status, QueueSort};
 
 impl Store {
+    /// Reads up to `limit` claimable tasks of `queue` that also match `also` (what a queue's
+    /// flow limits leave claimable now), in the queue's claim order, from its head: no
+    /// window, since what `also` excludes changes from one read to the next.
+    pub async fn claim_candidates_matching(
+        &self,
+        queue: ObjectId,
+        sort: QueueSort,
+        limit: usize,
+        also: &Document,
+    ) -> Result<Candidates> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let reads = claim_reads(sort).unwrap_or_else(|| vec![(doc! {}, doc! {task::ID: 1})]);
+        let now = DateTime::now();
+        let mut found = Candidates::default();
+        for (extra, order) in reads {
+            let left = limit - (found.tasks.len() + found.unreadable.len()) as i64;
+            if left <= 0 {
+                break;
+            }
+            let mut filter = claimable(queue, now);
+            let mut and = match filter.remove("$and") {
+                Some(Bson::Array(a)) => a,
+                _ => Vec::new(),
+            };
+            and.push(Bson::Document(extra));
+            and.push(Bson::Document(also.clone()));
+            filter.insert("$and", and);
+            let read = self.read_tasks(filter, order, left).await?;
+            found.tasks.extend(read.candidates.tasks);
+            found.unreadable.extend(read.candidates.unreadable);
+        }
+        Ok(found)
+    }
+
     /// Puts a task claimed by `claim_picks` back in the queue before its runner started, as
     /// it was: no slot, lease or `attempt`, and `attempts` one less, or gone when the claim
     /// was its first (`claimed` is the document the claim returned), so a Perl node that
@@ -21,7 +56,9 @@ impl Store {
         claimed: &Document,
     ) -> Result<bool> {
         let first = super::count_value(claimed.get(task::ATTEMPTS)) <= 1;
-        let mut unset = doc! {task::SLOT: "", task::LEASE_UNTIL: "", task::ATTEMPT: ""};
+        let mut unset = doc! {
+            task::SLOT: "", task::LEASE_UNTIL: "", task::ATTEMPT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "",
+        };
         let mut update = doc! {
             "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
         };
@@ -60,7 +97,7 @@ impl Store {
                 task::MTIME: DateTime::now(),
                 task::COMPLETE: true,
             },
-            "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
+            "$unset": {task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", task::LEASE_UNTIL: ""},
         };
         let filter = doc! {task::ID: id, task::STATUS: status::QUEUED};
         match self

@@ -29,6 +29,8 @@ pub enum SkipReason {
     /// The server refused to update it (to claim or recover it): it holds a value the
     /// server cannot handle, and will refuse it again.
     UpdateRefused,
+    /// Its queue's flow limit keys it by a field that holds a list: it stands for no one key.
+    BadLimitKey,
 }
 
 impl SkipReason {
@@ -36,6 +38,7 @@ impl SkipReason {
         match self {
             SkipReason::Undecodable => "undecodable",
             SkipReason::UpdateRefused => "update_refused",
+            SkipReason::BadLimitKey => "bad_limit_key",
         }
     }
 }

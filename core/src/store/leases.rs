@@ -202,13 +202,16 @@ impl Store {
                 );
             }
         }
-        let mut update = doc! {
-            "$set": set,
-            "$unset": {
-                task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
-                task::LIVE_OUTPUT: "",
-            },
+        let mut unset = doc! {
+            task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
+            task::LIVE_OUTPUT: "",
         };
+        // Requeued, it keeps its key slot as a retry does (its place); otherwise it ends.
+        if !matches!(how, Recovery::Requeue) {
+            unset.insert(task::CONCURRENCY_KEY, "");
+            unset.insert(task::CONCURRENCY_SLOT, "");
+        }
+        let mut update = doc! {"$set": set, "$unset": unset};
         // In the same write as the move, so that no crash leaves a moved task without either
         // its lost attempt's record or what that record is to say (`lost_records.rs`).
         if let Some(lost) = &lost {

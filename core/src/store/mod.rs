@@ -8,7 +8,9 @@ mod claim_batch;
 mod claim_run;
 mod completions;
 mod decode;
+mod flow_view;
 mod gridfs;
+mod key_slots;
 mod leases;
 mod live_output;
 mod lookup;
@@ -18,6 +20,7 @@ mod maintenance_lease;
 mod metrics;
 mod nodes;
 mod queues;
+mod rate_limits;
 pub mod schema;
 mod stats;
 mod summary;
@@ -27,6 +30,7 @@ mod task_create;
 mod task_query;
 mod tasks;
 mod topology;
+mod unique_tasks;
 mod units;
 mod users;
 mod watch;
@@ -44,10 +48,12 @@ use mongodb::{Client, Collection, Database};
 
 pub use attempts::{AttemptEnd, AttemptRecord};
 pub use by_id::{conditional_by_id, WHEN as BY_ID_WHEN};
-pub use claim_batch::{claim_key, Candidates, ClaimWindow, Pick, PickOutcome};
+pub use claim_batch::{claim_key, Candidates, ClaimWindow, Pick, PickHolds, PickOutcome};
 pub use decode::{DocumentStream, SkipHook, SkipLedger, SkipReason};
+pub use flow_view::{KeyBudget, PartitionUse, QueueFlow, RateBudget, HELD_SCAN};
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
+pub use key_slots::{key_text, HeldKeys, LimitIndex};
 pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
 pub use live_output::{
     live_stream, terse_live_output, LiveOutput, LiveStream, LiveWrite, LIVE_TAIL,
@@ -56,12 +62,14 @@ pub use lost_records::LostAttempt;
 pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, HeartbeatReply, LiveFleet, LiveNode, NodeLimit};
 pub use queues::{check_queue_fields, parse_queue, runs_persistent};
+pub use rate_limits::Grant;
 pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
 pub use task_counts::{
     group_of, is_kept, GroupCounts, Moved, ReconcileReport, DEFERRED_COUNTS_MAX_AGE,
 };
+pub use task_create::Created;
 pub use task_create::Template;
 pub use task_query::{IndexSets, QueryError, TaskQuery, TaskStream};
 pub use tasks::{FinishOutcome, OutputValue, QueueRunning, RunningSnapshot, TaskEnd};
@@ -90,6 +98,8 @@ pub struct Store {
     counts: task_counts::CountLedger,
     /// Work signals wanted and being written, per queue.
     signals: work_signal::SignalLedger,
+    /// Which flow-limit indexes this process has made sure of (`key_slots::LimitIndex`).
+    limit_indexes: Arc<key_slots::LimitIndexes>,
 }
 
 const BULK_WRITE_UNKNOWN: u8 = 0;
@@ -123,6 +133,7 @@ impl Store {
             skips: SkipLedger::default(),
             counts: Default::default(),
             signals: Default::default(),
+            limit_indexes: Default::default(),
         })
     }
 
@@ -135,6 +146,7 @@ impl Store {
             skips: self.skips.clone(),
             counts: Default::default(),
             signals: Default::default(),
+            limit_indexes: Default::default(),
         }
     }
 

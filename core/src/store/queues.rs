@@ -72,12 +72,15 @@ pub fn parse_queue(d: &Document) -> Result<Queue, String> {
     let spec = spec_fields(d);
     let run = run_policy(d);
     let worker = worker_fields(d);
-    // An unreadable work-spec, run-policy or worker field makes the queue unservable,
-    // reported like bad threads.
-    let threads = match (parse_limit(cap), &spec, &run, &worker) {
-        (Ok(t), Ok(_), Ok(_), Ok(_)) => Ok(t.unwrap_or(0)),
-        (Err(e), _, _, _) => Err(format!("threads: {e}")),
-        (_, Err(e), _, _) | (_, _, Err(e), _) | (_, _, _, Err(e)) => Err(e.clone()),
+    let limits = crate::limits::parse(d);
+    // An unreadable work-spec, run-policy, worker or limit field makes the queue unservable,
+    // reported like bad threads: a limit a node cannot read is one it cannot hold.
+    let threads = match (parse_limit(cap), &spec, &run, &worker, &limits) {
+        (Ok(t), Ok(_), Ok(_), Ok(_), Ok(_)) => Ok(t.unwrap_or(0)),
+        (Err(e), ..) => Err(format!("threads: {e}")),
+        (_, Err(e), ..) | (_, _, Err(e), ..) | (_, _, _, Err(e), _) | (.., Err(e)) => {
+            Err(e.clone())
+        }
     };
     let (sort, sort_warning) = QueueSort::parse(d.get(queue::SORT));
     Ok(Queue {
@@ -90,6 +93,7 @@ pub fn parse_queue(d: &Document) -> Result<Queue, String> {
         spec: spec.unwrap_or_default(),
         run: run.unwrap_or_default(),
         worker: worker.unwrap_or_default(),
+        limits: limits.unwrap_or_default(),
         raw: d.clone(),
     })
 }

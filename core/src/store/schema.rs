@@ -51,6 +51,19 @@ pub mod task {
     /// between the two writes leaves the record to be written by the maintenance leader.
     /// Absent otherwise.
     pub const UNRECORDED_ATTEMPTS: &str = "unrecorded_attempts";
+    /// Ours: a claimed or running task of a queue with `concurrency`: its key's value (copied
+    /// from the task field the queue names) and the key slot it holds, below the key's `max`.
+    /// Unique per queue, key and slot, so the database itself holds the per-key limit across
+    /// nodes. Unset when the task ends; kept by a task of an `ordered` queue waiting for its
+    /// retry, which so keeps its place.
+    pub const CONCURRENCY_KEY: &str = "concurrency_key";
+    pub const CONCURRENCY_SLOT: &str = "concurrency_slot";
+    /// Ours: a task of a queue with `unique` (created by our code): its key's value, and its
+    /// place in the key's line of tasks, unique per queue and key. The newest (highest
+    /// `unique_gen`) holds the key while `limits::Unique::holds`; a creator then gets it as
+    /// the task, or inserts the next generation when it no longer holds (`unique_tasks`).
+    pub const UNIQUE_KEY: &str = "unique_key";
+    pub const UNIQUE_GEN: &str = "unique_gen";
 }
 
 /// Fields of an entry of a task's `unrecorded_attempts`: what the lost attempt's record says.
@@ -156,6 +169,39 @@ pub mod queue {
     /// Ours: when our code last queued tasks of this queue again (a retry, a give-back, a
     /// recovered lease): nodes read past their claim windows.
     pub const TASKS_REQUEUED_AT: &str = "tasks_requeued_at";
+    /// Ours, flow limits (`limits.rs`): `{starts, per_s, partition, max_partitions}`,
+    /// `{key, max, ordered}` and `{key, states, for_s}`.
+    pub const RATE_LIMIT: &str = "rate_limit";
+    pub const CONCURRENCY: &str = "concurrency";
+    pub const UNIQUE: &str = "unique";
+}
+
+/// Ours: one document per rate-limited queue and partition, the starts its limit granted
+/// within the last period: `{_id: {queue, partition}, queue, starts: [{t, n, f}], open: {t, n,
+/// f}, granted: {id, n, at}, until}` (`store::rate_limits`). Times are the server's, in milliseconds.
+pub const RATE_LIMITS: &str = "rate_limits";
+
+pub mod rate {
+    pub const ID: &str = "_id";
+    /// Inside `_id`: the queue's `_id` and the partition's value (null without a partition).
+    pub const QUEUE: &str = "queue";
+    pub const PARTITION: &str = "partition";
+    /// `[{t, n}]`, oldest first: `n` starts granted at server time `t` (ms since the epoch);
+    /// an entry leaves the window `per_s` after its `t`.
+    pub const STARTS: &str = "starts";
+    pub const T: &str = "t";
+    pub const N: &str = "n";
+    /// The newest entry, `{t, n, f}`, apart from `starts` while it still takes grants: those
+    /// within `per / 64` of its first (`f`) join it and move its `t` to theirs.
+    pub const OPEN: &str = "open";
+    pub const FIRST: &str = "f";
+    /// The last grant: `{id, n, at}`, how a node reads back what its own write granted.
+    pub const GRANTED: &str = "granted";
+    pub const GRANT_ID: &str = "id";
+    pub const AT: &str = "at";
+    /// When the newest entry leaves the window (a date): the partition is live until then,
+    /// and its document can be removed after.
+    pub const UNTIL: &str = "until";
 }
 
 pub mod node {
@@ -235,6 +281,35 @@ pub fn disbatch_indexes() -> Vec<(&'static str, IndexModel)> {
     ]
 }
 
+/// The flow limits' unique indexes on tasks, each made when a queue first uses its limit
+/// (`Store::ensure_limit_index`), not at start: SecantusDB keeps every index on every write,
+/// and a fleet that sets no limit pays nothing for them. The unique tasks' index first (over a key's
+/// generations, never freed by an update: SecantusDB 0.5.3 keeps an inserted document's entry
+/// after `$unset`), then the key slots' (two running tasks of one key never hold one slot).
+pub fn limit_indexes() -> [IndexModel; 2] {
+    let unique = IndexModel::builder()
+        .keys(doc! {task::QUEUE: 1, task::UNIQUE_KEY: 1, task::UNIQUE_GEN: 1})
+        .options(
+            IndexOptions::builder()
+                .name("queue_1_unique_key_1_unique_gen_1".to_string())
+                .unique(true)
+                .partial_filter_expression(doc! {task::UNIQUE_KEY: {"$exists": true}})
+                .build(),
+        )
+        .build();
+    let key_slots = IndexModel::builder()
+        .keys(doc! {task::QUEUE: 1, task::CONCURRENCY_KEY: 1, task::CONCURRENCY_SLOT: 1})
+        .options(
+            IndexOptions::builder()
+                .name("queue_1_concurrency_key_1_concurrency_slot_1".to_string())
+                .unique(true)
+                .partial_filter_expression(doc! {task::CONCURRENCY_SLOT: {"$exists": true}})
+                .build(),
+        )
+        .build();
+    [unique, key_slots]
+}
+
 /// Our additional indexes, both unique among the tasks that carry the field: the slot index
 /// makes a queue's `threads` hold across nodes (two claims never hold one slot), the key index
 /// makes a work unit's key unique within its queue.
@@ -255,6 +330,12 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
     vec![
         (TASKS, unique_where_present(task::SLOT)),
         (TASKS, unique_where_present(task::KEY)),
+        (
+            RATE_LIMITS,
+            IndexModel::builder()
+                .keys(doc! {rate::QUEUE: 1, rate::UNTIL: 1})
+                .build(),
+        ),
         // Only delayed (and once-delayed) tasks carry `not_before`: counting the delayed ones
         // of a queue reads just those, not its backlog.
         (

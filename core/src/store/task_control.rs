@@ -35,7 +35,7 @@ impl Store {
         let filter = doc! {task::ID: id, task::STATUS: {"$in": waiting.to_vec()}};
         let update = doc! {
             "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
-            "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
+            "$unset": {task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", task::LEASE_UNTIL: ""},
         };
         let cancelled = self
             .update_one_counted(filter, update, Some(StatusGroup::Cancelled))
@@ -131,7 +131,7 @@ impl Store {
                     doc! {task::QUEUE: queue, task::STATUS: s},
                     doc! {
                         "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
-                        "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
+                        "$unset": {task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", task::LEASE_UNTIL: ""},
                     },
                 )
                 .await
@@ -258,6 +258,7 @@ fn requeue_update() -> bson::Document {
         },
         "$unset": {
             task::COMPLETE: "", task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
+            task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "",
             task::LIVE_OUTPUT: "",
         },
     }

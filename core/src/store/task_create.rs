@@ -1,5 +1,7 @@
 //! Creating tasks in bulk: from params lists, and from another collection through a template.
 
+use std::collections::HashSet;
+
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
@@ -45,15 +47,57 @@ impl Template {
     }
 }
 
+/// What creating a list of tasks made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Created {
+    /// Per input, in order: the new task, or the existing task the input duplicates.
+    pub ids: Vec<ObjectId>,
+    /// The inputs (indexes into `ids`) that were duplicates, ascending.
+    pub duplicates: Vec<usize>,
+    /// Whether the queue has `unique` (its replies say which inputs were duplicates).
+    pub unique: bool,
+}
+
+impl Created {
+    /// The new tasks, as (input index, id).
+    pub fn new_tasks(&self) -> Vec<(usize, ObjectId)> {
+        let dup: HashSet<usize> = self.duplicates.iter().copied().collect();
+        self.ids
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !dup.contains(i))
+            .map(|(i, id)| (i, *id))
+            .collect()
+    }
+
+    /// The duplicates, as (input index, the existing task's id).
+    pub fn duplicate_tasks(&self) -> Vec<(usize, ObjectId)> {
+        self.duplicates
+            .iter()
+            .filter_map(|&i| self.ids.get(i).map(|id| (i, *id)))
+            .collect()
+    }
+
+    /// Appends a later batch of the same request, its indexes following this one's.
+    pub fn extend(&mut self, later: Created) {
+        let offset = self.ids.len();
+        self.ids.extend(later.ids);
+        self.duplicates
+            .extend(later.duplicates.into_iter().map(|i| i + offset));
+        self.unique |= later.unique;
+    }
+}
+
 impl Store {
-    /// Inserts one task per document of `collection` matching `filter`. Returns the new ids.
+    /// Inserts one task per document of `collection` matching `filter`: per matching document
+    /// its task, new or (for a queue with `unique`) the existing one it duplicates.
     pub async fn insert_tasks_from_collection(
         &self,
         queue: ObjectId,
         collection: &str,
         filter: Document,
         template: &Template,
-    ) -> Result<Vec<ObjectId>> {
+    ) -> Result<Created> {
         check_source_collection(collection)?;
         let mut projection = doc! {};
         for f in template.fields() {
@@ -67,7 +111,8 @@ impl Store {
         let mut cursor = find
             .await
             .map_err(|e| Error::mongo(format!("reading collection {collection}"), e))?;
-        let mut ids = Vec::new();
+        let mut made = Created::default();
+        let mut first = 0;
         let mut batch = Vec::with_capacity(BATCH);
         while let Some(raw) = cursor
             .try_next()
@@ -80,13 +125,17 @@ impl Store {
             };
             batch.push(template.fill(&d));
             if batch.len() == BATCH {
-                ids.extend(self.insert_tasks(queue, std::mem::take(&mut batch)).await?);
+                let label = |i: usize| format!("source document {}", first + i);
+                let batch = std::mem::take(&mut batch);
+                made.extend(self.create_labelled(queue, batch, &label).await?);
+                first = made.ids.len();
             }
         }
         if !batch.is_empty() {
-            ids.extend(self.insert_tasks(queue, batch).await?);
+            let label = |i: usize| format!("source document {}", first + i);
+            made.extend(self.create_labelled(queue, batch, &label).await?);
         }
-        Ok(ids)
+        Ok(made)
     }
 }
 
@@ -121,5 +170,23 @@ mod tests {
             params,
             doc! {"user": "a@example.com", "kind": "migration", "n": 3, "gone": Bson::Null}
         );
+    }
+
+    #[test]
+    fn a_later_batch_continues_the_indexes() {
+        let (a, b, c) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+        let mut first = Created {
+            ids: vec![a, b],
+            duplicates: vec![],
+            unique: true,
+        };
+        first.extend(Created {
+            ids: vec![a, c],
+            duplicates: vec![0],
+            unique: true,
+        });
+        assert_eq!(first.duplicates, vec![2]);
+        assert_eq!(first.duplicate_tasks(), vec![(2, a)]);
+        assert_eq!(first.new_tasks(), vec![(0, a), (1, b), (3, c)]);
     }
 }

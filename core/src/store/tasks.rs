@@ -8,6 +8,8 @@ use bson::{doc, Bson, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use super::schema::{task, TASKS};
+use super::task_create::Created;
+use super::unique_tasks::{stamp_unique_key, Fate};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::status;
@@ -223,7 +225,7 @@ impl Store {
         let cutoff_ms = DateTime::now().timestamp_millis() - age.as_millis() as i64;
         let update = doc! {
             "$set": {task::STATUS: status::ORPHANED, task::MTIME: DateTime::now()},
-            "$unset": {task::SLOT: ""},
+            "$unset": {task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", },
         };
         // One write per `mtime` type rather than one `$or` of both: SecantusDB answers the `$or`
         // by reading every task (180 ms at 100 000 queued, against 3 ms each this way).
@@ -255,38 +257,112 @@ impl Store {
         }
         let update = doc! {
             "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
-            "$unset": {task::SLOT: "", task::LEASE_UNTIL: ""},
+            "$unset": {task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", task::LEASE_UNTIL: ""},
         };
         self.update_each_counted(filter, update, StatusGroup::Queued)
             .await
             .map_err(|e| Error::mongo("giving back claimed tasks", e))
     }
 
-    /// Inserts queued tasks in Disbatch 4's creation shape, in one round trip.
+    /// Inserts queued tasks in Disbatch 4's creation shape, in one round trip. Returns per
+    /// input its task: the new one, or for a queue with `unique` the existing one it
+    /// duplicates (`create_tasks` says which).
     pub async fn insert_tasks(
         &self,
         queue: ObjectId,
         params: Vec<Document>,
     ) -> Result<Vec<ObjectId>> {
+        Ok(self.create_tasks(queue, params).await?.ids)
+    }
+
+    /// `insert_tasks`, saying which inputs were duplicates of existing tasks (`unique`).
+    pub async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> Result<Created> {
+        let many = params.len() > 1;
+        let label = |i: usize| match many {
+            true => format!("params[{i}]"),
+            false => "params".to_string(),
+        };
+        self.create_labelled(queue, params, &label).await
+    }
+
+    /// `create_tasks`, naming input `i` as `label(i)` in errors.
+    pub(crate) async fn create_labelled(
+        &self,
+        queue: ObjectId,
+        params: Vec<Document>,
+        label: &(dyn Fn(usize) -> String + Sync),
+    ) -> Result<Created> {
+        let unique = self.unique_of(queue).await?;
         let now = DateTime::now();
-        let ids: Vec<ObjectId> = params.iter().map(|_| ObjectId::new()).collect();
-        let docs = ids.iter().zip(params).map(|(id, p)| {
-            doc! {
-                task::ID: *id, task::QUEUE: queue, task::STATUS: status::QUEUED, task::NODE: Bson::Null,
-                task::PARAMS: p, task::CTIME: now, task::MTIME: now,
-                task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
+        let mut docs: Vec<Document> = params
+            .into_iter()
+            .map(|p| {
+                doc! {
+                    task::ID: ObjectId::new(), task::QUEUE: queue, task::STATUS: status::QUEUED, task::NODE: Bson::Null,
+                    task::PARAMS: p, task::CTIME: now, task::MTIME: now,
+                    task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
+                }
+            })
+            .collect();
+        let ids: Vec<ObjectId> = docs
+            .iter()
+            .filter_map(|d| d.get_object_id(task::ID).ok())
+            .collect();
+        let context = || format!("inserting tasks into queue {queue}");
+        let Some(unique) = unique else {
+            self.collection(TASKS)
+                .insert_many(&docs)
+                .await
+                .map_err(|e| Error::mongo(context(), e))?;
+            self.count_created(queue, ids.len()).await;
+            return Ok(Created {
+                ids,
+                ..Created::default()
+            });
+        };
+        for (i, d) in docs.iter_mut().enumerate() {
+            stamp_unique_key(&unique, d)
+                .map_err(|why| Error::Invalid(format!("{}: {why}", label(i))))?;
+        }
+        let held = self.place_unique(queue, &unique, &mut docs).await?;
+        let skipped: Vec<bool> = held.iter().map(Option::is_some).collect();
+        let went_in = self.insert_unordered(&docs, &skipped, &context()).await?;
+        let mut out = Created {
+            ids,
+            duplicates: Vec::new(),
+            unique: true,
+        };
+        for (i, d) in docs.iter().enumerate() {
+            let fate = match held[i] {
+                Some(holder) => Fate::Duplicate(holder),
+                None if went_in[i] => Fate::New,
+                // Only the unique key's index can refuse a new task (its `_id` is fresh).
+                None if !d.contains_key(task::UNIQUE_KEY) => {
+                    return Err(Error::Invalid(format!(
+                        "inserting tasks into queue {queue}: a unique index refused task {i}, which has no unique key"
+                    )))
+                }
+                None => self.settle_unique(queue, &unique, d, None).await?,
+            };
+            if let Fate::Duplicate(holder) = fate {
+                out.ids[i] = holder;
+                out.duplicates.push(i);
             }
-        });
-        self.collection(TASKS)
-            .insert_many(docs)
-            .await
-            .map_err(|e| Error::mongo(format!("inserting tasks into queue {queue}"), e))?;
+        }
+        self.count_created(queue, out.ids.len() - out.duplicates.len())
+            .await;
+        Ok(out)
+    }
+
+    async fn count_created(&self, queue: ObjectId, n: usize) {
+        if n == 0 {
+            return;
+        }
         let created = super::Moved {
-            n: ids.len() as u64,
+            n: n as u64,
             ..super::Moved::new(queue, None, Some(StatusGroup::Queued))
         };
         self.count_moves(&[created]).await;
-        Ok(ids)
     }
 
     /// True when a queue has a task claimable now or one claimed or running (Coordinate's
@@ -369,7 +445,11 @@ pub(crate) fn finish_statement(
         TaskEnd::Status(s) => {
             set.insert(task::STATUS, s);
             set.insert(task::COMPLETE, true);
+            unset.insert(task::CONCURRENCY_KEY, "");
+            unset.insert(task::CONCURRENCY_SLOT, "");
         }
+        // A task waiting for its retry keeps its key slot, and so its place among its key's
+        // tasks (`limits::Concurrency::ordered`); its next claim holds the same slot again.
         TaskEnd::Retry { not_before } => {
             set.insert(task::STATUS, status::QUEUED);
             set.insert(task::NODE, Bson::Null);

@@ -4,8 +4,10 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
 use super::schema::{task, TASKS};
+use super::unique_tasks::{contended, stamp_unique_key, Fate, Turn, TRIES};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::limits::Unique;
 use crate::model::status;
 
 /// A unit to add: its key, its params (Coordinate's data), and optional scheduling fields.
@@ -34,6 +36,9 @@ pub struct UnitsOutcome {
     pub rejected: Vec<String>,
     /// Existing units left alone because they are claimed or running.
     pub busy: Vec<String>,
+    /// Units of a queue with `unique` not added (or not updated) because another task holds
+    /// their unique key: the unit's key and that task's id.
+    pub duplicates: Vec<(String, ObjectId)>,
 }
 
 impl Store {
@@ -43,9 +48,10 @@ impl Store {
         units: Vec<Unit>,
         on_conflict: OnConflict,
     ) -> Result<UnitsOutcome> {
+        let unique = self.unique_of(queue).await?;
         let now = DateTime::now();
         let ids: Vec<ObjectId> = units.iter().map(|_| ObjectId::new()).collect();
-        let docs: Vec<Document> = units
+        let mut docs: Vec<Document> = units
             .iter()
             .zip(&ids)
             .map(|(u, id)| {
@@ -63,53 +69,107 @@ impl Store {
                 d
             })
             .collect();
-        // Unordered: every new key goes in even when some already exist.
-        let duplicates: Vec<usize> = match self
-            .collection(TASKS)
-            .insert_many(docs)
-            .ordered(false)
-            .await
-        {
-            Ok(_) => Vec::new(),
-            Err(e) => match e.kind.as_ref() {
-                mongodb::error::ErrorKind::InsertMany(m)
-                    if m.write_concern_error.is_none()
-                        && m.write_errors
-                            .as_ref()
-                            .is_some_and(|w| w.iter().all(|w| w.code == 11000)) =>
-                {
-                    m.write_errors.iter().flatten().map(|w| w.index).collect()
-                }
-                _ => return Err(Error::mongo(format!("adding units to queue {queue}"), e)),
-            },
-        };
-        let created = super::Moved {
-            n: (ids.len() - duplicates.len()) as u64,
-            ..super::Moved::new(queue, None, Some(super::StatusGroup::Queued))
-        };
-        self.count_moves(&[created]).await;
-        let mut out = UnitsOutcome::default();
-        for (i, (unit, id)) in units.into_iter().zip(ids).enumerate() {
-            if !duplicates.contains(&i) {
-                out.inserted.push((unit.key, id));
-            } else if on_conflict == OnConflict::Reject {
-                out.rejected.push(unit.key);
-            } else if self.requeue_unit(queue, &unit).await? {
-                out.updated.push(unit.key);
-            } else {
-                out.busy.push(unit.key);
+        if let Some(unique) = &unique {
+            for (d, u) in docs.iter_mut().zip(&units) {
+                stamp_unique_key(unique, d)
+                    .map_err(|why| Error::Invalid(format!("unit {:?}: {why}", u.key)))?;
             }
+        }
+        let held = match &unique {
+            Some(unique) => self.place_unique(queue, unique, &mut docs).await?,
+            None => vec![None; docs.len()],
+        };
+        let skipped: Vec<bool> = held.iter().map(Option::is_some).collect();
+        // Unordered: every new key goes in even when some already exist.
+        let went_in = self
+            .insert_unordered(&docs, &skipped, &format!("adding units to queue {queue}"))
+            .await?;
+        let mut out = UnitsOutcome::default();
+        let mut created = 0;
+        let each = units.into_iter().zip(&docs).zip(went_in).zip(ids).zip(held);
+        for ((((unit, d), went_in), id), held) in each {
+            if went_in {
+                created += 1;
+                out.inserted.push((unit.key, id));
+                continue;
+            }
+            // A unit whose key the queue already has is that unit's to settle (reject or
+            // update) before its unique key is looked at: re-adding a unit is no duplicate.
+            if let (Some(unique), Some(value)) = (&unique, d.get(task::UNIQUE_KEY)) {
+                let same_key = doc! {task::QUEUE: queue, task::KEY: &unit.key};
+                if !self.unit_exists(queue, &unit.key).await? {
+                    let fate = match held {
+                        Some(holder) => Fate::Duplicate(holder),
+                        None => self.settle_unique(queue, unique, d, Some(same_key)).await?,
+                    };
+                    match fate {
+                        Fate::New => {
+                            created += 1;
+                            out.inserted.push((unit.key, id));
+                            continue;
+                        }
+                        Fate::Duplicate(holder) => {
+                            out.duplicates.push((unit.key, holder));
+                            continue;
+                        }
+                        Fate::OtherIndex => {}
+                    }
+                }
+                if on_conflict == OnConflict::Update {
+                    let change = Some((unique, value.clone()));
+                    match self.requeue_unit(queue, &unit, change).await? {
+                        Requeue::Done => out.updated.push(unit.key),
+                        Requeue::Busy => out.busy.push(unit.key),
+                        Requeue::Duplicate(holder) => out.duplicates.push((unit.key, holder)),
+                    }
+                    continue;
+                }
+            }
+            if on_conflict == OnConflict::Reject {
+                out.rejected.push(unit.key);
+                continue;
+            }
+            // Without a value at the queue's unique key path the unit holds no unique key.
+            let change = unique.as_ref().map(|u| (u, Bson::Null));
+            match self.requeue_unit(queue, &unit, change).await? {
+                Requeue::Done => out.updated.push(unit.key),
+                Requeue::Busy => out.busy.push(unit.key),
+                Requeue::Duplicate(holder) => out.duplicates.push((unit.key, holder)),
+            }
+        }
+        if created > 0 {
+            let created = super::Moved {
+                n: created,
+                ..super::Moved::new(queue, None, Some(super::StatusGroup::Queued))
+            };
+            self.count_moves(&[created]).await;
         }
         Ok(out)
     }
 
-    /// New params for an existing unit, back to queued; false when it is claimed or running.
-    async fn requeue_unit(&self, queue: ObjectId, unit: &Unit) -> Result<bool> {
+    async fn unit_exists(&self, queue: ObjectId, key: &str) -> Result<bool> {
+        self.collection(TASKS)
+            .find_one(doc! {task::QUEUE: queue, task::KEY: key})
+            .projection(doc! {task::ID: 1})
+            .await
+            .map(|d| d.is_some())
+            .map_err(|e| Error::mongo(format!("reading unit {key} of queue {queue}"), e))
+    }
+
+    /// New params for an existing unit, back to queued; Busy when it is claimed or running.
+    /// For a queue with `unique`, `unique` gives its setting and the unit's new key value
+    /// (null: none): the unit takes that key, unless another task holds it.
+    async fn requeue_unit(
+        &self,
+        queue: ObjectId,
+        unit: &Unit,
+        unique: Option<(&Unique, Bson)>,
+    ) -> Result<Requeue> {
         let mut set = doc! {
             task::PARAMS: unit.params.clone(), task::STATUS: status::QUEUED, task::NODE: Bson::Null,
             task::STDOUT: Bson::Null, task::STDERR: Bson::Null, task::MTIME: DateTime::now(),
         };
-        let mut unset = doc! {task::COMPLETE: "", task::SLOT: ""};
+        let mut unset = doc! {task::COMPLETE: "", task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", };
         match unit.priority {
             Some(p) => set.insert(task::PRIORITY, priority_value(p)),
             None => unset.insert(task::PRIORITY, ""),
@@ -122,14 +182,58 @@ impl Store {
             task::QUEUE: queue, task::KEY: &unit.key,
             task::STATUS: {"$nin": [status::CLAIMED, status::RUNNING]},
         };
-        self.update_one_counted(
-            filter,
-            doc! {"$set": set, "$unset": unset},
-            Some(super::StatusGroup::Queued),
-        )
-        .await
-        .map_err(|e| Error::mongo(format!("updating unit {} of queue {queue}", unit.key), e))
+        let context = || format!("updating unit {} of queue {queue}", unit.key);
+        let mut floor = 0;
+        for _ in 0..TRIES {
+            let (mut set, mut unset) = (set.clone(), unset.clone());
+            match &unique {
+                None => {}
+                Some((_, Bson::Null)) => {
+                    unset.insert(task::UNIQUE_KEY, "");
+                    unset.insert(task::UNIQUE_GEN, "");
+                }
+                Some((u, value)) => match self
+                    .next_turn(queue, u, value, floor, Some(&unit.key))
+                    .await?
+                {
+                    Turn::Held(holder) => return Ok(Requeue::Duplicate(holder)),
+                    Turn::Own => {}
+                    Turn::Gen(gen) => {
+                        set.insert(task::UNIQUE_KEY, value.clone());
+                        set.insert(task::UNIQUE_GEN, gen);
+                        floor = gen.saturating_add(1);
+                    }
+                },
+            }
+            match self
+                .update_one_counted(
+                    filter.clone(),
+                    doc! {"$set": set, "$unset": unset},
+                    Some(super::StatusGroup::Queued),
+                )
+                .await
+            {
+                Ok(true) => return Ok(Requeue::Done),
+                Ok(false) => return Ok(Requeue::Busy),
+                // Only the unique key can collide: the unit keeps its own key and no slot.
+                Err(e) if super::is_duplicate_key(&e) && unique.is_some() => {}
+                Err(e) => return Err(Error::mongo(context(), e)),
+            }
+        }
+        match &unique {
+            Some((unique, value)) => Err(contended(queue, unique, value)),
+            None => Err(Error::Invalid(context())),
+        }
     }
+}
+
+/// What became of an existing unit asked to take new params.
+enum Requeue {
+    Done,
+    /// Claimed or running: Coordinate changes a unit's data only when its attempt ends.
+    Busy,
+    /// Another task holds the unique key the new params give: the unit is left as it was.
+    Duplicate(ObjectId),
 }
 
 /// A whole priority is stored as an integer, as before priorities could be fractions, so

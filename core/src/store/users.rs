@@ -8,7 +8,8 @@ use mongodb::{Client, Database};
 use serde_json::Value;
 
 use super::schema::{
-    ATTEMPTS, BALANCE, CHUNKS, FILES, LEASES, NODES, QUEUES, STATS_MINUTELY, TASKS, TASK_COUNTS,
+    ATTEMPTS, BALANCE, CHUNKS, FILES, LEASES, NODES, QUEUES, RATE_LIMITS, STATS_MINUTELY, TASKS,
+    TASK_COUNTS,
 };
 use crate::config::{Component, Config};
 use crate::error::{Error, Result};
@@ -85,6 +86,9 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             // Ours: the maintenance leader upserts per-minute statistics and creates their
             // unique and TTL indexes.
             (STATS_MINUTELY, &["insert", "update", "createIndex"]),
+            // Ours: rate-limit grants (upserts) and their refunds, the maintenance leader's
+            // removal of quiet partitions' windows, and their index.
+            (RATE_LIMITS, &["insert", "update", "remove", "createIndex"]),
         ],
         Component::Web => vec![
             ("", &["find", "listIndexes"]),
@@ -103,13 +107,18 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             (TASK_COUNTS, &["update"]),
             // Ours: ensure_indexes creates the statistics' indexes too (GET /stats only reads).
             (STATS_MINUTELY, &["createIndex"]),
+            // Ours: ensure_indexes creates the rate-limit windows' index (the queue view only
+            // reads them).
+            (RATE_LIMITS, &["createIndex"]),
         ],
         Component::TaskRunner => vec![
             ("", &["find"]),
             // Disbatch's leftover, kept so a Perl runner can share the role.
             (QUEUES, &["update"]),
-            // `insert` is ours: chained `then` units are inserted by the runner.
-            (TASKS, &["insert", "update"]),
+            // `insert` is ours: chained `then` units are inserted by the runner; and
+            // `createIndex`: the first unit it chains to a queue with `unique` makes that
+            // limit's index, which the units' unique keys rely on.
+            (TASKS, &["insert", "update", "createIndex"]),
             // `remove` is ours: the chunks of a failed upload are deleted.
             (CHUNKS, &["insert", "remove"]),
             (FILES, &["insert"]),
@@ -455,6 +464,10 @@ mod tests {
             ("balance", set(&["insert", "update"])),
             ("task_counts", set(&["insert", "update"])),
             ("stats_minutely", set(&["insert", "update", "createIndex"])),
+            (
+                "rate_limits",
+                set(&["insert", "update", "remove", "createIndex"]),
+            ),
         ]
         .into_iter()
         .map(|(c, a)| (c.to_string(), a))

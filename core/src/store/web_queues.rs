@@ -82,9 +82,27 @@ impl Store {
         Ok(id)
     }
 
-    pub async fn update_queue(&self, id: ObjectId, set: Document) -> Result<WriteCounts> {
+    /// Sets `set` and removes the fields `unset` (a limit sent as null) on queue `id`.
+    pub async fn update_queue(
+        &self,
+        id: ObjectId,
+        set: Document,
+        unset: &[&str],
+    ) -> Result<WriteCounts> {
+        let mut update = Document::new();
+        // The server refuses an empty `$set` or `$unset`.
+        if !set.is_empty() {
+            update.insert("$set", set);
+        }
+        if !unset.is_empty() {
+            let fields: Document = unset
+                .iter()
+                .map(|f| (f.to_string(), Bson::from("")))
+                .collect();
+            update.insert("$unset", fields);
+        }
         self.collection(QUEUES)
-            .update_one(doc! {queue::ID: id}, doc! {"$set": set})
+            .update_one(doc! {queue::ID: id}, update)
             .await
             .map(WriteCounts::from)
             .map_err(|e| Error::mongo(format!("updating queue {id}"), e))

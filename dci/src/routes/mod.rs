@@ -10,6 +10,7 @@ mod metrics;
 mod monitoring;
 mod nodes;
 pub mod openapi;
+mod queue_limits;
 mod queues;
 mod specs;
 mod stats;

@@ -10,6 +10,7 @@ use disbatch_core::store::{check_queue_fields, QueueCounts, StatusGroup, WriteCo
 use serde_json::{json, Map, Value};
 
 use super::nodes::non_negative;
+use super::queue_limits;
 use crate::access::Caller;
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
@@ -33,7 +34,7 @@ fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
             .map_or(Value::Null, |b| render::bson(b, Dates::Text))
     };
     let plugin = d.get(field::PLUGIN).or_else(|| d.get(field::LEGACY_PLUGIN));
-    json!({
+    let mut row = json!({
         "id": id.to_hex(),
         "name": get(field::NAME),
         "plugin": plugin.map_or(Value::Null, |b| render::bson(b, Dates::Text)),
@@ -46,7 +47,11 @@ fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
         "failed": counts.failed,
         "paused_threads": get(field::PAUSED_THREADS),
         "by_status": by_status(&counts),
-    })
+    });
+    if let Value::Object(m) = &mut row {
+        queue_limits::as_set(d, m);
+    }
+    row
 }
 
 /// Each status group apart, named as in `task_counts` and the metrics: `queued` here is -2
@@ -87,9 +92,25 @@ pub async fn find_id(state: &AppState, ident: &str) -> ApiResult<ObjectId> {
         .map_err(|_| ApiError::bad_request(format!("queue {ident} has no ObjectId _id")))
 }
 
+/// One queue; with flow limits that hold claims, also `flow`: its budget and held tasks now
+/// (a queue without them costs no further read).
 pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let d = find(&state, &ident).await?;
-    Ok(json_response(&queue_json(&state, &d).await?, false))
+    let mut row = queue_json(&state, &d).await?;
+    let flow = match (d.get_object_id(field::ID), disbatch_core::limits::parse(&d)) {
+        (Ok(id), Ok(limits)) => {
+            let now = bson::DateTime::now();
+            let flow = state.store.queue_flow(id, &limits, now).await?;
+            flow.map(|f| queue_limits::flow_json(&f, &limits))
+        }
+        // A node skips such a queue; its reason is what there is to show.
+        (_, Err(problem)) => Some(json!({"error": problem})),
+        (Err(_), _) => None,
+    };
+    if let (Some(flow), Value::Object(m)) = (flow, &mut row) {
+        m.insert("flow".into(), flow);
+    }
+    Ok(json_response(&row, false))
 }
 
 /// `threads`: a non-negative integer (numbers or digit strings) or null (paused).
@@ -130,10 +151,10 @@ pub async fn create_queue(
     let (Some(name), Some(plugin)) = (text("name"), text("plugin")) else {
         return Err(ApiError::bad_request("name and plugin required"));
     };
-    if let Some(k) = p
-        .keys()
-        .find(|k| !matches!(k.as_str(), "name" | "plugin" | "threads" | "sort"))
-    {
+    if let Some(k) = p.keys().find(|k| {
+        !matches!(k.as_str(), "name" | "plugin" | "threads" | "sort" | "force")
+            && !queue_limits::FIELDS.contains(&k.as_str())
+    }) {
         return Err(ApiError::bad_request_with(
             json!({"error": "Invalid param", "param": k}),
         ));
@@ -153,19 +174,38 @@ pub async fn create_queue(
     if let Some(s) = p.get("sort") {
         fields.insert(field::SORT, sort_value(s)?);
     }
+    for k in queue_limits::FIELDS {
+        if let Some(v) = p
+            .get(k)
+            .map(|v| queue_limits::value(k, v))
+            .transpose()?
+            .flatten()
+        {
+            fields.insert(k, v);
+        }
+    }
     check_queue_fields(&fields).map_err(ApiError::bad_request)?;
+    queue_limits::refuse_beside_perl(state, name, &fields, queue_limits::force(p)?).await?;
     let id = state.store.insert_queue_document(fields.clone()).await?;
     Ok((id, fields))
 }
 
-/// The route is `operate` (threads, sort); a new name or plugin changes what runs, so `admin`.
+/// The route is `operate` (threads, sort, flow limits; a limit sent as null is removed);
+/// a new name or plugin changes what runs, so `admin`.
 pub async fn update(
     Ns(state): Ns,
     Path(ident): Path<String>,
     Extension(caller): Extension<Caller>,
     params: Params,
 ) -> ApiResult<Response> {
-    let p = params.given_keeping_null(&["threads"]);
+    let mut p = params.given_keeping_null(&[
+        "threads",
+        field::RATE_LIMIT,
+        field::CONCURRENCY,
+        field::UNIQUE,
+    ]);
+    let force = queue_limits::force(&p)?;
+    p.remove("force");
     if p.is_empty() {
         return Err(ApiError::bad_request("no params"));
     }
@@ -173,7 +213,18 @@ pub async fn update(
         caller.require(Role::Admin, "changing a queue's name or plugin")?;
     }
     let mut set = Document::new();
+    let mut unset = Vec::new();
     for (k, v) in &p {
+        if let Some(limit) = queue_limits::FIELDS.iter().find(|f| **f == k.as_str()) {
+            match queue_limits::value(limit, v)? {
+                Some(v) => set.insert(*limit, v),
+                None => {
+                    unset.push(*limit);
+                    None
+                }
+            };
+            continue;
+        }
         match k.as_str() {
             "name" => match v.as_str() {
                 Some(s) if !s.is_empty() => set.insert(field::NAME, s),
@@ -201,7 +252,8 @@ pub async fn update(
     }
     check_queue_fields(&set).map_err(ApiError::bad_request)?;
     let id = find_id(&state, &ident).await?;
-    let counts = state.store.update_queue(id, set).await?;
+    queue_limits::refuse_beside_perl(&state, &ident, &set, force).await?;
+    let counts = state.store.update_queue(id, set, &unset).await?;
     Ok(json_response(&envelope::update(&counts), false))
 }
 

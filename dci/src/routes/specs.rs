@@ -42,6 +42,11 @@ pub async fn load(Ns(state): Ns, p: Params) -> ApiResult<Response> {
         }
         loads.push(load);
     }
+    // Claim limits are refused while Perl nodes serve, as for `POST /queues`.
+    let force = super::queue_limits::force(&p)?;
+    for load in &loads {
+        super::queue_limits::refuse_beside_perl(&state, &load.name, &load.set, force).await?;
+    }
     let (mut created, mut updated) = (Vec::new(), Vec::new());
     for load in &loads {
         if state.store.upsert_spec_queue(load).await? {

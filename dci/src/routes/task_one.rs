@@ -26,11 +26,41 @@ pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> A
         }
         return Err(ApiError::not_found(format!("no task with id {id}")));
     };
-    let value = render::document(&task, Dates::Text);
+    let mut value = render::document(&task, Dates::Text);
+    if let (Some(held), serde_json::Value::Object(m)) = (held(&state, &task).await?, &mut value) {
+        m.insert(
+            "held".into(),
+            render::document(&held.to_document(), Dates::Text),
+        );
+    }
     if html {
         return Ok(Html(task_page(&value)).into_response());
     }
     Ok(json_response(&value, true))
+}
+
+/// Why a queued task waits on its queue's flow limits now (`held`), or None: not queued,
+/// no limit holding claims, or a queue that cannot be read (a node skips it anyway).
+async fn held(
+    state: &crate::state::AppState,
+    task: &bson::Document,
+) -> ApiResult<Option<disbatch_core::held::Held>> {
+    use disbatch_core::store::schema::task as field;
+    let queued = render::bson(task.get(field::STATUS).unwrap_or(&Bson::Null), Dates::Text).as_i64()
+        == Some(i64::from(disbatch_core::model::status::QUEUED));
+    let Ok(queue) = task.get_object_id(field::QUEUE) else {
+        return Ok(None);
+    };
+    if !queued {
+        return Ok(None);
+    }
+    let limits = match state.store.queue_by_id(queue).await {
+        Ok(Some(q)) => q.limits,
+        Ok(None) | Err(disbatch_core::Error::BadDocument { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let now = bson::DateTime::now();
+    Ok(state.store.task_held(task, &limits, now).await?)
 }
 
 /// Disbatch's HTML view of a task: its JSON, pretty, in a `<pre>`. Stored text (params, queue

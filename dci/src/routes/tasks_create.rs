@@ -4,8 +4,8 @@ use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::Document;
 use disbatch_core::client_json;
-use disbatch_core::store::Template;
-use serde_json::{Map, Value};
+use disbatch_core::store::{Created, Template};
+use serde_json::{json, Map, Value};
 
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
@@ -34,10 +34,10 @@ pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiRe
     };
     let mut keys: Vec<&str> = fields.keys().map(String::as_str).collect();
     keys.sort_unstable();
-    let ids = match keys.as_slice() {
+    let created = match keys.as_slice() {
         ["params", "queue"] => {
             let params = params_list(&fields["params"])?;
-            state.store.insert_tasks(queue, params).await?
+            state.store.create_tasks(queue, params).await?
         }
         ["collection", "filter", "params", "queue"] => {
             let collection = match &fields["collection"] {
@@ -58,22 +58,60 @@ pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiRe
                 v @ Value::Object(_) => Template(to_document(v, "params")?),
                 _ => return Err(ApiError::bad_request(NOT_ARRAY)),
             };
-            let ids = state
+            let created = state
                 .store
                 .insert_tasks_from_collection(queue, &collection, filter, &template)
                 .await?;
-            if ids.is_empty() {
+            if created.ids.is_empty() {
                 let mut out = envelope::insert_many(&[]);
                 if let Value::Object(m) = &mut out {
                     m.insert("error".into(), Value::String("Unknown error".into()));
                 }
                 return Err(ApiError::bad_request_with(out));
             }
-            ids
+            created
         }
         _ => return Err(ApiError::bad_request("invalid parameters passed")),
     };
-    Ok(json_response(&envelope::insert_many(&ids), false))
+    Ok(json_response(&created_reply(&created), false))
+}
+
+/// Disbatch's InsertManyResult with the new tasks under their input indexes. For a queue
+/// with `unique`, also which inputs were duplicates of existing tasks (`duplicates`, by input
+/// index with the existing task's id) and how many of each; for a single task, whether it was
+/// a duplicate and its id (`duplicate`, `id`). A plain queue's reply is Disbatch's exactly.
+fn created_reply(created: &Created) -> Value {
+    let oid = |id: &ObjectId| json!({"$oid": id.to_hex()});
+    let listed = |tasks: Vec<(usize, ObjectId)>| -> Vec<Value> {
+        tasks
+            .iter()
+            .map(|(i, id)| json!({"_id": oid(id), "index": i}))
+            .collect()
+    };
+    let new = created.new_tasks();
+    let mut out = envelope::insert_many(&[]);
+    if let Some(result) = out
+        .get_mut("MongoDB::InsertManyResult")
+        .and_then(Value::as_object_mut)
+    {
+        result.insert("inserted".into(), Value::Array(listed(new.clone())));
+    }
+    if !created.unique {
+        return out;
+    }
+    if let Value::Object(m) = &mut out {
+        let duplicates = created.duplicate_tasks();
+        m.insert(
+            "counts".into(),
+            json!({"created": new.len(), "duplicates": duplicates.len()}),
+        );
+        m.insert("duplicates".into(), Value::Array(listed(duplicates)));
+        if let [only] = created.ids.as_slice() {
+            m.insert("duplicate".into(), Value::Bool(new.is_empty()));
+            m.insert("id".into(), oid(only));
+        }
+    }
+    out
 }
 
 /// `queue` is an id or a name; unknown → Disbatch's 400 "queue not found".

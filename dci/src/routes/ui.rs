@@ -12,6 +12,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("access.js", JS, include_str!("../../ui/access.js")),
     ("queues.js", JS, include_str!("../../ui/queues.js")),
     ("tasks.js", JS, include_str!("../../ui/tasks.js")),
+    ("limits.js", JS, include_str!("../../ui/limits.js")),
     (
         "live_output.js",
         JS,

@@ -54,8 +54,16 @@ pub async fn add(Ns(state): Ns, Path(ident): Path<String>, p: Params) -> ApiResu
         .iter()
         .map(|(k, id)| json!({"key": k, "_id": {"$oid": id.to_hex()}}))
         .collect();
+    // `duplicates`: units of a queue with `unique` whose unique key another task holds,
+    // neither added nor updated, with that task's id.
+    let duplicates: Vec<Value> = out
+        .duplicates
+        .iter()
+        .map(|(k, id)| json!({"key": k, "_id": {"$oid": id.to_hex()}}))
+        .collect();
     Ok(json_response(
-        &json!({"inserted": inserted, "updated": out.updated, "rejected": out.rejected, "busy": out.busy}),
+        &json!({"inserted": inserted, "updated": out.updated, "rejected": out.rejected,
+                "busy": out.busy, "duplicates": duplicates}),
         false,
     ))
 }

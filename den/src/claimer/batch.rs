@@ -4,11 +4,12 @@
 use std::time::Instant;
 
 use bson::oid::ObjectId;
+use bson::Document;
 use disbatch_core::claim_plan::{lane_split, QueueClaims};
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::{Queue, QueueSort};
 use disbatch_core::store::schema::task;
-use disbatch_core::store::{claim_key, Candidates, Pick, PickOutcome, SkipReason};
+use disbatch_core::store::{claim_key, Candidates, Pick, PickHolds, PickOutcome, SkipReason};
 use disbatch_core::Result;
 
 use super::{spare, Claimer, MAX_CANDIDATES};
@@ -26,6 +27,14 @@ pub(super) struct BatchReport {
     pub(super) out_of_tasks: bool,
     /// A runner could not be started; the batch's unstarted tasks were given back.
     pub(super) spawn_failed: bool,
+    /// The queue's flow limits held tasks back, or left some out of the read: the node
+    /// reads again every pass, not at an idle node's pace.
+    pub(super) held: bool,
+    /// When the first of them may start (a rate-limit window frees), if known.
+    pub(super) held_until: Option<Instant>,
+    /// Tasks were held back by a window that filled during this batch: a read now leaves
+    /// that partition out and may find others', so the queue is worth another round.
+    pub(super) fresh_exclusions: bool,
 }
 
 impl Claimer {
@@ -50,14 +59,34 @@ impl Claimer {
             .find(|q| q.queue.id == queue.id)
             .map_or(0, |q| q.threads);
         let lane = self.view.lane(queue.id, threads, &self.node);
+        let limits = match queue.limits.limits_claims() {
+            true => Some(self.limits_before_read(queue).await?),
+            false => None,
+        };
+        if let Some(limits) = &limits {
+            report.held = limits.also.is_some() || limits.blocked_until.is_some();
+            report.held_until = limits.blocked_until.or(limits.frees_at);
+        }
+        if limits.as_ref().is_some_and(|l| l.blocked_until.is_some()) {
+            report.ran_dry = true;
+            return Ok(report);
+        }
+        let also = limits.as_ref().and_then(|l| l.also.clone());
         let read = n
             .saturating_mul(lane.spread() as usize)
             .min(MAX_CANDIDATES)
             .max(n);
         // Queues claimed in `_id` order keep what a read found beyond the batch: tasks
         // queued since come after them, and one queued again resets them with the window.
+        // While a limited queue's read leaves partitions or keys out, spares read before may
+        // be of one that filled up since: read afresh. (Otherwise a spare that cannot start
+        // now is held back when the batch asks its limits, as a read one would be.)
         let in_id_order = matches!(queue.sort, QueueSort::Fifo | QueueSort::Default);
-        let spares = match in_id_order {
+        let keep_spares = in_id_order && also.is_none();
+        if also.is_some() {
+            self.spares.forget(queue.id);
+        }
+        let spares = match keep_spares {
             true => self.spares.take(queue.id, n),
             false => None,
         };
@@ -76,10 +105,25 @@ impl Claimer {
                 };
                 let window = self.windows.entry(queue.id).or_default();
                 let read_at = Instant::now();
-                let found = self
-                    .store
-                    .claim_candidates(queue.id, queue.sort, read, lane.nodes() as usize, window)
-                    .await?;
+                let found = match &also {
+                    Some(also) => {
+                        window.reset();
+                        self.store
+                            .claim_candidates_matching(queue.id, queue.sort, read, also)
+                            .await?
+                    }
+                    None => {
+                        self.store
+                            .claim_candidates(
+                                queue.id,
+                                queue.sort,
+                                read,
+                                lane.nodes() as usize,
+                                window,
+                            )
+                            .await?
+                    }
+                };
                 (found, read_at)
             }
         };
@@ -110,7 +154,7 @@ impl Claimer {
             return Ok(report);
         }
         let (chosen, rest) = lane_split(candidates, n, &lane, claim_key);
-        if in_id_order {
+        if keep_spares {
             // Only this node's lane: another's tasks are the ones its node is claiming.
             let own: Vec<_> = rest
                 .into_iter()
@@ -118,13 +162,32 @@ impl Claimer {
                 .collect();
             self.spares.keep(queue.id, own, read_at);
         }
+        let chosen: Vec<(Document, PickHolds)> = match &limits {
+            Some(limits) => {
+                let allowed = self.limits_allow(queue, limits, chosen).await?;
+                if allowed.held_back > 0 {
+                    // Claimable tasks are left, but not for now: not a queue run dry of tasks.
+                    report.held = true;
+                    report.out_of_tasks = false;
+                    report.held_until = earliest(report.held_until, allowed.wait_until);
+                    report.fresh_exclusions = allowed.fresh_exclusions;
+                    report.ran_dry = !allowed.fresh_exclusions;
+                }
+                allowed.tasks
+            }
+            None => chosen
+                .into_iter()
+                .map(|t| (t, PickHolds::default()))
+                .collect(),
+        };
         let picks: Vec<Pick> = chosen
             .into_iter()
-            .filter_map(|task| {
+            .filter_map(|(task, holds)| {
                 plan.slots.pop().map(|slot| Pick {
                     task,
                     slot,
                     attempt: ObjectId::new(),
+                    holds,
                 })
             })
             .collect();
@@ -138,6 +201,17 @@ impl Claimer {
             .await?;
         let latency = asked.elapsed();
         let mut claimed = Vec::new();
+        let unused: Vec<&PickHolds> = picks
+            .iter()
+            .zip(&outcomes)
+            .filter(|(p, o)| p.holds.started_at.is_some() && !matches!(o, PickOutcome::Claimed(_)))
+            .map(|(p, _)| &p.holds)
+            .collect();
+        if !unused.is_empty() {
+            self.metrics
+                .limit_held(&queue.name, "unused_grant", unused.len() as u64);
+            self.refund_unused_starts(queue, &unused).await?;
+        }
         for (pick, outcome) in picks.into_iter().zip(outcomes) {
             match outcome {
                 PickOutcome::Claimed(task) => {
@@ -158,6 +232,12 @@ impl Claimer {
                     self.metrics.claim_missed(&queue.name, "slot_taken");
                     report.lost += 1;
                     self.view.slot_taken(queue.id, pick.slot);
+                }
+                PickOutcome::KeySlotTaken => {
+                    // Another node's claim of the same key came first: the next read sees it.
+                    self.metrics.claim_missed(&queue.name, "key_slot_taken");
+                    report.lost += 1;
+                    plan.slots.push(pick.slot);
                 }
                 PickOutcome::Refused(why) => {
                     self.metrics.claim_missed(&queue.name, "refused");
@@ -183,6 +263,7 @@ impl Claimer {
                 queue: queue.raw.clone(),
                 relay,
                 live: relay,
+                started_at: pick.holds.started_at,
             };
             (handoff, pick.slot)
         });
@@ -204,5 +285,13 @@ impl Claimer {
             break;
         }
         Ok(report)
+    }
+}
+
+/// The earlier of two times, either perhaps unknown.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }

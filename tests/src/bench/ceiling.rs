@@ -293,6 +293,7 @@ async fn claim_run(
                                 task,
                                 slot: next_slot.fetch_add(1, SeqCst),
                                 attempt: ObjectId::new(),
+                                holds: Default::default(),
                             })
                             .collect();
                         let outcomes = store

@@ -221,6 +221,20 @@ impl Fleet {
         Ok(())
     }
 
+    /// Sets a flow limit far above demand on the bench queue: a million starts a second, or
+    /// 10 000 running tasks per key (every bench task has the same, missing, key).
+    pub async fn set_limits(&self, limits: &str) -> anyhow::Result<()> {
+        let set = match limits {
+            "rate" => doc! {qf::RATE_LIMIT: {"starts": 1_000_000, "per_s": 1}},
+            _ => doc! {qf::CONCURRENCY: {"key": "params.account", "max": 10_000}},
+        };
+        self.queues()
+            .update_one(doc! {qf::ID: self.queue}, doc! {"$set": set})
+            .await
+            .context("setting the queue's flow limit")?;
+        Ok(())
+    }
+
     /// Opens (`threads`) or closes (0) the queue, as ops pause one.
     pub(super) async fn set_threads(&self, threads: u32) -> anyhow::Result<()> {
         self.queues()

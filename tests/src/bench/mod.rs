@@ -85,6 +85,9 @@ pub struct BenchOptions {
     pub paused_tasks: usize,
     /// Fleet mode: how long the server is watched after each paused insert.
     pub paused_watch: Duration,
+    /// A flow limit set on the bench queue far above what the fleet can start, to measure
+    /// what asking for it costs (`--limits rate|concurrency`): None sets none.
+    pub limits: Option<&'static str>,
 }
 
 impl BenchOptions {
@@ -118,6 +121,7 @@ impl BenchOptions {
             node_prefix: "fleet".to_string(),
             paused_tasks: 100_000,
             paused_watch: Duration::from_secs(20),
+            limits: None,
         }
     }
 
@@ -232,6 +236,18 @@ pub fn parse_args(args: &[String]) -> Result<BenchOptions, String> {
             "--lease-secs" => o.lease_secs = number(flag, value)?.max(3),
             "--size-secs" => o.size_secs = Duration::from_secs(number(flag, value)?),
             "--paused-tasks" => o.paused_tasks = number(flag, value)? as usize,
+            "--limits" => {
+                o.limits = match value.as_str() {
+                    "none" => None,
+                    "rate" => Some("rate"),
+                    "concurrency" => Some("concurrency"),
+                    other => {
+                        return Err(format!(
+                            "--limits {other:?}: expected none, rate or concurrency"
+                        ))
+                    }
+                }
+            }
             "--worker" => {
                 o.workers = match value.as_str() {
                     "process" => vec!["process"],
@@ -346,6 +362,9 @@ async fn measure_fleet(
     let threads = o.threads_for(dens);
     let fleet = Fleet::start(uri, server, dens, threads, o.loop_ms, o.change_streams).await?;
     fleet.set_worker(worker).await?;
+    if let Some(limits) = o.limits {
+        fleet.set_limits(limits).await?;
+    }
     progress(&format!("{dens} DEN, worker {worker}"));
     let result = async {
         let idle = fleet.idle(o.idle).await.context("idle baseline")?;

@@ -1,0 +1,354 @@
+//! Flow limits in the claimer: which of a limited queue's tasks a read leaves out (full
+//! partitions, keys at their max), and what each chosen claim holds (a start the rate limit
+//! granted, a key slot). The database decides both; this only asks for what can be had.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, Document};
+use disbatch_core::limits::{key_value, Concurrency, RateLimit};
+use disbatch_core::model::Queue;
+use disbatch_core::store::schema::task;
+use disbatch_core::store::{key_text, Grant, HeldKeys, LimitIndex, PickHolds, SkipReason};
+use disbatch_core::Result;
+
+use rand::Rng;
+
+use super::Claimer;
+
+/// A partition's window that was too full to grant is asked again after at most this long,
+/// even if it said it frees later: its limit may have been raised.
+const FULL_RECHECK: Duration = Duration::from_secs(5);
+/// A partition refused for `max_partitions` is asked again after this long.
+const PARTITIONS_RECHECK: Duration = Duration::from_secs(1);
+
+/// What the claimer knows of one queue's rate-limit windows.
+#[derive(Debug, Default)]
+pub(super) struct QueueWindows {
+    /// Full partitions, by key text: their value, and when to ask again.
+    full: HashMap<String, (Bson, Instant)>,
+    /// The limit they were full under: a changed limit is asked again at once.
+    limit: Option<RateLimit>,
+}
+
+impl QueueWindows {
+    fn prune(&mut self) {
+        let now = Instant::now();
+        self.full.retain(|_, (_, until)| *until > now);
+    }
+
+    fn earliest(&self) -> Option<Instant> {
+        self.full.values().map(|(_, t)| *t).min()
+    }
+}
+
+/// Per queue: the windows' state.
+#[derive(Debug, Default)]
+pub(super) struct LimitViews {
+    windows: HashMap<ObjectId, QueueWindows>,
+}
+
+impl LimitViews {
+    pub(super) fn retain(&mut self, queues: &HashSet<ObjectId>) {
+        self.windows.retain(|q, _| queues.contains(q));
+    }
+}
+
+/// A limited queue's state before its read.
+pub(super) struct BeforeRead {
+    /// What the read must also match; None when nothing is excluded (read as usual).
+    pub(super) also: Option<Document>,
+    pub(super) held: Option<HeldKeys>,
+    /// Nothing can start before then (a rate limit without partitions whose window is full).
+    pub(super) blocked_until: Option<Instant>,
+    /// When the first partition left out of the read frees.
+    pub(super) frees_at: Option<Instant>,
+}
+
+/// The chosen tasks the limits let start, each with its holds, and until when (at the
+/// earliest) the others wait.
+pub(super) struct Allowed {
+    pub(super) tasks: Vec<(Document, PickHolds)>,
+    pub(super) held_back: u32,
+    pub(super) wait_until: Option<Instant>,
+    /// A partition's window filled in this batch: a read now would leave it out.
+    pub(super) fresh_exclusions: bool,
+}
+
+impl Claimer {
+    /// Gives back the starts granted to picks whose claims came to nothing, per partition
+    /// and grant, so the window counts only starts that happened.
+    pub(super) async fn refund_unused_starts(
+        &self,
+        queue: &Queue,
+        unused: &[&PickHolds],
+    ) -> Result<()> {
+        let mut grants: Vec<(&Bson, bson::DateTime, u32)> = Vec::new();
+        for h in unused {
+            let (Some(partition), Some(at)) = (&h.partition, h.started_at) else {
+                continue;
+            };
+            match grants
+                .iter_mut()
+                .find(|(p, a, _)| *a == at && key_text(p) == key_text(partition))
+            {
+                Some((_, _, n)) => *n += 1,
+                None => grants.push((partition, at, 1)),
+            }
+        }
+        for (partition, at, n) in grants {
+            self.store.refund_starts(queue.id, partition, at, n).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads what a limited queue's claims must leave out now.
+    pub(super) async fn limits_before_read(&mut self, queue: &Queue) -> Result<BeforeRead> {
+        let windows = self.limits.windows.entry(queue.id).or_default();
+        if windows.limit != queue.limits.rate {
+            windows.full.clear();
+            windows.limit.clone_from(&queue.limits.rate);
+        }
+        windows.prune();
+        let mut also = Vec::new();
+        let mut blocked_until = None;
+        if let Some(rate) = &queue.limits.rate {
+            match &rate.partition {
+                None => blocked_until = windows.earliest(),
+                Some(path) if !windows.full.is_empty() => {
+                    let full: Vec<Bson> = windows.full.values().map(|(v, _)| v.clone()).collect();
+                    also.push(doc! {path: {"$nin": full}});
+                }
+                Some(_) => {}
+            }
+        }
+        let mut held = None;
+        if let Some(c) = &queue.limits.concurrency {
+            self.store.ensure_limit_index(LimitIndex::KeySlots).await?;
+            let keys = self.store.held_key_slots(queue.id).await?;
+            let full = keys.full_keys(c.max);
+            if !full.is_empty() {
+                // A task waiting for its retry holds its key's slot: it is the one to run.
+                also.push(doc! {"$or": [
+                    {&c.key: {"$nin": full}},
+                    {task::CONCURRENCY_SLOT: {"$exists": true}},
+                ]});
+            }
+            held = Some(keys);
+        }
+        Ok(BeforeRead {
+            also: (!also.is_empty()).then(|| doc! {"$and": also}),
+            held,
+            blocked_until,
+            frees_at: self
+                .limits
+                .windows
+                .get(&queue.id)
+                .and_then(QueueWindows::earliest),
+        })
+    }
+
+    /// Takes the chosen tasks through the queue's limits: each gets a key slot and a granted
+    /// start, or waits.
+    pub(super) async fn limits_allow(
+        &mut self,
+        queue: &Queue,
+        before: &BeforeRead,
+        chosen: Vec<Document>,
+    ) -> Result<Allowed> {
+        let mut allowed = Allowed {
+            tasks: Vec::with_capacity(chosen.len()),
+            held_back: 0,
+            wait_until: None,
+            fresh_exclusions: false,
+        };
+        let mut tasks: Vec<(Document, PickHolds)> = Vec::with_capacity(chosen.len());
+        for t in chosen {
+            tasks.push((t, PickHolds::default()));
+        }
+        if let (Some(c), Some(held)) = (&queue.limits.concurrency, &before.held) {
+            tasks = self.take_key_slots(queue, c, held, tasks).await?;
+        }
+        let before_rate = tasks.len();
+        if let Some(rate) = &queue.limits.rate {
+            let (granted, wait, fresh) = self.grant_starts(queue, rate, tasks).await?;
+            tasks = granted;
+            allowed.wait_until = wait;
+            // Without partitions a full window holds every task alike: nothing else to find.
+            allowed.fresh_exclusions = fresh && rate.partition.is_some();
+        }
+        allowed.held_back = (before_rate - tasks.len()) as u32;
+        allowed.tasks = tasks;
+        Ok(allowed)
+    }
+
+    /// Gives each task a free slot of its key (its own, for a task that kept one waiting for
+    /// its retry); in an ordered queue only the oldest queued task of each key goes.
+    async fn take_key_slots(
+        &mut self,
+        queue: &Queue,
+        c: &Concurrency,
+        held: &HeldKeys,
+        tasks: Vec<(Document, PickHolds)>,
+    ) -> Result<Vec<(Document, PickHolds)>> {
+        let mut keyed = Vec::with_capacity(tasks.len());
+        for (t, holds) in tasks {
+            match key_value(&t, &c.key) {
+                Ok(key) => keyed.push((t, holds, key)),
+                Err(why) => {
+                    if let Ok(id) = t.get_object_id(task::ID) {
+                        let why = format!("its queue's concurrency key: {why}");
+                        self.set_unrunnable(id, SkipReason::BadLimitKey, &why)
+                            .await?;
+                    }
+                }
+            }
+        }
+        let oldest = match c.ordered {
+            true => {
+                let mut keys: Vec<Bson> = Vec::new();
+                let mut seen = HashSet::new();
+                for (_, _, k) in &keyed {
+                    if seen.insert(key_text(k)) {
+                        keys.push(k.clone());
+                    }
+                }
+                Some(
+                    self.store
+                        .oldest_queued_by_key(queue.id, &c.key, &keys)
+                        .await?,
+                )
+            }
+            false => None,
+        };
+        let mut taken: HashMap<String, Vec<u32>> = HashMap::new();
+        let (mut by_max, mut by_order) = (0u64, 0u64);
+        let mut out = Vec::with_capacity(keyed.len());
+        for (t, mut holds, key) in keyed {
+            let text = key_text(&key);
+            if let Some(oldest) = &oldest {
+                let first = t.get_object_id(task::ID).ok() == oldest.get(&text).copied();
+                // One per key and batch: the next one is the oldest only once this one runs.
+                if !first || taken.contains_key(&text) {
+                    by_order += 1;
+                    continue;
+                }
+            }
+            let own = match (t.get(task::CONCURRENCY_KEY), t.get(task::CONCURRENCY_SLOT)) {
+                (Some(k), Some(Bson::Int64(s))) if key_text(k) == text => u32::try_from(*s).ok(),
+                (Some(k), Some(Bson::Int32(s))) if key_text(k) == text => u32::try_from(*s).ok(),
+                _ => None,
+            };
+            let mine = taken.entry(text).or_default();
+            let from = self.rng.random_range(0..c.max.max(1));
+            let slot = own.or_else(|| held.free_slot(&key, c.max, mine, from));
+            let Some(slot) = slot else {
+                by_max += 1;
+                continue;
+            };
+            mine.push(slot);
+            holds.key_slot = Some((key, slot));
+            out.push((t, holds));
+        }
+        if by_max > 0 {
+            self.metrics.limit_held(&queue.name, "concurrency", by_max);
+        }
+        if by_order > 0 {
+            self.metrics.limit_held(&queue.name, "ordered", by_order);
+        }
+        Ok(out)
+    }
+
+    /// Asks each partition's window for starts for its tasks; the tasks it has none for wait,
+    /// and their partition is left out of reads until its window frees.
+    async fn grant_starts(
+        &mut self,
+        queue: &Queue,
+        rate: &RateLimit,
+        tasks: Vec<(Document, PickHolds)>,
+    ) -> Result<(Vec<(Document, PickHolds)>, Option<Instant>, bool)> {
+        let mut partitions: Vec<(Bson, Vec<(Document, PickHolds)>)> = Vec::new();
+        for (t, holds) in tasks {
+            let value = match &rate.partition {
+                None => Ok(Bson::Null),
+                Some(path) => key_value(&t, path),
+            };
+            let value = match value {
+                Ok(v) => v,
+                Err(why) => {
+                    if let Ok(id) = t.get_object_id(task::ID) {
+                        let why = format!("its queue's rate-limit partition: {why}");
+                        self.set_unrunnable(id, SkipReason::BadLimitKey, &why)
+                            .await?;
+                    }
+                    continue;
+                }
+            };
+            match partitions
+                .iter_mut()
+                .find(|(p, _)| key_text(p) == key_text(&value))
+            {
+                Some((_, list)) => list.push((t, holds)),
+                None => partitions.push((value, vec![(t, holds)])),
+            }
+        }
+        let mut out = Vec::new();
+        let (mut by_rate, mut by_partitions) = (0u64, 0u64);
+        let mut fresh = false;
+        // Each partition's window is its own document: asked all at once.
+        let grants = futures::future::join_all(partitions.iter().map(|(partition, list)| {
+            self.store
+                .grant_starts(queue.id, partition, rate, list.len() as u32)
+        }))
+        .await;
+        for ((partition, mut list), grant) in partitions.into_iter().zip(grants) {
+            let grant = grant?;
+            let windows = self.limits.windows.entry(queue.id).or_default();
+            match grant {
+                Grant::Starts { n, at, free_in } => {
+                    if let Some(free_in) = free_in {
+                        let until = Instant::now() + free_in.min(FULL_RECHECK);
+                        windows
+                            .full
+                            .insert(key_text(&partition), (partition.clone(), until));
+                    }
+                    let short = list.len().saturating_sub(n as usize);
+                    fresh |= short > 0;
+                    by_rate += short as u64;
+                    list.truncate(n as usize);
+                    for (t, mut holds) in list {
+                        holds.started_at = Some(at);
+                        holds.partition = Some(partition.clone());
+                        out.push((t, holds));
+                    }
+                }
+                Grant::TooManyPartitions { live } => {
+                    by_partitions += list.len() as u64;
+                    fresh = true;
+                    let until = Instant::now() + PARTITIONS_RECHECK;
+                    windows
+                        .full
+                        .insert(key_text(&partition), (partition, until));
+                    self.report_once(format!(
+                        "queue {} ({}): {live} rate-limit partitions are live, its max_partitions is {}: tasks of new partitions wait until one expires",
+                        queue.name, queue.id, rate.max_partitions
+                    ));
+                }
+            }
+        }
+        if by_rate > 0 {
+            self.metrics.limit_held(&queue.name, "rate_limit", by_rate);
+        }
+        if by_partitions > 0 {
+            self.metrics
+                .limit_held(&queue.name, "partition_limit", by_partitions);
+        }
+        let wait = self
+            .limits
+            .windows
+            .get(&queue.id)
+            .and_then(QueueWindows::earliest);
+        Ok((out, wait, fresh))
+    }
+}
