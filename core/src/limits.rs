@@ -53,6 +53,21 @@ pub struct RateLimit {
     pub max_partitions: u32,
 }
 
+impl RateLimit {
+    /// How long a node may hold starts granted ahead of its claims (`Grant::Starts::ahead`):
+    /// an eighth of the period, at most half a second. Such starts are counted at the end of
+    /// it, so every start they allow falls before the time the window counts it at.
+    pub fn ahead_horizon(&self) -> Duration {
+        (self.per / 8).min(Duration::from_millis(500))
+    }
+
+    /// Most starts one grant gives ahead: an eighth of the limit, so a few nodes' reserves
+    /// never take what the others need.
+    pub fn most_ahead(&self) -> u32 {
+        (self.starts / 8).clamp(1, 1024)
+    }
+}
+
 /// At most `max` running tasks per value of the task field `key`, across all nodes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Concurrency {

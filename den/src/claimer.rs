@@ -22,6 +22,7 @@ use crate::skip_log::SkipLog;
 mod batch;
 mod beside_perl;
 mod limits;
+mod reserve;
 mod spare;
 
 /// Which queues this node serves (`activequeues` wins over `ignorequeues`, as in Disbatch).

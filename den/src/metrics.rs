@@ -111,7 +111,7 @@ impl Default for Inner {
             limit_holds: counter_vec(
                 &registry,
                 "disbatch_den_limit_holds_total",
-                "Claimable tasks a claim left queued because a flow limit of their queue held them back, by limit: rate_limit (no start left in the window), partition_limit (max_partitions live partitions), concurrency (the key at its max), ordered (an older task of the key waits), or unused_grant (a start granted whose claim then went to another node: the window counts it)",
+                "Claimable tasks a claim left queued because a flow limit of their queue held them back, by limit: rate_limit (no start left in the window), partition_limit (max_partitions live partitions), concurrency (the key at its max), ordered (an older task of the key waits), unused_grant (a start granted whose claim then went to another node: given back), or unused_ahead (starts granted ahead that this node did not take within their horizon: given back to the window)",
                 &["queue", "limit"],
             ),
             claim_latency: histogram(

@@ -96,6 +96,23 @@ async fn count_attempts(db: &TestDb, queue: ObjectId) -> u64 {
         .expect("count attempts")
 }
 
+/// Starts `n` DENs (n1, n2, …) on the closed queue, waits until each has seen all of them
+/// as sharers of it, then opens it to `threads`: every node claims from the first pass.
+async fn start_fleet(
+    db: &TestDb,
+    config: &std::path::Path,
+    queue: ObjectId,
+    (name, n): (&str, usize),
+    threads: i32,
+) -> Vec<Den> {
+    let dens: Vec<Den> = (1..=n)
+        .map(|i| Den::start(config, &format!("n{i}")))
+        .collect();
+    wait_sharers(&dens.iter().collect::<Vec<_>>(), name, n).await;
+    db.set_threads(queue, threads).await;
+    dens
+}
+
 #[tokio::test]
 async fn a_rate_limit_holds_across_four_dens_one_of_them_killed() {
     let db = TestDb::new("ratefour").await;
@@ -119,11 +136,7 @@ async fn a_rate_limit_holds_across_four_dens_one_of_them_killed() {
                 .collect(),
         )
         .await;
-    let mut dens: Vec<Den> = (1..=4)
-        .map(|i| Den::start(&config, &format!("n{i}")))
-        .collect();
-    wait_sharers(&dens.iter().collect::<Vec<_>>(), "rated", 4).await;
-    db.set_threads(queue, 64).await;
+    let mut dens = start_fleet(&db, &config, queue, ("rated", 4), 64).await;
     wait_for(
         "the first minute's starts",
         Duration::from_secs(300),
@@ -185,11 +198,7 @@ async fn partitions_have_their_own_budgets_and_a_noisy_one_slows_no_other() {
         }
     }
     let quiet_ids = db.insert_tasks(queue, quiet).await;
-    let dens: Vec<Den> = (1..=2)
-        .map(|i| Den::start(&config, &format!("n{i}")))
-        .collect();
-    wait_sharers(&dens.iter().collect::<Vec<_>>(), "parted", 2).await;
-    db.set_threads(queue, 40).await;
+    let dens = start_fleet(&db, &config, queue, ("parted", 2), 40).await;
     db.wait_complete(&quiet_ids, Duration::from_secs(300)).await;
     drop(dens);
     let runs = attempts(&db, queue).await;
@@ -296,11 +305,7 @@ async fn one_task_per_key_at_a_time_in_queue_order_across_four_dens() {
         doc! {"key": "params.account", "max": 1, "ordered": true},
     )
     .await;
-    let dens: Vec<Den> = (1..=4)
-        .map(|i| Den::start(&config, &format!("n{i}")))
-        .collect();
-    wait_sharers(&dens.iter().collect::<Vec<_>>(), "keyed", 4).await;
-    db.set_threads(queue, 40).await;
+    let dens = start_fleet(&db, &config, queue, ("keyed", 4), 40).await;
     db.wait_complete(&ids, Duration::from_secs(300)).await;
     drop(dens);
     let runs = attempts(&db, queue).await;
@@ -337,11 +342,7 @@ async fn at_most_three_tasks_per_key_across_four_dens() {
     let config = write_config(&db, "node.json", json!({}));
     let (queue, ids, key_of) =
         keyed_queue(&db, "three", doc! {"key": "params.account", "max": 3}).await;
-    let dens: Vec<Den> = (1..=4)
-        .map(|i| Den::start(&config, &format!("n{i}")))
-        .collect();
-    wait_sharers(&dens.iter().collect::<Vec<_>>(), "three", 4).await;
-    db.set_threads(queue, 80).await;
+    let dens = start_fleet(&db, &config, queue, ("three", 4), 80).await;
     db.wait_complete(&ids, Duration::from_secs(300)).await;
     drop(dens);
     let runs = attempts(&db, queue).await;

@@ -70,6 +70,7 @@ mod package;
 mod perl_cli;
 mod persistent_workers;
 mod plugin_contract;
+mod rate_windows;
 mod reload;
 mod result_refusals;
 mod result_relay;

@@ -9,7 +9,7 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::{ReturnDocument, UpdateModifications};
 
-use super::claim_run::{claim_reads, claimable};
+use super::claim_run::claimable;
 use super::schema::{task, TASKS};
 use super::{Moved, StatusGroup, Store, BULK_WRITE_MISSING};
 use crate::error::{Error, Result};
@@ -77,6 +77,9 @@ pub struct PickHolds {
     pub started_at: Option<DateTime>,
     /// The rate-limit partition whose window granted the start (null without partitions).
     pub partition: Option<Bson>,
+    /// The grant's own time, which names it to a refund (later than `started_at` for a start
+    /// granted ahead).
+    pub granted_at: Option<DateTime>,
 }
 
 /// What became of one pick.
@@ -129,21 +132,7 @@ impl Store {
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         if !matches!(sort, QueueSort::Fifo | QueueSort::Default) {
-            let reads = claim_reads(sort).unwrap_or_else(|| vec![(doc! {}, doc! {task::ID: 1})]);
-            let now = DateTime::now();
-            let mut found = Candidates::default();
-            for (extra, order) in reads {
-                let left = limit - (found.tasks.len() + found.unreadable.len()) as i64;
-                if left <= 0 {
-                    break;
-                }
-                let mut filter = claimable(queue, now);
-                filter.extend(extra);
-                let read = self.read_tasks(filter, order, left).await?;
-                found.tasks.extend(read.candidates.tasks);
-                found.unreadable.extend(read.candidates.unreadable);
-            }
-            return Ok(found);
+            return self.read_claim_bands(queue, sort, limit, None).await;
         }
         if let Some(range) = window.current().cloned() {
             let found = self.read_in_window(queue, &range, limit).await?;

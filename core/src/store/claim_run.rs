@@ -21,6 +21,18 @@ impl Store {
         also: &Document,
     ) -> Result<Candidates> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read_claim_bands(queue, sort, limit, Some(also)).await
+    }
+
+    /// Reads up to `limit` claimable tasks of `queue` in its claim order, band after band
+    /// (`claim_reads`), each read matching `also` as well when given.
+    pub(crate) async fn read_claim_bands(
+        &self,
+        queue: ObjectId,
+        sort: QueueSort,
+        limit: i64,
+        also: Option<&Document>,
+    ) -> Result<Candidates> {
         let reads = claim_reads(sort).unwrap_or_else(|| vec![(doc! {}, doc! {task::ID: 1})]);
         let now = DateTime::now();
         let mut found = Candidates::default();
@@ -30,13 +42,19 @@ impl Store {
                 break;
             }
             let mut filter = claimable(queue, now);
-            let mut and = match filter.remove("$and") {
-                Some(Bson::Array(a)) => a,
-                _ => Vec::new(),
-            };
-            and.push(Bson::Document(extra));
-            and.push(Bson::Document(also.clone()));
-            filter.insert("$and", and);
+            match also {
+                None => filter.extend(extra),
+                Some(also) => {
+                    // Both may name the same field (`$or`, a status): kept apart in `$and`.
+                    let mut and = match filter.remove("$and") {
+                        Some(Bson::Array(a)) => a,
+                        _ => Vec::new(),
+                    };
+                    and.push(Bson::Document(extra));
+                    and.push(Bson::Document(also.clone()));
+                    filter.insert("$and", and);
+                }
+            }
             let read = self.read_tasks(filter, order, left).await?;
             found.tasks.extend(read.candidates.tasks);
             found.unreadable.extend(read.candidates.unreadable);

@@ -53,6 +53,14 @@ impl HeldKeys {
         }
     }
 
+    /// Whether some key holds half its `max` slots or more: a reading this close to full may
+    /// be wrong about which of its keys can start, so it is read again rather than reused.
+    pub fn near_full(&self, max: u32) -> bool {
+        self.held
+            .values()
+            .any(|(_, s)| s.len().saturating_mul(2) >= max as usize)
+    }
+
     /// How many tasks hold a slot of `key`.
     pub fn running(&self, key: &Bson) -> usize {
         self.held.get(&key_text(key)).map_or(0, |(_, s)| s.len())

@@ -8,6 +8,12 @@
 //! grant, never before any of them (a grant may be counted up to `per / OPEN_SPAN_PARTS`
 //! longer than it must, never shorter: an entry takes grants for that long at most), and a
 //! window holds at most `OPEN_SPAN_PARTS` + 1 entries however many starts it allows.
+//!
+//! While the window is less than half full, a grant may also give starts *ahead*, which the
+//! node uses for its next claims within the limit's `ahead_horizon` instead of asking again
+//! for each: one request per many claims when a limit is far above demand. Such a grant is
+//! counted at the end of its horizon, after every start it allows, so the bound holds for
+//! the starts as they happen; a near-full window grants only what is asked, for now.
 
 use std::time::Duration;
 
@@ -34,6 +40,8 @@ pub enum Grant {
     /// after this grant.
     Starts {
         n: u32,
+        /// Further starts for the node's next claims, until `ahead_horizon` after `at`.
+        ahead: u32,
         at: DateTime,
         free_in: Option<Duration>,
     },
@@ -43,17 +51,19 @@ pub enum Grant {
 }
 
 impl Store {
-    /// Asks the window of `queue`'s `partition` for up to `asked` starts under `limit`.
+    /// Asks the window of `queue`'s `partition` for up to `asked` starts under `limit`, and
+    /// up to `ahead` more for later claims if the window has room to spare.
     pub async fn grant_starts(
         &self,
         queue: ObjectId,
         partition: &Bson,
         limit: &RateLimit,
         asked: u32,
+        ahead: u32,
     ) -> Result<Grant> {
         let id = doc! {rate::QUEUE: queue, rate::PARTITION: partition.clone()};
         let grant_id = ObjectId::new();
-        let pipeline = grant_pipeline(queue, limit, asked, grant_id);
+        let pipeline = grant_pipeline(queue, limit, (asked, ahead), grant_id);
         let context = format!("granting starts in queue {queue}");
         let existing = self
             .raw(RATE_LIMITS)
@@ -83,6 +93,7 @@ impl Store {
                     Err(e) if super::is_duplicate_key(&e) => {
                         return Ok(Grant::Starts {
                             n: 0,
+                            ahead: 0,
                             at: DateTime::now(),
                             free_in: Some(Duration::ZERO),
                         })
@@ -98,8 +109,9 @@ impl Store {
     }
 
     /// Gives back `n` starts granted at `at` that started nothing (their claims went to other
-    /// nodes): the entry holding that grant counts `n` fewer. Exact, since entries' spans
-    /// never overlap; a grant whose entry already left the window has nothing to give back.
+    /// nodes, or a reserve's horizon passed): the entry holding that grant counts `n` fewer.
+    /// That entry is the newest one begun at or before `at` (an entry takes grants only while
+    /// it is the newest); a grant whose entry already left the window has nothing to give back.
     pub async fn refund_starts(
         &self,
         queue: ObjectId,
@@ -148,12 +160,14 @@ impl Store {
 fn grant_pipeline(
     queue: ObjectId,
     limit: &RateLimit,
-    asked: u32,
+    (asked, ahead): (u32, u32),
     grant_id: ObjectId,
 ) -> Vec<Document> {
     let per_ms = i64::try_from(limit.per.as_millis())
         .unwrap_or(i64::MAX)
         .max(1);
+    let horizon_ms = i64::try_from(limit.ahead_horizon().as_millis()).unwrap_or(0);
+    let half = i64::from(limit.starts / 2);
     let span = (per_ms / OPEN_SPAN_PARTS).max(1);
     let open = format!("${OPEN}");
     let open_t = format!("${OPEN}.{}", rate::T);
@@ -190,37 +204,65 @@ fn grant_pipeline(
             {"$ifNull": [&open_n, 0_i64]},
         ]}}},
         doc! {"$set": {"_grant": {"$max": [0_i64, {"$min": [i64::from(asked), {"$subtract": [i64::from(limit.starts), "$_used"]}]}]}}},
+        // Ahead only while the window stays at most half full with them.
+        doc! {"$set": {"_ahead": {"$max": [0_i64, {"$min": [i64::from(ahead), {"$subtract": [half, {"$add": ["$_used", "$_grant"]}]}]}]}}},
+        doc! {"$set": {
+            "_total": {"$add": ["$_grant", "$_ahead"]},
+            "_t": {"$cond": [{"$gt": ["$_ahead", 0_i64]}, {"$add": ["$_now", horizon_ms]}, "$_now"]},
+        }},
         doc! {"$set": {
             OPEN: {"$cond": [
-                {"$eq": ["$_grant", 0_i64]},
+                {"$eq": ["$_total", 0_i64]},
                 {"$ifNull": [&open, "$$REMOVE"]},
                 {
-                    rate::T: "$_now",
-                    rate::N: {"$add": [{"$ifNull": [&open_n, 0_i64]}, "$_grant"]},
+                    rate::T: {"$max": [{"$ifNull": [&open_t, 0_i64]}, "$_t"]},
+                    rate::N: {"$add": [{"$ifNull": [&open_n, 0_i64]}, "$_total"]},
                     FIRST: {"$ifNull": [&open_first, "$_now"]},
                 },
             ]},
-            rate::GRANTED: {rate::GRANT_ID: grant_id, rate::N: "$_grant", rate::AT: "$_now", "used": "$_used"},
+            rate::GRANTED: {rate::GRANT_ID: grant_id, rate::N: "$_grant", rate::AHEAD: "$_ahead", rate::AT: "$_now", "used": "$_used"},
         }},
         doc! {"$set": {
             rate::UNTIL: {"$cond": [
-                {"$gt": ["$_grant", 0_i64]},
-                {"$toDate": {"$add": ["$_now", per_ms]}},
+                {"$gt": ["$_total", 0_i64]},
+                {"$toDate": {"$max": [
+                    {"$add": ["$_t", per_ms]},
+                    {"$toLong": {"$ifNull": [format!("${}", rate::UNTIL), {"$toDate": 0_i64}]}},
+                ]}},
                 {"$ifNull": [format!("${}", rate::UNTIL), {"$toDate": "$_now"}]},
             ]},
         }},
-        doc! {"$unset": ["_now", "_used", "_grant"]},
+        doc! {"$unset": ["_now", "_used", "_grant", "_ahead", "_total", "_t"]},
     ]
 }
 
-/// The refund as one update pipeline: the entry whose span holds `at` counts `n` fewer.
+/// The refund as one update pipeline: the newest entry begun at or before `at` and counted
+/// until after it counts `n` fewer. (Entries counted ahead may reach past the next one's
+/// start, so more than one can span `at`; the grant joined the newest.)
 fn refund_pipeline(at: i64, n: u32) -> Vec<Document> {
+    let open = format!("${OPEN}");
+    let spans = |entry: &str| {
+        let field = |f: &str| format!("{entry}.{f}");
+        doc! {"$and": [
+            {"$lte": [{"$ifNull": [field(FIRST), i64::MAX]}, at]},
+            {"$gte": [{"$ifNull": [field(rate::T), i64::MIN]}, at]},
+        ]}
+    };
+    let entries = doc! {"$concatArrays": [
+        {"$ifNull": [format!("${}", rate::STARTS), []]},
+        {"$cond": [{"$eq": [{"$type": &open}, "object"]}, [&open], []]},
+    ]};
+    let newest = doc! {"$max": {"$map": {
+        "input": entries,
+        "as": "e",
+        "in": {"$cond": [spans("$$e"), format!("$$e.{FIRST}"), null]},
+    }}};
     let less = |entry: &str| {
         let field = |f: &str| format!("{entry}.{f}");
         doc! {"$cond": [
             {"$and": [
-                {"$lte": [{"$ifNull": [field(FIRST), i64::MAX]}, at]},
-                {"$gte": [{"$ifNull": [field(rate::T), i64::MIN]}, at]},
+                spans(entry),
+                {"$eq": [field(FIRST), "$_newest"]},
             ]},
             {
                 rate::T: field(rate::T),
@@ -230,18 +272,22 @@ fn refund_pipeline(at: i64, n: u32) -> Vec<Document> {
             entry,
         ]}
     };
-    vec![doc! {"$set": {
-        rate::STARTS: {"$map": {
-            "input": {"$ifNull": [format!("${}", rate::STARTS), []]},
-            "as": "s",
-            "in": less("$$s"),
+    vec![
+        doc! {"$set": {"_newest": newest}},
+        doc! {"$set": {
+            rate::STARTS: {"$map": {
+                "input": {"$ifNull": [format!("${}", rate::STARTS), []]},
+                "as": "s",
+                "in": less("$$s"),
+            }},
+            OPEN: {"$cond": [
+                {"$eq": [{"$type": format!("${OPEN}")}, "object"]},
+                less(&open),
+                "$$REMOVE",
+            ]},
         }},
-        OPEN: {"$cond": [
-            {"$eq": [{"$type": format!("${OPEN}")}, "object"]},
-            less(&format!("${OPEN}")),
-            "$$REMOVE",
-        ]},
-    }}]
+        doc! {"$unset": ["_newest"]},
+    ]
 }
 
 /// What the window, as the grant left it, says this grant got.
@@ -253,13 +299,17 @@ fn read_grant(window: &Document, grant_id: ObjectId, limit: &RateLimit) -> Grant
         // document as this update left it. A window written by another tool reads as full.
         return Grant::Starts {
             n: 0,
+            ahead: 0,
             at: DateTime::now(),
             free_in: Some(limit.per),
         };
     };
     let n = u32::try_from(super::count_value(g.get(rate::N))).unwrap_or(u32::MAX);
+    let ahead = u32::try_from(super::count_value(g.get(rate::AHEAD))).unwrap_or(0);
     let at_ms = millis(g.get(rate::AT));
-    let used = millis(g.get("used")).saturating_add(i64::from(n));
+    let used = millis(g.get("used"))
+        .saturating_add(i64::from(n))
+        .saturating_add(i64::from(ahead));
     let full = used >= i64::from(limit.starts);
     let per_ms = i64::try_from(limit.per.as_millis()).unwrap_or(i64::MAX);
     let free_in = full.then(|| {
@@ -269,6 +319,7 @@ fn read_grant(window: &Document, grant_id: ObjectId, limit: &RateLimit) -> Grant
     });
     Grant::Starts {
         n,
+        ahead,
         at: DateTime::from_millis(at_ms),
         free_in,
     }
@@ -323,6 +374,7 @@ mod tests {
             read_grant(&window, id, &limit(5)),
             Grant::Starts {
                 n: 2,
+                ahead: 0,
                 at: DateTime::from_millis(4_000),
                 free_in: Some(Duration::from_millis(7_000)),
             }
@@ -339,12 +391,17 @@ mod tests {
 
     #[test]
     fn the_pipeline_takes_the_limit_and_the_ask() {
-        let p = grant_pipeline(ObjectId::new(), &limit(50), 7, ObjectId::new());
+        let p = grant_pipeline(ObjectId::new(), &limit(50), (7, 3), ObjectId::new());
         let text = format!("{p:?}");
         assert!(
             text.contains("Int64(50)") && text.contains("Int64(7)"),
             "{text}"
         );
         assert!(text.contains("10000"), "per in ms: {text}");
+        assert!(
+            text.contains("Int64(3)") && text.contains("Int64(25)"),
+            "ahead, up to half the limit: {text}"
+        );
+        assert!(text.contains("Int64(500)"), "the horizon in ms: {text}");
     }
 }

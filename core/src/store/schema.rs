@@ -178,7 +178,7 @@ pub mod queue {
 
 /// Ours: one document per rate-limited queue and partition, the starts its limit granted
 /// within the last period: `{_id: {queue, partition}, queue, starts: [{t, n, f}], open: {t, n,
-/// f}, granted: {id, n, at}, until}` (`store::rate_limits`). Times are the server's, in milliseconds.
+/// f}, granted: {id, n, a, at}, until}` (`store::rate_limits`). Times are the server's, in milliseconds.
 pub const RATE_LIMITS: &str = "rate_limits";
 
 pub mod rate {
@@ -195,9 +195,11 @@ pub mod rate {
     /// within `per / 64` of its first (`f`) join it and move its `t` to theirs.
     pub const OPEN: &str = "open";
     pub const FIRST: &str = "f";
-    /// The last grant: `{id, n, at}`, how a node reads back what its own write granted.
+    /// The last grant: `{id, n, a, at}`, how a node reads back what its own write granted
+    /// (`a`: the starts granted ahead, counted at the end of their horizon).
     pub const GRANTED: &str = "granted";
     pub const GRANT_ID: &str = "id";
+    pub const AHEAD: &str = "a";
     pub const AT: &str = "at";
     /// When the newest entry leaves the window (a date): the partition is live until then,
     /// and its document can be removed after.

@@ -204,7 +204,7 @@ impl Claimer {
         let unused: Vec<&PickHolds> = picks
             .iter()
             .zip(&outcomes)
-            .filter(|(p, o)| p.holds.started_at.is_some() && !matches!(o, PickOutcome::Claimed(_)))
+            .filter(|(p, o)| p.holds.granted_at.is_some() && !matches!(o, PickOutcome::Claimed(_)))
             .map(|(p, _)| &p.holds)
             .collect();
         if !unused.is_empty() {
@@ -215,6 +215,9 @@ impl Claimer {
         for (pick, outcome) in picks.into_iter().zip(outcomes) {
             match outcome {
                 PickOutcome::Claimed(task) => {
+                    if let Some((key, slot)) = &pick.holds.key_slot {
+                        self.limits.key_slot_claimed(queue.id, key, *slot);
+                    }
                     self.metrics.claimed(&queue.name, latency);
                     self.view.claimed(queue.id, pick.slot);
                     report.claimed += 1;
@@ -236,6 +239,7 @@ impl Claimer {
                 PickOutcome::KeySlotTaken => {
                     // Another node's claim of the same key came first: the next read sees it.
                     self.metrics.claim_missed(&queue.name, "key_slot_taken");
+                    self.limits.key_slots_stale(queue.id);
                     report.lost += 1;
                     plan.slots.push(pick.slot);
                 }

@@ -15,6 +15,7 @@ use disbatch_core::Result;
 
 use rand::Rng;
 
+use super::reserve::{Leftover, Reserves};
 use super::Claimer;
 
 /// A partition's window that was too full to grant is asked again after at most this long,
@@ -22,6 +23,10 @@ use super::Claimer;
 const FULL_RECHECK: Duration = Duration::from_secs(5);
 /// A partition refused for `max_partitions` is asked again after this long.
 const PARTITIONS_RECHECK: Duration = Duration::from_secs(1);
+/// The key slots a queue's tasks hold are read again after this long, or at once when a key
+/// is near its max or another node's claim took a slot this node thought free. The key index
+/// decides every claim; a reading only spares claims that would fail.
+const KEYS_FRESH: Duration = Duration::from_secs(1);
 
 /// What the claimer knows of one queue's rate-limit windows.
 #[derive(Debug, Default)]
@@ -30,6 +35,8 @@ pub(super) struct QueueWindows {
     full: HashMap<String, (Bson, Instant)>,
     /// The limit they were full under: a changed limit is asked again at once.
     limit: Option<RateLimit>,
+    /// Starts granted ahead, not yet taken.
+    reserves: Reserves,
 }
 
 impl QueueWindows {
@@ -43,15 +50,35 @@ impl QueueWindows {
     }
 }
 
-/// Per queue: the windows' state.
+/// Per queue: the windows' state and the last reading of its key slots.
 #[derive(Debug, Default)]
 pub(super) struct LimitViews {
     windows: HashMap<ObjectId, QueueWindows>,
+    keys: HashMap<ObjectId, (HeldKeys, Instant)>,
 }
 
 impl LimitViews {
     pub(super) fn retain(&mut self, queues: &HashSet<ObjectId>) {
         self.windows.retain(|q, _| queues.contains(q));
+        self.keys.retain(|q, _| queues.contains(q));
+    }
+
+    /// This node's claim now holds the slot: later passes reading the cached slots skip it.
+    pub(super) fn key_slot_claimed(&mut self, queue: ObjectId, key: &Bson, slot: u32) {
+        if let Some((held, _)) = self.keys.get_mut(&queue) {
+            held.hold(key, slot);
+        }
+    }
+
+    /// Another node holds a slot this node thought free: read the slots afresh.
+    pub(super) fn key_slots_stale(&mut self, queue: ObjectId) {
+        self.keys.remove(&queue);
+    }
+
+    /// The queue's key slots as last read, if that reading can still serve.
+    fn fresh_keys(&self, queue: ObjectId, max: u32) -> Option<HeldKeys> {
+        let (held, read) = self.keys.get(&queue)?;
+        (read.elapsed() < KEYS_FRESH && !held.near_full(max)).then(|| held.clone())
     }
 }
 
@@ -78,17 +105,23 @@ pub(super) struct Allowed {
 
 impl Claimer {
     /// Gives back the starts granted to picks whose claims came to nothing, per partition
-    /// and grant, so the window counts only starts that happened.
+    /// and grant, so the window counts only starts that happened: to the reserve they came
+    /// from while it holds, else to the window.
     pub(super) async fn refund_unused_starts(
-        &self,
+        &mut self,
         queue: &Queue,
         unused: &[&PickHolds],
     ) -> Result<()> {
+        let now = Instant::now();
+        let windows = self.limits.windows.entry(queue.id).or_default();
         let mut grants: Vec<(&Bson, bson::DateTime, u32)> = Vec::new();
         for h in unused {
-            let (Some(partition), Some(at)) = (&h.partition, h.started_at) else {
+            let (Some(partition), Some(at)) = (&h.partition, h.granted_at) else {
                 continue;
             };
+            if windows.reserves.put_back(&key_text(partition), at, now) {
+                continue;
+            }
             match grants
                 .iter_mut()
                 .find(|(p, a, _)| *a == at && key_text(p) == key_text(partition))
@@ -103,13 +136,33 @@ impl Claimer {
         Ok(())
     }
 
+    /// Gives back to their windows the starts reserves left unused.
+    async fn refund_leftovers(&self, queue: &Queue, leftovers: Vec<Leftover>) -> Result<()> {
+        if leftovers.is_empty() {
+            return Ok(());
+        }
+        let n: u64 = leftovers.iter().map(|l| u64::from(l.n)).sum();
+        self.metrics.limit_held(&queue.name, "unused_ahead", n);
+        let refunds = futures::future::join_all(leftovers.iter().map(|l| {
+            self.store
+                .refund_starts(queue.id, &l.partition, l.granted_at, l.n)
+        }))
+        .await;
+        refunds.into_iter().collect::<Result<Vec<()>>>()?;
+        Ok(())
+    }
+
     /// Reads what a limited queue's claims must leave out now.
     pub(super) async fn limits_before_read(&mut self, queue: &Queue) -> Result<BeforeRead> {
         let windows = self.limits.windows.entry(queue.id).or_default();
-        if windows.limit != queue.limits.rate {
-            windows.full.clear();
-            windows.limit.clone_from(&queue.limits.rate);
-        }
+        let leftovers = match windows.limit != queue.limits.rate {
+            true => {
+                windows.full.clear();
+                windows.limit.clone_from(&queue.limits.rate);
+                windows.reserves.clear()
+            }
+            false => windows.reserves.expire(Instant::now()),
+        };
         windows.prune();
         let mut also = Vec::new();
         let mut blocked_until = None;
@@ -123,10 +176,20 @@ impl Claimer {
                 Some(_) => {}
             }
         }
+        self.refund_leftovers(queue, leftovers).await?;
         let mut held = None;
         if let Some(c) = &queue.limits.concurrency {
-            self.store.ensure_limit_index(LimitIndex::KeySlots).await?;
-            let keys = self.store.held_key_slots(queue.id).await?;
+            let keys = match self.limits.fresh_keys(queue.id, c.max) {
+                Some(keys) => keys,
+                None => {
+                    self.store.ensure_limit_index(LimitIndex::KeySlots).await?;
+                    let keys = self.store.held_key_slots(queue.id).await?;
+                    self.limits
+                        .keys
+                        .insert(queue.id, (keys.clone(), Instant::now()));
+                    keys
+                }
+            };
             let full = keys.full_keys(c.max);
             if !full.is_empty() {
                 // A task waiting for its retry holds its key's slot: it is the one to run.
@@ -296,17 +359,45 @@ impl Claimer {
         let mut out = Vec::new();
         let (mut by_rate, mut by_partitions) = (0u64, 0u64);
         let mut fresh = false;
+        // Starts granted ahead serve first; the partitions they do not cover ask their window.
+        let now = Instant::now();
+        let windows = self.limits.windows.entry(queue.id).or_default();
+        let mut asks = Vec::with_capacity(partitions.len());
+        for (partition, mut list) in partitions {
+            let text = key_text(&partition);
+            if let Some(taken) = windows.reserves.take(&text, list.len() as u32, now) {
+                for (t, mut holds) in list.drain(..taken.n as usize) {
+                    holds.started_at = Some(taken.started_at);
+                    holds.granted_at = Some(taken.granted_at);
+                    holds.partition = Some(partition.clone());
+                    out.push((t, holds));
+                }
+            }
+            if !list.is_empty() {
+                let ahead = windows.reserves.ahead_for(&text, list.len() as u32, rate);
+                asks.push((partition, text, list, ahead));
+            }
+        }
         // Each partition's window is its own document: asked all at once.
-        let grants = futures::future::join_all(partitions.iter().map(|(partition, list)| {
+        let sent = Instant::now();
+        let grants = futures::future::join_all(asks.iter().map(|(partition, _, list, ahead)| {
             self.store
-                .grant_starts(queue.id, partition, rate, list.len() as u32)
+                .grant_starts(queue.id, partition, rate, list.len() as u32, *ahead)
         }))
         .await;
-        for ((partition, mut list), grant) in partitions.into_iter().zip(grants) {
+        for ((partition, text, mut list, _), grant) in asks.into_iter().zip(grants) {
             let grant = grant?;
             let windows = self.limits.windows.entry(queue.id).or_default();
             match grant {
-                Grant::Starts { n, at, free_in } => {
+                Grant::Starts {
+                    n,
+                    ahead,
+                    at,
+                    free_in,
+                } => {
+                    windows
+                        .reserves
+                        .keep(&text, &partition, at, ahead, sent, rate);
                     if let Some(free_in) = free_in {
                         let until = Instant::now() + free_in.min(FULL_RECHECK);
                         windows
@@ -319,6 +410,7 @@ impl Claimer {
                     list.truncate(n as usize);
                     for (t, mut holds) in list {
                         holds.started_at = Some(at);
+                        holds.granted_at = Some(at);
                         holds.partition = Some(partition.clone());
                         out.push((t, holds));
                     }
@@ -327,9 +419,7 @@ impl Claimer {
                     by_partitions += list.len() as u64;
                     fresh = true;
                     let until = Instant::now() + PARTITIONS_RECHECK;
-                    windows
-                        .full
-                        .insert(key_text(&partition), (partition, until));
+                    windows.full.insert(text, (partition, until));
                     self.report_once(format!(
                         "queue {} ({}): {live} rate-limit partitions are live, its max_partitions is {}: tasks of new partitions wait until one expires",
                         queue.name, queue.id, rate.max_partitions
