@@ -50,11 +50,10 @@ impl Handoff {
     }
 
     pub fn encode(&self) -> Result<Vec<u8>, String> {
-        let d = doc! {
+        let mut d = doc! {
             "task": &self.task, "attempt": self.attempt, "queue": &self.queue, "relay": self.relay,
             "live": self.live,
         };
-        let mut d = d;
         if let Some(at) = self.started_at {
             d.insert("started_at", at);
         }

@@ -354,10 +354,7 @@ impl Claimer {
                     // frees.
                     report.waiting_for_slots = true;
                 }
-                if let Some(until) = batch.held_until {
-                    report.held_until =
-                        Some(report.held_until.map_or(until, |t: Instant| t.min(until)));
-                }
+                report.held_until = earliest(report.held_until, batch.held_until);
                 claimed_here[i] += batch.claimed;
                 plan[i].wanted = plan[i].wanted.saturating_sub(batch.claimed);
                 specs[i].running += batch.claimed;
@@ -578,5 +575,13 @@ impl Claimer {
         if self.reported.insert(message.clone()) {
             tracing::warn!("{message}");
         }
+    }
+}
+
+/// The earlier of two times, either perhaps unknown.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }

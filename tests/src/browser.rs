@@ -183,6 +183,23 @@ impl Browser {
         }
     }
 
+    /// Picks the option of the `<select>` at `select` whose text is `text`.
+    pub async fn select_option(&self, select: &str, text: &str) {
+        let css = format!("{select} option");
+        for option in self
+            .client
+            .find_all(Locator::Css(&css))
+            .await
+            .expect("options")
+        {
+            if option.text().await.unwrap_or_default().trim() == text {
+                option.click().await.expect("select option");
+                return;
+            }
+        }
+        panic!("no option {text:?} in {select}");
+    }
+
     /// Waits for an element matching `css` and returns it.
     pub async fn find(&self, css: &str) -> fantoccini::elements::Element {
         self.client

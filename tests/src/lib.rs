@@ -314,6 +314,29 @@ impl TestDb {
             .expect("queue");
     }
 
+    /// Writes a rate-limit window of `queue`'s `partition` by hand: `starts` as `(t, n)` (server
+    /// ms), live until `until` (ms).
+    pub async fn insert_rate_window(
+        &self,
+        queue: ObjectId,
+        partition: Bson,
+        starts: Vec<(i64, i64)>,
+        until: i64,
+    ) {
+        let entries: Vec<Bson> = starts
+            .iter()
+            .map(|(t, n)| Bson::from(doc! {"t": *t, "n": *n}))
+            .collect();
+        self.db
+            .collection::<Document>("rate_limits")
+            .insert_one(doc! {
+                "_id": {"queue": queue, "partition": partition}, "queue": queue,
+                "starts": entries, "until": DateTime::from_millis(until),
+            })
+            .await
+            .expect("insert window");
+    }
+
     pub async fn drop(self) {
         let _ = self.db.drop().await;
     }

@@ -286,27 +286,6 @@ async fn the_cli_sets_shows_and_clears_limits() {
 }
 
 /// A window document as a node's grants leave it.
-async fn window(
-    db: &TestDb,
-    queue: ObjectId,
-    partition: Bson,
-    starts: Vec<(i64, i64)>,
-    until: i64,
-) {
-    let entries: Vec<Bson> = starts
-        .iter()
-        .map(|(t, n)| Bson::from(doc! {"t": *t, "n": *n}))
-        .collect();
-    db.db
-        .collection::<Document>("rate_limits")
-        .insert_one(
-            doc! {"_id": {"queue": queue, "partition": partition}, "queue": queue,
-            "starts": entries, "until": DateTime::from_millis(until)},
-        )
-        .await
-        .expect("insert window");
-}
-
 async fn held_of(dci: &Dci, id: ObjectId) -> Value {
     let (s, t) = dci.get(&format!("/tasks/{}", id.to_hex())).await;
     assert_eq!(s, 200, "{t}");
@@ -324,8 +303,7 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
     let rated = db.insert_queue("rated", "echo", 4).await;
     db.set_queue(rated, doc! {"rate_limit": {"starts": 3, "per_s": 60}})
         .await;
-    window(
-        &db,
+    db.insert_rate_window(
         rated,
         Bson::Null,
         vec![(now - 120_000, 9), (now - 10_000, 2), (now - 5_000, 1)],
@@ -378,16 +356,14 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
     // Partitioned: "a" spent, "b" has room, "z" has no window while 2 of 2 are live.
     let parts = db.insert_queue("parts", "echo", 4).await;
     db.set_queue(parts, doc! {"rate_limit": {"starts": 2, "per_s": 60, "partition": "params.c", "max_partitions": 2}}).await;
-    window(
-        &db,
+    db.insert_rate_window(
         parts,
         Bson::from("a"),
         vec![(now - 20_000, 2)],
         now + 40_000,
     )
     .await;
-    window(
-        &db,
+    db.insert_rate_window(
         parts,
         Bson::from("b"),
         vec![(now - 30_000, 1)],

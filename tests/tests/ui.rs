@@ -6,7 +6,6 @@ use std::time::Duration;
 use bson::doc;
 use bson::oid::ObjectId;
 use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, TestDb};
-use fantoccini::Locator;
 use serde_json::json;
 
 const ENTER: &str = "\u{E007}";
@@ -17,22 +16,6 @@ async fn queue_doc(db: &TestDb, name: &str) -> Option<bson::Document> {
         .find_one(doc! {"name": name})
         .await
         .expect("find")
-}
-
-async fn select_option(b: &Browser, select: &str, text: &str) {
-    let css = format!("{select} option");
-    for option in b
-        .client
-        .find_all(Locator::Css(&css))
-        .await
-        .expect("options")
-    {
-        if option.text().await.unwrap_or_default().trim() == text {
-            option.click().await.expect("select option");
-            return;
-        }
-    }
-    panic!("no option {text:?} in {select}");
 }
 
 /// Nothing the console did was blocked by its Content-Security-Policy, its stylesheet
@@ -113,7 +96,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     let name = b.find("#new-queue-name").await;
     name.clear().await.expect("clear");
     name.send_keys("console").await.expect("type");
-    select_option(&b, "#new-queue-plugin", "echo").await;
+    b.select_option("#new-queue-plugin", "echo").await;
     b.find("#new-queue-threads")
         .await
         .send_keys("0")
@@ -149,7 +132,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
 
     // Cancel one queued task from the Tasks page.
     b.open(&format!("{}/#/tasks", dci.url), "tasks").await;
-    select_option(&b, "#search-queue", "console").await;
+    b.select_option("#search-queue", "console").await;
     b.find("#search-submit")
         .await
         .click()

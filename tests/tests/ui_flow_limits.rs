@@ -4,24 +4,7 @@
 
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_tests::{write_config, Browser, Dci, TestDb};
-use fantoccini::Locator;
 use serde_json::json;
-
-async fn select_option(b: &Browser, select: &str, text: &str) {
-    let css = format!("{select} option");
-    for option in b
-        .client
-        .find_all(Locator::Css(&css))
-        .await
-        .expect("options")
-    {
-        if option.text().await.unwrap_or_default().trim() == text {
-            option.click().await.expect("select option");
-            return;
-        }
-    }
-    panic!("no option {text:?} in {select}");
-}
 
 #[tokio::test]
 async fn the_console_shows_and_sets_limits_and_why_a_task_waits() {
@@ -32,12 +15,8 @@ async fn the_console_shows_and_sets_limits_and_why_a_task_waits() {
     let rated = db.insert_queue("rated", "echo", 2).await;
     db.set_queue(rated, doc! {"rate_limit": {"starts": 2, "per_s": 60}})
         .await;
-    db.db
-        .collection::<Document>("rate_limits")
-        .insert_one(doc! {"_id": {"queue": rated, "partition": Bson::Null}, "queue": rated,
-            "starts": [{"t": now - 5_000, "n": 2_i64}], "until": DateTime::from_millis(now + 55_000)})
-        .await
-        .expect("window");
+    db.insert_rate_window(rated, Bson::Null, vec![(now - 5_000, 2)], now + 55_000)
+        .await;
     let ids = db.insert_tasks(rated, vec![doc! {}.into()]).await;
     db.insert_queue("plain", "echo", 2).await;
 
@@ -57,7 +36,7 @@ async fn the_console_shows_and_sets_limits_and_why_a_task_waits() {
     );
 
     // A bad limit is refused with its field named; a good one is saved.
-    select_option(&b, "#limits-queue", "plain").await;
+    b.select_option("#limits-queue", "plain").await;
     let input = b.find("#limits-concurrency").await;
     input
         .send_keys(r#"{"key": "params.a", "max": 0}"#)

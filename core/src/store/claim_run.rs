@@ -74,9 +74,7 @@ impl Store {
         claimed: &Document,
     ) -> Result<bool> {
         let first = super::count_value(claimed.get(task::ATTEMPTS)) <= 1;
-        let mut unset = doc! {
-            task::SLOT: "", task::LEASE_UNTIL: "", task::ATTEMPT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "",
-        };
+        let mut unset = release_holds(&[task::LEASE_UNTIL, task::ATTEMPT]);
         let mut update = doc! {
             "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
         };
@@ -115,7 +113,7 @@ impl Store {
                 task::MTIME: DateTime::now(),
                 task::COMPLETE: true,
             },
-            "$unset": {task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", task::LEASE_UNTIL: ""},
+            "$unset": release_holds(&[task::LEASE_UNTIL]),
         };
         let filter = doc! {task::ID: id, task::STATUS: status::QUEUED};
         match self
@@ -158,6 +156,17 @@ pub(crate) fn claim_reads(sort: QueueSort) -> Option<Vec<(Document, Document)>> 
 /// also matches a missing field. Documents a runner could not be handed or the claim could not
 /// count (an `_id` that is not an ObjectId, an `attempts` that is not a sane number) are left
 /// queued rather than claimed and wedged.
+/// An `$unset` of what a claim holds, its queue slot and its key slot, and of `more`: a task
+/// that stops running (ends, is cancelled, given back or orphaned) lets go of both at once, so
+/// no path can release one and keep the other.
+pub(crate) fn release_holds(more: &[&str]) -> Document {
+    let mut unset = doc! {task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: ""};
+    for field in more {
+        unset.insert(*field, "");
+    }
+    unset
+}
+
 pub(crate) fn claimable(queue: ObjectId, now: DateTime) -> Document {
     doc! {
         task::NODE: {"$in": [Bson::Null, Bson::Int32(-1)]},

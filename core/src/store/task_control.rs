@@ -3,6 +3,7 @@
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
 
+use super::claim_run::release_holds;
 use super::schema::{chunk, file, task, CHUNKS, FILES, TASKS};
 use super::{StatusGroup, Store, WriteCounts};
 use crate::error::{Error, Result};
@@ -35,7 +36,7 @@ impl Store {
         let filter = doc! {task::ID: id, task::STATUS: {"$in": waiting.to_vec()}};
         let update = doc! {
             "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
-            "$unset": {task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", task::LEASE_UNTIL: ""},
+            "$unset": release_holds(&[task::LEASE_UNTIL]),
         };
         let cancelled = self
             .update_one_counted(filter, update, Some(StatusGroup::Cancelled))
@@ -131,7 +132,7 @@ impl Store {
                     doc! {task::QUEUE: queue, task::STATUS: s},
                     doc! {
                         "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
-                        "$unset": {task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", task::LEASE_UNTIL: ""},
+                        "$unset": release_holds(&[task::LEASE_UNTIL]),
                     },
                 )
                 .await
@@ -256,10 +257,8 @@ fn requeue_update() -> bson::Document {
             task::STDERR: Bson::Null,
             task::MTIME: DateTime::now(),
         },
-        "$unset": {
-            task::COMPLETE: "", task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
-            task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "",
-            task::LIVE_OUTPUT: "",
-        },
+        "$unset": release_holds(&[
+            task::COMPLETE, task::LEASE_UNTIL, task::CANCEL_REQUESTED, task::LIVE_OUTPUT,
+        ]),
     }
 }

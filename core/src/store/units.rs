@@ -3,6 +3,7 @@
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
+use super::claim_run::release_holds;
 use super::schema::{task, TASKS};
 use super::unique_tasks::{contended, stamp_unique_key, Fate, Turn, TRIES};
 use super::Store;
@@ -95,7 +96,7 @@ impl Store {
             }
             // A unit whose key the queue already has is that unit's to settle (reject or
             // update) before its unique key is looked at: re-adding a unit is no duplicate.
-            if let (Some(unique), Some(value)) = (&unique, d.get(task::UNIQUE_KEY)) {
+            if let (Some(unique), Some(_)) = (&unique, d.get(task::UNIQUE_KEY)) {
                 let same_key = doc! {task::QUEUE: queue, task::KEY: &unit.key};
                 if !self.unit_exists(queue, &unit.key).await? {
                     let fate = match held {
@@ -115,22 +116,17 @@ impl Store {
                         Fate::OtherIndex => {}
                     }
                 }
-                if on_conflict == OnConflict::Update {
-                    let change = Some((unique, value.clone()));
-                    match self.requeue_unit(queue, &unit, change).await? {
-                        Requeue::Done => out.updated.push(unit.key),
-                        Requeue::Busy => out.busy.push(unit.key),
-                        Requeue::Duplicate(holder) => out.duplicates.push((unit.key, holder)),
-                    }
-                    continue;
-                }
             }
             if on_conflict == OnConflict::Reject {
                 out.rejected.push(unit.key);
                 continue;
             }
-            // Without a value at the queue's unique key path the unit holds no unique key.
-            let change = unique.as_ref().map(|u| (u, Bson::Null));
+            // The unit takes the unique key its new params give; without a value at the
+            // queue's unique key path (null), it holds none.
+            let change = unique.as_ref().map(|u| {
+                let value = d.get(task::UNIQUE_KEY).cloned().unwrap_or(Bson::Null);
+                (u, value)
+            });
             match self.requeue_unit(queue, &unit, change).await? {
                 Requeue::Done => out.updated.push(unit.key),
                 Requeue::Busy => out.busy.push(unit.key),
@@ -169,7 +165,7 @@ impl Store {
             task::PARAMS: unit.params.clone(), task::STATUS: status::QUEUED, task::NODE: Bson::Null,
             task::STDOUT: Bson::Null, task::STDERR: Bson::Null, task::MTIME: DateTime::now(),
         };
-        let mut unset = doc! {task::COMPLETE: "", task::SLOT: "", task::CONCURRENCY_KEY: "", task::CONCURRENCY_SLOT: "", };
+        let mut unset = release_holds(&[task::COMPLETE]);
         match unit.priority {
             Some(p) => set.insert(task::PRIORITY, priority_value(p)),
             None => unset.insert(task::PRIORITY, ""),

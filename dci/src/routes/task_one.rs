@@ -46,8 +46,8 @@ async fn held(
     task: &bson::Document,
 ) -> ApiResult<Option<disbatch_core::held::Held>> {
     use disbatch_core::store::schema::task as field;
-    let queued = render::bson(task.get(field::STATUS).unwrap_or(&Bson::Null), Dates::Text).as_i64()
-        == Some(i64::from(disbatch_core::model::status::QUEUED));
+    use disbatch_core::store::StatusGroup;
+    let queued = StatusGroup::of(task.get(field::STATUS)) == StatusGroup::Queued;
     let Ok(queue) = task.get_object_id(field::QUEUE) else {
         return Ok(None);
     };

@@ -12,7 +12,7 @@ use disbatch_core::store::schema::task;
 use disbatch_core::store::{claim_key, Candidates, Pick, PickHolds, PickOutcome, SkipReason};
 use disbatch_core::Result;
 
-use super::{spare, Claimer, MAX_CANDIDATES};
+use super::{earliest, spare, Claimer, MAX_CANDIDATES};
 use crate::executor::Executor;
 
 /// What one queue's batch did.
@@ -289,13 +289,5 @@ impl Claimer {
             break;
         }
         Ok(report)
-    }
-}
-
-/// The earlier of two times, either perhaps unknown.
-fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
