@@ -84,7 +84,10 @@ impl Store {
             if c.ordered {
                 facts.older_of_key = self.older_of_key(queue, id, &c.key, key).await?;
             }
-            let filter = doc! {task::QUEUE: queue, task::CONCURRENCY_KEY: key.clone(), task::CONCURRENCY_SLOT: {"$exists": true}};
+            // Slots are whole numbers from 0: a range takes the key-slot index on SecantusDB,
+            // where `$exists` read every task of the queue (1 ms against 450–670 ms at 100 000
+            // queued, pymongo).
+            let filter = doc! {task::QUEUE: queue, task::CONCURRENCY_KEY: key.clone(), task::CONCURRENCY_SLOT: {"$gte": 0}};
             let n = self
                 .raw(TASKS)
                 .count_documents(filter)
