@@ -289,6 +289,42 @@ pub enum Command {
         #[arg(long, alias = "drop_roles")]
         drop_roles: bool,
     },
+    /// A task graph: show one, create one from a file, cancel it, or wait for it to end.
+    ///
+    /// `graph ID` shows its state, counts and each task (name, id, state, what it still waits
+    /// on, why it was cancelled); `graph --create FILE` makes one from
+    /// `{"tasks": [{"name", "queue", "params"?, "depends_on"?: [names or task ids],
+    /// "on_dependency_failure"?: "cancel"|"run"}]}` (or just that array); `graph ID --cancel`
+    /// cancels what has not ended. `--wait` exits 0 if every task succeeded, 8 if one did
+    /// not, 9 if it was cancelled.
+    Graph {
+        #[command(flatten)]
+        options: WorkflowArgs,
+    },
+    /// The newest task graphs: id, creation time, size, when cancelled.
+    Graphs {
+        /// At most this many (the server's cap is 1000).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        limit: u64,
+    },
+    /// A batch of tasks and its callback: show one, create one from a file, cancel it, or wait
+    /// for it (and its callback) to end.
+    ///
+    /// The callback runs once every member has ended, told how they ended. `batch ID` shows
+    /// its state, counts, callback and members; `batch --create FILE` makes one from
+    /// `{"tasks": [{"queue", "params"?}], "callback"?: {"queue", "params"?}}` (or just the
+    /// tasks array); `batch ID --cancel` cancels its members and callback. `--wait` (also for
+    /// the callback to end) exits 0 if all succeeded, 8 if one did not, 9 if cancelled.
+    Batch {
+        #[command(flatten)]
+        options: WorkflowArgs,
+    },
+    /// The newest batches: id, creation time, size, when done, callback task, when cancelled.
+    Batches {
+        /// At most this many (the server's cap is 1000).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        limit: u64,
+    },
     /// Print a shell completion script.
     Completions { shell: Shell },
 }
@@ -335,6 +371,29 @@ pub struct LimitOptions {
     /// past both).
     #[arg(long)]
     pub force: bool,
+}
+
+/// What `graph` and `batch` take: an id to show (and cancel, or wait for), or a file to create
+/// one from.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct WorkflowArgs {
+    /// Its id, as `--create` or the list printed it.
+    #[arg(required_unless_present = "create", conflicts_with = "create")]
+    pub id: Option<String>,
+    /// Create one from this JSON file (`-` for stdin) and print its ids.
+    #[arg(long, value_name = "FILE")]
+    pub create: Option<PathBuf>,
+    /// Cancel its tasks that have not ended (queued and blocked ones never run; running
+    /// ones are stopped).
+    #[arg(long, conflicts_with = "create")]
+    pub cancel: bool,
+    /// Poll until it has ended, then print it and exit by its outcome: 0 succeeded, 8
+    /// failed, 9 cancelled (`--json` prints its last state only).
+    #[arg(long)]
+    pub wait: bool,
+    /// Seconds between polls with --wait.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_interval, requires = "wait")]
+    pub interval: f64,
 }
 
 /// `top --interval`: from a tenth of a second to a day.
@@ -462,6 +521,37 @@ mod tests {
             "0"
         ])
         .is_err());
+    }
+
+    #[test]
+    fn graph_and_batch_take_an_id_or_a_file() {
+        let args = Args::try_parse_from(["disbatch", "graph", "abc", "--wait"]).unwrap();
+        match args.command {
+            Command::Graph { options } => {
+                assert_eq!(options.id.as_deref(), Some("abc"));
+                assert!(options.wait && !options.cancel);
+                assert_eq!(options.interval, 1.0);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        let args =
+            Args::try_parse_from(["disbatch", "batch", "--create", "b.json", "--wait"]).unwrap();
+        assert!(matches!(
+            args.command,
+            Command::Batch {
+                options: WorkflowArgs {
+                    id: None,
+                    create: Some(_),
+                    wait: true,
+                    ..
+                }
+            }
+        ));
+        assert!(Args::try_parse_from(["disbatch", "graph"]).is_err());
+        assert!(Args::try_parse_from(["disbatch", "graph", "x", "--create", "f"]).is_err());
+        assert!(Args::try_parse_from(["disbatch", "graph", "--create", "f", "--cancel"]).is_err());
+        assert!(Args::try_parse_from(["disbatch", "batch", "x", "--interval", "2"]).is_err());
+        assert!(Args::try_parse_from(["disbatch", "graphs", "--limit", "0"]).is_err());
     }
 
     #[test]

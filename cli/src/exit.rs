@@ -19,6 +19,27 @@ pub const UNREACHABLE: u8 = 5;
 pub const SERVER_ERROR: u8 = 6;
 /// The server refused the credentials or the role (401, 403).
 pub const ACCESS_DENIED: u8 = 7;
+/// `graph|batch ID --wait`: it ended with a task that did not succeed (failed, terminated,
+/// orphaned, or cancelled because what it waited on failed; for a batch, its callback too).
+pub const WORKFLOW_FAILED: u8 = 8;
+/// `graph|batch ID --wait`: it ended because it was cancelled.
+pub const WORKFLOW_CANCELLED: u8 = 9;
+
+/// A waited-for graph or batch ended without success: not a failure of the command, but a
+/// script must be able to tell it apart from success and from the other classes.
+#[derive(Debug)]
+pub struct WorkflowEnded {
+    pub message: String,
+    pub cancelled: bool,
+}
+
+impl std::fmt::Display for WorkflowEnded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for WorkflowEnded {}
 
 /// A mistake in the command's own arguments, found before anything is sent.
 #[derive(Debug)]
@@ -45,6 +66,13 @@ pub fn status_for(e: &anyhow::Error) -> u8 {
         }
         if cause.is::<Unreachable>() {
             return UNREACHABLE;
+        }
+        if let Some(ended) = cause.downcast_ref::<WorkflowEnded>() {
+            return if ended.cancelled {
+                WORKFLOW_CANCELLED
+            } else {
+                WORKFLOW_FAILED
+            };
         }
         // Only arguments and input files are parsed with serde_json's errors kept as a
         // cause; a server reply that is not JSON is reported without one.
@@ -93,5 +121,13 @@ mod tests {
         let e = anyhow::Error::new(Unreachable("GET x: connection refused".into()));
         assert_eq!(status_for(&e), UNREACHABLE);
         assert_eq!(status_for(&anyhow::anyhow!("other")), OTHER);
+        let ended = |cancelled| {
+            anyhow::Error::new(WorkflowEnded {
+                message: "graph x failed".into(),
+                cancelled,
+            })
+        };
+        assert_eq!(status_for(&ended(false)), WORKFLOW_FAILED);
+        assert_eq!(status_for(&ended(true)), WORKFLOW_CANCELLED);
     }
 }

@@ -37,6 +37,7 @@ pub mod redact;
 pub mod relay;
 pub mod result_batches;
 pub mod run_policy;
+pub mod schedule;
 pub mod scheduler;
 #[cfg(feature = "serve")]
 pub mod serve;
@@ -44,6 +45,7 @@ pub mod store;
 pub mod utf8;
 pub mod work_spec;
 pub mod worker_policy;
+pub mod workflow;
 
 pub use error::{Error, Result};
 

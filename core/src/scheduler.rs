@@ -2,6 +2,14 @@
 //!
 //! Each queue is a work spec. Ineligible specs are dropped, only the highest priority
 //! survives, and among those a weighted draw favours specs running less than their share.
+//!
+//! Where this differs from Coordinate's `GetWork`: Coordinate picks one spec and returns only
+//! its units, so a worker asking for more than that spec has (or than its `max_getwork`)
+//! gets fewer and asks again later. Here a node's room is shared draw by draw: once a spec
+//! is full, capped by `max_getwork` or out of tasks, the next draw goes to the eligible
+//! specs left, lower priorities included, so a node with many threads keeps them busy
+//! (work-conserving). Priority still decides each draw: a lower spec only gets room the
+//! higher ones cannot use.
 
 use rand::Rng;
 
@@ -69,8 +77,9 @@ pub fn pick_spec<R: Rng + ?Sized>(specs: &[SpecState], rng: &mut R) -> Option<us
     scores.last().map(|(i, _)| *i)
 }
 
-/// How many tasks to claim from the picked spec: its room under the cap, `max_getwork`,
-/// and the node's own room. No spill-over to other specs (Coordinate's rule).
+/// Most tasks the picked spec can take: its room under the cap, `max_getwork`, and the
+/// node's own room. This bounds one spec only; `share_room` gives what it cannot take to
+/// the other specs (see the module's note on Coordinate).
 pub fn claim_count(spec: &SpecState, node_room: u32) -> u32 {
     let room = spec.cap.saturating_sub(spec.running);
     let getwork = spec.max_getwork.unwrap_or(u32::MAX).max(1);
@@ -80,7 +89,8 @@ pub fn claim_count(spec: &SpecState, node_room: u32) -> u32 {
 /// Shares a node's room among specs for one round of a pass: Coordinate's pick, made one
 /// task at a time over running counts moved by each pick, so weights balance within the pass;
 /// each spec's share is then claimed as one batch. A spec takes at most `most[i]` (its free
-/// slots) and, with `max_getwork`, at most that many.
+/// slots) and, with `max_getwork`, at most that many; room a spec cannot take goes to the
+/// next eligible ones, lower priorities included (work-conserving, unlike `GetWork`).
 pub fn share_room<R: Rng + ?Sized>(
     specs: &[SpecState],
     node_room: u32,
@@ -231,5 +241,19 @@ mod tests {
         assert_eq!(share_room(&specs, 5, &[0, 0], &mut rng), vec![0, 0]);
         // Unlimited node room ends when every spec reached its limit.
         assert_eq!(share_room(&specs, u32::MAX, &[4, 6], &mut rng), vec![4, 6]);
+    }
+
+    #[test]
+    fn room_the_top_priority_cannot_take_goes_to_lower_ones() {
+        // Coordinate's GetWork would return the 4 top-priority units only.
+        let mut rng = StdRng::seed_from_u64(3);
+        let specs = [spec(5, 20, 0), spec(0, 20, 0)];
+        assert_eq!(share_room(&specs, 10, &[4, 100], &mut rng), vec![4, 6]);
+        let mut capped = spec(5, 20, 0);
+        capped.max_getwork = Some(2);
+        assert_eq!(
+            share_room(&[capped, spec(0, 20, 0)], 10, &[100, 100], &mut rng),
+            vec![2, 8]
+        );
     }
 }

@@ -177,6 +177,10 @@ pub fn spec_load(
     }
     let max_running = int("max_running")?.filter(|n| *n > 0);
     put(queue::MAX_RUNNING, max_running.map(Bson::Int64), &mut unset);
+    // Cron schedules (`schedule.rs`), checked as the leader reads them.
+    let (schedule, no_schedule) = crate::schedule::spec_fields(spec)?;
+    set.extend(schedule);
+    unset.extend(no_schedule);
     let threads = int("threads")?
         .or(max_running)
         .unwrap_or(DEFAULT_SPEC_THREADS);

@@ -21,6 +21,7 @@ use crate::skip_log::SkipLog;
 
 mod batch;
 mod beside_perl;
+mod continuous;
 mod limits;
 mod reserve;
 mod spare;
@@ -113,6 +114,8 @@ pub struct Claimer {
     windows: HashMap<ObjectId, ClaimWindow>,
     /// Per queue: candidates read beyond the last batch, for the next ones.
     spares: spare::Spares,
+    /// When to ask again for continuous queues' turns.
+    turns: continuous::TurnClock,
     /// What this node knows of its queues' rate-limit windows.
     limits: limits::LimitViews,
     /// Queued tasks this node will not try again: undecodable, or refused by the server.
@@ -158,6 +161,7 @@ impl Claimer {
             view: RunningView::default(),
             windows: HashMap::new(),
             spares: spare::Spares::default(),
+            turns: continuous::TurnClock::default(),
             limits: limits::LimitViews::default(),
             unrunnable: HashSet::new(),
             sharers_read_at: None,
@@ -318,7 +322,7 @@ impl Claimer {
                     continue;
                 };
                 let batch = match self
-                    .claim_batch(&queue, &mut plan[i], share.min(room), executor)
+                    .claim_or_make(&queue, &mut plan[i], share.min(room), executor)
                     .await
                 {
                     Ok(batch) => batch,
@@ -454,6 +458,7 @@ impl Claimer {
         let servable: HashSet<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         self.windows.retain(|id, _| servable.contains(id));
         self.limits.retain(&servable);
+        self.turns.retain(&servable);
         let ids: Vec<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
         let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
         self.view.read(snapshot, executor_live);

@@ -12,7 +12,8 @@ pub struct ContinuousQueue {
 }
 
 /// The queues due synthetic tasks when idle: continuous, with threads, not paused. All of
-/// the fleet's, whichever nodes serve them: the maintenance leader makes them for everyone.
+/// the fleet's, whichever nodes serve them: the maintenance leader makes them for everyone,
+/// once a pass, beside the claimers that make one when they pick an idle queue.
 pub fn continuous_queues(queues: &[disbatch_core::model::Queue]) -> Vec<ContinuousQueue> {
     queues
         .iter()
@@ -42,8 +43,9 @@ pub async fn make_continuous_units(
 ) -> Result<ContinuousReport> {
     let mut report = ContinuousReport::default();
     for q in queues {
-        match make_one(store, q).await {
-            Ok(made) => report.made += made,
+        match take_turn(store, q).await {
+            Ok(Turn::Made(made)) => report.made += made,
+            Ok(Turn::Live | Turn::NotYours) => {}
             Err(e) => match e.refusal() {
                 Some(why) => report.refused.push((q.id, why)),
                 None => return Err(e),
@@ -56,9 +58,27 @@ pub async fn make_continuous_units(
     Ok(report)
 }
 
-async fn make_one(store: &Store, q: &ContinuousQueue) -> Result<u32> {
-    if store.has_live_task(q.id).await? || !store.take_continuous_turn(q.id, q.interval).await? {
-        return Ok(0);
+/// What asking for a continuous queue's turn came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// It has a claimable or running task: none is due, whatever the interval.
+    Live,
+    /// Another caller took this interval's turn.
+    NotYours,
+    /// This caller's turn, with the units it made (0 when one of that name exists already).
+    Made(u32),
+}
+
+/// Makes the queue's synthetic task if it is idle and its turn is free. Called by the leader
+/// once a maintenance pass and by a claimer that picks the queue and finds it empty (which
+/// ones: claimer/continuous.rs); the turn, taken in the database, keeps that to one task per
+/// interval across the fleet.
+pub async fn take_turn(store: &Store, q: &ContinuousQueue) -> Result<Turn> {
+    if store.has_live_task(q.id).await? {
+        return Ok(Turn::Live);
+    }
+    if !store.take_continuous_turn(q.id, q.interval).await? {
+        return Ok(Turn::NotYours);
     }
     let unit = Unit {
         key: unit_name(DateTime::now()),
@@ -69,7 +89,7 @@ async fn make_one(store: &Store, q: &ContinuousQueue) -> Result<u32> {
     let out = store
         .add_units(q.id, vec![unit], OnConflict::Reject)
         .await?;
-    Ok(out.inserted.len() as u32)
+    Ok(Turn::Made(out.inserted.len() as u32))
 }
 
 /// Coordinate names a continuous unit by Unix time: `<seconds>.<milliseconds>`.

@@ -1,6 +1,6 @@
 //! The executor: starts one task runner per claimed task, in its own session, and watches it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io::{PipeWriter, Write};
 use std::os::fd::AsRawFd;
@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 
 use crate::completer::Completer;
 use crate::metrics::outcome_label;
+use crate::releaser::Releaser;
 use crate::runner_deaths::RunnerDeaths;
 
 /// What an empty pipe takes without blocking on Linux (its default capacity).
@@ -71,6 +72,11 @@ pub struct Executor {
     pub(crate) deaths: Option<RunnerDeaths>,
     /// The worker host running this node's persistent-queue tasks, once one is needed.
     pub(crate) host: Arc<Mutex<Option<crate::worker_host::HostHandle>>>,
+    /// Settles what waits on the tasks in `waited_for` when they end; None leaves it to the
+    /// maintenance leader's sweep.
+    releaser: Option<Releaser>,
+    /// Live tasks that others wait for (marked so when claimed).
+    waited_for: Arc<Mutex<HashSet<ObjectId>>>,
 }
 
 impl Executor {
@@ -93,6 +99,24 @@ impl Executor {
             host: Arc::new(Mutex::new(None)),
             exited: Arc::new(Mutex::new(Vec::new())),
             runner_exited: Arc::new(Notify::new()),
+            releaser: None,
+            waited_for: Arc::new(Mutex::new(HashSet::new())),
+        }
+    }
+
+    /// Settles the ends of tasks others wait for as soon as their runners exit.
+    pub fn with_releaser(mut self, releaser: Releaser) -> Self {
+        self.releaser = Some(releaser);
+        self
+    }
+
+    /// Notes a task being started that others wait for.
+    pub(crate) fn note_waited_for(&self, handoff: &Handoff) {
+        if self.releaser.is_none() || !disbatch_core::store::is_waited_for(&handoff.task) {
+            return;
+        }
+        if let (Some(task), Ok(mut w)) = (handoff.task_id(), self.waited_for.lock()) {
+            w.insert(task);
         }
     }
 
@@ -166,6 +190,7 @@ impl Executor {
     /// handing it the claimed task on stdin. It runs in a new session so it outlives a restart
     /// or kill of this DEN and gets none of its signals.
     pub fn spawn_runner(&self, handoff: &Handoff, slot: Option<u32>) -> std::io::Result<()> {
+        self.note_waited_for(handoff);
         if disbatch_core::store::runs_persistent(&handoff.queue) {
             return self.hand_to_host(handoff, slot);
         }
@@ -308,6 +333,10 @@ impl Executor {
 impl Executor {
     /// A task's runner exited (or its host reported it ended): its slot is free.
     pub(crate) fn task_ended(&self, task: ObjectId, success: bool, outcome: &'static str) {
+        let waited_for = self.waited_for.lock().is_ok_and(|mut w| w.remove(&task));
+        if let (true, Some(releaser)) = (waited_for, &self.releaser) {
+            releaser.task_ended(task);
+        }
         let runner = self.live.lock().ok().and_then(|mut l| l.remove(&task));
         if let (Some(runner), Ok(mut exited)) = (runner, self.exited.lock()) {
             exited.push(Exited {

@@ -182,7 +182,11 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
             runner_env,
             Some(Completer::start(store.clone(), metrics.clone())),
             Some(RunnerDeaths::new(store.clone(), metrics.clone())),
-        ),
+        )
+        .with_releaser(disbatch_den::releaser::Releaser::start(
+            store.clone(),
+            metrics.clone(),
+        )),
         balancer: disbatch_den::balancer::Balancer::new(&config.balance),
         runtimes: config.runtimes.clone(),
         notifier: if config.change_streams {

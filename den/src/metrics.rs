@@ -22,6 +22,7 @@ const TASK_BUCKETS: &[f64] = &[
 ];
 const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit"];
 const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel", "fail"];
+const DEPENDENCY_SETTLEMENTS: [&str; 4] = ["settled", "released", "cancelled", "callbacks"];
 const RESULT_ANSWERS: &[&str] = &["recorded", "not_ours", "record_yourself"];
 const LIVE_COPY_RESULTS: &[&str] = &["written", "not_written", "dropped"];
 /// How a task runner's attempt ended, as its attempt record (collection `attempts`) says,
@@ -78,12 +79,15 @@ struct Inner {
     attempt_records_repaired: IntCounter,
     outside_inserts_signalled: IntCounter,
     nodes_signalled: IntCounter,
+    dependencies: IntCounterVec,
     results: IntCounterVec,
     result_batch: Histogram,
     live_copies: IntCounterVec,
     documents_skipped: IntCounterVec,
     queues_skipped: prometheus::IntGauge,
     change_streams_open: prometheus::IntGauge,
+    schedule_ticks: IntCounterVec,
+    schedules_invalid: prometheus::IntGauge,
 }
 
 impl Default for Inner {
@@ -209,6 +213,12 @@ impl Default for Inner {
                 "disbatch_den_nodes_signalled_total",
                 "Nodes this node, as maintenance leader (the holder of the fleet's change stream), marked to read their queues at their next heartbeat, for work signalled on queues they serve",
             ),
+            dependencies: counter_vec(
+                &registry,
+                "disbatch_den_dependencies_total",
+                "Workflow dependencies this node settled (for tasks its runners ended, or, as maintenance leader, for any ended task still marked as waited for), by what came of it: settled (ended tasks whose dependents were looked at), released (waiting tasks queued), cancelled (waiting tasks cancelled because a dependency failed or was cancelled), callbacks (batch callbacks released, each once). Tasks waiting now: disbatch_queue_tasks{status=\"blocked\"} on the DCI",
+                &["how"],
+            ),
             results: counter_vec(
                 &registry,
                 "disbatch_den_results_total",
@@ -243,6 +253,17 @@ impl Default for Inner {
                 "disbatch_den_change_streams_open",
                 "The fleet's change stream (queues and task inserts) open on this node now (0 or 1): only the maintenance leader holds it, and passes its events on to the other nodes through their node documents, since the server reads every write once for each open stream",
             ),
+            schedule_ticks: counter_vec(
+                &registry,
+                "disbatch_den_schedule_ticks_total",
+                "Ticks of queues' cron schedules this node settled as maintenance leader, by outcome: enqueued (its task queued on time), already (its task was there: another leader made it), missed_once (the one task schedule_missed \"once\" makes for the latest tick missed past the grace), skipped (missed past the grace, not enqueued), paused (passed while the queue was paused)",
+                &["queue", "outcome"],
+            ),
+            schedules_invalid: gauge(
+                &registry,
+                "disbatch_den_schedules_invalid",
+                "Queues whose schedule this node, as maintenance leader, skips now because it cannot read it or the server refuses its task (each logged with its reason when skipping starts)",
+            ),
             registry,
         };
         if let Err(e) = disbatch_core::ops_metrics::register(&inner.registry) {
@@ -260,6 +281,9 @@ impl Default for Inner {
         }
         for how in RECOVERIES {
             let _ = inner.recoveries.get_metric_with_label_values(&[how]);
+        }
+        for how in DEPENDENCY_SETTLEMENTS {
+            let _ = inner.dependencies.get_metric_with_label_values(&[how]);
         }
         inner
     }
@@ -447,6 +471,36 @@ impl DenMetrics {
         self.inner.nodes_signalled.inc_by(n);
     }
 
+    /// What settling ended tasks' dependents did.
+    pub fn dependencies_settled(&self, s: &disbatch_core::store::Settled) {
+        let counts = [s.settled, s.released, s.cancelled, s.callbacks];
+        for (how, n) in DEPENDENCY_SETTLEMENTS.iter().zip(counts) {
+            if n > 0 {
+                if let Ok(c) = self.inner.dependencies.get_metric_with_label_values(&[how]) {
+                    c.inc_by(n);
+                }
+            }
+        }
+    }
+
+    /// `n` ticks of queue `queue`'s schedule came to `outcome` (see the metric's help).
+    pub fn schedule_ticks(&self, queue: &str, outcome: &'static str, n: u64) {
+        if let Ok(c) = self
+            .inner
+            .schedule_ticks
+            .get_metric_with_label_values(&[&metric_label(queue), outcome])
+        {
+            c.inc_by(n);
+        }
+    }
+
+    /// How many queues' schedules the leader skips now.
+    pub fn schedules_invalid(&self, n: usize) {
+        self.inner
+            .schedules_invalid
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// The Prometheus text exposition (format 0.0.4) of every metric recorded so far.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
@@ -583,6 +637,8 @@ mod tests {
         m.task_finished("q1", "failed");
         m.db_error("claim");
         m.recovered("requeue");
+        m.schedule_ticks("q1", "enqueued", 2);
+        m.schedules_invalid(1);
         let text = m.render();
         exposition::check(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         for line in [
@@ -604,6 +660,8 @@ mod tests {
             "disbatch_den_task_duration_seconds_sum{queue=\"q1\"} 2",
             "disbatch_den_db_errors_total{operation=\"claim\"} 1",
             "disbatch_den_recoveries_total{how=\"requeue\"} 1",
+            "disbatch_den_schedule_ticks_total{outcome=\"enqueued\",queue=\"q1\"} 2",
+            "disbatch_den_schedules_invalid 1",
             "disbatch_den_tasks_finished_total{outcome=\"failed\",queue=\"q1\"} 1",
             "disbatch_den_tasks_finished_total{outcome=\"succeeded\",queue=\"q1\"} 0",
             "disbatch_den_tasks_finished_total{outcome=\"lost\",queue=\"q1\"} 0",

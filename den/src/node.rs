@@ -25,6 +25,7 @@ use crate::outside_inserts::{open_queues, OutsideInserts};
 use crate::reaper::{
     reap_orphans, recover_expired_leases, recover_silent_nodes, write_unrecorded_attempts,
 };
+use crate::schedules::Schedules;
 use crate::stats_keeper::StatsKeeper;
 
 /// Longest wait between passes while the database keeps failing (before jitter, which may
@@ -50,6 +51,8 @@ const IDLE_READ_INTERVALS: u32 = 10;
 /// node or server that died between the two writes, and need not cost an idle fleet more
 /// than a request a minute at the default interval.
 const REPAIR_INTERVALS: u32 = 60;
+/// The leader sweeps for ended tasks whose dependents no node settled every this many passes.
+const SWEEP_INTERVALS: u32 = 10;
 /// How often a node applies Disbatch's orphan rule to its own lease-less claims (only older
 /// versions made them): the rule waits 5 minutes anyway.
 const OWN_ORPHANS_EVERY: Duration = Duration::from_secs(60);
@@ -109,6 +112,7 @@ impl Node {
         );
         let mut count_keeper = CountKeeper::new(self.counts_reconcile);
         let mut outside_inserts = OutsideInserts::default();
+        let mut schedules = Schedules::new(self.interval);
         let mut fanout = Fanout::new(
             self.store.clone(),
             self.name.clone(),
@@ -119,6 +123,7 @@ impl Node {
         // Whether this node leads the fleet's maintenance (and so holds its change stream).
         let mut leading = false;
         let mut next_repair = Instant::now();
+        let mut next_sweep = Instant::now();
         // When a lease may next pass (the leader recovers only then, not on every pass).
         let mut next_recovery = Instant::now();
         let mut stats_keeper = StatsKeeper::new(self.stats_interval, &self.name);
@@ -167,6 +172,7 @@ impl Node {
                             next_own_orphans = Instant::now() + OWN_ORPHANS_EVERY;
                         }
                         leading = elector.leads(&self.store, &self.name).await;
+                        self.claimer.lead(leading);
                         if let Some(n) = &self.notifier {
                             let wanted = stream_need
                                 .wanted(
@@ -192,9 +198,14 @@ impl Node {
                                 &mut reported,
                                 &mut outside_inserts,
                                 &mut next_repair,
+                                &mut next_sweep,
                                 &mut next_recovery,
                             )
                             .await?;
+                            let reading = self
+                                .claimer
+                                .queues_read_within(self.interval * (IDLE_READ_INTERVALS + 2));
+                            schedules.pass(&self.store, reading, &self.metrics).await?;
                             if Instant::now() >= next_silent_check {
                                 self.recover_silent_nodes().await?;
                                 next_silent_check = Instant::now() + self.silent_check_every();
@@ -203,6 +214,7 @@ impl Node {
                             count_keeper.stop();
                             stats_keeper.stop();
                             outside_inserts.forget();
+                            schedules.forget(&self.metrics);
                             fanout.forget();
                             next_recovery = Instant::now();
                         }
@@ -400,6 +412,7 @@ impl Node {
         reported: &mut HashSet<String>,
         outside_inserts: &mut OutsideInserts,
         next_repair: &mut Instant,
+        next_sweep: &mut Instant,
         next_recovery: &mut Instant,
     ) -> Result<()> {
         if Instant::now() >= *next_repair {
@@ -450,6 +463,14 @@ impl Node {
                 &self.metrics,
             )
             .await?;
+        // Ends no node settled (a Perl node's, a hand edit's, a node that died first): every
+        // tenth pass, so an idle fleet pays 0.1 reads a pass for it. The node that runs a
+        // task settles its end at once; this is the catch-all.
+        if Instant::now() >= *next_sweep {
+            let settled = self.store.settle_ended_dependencies().await?;
+            self.metrics.dependencies_settled(&settled);
+            *next_sweep = Instant::now() + self.interval * SWEEP_INTERVALS;
+        }
         let continuous = continuous_queues(&queues);
         if !continuous.is_empty() {
             let report = make_continuous_units(&self.store, &continuous).await?;

@@ -31,6 +31,22 @@ pub struct Change {
     node: Option<Option<String>>,
 }
 
+impl Change {
+    pub fn task(&self) -> ObjectId {
+        self.task
+    }
+
+    /// The status the change set, if it set one.
+    pub fn status(&self) -> Option<i64> {
+        self.status
+    }
+
+    /// The node the change set, if it set one.
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_ref().and_then(|n| n.as_deref())
+    }
+}
+
 /// A recording of the tasks collection's changes, in server order, between its start and its
 /// `finish`. It ends at a marker it writes itself, so the last change before `finish` is in
 /// it however late the stream delivers it (a recorder that stops at a quiet moment may not).

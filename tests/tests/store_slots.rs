@@ -114,6 +114,9 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
         names("tasks").await,
         [
             "_id_",
+            "batch_1",
+            "graph_1",
+            "has_dependents_1",
             "lease_until_1",
             "node_1_status_1_queue_1",
             "node_1_status_1_queue_1__id_-1",
@@ -122,7 +125,8 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
             "queue_1_not_before_1",
             "queue_1_slot_1",
             "queue_1_status_1",
-            "unrecorded_attempts.attempt_1"
+            "unrecorded_attempts.attempt_1",
+            "waiting_on_1"
         ]
     );
     assert_eq!(names("queues").await, ["_id_", "name_1"]);

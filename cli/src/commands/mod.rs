@@ -11,6 +11,8 @@ mod task_view;
 mod tasks;
 mod top;
 pub mod users;
+mod workflow_view;
+mod workflows;
 
 pub use queues::update_body;
 pub use tasks::{task_params, tasks_body};
@@ -189,6 +191,16 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         }
         Command::Stderr { task_id, follow } => {
             task_ops::output(ctx, &task_id, "stderr", follow, out).await
+        }
+        Command::Graph { options } => {
+            workflows::run(ctx, workflows::Kind::Graph, &options, out).await
+        }
+        Command::Graphs { limit } => workflows::list(ctx, workflows::Kind::Graph, limit, out).await,
+        Command::Batch { options } => {
+            workflows::run(ctx, workflows::Kind::Batch, &options, out).await
+        }
+        Command::Batches { limit } => {
+            workflows::list(ctx, workflows::Kind::Batch, limit, out).await
         }
         // Handled before a client exists: it needs no server.
         Command::Completions { .. } => Ok(()),

@@ -8,6 +8,7 @@ mod claim_batch;
 mod claim_run;
 mod completions;
 mod decode;
+mod dependencies;
 mod flow_view;
 mod gridfs;
 mod key_slots;
@@ -21,6 +22,7 @@ mod metrics;
 mod nodes;
 mod queues;
 mod rate_limits;
+mod schedules;
 pub mod schema;
 mod stats;
 mod summary;
@@ -37,6 +39,7 @@ mod watch;
 mod web_nodes;
 mod web_queues;
 mod work_signal;
+mod workflows;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -50,6 +53,7 @@ pub use attempts::{AttemptEnd, AttemptRecord};
 pub use by_id::{conditional_by_id, WHEN as BY_ID_WHEN};
 pub use claim_batch::{claim_key, Candidates, ClaimWindow, Pick, PickHolds, PickOutcome};
 pub use decode::{DocumentStream, SkipHook, SkipLedger, SkipReason};
+pub use dependencies::{is_waited_for, Settled, Waits};
 pub use flow_view::{KeyBudget, PartitionUse, QueueFlow, RateBudget, HELD_SCAN};
 pub use gridfs::OutputFileInfo;
 pub use gridfs::OutputStream;
@@ -81,6 +85,10 @@ pub use users::{
 pub use watch::{InsertedTask, QueueEvent, WorkEvent, WorkSignal, WorkStream};
 pub use web_queues::QueueCounts;
 pub use work_signal::{CreatedSince, Queued, SIGNAL_SPACING};
+pub use workflows::{
+    BatchTask, GraphTask, NewBatch, StatusCounts, WholeCancel, WorkflowSummary, WorkflowTask,
+    BATCH_MEMBERS_SHOWN,
+};
 
 use crate::config::{Component, Config};
 use crate::error::{Error, Result};

@@ -114,6 +114,8 @@ pub fn check_queue_fields(set: &Document) -> Result<(), String> {
     d.extend(set.clone());
     let q = parse_queue(&d)?;
     q.plugin?;
+    // The leader skips a schedule it cannot read: it is refused here instead.
+    crate::schedule::check(&d)?;
     q.threads
         .map_err(|e| format!("a node would skip this queue: {e}"))?;
     match q.sort_warning {

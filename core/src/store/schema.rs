@@ -64,6 +64,31 @@ pub mod task {
     /// the task, or inserts the next generation when it no longer holds (`unique_tasks`).
     pub const UNIQUE_KEY: &str = "unique_key";
     pub const UNIQUE_GEN: &str = "unique_gen";
+    /// Ours, workflows (`store::dependencies`): the tasks a task waits for, as created
+    /// (`depends_on`, ids), and those of them that have not ended yet (`waiting_on`, shrinking,
+    /// unset when the task is released or cancelled). A task with `waiting_on` has status
+    /// blocked (-4), which no node, ours or Perl, claims.
+    pub const DEPENDS_ON: &str = "depends_on";
+    pub const WAITING_ON: &str = "waiting_on";
+    /// `"cancel"` or `"run"`: what a failed or cancelled dependency does to this task.
+    pub const ON_DEPENDENCY_FAILURE: &str = "on_dependency_failure";
+    /// `true` on a task that others may wait for and whose end has not been settled yet:
+    /// the maintenance leader's sweep finds ended ones by it (a Perl node ends tasks too).
+    pub const HAS_DEPENDENTS: &str = "has_dependents";
+    /// Why a task was cancelled without running (a dependency failed), for people to read.
+    pub const CANCEL_REASON: &str = "cancel_reason";
+    /// The graph (`graphs._id`) a task was created in, and its name there.
+    pub const GRAPH: &str = "graph";
+    pub const GRAPH_NAME: &str = "graph_name";
+    /// The batch (`batches._id`) a task is a member of; on the callback, `batch_callback`.
+    pub const BATCH: &str = "batch";
+    pub const BATCH_CALLBACK: &str = "batch_callback";
+    /// Ours, cron schedules (`schedule`): the tick a scheduled task was made for, unique per
+    /// queue (`schedule_index`), so two leaders never both enqueue one tick.
+    pub const SCHEDULE_TICK: &str = "schedule_tick";
+    /// On the one task `schedule_missed: "once"` makes after a gap: how many missed ticks it
+    /// stands for, itself included.
+    pub const SCHEDULE_MISSED_TICKS: &str = "schedule_missed_ticks";
 }
 
 /// Fields of an entry of a task's `unrecorded_attempts`: what the lost attempt's record says.
@@ -174,6 +199,36 @@ pub mod queue {
     pub const RATE_LIMIT: &str = "rate_limit";
     pub const CONCURRENCY: &str = "concurrency";
     pub const UNIQUE: &str = "unique";
+    /// Ours: the default `on_dependency_failure` of tasks created in the queue.
+    pub const ON_DEPENDENCY_FAILURE: &str = "on_dependency_failure";
+    /// Ours, cron schedules (`schedule.rs`): the pattern, its IANA zone (default UTC), the
+    /// params of each task, and `"skip"` or `"once"` for ticks missed past the grace.
+    pub const SCHEDULE: &str = "schedule";
+    pub const SCHEDULE_TZ: &str = "schedule_tz";
+    pub const SCHEDULE_PARAMS: &str = "schedule_params";
+    pub const SCHEDULE_MISSED: &str = "schedule_missed";
+    /// Written by the maintenance leader: the newest tick settled (enqueued, skipped, or
+    /// passed while paused; only ever moved forward, `$max`), and the schedule it counts
+    /// for (pattern, zone, policy): a schedule whose basis differs starts afresh from now.
+    pub const SCHEDULE_LAST: &str = "schedule_last";
+    pub const SCHEDULE_BASIS: &str = "schedule_basis";
+}
+
+/// Ours: one document per graph created by `POST /graphs`: `{_id, ctime, size}`; its tasks
+/// carry `graph` and `graph_name`.
+pub const GRAPHS: &str = "graphs";
+/// Ours: one document per batch: `{_id, ctime, size, callback: {queue, params} | null,
+/// callback_task: id | null, cancelled: date?, done: date?}`; its members carry `batch`.
+pub const BATCHES: &str = "batches";
+
+pub mod workflow {
+    pub const ID: &str = "_id";
+    pub const CTIME: &str = "ctime";
+    pub const SIZE: &str = "size";
+    pub const CALLBACK: &str = "callback";
+    pub const CALLBACK_TASK: &str = "callback_task";
+    pub const CANCELLED: &str = "cancelled";
+    pub const DONE: &str = "done";
 }
 
 /// Ours: one document per rate-limited queue and partition, the starts its limit granted
@@ -312,6 +367,22 @@ pub fn limit_indexes() -> [IndexModel; 2] {
     [unique, key_slots]
 }
 
+/// The cron schedules' index: a tick is enqueued once per queue, whichever leader tries.
+/// Made by the leader before its first scheduled task (`Store::ensure_schedule_index`), not at
+/// start, so a fleet without schedules pays nothing for it on every task write.
+pub fn schedule_index() -> IndexModel {
+    IndexModel::builder()
+        .keys(doc! {task::QUEUE: 1, task::SCHEDULE_TICK: 1})
+        .options(
+            IndexOptions::builder()
+                .name("queue_1_schedule_tick_1".to_string())
+                .unique(true)
+                .partial_filter_expression(doc! {task::SCHEDULE_TICK: {"$exists": true}})
+                .build(),
+        )
+        .build()
+}
+
 /// Our additional indexes, both unique among the tasks that carry the field: the slot index
 /// makes a queue's `threads` hold across nodes (two claims never hold one slot), the key index
 /// makes a work unit's key unique within its queue.
@@ -329,6 +400,12 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
             )
             .build()
     };
+    let sparse = |field: &str| {
+        IndexModel::builder()
+            .keys(doc! {field: 1})
+            .options(IndexOptions::builder().sparse(true).build())
+            .build()
+    };
     vec![
         (TASKS, unique_where_present(task::SLOT)),
         (TASKS, unique_where_present(task::KEY)),
@@ -338,6 +415,12 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
                 .keys(doc! {rate::QUEUE: 1, rate::UNTIL: 1})
                 .build(),
         ),
+        // Workflows: a task's dependents by what they still wait for, tasks whose end is
+        // still to settle, a graph's and a batch's tasks: each read only touches its own.
+        (TASKS, sparse(task::WAITING_ON)),
+        (TASKS, sparse(task::HAS_DEPENDENTS)),
+        (TASKS, sparse(task::GRAPH)),
+        (TASKS, sparse(task::BATCH)),
         // Only delayed (and once-delayed) tasks carry `not_before`: counting the delayed ones
         // of a queue reads just those, not its backlog.
         (

@@ -36,13 +36,15 @@ impl Store {
         let filter = doc! {task::ID: id, task::STATUS: {"$in": waiting.to_vec()}};
         let update = doc! {
             "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
-            "$unset": release_holds(&[task::LEASE_UNTIL]),
+            "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON]),
         };
         let cancelled = self
             .update_one_counted(filter, update, Some(StatusGroup::Cancelled))
             .await
             .map_err(|e| Error::mongo(format!("cancelling task {id}"), e))?;
         if cancelled {
+            // What waits on it follows its policy now, not at the leader's next sweep.
+            self.settle_dependents(&[id]).await?;
             return Ok(ControlOutcome::Done(one_changed()));
         }
         let running = doc! {task::ID: id, task::STATUS: status::RUNNING};
@@ -132,7 +134,7 @@ impl Store {
                     doc! {task::QUEUE: queue, task::STATUS: s},
                     doc! {
                         "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
-                        "$unset": release_holds(&[task::LEASE_UNTIL]),
+                        "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON]),
                     },
                 )
                 .await

@@ -6,7 +6,7 @@ use bson::{doc, Bson, DateTime, Document};
 use super::claim_run::release_holds;
 use super::schema::{task, TASKS};
 use super::unique_tasks::{contended, stamp_unique_key, Fate, Turn, TRIES};
-use super::Store;
+use super::{Store, Waits};
 use crate::error::{Error, Result};
 use crate::limits::Unique;
 use crate::model::status;
@@ -49,13 +49,48 @@ impl Store {
         units: Vec<Unit>,
         on_conflict: OnConflict,
     ) -> Result<UnitsOutcome> {
+        self.add_waiting_units(queue, units, &[], on_conflict).await
+    }
+
+    /// `add_units`, unit `i` waiting for `waits[i]` (missing or empty: for nothing). What a
+    /// unit waits for is set when it is inserted; an update does not change it.
+    pub async fn add_waiting_units(
+        &self,
+        queue: ObjectId,
+        units: Vec<Unit>,
+        waits: &[Waits],
+        on_conflict: OnConflict,
+    ) -> Result<UnitsOutcome> {
         let unique = self.unique_of(queue).await?;
+        let deps: Vec<ObjectId> = {
+            let mut seen = std::collections::HashSet::new();
+            waits
+                .iter()
+                .flat_map(|w| w.depends_on.iter().copied())
+                .filter(|id| seen.insert(*id))
+                .collect()
+        };
+        if !deps.is_empty() {
+            if unique.is_some() {
+                return Err(Error::Invalid(
+                    "depends_on: units of a queue with `unique` cannot wait for others (a duplicate would not wait)".into(),
+                ));
+            }
+            self.check_tasks_exist(&deps, "depends_on").await?;
+            self.mark_dependencies(&deps).await?;
+        }
+        let default_policy = match waits.iter().any(|w| w.on_failure.is_none()) && !deps.is_empty()
+        {
+            true => self.dependency_policy_of(queue).await?,
+            false => Default::default(),
+        };
         let now = DateTime::now();
         let ids: Vec<ObjectId> = units.iter().map(|_| ObjectId::new()).collect();
         let mut docs: Vec<Document> = units
             .iter()
             .zip(&ids)
-            .map(|(u, id)| {
+            .enumerate()
+            .map(|(i, (u, id))| {
                 let mut d = doc! {
                     task::ID: *id, task::QUEUE: queue, task::KEY: &u.key, task::STATUS: status::QUEUED,
                     task::NODE: Bson::Null, task::PARAMS: u.params.clone(), task::CTIME: now, task::MTIME: now,
@@ -66,6 +101,12 @@ impl Store {
                 }
                 if let Some(nb) = u.not_before {
                     d.insert(task::NOT_BEFORE, nb);
+                }
+                if let Some(w) = waits.get(i).filter(|w| !w.depends_on.is_empty()) {
+                    d.insert(task::STATUS, status::BLOCKED);
+                    d.insert(task::DEPENDS_ON, &w.depends_on);
+                    d.insert(task::WAITING_ON, &w.depends_on);
+                    d.insert(task::ON_DEPENDENCY_FAILURE, w.on_failure.unwrap_or(default_policy).name());
                 }
                 d
             })
@@ -87,10 +128,14 @@ impl Store {
             .await?;
         let mut out = UnitsOutcome::default();
         let mut created = 0;
+        let mut blocked = 0;
         let each = units.into_iter().zip(&docs).zip(went_in).zip(ids).zip(held);
         for ((((unit, d), went_in), id), held) in each {
             if went_in {
-                created += 1;
+                match d.get(task::WAITING_ON) {
+                    Some(_) => blocked += 1,
+                    None => created += 1,
+                }
                 out.inserted.push((unit.key, id));
                 continue;
             }
@@ -140,6 +185,15 @@ impl Store {
             };
             self.count_moves(&[created]).await;
         }
+        if blocked > 0 {
+            let blocked = super::Moved {
+                n: blocked,
+                ..super::Moved::new(queue, None, Some(super::StatusGroup::Blocked))
+            };
+            self.count_moves(&[blocked]).await;
+        }
+        // A dependency may have ended before the new units were there to see it.
+        self.settle_dependents(&deps).await?;
         Ok(out)
     }
 

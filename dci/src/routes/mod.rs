@@ -11,6 +11,7 @@ mod monitoring;
 mod nodes;
 pub mod openapi;
 mod queue_limits;
+mod queue_schedule;
 mod queues;
 mod specs;
 mod stats;
@@ -20,6 +21,8 @@ mod tasks_create;
 mod tasks_search;
 mod ui;
 mod units;
+mod workflow_schemas;
+mod workflows;
 
 use std::sync::Arc;
 
@@ -299,6 +302,62 @@ pub fn table() -> Vec<Route> {
             READ,
             "A task's stderr as text, inline or from GridFS; a running task's so far (X-Disbatch-Output: live)",
             || get(task_one::stderr),
+        ),
+        route(
+            Method::POST,
+            "/graphs",
+            OPERATE,
+            "Create a graph of tasks that wait on each other (all or nothing)",
+            || post(workflows::create_graph),
+        ),
+        route(
+            Method::GET,
+            "/graphs",
+            READ,
+            "The newest graphs (.limit, at most 1000)",
+            || get(workflows::list_graphs),
+        ),
+        route(
+            Method::GET,
+            "/graphs/{id}",
+            READ,
+            "A graph: its state, counts and every task with what it waits on",
+            || get(workflows::get_graph),
+        ),
+        route(
+            Method::POST,
+            "/graphs/{id}/cancel",
+            OPERATE,
+            "Cancel a graph's tasks that have not ended",
+            || post(workflows::cancel_graph),
+        ),
+        route(
+            Method::POST,
+            "/batches",
+            OPERATE,
+            "Create a batch of tasks with an optional callback task run once all have ended",
+            || post(workflows::create_batch),
+        ),
+        route(
+            Method::GET,
+            "/batches",
+            READ,
+            "The newest batches (.limit, at most 1000)",
+            || get(workflows::list_batches),
+        ),
+        route(
+            Method::GET,
+            "/batches/{id}",
+            READ,
+            "A batch: its state, counts, first members and callback",
+            || get(workflows::get_batch),
+        ),
+        route(
+            Method::POST,
+            "/batches/{id}/cancel",
+            OPERATE,
+            "Cancel a batch's members that have not ended, and its callback",
+            || post(workflows::cancel_batch),
         ),
         route(
             Method::GET,

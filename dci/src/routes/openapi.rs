@@ -66,6 +66,17 @@ pub fn openapi(legacy: bool) -> Value {
                 );
             }
         }
+        let method = r.method.as_str().to_ascii_lowercase();
+        if let Some((_, _, request, answer)) = super::workflow_schemas::schemas()
+            .into_iter()
+            .find(|(m, p, _, _)| *m == method && *p == r.path)
+        {
+            op["responses"]["200"]["content"]["application/json"] = json!({"schema": answer});
+            if let Some(request) = request {
+                op["requestBody"] = json!({"required": true, "content": {
+                    "application/json": {"schema": request}}});
+            }
+        }
         let entry = paths.entry(r.path.to_string()).or_insert_with(|| json!({}));
         if let Value::Object(m) = entry {
             m.insert(r.method.as_str().to_ascii_lowercase(), op);

@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::nodes::non_negative;
 use super::queue_limits;
+use super::queue_schedule;
 use crate::access::Caller;
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
@@ -50,6 +51,7 @@ fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
     });
     if let Value::Object(m) = &mut row {
         queue_limits::as_set(d, m);
+        queue_schedule::as_set(d, m);
     }
     row
 }
@@ -154,6 +156,7 @@ pub async fn create_queue(
     if let Some(k) = p.keys().find(|k| {
         !matches!(k.as_str(), "name" | "plugin" | "threads" | "sort" | "force")
             && !queue_limits::FIELDS.contains(&k.as_str())
+            && !queue_schedule::FIELDS.contains(&k.as_str())
     }) {
         return Err(ApiError::bad_request_with(
             json!({"error": "Invalid param", "param": k}),
@@ -184,6 +187,16 @@ pub async fn create_queue(
             fields.insert(k, v);
         }
     }
+    for k in queue_schedule::FIELDS {
+        if let Some(v) = p
+            .get(k)
+            .map(|v| queue_schedule::value(k, v))
+            .transpose()?
+            .flatten()
+        {
+            fields.insert(k, v);
+        }
+    }
     check_queue_fields(&fields).map_err(ApiError::bad_request)?;
     queue_limits::refuse_beside_perl(state, name, &fields, queue_limits::force(p)?).await?;
     let id = state.store.insert_queue_document(fields.clone()).await?;
@@ -203,6 +216,10 @@ pub async fn update(
         field::RATE_LIMIT,
         field::CONCURRENCY,
         field::UNIQUE,
+        field::SCHEDULE,
+        field::SCHEDULE_TZ,
+        field::SCHEDULE_PARAMS,
+        field::SCHEDULE_MISSED,
     ]);
     let force = queue_limits::force(&p)?;
     p.remove("force");
@@ -220,6 +237,16 @@ pub async fn update(
                 Some(v) => set.insert(*limit, v),
                 None => {
                     unset.push(*limit);
+                    None
+                }
+            };
+            continue;
+        }
+        if let Some(key) = queue_schedule::FIELDS.iter().find(|f| **f == k.as_str()) {
+            match queue_schedule::value(key, v)? {
+                Some(v) => set.insert(*key, v),
+                None => {
+                    unset.push(*key);
                     None
                 }
             };
@@ -251,6 +278,7 @@ pub async fn update(
         };
     }
     check_queue_fields(&set).map_err(ApiError::bad_request)?;
+    queue_schedule::also_unset(&mut unset);
     let id = find_id(&state, &ident).await?;
     queue_limits::refuse_beside_perl(&state, &ident, &set, force).await?;
     let counts = state.store.update_queue(id, set, &unset).await?;

@@ -4,7 +4,7 @@ use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::Document;
 use disbatch_core::client_json;
-use disbatch_core::store::{Created, Template};
+use disbatch_core::store::{Created, Template, Waits};
 use serde_json::{json, Map, Value};
 
 use crate::envelope;
@@ -32,9 +32,37 @@ pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiRe
         Some(q) => resolve_queue(state, q).await?,
         None => return Err(ApiError::bad_request("invalid parameters passed")),
     };
-    let mut keys: Vec<&str> = fields.keys().map(String::as_str).collect();
+    let mut keys: Vec<&str> = fields
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !matches!(*k, "depends_on" | "on_dependency_failure"))
+        .collect();
     keys.sort_unstable();
+    let waits = Waits {
+        depends_on: match fields.get("depends_on") {
+            Some(v) => super::workflows::task_ids(v, "depends_on")?,
+            None => Vec::new(),
+        },
+        on_failure: super::workflows::policy(fields, "")?,
+    };
+    if waits.depends_on.is_empty() && waits.on_failure.is_some() {
+        return Err(ApiError::bad_request(
+            "on_dependency_failure needs depends_on: a task that waits for nothing has no dependency to fail",
+        ));
+    }
     let created = match keys.as_slice() {
+        ["params", "queue"] if !waits.depends_on.is_empty() => {
+            let params = params_list(&fields["params"])?;
+            state
+                .store
+                .create_waiting_tasks(queue, params, &waits)
+                .await?
+        }
+        ["collection", "filter", "params", "queue"] if !waits.depends_on.is_empty() => {
+            return Err(ApiError::bad_request(
+                "depends_on is for tasks given by params, not tasks made from a collection",
+            ))
+        }
         ["params", "queue"] => {
             let params = params_list(&fields["params"])?;
             state.store.create_tasks(queue, params).await?

@@ -28,6 +28,12 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ),
     ("charts.js", JS, include_str!("../../ui/charts.js")),
     (
+        "workflow_svg.js",
+        JS,
+        include_str!("../../ui/workflow_svg.js"),
+    ),
+    ("workflows.js", JS, include_str!("../../ui/workflows.js")),
+    (
         "app.css",
         "text/css; charset=utf-8",
         include_str!("../../ui/app.css"),
@@ -36,6 +42,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         "charts.css",
         "text/css; charset=utf-8",
         include_str!("../../ui/charts.css"),
+    ),
+    (
+        "workflows.css",
+        "text/css; charset=utf-8",
+        include_str!("../../ui/workflows.css"),
     ),
     (
         "uPlot.min.css",

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use axum::response::Response;
 use bson::{DateTime, Document};
-use disbatch_core::store::{OnConflict, Unit};
+use disbatch_core::store::{OnConflict, Unit, Waits};
 use serde_json::{json, Value};
 
 use super::queues::find_id;
@@ -36,7 +36,9 @@ pub async fn add(Ns(state): Ns, Path(ident): Path<String>, p: Params) -> ApiResu
     };
     let mut seen = HashSet::new();
     let mut units = Vec::with_capacity(items.len());
+    let mut waits = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
+        waits.push(parse_waits(item, i)?);
         let unit =
             parse_unit(item).map_err(|e| ApiError::bad_request(format!("units[{i}]: {e}")))?;
         if !seen.insert(unit.key.clone()) {
@@ -48,7 +50,10 @@ pub async fn add(Ns(state): Ns, Path(ident): Path<String>, p: Params) -> ApiResu
         units.push(unit);
     }
     let queue = find_id(&state, &ident).await?;
-    let out = state.store.add_units(queue, units, on_conflict).await?;
+    let out = state
+        .store
+        .add_waiting_units(queue, units, &waits, on_conflict)
+        .await?;
     let inserted: Vec<Value> = out
         .inserted
         .iter()
@@ -68,14 +73,37 @@ pub async fn add(Ns(state): Ns, Path(ident): Path<String>, p: Params) -> ApiResu
     ))
 }
 
+/// A unit's `depends_on` (task ids) and `on_dependency_failure`, if it gives them.
+fn parse_waits(v: &Value, i: usize) -> ApiResult<Waits> {
+    let Value::Object(m) = v else {
+        return Ok(Waits::default());
+    };
+    let path = format!("units[{i}].");
+    let waits = Waits {
+        depends_on: match m.get("depends_on") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(deps) => super::workflows::task_ids(deps, &format!("{path}depends_on"))?,
+        },
+        on_failure: super::workflows::policy(m, &path)?,
+    };
+    if waits.depends_on.is_empty() && waits.on_failure.is_some() {
+        return Err(ApiError::bad_request(format!(
+            "{path}on_dependency_failure needs depends_on"
+        )));
+    }
+    Ok(waits)
+}
+
 fn parse_unit(v: &Value) -> Result<Unit, String> {
     let Value::Object(m) = v else {
         return Err("must be an object".into());
     };
-    if let Some(k) = m
-        .keys()
-        .find(|k| !matches!(k.as_str(), "key" | "params" | "priority" | "not_before"))
-    {
+    if let Some(k) = m.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "key" | "params" | "priority" | "not_before" | "depends_on" | "on_dependency_failure"
+        )
+    }) {
         return Err(format!("unknown field {k:?}"));
     }
     let key = match m.get("key") {

@@ -90,6 +90,8 @@ pub struct Fleet {
     config: std::path::PathBuf,
     /// Each DEN's metrics listener.
     pub(super) metrics: Vec<String>,
+    /// Runs enqueue one fan-out/fan-in graph instead of independent tasks.
+    pub graph: bool,
 }
 
 /// The DENs' own CPU, and their runners' and worker hosts': reaped ones (`cutime`) and live
@@ -165,6 +167,7 @@ impl Fleet {
             server_pid,
             config,
             metrics,
+            graph: false,
         };
         fleet.wait_heartbeats().await?;
         Ok(fleet)

@@ -69,12 +69,16 @@ impl Fleet {
         let queued = self
             .count(doc! {task::QUEUE: self.queue, task::STATUS: status::QUEUED})
             .await?;
-        enqueue(
-            &self.db.tasks(),
-            self.queue,
-            depth.saturating_sub(queued as usize),
-        )
-        .await?;
+        if self.graph {
+            super::fan::enqueue_fan(&self.db, self.queue, depth).await?;
+        } else {
+            enqueue(
+                &self.db.tasks(),
+                self.queue,
+                depth.saturating_sub(queued as usize),
+            )
+            .await?;
+        }
         self.settle(idle).await?;
         // A closed queue can still see a claim or two from a node's stale reading; those runs
         // belong to no measurement.

@@ -5,6 +5,7 @@
 pub mod accounting;
 pub mod ceiling;
 pub mod contention;
+mod fan;
 pub mod fleet;
 mod fleet_backlog;
 pub mod fleet_paused;
@@ -88,6 +89,9 @@ pub struct BenchOptions {
     /// A flow limit set on the bench queue far above what the fleet can start, to measure
     /// what asking for it costs (`--limits rate|concurrency`): None sets none.
     pub limits: Option<&'static str>,
+    /// Each run's tasks as one graph (`--graph fan`): a root, the rest waiting on it, and a
+    /// merge waiting on all of those; else independent tasks.
+    pub graph: bool,
 }
 
 impl BenchOptions {
@@ -122,6 +126,7 @@ impl BenchOptions {
             paused_tasks: 100_000,
             paused_watch: Duration::from_secs(20),
             limits: None,
+            graph: false,
         }
     }
 
@@ -248,6 +253,13 @@ pub fn parse_args(args: &[String]) -> Result<BenchOptions, String> {
                     }
                 }
             }
+            "--graph" => {
+                o.graph = match value.as_str() {
+                    "none" => false,
+                    "fan" => true,
+                    other => return Err(format!("--graph {other:?}: expected none or fan")),
+                }
+            }
             "--worker" => {
                 o.workers = match value.as_str() {
                     "process" => vec!["process"],
@@ -360,7 +372,8 @@ async fn measure_fleet(
     worker: &'static str,
 ) -> anyhow::Result<FleetReport> {
     let threads = o.threads_for(dens);
-    let fleet = Fleet::start(uri, server, dens, threads, o.loop_ms, o.change_streams).await?;
+    let mut fleet = Fleet::start(uri, server, dens, threads, o.loop_ms, o.change_streams).await?;
+    fleet.graph = o.graph;
     fleet.set_worker(worker).await?;
     if let Some(limits) = o.limits {
         fleet.set_limits(limits).await?;

@@ -1,0 +1,366 @@
+//! Cron schedules on queues: reading and checking the `schedule*` fields, and which ticks one
+//! pass of the maintenance leader enqueues, skips or folds into one under each missed policy.
+
+use std::time::Duration;
+
+use bson::{Bson, Document};
+use chrono::{DateTime, TimeZone, Utc};
+use chrono_tz::Tz;
+use croner::errors::CronError;
+use croner::parser::{CronParser, Seconds, Year};
+use croner::Cron;
+use serde_json::{Map, Value};
+
+use crate::store::schema::queue;
+
+/// The queue fields a client sets.
+pub const FIELDS: [&str; 4] = [
+    queue::SCHEDULE,
+    queue::SCHEDULE_TZ,
+    queue::SCHEDULE_PARAMS,
+    queue::SCHEDULE_MISSED,
+];
+/// The leader's own fields: removed with the schedule, so one set again later starts afresh.
+pub const LEADER_FIELDS: [&str; 2] = [queue::SCHEDULE_LAST, queue::SCHEDULE_BASIS];
+/// The zone of a schedule without `schedule_tz`.
+pub const DEFAULT_TZ: &str = "UTC";
+/// A cron pattern is a line, not a document.
+const MAX_PATTERN_LEN: usize = 256;
+/// Missed ticks counted one by one at most (a year-long gap of a per-second schedule would
+/// otherwise be walked tick by tick); a larger gap is reported as this many.
+pub const MAX_COUNTED: u64 = 10_000;
+/// Ticks one pass enqueues at most; the rest wait for the next pass.
+const MAX_DUE: usize = 1_000;
+/// The least grace, whatever the loop interval: a pass is rarely that late on a live leader.
+const MIN_GRACE: Duration = Duration::from_secs(2);
+/// In loop intervals: how late a tick may still be enqueued as on time (a leader pass runs
+/// every interval; a few passes of slack for a slow database). Well below the maintenance
+/// lease (15 intervals), so ticks a leader gap swallowed count as missed.
+const GRACE_INTERVALS: u32 = 5;
+
+/// How late a tick may be and still be enqueued as on time, for nodes passing every
+/// `loop_interval`.
+pub fn grace(loop_interval: Duration) -> Duration {
+    (loop_interval * GRACE_INTERVALS).max(MIN_GRACE)
+}
+
+/// What becomes of ticks missed for longer than the grace (no leader, a paused database).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Missed {
+    /// None is enqueued: cron's own rule.
+    #[default]
+    Skip,
+    /// One task, for the latest missed tick, stands in for all of them.
+    Once,
+}
+
+impl Missed {
+    pub fn parse(value: Option<&str>) -> Result<Missed, String> {
+        match value {
+            None | Some("skip") => Ok(Missed::Skip),
+            Some("once") => Ok(Missed::Once),
+            Some(other) => Err(format!(
+                "{} must be \"skip\" or \"once\", found {other:?}",
+                queue::SCHEDULE_MISSED
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Missed::Skip => "skip",
+            Missed::Once => "once",
+        }
+    }
+}
+
+/// A queue's schedule, checked.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    cron: Cron,
+    pattern: String,
+    pub tz: Tz,
+    pub missed: Missed,
+    /// The params of every task it makes.
+    pub params: Document,
+}
+
+/// A tick to enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Due {
+    pub tick: DateTime<Utc>,
+    /// For the one task of `Missed::Once`: how many missed ticks it stands for, itself included.
+    pub missed: Option<u64>,
+}
+
+/// What one pass owes a schedule.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Oldest first.
+    pub due: Vec<Due>,
+    /// Missed ticks the policy drops (at most `MAX_COUNTED` per gap).
+    pub skipped: u64,
+    /// The newest tick the plan settles: `schedule_last` moves to it once `due` is enqueued.
+    /// None when no tick fell since the last one settled.
+    pub through: Option<DateTime<Utc>>,
+}
+
+impl Schedule {
+    /// Parses and checks a schedule: a cron pattern of 5 fields, or 6 with seconds first
+    /// (`@hourly` and the other nicknames too), an IANA zone, and a missed-tick policy. A
+    /// pattern that never fires (`0 0 30 2 *`) is refused too.
+    pub fn new(
+        pattern: &str,
+        tz: Option<&str>,
+        missed: Option<&str>,
+        params: Document,
+    ) -> Result<Schedule, String> {
+        let field = queue::SCHEDULE;
+        if pattern.trim().is_empty() {
+            return Err(format!(
+                "{field} must be a cron pattern, found an empty text"
+            ));
+        }
+        if pattern.len() > MAX_PATTERN_LEN {
+            return Err(format!(
+                "{field} is {} bytes long; a cron pattern has at most {MAX_PATTERN_LEN}",
+                pattern.len()
+            ));
+        }
+        let cron = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .build()
+            .parse(pattern)
+            .map_err(|e| format!("{field}: {pattern:?} is not a cron pattern: {e}"))?;
+        let tz_name = tz.unwrap_or(DEFAULT_TZ);
+        let tz: Tz = tz_name.parse().map_err(|_| {
+            format!(
+                "{}: unknown time zone {tz_name:?} (an IANA name such as UTC or America/New_York)",
+                queue::SCHEDULE_TZ
+            )
+        })?;
+        let schedule = Schedule {
+            cron,
+            pattern: pattern.to_string(),
+            tz,
+            missed: Missed::parse(missed)?,
+            params,
+        };
+        if schedule.next_after(Utc::now())?.is_none() {
+            return Err(format!(
+                "{field}: {pattern:?} never fires (no matching time within a year)"
+            ));
+        }
+        Ok(schedule)
+    }
+
+    /// What the leader's `schedule_last` counts from: a change of pattern, zone or policy
+    /// starts the schedule afresh, as a new one, from the moment the leader sees it.
+    pub fn basis(&self) -> String {
+        format!(
+            "{} | {} | {}",
+            self.pattern.trim(),
+            self.tz.name(),
+            self.missed.as_str()
+        )
+    }
+
+    /// The first tick after `t`; None when there is none within croner's search (a year).
+    pub fn next_after(&self, t: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, String> {
+        let from = whole_seconds(t).with_timezone(&self.tz);
+        match self.cron.find_next_occurrence(&from, false) {
+            Ok(next) => Ok(Some(next.with_timezone(&Utc))),
+            Err(CronError::TimeSearchLimitExceeded) => Ok(None),
+            Err(e) => Err(format!("{}: {e}", queue::SCHEDULE)),
+        }
+    }
+
+    fn last_before(&self, t: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, String> {
+        let from = whole_seconds(t).with_timezone(&self.tz);
+        match self.cron.find_previous_occurrence(&from, false) {
+            Ok(prev) => Ok(Some(prev.with_timezone(&Utc))),
+            Err(CronError::TimeSearchLimitExceeded) => Ok(None),
+            Err(e) => Err(format!("{}: {e}", queue::SCHEDULE)),
+        }
+    }
+
+    /// The ticks in (`last`, `now`]: those within `grace` of now are each due; older ones were
+    /// missed, and are skipped or (`Missed::Once`) folded into one task for the latest of them.
+    pub fn plan(
+        &self,
+        last: DateTime<Utc>,
+        now: DateTime<Utc>,
+        grace: Duration,
+    ) -> Result<Plan, String> {
+        let (last, now) = (whole_seconds(last), whole_seconds(now));
+        let mut plan = Plan::default();
+        if last >= now {
+            return Ok(plan);
+        }
+        // In whole seconds, rounded up, as ticks are; a grace beyond chrono's range misses none.
+        let grace = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
+        let cutoff = i64::try_from(grace)
+            .ok()
+            .and_then(chrono::TimeDelta::try_seconds)
+            .and_then(|g| now.checked_sub_signed(g))
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let mut next = self.next_after(last)?;
+        if let Some(first) = next.filter(|t| *t < cutoff) {
+            let (count, latest) = self.count_missed(first, cutoff)?;
+            match self.missed {
+                Missed::Skip => plan.skipped = count,
+                Missed::Once => {
+                    plan.due.push(Due {
+                        tick: latest,
+                        missed: Some(count),
+                    });
+                    plan.skipped = count - 1;
+                }
+            }
+            plan.through = Some(latest);
+            next = self.next_after(latest)?;
+        }
+        while let Some(tick) = next.filter(|t| *t <= now) {
+            if plan.due.len() >= MAX_DUE {
+                break;
+            }
+            plan.due.push(Due { tick, missed: None });
+            plan.through = Some(tick);
+            next = self.next_after(tick)?;
+        }
+        Ok(plan)
+    }
+
+    /// How many ticks from `first` fall before `cutoff` (at most `MAX_COUNTED`), and the latest.
+    fn count_missed(
+        &self,
+        first: DateTime<Utc>,
+        cutoff: DateTime<Utc>,
+    ) -> Result<(u64, DateTime<Utc>), String> {
+        let (mut count, mut latest) = (1, first);
+        while count < MAX_COUNTED {
+            match self.next_after(latest)? {
+                Some(t) if t < cutoff => {
+                    count += 1;
+                    latest = t;
+                }
+                _ => return Ok((count, latest)),
+            }
+        }
+        // Too many to walk: the latest is found from the other end.
+        Ok((count, self.last_before(cutoff)?.unwrap_or(latest)))
+    }
+}
+
+fn whole_seconds(t: DateTime<Utc>) -> DateTime<Utc> {
+    Utc.timestamp_opt(t.timestamp(), 0).single().unwrap_or(t)
+}
+
+/// A date as stored (`bson`), as chrono's; None beyond chrono's range.
+pub fn from_bson(d: bson::DateTime) -> Option<DateTime<Utc>> {
+    Utc.timestamp_millis_opt(d.timestamp_millis()).single()
+}
+
+pub fn to_bson(t: DateTime<Utc>) -> bson::DateTime {
+    bson::DateTime::from_millis(t.timestamp_millis())
+}
+
+/// The queue document's schedule: None without one, Err with what is wrong with it.
+pub fn read(d: &Document) -> Option<Result<Schedule, String>> {
+    let pattern = match d.get(queue::SCHEDULE) {
+        None | Some(Bson::Null) => return None,
+        Some(Bson::String(s)) => s,
+        Some(other) => {
+            return Some(Err(format!(
+                "{} must be a cron pattern (a string), found {other}",
+                queue::SCHEDULE
+            )))
+        }
+    };
+    Some(read_rest(d).and_then(|(tz, missed, params)| {
+        Schedule::new(pattern, tz.as_deref(), missed.as_deref(), params)
+    }))
+}
+
+type Rest = (Option<String>, Option<String>, Document);
+
+fn read_rest(d: &Document) -> Result<Rest, String> {
+    let text = |key: &str| match d.get(key) {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!("{key} must be a string, found {other}")),
+    };
+    let params = match d.get(queue::SCHEDULE_PARAMS) {
+        None | Some(Bson::Null) => Document::new(),
+        Some(Bson::Document(p)) => p.clone(),
+        Some(other) => {
+            return Err(format!(
+                "{} must be an object, found {other}",
+                queue::SCHEDULE_PARAMS
+            ))
+        }
+    };
+    Ok((
+        text(queue::SCHEDULE_TZ)?,
+        text(queue::SCHEDULE_MISSED)?,
+        params,
+    ))
+}
+
+/// Checks the schedule fields a client is about to write, each that is present (an update
+/// may set the zone alone): the reader the leader uses must accept them.
+pub fn check(d: &Document) -> Result<(), String> {
+    let (tz, missed, _) = read_rest(d)?;
+    if let Some(tz) = &tz {
+        tz.parse::<Tz>().map_err(|_| {
+            format!(
+                "{}: unknown time zone {tz:?} (an IANA name such as UTC or America/New_York)",
+                queue::SCHEDULE_TZ
+            )
+        })?;
+    }
+    Missed::parse(missed.as_deref())?;
+    match read(d) {
+        Some(Err(e)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A work spec's schedule keys as queue fields: those to set, and those to remove (the spec
+/// does not set them; without a schedule, the leader's fields go too).
+pub fn spec_fields(spec: &Map<String, Value>) -> Result<(Document, Vec<&'static str>), String> {
+    let mut set = Document::new();
+    let mut unset = Vec::new();
+    for key in FIELDS {
+        let value = match spec.get(key) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) if key != queue::SCHEDULE_PARAMS => {
+                Some(Bson::String(s.clone()))
+            }
+            Some(v @ Value::Object(_)) if key == queue::SCHEDULE_PARAMS => {
+                Some(crate::client_json::storable(v, key)?)
+            }
+            Some(other) if key == queue::SCHEDULE_PARAMS => {
+                return Err(format!("{key} must be an object, found {other}"))
+            }
+            Some(other) => return Err(format!("{key} must be a string, found {other}")),
+        };
+        match value {
+            Some(v) => {
+                set.insert(key, v);
+            }
+            None => unset.push(key),
+        }
+    }
+    if !set.contains_key(queue::SCHEDULE) {
+        unset.extend(LEADER_FIELDS);
+    }
+    check(&set)?;
+    Ok((set, unset))
+}
+
+#[cfg(test)]
+#[path = "schedule_tests.rs"]
+mod tests;

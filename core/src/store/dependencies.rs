@@ -1,0 +1,543 @@
+//! Waiting tasks: created blocked on the tasks they name, released when those have ended, and
+//! cancelled (with the reason, and onwards) when one fails under the "cancel" policy.
+//!
+//! Every step is a conditional write that can be repeated: a dependency is pulled from
+//! `waiting_on` (so it counts once however many settlers see it end), a task is released or
+//! cancelled only from blocked. So the DEN that ran a task, the DCI that cancelled it, the
+//! creator that found a dependency already ended and the leader's sweep may all settle the
+//! same end, and a waiting task still starts exactly once, never before its last dependency
+//! ended. Work is by index (`waiting_on`, `has_dependents`), in rounds of `CHUNK` dependents.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+
+use super::schema::{queue as queue_field, task, workflow, BATCHES, QUEUES, TASKS};
+use super::{Created, Moved, StatusGroup, Store};
+use crate::error::{Error, Result};
+use crate::model::status;
+use crate::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
+
+/// Dependents handled per round: bounded memory whatever a task's fan-out.
+const CHUNK: i64 = 10_000;
+/// Ended tasks the sweep settles per round, and rounds per sweep.
+const SWEEP: i64 = 2_000;
+const SWEEP_ROUNDS: usize = 10;
+/// Statuses from which a task has not ended yet (others have, or are no status we know).
+const LIVE: [i32; 4] = [
+    status::QUEUED,
+    status::CLAIMED,
+    status::RUNNING,
+    status::BLOCKED,
+];
+
+/// What a set of new tasks waits for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Waits {
+    pub depends_on: Vec<ObjectId>,
+    /// None: the queue's `on_dependency_failure`, else "cancel".
+    pub on_failure: Option<OnDependencyFailure>,
+}
+
+/// What settling some ends did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Ended tasks whose dependents were settled.
+    pub settled: u64,
+    /// Waiting tasks that became queued.
+    pub released: u64,
+    /// Waiting tasks cancelled because a dependency failed or was cancelled.
+    pub cancelled: u64,
+    /// Batch callbacks released (each exactly once).
+    pub callbacks: u64,
+}
+
+impl Settled {
+    fn add(&mut self, other: Settled) {
+        self.settled += other.settled;
+        self.released += other.released;
+        self.cancelled += other.cancelled;
+        self.callbacks += other.callbacks;
+    }
+}
+
+/// How a dependency ended, for the reason a dependent is cancelled with.
+fn ending(group: StatusGroup, code: Option<&Bson>) -> Option<String> {
+    match group {
+        StatusGroup::Succeeded => None,
+        StatusGroup::Failed => Some(match code {
+            Some(c) => format!("failed (status {c})"),
+            None => "failed".into(),
+        }),
+        other => Some(format!("was {}", other.as_str())),
+    }
+}
+
+fn ended(group: StatusGroup) -> bool {
+    matches!(
+        group,
+        StatusGroup::Succeeded
+            | StatusGroup::Failed
+            | StatusGroup::Terminated
+            | StatusGroup::Cancelled
+            | StatusGroup::Orphaned
+    )
+}
+
+impl Store {
+    /// Inserts tasks that wait for `waits.depends_on` (blocked until all have ended). Each
+    /// named task must exist. A dependency that has already ended counts at once.
+    pub async fn create_waiting_tasks(
+        &self,
+        queue: ObjectId,
+        params: Vec<Document>,
+        waits: &Waits,
+    ) -> Result<Created> {
+        let mut deps = waits.depends_on.clone();
+        let mut seen = HashSet::new();
+        deps.retain(|d| seen.insert(*d));
+        if deps.is_empty() {
+            return self.create_tasks(queue, params).await;
+        }
+        if deps.len() > MAX_WORKFLOW_TASKS {
+            return Err(Error::Invalid(format!(
+                "depends_on names at most {MAX_WORKFLOW_TASKS} tasks, not {}",
+                deps.len()
+            )));
+        }
+        if self.unique_of(queue).await?.is_some() {
+            return Err(Error::Invalid(
+                "depends_on: tasks of a queue with `unique` cannot wait for others (a duplicate would not wait)".into(),
+            ));
+        }
+        self.check_tasks_exist(&deps, "depends_on").await?;
+        let on_failure = match waits.on_failure {
+            Some(p) => p,
+            None => self.dependency_policy_of(queue).await?,
+        };
+        self.mark_dependencies(&deps).await?;
+        let now = DateTime::now();
+        let docs: Vec<Document> = params
+            .into_iter()
+            .map(|p| {
+                doc! {
+                    task::ID: ObjectId::new(), task::QUEUE: queue, task::STATUS: status::BLOCKED,
+                    task::NODE: Bson::Null, task::PARAMS: p, task::CTIME: now, task::MTIME: now,
+                    task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
+                    task::DEPENDS_ON: &deps, task::WAITING_ON: &deps,
+                    task::ON_DEPENDENCY_FAILURE: on_failure.name(),
+                }
+            })
+            .collect();
+        let ids: Vec<ObjectId> = docs
+            .iter()
+            .filter_map(|d| d.get_object_id(task::ID).ok())
+            .collect();
+        self.collection(TASKS)
+            .insert_many(&docs)
+            .await
+            .map_err(|e| Error::mongo(format!("inserting waiting tasks into queue {queue}"), e))?;
+        let made = Moved {
+            n: ids.len() as u64,
+            ..Moved::new(queue, None, Some(StatusGroup::Blocked))
+        };
+        self.count_moves(&[made]).await;
+        // A dependency may have ended before the new tasks were there to see it.
+        self.settle_dependents(&deps).await?;
+        Ok(Created {
+            ids,
+            ..Created::default()
+        })
+    }
+
+    /// A queue's default `on_dependency_failure`: "cancel" unless it says "run" (a value
+    /// that is neither, written by hand, reads as "cancel", the safe side).
+    pub async fn dependency_policy_of(&self, queue: ObjectId) -> Result<OnDependencyFailure> {
+        let found = self
+            .raw(QUEUES)
+            .find_one(doc! {queue_field::ID: queue})
+            .projection(doc! {queue_field::ON_DEPENDENCY_FAILURE: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("reading queue {queue}"), e))?;
+        let policy = found
+            .as_ref()
+            .and_then(|d| d.get_str(queue_field::ON_DEPENDENCY_FAILURE).ok())
+            .and_then(|s| OnDependencyFailure::parse(s).ok());
+        Ok(policy.unwrap_or_default())
+    }
+
+    /// Refuses ids of tasks that do not exist, naming up to five of them.
+    pub(crate) async fn check_tasks_exist(&self, ids: &[ObjectId], field: &str) -> Result<()> {
+        let mut found: HashSet<ObjectId> = HashSet::with_capacity(ids.len());
+        let mut cursor = self
+            .raw(TASKS)
+            .find(doc! {task::ID: {"$in": ids}})
+            .projection(doc! {task::ID: 1})
+            .await
+            .map_err(|e| Error::mongo("reading the tasks named as dependencies", e))?;
+        while let Some(d) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo("reading the tasks named as dependencies", e))?
+        {
+            if let Some(Some(id)) = d.get(task::ID).ok().flatten().map(|v| v.as_object_id()) {
+                found.insert(id);
+            }
+        }
+        let missing: Vec<String> = ids
+            .iter()
+            .filter(|i| !found.contains(i))
+            .map(|i| i.to_hex())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let shown = missing
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        let more = match missing.len() {
+            n if n > 5 => format!(" and {} more", n - 5),
+            _ => String::new(),
+        };
+        Err(Error::Invalid(format!(
+            "{field}: no task has the id {shown}{more}"
+        )))
+    }
+
+    /// Marks tasks as waited for, before their dependents are inserted: whoever settles their
+    /// end from then on looks for dependents (the sweep finds ended ones by this mark).
+    pub(crate) async fn mark_dependencies(&self, ids: &[ObjectId]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.collection(TASKS)
+            .update_many(
+                doc! {task::ID: {"$in": ids}},
+                doc! {"$set": {task::HAS_DEPENDENTS: true}},
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::mongo("marking the tasks others wait for", e))
+    }
+
+    /// Settles what waits for `ids`, those of them that have ended: pulls them from their
+    /// dependents' `waiting_on`, cancels the dependents a failure cancels (and onwards),
+    /// releases the dependents left waiting on nothing. Tasks of `ids` still live are skipped.
+    pub async fn settle_dependents(&self, ids: &[ObjectId]) -> Result<Settled> {
+        let mut out = Settled::default();
+        let mut round: Vec<ObjectId> = ids.to_vec();
+        while !round.is_empty() {
+            let ended = self.ended_of(&round).await?;
+            if ended.is_empty() {
+                break;
+            }
+            let failed: Vec<(ObjectId, String)> = ended
+                .iter()
+                .filter_map(|(id, how)| how.clone().map(|h| (*id, h)))
+                .collect();
+            let all: Vec<ObjectId> = ended.iter().map(|(id, _)| *id).collect();
+            round = self.cancel_dependents_of(&failed, &mut out).await?;
+            self.pull_and_release(&all, &mut out).await?;
+            self.collection(TASKS)
+                .update_many(
+                    doc! {task::ID: {"$in": &all}, task::STATUS: {"$nin": LIVE.to_vec()}},
+                    doc! {"$unset": {task::HAS_DEPENDENTS: ""}},
+                )
+                .await
+                .map_err(|e| Error::mongo("clearing settled tasks' marks", e))?;
+            out.settled += all.len() as u64;
+        }
+        Ok(out)
+    }
+
+    /// The maintenance leader's catch-all: ended tasks still marked as waited for (ended by a
+    /// Perl node, by hand, or by a node that died before settling), settled in rounds.
+    pub async fn settle_ended_dependencies(&self) -> Result<Settled> {
+        let mut out = Settled::default();
+        for _ in 0..SWEEP_ROUNDS {
+            let mut ids = Vec::new();
+            let mut cursor = self
+                .raw(TASKS)
+                .find(doc! {task::HAS_DEPENDENTS: true, task::STATUS: {"$nin": LIVE.to_vec()}})
+                .projection(doc! {task::ID: 1})
+                .limit(SWEEP)
+                .await
+                .map_err(|e| Error::mongo("looking for ended tasks others wait for", e))?;
+            while let Some(d) = cursor
+                .try_next()
+                .await
+                .map_err(|e| Error::mongo("looking for ended tasks others wait for", e))?
+            {
+                if let Some(Some(id)) = d.get(task::ID).ok().flatten().map(|v| v.as_object_id()) {
+                    ids.push(id);
+                }
+            }
+            let full = ids.len() as i64 == SWEEP;
+            if !ids.is_empty() {
+                out.add(self.settle_dependents(&ids).await?);
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Of `ids`, those that have ended, each with how it failed (None: it succeeded).
+    async fn ended_of(&self, ids: &[ObjectId]) -> Result<Vec<(ObjectId, Option<String>)>> {
+        let mut out = Vec::new();
+        let mut cursor = self
+            .raw(TASKS)
+            .find(doc! {task::ID: {"$in": ids}})
+            .projection(doc! {task::ID: 1, task::STATUS: 1})
+            .await
+            .map_err(|e| Error::mongo("reading the statuses of ended tasks", e))?;
+        while let Some(raw) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo("reading the statuses of ended tasks", e))?
+        {
+            let Some(d) = self.decode_or_skip(TASKS, &raw) else {
+                continue;
+            };
+            let Ok(id) = d.get_object_id(task::ID) else {
+                continue;
+            };
+            let group = StatusGroup::of(d.get(task::STATUS));
+            if ended(group) {
+                out.push((id, ending(group, d.get(task::STATUS))));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Cancels the blocked dependents of failed tasks that cancel on failure, each with the
+    /// reason; returns them (they have ended too, and may have dependents of their own).
+    async fn cancel_dependents_of(
+        &self,
+        failed: &[(ObjectId, String)],
+        out: &mut Settled,
+    ) -> Result<Vec<ObjectId>> {
+        let mut cancelled = Vec::new();
+        if failed.is_empty() {
+            return Ok(cancelled);
+        }
+        let failed_ids: Vec<ObjectId> = failed.iter().map(|(id, _)| *id).collect();
+        let filter = doc! {
+            task::WAITING_ON: {"$in": &failed_ids},
+            task::STATUS: status::BLOCKED,
+            task::ON_DEPENDENCY_FAILURE: {"$ne": OnDependencyFailure::Run.name()},
+        };
+        let position: HashMap<ObjectId, usize> = failed
+            .iter()
+            .enumerate()
+            .map(|(i, (id, _))| (*id, i))
+            .collect();
+        loop {
+            let found = self
+                .dependents(filter.clone(), doc! {task::WAITING_ON: 1})
+                .await?;
+            if found.is_empty() {
+                break;
+            }
+            // By queue and by the dependency named in the reason: one write each.
+            let mut groups: BTreeMap<(ObjectId, usize), Vec<ObjectId>> = BTreeMap::new();
+            for (id, queue, d) in &found {
+                let first = d
+                    .get_array(task::WAITING_ON)
+                    .ok()
+                    .and_then(|w| {
+                        w.iter()
+                            .find_map(|v| v.as_object_id().and_then(|f| position.get(&f)))
+                    })
+                    .copied()
+                    .unwrap_or(0);
+                groups.entry((*queue, first)).or_default().push(*id);
+            }
+            let mut progress = 0;
+            for ((queue, which), ids) in groups {
+                let (dep, how) = &failed[which];
+                let reason = format!("dependency {dep} {how}");
+                let r = self
+                    .collection(TASKS)
+                    .update_many(
+                        doc! {task::ID: {"$in": &ids}, task::STATUS: status::BLOCKED},
+                        doc! {
+                            "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now(), task::CANCEL_REASON: reason},
+                            "$unset": {task::WAITING_ON: ""},
+                        },
+                    )
+                    .await
+                    .map_err(|e| Error::mongo("cancelling the dependents of a failed task", e))?;
+                let moved = Moved {
+                    n: r.modified_count,
+                    ..Moved::new(
+                        queue,
+                        Some(StatusGroup::Blocked),
+                        Some(StatusGroup::Cancelled),
+                    )
+                };
+                self.count_moves(&[moved]).await;
+                out.cancelled += r.modified_count;
+                progress += r.matched_count;
+                cancelled.extend(ids);
+            }
+            // Nothing matched again: what the read found was changed by another settler (or
+            // cannot be changed); reading it again would find the same.
+            if progress == 0 {
+                break;
+            }
+        }
+        Ok(cancelled)
+    }
+
+    /// Pulls `ended` from their dependents' `waiting_on` and releases those left waiting on
+    /// nothing: to queued, or for a batch's callback, queued with the batch's outcome.
+    async fn pull_and_release(&self, ended: &[ObjectId], out: &mut Settled) -> Result<()> {
+        let filter = doc! {task::WAITING_ON: {"$in": ended}, task::STATUS: status::BLOCKED};
+        loop {
+            let found = self
+                .dependents(filter.clone(), doc! {task::BATCH_CALLBACK: 1})
+                .await?;
+            if found.is_empty() {
+                return Ok(());
+            }
+            let ids: Vec<ObjectId> = found.iter().map(|(id, _, _)| *id).collect();
+            let pulled = self
+                .collection(TASKS)
+                .update_many(
+                    doc! {task::ID: {"$in": &ids}, task::STATUS: status::BLOCKED},
+                    doc! {"$pullAll": {task::WAITING_ON: ended}},
+                )
+                .await
+                .map_err(|e| Error::mongo("counting ended dependencies", e))?;
+            let mut by_queue: BTreeMap<ObjectId, Vec<ObjectId>> = BTreeMap::new();
+            for (id, queue, d) in &found {
+                match d.get_object_id(task::BATCH_CALLBACK) {
+                    Ok(batch) => {
+                        if self.release_callback(*id, *queue, batch).await? {
+                            out.callbacks += 1;
+                            out.released += 1;
+                        }
+                    }
+                    Err(_) => by_queue.entry(*queue).or_default().push(*id),
+                }
+            }
+            for (queue, ids) in by_queue {
+                let r = self
+                    .collection(TASKS)
+                    .update_many(
+                        doc! {task::ID: {"$in": &ids}, task::STATUS: status::BLOCKED, task::WAITING_ON: {"$size": 0}},
+                        doc! {
+                            "$set": {task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
+                            "$unset": {task::WAITING_ON: ""},
+                        },
+                    )
+                    .await
+                    .map_err(|e| Error::mongo("releasing tasks whose dependencies ended", e))?;
+                let moved = Moved {
+                    n: r.modified_count,
+                    ..Moved::new(queue, Some(StatusGroup::Blocked), Some(StatusGroup::Queued))
+                };
+                self.count_moves(&[moved]).await;
+                out.released += r.modified_count;
+            }
+            // Another settler pulled them first: the next read would find the same tasks.
+            if pulled.modified_count == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Releases a batch's callback once every member has ended, its params then carrying the
+    /// batch's outcome; true for the one settler whose write moved it (exactly once).
+    async fn release_callback(
+        &self,
+        id: ObjectId,
+        queue: ObjectId,
+        batch: ObjectId,
+    ) -> Result<bool> {
+        let waiting =
+            doc! {task::ID: id, task::STATUS: status::BLOCKED, task::WAITING_ON: {"$size": 0}};
+        if self
+            .raw(TASKS)
+            .find_one(waiting.clone())
+            .projection(doc! {task::ID: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("reading batch {batch}'s callback"), e))?
+            .is_none()
+        {
+            return Ok(false);
+        }
+        let outcome = self.batch_outcome(batch).await?;
+        let moved = self
+            .collection(TASKS)
+            .update_one(
+                waiting,
+                doc! {
+                    "$set": {task::STATUS: status::QUEUED, task::MTIME: DateTime::now(), "params.batch": outcome},
+                    "$unset": {task::WAITING_ON: ""},
+                },
+            )
+            .await
+            .map_err(|e| Error::mongo(format!("releasing batch {batch}'s callback"), e))?;
+        if moved.modified_count == 0 {
+            return Ok(false);
+        }
+        self.count_moves(&[Moved::new(
+            queue,
+            Some(StatusGroup::Blocked),
+            Some(StatusGroup::Queued),
+        )])
+        .await;
+        self.collection(BATCHES)
+            .update_one(
+                doc! {workflow::ID: batch, workflow::DONE: {"$exists": false}},
+                doc! {"$set": {workflow::DONE: DateTime::now()}},
+            )
+            .await
+            .map_err(|e| Error::mongo(format!("marking batch {batch} done"), e))?;
+        Ok(true)
+    }
+
+    /// Blocked dependents matching `filter`, a round of them: (id, queue, the fields asked).
+    async fn dependents(
+        &self,
+        filter: Document,
+        mut fields: Document,
+    ) -> Result<Vec<(ObjectId, ObjectId, Document)>> {
+        fields.insert(task::ID, 1);
+        fields.insert(task::QUEUE, 1);
+        let mut cursor = self
+            .raw(TASKS)
+            .find(filter)
+            .projection(fields)
+            .limit(CHUNK)
+            .await
+            .map_err(|e| Error::mongo("reading waiting tasks", e))?;
+        let mut out = Vec::new();
+        while let Some(raw) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo("reading waiting tasks", e))?
+        {
+            let Some(d) = self.decode_or_skip(TASKS, &raw) else {
+                continue;
+            };
+            if let (Ok(id), Ok(queue)) = (d.get_object_id(task::ID), d.get_object_id(task::QUEUE)) {
+                out.push((id, queue, d));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Whether a claimed task is marked as waited for: its node then settles its end at once.
+pub fn is_waited_for(task: &Document) -> bool {
+    task.get_bool(task::HAS_DEPENDENTS).unwrap_or(false)
+}

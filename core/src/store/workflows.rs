@@ -1,0 +1,597 @@
+//! Graphs and batches: creating a set of tasks in one request, reading it back with each
+//! task's status, cancelling it as a whole.
+//!
+//! A graph's tasks are all inserted blocked, then its roots are released, so no task of a
+//! graph starts before the whole graph is stored (and a failed insert leaves none behind).
+//! A batch's callback is inserted before its members, waiting on all of them under the "run"
+//! policy: the settler that pulls the last member releases it, once (`store::dependencies`).
+
+use std::collections::{BTreeMap, HashSet};
+
+use bson::oid::ObjectId;
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+
+use super::claim_run::release_holds;
+use super::schema::{task, workflow, BATCHES, GRAPHS, TASKS};
+use super::{Moved, StatusGroup, Store};
+use crate::error::{Error, Result};
+use crate::model::status;
+use crate::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
+
+/// Members a batch view lists (its counts cover them all).
+pub const BATCH_MEMBERS_SHOWN: i64 = 1_000;
+
+/// One task of a checked graph request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphTask {
+    pub name: String,
+    pub queue: ObjectId,
+    pub params: Document,
+    /// Indexes of the request's tasks it waits for.
+    pub waits_for: Vec<usize>,
+    /// Tasks that already exist which it waits for.
+    pub existing: Vec<ObjectId>,
+    /// None: the queue's `on_dependency_failure`.
+    pub on_failure: Option<OnDependencyFailure>,
+}
+
+/// One task of a batch request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchTask {
+    pub queue: ObjectId,
+    pub params: Document,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewBatch {
+    pub id: ObjectId,
+    pub members: Vec<ObjectId>,
+    pub callback: Option<ObjectId>,
+}
+
+/// A task of a graph or batch as its views show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkflowTask {
+    pub id: ObjectId,
+    pub queue: Option<ObjectId>,
+    pub name: Option<String>,
+    /// As stored (any type a hand edit left).
+    pub status: Option<Bson>,
+    pub depends_on: Vec<ObjectId>,
+    pub waiting_on: Vec<ObjectId>,
+    pub cancel_reason: Option<String>,
+}
+
+/// A graph or a batch, as listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkflowSummary {
+    pub id: ObjectId,
+    pub ctime: Option<DateTime>,
+    pub size: u64,
+    pub callback_task: Option<ObjectId>,
+    pub cancelled: Option<DateTime>,
+    pub done: Option<DateTime>,
+}
+
+/// What cancelling a graph or batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WholeCancel {
+    pub cancelled: u64,
+    /// Running tasks asked to stop (their runners do within seconds).
+    pub requested: u64,
+}
+
+/// Counts by status group, named as the API names them.
+pub type StatusCounts = BTreeMap<&'static str, u64>;
+
+impl Store {
+    /// Stores a checked graph (`workflow::check_graph`) and returns its id and its tasks' ids,
+    /// in request order.
+    pub async fn create_graph(&self, tasks: &[GraphTask]) -> Result<(ObjectId, Vec<ObjectId>)> {
+        if tasks.is_empty() || tasks.len() > MAX_WORKFLOW_TASKS {
+            return Err(Error::Invalid(format!(
+                "a graph holds 1 to {MAX_WORKFLOW_TASKS} tasks, not {}",
+                tasks.len()
+            )));
+        }
+        let queues: HashSet<ObjectId> = tasks.iter().map(|t| t.queue).collect();
+        self.refuse_unique_queues(&queues, "a graph").await?;
+        let existing: Vec<ObjectId> = {
+            let mut seen = HashSet::new();
+            tasks
+                .iter()
+                .flat_map(|t| t.existing.iter().copied())
+                .filter(|id| seen.insert(*id))
+                .collect()
+        };
+        self.check_tasks_exist(&existing, "depends_on").await?;
+        let mut defaults = BTreeMap::new();
+        for q in &queues {
+            defaults.insert(*q, self.dependency_policy_of(*q).await?);
+        }
+        let graph = ObjectId::new();
+        let ids: Vec<ObjectId> = tasks.iter().map(|_| ObjectId::new()).collect();
+        let mut waited_for = vec![false; tasks.len()];
+        for t in tasks {
+            for &i in &t.waits_for {
+                if let Some(w) = waited_for.get_mut(i) {
+                    *w = true;
+                }
+            }
+        }
+        let now = DateTime::now();
+        let mut docs = Vec::with_capacity(tasks.len());
+        let mut roots: BTreeMap<ObjectId, Vec<ObjectId>> = BTreeMap::new();
+        for (i, t) in tasks.iter().enumerate() {
+            let mut deps: Vec<ObjectId> = t
+                .waits_for
+                .iter()
+                .filter_map(|&j| ids.get(j).copied())
+                .collect();
+            deps.extend(t.existing.iter().copied());
+            let mut d = doc! {
+                task::ID: ids[i], task::QUEUE: t.queue, task::STATUS: status::BLOCKED,
+                task::NODE: Bson::Null, task::PARAMS: t.params.clone(), task::CTIME: now, task::MTIME: now,
+                task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
+                task::GRAPH: graph, task::GRAPH_NAME: &t.name,
+                task::ON_DEPENDENCY_FAILURE: t.on_failure.or(defaults.get(&t.queue).copied()).unwrap_or_default().name(),
+            };
+            if deps.is_empty() {
+                roots.entry(t.queue).or_default().push(ids[i]);
+            } else {
+                d.insert(task::DEPENDS_ON, &deps);
+                d.insert(task::WAITING_ON, &deps);
+            }
+            if waited_for[i] {
+                d.insert(task::HAS_DEPENDENTS, true);
+            }
+            docs.push(d);
+        }
+        self.mark_dependencies(&existing).await?;
+        self.collection(GRAPHS)
+            .insert_one(doc! {workflow::ID: graph, workflow::CTIME: now, workflow::SIZE: tasks.len() as i64})
+            .await
+            .map_err(|e| Error::mongo("storing a graph", e))?;
+        if let Err(e) = self.collection(TASKS).insert_many(&docs).await {
+            // Nothing of it has started (all blocked): take back what went in.
+            let _ = self
+                .collection(TASKS)
+                .delete_many(doc! {task::GRAPH: graph})
+                .await;
+            let _ = self
+                .collection(GRAPHS)
+                .delete_one(doc! {workflow::ID: graph})
+                .await;
+            return Err(Error::mongo("storing a graph's tasks", e));
+        }
+        let mut made: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        for t in tasks {
+            *made.entry(t.queue).or_default() += 1;
+        }
+        let moves: Vec<Moved> = made
+            .into_iter()
+            .map(|(queue, n)| Moved {
+                n,
+                ..Moved::new(queue, None, Some(StatusGroup::Blocked))
+            })
+            .collect();
+        self.count_moves(&moves).await;
+        for (queue, roots) in roots {
+            let r = self
+                .collection(TASKS)
+                .update_many(
+                    doc! {task::ID: {"$in": &roots}, task::STATUS: status::BLOCKED},
+                    doc! {"$set": {task::STATUS: status::QUEUED, task::MTIME: DateTime::now()}},
+                )
+                .await
+                .map_err(|e| Error::mongo("releasing a graph's first tasks", e))?;
+            let moved = Moved {
+                n: r.modified_count,
+                ..Moved::new(queue, Some(StatusGroup::Blocked), Some(StatusGroup::Queued))
+            };
+            self.count_moves(&[moved]).await;
+        }
+        // Tasks outside the graph may have ended before the graph was there to see it.
+        self.settle_dependents(&existing).await?;
+        Ok((graph, ids))
+    }
+
+    /// Stores a batch: its callback (if any) waiting on every member, then the members.
+    pub async fn create_batch(
+        &self,
+        members: &[BatchTask],
+        callback: Option<&BatchTask>,
+    ) -> Result<NewBatch> {
+        if members.is_empty() || members.len() > MAX_WORKFLOW_TASKS {
+            return Err(Error::Invalid(format!(
+                "a batch holds 1 to {MAX_WORKFLOW_TASKS} tasks, not {}",
+                members.len()
+            )));
+        }
+        let mut queues: HashSet<ObjectId> = members.iter().map(|t| t.queue).collect();
+        queues.extend(callback.map(|c| c.queue));
+        self.refuse_unique_queues(&queues, "a batch").await?;
+        let batch = ObjectId::new();
+        let now = DateTime::now();
+        let ids: Vec<ObjectId> = members.iter().map(|_| ObjectId::new()).collect();
+        let callback_id = callback.map(|_| ObjectId::new());
+        let callback_field = match callback {
+            Some(c) => Bson::Document(doc! {task::QUEUE: c.queue, task::PARAMS: c.params.clone()}),
+            None => Bson::Null,
+        };
+        self.collection(BATCHES)
+            .insert_one(doc! {
+                workflow::ID: batch, workflow::CTIME: now, workflow::SIZE: members.len() as i64,
+                workflow::CALLBACK: callback_field,
+                workflow::CALLBACK_TASK: callback_id.map_or(Bson::Null, Bson::ObjectId),
+            })
+            .await
+            .map_err(|e| Error::mongo("storing a batch", e))?;
+        let undo = || async {
+            let _ = self
+                .collection(TASKS)
+                .delete_many(doc! {task::BATCH: batch})
+                .await;
+            let _ = self
+                .collection(TASKS)
+                .delete_many(doc! {task::BATCH_CALLBACK: batch})
+                .await;
+            let _ = self
+                .collection(BATCHES)
+                .delete_one(doc! {workflow::ID: batch})
+                .await;
+        };
+        if let (Some(c), Some(id)) = (callback, callback_id) {
+            let d = doc! {
+                task::ID: id, task::QUEUE: c.queue, task::STATUS: status::BLOCKED,
+                task::NODE: Bson::Null, task::PARAMS: c.params.clone(), task::CTIME: now, task::MTIME: now,
+                task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
+                task::WAITING_ON: &ids, task::BATCH_CALLBACK: batch,
+                task::ON_DEPENDENCY_FAILURE: OnDependencyFailure::Run.name(),
+            };
+            if let Err(e) = self.collection(TASKS).insert_one(d).await {
+                undo().await;
+                return Err(Error::mongo("storing a batch's callback", e));
+            }
+            self.count_moves(&[Moved::new(c.queue, None, Some(StatusGroup::Blocked))])
+                .await;
+        }
+        let docs: Vec<Document> = members
+            .iter()
+            .zip(&ids)
+            .map(|(m, id)| {
+                let mut d = doc! {
+                    task::ID: id, task::QUEUE: m.queue, task::STATUS: status::QUEUED,
+                    task::NODE: Bson::Null, task::PARAMS: m.params.clone(), task::CTIME: now, task::MTIME: now,
+                    task::STDOUT: Bson::Null, task::STDERR: Bson::Null, task::BATCH: batch,
+                };
+                if callback.is_some() {
+                    d.insert(task::HAS_DEPENDENTS, true);
+                }
+                d
+            })
+            .collect();
+        if let Err(e) = self.collection(TASKS).insert_many(&docs).await {
+            // Members that went in may be running already: cancel rather than delete them.
+            let _ = self
+                .cancel_whole(
+                    doc! {task::BATCH: batch},
+                    callback_id,
+                    "the batch could not be stored",
+                )
+                .await;
+            let _ = self
+                .collection(BATCHES)
+                .update_one(
+                    doc! {workflow::ID: batch},
+                    doc! {"$set": {workflow::CANCELLED: DateTime::now()}},
+                )
+                .await;
+            return Err(Error::mongo("storing a batch's tasks", e));
+        }
+        let mut made: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        for m in members {
+            *made.entry(m.queue).or_default() += 1;
+        }
+        let moves: Vec<Moved> = made
+            .into_iter()
+            .map(|(queue, n)| Moved {
+                n,
+                ..Moved::new(queue, None, Some(StatusGroup::Queued))
+            })
+            .collect();
+        self.count_moves(&moves).await;
+        Ok(NewBatch {
+            id: batch,
+            members: ids,
+            callback: callback_id,
+        })
+    }
+
+    async fn refuse_unique_queues(&self, queues: &HashSet<ObjectId>, what: &str) -> Result<()> {
+        for q in queues {
+            if self.unique_of(*q).await?.is_some() {
+                return Err(Error::Invalid(format!(
+                    "{what} cannot hold tasks of queue {q}: it has `unique`, and a duplicate would not take part"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A graph's record and tasks (at most `MAX_WORKFLOW_TASKS`), or None if there is none.
+    pub async fn graph_view(
+        &self,
+        id: ObjectId,
+    ) -> Result<Option<(WorkflowSummary, Vec<WorkflowTask>)>> {
+        let Some(summary) = self.workflow_summary(GRAPHS, id).await? else {
+            return Ok(None);
+        };
+        let tasks = self
+            .workflow_tasks(doc! {task::GRAPH: id}, MAX_WORKFLOW_TASKS as i64)
+            .await?;
+        Ok(Some((summary, tasks)))
+    }
+
+    /// A batch's record, its members' counts by status group, its first members and its
+    /// callback task, or None if there is none.
+    pub async fn batch_view(
+        &self,
+        id: ObjectId,
+    ) -> Result<
+        Option<(
+            WorkflowSummary,
+            StatusCounts,
+            Vec<WorkflowTask>,
+            Option<WorkflowTask>,
+        )>,
+    > {
+        let Some(summary) = self.workflow_summary(BATCHES, id).await? else {
+            return Ok(None);
+        };
+        let counts = self.member_counts(id).await?;
+        let members = self
+            .workflow_tasks(doc! {task::BATCH: id}, BATCH_MEMBERS_SHOWN)
+            .await?;
+        let callback = match summary.callback_task {
+            Some(c) => self
+                .workflow_tasks(doc! {task::ID: c}, 1)
+                .await?
+                .into_iter()
+                .next(),
+            None => None,
+        };
+        Ok(Some((summary, counts, members, callback)))
+    }
+
+    /// The newest graphs (`batches: false`) or batches, at most `limit`.
+    pub async fn list_workflows(&self, batches: bool, limit: i64) -> Result<Vec<WorkflowSummary>> {
+        let collection = if batches { BATCHES } else { GRAPHS };
+        let mut cursor = self
+            .raw(collection)
+            .find(doc! {})
+            .sort(doc! {workflow::ID: -1})
+            .limit(limit)
+            .await
+            .map_err(|e| Error::mongo(format!("listing {collection}"), e))?;
+        let mut out = Vec::new();
+        while let Some(raw) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo(format!("listing {collection}"), e))?
+        {
+            if let Some(d) = self.decode_or_skip(collection, &raw) {
+                out.extend(summary_of(&d));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Cancels a graph's or batch's tasks that have not ended (queued, blocked and claimed at
+    /// once, running ones by request), and what outside waits on them as its policy says.
+    pub async fn cancel_graph(&self, id: ObjectId) -> Result<Option<WholeCancel>> {
+        if self.workflow_summary(GRAPHS, id).await?.is_none() {
+            return Ok(None);
+        }
+        self.collection(GRAPHS)
+            .update_one(
+                doc! {workflow::ID: id},
+                doc! {"$set": {workflow::CANCELLED: DateTime::now()}},
+            )
+            .await
+            .map_err(|e| Error::mongo(format!("cancelling graph {id}"), e))?;
+        self.cancel_whole(doc! {task::GRAPH: id}, None, "its graph was cancelled")
+            .await
+            .map(Some)
+    }
+
+    pub async fn cancel_batch(&self, id: ObjectId) -> Result<Option<WholeCancel>> {
+        let Some(summary) = self.workflow_summary(BATCHES, id).await? else {
+            return Ok(None);
+        };
+        self.collection(BATCHES)
+            .update_one(
+                doc! {workflow::ID: id},
+                doc! {"$set": {workflow::CANCELLED: DateTime::now()}},
+            )
+            .await
+            .map_err(|e| Error::mongo(format!("cancelling batch {id}"), e))?;
+        self.cancel_whole(
+            doc! {task::BATCH: id},
+            summary.callback_task,
+            "its batch was cancelled",
+        )
+        .await
+        .map(Some)
+    }
+
+    async fn cancel_whole(
+        &self,
+        members: Document,
+        also: Option<ObjectId>,
+        reason: &str,
+    ) -> Result<WholeCancel> {
+        let mut out = WholeCancel::default();
+        let mut ended = Vec::new();
+        let waiting = [status::QUEUED, status::BLOCKED, status::CLAIMED];
+        let mut scopes = vec![members.clone()];
+        scopes.extend(also.map(|id| doc! {task::ID: id}));
+        for scope in &scopes {
+            for code in waiting {
+                let mut filter = scope.clone();
+                filter.insert(task::STATUS, code);
+                let found = self
+                    .workflow_tasks(filter.clone(), MAX_WORKFLOW_TASKS as i64)
+                    .await?;
+                let mut by_queue: BTreeMap<ObjectId, Vec<ObjectId>> = BTreeMap::new();
+                for t in &found {
+                    if let Some(q) = t.queue {
+                        by_queue.entry(q).or_default().push(t.id);
+                    }
+                }
+                for (queue, ids) in by_queue {
+                    let r = self
+                        .collection(TASKS)
+                        .update_many(
+                            doc! {task::ID: {"$in": &ids}, task::STATUS: code},
+                            doc! {
+                                "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now(), task::CANCEL_REASON: reason},
+                                "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON]),
+                            },
+                        )
+                        .await
+                        .map_err(|e| Error::mongo("cancelling a graph's or batch's tasks", e))?;
+                    let moved = Moved {
+                        n: r.modified_count,
+                        ..Moved::new(
+                            queue,
+                            Some(super::group_of(code)),
+                            Some(StatusGroup::Cancelled),
+                        )
+                    };
+                    self.count_moves(&[moved]).await;
+                    out.cancelled += r.modified_count;
+                    ended.extend(ids);
+                }
+            }
+        }
+        let mut running = members;
+        running.insert(task::STATUS, status::RUNNING);
+        let r = self
+            .collection(TASKS)
+            .update_many(
+                running,
+                doc! {"$set": {task::CANCEL_REQUESTED: DateTime::now()}},
+            )
+            .await
+            .map_err(|e| Error::mongo("asking a graph's or batch's running tasks to stop", e))?;
+        out.requested = r.modified_count;
+        self.settle_dependents(&ended).await?;
+        Ok(out)
+    }
+
+    /// A batch's outcome, as its callback's params carry it: `{id, size, succeeded, failed,
+    /// cancelled, other}` (terminated and orphaned members count as failed).
+    pub(crate) async fn batch_outcome(&self, batch: ObjectId) -> Result<Document> {
+        let counts = self.member_counts(batch).await?;
+        let n = |k: &str| counts.get(k).copied().unwrap_or(0) as i64;
+        let size: i64 = counts.values().sum::<u64>() as i64;
+        Ok(doc! {
+            "id": batch, "size": size, "succeeded": n("succeeded"),
+            "failed": n("failed") + n("terminated") + n("orphaned"),
+            "cancelled": n("cancelled"),
+            "other": size - n("succeeded") - n("failed") - n("terminated") - n("orphaned") - n("cancelled"),
+        })
+    }
+
+    async fn member_counts(&self, batch: ObjectId) -> Result<StatusCounts> {
+        let pipeline = vec![
+            doc! {"$match": {task::BATCH: batch}},
+            doc! {"$group": {"_id": format!("${}", task::STATUS), "n": {"$sum": 1}}},
+        ];
+        let mut cursor = self
+            .raw(TASKS)
+            .aggregate(pipeline)
+            .await
+            .map_err(|e| Error::mongo(format!("counting batch {batch}'s tasks"), e))?;
+        let mut counts = StatusCounts::new();
+        while let Some(d) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo(format!("counting batch {batch}'s tasks"), e))?
+        {
+            let group = StatusGroup::of(d.get("_id"));
+            *counts.entry(group.as_str()).or_default() += super::count_value(d.get("n"));
+        }
+        Ok(counts)
+    }
+
+    async fn workflow_summary(
+        &self,
+        collection: &'static str,
+        id: ObjectId,
+    ) -> Result<Option<WorkflowSummary>> {
+        let found = self
+            .raw(collection)
+            .find_one(doc! {workflow::ID: id})
+            .await
+            .map_err(|e| Error::mongo(format!("reading {collection} {id}"), e))?;
+        Ok(self
+            .decode_one(collection, found)?
+            .and_then(|d| summary_of(&d)))
+    }
+
+    async fn workflow_tasks(&self, filter: Document, limit: i64) -> Result<Vec<WorkflowTask>> {
+        let mut cursor = self
+            .raw(TASKS)
+            .find(filter)
+            .projection(doc! {
+                task::ID: 1, task::QUEUE: 1, task::STATUS: 1, task::GRAPH_NAME: 1,
+                task::DEPENDS_ON: 1, task::WAITING_ON: 1, task::CANCEL_REASON: 1,
+            })
+            .sort(doc! {task::ID: 1})
+            .limit(limit)
+            .await
+            .map_err(|e| Error::mongo("reading a graph's or batch's tasks", e))?;
+        let mut out = Vec::new();
+        while let Some(raw) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo("reading a graph's or batch's tasks", e))?
+        {
+            let Some(d) = self.decode_or_skip(TASKS, &raw) else {
+                continue;
+            };
+            let Ok(id) = d.get_object_id(task::ID) else {
+                continue;
+            };
+            let ids = |field: &str| -> Vec<ObjectId> {
+                d.get_array(field)
+                    .map(|a| a.iter().filter_map(Bson::as_object_id).collect())
+                    .unwrap_or_default()
+            };
+            out.push(WorkflowTask {
+                id,
+                queue: d.get_object_id(task::QUEUE).ok(),
+                name: d.get_str(task::GRAPH_NAME).ok().map(str::to_string),
+                status: d.get(task::STATUS).cloned(),
+                depends_on: ids(task::DEPENDS_ON),
+                waiting_on: ids(task::WAITING_ON),
+                cancel_reason: d.get_str(task::CANCEL_REASON).ok().map(str::to_string),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn summary_of(d: &Document) -> Option<WorkflowSummary> {
+    Some(WorkflowSummary {
+        id: d.get_object_id(workflow::ID).ok()?,
+        ctime: d.get_datetime(workflow::CTIME).ok().copied(),
+        size: super::count_value(d.get(workflow::SIZE)),
+        callback_task: d.get_object_id(workflow::CALLBACK_TASK).ok(),
+        cancelled: d.get_datetime(workflow::CANCELLED).ok().copied(),
+        done: d.get_datetime(workflow::DONE).ok().copied(),
+    })
+}
