@@ -114,9 +114,6 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
         names("tasks").await,
         [
             "_id_",
-            "batch_1",
-            "graph_1",
-            "has_dependents_1",
             "lease_until_1",
             "node_1_status_1_queue_1",
             "node_1_status_1_queue_1__id_-1",
@@ -125,8 +122,7 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
             "queue_1_not_before_1",
             "queue_1_slot_1",
             "queue_1_status_1",
-            "unrecorded_attempts.attempt_1",
-            "waiting_on_1"
+            "unrecorded_attempts.attempt_1"
         ]
     );
     assert_eq!(names("queues").await, ["_id_", "name_1"]);
@@ -140,10 +136,21 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
         .ensure_limit_index(LimitIndex::Unique)
         .await
         .expect("unique");
+    // So do workflows' (the first waiting task, graph or batch), and settling knows it.
+    assert!(!store.workflows_in_use().await.expect("listed"));
+    store
+        .ensure_limit_index(LimitIndex::Workflows)
+        .await
+        .expect("workflows");
+    assert!(store.workflows_in_use().await.expect("listed"));
     let tasks = names("tasks").await;
     for name in [
         "queue_1_concurrency_key_1_concurrency_slot_1",
         "queue_1_unique_key_1_unique_gen_1",
+        "waiting_on_1",
+        "has_dependents_1",
+        "graph_1",
+        "batch_1",
     ] {
         assert!(tasks.contains(&name.to_string()), "{name}: {tasks:?}");
     }

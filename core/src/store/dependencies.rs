@@ -15,7 +15,7 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
 use super::schema::{queue as queue_field, task, workflow, BATCHES, QUEUES, TASKS};
-use super::{Created, Moved, StatusGroup, Store};
+use super::{Created, LimitIndex, Moved, StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::status;
 use crate::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
@@ -113,6 +113,7 @@ impl Store {
             ));
         }
         self.check_tasks_exist(&deps, "depends_on").await?;
+        self.ensure_limit_index(LimitIndex::Workflows).await?;
         let on_failure = match waits.on_failure {
             Some(p) => p,
             None => self.dependency_policy_of(queue).await?,
@@ -230,6 +231,9 @@ impl Store {
     /// releases the dependents left waiting on nothing. Tasks of `ids` still live are skipped.
     pub async fn settle_dependents(&self, ids: &[ObjectId]) -> Result<Settled> {
         let mut out = Settled::default();
+        if ids.is_empty() || !self.workflows_in_use().await? {
+            return Ok(out);
+        }
         let mut round: Vec<ObjectId> = ids.to_vec();
         while !round.is_empty() {
             let ended = self.ended_of(&round).await?;
@@ -259,6 +263,9 @@ impl Store {
     /// Perl node, by hand, or by a node that died before settling), settled in rounds.
     pub async fn settle_ended_dependencies(&self) -> Result<Settled> {
         let mut out = Settled::default();
+        if !self.workflows_in_use().await? {
+            return Ok(out);
+        }
         for _ in 0..SWEEP_ROUNDS {
             let mut ids = Vec::new();
             let mut cursor = self

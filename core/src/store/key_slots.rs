@@ -74,11 +74,13 @@ pub use crate::limits::key_text;
 pub enum LimitIndex {
     Unique = 0,
     KeySlots = 1,
+    /// Workflows' four (`schema::workflow_indexes`).
+    Workflows = 2,
 }
 
 /// Which limit indexes this process has made sure of.
 #[derive(Debug, Default)]
-pub struct LimitIndexes([AtomicBool; 2]);
+pub struct LimitIndexes([AtomicBool; 3]);
 
 impl Store {
     /// Makes sure the limit's index exists before the first write that relies on it (a claim
@@ -90,17 +92,42 @@ impl Store {
             return Ok(());
         }
         let [unique, key_slots] = schema::limit_indexes();
-        let model = match which {
-            LimitIndex::Unique => unique,
-            LimitIndex::KeySlots => key_slots,
+        let models = match which {
+            LimitIndex::Unique => vec![unique],
+            LimitIndex::KeySlots => vec![key_slots],
+            LimitIndex::Workflows => schema::workflow_indexes(),
         };
-        let keys = model.keys.clone();
-        self.collection(TASKS)
-            .create_index(model)
-            .await
-            .map_err(|e| Error::mongo(format!("creating index {keys} on {TASKS}"), e))?;
+        for model in models {
+            let keys = model.keys.clone();
+            self.collection(TASKS)
+                .create_index(model)
+                .await
+                .map_err(|e| Error::mongo(format!("creating index {keys} on {TASKS}"), e))?;
+        }
         made.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether any task may wait for another here: the workflows' indexes exist (made by
+    /// whoever stored the first waiting task). Until then there is nothing to settle, and
+    /// the reads that settle would have no index to take: one `listIndexes` a call, then,
+    /// once seen, free.
+    pub async fn workflows_in_use(&self) -> Result<bool> {
+        let made = &self.limit_indexes.0[LimitIndex::Workflows as usize];
+        if made.load(Ordering::Relaxed) {
+            return Ok(true);
+        }
+        let names = self
+            .collection(TASKS)
+            .list_index_names()
+            .await
+            .map_err(|e| Error::mongo(format!("listing the indexes of {TASKS}"), e))?;
+        let wanted = schema::workflows_index_name();
+        let in_use = names.contains(&wanted);
+        if in_use {
+            made.store(true, Ordering::Relaxed);
+        }
+        Ok(in_use)
     }
 
     /// The key slots held by `queue`'s claimed and running tasks. Not those of tasks waiting

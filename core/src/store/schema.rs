@@ -338,6 +338,32 @@ pub fn disbatch_indexes() -> Vec<(&'static str, IndexModel)> {
     ]
 }
 
+/// Workflows' indexes on tasks, made with the first task that waits or the first graph or
+/// batch (`LimitIndex::Workflows`), not at start, for the same reason as the limits' below:
+/// a task's dependents by what they still wait for, tasks whose end is still to settle, a
+/// graph's and a batch's tasks. Each read touches only its own tasks.
+pub fn workflow_indexes() -> Vec<IndexModel> {
+    [
+        task::WAITING_ON,
+        task::HAS_DEPENDENTS,
+        task::GRAPH,
+        task::BATCH,
+    ]
+    .into_iter()
+    .map(|field| {
+        IndexModel::builder()
+            .keys(doc! {field: 1})
+            .options(IndexOptions::builder().sparse(true).build())
+            .build()
+    })
+    .collect()
+}
+
+/// The name the server gives the index that shows workflows are in use (`has_dependents_1`).
+pub fn workflows_index_name() -> String {
+    format!("{}_1", task::HAS_DEPENDENTS)
+}
+
 /// The flow limits' unique indexes on tasks, each made when a queue first uses its limit
 /// (`Store::ensure_limit_index`), not at start: SecantusDB keeps every index on every write,
 /// and a fleet that sets no limit pays nothing for them. The unique tasks' index first (over a key's
@@ -400,12 +426,6 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
             )
             .build()
     };
-    let sparse = |field: &str| {
-        IndexModel::builder()
-            .keys(doc! {field: 1})
-            .options(IndexOptions::builder().sparse(true).build())
-            .build()
-    };
     vec![
         (TASKS, unique_where_present(task::SLOT)),
         (TASKS, unique_where_present(task::KEY)),
@@ -415,12 +435,6 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
                 .keys(doc! {rate::QUEUE: 1, rate::UNTIL: 1})
                 .build(),
         ),
-        // Workflows: a task's dependents by what they still wait for, tasks whose end is
-        // still to settle, a graph's and a batch's tasks: each read only touches its own.
-        (TASKS, sparse(task::WAITING_ON)),
-        (TASKS, sparse(task::HAS_DEPENDENTS)),
-        (TASKS, sparse(task::GRAPH)),
-        (TASKS, sparse(task::BATCH)),
         // Only delayed (and once-delayed) tasks carry `not_before`: counting the delayed ones
         // of a queue reads just those, not its backlog.
         (

@@ -77,6 +77,8 @@ impl Store {
                 ));
             }
             self.check_tasks_exist(&deps, "depends_on").await?;
+            self.ensure_limit_index(super::LimitIndex::Workflows)
+                .await?;
             self.mark_dependencies(&deps).await?;
         }
         let default_policy = match waits.iter().any(|w| w.on_failure.is_none()) && !deps.is_empty()

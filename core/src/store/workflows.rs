@@ -14,7 +14,7 @@ use futures::TryStreamExt;
 
 use super::claim_run::release_holds;
 use super::schema::{task, workflow, BATCHES, GRAPHS, TASKS};
-use super::{Moved, StatusGroup, Store};
+use super::{LimitIndex, Moved, StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::status;
 use crate::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
@@ -106,6 +106,7 @@ impl Store {
                 .collect()
         };
         self.check_tasks_exist(&existing, "depends_on").await?;
+        self.ensure_limit_index(LimitIndex::Workflows).await?;
         let mut defaults = BTreeMap::new();
         for q in &queues {
             defaults.insert(*q, self.dependency_policy_of(*q).await?);
@@ -212,6 +213,7 @@ impl Store {
         let mut queues: HashSet<ObjectId> = members.iter().map(|t| t.queue).collect();
         queues.extend(callback.map(|c| c.queue));
         self.refuse_unique_queues(&queues, "a batch").await?;
+        self.ensure_limit_index(LimitIndex::Workflows).await?;
         let batch = ObjectId::new();
         let now = DateTime::now();
         let ids: Vec<ObjectId> = members.iter().map(|_| ObjectId::new()).collect();
