@@ -118,6 +118,9 @@ impl Executor {
         if let (Some(task), Ok(mut w)) = (handoff.task_id(), self.waited_for.lock()) {
             w.insert(task);
         }
+        if let Some(r) = &self.releaser {
+            r.saw_waited_for();
+        }
     }
 
     /// The environment of runners started from now on (a config reload); running ones keep

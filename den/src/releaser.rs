@@ -24,13 +24,20 @@ const MIN_GAP: std::time::Duration = std::time::Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub struct Releaser {
     ended: mpsc::Sender<ObjectId>,
+    store: Store,
 }
 
 impl Releaser {
     pub fn start(store: Store, metrics: DenMetrics) -> Releaser {
         let (ended, waiting) = mpsc::channel(MAX_WAITING);
-        tokio::spawn(settle_ended(store, waiting, metrics));
-        Releaser { ended }
+        tokio::spawn(settle_ended(store.clone(), waiting, metrics));
+        Releaser { ended, store }
+    }
+
+    /// This node claimed a task others wait for: workflows are in use, and its sweep (as
+    /// leader) runs even where its role cannot list indexes.
+    pub fn saw_waited_for(&self) {
+        self.store.note_workflows_in_use();
     }
 
     /// A task others wait for has ended here (its result is stored): settle it soon. Never

@@ -210,6 +210,17 @@ impl Store {
         )))
     }
 
+    /// Whether task `id` is marked as waited for (one read of that field by `_id`).
+    pub(crate) async fn is_marked_waited_for(&self, id: ObjectId) -> Result<bool> {
+        let found = self
+            .raw(TASKS)
+            .find_one(doc! {task::ID: id})
+            .projection(doc! {task::HAS_DEPENDENTS: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("reading task {id}"), e))?;
+        Ok(found.is_some_and(|d| d.get_bool(task::HAS_DEPENDENTS).unwrap_or(false)))
+    }
+
     /// Marks tasks as waited for, before their dependents are inserted: whoever settles their
     /// end from then on looks for dependents (the sweep finds ended ones by this mark).
     pub(crate) async fn mark_dependencies(&self, ids: &[ObjectId]) -> Result<()> {
@@ -231,7 +242,7 @@ impl Store {
     /// releases the dependents left waiting on nothing. Tasks of `ids` still live are skipped.
     pub async fn settle_dependents(&self, ids: &[ObjectId]) -> Result<Settled> {
         let mut out = Settled::default();
-        if ids.is_empty() || !self.workflows_in_use().await? {
+        if ids.is_empty() {
             return Ok(out);
         }
         let mut round: Vec<ObjectId> = ids.to_vec();

@@ -109,25 +109,33 @@ impl Store {
     }
 
     /// Whether any task may wait for another here: the workflows' indexes exist (made by
-    /// whoever stored the first waiting task). Until then there is nothing to settle, and
-    /// the reads that settle would have no index to take: one `listIndexes` a call, then,
-    /// once seen, free.
+    /// whoever stored the first waiting task), or this process has seen a task others wait
+    /// for. Until then the leader's sweep has nothing to settle and no index to read by: one
+    /// `listIndexes` a call, then, once seen, free. A role without `listIndexes` (made
+    /// before this version) answers false until this process sees such a task.
     pub async fn workflows_in_use(&self) -> Result<bool> {
         let made = &self.limit_indexes.0[LimitIndex::Workflows as usize];
         if made.load(Ordering::Relaxed) {
             return Ok(true);
         }
-        let names = self
-            .collection(TASKS)
-            .list_index_names()
-            .await
-            .map_err(|e| Error::mongo(format!("listing the indexes of {TASKS}"), e))?;
-        let wanted = schema::workflows_index_name();
-        let in_use = names.contains(&wanted);
+        let names = match self.collection(TASKS).list_index_names().await {
+            Ok(names) => names,
+            Err(e) if super::refusal(&e).is_some() || is_unauthorized(&e) => {
+                tracing::debug!(error = %e, "cannot list the tasks' indexes: workflows are in use once a waited-for task is seen");
+                return Ok(false);
+            }
+            Err(e) => return Err(Error::mongo(format!("listing the indexes of {TASKS}"), e)),
+        };
+        let in_use = names.contains(&schema::workflows_index_name());
         if in_use {
             made.store(true, Ordering::Relaxed);
         }
         Ok(in_use)
+    }
+
+    /// This process has seen a task others wait for: workflows are in use here.
+    pub fn note_workflows_in_use(&self) {
+        self.limit_indexes.0[LimitIndex::Workflows as usize].store(true, Ordering::Relaxed);
     }
 
     /// The key slots held by `queue`'s claimed and running tasks. Not those of tasks waiting
@@ -193,6 +201,11 @@ impl Store {
         }
         Ok(oldest)
     }
+}
+
+/// The server refused the command for want of a privilege (code 13).
+fn is_unauthorized(e: &mongodb::error::Error) -> bool {
+    matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 13)
 }
 
 #[cfg(test)]

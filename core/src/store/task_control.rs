@@ -44,7 +44,9 @@ impl Store {
             .map_err(|e| Error::mongo(format!("cancelling task {id}"), e))?;
         if cancelled {
             // What waits on it follows its policy now, not at the leader's next sweep.
-            self.settle_dependents(&[id]).await?;
+            if self.is_marked_waited_for(id).await? {
+                self.settle_dependents(&[id]).await?;
+            }
             return Ok(ControlOutcome::Done(one_changed()));
         }
         let running = doc! {task::ID: id, task::STATUS: status::RUNNING};

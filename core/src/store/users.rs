@@ -8,8 +8,8 @@ use mongodb::{Client, Database};
 use serde_json::Value;
 
 use super::schema::{
-    ATTEMPTS, BALANCE, CHUNKS, FILES, LEASES, NODES, QUEUES, RATE_LIMITS, STATS_MINUTELY, TASKS,
-    TASK_COUNTS,
+    ATTEMPTS, BALANCE, BATCHES, CHUNKS, FILES, GRAPHS, LEASES, NODES, QUEUES, RATE_LIMITS,
+    STATS_MINUTELY, TASKS, TASK_COUNTS,
 };
 use crate::config::{Component, Config};
 use crate::error::{Error, Result};
@@ -89,6 +89,8 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             // Ours: rate-limit grants (upserts) and their refunds, the maintenance leader's
             // removal of quiet partitions' windows, and their index.
             (RATE_LIMITS, &["insert", "update", "remove", "createIndex"]),
+            // Ours: a batch is marked done when its callback is released.
+            (BATCHES, &["update"]),
         ],
         Component::Web => vec![
             ("", &["find", "listIndexes"]),
@@ -110,6 +112,10 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             // Ours: ensure_indexes creates the rate-limit windows' index (the queue view only
             // reads them).
             (RATE_LIMITS, &["createIndex"]),
+            // Ours: graphs and batches are stored (and taken back if their tasks cannot be)
+            // and cancelled by the DCI.
+            (GRAPHS, &["insert", "update", "remove"]),
+            (BATCHES, &["insert", "update", "remove"]),
         ],
         Component::TaskRunner => vec![
             ("", &["find"]),
