@@ -474,6 +474,7 @@ mod tests {
                 "rate_limits",
                 set(&["insert", "update", "remove", "createIndex"]),
             ),
+            ("batches", set(&["update"])),
         ]
         .into_iter()
         .map(|(c, a)| (c.to_string(), a))
