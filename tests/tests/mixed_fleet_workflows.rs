@@ -1,7 +1,9 @@
 //! A graph on a mixed fleet: the real Disbatch 4.103 Perl DEN beside one of ours. The Perl
 //! node claims only queued (-2) tasks, so it never starts a waiting (-4) one; the ends it
 //! writes (a bare status, no settling) are settled by our maintenance leader's sweep. Judged
-//! in the server's order of writes, from a change stream.
+//! in the server's order of writes, from a change stream. That the Perl node takes part is
+//! made certain, not left to who polls first: ours runs one task at a time (`maxthreads` 1)
+//! and holds the first piece it gets on a gate that opens only once the Perl node has claimed.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -44,14 +46,23 @@ async fn a_perl_node_never_starts_a_waiting_task_and_its_ends_release_dependents
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    db.db
+        .collection::<Document>("nodes")
+        .insert_one(doc! {"node": "rust-a", "maxthreads": 1})
+        .await
+        .expect("node doc");
     let dci = Dci::start(&config);
     let ours = Den::start(&config, "rust-a");
     let recording = Recording::start(db.tasks()).await;
     // root → 12 pieces → 12 follow-ups → merge: 26 tasks, three levels of waiting.
     let params = json!({"commands": "a", "sleep_ms": 100});
+    // The Perl plugin ignores `hold_until`; ours waits on it, so while ours holds a piece the
+    // other eleven are queued and only the Perl node (the queue has 3 threads left) can run them.
+    let gate = db.path("perl-claimed");
+    let held = json!({"commands": "a", "hold_until": gate.to_string_lossy()});
     let mut tasks = vec![json!({"name": "root", "queue": "mixed", "params": params})];
     for i in 0..12 {
-        tasks.push(json!({"name": format!("p{i}"), "queue": "mixed", "params": params, "depends_on": ["root"]}));
+        tasks.push(json!({"name": format!("p{i}"), "queue": "mixed", "params": held, "depends_on": ["root"]}));
         tasks.push(json!({"name": format!("f{i}"), "queue": "mixed", "params": params, "depends_on": [format!("p{i}")]}));
     }
     let fans: Vec<String> = (0..12).map(|i| format!("f{i}")).collect();
@@ -70,6 +81,17 @@ async fn a_perl_node_never_starts_a_waiting_task_and_its_ends_release_dependents
         })
         .collect();
     let all: Vec<ObjectId> = ids.values().copied().collect();
+    wait_for(
+        "the Perl node to claim a piece",
+        Duration::from_secs(240),
+        || async {
+            db.count(doc! {"_id": {"$in": all.clone()}, "node": &perl_node})
+                .await
+                > 0
+        },
+    )
+    .await;
+    std::fs::write(&gate, b"open").expect("open the gate");
     let live = doc! {"_id": {"$in": all.clone()}, "status": {"$in": [-4, -2, -1, 0]}};
     wait_for("the graph to end", Duration::from_secs(240), || async {
         db.count(live.clone()).await == 0
