@@ -232,9 +232,9 @@ const RUN: Duration = Duration::from_secs(120);
 const KILL_EVERY: Duration = Duration::from_secs(20);
 /// A tick the killed leader had not reached yet may be missed: a pass and the grace before it.
 const BEFORE_KILL_MS: i64 = 3_000;
-/// The schedule's period, and how late a tick may be enqueued as on time at 500 ms passes.
+/// The schedule's period, and the nodes' pass.
 const TICK_MS: i64 = 2_000;
-const GRACE_MS: i64 = 2_500;
+const LOOP_MS: u64 = 500;
 /// A leader is killed only with this much of its lease left: no other node can lead before
 /// the lease ends, so the gap outlasts the grace by more than a tick and misses one for sure.
 /// (A leader whose renewal came late under load may hold less; the kill then waits for it.)
@@ -245,7 +245,7 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
     let db = TestDb::new("schedules_kills").await;
     // Half-second passes: the maintenance lease lasts 7.5 s (15 passes), renewed every 2.5 s,
     // and a tick is on time within 2.5 s (5 passes): a dead leader's gap misses ticks.
-    let config = write_config(&db, "node.json", json!({"loop_interval_ms": 500}));
+    let config = write_config(&db, "node.json", json!({"loop_interval_ms": LOOP_MS}));
     let queue = db.insert_queue("every2s", "echo", 4).await;
     let mut dens: Vec<Den> = (1..=3)
         .map(|i| Den::start(&config, &format!("n{i}")))
@@ -409,7 +409,9 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
     // next leader took over after the lease ended, and a tick fell between the kill and the
     // lease's end less the grace. Its task for missed ticks is there, once. A gap the load
     // made shorter may have missed none: at most one.
-    let sure: Vec<bool> = left.iter().map(|l| l - GRACE_MS > TICK_MS).collect();
+    let grace_ms =
+        disbatch_core::schedule::grace(Duration::from_millis(LOOP_MS)).as_millis() as i64;
+    let sure: Vec<bool> = left.iter().map(|l| l - grace_ms > TICK_MS).collect();
     println!("lease left at each kill (ms): {left:?}; tasks for missed ticks per gap: {per_gap:?}");
     for (gap, n) in per_gap.iter().enumerate() {
         let want = if sure[gap] { 1..=1 } else { 0..=1 };

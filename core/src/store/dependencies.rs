@@ -248,29 +248,42 @@ impl Store {
         if ids.is_empty() {
             return Ok(out);
         }
+        // A cascade of cancellations can name more than a round's worth: every write below
+        // names its tasks by `$in`, so each goes in rounds of `CHUNK`, like the dependents.
         let mut round: Vec<ObjectId> = ids.to_vec();
         while !round.is_empty() {
-            let ended = self.ended_of(&round).await?;
-            if ended.is_empty() {
-                break;
+            let mut next = Vec::new();
+            for part in round.chunks(CHUNK as usize) {
+                next.extend(self.settle_round(part, &mut out).await?);
             }
-            let failed: Vec<(ObjectId, String)> = ended
-                .iter()
-                .filter_map(|(id, how)| how.clone().map(|h| (*id, h)))
-                .collect();
-            let all: Vec<ObjectId> = ended.iter().map(|(id, _)| *id).collect();
-            round = self.cancel_dependents_of(&failed, &mut out).await?;
-            self.pull_and_release(&all, &mut out).await?;
-            self.collection(TASKS)
-                .update_many(
-                    doc! {task::ID: {"$in": &all}, task::STATUS: {"$nin": LIVE.to_vec()}},
-                    doc! {"$unset": {task::HAS_DEPENDENTS: ""}},
-                )
-                .await
-                .map_err(|e| Error::mongo("clearing settled tasks' marks", e))?;
-            out.settled += all.len() as u64;
+            round = next;
         }
         Ok(out)
+    }
+
+    /// Settles the ended tasks of `ids` (at most `CHUNK`); returns the dependents it cancelled,
+    /// which have ended too and may have dependents of their own.
+    async fn settle_round(&self, ids: &[ObjectId], out: &mut Settled) -> Result<Vec<ObjectId>> {
+        let ended = self.ended_of(ids).await?;
+        if ended.is_empty() {
+            return Ok(Vec::new());
+        }
+        let failed: Vec<(ObjectId, String)> = ended
+            .iter()
+            .filter_map(|(id, how)| how.clone().map(|h| (*id, h)))
+            .collect();
+        let all: Vec<ObjectId> = ended.iter().map(|(id, _)| *id).collect();
+        let cancelled = self.cancel_dependents_of(&failed, out).await?;
+        self.pull_and_release(&all, out).await?;
+        self.collection(TASKS)
+            .update_many(
+                doc! {task::ID: {"$in": &all}, task::STATUS: {"$nin": LIVE.to_vec()}},
+                doc! {"$unset": {task::HAS_DEPENDENTS: ""}},
+            )
+            .await
+            .map_err(|e| Error::mongo("clearing settled tasks' marks", e))?;
+        out.settled += all.len() as u64;
+        Ok(cancelled)
     }
 
     /// The maintenance leader's catch-all: ended tasks still marked as waited for (ended by a
