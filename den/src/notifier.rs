@@ -198,7 +198,7 @@ async fn keep_watching(
         match store.watch_work(await_time).await {
             Ok(stream) => {
                 if !stream.sees_inserts {
-                    tracing::warn!("watching queues only: this user may not watch the database (grant `changeStream` on it: docs/deployment.md), so tasks other writers insert are found by a probe on each of the leader's passes");
+                    tracing::warn!("watching queues only: this user may not watch the database (grant `changeStream` on it: see the book's operating/mongodb.md, Roles and privileges), so tasks other writers insert are found by a probe on each of the leader's passes");
                 } else if !opened_before || said_polling {
                     tracing::info!("watching queues for work signals and task inserts (for the fleet, while leading): claims start on their events");
                 } else {

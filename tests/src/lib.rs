@@ -11,6 +11,7 @@ pub mod corrupting_proxy;
 pub mod cutting_proxy;
 mod dci;
 mod den;
+pub mod docs;
 pub mod exposition;
 pub mod flood;
 pub mod hostile;

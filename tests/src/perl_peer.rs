@@ -13,27 +13,44 @@ use serde_json::json;
 use crate::TestDb;
 
 /// Where the Perl peer is: `DISBATCH_PERL_PEER`, else `shared/peers/disbatch4-perl` beside
-/// an ancestor of this repository (the workplace keeps it at `/work/shared`). Missing, the
-/// test fails and says how to point at it: a peer test that skips itself proves nothing.
-pub fn peer_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("DISBATCH_PERL_PEER") {
-        return PathBuf::from(dir);
+/// the clone or any folder above it. None when it is not there.
+pub fn find_peer() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("DISBATCH_PERL_PEER").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir));
     }
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let candidates = here
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .map(|a| a.join("shared/peers/disbatch4-perl"))
-        .chain(std::iter::once(PathBuf::from(
-            "/work/shared/peers/disbatch4-perl",
-        )));
-    for dir in candidates {
-        if dir.join("run-den").is_file() {
-            return dir;
-        }
+        .find(|dir| dir.join("run-den").is_file())
+}
+
+/// Whether the Perl peer's tests must run: CI sets `DISBATCH_REQUIRE_PERL_PEER=1`, so there a
+/// missing peer fails the test instead of skipping it.
+fn peer_required() -> bool {
+    std::env::var("DISBATCH_REQUIRE_PERL_PEER").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// True when the peer is here. Otherwise the test `test` skips: it prints one line saying so
+/// and returns false, unless the peer is required, when it fails.
+pub fn available(test: &str) -> bool {
+    if find_peer().is_some() {
+        return true;
     }
-    panic!(
-        "the Perl Disbatch 4 peer was not found: set DISBATCH_PERL_PEER to its folder (the one with run-den and run-cli)"
+    assert!(
+        !peer_required(),
+        "{test}: the Perl Disbatch 4 peer was not found and DISBATCH_REQUIRE_PERL_PEER is set: set DISBATCH_PERL_PEER to its folder (the one with run-den and run-cli)"
     );
+    eprintln!(
+        "SKIPPED {test}: the Perl Disbatch 4 peer is not here (set DISBATCH_PERL_PEER to its folder; DISBATCH_REQUIRE_PERL_PEER=1 makes this a failure)"
+    );
+    false
+}
+
+/// The peer's folder; the caller has checked `available`.
+pub fn peer_dir() -> PathBuf {
+    find_peer().unwrap_or_else(|| {
+        panic!("the Perl Disbatch 4 peer was not found: set DISBATCH_PERL_PEER to its folder (the one with run-den and run-cli)")
+    })
 }
 
 /// A Perl DEN in its own UTS namespace, so its node name (its host name) is the test's.

@@ -17,6 +17,9 @@ const DEMO: &str = "Disbatch::Plugin::Demo";
 
 #[tokio::test]
 async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_is_recovered() {
+    if !disbatch_tests::perl_peer::available("mixed_fleet") {
+        return;
+    }
     let db = TestDb::new("mixed_fleet").await;
     let runs = db.path("runs.txt").to_string_lossy().to_string();
     // Our nodes map the Perl plugin's name onto the echo plugin, which ignores `commands`

@@ -20,6 +20,9 @@ const DEMO: &str = "Disbatch::Plugin::Demo";
 
 #[tokio::test]
 async fn a_perl_node_never_starts_a_waiting_task_and_its_ends_release_dependents() {
+    if !disbatch_tests::perl_peer::available("mixed_fleet_workflows") {
+        return;
+    }
     let db = TestDb::new("mixed_workflows").await;
     // Ours runs the Perl plugin's queue with the echo plugin (it ignores `commands`).
     let config = write_config(

@@ -2,7 +2,8 @@
 //! every command it has, its output compared with what it prints against Disbatch's web app
 //! (the CLI prints what the API answers, so a difference here is a difference in the API).
 //!
-//! Skipped, saying so, only where `perl` is missing (`PerlCli::find`).
+//! Skipped, saying so in one line, where the peer or `perl` is missing (`PerlCli::find`),
+//! unless `DISBATCH_REQUIRE_PERL_PEER` is set (CI), where a missing peer fails.
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! attempts of a task that failed and then succeeded, cancelling a running task from its
 //! page, bulk retry and cancel on the queue page behind a confirmation, the confirmation
 //! before a plugin change, and the count columns at phone width. Screenshots land in
-//! `<target>/ui-screenshots/` (copied to docs/screenshots/ for the README).
+//! `<target>/ui-screenshots/` (copied to docs/src/screenshots/ for the book).
 
 use std::path::Path;
 use std::time::Duration;

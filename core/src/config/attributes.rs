@@ -8,6 +8,22 @@ use super::driver_options::DriverOptions;
 use super::perl_bool::perl_bool;
 use super::raw::resolve;
 
+/// The SSL options Disbatch's `ssl: {…}` form may hold, under `attributes.ssl` or `attributes.tls`.
+const SSL_KEYS: [&str; 3] = ["SSL_ca_file", "SSL_cert_file", "SSL_verify_mode"];
+
+/// Every key `attributes` takes, as `attributes.<key>` (and `attributes.ssl.SSL_ca_file`…).
+pub(super) fn accepted_keys() -> Vec<String> {
+    let mut keys: Vec<String> = TlsSettings::KEYS
+        .iter()
+        .chain(DriverOptions::KEYS)
+        .map(|k| format!("attributes.{k}"))
+        .collect();
+    for parent in ["ssl", "tls"] {
+        keys.extend(SSL_KEYS.iter().map(|k| format!("attributes.{parent}.{k}")));
+    }
+    keys
+}
+
 /// Reads `attributes`: TLS settings and the other driver options, warning once about the
 /// keys that cannot be applied.
 pub(super) fn read(
@@ -101,6 +117,12 @@ impl TlsSettings {
     ) -> Result<(), String> {
         for (key, value) in ssl {
             let at = |what: &str| format!("key `attributes.{parent}.{key}`: {what}");
+            if !SSL_KEYS.contains(&key.as_str()) {
+                warnings.push(format!(
+                    "SSL option `attributes.{parent}.{key}` is not supported and is ignored"
+                ));
+                continue;
+            }
             match key.as_str() {
                 "SSL_ca_file" => self.ca_file = Some(resolve(base, string(value, &at)?)),
                 "SSL_cert_file" => self.cert_key_file = Some(resolve(base, string(value, &at)?)),
@@ -110,9 +132,8 @@ impl TlsSettings {
                         .ok_or_else(|| at("must be an integer (0 turns verification off)"))?;
                     self.allow_invalid_certificates = mode == 0;
                 }
-                _ => warnings.push(format!(
-                    "SSL option `attributes.{parent}.{key}` is not supported and is ignored"
-                )),
+                // Not in SSL_KEYS: warned about above.
+                _ => {}
             }
         }
         Ok(())

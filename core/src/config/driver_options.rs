@@ -18,6 +18,31 @@ const MIN_HEARTBEAT_MS: u64 = 500;
 /// The server's floor for `max_staleness_seconds`; below it every read would fail.
 const MIN_STALENESS_SECS: u64 = 90;
 
+/// The `attributes` this implementation applies; any other is warned about, never read.
+const KNOWN: &[&str] = &[
+    "app_name",
+    "connect_timeout_ms",
+    "server_selection_timeout_ms",
+    "heartbeat_frequency_ms",
+    "local_threshold_ms",
+    "w",
+    "j",
+    "wtimeout",
+    "read_pref_mode",
+    "read_preference",
+    "read_pref_tag_sets",
+    "max_staleness_seconds",
+    "read_concern_level",
+    "replica_set_name",
+    "retry_reads",
+    "retry_writes",
+    "username",
+    "password",
+    "db_name",
+    "auth_mechanism",
+    "auth_mechanism_properties",
+];
+
 /// Perl options the Rust driver has no counterpart for, and why, for the warning.
 const UNMAPPED: &[(&str, &str)] = &[
     ("socket_timeout_ms", "the Rust driver has no socket timeout; connect_timeout_ms and server_selection_timeout_ms bound waits"),
@@ -65,6 +90,8 @@ struct ReadPref {
 }
 
 impl DriverOptions {
+    pub(super) const KEYS: &'static [&'static str] = KNOWN;
+
     /// Reads the driver options among `attributes` (TLS keys excluded by the caller). Keys it
     /// cannot apply are returned with the reason, for one warning.
     pub(super) fn from_attributes<'a>(
@@ -74,6 +101,14 @@ impl DriverOptions {
         let mut pref = ReadPref::default();
         let mut ignored = Vec::new();
         for (key, value) in attrs {
+            if !KNOWN.contains(&key.as_str()) {
+                let why = UNMAPPED.iter().find(|(k, _)| k == key).map_or(
+                    "not a MongoDB client option this implementation knows",
+                    |(_, w)| w,
+                );
+                ignored.push(format!("`{key}` ({why})"));
+                continue;
+            }
             let at = |what: &str| format!("key `attributes.{key}`: {what}");
             match key.as_str() {
                 "app_name" => o.app_name = Some(text(value, &at)?),
@@ -127,13 +162,8 @@ impl DriverOptions {
                             .collect(),
                     )
                 }
-                other => {
-                    let why = UNMAPPED.iter().find(|(k, _)| *k == other).map_or(
-                        "not a MongoDB client option this implementation knows",
-                        |(_, w)| w,
-                    );
-                    ignored.push(format!("`{other}` ({why})"));
-                }
+                // Not in KNOWN: ignored above, so an arm missing from KNOWN is never reached.
+                _ => {}
             }
         }
         o.read_preference = pref.build()?;

@@ -7,6 +7,8 @@ mod commas;
 mod credentials;
 mod driver_options;
 mod files;
+mod keys;
+pub use keys::accepted_keys;
 mod mongohost;
 pub use credentials::env_name as auth_env_name;
 mod perl_bool;

@@ -39,7 +39,7 @@ fn check_objects(value: &Value) -> Result<(), String> {
 }
 
 /// Keys Disbatch 4 defines that this implementation accepts but does not use.
-const ACCEPTED_UNUSED: &[&str] = &["views_dir", "log4perl", "testing"];
+pub(super) const ACCEPTED_UNUSED: &[&str] = &["views_dir", "log4perl", "testing"];
 
 #[derive(Debug, Deserialize)]
 pub(super) struct RawConfig {

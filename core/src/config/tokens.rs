@@ -7,6 +7,9 @@ use serde_json::Value;
 use super::raw::{resolve, RawWebTls};
 use super::{Role, WebSettings, WebTls, WebToken};
 
+/// The keys of one `web.tokens` entry.
+pub(super) const TOKEN_KEYS: &[&str] = &["name", "role", "token", "token_file"];
+
 pub(super) fn web_tls(raw: RawWebTls, base: &Path) -> Result<WebTls, String> {
     let file = |key: &str, value: &str| {
         if value.trim().is_empty() {
@@ -108,7 +111,7 @@ fn web_token(
         }
     };
     for key in map.keys() {
-        if !matches!(key.as_str(), "name" | "role" | "token" | "token_file") {
+        if !TOKEN_KEYS.contains(&key.as_str()) {
             warnings.push(format!("unknown key `{at}.{key}` is ignored"));
         }
     }

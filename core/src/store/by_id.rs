@@ -21,7 +21,7 @@
 //! the same per operation in `bulkWrite`'s). A server that counted a pipeline that left the
 //! document as it was as modified would make a claim lost to another node look won: the
 //! server-contract test (`tests/tests/server_contract.rs`) fails on such a server, and
-//! `docs/deployment.md` says so.
+//! the book says so (`docs/src/operating/mongodb.md`).
 
 use bson::{doc, Bson, Document};
 

@@ -495,7 +495,7 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 mod tests {
     use super::*;
 
-    /// The policy in dci/API.md: only the console shell and the probes are public, reading
+    /// The policy in the book's REST API reference (docs/src/reference/api.md): only the console shell and the probes are public, reading
     /// is `read`, and every change needs at least `operate`.
     #[test]
     fn every_route_has_the_role_its_kind_calls_for() {

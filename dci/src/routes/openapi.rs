@@ -85,7 +85,7 @@ pub fn openapi(legacy: bool) -> Value {
     json!({
         "openapi": "3.0.3",
         "info": {"title": "disbatch-web", "version": disbatch_core::VERSION,
-                 "description": "The Disbatch 4 REST API with disbatch-rs extensions. See dci/API.md."},
+                 "description": "The Disbatch 4 REST API with disbatch-rs extensions. See the book's REST API reference, docs/src/reference/api.md."},
         "paths": paths,
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     })
