@@ -143,3 +143,28 @@ impl TlsSettings {
 fn string<'a>(value: &'a Value, at: &dyn Fn(&str) -> String) -> Result<&'a str, String> {
     value.as_str().ok_or_else(|| at("must be a string"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each SSL option the reader lists has an arm that reads it: a null is refused.
+    #[test]
+    fn every_listed_ssl_option_is_read_by_an_arm_of_its_own() {
+        for key in SSL_KEYS {
+            let ssl = serde_json::json!({ key: null })
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            let mut warnings = Vec::new();
+            let read = TlsSettings::default().apply_perl_ssl_options(
+                &ssl,
+                Path::new("/"),
+                "ssl",
+                &mut warnings,
+            );
+            assert!(read.is_err(), "attributes.ssl.{key}: null was taken");
+            assert!(warnings.is_empty(), "{warnings:?}");
+        }
+    }
+}

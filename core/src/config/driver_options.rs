@@ -371,3 +371,26 @@ fn tag_sets(
     };
     sets.iter().map(|set| string_map(set, at)).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key in `KNOWN` without an arm would be taken and silently do nothing: every known
+    /// key's arm reads its value, so a null is refused naming the key.
+    #[test]
+    fn every_known_attribute_is_read_by_an_arm_of_its_own() {
+        for key in KNOWN {
+            let attrs = [(key.to_string(), Value::Null)];
+            let read = DriverOptions::from_attributes(attrs.iter().map(|(k, v)| (k, v)));
+            match read {
+                Err(e) => assert!(e.contains(&format!("`attributes.{key}`")), "{key}: {e}"),
+                Ok(_) => panic!("attributes.{key}: null was taken, so no arm reads it"),
+            }
+        }
+        let unknown = [("colour".to_string(), Value::Null)];
+        let (_, ignored) = DriverOptions::from_attributes(unknown.iter().map(|(k, v)| (k, v)))
+            .expect("an unknown key is ignored, not refused");
+        assert_eq!(ignored.len(), 1);
+    }
+}
