@@ -242,17 +242,20 @@ mod tests {
             header: Duration::from_millis(60),
             idle: Duration::from_millis(150),
         };
-        let on_time = |since: Instant, timeout: Duration| {
+        // Never early: each `since` is taken before the event that starts the connection's
+        // clock, so the time waited is at least the timeout however slow the machine. How
+        // late it may be is not asserted (a loaded machine decides that, not the watchdog).
+        let not_early = |since: Instant, timeout: Duration| {
             let took = since.elapsed();
             assert!(
-                took >= timeout && took < timeout + Duration::from_millis(500),
+                took >= timeout,
                 "expired after {took:?}, timeout {timeout:?}"
             );
         };
-        let a = Arc::new(Activity::new());
         let started = Instant::now();
+        let a = Arc::new(Activity::new());
         assert_eq!(a.expired(SHORT, false).await, Expiry::HeaderTimeout);
-        on_time(started, SHORT.header);
+        not_early(started, SHORT.header);
 
         let a = Arc::new(Activity::new());
         let request = a.request_started();
@@ -269,14 +272,14 @@ mod tests {
         let ended = Instant::now();
         drop(request);
         assert_eq!(watch.await.ok(), Some(Expiry::Idle));
-        on_time(ended, SHORT.idle);
+        not_early(ended, SHORT.idle);
 
         let a = Arc::new(Activity::new());
         drop(a.request_started());
         tokio::time::sleep(Duration::from_millis(20)).await;
-        a.bytes_read();
         let head = Instant::now();
+        a.bytes_read();
         assert_eq!(a.expired(SHORT, false).await, Expiry::HeaderTimeout);
-        on_time(head, SHORT.header);
+        not_early(head, SHORT.header);
     }
 }
