@@ -3,7 +3,7 @@
 //! it: two tasks greet and warn, two with bad params fail with the plugin's reason.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -16,8 +16,8 @@ const REFUSAL: &str =
     "hello: params.name must be 1 to 64 letters, digits, spaces, '.', '_' or '-'\n";
 
 fn example(file: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../docs/src/plugins/examples")
+    disbatch_tests::docs::repo_root()
+        .join("docs/src/plugins/examples")
         .join(file)
 }
 

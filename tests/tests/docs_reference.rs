@@ -171,13 +171,13 @@ fn the_schema_reference_names_every_collection_and_field_of_the_store_schema() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// Metric families in a Prometheus text exposition (from its `# TYPE` lines).
+/// Metric families in a Prometheus text exposition (its `# TYPE` lines), the text checked
+/// against the format on the way.
 fn families(exposition: &str) -> BTreeSet<String> {
-    exposition
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_string)
+    disbatch_tests::exposition::check(exposition)
+        .unwrap_or_else(|e| panic!("not a valid exposition: {e}"))
+        .types
+        .into_keys()
         .collect()
 }
 
