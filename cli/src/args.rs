@@ -194,7 +194,7 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         file: Option<PathBuf>,
         /// Update the params of units whose key is taken (and requeue them) instead of
-        /// rejecting them; claimed or running ones are left alone.
+        /// rejecting them; claimed, running or blocked ones are left alone.
         #[arg(long)]
         update: bool,
     },

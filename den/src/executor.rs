@@ -354,6 +354,14 @@ impl Executor {
         self.runner_exited.notify_one();
     }
 
+    /// A claim pass found nothing to start: with nothing running either, no end is coming
+    /// soon for the releaser to gather, so it settles what it holds now.
+    pub(crate) fn claim_pass_found_nothing(&self) {
+        if let (0, Some(releaser)) = (self.live_runners(), &self.releaser) {
+            releaser.node_idle();
+        }
+    }
+
     /// The environment every runner (and worker host) gets.
     pub(crate) fn runner_env(&self) -> Arc<Vec<(OsString, OsString)>> {
         self.env.clone()

@@ -272,6 +272,9 @@ impl Node {
                         self.metrics.queue_read();
                     }
                     claimed_lately = report.claimed > 0;
+                    if !claimed_lately {
+                        self.executor.claim_pass_found_nothing();
+                    }
                     short_lately = report.short_of_tasks != Some(false);
                     waiting_for_slots = report.waiting_for_slots;
                     if let Some(signalled) = signalled {

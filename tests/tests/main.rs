@@ -66,6 +66,7 @@ mod json_logs;
 mod leases;
 mod live_output;
 mod live_output_bytes;
+mod long_waits;
 mod maintenance_leader;
 mod metrics;
 mod mixed_fleet;

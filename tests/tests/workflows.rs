@@ -303,6 +303,15 @@ async fn a_waiting_task_is_blocked_until_its_dependency_succeeds_and_units_can_w
         || async { read_lines(&started).len() == 1 },
     )
     .await;
+    // Updating the waiting unit leaves it waiting: queued again, it would start early.
+    let (s, again) = dci
+        .post(
+            "/queues/w/units",
+            json!({"units": [{"key": "u", "params": {"n": 3}}], "on_conflict": "update"}),
+        )
+        .await;
+    assert_eq!(s, 200, "{again}");
+    assert_eq!(again["busy"], json!(["u"]), "{again}");
     for waiting in [second, unit] {
         let t = db.task(waiting).await;
         assert_eq!(t.get_i32("status"), Ok(-4), "{t}");

@@ -93,7 +93,7 @@ pub async fn add_units(
         let [inserted, updated, rejected, busy] = totals;
         writeln!(
             out,
-            "{} added, {updated} updated, {rejected} rejected (key taken), {busy} busy (claimed or running) in queue {}",
+            "{} added, {updated} updated, {rejected} rejected (key taken), {busy} busy (claimed, running or blocked) in queue {}",
             plural(inserted, "unit", "units"),
             shown(queue)
         )?;

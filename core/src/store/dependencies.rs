@@ -1,9 +1,9 @@
 //! Waiting tasks: created blocked on the tasks they name, released when those have ended, and
 //! cancelled (with the reason, and onwards) when one fails under the "cancel" policy.
 //!
-//! Every step is a conditional write that can be repeated: a dependency is pulled from
-//! `waiting_on` (so it counts once however many settlers see it end), a task is released or
-//! cancelled only from blocked. So the DEN that ran a task, the DCI that cancelled it, the
+//! Every step is a conditional write that can be repeated: an ended dependency is taken out
+//! of `waiting_on` (so it counts once however many settlers see it end; how, in
+//! `store::releases`), a task is released or cancelled only from blocked. So the DEN that ran a task, the DCI that cancelled it, the
 //! creator that found a dependency already ended and the leader's sweep may all settle the
 //! same end, and a waiting task still starts exactly once, never before its last dependency
 //! ended. Work is by index (`waiting_on`, `has_dependents`), in rounds of `CHUNK` dependents.
@@ -14,7 +14,8 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
-use super::schema::{queue as queue_field, task, workflow, BATCHES, QUEUES, TASKS};
+use super::releases::{list_len, object_ids, short_waits, SHORT};
+use super::schema::{queue as queue_field, task, QUEUES, TASKS};
 use super::{Created, LimitIndex, Moved, StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::model::status;
@@ -373,22 +374,21 @@ impl Store {
             .map(|(i, (id, _))| (*id, i))
             .collect();
         loop {
-            let found = self
-                .dependents(filter.clone(), doc! {task::WAITING_ON: 1})
-                .await?;
+            let (found, _) = self.dependents(filter.clone(), short_waits()).await?;
             if found.is_empty() {
                 break;
             }
             // By queue and by the dependency named in the reason: one write each.
             let mut groups: BTreeMap<(ObjectId, usize), Vec<ObjectId>> = BTreeMap::new();
             for (id, queue, d) in &found {
-                let first = d
-                    .get_array(task::WAITING_ON)
-                    .ok()
-                    .and_then(|w| {
-                        w.iter()
-                            .find_map(|v| v.as_object_id().and_then(|f| position.get(&f)))
-                    })
+                let mut waits = object_ids(d.get(task::WAITING_ON));
+                let long = list_len(d.get(task::WAITING_ON)) > SHORT;
+                if long && !waits.iter().any(|w| position.contains_key(w)) {
+                    waits = self.all_waits(*id).await?;
+                }
+                let first = waits
+                    .iter()
+                    .find_map(|f| position.get(f))
                     .copied()
                     .unwrap_or(0);
                 groups.entry((*queue, first)).or_default().push(*id);
@@ -430,121 +430,27 @@ impl Store {
         Ok(cancelled)
     }
 
-    /// Pulls `ended` from their dependents' `waiting_on` and releases those left waiting on
-    /// nothing: to queued, or for a batch's callback, queued with the batch's outcome.
-    async fn pull_and_release(&self, ended: &[ObjectId], out: &mut Settled) -> Result<()> {
-        let filter = doc! {task::WAITING_ON: {"$in": ended}, task::STATUS: status::BLOCKED};
-        loop {
-            let found = self
-                .dependents(filter.clone(), doc! {task::BATCH_CALLBACK: 1})
-                .await?;
-            if found.is_empty() {
-                return Ok(());
-            }
-            let ids: Vec<ObjectId> = found.iter().map(|(id, _, _)| *id).collect();
-            let pulled = self
-                .collection(TASKS)
-                .update_many(
-                    doc! {task::ID: {"$in": &ids}, task::STATUS: status::BLOCKED},
-                    doc! {"$pullAll": {task::WAITING_ON: ended}},
-                )
-                .await
-                .map_err(|e| Error::mongo("counting ended dependencies", e))?;
-            let mut by_queue: BTreeMap<ObjectId, Vec<ObjectId>> = BTreeMap::new();
-            for (id, queue, d) in &found {
-                match d.get_object_id(task::BATCH_CALLBACK) {
-                    Ok(batch) => {
-                        if self.release_callback(*id, *queue, batch).await? {
-                            out.callbacks += 1;
-                            out.released += 1;
-                        }
-                    }
-                    Err(_) => by_queue.entry(*queue).or_default().push(*id),
-                }
-            }
-            for (queue, ids) in by_queue {
-                let r = self
-                    .collection(TASKS)
-                    .update_many(
-                        doc! {task::ID: {"$in": &ids}, task::STATUS: status::BLOCKED, task::WAITING_ON: {"$size": 0}},
-                        doc! {
-                            "$set": {task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
-                            "$unset": {task::WAITING_ON: ""},
-                        },
-                    )
-                    .await
-                    .map_err(|e| Error::mongo("releasing tasks whose dependencies ended", e))?;
-                let moved = Moved {
-                    n: r.modified_count,
-                    ..Moved::new(queue, Some(StatusGroup::Blocked), Some(StatusGroup::Queued))
-                };
-                self.count_moves(&[moved]).await;
-                out.released += r.modified_count;
-            }
-            // Another settler pulled them first: the next read would find the same tasks.
-            if pulled.modified_count == 0 {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Releases a batch's callback once every member has ended, its params then carrying the
-    /// batch's outcome; true for the one settler whose write moved it (exactly once).
-    async fn release_callback(
-        &self,
-        id: ObjectId,
-        queue: ObjectId,
-        batch: ObjectId,
-    ) -> Result<bool> {
-        let waiting =
-            doc! {task::ID: id, task::STATUS: status::BLOCKED, task::WAITING_ON: {"$size": 0}};
-        if self
+    /// Everything task `id` still waits on (a long list, read alone).
+    async fn all_waits(&self, id: ObjectId) -> Result<Vec<ObjectId>> {
+        let found = self
             .raw(TASKS)
-            .find_one(waiting.clone())
-            .projection(doc! {task::ID: 1})
+            .find_one(doc! {task::ID: id})
+            .projection(doc! {task::WAITING_ON: 1})
             .await
-            .map_err(|e| Error::mongo(format!("reading batch {batch}'s callback"), e))?
-            .is_none()
-        {
-            return Ok(false);
-        }
-        let outcome = self.batch_outcome(batch).await?;
-        let moved = self
-            .collection(TASKS)
-            .update_one(
-                waiting,
-                doc! {
-                    "$set": {task::STATUS: status::QUEUED, task::MTIME: DateTime::now(), "params.batch": outcome},
-                    "$unset": {task::WAITING_ON: ""},
-                },
-            )
-            .await
-            .map_err(|e| Error::mongo(format!("releasing batch {batch}'s callback"), e))?;
-        if moved.modified_count == 0 {
-            return Ok(false);
-        }
-        self.count_moves(&[Moved::new(
-            queue,
-            Some(StatusGroup::Blocked),
-            Some(StatusGroup::Queued),
-        )])
-        .await;
-        self.collection(BATCHES)
-            .update_one(
-                doc! {workflow::ID: batch, workflow::DONE: {"$exists": false}},
-                doc! {"$set": {workflow::DONE: DateTime::now()}},
-            )
-            .await
-            .map_err(|e| Error::mongo(format!("marking batch {batch} done"), e))?;
-        Ok(true)
+            .map_err(|e| Error::mongo(format!("reading task {id}'s dependencies"), e))?;
+        Ok(found
+            .and_then(|raw| self.decode_or_skip(TASKS, &raw))
+            .map(|d| object_ids(d.get(task::WAITING_ON)))
+            .unwrap_or_default())
     }
 
-    /// Blocked dependents matching `filter`, a round of them: (id, queue, the fields asked).
-    async fn dependents(
+    /// Blocked dependents matching `filter`, a round of them: (id, queue, the fields asked),
+    /// and whether the round was full (more may match).
+    pub(super) async fn dependents(
         &self,
         filter: Document,
         mut fields: Document,
-    ) -> Result<Vec<(ObjectId, ObjectId, Document)>> {
+    ) -> Result<(Vec<(ObjectId, ObjectId, Document)>, bool)> {
         fields.insert(task::ID, 1);
         fields.insert(task::QUEUE, 1);
         let mut cursor = self
@@ -555,11 +461,13 @@ impl Store {
             .await
             .map_err(|e| Error::mongo("reading waiting tasks", e))?;
         let mut out = Vec::new();
+        let mut read = 0;
         while let Some(raw) = cursor
             .try_next()
             .await
             .map_err(|e| Error::mongo("reading waiting tasks", e))?
         {
+            read += 1;
             let Some(d) = self.decode_or_skip(TASKS, &raw) else {
                 continue;
             };
@@ -567,7 +475,7 @@ impl Store {
                 out.push((id, queue, d));
             }
         }
-        Ok(out)
+        Ok((out, read >= CHUNK))
     }
 }
 

@@ -22,6 +22,7 @@ mod metrics;
 mod nodes;
 mod queues;
 mod rate_limits;
+mod releases;
 mod schedules;
 pub mod schema;
 mod stats;

@@ -230,9 +230,11 @@ impl Store {
             Some(nb) => set.insert(task::NOT_BEFORE, nb),
             None => unset.insert(task::NOT_BEFORE, ""),
         };
+        // A waiting unit is left alone too: queued again, it would start before what it
+        // waits for has ended.
         let filter = doc! {
             task::QUEUE: queue, task::KEY: &unit.key,
-            task::STATUS: {"$nin": [status::CLAIMED, status::RUNNING]},
+            task::STATUS: {"$nin": [status::CLAIMED, status::RUNNING, status::BLOCKED]},
         };
         let context = || format!("updating unit {} of queue {queue}", unit.key);
         let mut floor = 0;
