@@ -1,11 +1,11 @@
 //! The releaser: settles what waits on the tasks this node's runners ended, in batches, so a
 //! dependent starts at once rather than at the maintenance leader's next sweep.
 
-use bson::oid::ObjectId;
-use disbatch_core::store::{Settled, Store};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bson::oid::ObjectId;
+use disbatch_core::store::{Settled, Store};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, Notify};
 

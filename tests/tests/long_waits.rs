@@ -39,19 +39,14 @@ async fn settle_racing(stores: &[Store], ids: &[ObjectId]) -> Settled {
         async move {
             let mut done = Settled::default();
             for part in mine.chunks(37 + k * 11) {
-                let s = store.settle_dependents(part).await.expect("settle");
-                done.released += s.released;
-                done.cancelled += s.cancelled;
-                done.callbacks += s.callbacks;
+                done.add(store.settle_dependents(part).await.expect("settle"));
             }
             done
         }
     });
     let mut total = Settled::default();
     for s in futures::future::join_all(runs).await {
-        total.released += s.released;
-        total.cancelled += s.cancelled;
-        total.callbacks += s.callbacks;
+        total.add(s);
     }
     total
 }

@@ -59,7 +59,8 @@ pub struct Settled {
 }
 
 impl Settled {
-    fn add(&mut self, other: Settled) {
+    /// Adds what another settle did.
+    pub fn add(&mut self, other: Settled) {
         self.settled += other.settled;
         self.released += other.released;
         self.cancelled += other.cancelled;

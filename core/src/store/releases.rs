@@ -255,7 +255,7 @@ impl Store {
     }
 
     /// Releases the blocked tasks of `queue` that `filter` names, counting the moves.
-    async fn release_where(
+    pub(super) async fn release_where(
         &self,
         queue: ObjectId,
         mut filter: Document,

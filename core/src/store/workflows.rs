@@ -179,19 +179,9 @@ impl Store {
             .collect();
         self.count_moves(&moves).await;
         for (queue, roots) in roots {
-            let r = self
-                .collection(TASKS)
-                .update_many(
-                    doc! {task::ID: {"$in": &roots}, task::STATUS: status::BLOCKED},
-                    doc! {"$set": {task::STATUS: status::QUEUED, task::MTIME: DateTime::now()}},
-                )
-                .await
-                .map_err(|e| Error::mongo("releasing a graph's first tasks", e))?;
-            let moved = Moved {
-                n: r.modified_count,
-                ..Moved::new(queue, Some(StatusGroup::Blocked), Some(StatusGroup::Queued))
-            };
-            self.count_moves(&[moved]).await;
+            let mut released = super::Settled::default();
+            self.release_where(queue, doc! {task::ID: {"$in": &roots}}, &mut released)
+                .await?;
         }
         // Tasks outside the graph may have ended before the graph was there to see it.
         self.settle_dependents(&existing).await?;
