@@ -5,7 +5,11 @@
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 
+use crate::fleet_time::Anchor;
 use crate::store::schema::task;
+
+/// The handoff's field for the node's reading of the server's clock (`clock_document`).
+pub const CLOCK: &str = "clock";
 
 /// What a node and its worker host (the runner in `--worker-host` mode) send each other
 /// besides handoffs, each a BSON frame on the host's stdin or stdout.
@@ -37,6 +41,24 @@ pub struct Handoff {
     /// attempt's record starts then, not when the runner got going, so the records show what
     /// the limit counted. None without a rate limit.
     pub started_at: Option<bson::DateTime>,
+    /// The node's reading of the server's clock, pinned to the host's boot clock: the runner
+    /// takes the fleet's time from it (`fleet_time::adopt`) instead of a round trip of its
+    /// own. None from an older node, or one that has not read the server's clock yet.
+    pub clock: Option<Anchor>,
+}
+
+/// A clock anchor as a handoff carries it.
+pub fn clock_document(anchor: &Anchor) -> Document {
+    doc! {"server": bson::DateTime::from_millis(anchor.server_ms), "boot_ns": anchor.boot_ns}
+}
+
+/// The clock anchor of a handoff frame, if it has a readable one.
+pub fn clock_of(frame: &Document) -> Option<Anchor> {
+    let c = frame.get_document(CLOCK).ok()?;
+    Some(Anchor {
+        server_ms: c.get_datetime("server").ok()?.timestamp_millis(),
+        boot_ns: c.get_i64("boot_ns").ok()?,
+    })
 }
 
 impl Handoff {
@@ -56,6 +78,9 @@ impl Handoff {
         };
         if let Some(at) = self.started_at {
             d.insert("started_at", at);
+        }
+        if let Some(anchor) = &self.clock {
+            d.insert(CLOCK, clock_document(anchor));
         }
         let mut out = Vec::new();
         d.to_writer(&mut out)
@@ -84,6 +109,7 @@ impl Handoff {
             relay: d.get_bool("relay").unwrap_or(false),
             live: d.get_bool("live").unwrap_or(false),
             started_at: d.get_datetime("started_at").ok().copied(),
+            clock: clock_of(d),
         })
     }
 }
@@ -101,6 +127,10 @@ mod tests {
             queue: doc! {"name": "q", "threads": 3},
             relay: true,
             live: true,
+            clock: Some(Anchor {
+                server_ms: 1_700_000_000_123,
+                boot_ns: 42_000_000_007,
+            }),
         };
         let bytes = h.encode().unwrap();
         assert_eq!(Handoff::decode(&bytes).unwrap(), h);
@@ -114,6 +144,7 @@ mod tests {
         let h = Handoff::decode(&bytes).unwrap();
         assert!(h.relay);
         assert!(!h.live, "the runner writes its own live copies");
+        assert_eq!(h.clock, None, "the runner reads the server's clock itself");
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! disbatch-core: what the DEN, the task runner and the DCI share.
 //!
-//! `config` reads node configs, `store` owns every MongoDB query, `model` the schema's values,
-//! `output` the GridFS placement rules, `plugin` the plugin allow-list, `claim_plan` the
-//! per-pass claim decisions, `durability` whether the write concern survives a failover,
+//! `config` reads node configs, `store` owns every MongoDB query, `fleet_time` is the
+//! database server's clock as this process knows it (every time another host judges),
+//! `model` the schema's values, `output` the GridFS placement rules, `plugin` the plugin
+//! allow-list, `claim_plan` the per-pass claim decisions, `durability` whether the write
+//! concern survives a failover,
 //! `redact` keeps credentials out of messages and `printable` makes stored text safe to show.
 
 pub mod backoff;
@@ -14,6 +16,7 @@ pub mod config;
 pub mod driver_error;
 pub mod durability;
 pub mod error;
+pub mod fleet_time;
 pub mod handoff;
 pub mod held;
 pub mod isolation;

@@ -1,4 +1,5 @@
-//! Metrics every long-running program serves: its build and Prometheus' standard `process_*`.
+//! Metrics every long-running program serves: its build, how far its host's clock is off
+//! from the database server's, and Prometheus' standard `process_*`.
 //!
 //! The process figures are read from `/proc/self` at each scrape; where there is no `/proc`
 //! (not Linux) they are simply absent, never an error.
@@ -7,7 +8,8 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{Counter, Gauge, IntGauge, IntGaugeVec, Opts, Registry};
 
-/// Registers `disbatch_build_info` and the `process_*` families in `registry`.
+/// Registers `disbatch_build_info`, `disbatch_clock_offset_seconds` and the `process_*`
+/// families in `registry`.
 pub fn register(registry: &Registry) -> prometheus::Result<()> {
     let info = IntGaugeVec::new(
         Opts::new(
@@ -19,7 +21,39 @@ pub fn register(registry: &Registry) -> prometheus::Result<()> {
     registry.register(Box::new(info.clone()))?;
     info.get_metric_with_label_values(&[crate::VERSION, crate::GIT_SHA])?
         .set(1);
+    registry.register(Box::new(ClockCollector::new()?))?;
     registry.register(Box::new(ProcessCollector::new()?))
+}
+
+/// `disbatch_clock_offset_seconds`, read from `fleet_time` at each scrape; absent until the
+/// process has read the server's clock.
+struct ClockCollector {
+    offset: Gauge,
+}
+
+impl ClockCollector {
+    fn new() -> prometheus::Result<Self> {
+        Ok(ClockCollector {
+            offset: Gauge::with_opts(Opts::new(
+                "disbatch_clock_offset_seconds",
+                "How far this host's clock is ahead of the database server's clock (negative: behind), as last measured; every time another host judges is taken from the server's clock, so this is reported, not used",
+            ))?,
+        })
+    }
+}
+
+impl Collector for ClockCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.offset.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let Some(ms) = crate::fleet_time::offset_ms() else {
+            return Vec::new();
+        };
+        self.offset.set(ms as f64 / 1000.0);
+        self.offset.collect()
+    }
 }
 
 /// Prometheus' standard process families, with the names and meanings its client libraries

@@ -3,9 +3,10 @@
 //! in batches over the node's pooled connections and a runner need not connect at all.
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, Bson, Document};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::fleet_time;
 use crate::store::{AttemptEnd, AttemptRecord, LiveOutput, LiveStream, TaskEnd, LIVE_TAIL};
 
 /// The runner's descriptor for the node's answers (stdin closes after the handoff).
@@ -125,7 +126,7 @@ impl Completion {
                 start: d
                     .get_datetime("start")
                     .copied()
-                    .unwrap_or_else(|_| DateTime::now()),
+                    .unwrap_or_else(|_| fleet_time::now()),
                 end: AttemptEnd {
                     outcome,
                     status: int("attempt_status")?,
@@ -284,6 +285,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bson::DateTime;
 
     fn completion(end: TaskEnd) -> Completion {
         Completion {

@@ -109,6 +109,7 @@ async fn serve() -> anyhow::Result<()> {
         idle_timeout: config.web.idle_timeout,
         shutdown_grace: SHUTDOWN_GRACE,
     };
+    tokio::spawn(keep_clock(store.clone()));
     let closing = store.clone();
     let tokens = config.web.tokens.clone();
     let state = AppState::new(store, config);
@@ -156,5 +157,19 @@ fn warn_if_exposed(local: SocketAddr, config: &Config) {
             "WARNING: listening on a non-loopback address without web.tls: bearer tokens \
              cross the network in clear text"
         );
+    }
+}
+
+/// How often the DCI reads the server's clock (`fleet_time`): for the node liveness and task
+/// ages it shows, and its `disbatch_clock_offset_seconds`.
+const CLOCK_READING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn keep_clock(store: Store) {
+    let mut every = tokio::time::interval(CLOCK_READING_EVERY);
+    loop {
+        every.tick().await;
+        if let Err(e) = store.keep_clock(std::time::Duration::ZERO).await {
+            tracing::debug!(error = %e, "could not read the server's clock");
+        }
     }
 }

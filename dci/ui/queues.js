@@ -283,7 +283,7 @@ PAGES.nodes = {
     const s = (ctx.state = {});
     s.msg = msgBox("nodes-msg");
     s.grid = gridTable("nodes-table", [
-      "node", "state", "last seen", ["running", "num"], ["maxthreads", "num"], "",
+      "node", "state", "last seen", ["clock", "num"], ["running", "num"], ["maxthreads", "num"], "",
     ]);
     main.append(
       el("div", { class: "page-head" }, el("h1", null, "Nodes"),
@@ -301,7 +301,7 @@ PAGES.nodes = {
     if (list.length) patchRows(s.grid.tbody, list.map((n) => nodeRow(ctx, n)), "node");
     else {
       s.grid.tbody.replaceChildren(el("tr", { class: "empty" },
-        el("td", { colspan: 6 }, "No nodes have registered.")));
+        el("td", { colspan: 7 }, "No nodes have registered.")));
     }
     ctx.rendered();
   },
@@ -338,12 +338,37 @@ function nodeRow(ctx, n) {
       ? [el("time", { datetime: seen.toISOString() }, fmtLocal(seen)), " ",
         el("span", { class: "muted" }, `(${fmtAgo(Date.now() - seen.getTime())})`)]
       : el("span", { class: "muted" }, "never")),
+    clockCell(n.clock_offset_ms),
     el("td", { class: "num col-running" }, String(n.running ?? 0)),
     el("td", { class: "num col-maxthreads" }, max),
     el("td", { class: "actions" }, n.live ? null : el("button", {
       type: "button", class: "forget danger", title: "delete this stale node's document",
       onclick: () => forgetNode(ctx, ident, name),
     }, "Forget")));
+}
+
+/**
+ * Beyond this offset (ms) a node's clock is marked: its DEN warns, and it does not lead the
+ * fleet's maintenance while a node with a sane clock is live.
+ */
+const CLOCK_BOUND_MS = 2000;
+
+/**
+ * A node's clock offset as its DEN last measured it (its host clock minus the database
+ * server's, ms): signed seconds with one decimal, marked when over the bound. Blank for a node
+ * that reports none (a Perl Disbatch 4 node).
+ */
+function clockCell(ms) {
+  if (typeof ms !== "number" || !Number.isFinite(ms)) return el("td", { class: "num col-clock" });
+  const secs = (Math.abs(ms) / 1000).toFixed(1);
+  const off = Math.abs(ms) > CLOCK_BOUND_MS;
+  let title = `this host's clock is ${secs} s ${ms < 0 ? "behind" : "ahead of"} the database's`;
+  if (off) {
+    title += `: more than ${CLOCK_BOUND_MS / 1000} s off, so this node does not lead the ` +
+      "fleet's maintenance while a node with a sane clock is live";
+  }
+  return el("td", { class: `num col-clock${off ? " clock-off" : ""}`, title },
+    `${ms < 0 ? "-" : "+"}${secs}s`);
 }
 
 /** DELETE nodes/:id after a confirmation; the server refuses a live node or one with tasks. */

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bson::DateTime;
 use disbatch_core::config::BalanceSettings;
+use disbatch_core::fleet_time;
 use disbatch_core::queue_balance::{
     effective_threads, max_tasks_at, parse_balance_document, Health, LocalTime, QueueLoad,
     QueueState,
@@ -126,7 +127,7 @@ impl Balancer {
     /// are logged (and recorded as CRITICAL when this node holds the lease), and the next try
     /// comes after the interval, so a balancing problem never stops claiming.
     pub async fn tick(&mut self, store: &Store, node: &str) {
-        match self.run_once(store, node, DateTime::now()).await {
+        match self.run_once(store, node, fleet_time::now()).await {
             Ok(BalanceReport::Ran(run)) => {
                 let status = (run.health, run.message);
                 if self.last_logged.as_ref() != Some(&status) {

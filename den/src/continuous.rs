@@ -2,6 +2,7 @@
 
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
+use disbatch_core::fleet_time;
 use disbatch_core::store::{OnConflict, Store, Unit};
 use disbatch_core::Result;
 
@@ -81,7 +82,7 @@ pub async fn take_turn(store: &Store, q: &ContinuousQueue) -> Result<Turn> {
         return Ok(Turn::NotYours);
     }
     let unit = Unit {
-        key: unit_name(DateTime::now()),
+        key: unit_name(fleet_time::now()),
         params: Document::new(),
         priority: None,
         not_before: None,

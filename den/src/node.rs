@@ -56,6 +56,10 @@ const SWEEP_INTERVALS: u32 = 10;
 /// How often a node applies Disbatch's orphan rule to its own lease-less claims (only older
 /// versions made them): the rule waits 5 minutes anyway.
 const OWN_ORPHANS_EVERY: Duration = Duration::from_secs(60);
+/// How often a node reads the server's clock (`fleet_time`): a round trip a second at most,
+/// and one each pass at the default interval. Between readings the time runs on the host's
+/// boot clock, which drifts from the server's by far less than a second in a second.
+const CLOCK_READING_EVERY: Duration = Duration::from_secs(1);
 /// In loop intervals: a node whose heartbeat is older than this gets no fan-out.
 const FANOUT_LIVE_INTERVALS: u32 = 5;
 
@@ -164,6 +168,8 @@ impl Node {
                         // Short of tasks, or running nothing (its queues may all be closed:
                         // opening one is work too): it starts new work on the leader's marks.
                         let waiting_for_work = short_lately || self.executor.live_runners() == 0;
+                        // Before the heartbeat: its `timestamp` is the server's time as read.
+                        self.store.keep_clock(CLOCK_READING_EVERY).await?;
                         let beat = self.heartbeat(&limit, waiting_for_work).await?;
                         limit = beat.limit;
                         work_signalled = beat.work_signalled;
@@ -171,7 +177,13 @@ impl Node {
                             reap_orphans(&self.store, &self.name).await?;
                             next_own_orphans = Instant::now() + OWN_ORPHANS_EVERY;
                         }
-                        leading = elector.leads(&self.store, &self.name).await;
+                        leading = elector
+                            .leads(
+                                &self.store,
+                                &self.name,
+                                self.interval * LEADER_LEASE_INTERVALS,
+                            )
+                            .await;
                         self.claimer.lead(leading);
                         if let Some(n) = &self.notifier {
                             let wanted = stream_need

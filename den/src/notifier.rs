@@ -15,6 +15,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 
 use disbatch_core::backoff::Backoff;
+use disbatch_core::fleet_time;
 use disbatch_core::store::{InsertedTask, QueueEvent, Store, WorkEvent, WorkSignal};
 use disbatch_core::Error;
 use futures::{Stream, StreamExt};
@@ -128,7 +129,7 @@ impl Notifier {
     /// A task inserted and claimable now wakes the node and its queue's nodes; a delayed one
     /// is left to the leader's come-due probe, and one inserted in another state to no one.
     fn inserted(&self, task: InsertedTask, metrics: &DenMetrics) {
-        let due = task.not_before.is_none_or(|at| at <= bson::DateTime::now());
+        let due = task.not_before.is_none_or(|at| at <= fleet_time::now());
         if task.queued && !due {
             self.delays_changed.store(true, Ordering::Release);
         }

@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bson::oid::ObjectId;
+use disbatch_core::fleet_time;
 use disbatch_core::model::Queue;
 use disbatch_core::store::{Queued, Store};
 use disbatch_core::Result;
@@ -59,7 +60,8 @@ impl OutsideInserts {
         delays_changed: bool,
         metrics: &DenMetrics,
     ) -> Result<()> {
-        let now = SystemTime::now();
+        // The fleet's time: `not_before` and the ids' times are judged against the server's.
+        let now = fleet_time::now().to_system_time();
         let created = match (self.after, inserts_watched) {
             (Some(after), true) => {
                 // Kept near the present: if the stream closes, probing resumes from here

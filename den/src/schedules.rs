@@ -4,7 +4,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use bson::{Bson, DateTime};
+use bson::Bson;
+use disbatch_core::fleet_time;
 use disbatch_core::model::Queue;
 use disbatch_core::schedule::{self, Plan, Schedule};
 use disbatch_core::store::schema::queue as field;
@@ -88,7 +89,7 @@ impl Schedules {
             Some(Err(why)) => return Ok(Some(why)),
             Some(Ok(s)) => s,
         };
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let basis = schedule.basis();
         let counted =
             matches!(q.raw.get(field::SCHEDULE_BASIS), Some(Bson::String(b)) if *b == basis);

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use disbatch_core::fleet_time;
 use disbatch_core::store::{add_depths, bucket_attempts, StatusGroup, Store};
 use disbatch_core::Result;
 
@@ -69,7 +70,7 @@ pub fn minutes_due(now_ms: i64, written_until: Option<i64>, width_ms: i64) -> Ve
 
 async fn keep(store: &Store, width: Duration, node: &str) -> Result<()> {
     let width_ms = i64::try_from(width.as_millis()).unwrap_or(60_000).max(1);
-    let now_ms = bson::DateTime::now().timestamp_millis();
+    let now_ms = fleet_time::now().timestamp_millis();
     let due = minutes_due(now_ms, store.stats_written_until().await?, width_ms);
     let Some(&latest) = due.last() else {
         return Ok(());

@@ -39,9 +39,16 @@ impl Executor {
         let queue = handoff
             .queue_id()
             .ok_or_else(|| std::io::Error::other("the claimed task has no queue id"))?;
-        let frame = doc! {
+        let mut frame = doc! {
             "task": &handoff.task, "attempt": handoff.attempt, "queue": &handoff.queue, "relay": false,
         };
+        // The host is long-lived: each handoff brings it the node's latest clock reading.
+        if let Some(anchor) = &handoff.clock {
+            frame.insert(
+                disbatch_core::handoff::CLOCK,
+                disbatch_core::handoff::clock_document(anchor),
+            );
+        }
         let mut host = self
             .host
             .lock()

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bson::{Bson, DateTime, Document};
+use disbatch_core::fleet_time;
 use disbatch_core::model::status;
 use disbatch_core::store::TaskEnd;
 use disbatch_core::{Error, Result};
@@ -210,7 +211,7 @@ pub(crate) async fn conclude(
         }
         (_, Some(delay)) if delay > Duration::ZERO => TaskEnd::Retry {
             not_before: Some(DateTime::from_millis(
-                DateTime::now().timestamp_millis() + delay.as_millis() as i64,
+                fleet_time::now().timestamp_millis() + delay.as_millis() as i64,
             )),
         },
         (_, Some(_)) => TaskEnd::Retry { not_before: None },
@@ -223,7 +224,7 @@ pub(crate) async fn conclude(
         result.as_ref().and_then(|m| m.get("output")),
     ) {
         (Some(then), Some(output)) if end == TaskEnd::Status(status::SUCCEEDED) => {
-            let chained = disbatch_core::chaining::units_from_output(output, DateTime::now());
+            let chained = disbatch_core::chaining::units_from_output(output, fleet_time::now());
             for problem in &chained.problems {
                 let line = format!("chaining to queue {then:?}: {problem}");
                 note = Some(match note.take() {

@@ -36,7 +36,15 @@ impl LazyStore {
     pub async fn get(&self) -> Result<&Store> {
         self.0
             .store
-            .get_or_try_init(|| Store::connect(&self.0.config, Component::TaskRunner))
+            .get_or_try_init(|| async {
+                let store = Store::connect(&self.0.config, Component::TaskRunner).await?;
+                // A runner started without its node's clock reading (by hand, or by an older
+                // node) reads the server's clock once: its times are the fleet's too.
+                if let Err(e) = store.keep_clock(std::time::Duration::MAX).await {
+                    tracing::warn!(error = %e, "could not read the server's clock; using this host's");
+                }
+                Ok(store)
+            })
             .await
     }
 

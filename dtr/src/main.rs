@@ -92,6 +92,10 @@ async fn run(args: Args, logging: disbatch_core::logging::Logging) -> anyhow::Re
         .map_err(|_| anyhow::anyhow!("--task {given:?} is not a task id (24 hex digits)"))?;
     let report = if args.handoff {
         let handoff = read_handoff().await.map_err(anyhow::Error::msg)?;
+        // The node's reading of the server's clock: this runner's times are the fleet's.
+        if let Some(anchor) = handoff.clock {
+            disbatch_core::fleet_time::adopt(anchor);
+        }
         anyhow::ensure!(
             handoff.task_id() == Some(task),
             "the handoff on stdin is for another task than --task {given}"

@@ -4,6 +4,7 @@
 use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document};
 use disbatch_core::config::Config;
+use disbatch_core::fleet_time;
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::status;
 use disbatch_core::output::{plan_output, GfsMode, Placement};
@@ -117,7 +118,7 @@ pub async fn run_task(
     wake: Option<Wake>,
 ) -> Result<RunReport> {
     let attempt = ObjectId::new();
-    let started = DateTime::now();
+    let started = fleet_time::now();
     let Some(doc) = with_retries("starting the task", || async {
         store.get().await?.start_task(task, node, attempt).await
     })

@@ -7,6 +7,7 @@ use super::decode::DocumentStream;
 use super::schema::{attempt, ATTEMPTS};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::fleet_time;
 
 /// Attempt records per batch of a listing: the fields listed are small, but a hand-edited
 /// record's may not be.
@@ -138,7 +139,7 @@ pub(crate) fn attempt_document(r: &AttemptRecord) -> Document {
         attempt::ID: r.id, attempt::TASK: r.task,
         attempt::QUEUE: r.queue.map_or(Bson::Null, Bson::ObjectId),
         attempt::NODE: &r.node, attempt::PID: r.pid as i64, attempt::START: r.start,
-        attempt::END: DateTime::now(), attempt::OUTCOME: r.end.outcome,
+        attempt::END: fleet_time::now(), attempt::OUTCOME: r.end.outcome,
         attempt::STATUS: opt(r.end.status), attempt::EXIT_CODE: opt(r.end.exit_code),
         attempt::SIGNAL: opt(r.end.signal),
         attempt::RESULT: r.end.result.clone().map_or(Bson::Null, Bson::Document),

@@ -15,8 +15,8 @@ use crate::queue_balance::QueueState;
 
 impl Store {
     /// Takes or renews the QueueBalance lease for `owner` until `now + duration`. False when
-    /// another owner holds an unexpired lease. `now` is the caller's clock, so nodes' clocks
-    /// must agree to well within the lease duration.
+    /// another owner holds an unexpired lease. `now` is the fleet's time (`fleet_time`), the
+    /// server's clock, so a node whose host clock is off judges the lease as the others do.
     pub async fn take_balance_lease(
         &self,
         owner: &str,

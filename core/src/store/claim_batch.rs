@@ -13,6 +13,7 @@ use super::claim_run::claimable;
 use super::schema::{task, TASKS};
 use super::{Moved, StatusGroup, Store, BULK_WRITE_MISSING};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::{status, QueueSort};
 
 /// How many claimable tasks ahead a window reaches per node claiming from the queue: read
@@ -188,7 +189,7 @@ impl Store {
         lease: Duration,
         picks: &[Pick],
     ) -> Result<Vec<PickOutcome>> {
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let deadline = super::leases::deadline(lease);
         let writes: Vec<(Document, Document, Document)> = picks
             .iter()
@@ -340,7 +341,7 @@ impl Store {
 
     /// The first `n` claimable tasks of `queue`, oldest first.
     async fn read_head(&self, queue: ObjectId, n: i64) -> Result<CandidateRead> {
-        self.read_tasks(claimable(queue, DateTime::now()), doc! {task::ID: 1}, n)
+        self.read_tasks(claimable(queue, fleet_time::now()), doc! {task::ID: 1}, n)
             .await
     }
 
@@ -353,7 +354,7 @@ impl Store {
         range: &WindowRange,
         limit: i64,
     ) -> Result<CandidateRead> {
-        let mut filter = claimable(queue, DateTime::now());
+        let mut filter = claimable(queue, fleet_time::now());
         let mut ids = doc! {"$gte": range.first};
         if let Some(last) = range.last {
             ids.insert("$lte", last);

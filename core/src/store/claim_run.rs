@@ -7,6 +7,7 @@ use bson::{doc, Bson, DateTime, Document};
 use super::schema::{task, TASKS};
 use super::{Candidates, StatusGroup, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::{status, QueueSort};
 
 impl Store {
@@ -34,7 +35,7 @@ impl Store {
         also: Option<&Document>,
     ) -> Result<Candidates> {
         let reads = claim_reads(sort).unwrap_or_else(|| vec![(doc! {}, doc! {task::ID: 1})]);
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let mut found = Candidates::default();
         for (extra, order) in reads {
             let left = limit - (found.tasks.len() + found.unreadable.len()) as i64;
@@ -76,7 +77,7 @@ impl Store {
         let first = super::count_value(claimed.get(task::ATTEMPTS)) <= 1;
         let mut unset = release_holds(&[task::LEASE_UNTIL, task::ATTEMPT]);
         let mut update = doc! {
-            "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
+            "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: fleet_time::now()},
         };
         if first {
             unset.insert(task::ATTEMPTS, "");
@@ -110,7 +111,7 @@ impl Store {
                 task::STATUS: status::FAILED,
                 task::NODE: node,
                 task::STDERR: format!("disbatch: this task cannot be run: {why}"),
-                task::MTIME: DateTime::now(),
+                task::MTIME: fleet_time::now(),
                 task::COMPLETE: true,
             },
             "$unset": release_holds(&[task::LEASE_UNTIL]),

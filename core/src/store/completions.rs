@@ -12,6 +12,7 @@ use super::schema::{task, ATTEMPTS, TASKS};
 use super::tasks::finish_statement;
 use super::{OutputValue, Store, TaskEnd, BULK_WRITE_MISSING, BULK_WRITE_WORKS};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 use crate::relay::{Ack, Completion};
 
@@ -44,7 +45,7 @@ impl Store {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let bulk = match self.bulk_write.load(Ordering::Relaxed) {
             BULK_WRITE_MISSING => None,
             _ => self.record_in_bulk_writes(batch, now).await?,

@@ -11,13 +11,14 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
 use super::releases::{list_len, object_ids, short_waits, SHORT};
 use super::schema::{queue as queue_field, task, QUEUES, TASKS};
 use super::{Created, LimitIndex, Moved, StatusGroup, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 use crate::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
 
@@ -124,7 +125,7 @@ impl Store {
             None => self.dependency_policy_of(queue).await?,
         };
         self.mark_dependencies(&deps).await?;
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let docs: Vec<Document> = params
             .into_iter()
             .map(|p| {
@@ -403,7 +404,7 @@ impl Store {
                     .update_many(
                         doc! {task::ID: {"$in": &ids}, task::STATUS: status::BLOCKED},
                         doc! {
-                            "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now(), task::CANCEL_REASON: reason},
+                            "$set": {task::STATUS: status::CANCELLED, task::MTIME: fleet_time::now(), task::CANCEL_REASON: reason},
                             "$unset": {task::WAITING_ON: ""},
                         },
                     )

@@ -1,7 +1,7 @@
 //! Task output in GridFS bucket `tasks`, in Disbatch's format: string chunks, `metadata.task_id`.
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 use md5::{Digest, Md5};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -9,6 +9,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use super::schema::{chunk, file, CHUNKS, FILES};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::utf8::LossyDecoder;
 
 /// Disbatch's (and GridFS's default) chunk size: 255 KiB.
@@ -48,7 +49,7 @@ impl Store {
             file::FILENAME: filename,
             file::CHUNK_SIZE: CHUNK_SIZE as i32,
             file::LENGTH: length as i64,
-            file::UPLOAD_DATE: DateTime::now(),
+            file::UPLOAD_DATE: fleet_time::now(),
             file::MD5: md5,
             file::METADATA: {file::TASK_ID: task_id},
         };

@@ -10,6 +10,7 @@ use super::lost_records::LostAttempt;
 use super::schema::{task, TASKS};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 
 /// What a renewal found.
@@ -52,21 +53,14 @@ pub enum Recovery {
     Fail { max_retries: u32 },
 }
 
-/// The time `age` ago.
+/// The fleet's time `age` ago.
 pub(super) fn ago(age: Duration) -> DateTime {
-    DateTime::from_millis(
-        DateTime::now()
-            .timestamp_millis()
-            .saturating_sub(age.as_millis().min(i64::MAX as u128) as i64),
-    )
+    crate::fleet_time::ago(age)
 }
 
+/// The fleet's time `lease` from now: when a lease taken now ends.
 pub fn deadline(lease: Duration) -> DateTime {
-    DateTime::from_millis(
-        DateTime::now()
-            .timestamp_millis()
-            .saturating_add(lease.as_millis().min(i64::MAX as u128) as i64),
-    )
+    crate::fleet_time::after(lease)
 }
 
 impl Store {
@@ -98,7 +92,7 @@ impl Store {
     /// Claimed or running tasks, on any node, whose lease passed before now; at most `limit`,
     /// longest expired first.
     pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredTask>> {
-        self.leases_ending_before(DateTime::now(), limit).await
+        self.leases_ending_before(fleet_time::now(), limit).await
     }
 
     /// Claimed or running tasks, on any node, whose lease ends before `horizon`; at most
@@ -160,7 +154,7 @@ impl Store {
             }
         };
         filter.insert(task::ATTEMPT, t.attempt.map_or(Bson::Null, Bson::ObjectId));
-        let now = DateTime::now();
+        let now = fleet_time::now();
         // The runner writes its attempt's record when it ends; recovery writes it instead, or
         // overrules one written by a runner that died before its result landed.
         let lost = t

@@ -4,11 +4,12 @@
 //! output itself is stored only at the end, exactly as Disbatch stores it.
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, Bson, Document};
 
 use super::schema::{live, task, TASKS};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 
 /// The most of each stream a live copy holds: its last 64 KiB. Two streams stay far below
@@ -109,7 +110,7 @@ fn live_write(task_id: ObjectId, live: &LiveOutput) -> (Document, Document) {
     };
     let copy = doc! {
         live::ATTEMPT: live.attempt,
-        live::AT: DateTime::now(),
+        live::AT: fleet_time::now(),
         live::STDOUT: stream_doc(&live.stdout),
         live::STDERR: stream_doc(&live.stderr),
     };
@@ -167,7 +168,7 @@ mod tests {
         let attempt = ObjectId::new();
         let copy = doc! {
             live::ATTEMPT: attempt,
-            live::AT: DateTime::now(),
+            live::AT: fleet_time::now(),
             live::STDOUT: {live::TEXT: "b\n", live::FROM: 5_i64, live::BYTES: 7_i64},
             live::STDERR: {live::TEXT: "", live::FROM: 0_i64, live::BYTES: 0_i64},
         };

@@ -9,6 +9,7 @@ use bson::{doc, Bson, DateTime};
 use super::schema::{node, queue, NODES};
 use super::{GroupCounts, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::{parse_limit, status};
 
 /// The status groups metrics count tasks in; `Other` is any status Disbatch does not define.
@@ -156,7 +157,7 @@ impl Store {
     ) -> Result<FleetMetrics> {
         let window = i64::try_from(live_window.as_millis()).unwrap_or(i64::MAX);
         let since =
-            DateTime::from_millis(DateTime::now().timestamp_millis().saturating_sub(window));
+            DateTime::from_millis(fleet_time::now().timestamp_millis().saturating_sub(window));
         let nodes = self.collection(NODES);
         let (total, live) = futures::try_join!(
             async {

@@ -1,12 +1,13 @@
 //! Node queries: the heartbeat upsert, which also reads the node's `maxthreads` and takes
 //! the work signal the maintenance leader left for it; the leader's fan-out of those signals.
 
-use bson::{doc, DateTime};
+use bson::doc;
 use mongodb::options::ReturnDocument;
 
 use super::schema::{node, NODES};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::parse_limit;
 
 /// What a DEN reports about itself on each heartbeat (beyond Disbatch's `timestamp`).
@@ -72,23 +73,25 @@ impl Store {
     /// ops set is never overwritten, and in the same round trip returns the node's limit and
     /// takes the leader's work signal (the document as it was: this write removes it).
     pub async fn heartbeat(&self, beat: &Heartbeat<'_>) -> Result<HeartbeatReply> {
+        let now = fleet_time::now();
         let before = self
             .raw(NODES)
             .find_one_and_update(
                 doc! {node::NODE: beat.node},
                 doc! {
                     "$set": {
-                        node::TIMESTAMP: DateTime::now(),
+                        node::TIMESTAMP: now,
                         node::PID: beat.pid as i64,
                         node::VERSION: beat.version,
                         node::RUNNING: beat.running as i64,
                         node::RUNTIMES: beat.runtimes.map_or(bson::Bson::Null, |r| r.into()),
                         node::RUNNERS: beat.runners.iter().map(|(task, pid)| doc! {"task": task, "pid": *pid as i64}).collect::<Vec<_>>(),
                         node::SERVES: beat.serves.to_vec(),
-                        node::SERVES_AT: DateTime::now(),
+                        node::SERVES_AT: now,
                         node::ROOM: beat.room.map_or(bson::Bson::Null, |r| bson::Bson::Int64(r.into())),
                         node::WAITING_FOR_WORK: beat.waiting_for_work,
                         node::INTERVAL_MS: i64::try_from(beat.interval.as_millis()).unwrap_or(i64::MAX),
+                        node::CLOCK_OFFSET_MS: crate::fleet_time::offset_ms().map_or(bson::Bson::Null, bson::Bson::Int64),
                     },
                     "$unset": {node::WORK_SIGNALLED_AT: ""},
                 },
@@ -150,7 +153,7 @@ impl Store {
             .raw(NODES)
             .update_many(
                 filter,
-                doc! {"$set": {node::WORK_SIGNALLED_AT: DateTime::now()}},
+                doc! {"$set": {node::WORK_SIGNALLED_AT: fleet_time::now()}},
             )
             .await
             .map_err(|e| Error::mongo("signalling nodes of work", e))?;
@@ -178,6 +181,30 @@ impl Store {
             .await
             .map_err(|e| Error::mongo("reading which nodes wait for work", e))?;
         Ok(found.is_some())
+    }
+
+    /// A live node of ours other than `me` (heartbeat within `max_age`) whose host clock was
+    /// within `bound` of the server's at its last heartbeat: the one to leave the maintenance
+    /// lead to while this node's clock is off. Nodes that do not report an offset (Perl
+    /// nodes, older versions) never count.
+    pub async fn live_node_with_sane_clock(
+        &self,
+        me: &str,
+        max_age: std::time::Duration,
+        bound: std::time::Duration,
+    ) -> Result<Option<String>> {
+        let bound = i64::try_from(bound.as_millis()).unwrap_or(i64::MAX);
+        let found = self
+            .raw(NODES)
+            .find_one(doc! {
+                node::SERVES_AT: {"$gte": super::leases::ago(max_age)},
+                node::NODE: {"$ne": me},
+                node::CLOCK_OFFSET_MS: {"$gte": -bound, "$lte": bound},
+            })
+            .projection(doc! {node::NODE: 1})
+            .await
+            .map_err(|e| Error::mongo("reading which nodes' clocks are sane", e))?;
+        Ok(found.and_then(|d| d.get_str(node::NODE).ok().map(str::to_string)))
     }
 
     /// The nodes that heartbeat at most `max_age` ago: ours wrote `serves` and `serves_at`

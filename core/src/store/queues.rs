@@ -6,6 +6,7 @@ use bson::{doc, Bson, Document};
 use super::schema::{queue, QUEUES};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::{
     parse_flag, parse_integer, parse_limit, Queue, QueueSort, SpecFields, DEFAULT_WEIGHT,
 };
@@ -283,7 +284,7 @@ impl Store {
         id: ObjectId,
         interval: std::time::Duration,
     ) -> Result<bool> {
-        let now = bson::DateTime::now();
+        let now = fleet_time::now();
         // saturating: a huge interval means "not again", not an overflow.
         let millis = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
         let next = bson::DateTime::from_millis(now.timestamp_millis().saturating_add(millis));

@@ -25,6 +25,7 @@ use super::schema::rate::{FIRST, OPEN};
 use super::schema::{rate, RATE_LIMITS};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::limits::RateLimit;
 
 /// Grants less than `per / OPEN_SPAN_PARTS` after the open entry's time join it.
@@ -94,7 +95,7 @@ impl Store {
                         return Ok(Grant::Starts {
                             n: 0,
                             ahead: 0,
-                            at: DateTime::now(),
+                            at: fleet_time::now(),
                             free_in: Some(Duration::ZERO),
                         })
                     }
@@ -133,7 +134,7 @@ impl Store {
     /// How many partitions of `queue` have starts in their window.
     pub async fn live_partitions(&self, queue: ObjectId) -> Result<u64> {
         self.raw(RATE_LIMITS)
-            .count_documents(doc! {rate::QUEUE: queue, rate::UNTIL: {"$gt": DateTime::now()}})
+            .count_documents(doc! {rate::QUEUE: queue, rate::UNTIL: {"$gt": fleet_time::now()}})
             .await
             .map_err(|e| Error::mongo(format!("counting live partitions of queue {queue}"), e))
     }
@@ -142,7 +143,7 @@ impl Store {
     /// otherwise leave one document per customer ever seen). Returns how many.
     pub async fn remove_expired_rate_windows(&self) -> Result<u64> {
         let before = DateTime::from_millis(
-            DateTime::now()
+            fleet_time::now()
                 .timestamp_millis()
                 .saturating_sub(KEEP_EXPIRED.as_millis() as i64),
         );
@@ -300,7 +301,7 @@ fn read_grant(window: &Document, grant_id: ObjectId, limit: &RateLimit) -> Grant
         return Grant::Starts {
             n: 0,
             ahead: 0,
-            at: DateTime::now(),
+            at: fleet_time::now(),
             free_in: Some(limit.per),
         };
     };

@@ -18,11 +18,12 @@
 use std::collections::{BTreeMap, HashSet};
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, Bson, Document};
 
 use super::schema::{task, workflow, BATCHES, TASKS};
 use super::{Moved, Settled, StatusGroup, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 
 /// Lists longer than this are counted down by a whole read and a conditional write, and are
@@ -227,7 +228,7 @@ impl Store {
             };
             let update = if left.is_empty() && w.batch.is_none() {
                 doc! {
-                    "$set": {task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
+                    "$set": {task::STATUS: status::QUEUED, task::MTIME: fleet_time::now()},
                     "$unset": {task::WAITING_ON: ""},
                 }
             } else {
@@ -267,7 +268,7 @@ impl Store {
             .update_many(
                 filter,
                 doc! {
-                    "$set": {task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
+                    "$set": {task::STATUS: status::QUEUED, task::MTIME: fleet_time::now()},
                     "$unset": {task::WAITING_ON: ""},
                 },
             )
@@ -308,7 +309,7 @@ impl Store {
             .update_one(
                 waiting,
                 doc! {
-                    "$set": {task::STATUS: status::QUEUED, task::MTIME: DateTime::now(), "params.batch": outcome},
+                    "$set": {task::STATUS: status::QUEUED, task::MTIME: fleet_time::now(), "params.batch": outcome},
                     "$unset": {task::WAITING_ON: ""},
                 },
             )
@@ -326,7 +327,7 @@ impl Store {
         self.collection(BATCHES)
             .update_one(
                 doc! {workflow::ID: batch, workflow::DONE: {"$exists": false}},
-                doc! {"$set": {workflow::DONE: DateTime::now()}},
+                doc! {"$set": {workflow::DONE: fleet_time::now()}},
             )
             .await
             .map_err(|e| Error::mongo(format!("marking batch {batch} done"), e))?;

@@ -7,6 +7,7 @@ use bson::{doc, Bson, DateTime, Document};
 use super::schema::{self, queue, task, QUEUES, TASKS};
 use super::{Moved, StatusGroup, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 
 impl Store {
@@ -85,7 +86,7 @@ impl Store {
         params: &Document,
         missed_ticks: Option<u64>,
     ) -> Result<bool> {
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let mut d = doc! {
             task::ID: ObjectId::new(), task::QUEUE: id, task::STATUS: status::QUEUED,
             task::NODE: Bson::Null, task::PARAMS: params.clone(), task::CTIME: now,

@@ -291,6 +291,10 @@ pub mod node {
     /// runs nothing), so it starts work on the leader's marks; the leader holds the fleet's
     /// stream while itself or any node does.
     pub const WAITING_FOR_WORK: &str = "waiting_for_work";
+    /// Ours: how far the node's host clock is ahead of the database server's (host minus
+    /// server, in ms; negative: behind), as last measured. Every time a node writes for
+    /// others to judge comes from the server's clock; this says how far off the host's is.
+    pub const CLOCK_OFFSET_MS: &str = "clock_offset_ms";
 }
 
 pub mod file {

@@ -2,12 +2,13 @@
 
 use std::collections::HashMap;
 
+use bson::doc;
 use bson::oid::ObjectId;
-use bson::{doc, DateTime};
 
 use super::schema::task;
 use super::{GroupCounts, StatusGroup, Store};
 use crate::error::Result;
+use crate::fleet_time;
 
 /// One queue's units by state. `other` holds Disbatch's orphaned, cancelled, blocked and
 /// terminated tasks, which Coordinate has no name for.
@@ -46,7 +47,7 @@ impl Store {
         &self,
         queues: &[ObjectId],
     ) -> Result<HashMap<ObjectId, u64>> {
-        let now = DateTime::now();
+        let now = fleet_time::now();
         // Not filtered on status: the server would then read the queue's backlog through the
         // {queue, status} index; the tasks with a `not_before` ahead are few, whatever it is.
         let ahead = self

@@ -1,12 +1,13 @@
 //! Operator actions on tasks: cancel, retry (one or a queue's), delete with its output files.
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime};
+use bson::{doc, Bson};
 
 use super::claim_run::release_holds;
 use super::schema::{chunk, file, task, CHUNKS, FILES, TASKS};
 use super::{StatusGroup, Store, WriteCounts};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 
 /// The result of an action on one task.
@@ -35,7 +36,7 @@ impl Store {
         let waiting = [status::QUEUED, status::BLOCKED, status::CLAIMED];
         let filter = doc! {task::ID: id, task::STATUS: {"$in": waiting.to_vec()}};
         let update = doc! {
-            "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
+            "$set": {task::STATUS: status::CANCELLED, task::MTIME: fleet_time::now()},
             "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON]),
         };
         let cancelled = self
@@ -50,7 +51,7 @@ impl Store {
             return Ok(ControlOutcome::Done(one_changed()));
         }
         let running = doc! {task::ID: id, task::STATUS: status::RUNNING};
-        let request = doc! {"$set": {task::CANCEL_REQUESTED: DateTime::now()}};
+        let request = doc! {"$set": {task::CANCEL_REQUESTED: fleet_time::now()}};
         let r = self
             .collection(TASKS)
             .update_one(running, request)
@@ -135,7 +136,7 @@ impl Store {
                 .update_many(
                     doc! {task::QUEUE: queue, task::STATUS: s},
                     doc! {
-                        "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now()},
+                        "$set": {task::STATUS: status::CANCELLED, task::MTIME: fleet_time::now()},
                         "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON]),
                     },
                 )
@@ -259,7 +260,7 @@ fn requeue_update() -> bson::Document {
             task::NODE: Bson::Null,
             task::STDOUT: Bson::Null,
             task::STDERR: Bson::Null,
-            task::MTIME: DateTime::now(),
+            task::MTIME: fleet_time::now(),
         },
         "$unset": release_holds(&[
             task::COMPLETE, task::LEASE_UNTIL, task::CANCEL_REQUESTED, task::LIVE_OUTPUT,

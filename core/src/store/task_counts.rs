@@ -26,6 +26,7 @@ use futures::TryStreamExt;
 use super::schema::{counts, queue, task, QUEUES, TASKS, TASK_COUNTS};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 
 /// Tasks of one queue by status group, indexed as `StatusGroup::ALL`.
@@ -290,7 +291,7 @@ impl Store {
             .filter_map(|d| Some((d.get_object_id(counts::ID).ok()?, d)))
             .collect();
         let due_before = DateTime::from_millis(
-            DateTime::now()
+            fleet_time::now()
                 .timestamp_millis()
                 .saturating_sub(i64::try_from(every.as_millis()).unwrap_or(i64::MAX)),
         );
@@ -335,7 +336,7 @@ impl Store {
         }
         let mut report = ReconcileReport::default();
         for (q, seq, old, fresh) in scans {
-            let mut set = doc! {counts::RECONCILED_AT: DateTime::now()};
+            let mut set = doc! {counts::RECONCILED_AT: fleet_time::now()};
             let mut drift = 0u64;
             for g in StatusGroup::ALL.into_iter().filter(|g| is_kept(*g)) {
                 let n = fresh.get(g);

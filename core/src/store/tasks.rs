@@ -13,6 +13,7 @@ use super::task_create::Created;
 use super::unique_tasks::{stamp_unique_key, Fate};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 
 /// Running (claimed or started) tasks as one aggregate saw them.
@@ -181,7 +182,7 @@ impl Store {
             .find_one_and_update(
                 doc! {task::ID: id, task::STATUS: status::CLAIMED, task::NODE: node},
                 doc! {
-                    "$set": {task::STATUS: status::RUNNING, task::MTIME: DateTime::now(), task::ATTEMPT: attempt},
+                    "$set": {task::STATUS: status::RUNNING, task::MTIME: fleet_time::now(), task::ATTEMPT: attempt},
                     "$inc": {task::ATTEMPTS: 1},
                 },
             )
@@ -206,7 +207,7 @@ impl Store {
         stderr: OutputValue,
     ) -> Result<FinishOutcome> {
         let (filter, update) =
-            finish_statement(id, node, attempt, end, stdout, stderr, DateTime::now());
+            finish_statement(id, node, attempt, end, stdout, stderr, fleet_time::now());
         let to = super::completions::end_group(end);
         match self.update_one_counted(filter, update, Some(to)).await {
             Ok(true) => Ok(FinishOutcome::Recorded),
@@ -223,9 +224,9 @@ impl Store {
     /// become orphaned (-6). Handles BSON-date and legacy epoch-seconds `mtime`. Claims with a
     /// lease are left to lease recovery, which requeues them sooner.
     pub async fn reap_orphans(&self, node: &str, age: Duration) -> Result<u64> {
-        let cutoff_ms = DateTime::now().timestamp_millis() - age.as_millis() as i64;
+        let cutoff_ms = fleet_time::now().timestamp_millis() - age.as_millis() as i64;
         let update = doc! {
-            "$set": {task::STATUS: status::ORPHANED, task::MTIME: DateTime::now()},
+            "$set": {task::STATUS: status::ORPHANED, task::MTIME: fleet_time::now()},
             "$unset": release_holds(&[]),
         };
         // One write per `mtime` type rather than one `$or` of both: SecantusDB answers the `$or`
@@ -257,7 +258,7 @@ impl Store {
             filter.insert(task::ID, id);
         }
         let update = doc! {
-            "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: DateTime::now()},
+            "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: fleet_time::now()},
             "$unset": release_holds(&[task::LEASE_UNTIL]),
         };
         self.update_each_counted(filter, update, StatusGroup::Queued)
@@ -294,7 +295,7 @@ impl Store {
         label: &(dyn Fn(usize) -> String + Sync),
     ) -> Result<Created> {
         let unique = self.unique_of(queue).await?;
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let mut docs: Vec<Document> = params
             .into_iter()
             .map(|p| {
@@ -373,7 +374,7 @@ impl Store {
             task::QUEUE: queue,
             "$or": [
                 {task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}},
-                {task::STATUS: status::QUEUED, "$or": [{task::NOT_BEFORE: Bson::Null}, {task::NOT_BEFORE: {"$lte": DateTime::now()}}]},
+                {task::STATUS: status::QUEUED, "$or": [{task::NOT_BEFORE: Bson::Null}, {task::NOT_BEFORE: {"$lte": fleet_time::now()}}]},
             ],
         };
         self.raw(TASKS)

@@ -1,10 +1,13 @@
-//! What the server says about itself: its topology (`hello`) and default write concern (`getDefaultRWConcern`).
+//! What the server says about itself: its topology (`hello`), its default write concern
+//! (`getDefaultRWConcern`), and its clock (`hello`'s `localTime`, for `fleet_time`).
 
 use bson::{doc, Bson, Document};
 use mongodb::options::{Acknowledgment, WriteConcern};
 
 use super::Store;
 use crate::durability::{assess, ServerDefault, ServerFacts, Topology, Verdict};
+use crate::error::{Error, Result};
+use crate::fleet_time::{self, Reading};
 
 const ADMIN: &str = "admin";
 
@@ -50,6 +53,52 @@ impl Store {
             max_wire_version,
             default,
         }
+    }
+}
+
+impl Store {
+    /// Reads the server's clock again when the last reading is `max_age` old or more (or there
+    /// is none), for every time this process writes or judges (`fleet_time`). One `hello`: it
+    /// needs no privilege, and the server answers it without touching data.
+    pub async fn keep_clock(&self, max_age: std::time::Duration) -> Result<()> {
+        if !fleet_time::reading_due(max_age) {
+            return Ok(());
+        }
+        match self.read_server_clock().await? {
+            Some(reading) => fleet_time::observe(reading),
+            None => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(
+                        "the server's answer to hello has no localTime: this process takes times from its own host's clock, which must then agree with the other hosts'"
+                    )
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One reading of the server's clock, between two readings of this host's; None when the
+    /// server does not say its time.
+    pub async fn read_server_clock(&self) -> Result<Option<Reading>> {
+        let sent_boot_ns = fleet_time::boot_ns();
+        let reply = self
+            .db
+            .run_command(doc! {"hello": 1})
+            .await
+            .map_err(|e| Error::mongo("reading the server's clock (hello)", e))?;
+        let received_boot_ns = fleet_time::boot_ns();
+        // The host's own wall clock: what the offset measures, the one place it is read.
+        let received_wall_ms = bson::DateTime::now().timestamp_millis();
+        let Some(Bson::DateTime(server)) = reply.get("localTime") else {
+            return Ok(None);
+        };
+        Ok(Some(Reading {
+            sent_boot_ns,
+            received_boot_ns,
+            server: *server,
+            received_wall_ms,
+        }))
     }
 }
 

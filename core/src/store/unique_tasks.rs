@@ -18,6 +18,7 @@ use bson::{doc, Bson, DateTime, Document};
 use super::schema::{queue, task, QUEUES, TASKS};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::limits::{self, Unique};
 
 /// Writes one creation tries before giving up: each failed try means another creator wrote
@@ -110,7 +111,7 @@ impl Store {
                 }
             }
         }
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let mut held = Vec::with_capacity(docs.len());
         for d in docs.iter_mut() {
             let Some(value) = d.get(task::UNIQUE_KEY) else {
@@ -295,7 +296,7 @@ impl Store {
         if unit.is_some() && newest.unit.as_deref() == unit {
             return Ok(Turn::Own);
         }
-        if still_holds(unique, &newest, DateTime::now()) {
+        if still_holds(unique, &newest, fleet_time::now()) {
             return Ok(Turn::Held(newest.id));
         }
         Ok(Turn::Gen(newest.gen.saturating_add(1).max(floor)))

@@ -8,6 +8,7 @@ use super::schema::{task, TASKS};
 use super::unique_tasks::{contended, stamp_unique_key, Fate, Turn, TRIES};
 use super::{Store, Waits};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::limits::Unique;
 use crate::model::status;
 
@@ -86,7 +87,7 @@ impl Store {
             true => self.dependency_policy_of(queue).await?,
             false => Default::default(),
         };
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let ids: Vec<ObjectId> = units.iter().map(|_| ObjectId::new()).collect();
         let mut docs: Vec<Document> = units
             .iter()
@@ -219,7 +220,7 @@ impl Store {
     ) -> Result<Requeue> {
         let mut set = doc! {
             task::PARAMS: unit.params.clone(), task::STATUS: status::QUEUED, task::NODE: Bson::Null,
-            task::STDOUT: Bson::Null, task::STDERR: Bson::Null, task::MTIME: DateTime::now(),
+            task::STDOUT: Bson::Null, task::STDERR: Bson::Null, task::MTIME: fleet_time::now(),
         };
         let mut unset = release_holds(&[task::COMPLETE]);
         match unit.priority {

@@ -17,6 +17,7 @@ use bson::{doc, DateTime, Document};
 use super::schema::{queue, task, QUEUES, TASKS};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 
 /// Least time between two signals of one queue from one process: a steady stream of single
@@ -147,7 +148,7 @@ impl Store {
         if kinds.is_empty() {
             return false;
         }
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let mut set = Document::new();
         for kind in kinds {
             let field = match kind {

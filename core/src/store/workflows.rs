@@ -16,6 +16,7 @@ use super::claim_run::release_holds;
 use super::schema::{task, workflow, BATCHES, GRAPHS, TASKS};
 use super::{LimitIndex, Moved, StatusGroup, Store};
 use crate::error::{Error, Result};
+use crate::fleet_time;
 use crate::model::status;
 use crate::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
 
@@ -121,7 +122,7 @@ impl Store {
                 }
             }
         }
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let mut docs = Vec::with_capacity(tasks.len());
         let mut roots: BTreeMap<ObjectId, Vec<ObjectId>> = BTreeMap::new();
         for (i, t) in tasks.iter().enumerate() {
@@ -205,7 +206,7 @@ impl Store {
         self.refuse_unique_queues(&queues, "a batch").await?;
         self.ensure_limit_index(LimitIndex::Workflows).await?;
         let batch = ObjectId::new();
-        let now = DateTime::now();
+        let now = fleet_time::now();
         let ids: Vec<ObjectId> = members.iter().map(|_| ObjectId::new()).collect();
         let callback_id = callback.map(|_| ObjectId::new());
         let callback_field = match callback {
@@ -277,7 +278,7 @@ impl Store {
                 .collection(BATCHES)
                 .update_one(
                     doc! {workflow::ID: batch},
-                    doc! {"$set": {workflow::CANCELLED: DateTime::now()}},
+                    doc! {"$set": {workflow::CANCELLED: fleet_time::now()}},
                 )
                 .await;
             return Err(Error::mongo("storing a batch's tasks", e));
@@ -389,7 +390,7 @@ impl Store {
         self.collection(GRAPHS)
             .update_one(
                 doc! {workflow::ID: id},
-                doc! {"$set": {workflow::CANCELLED: DateTime::now()}},
+                doc! {"$set": {workflow::CANCELLED: fleet_time::now()}},
             )
             .await
             .map_err(|e| Error::mongo(format!("cancelling graph {id}"), e))?;
@@ -405,7 +406,7 @@ impl Store {
         self.collection(BATCHES)
             .update_one(
                 doc! {workflow::ID: id},
-                doc! {"$set": {workflow::CANCELLED: DateTime::now()}},
+                doc! {"$set": {workflow::CANCELLED: fleet_time::now()}},
             )
             .await
             .map_err(|e| Error::mongo(format!("cancelling batch {id}"), e))?;
@@ -448,7 +449,7 @@ impl Store {
                         .update_many(
                             doc! {task::ID: {"$in": &ids}, task::STATUS: code},
                             doc! {
-                                "$set": {task::STATUS: status::CANCELLED, task::MTIME: DateTime::now(), task::CANCEL_REASON: reason},
+                                "$set": {task::STATUS: status::CANCELLED, task::MTIME: fleet_time::now(), task::CANCEL_REASON: reason},
                                 "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON]),
                             },
                         )
@@ -474,7 +475,7 @@ impl Store {
             .collection(TASKS)
             .update_many(
                 running,
-                doc! {"$set": {task::CANCEL_REQUESTED: DateTime::now()}},
+                doc! {"$set": {task::CANCEL_REQUESTED: fleet_time::now()}},
             )
             .await
             .map_err(|e| Error::mongo("asking a graph's or batch's running tasks to stop", e))?;

@@ -3,6 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use disbatch_core::balance::validate_balance;
+use disbatch_core::fleet_time;
 use serde_json::{json, Value};
 
 use crate::error::ApiResult;
@@ -45,11 +46,7 @@ pub async fn set(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
         None => Value::Object(p.given_keeping_null(&["disabled"])),
     };
     let names = state.store.queue_names().await?;
-    match validate_balance(
-        &body,
-        &names,
-        bson::DateTime::now().timestamp_millis() / 1000,
-    ) {
+    match validate_balance(&body, &names, fleet_time::now().timestamp_millis() / 1000) {
         Ok(set) => {
             state.store.set_balance(set).await?;
             Ok(json_response(

@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiResult;
 use crate::namespace::Ns;
 use crate::render::json_response;
+use disbatch_core::fleet_time;
 
 /// Disbatch's freshness window for both checks.
 const FRESH_SECS: i64 = 60;
@@ -18,7 +19,7 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
             false,
         ));
     }
-    let now = bson::DateTime::now().timestamp_millis() / 1000;
+    let now = fleet_time::now().timestamp_millis() / 1000;
     let disbatch = match state.store.list_nodes().await {
         Err(e) => {
             json!({"status": "CRITICAL", "message": format!("Could not get current Disbatch nodes: {}", e.short())})

@@ -5,6 +5,7 @@ use std::time::Duration;
 use axum::response::Response;
 use bson::{Bson, Document};
 use disbatch_core::config::MAX_LOOP_INTERVAL;
+use disbatch_core::fleet_time;
 use disbatch_core::store::schema::node as field;
 use disbatch_core::store::WriteCounts;
 use serde_json::{json, Value};
@@ -57,7 +58,7 @@ fn is_live(d: &Document, web_window: Duration) -> bool {
     let window = i64::try_from(live_window(d, web_window).as_millis()).unwrap_or(i64::MAX);
     // Saturating: ops can store any date, even i64::MIN milliseconds.
     let age = d.get_datetime(field::TIMESTAMP).ok().map(|t| {
-        bson::DateTime::now()
+        fleet_time::now()
             .timestamp_millis()
             .saturating_sub(t.timestamp_millis())
     });

@@ -5,6 +5,7 @@ use axum::Extension;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_core::config::Role;
+use disbatch_core::fleet_time;
 use disbatch_core::store::schema::queue as field;
 use disbatch_core::store::{check_queue_fields, QueueCounts, StatusGroup, WriteCounts};
 use serde_json::{json, Map, Value};
@@ -101,7 +102,7 @@ pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response
     let mut row = queue_json(&state, &d).await?;
     let flow = match (d.get_object_id(field::ID), disbatch_core::limits::parse(&d)) {
         (Ok(id), Ok(limits)) => {
-            let now = bson::DateTime::now();
+            let now = fleet_time::now();
             let flow = state.store.queue_flow(id, &limits, now).await?;
             flow.map(|f| queue_limits::flow_json(&f, &limits))
         }

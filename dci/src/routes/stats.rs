@@ -8,6 +8,7 @@ use axum::http::HeaderValue;
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
+use disbatch_core::fleet_time;
 use disbatch_core::store::schema::{queue as queue_field, stats};
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -73,7 +74,7 @@ pub async fn get(Ns(state): Ns, RawQuery(query): RawQuery) -> ApiResult<Response
         None => None,
     };
     let window_ms = i64::try_from(q.minutes * 60_000).unwrap_or(i64::MAX);
-    let from = bson::DateTime::now()
+    let from = fleet_time::now()
         .timestamp_millis()
         .saturating_sub(window_ms);
     let names: Arc<HashMap<ObjectId, String>> = Arc::new(

@@ -5,6 +5,7 @@ use axum::extract::RawQuery;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use bson::Bson;
+use disbatch_core::fleet_time;
 use disbatch_core::store::ControlOutcome;
 use futures::StreamExt;
 
@@ -59,7 +60,7 @@ async fn held(
         Ok(None) | Err(disbatch_core::Error::BadDocument { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let now = bson::DateTime::now();
+    let now = fleet_time::now();
     Ok(state.store.task_held(task, &limits, now).await?)
 }
 

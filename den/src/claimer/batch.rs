@@ -268,6 +268,7 @@ impl Claimer {
                 relay,
                 live: relay,
                 started_at: pick.holds.started_at,
+                clock: disbatch_core::fleet_time::anchor(),
             };
             (handoff, pick.slot)
         });

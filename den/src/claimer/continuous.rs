@@ -13,8 +13,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use bson::oid::ObjectId;
-use bson::DateTime;
 use disbatch_core::claim_plan::QueueClaims;
+use disbatch_core::fleet_time;
 use disbatch_core::model::Queue;
 use disbatch_core::store::schema::queue as queue_field;
 use disbatch_core::Result;
@@ -154,7 +154,7 @@ impl Claimer {
         queue
             .raw
             .get_datetime(queue_field::NEXT_CONTINUOUS)
-            .map_or(true, |next| *next <= DateTime::now())
+            .map_or(true, |next| *next <= fleet_time::now())
     }
 }
 

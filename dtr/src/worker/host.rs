@@ -85,6 +85,9 @@ pub async fn serve(config: Config, store: LazyStore, node: String) -> u64 {
                             continue;
                         }
                     };
+                    if let Some(anchor) = handoff.clock {
+                        disbatch_core::fleet_time::adopt(anchor);
+                    }
                     handed += 1;
                     let (config, store, node) = (config.clone(), store.clone(), node.clone());
                     let (pool, batch, wakes, ended) = (pool.clone(), batch.clone(), wakes.clone(), ended_tx.clone());
