@@ -147,7 +147,8 @@ impl Schedule {
             missed: Missed::parse(missed)?,
             params,
         };
-        if schedule.next_after(Utc::now())?.is_none() {
+        let now = from_bson(crate::fleet_time::now()).unwrap_or_else(Utc::now);
+        if schedule.next_after(now)?.is_none() {
             return Err(format!(
                 "{field}: {pattern:?} never fires (no matching time within a year)"
             ));
