@@ -27,6 +27,12 @@ use bson::DateTime;
 /// Far above what a round trip to the server blurs a reading by, far below any lease.
 pub const SKEW_BOUND: Duration = Duration::from_secs(2);
 
+/// A host wall clock that moved this far against the server's time since the last reading
+/// (stepped by NTP or by hand, or the host resumed) makes the next reading due at once, so
+/// the offset reported follows it within a pass. The server's time itself does not need it:
+/// it runs on the boot clock, which no step moves.
+const WALL_STEP_MS: i64 = 250;
+
 /// A reading whose round trip took longer than this is blurred by up to half of it: while
 /// the last good reading is younger than `KEEP_GOOD_READING`, it is not replaced by one.
 const SLOW_READING: Duration = Duration::from_millis(500);
@@ -174,6 +180,17 @@ impl Clock {
             Duration::from_nanos(u64::try_from(boot_ns.saturating_sub(a.boot_ns)).unwrap_or(0))
         })
     }
+
+    /// Whether a new reading is due: none yet, the last is `max_age` old, or the host's wall
+    /// clock (`wall_ms` now) moved by more than `WALL_STEP_MS` against the server's time
+    /// since it (a step, which a reading then reports).
+    pub fn reading_due(&self, max_age: Duration, boot_ns: i64, wall_ms: i64) -> bool {
+        let (Some(age), Some(offset)) = (self.age(boot_ns), self.offset_ms) else {
+            return true;
+        };
+        let offset_now = wall_ms.saturating_sub(self.now_at(boot_ns, wall_ms).timestamp_millis());
+        age >= max_age || offset_now.saturating_sub(offset).saturating_abs() > WALL_STEP_MS
+    }
 }
 
 fn nanos(d: Duration) -> i64 {
@@ -231,10 +248,11 @@ pub fn is_off() -> bool {
     read(Clock::is_off)
 }
 
-/// Whether the last reading is older than `max_age` (or there is none).
+/// Whether a reading is due: none yet, the last one `max_age` old, or the host's wall clock
+/// stepped since (`Clock::reading_due`).
 pub fn reading_due(max_age: Duration) -> bool {
-    let boot = boot_ns();
-    read(|c| c.age(boot).is_none_or(|age| age >= max_age))
+    let (boot, wall) = (boot_ns(), DateTime::now().timestamp_millis());
+    read(|c| c.reading_due(max_age, boot, wall))
 }
 
 /// Takes a reading of the server's clock, and logs when this host's clock goes off or back.
@@ -373,6 +391,22 @@ mod tests {
         assert_eq!(standing, Standing::WentOff);
         assert_eq!(c.offset_ms(), Some(-600_000));
         assert_eq!(c.now_at(10 * S, 0).timestamp_millis(), 53_000);
+    }
+
+    #[test]
+    fn a_reading_is_due_by_age_or_at_once_when_the_wall_clock_steps() {
+        let mut c = Clock::new();
+        assert!(c.reading_due(Duration::from_secs(10), S, 0), "none yet");
+        // At boot 10 s the server read 100 000 and the wall clock 100 000.
+        c.observe(reading(10, 0, 100_000, 100_000));
+        let wall_then = |boot_s: i64| 100_000 + (boot_s - 10) * 1_000;
+        let ten = Duration::from_secs(10);
+        assert!(!c.reading_due(ten, 15 * S, wall_then(15)));
+        assert!(c.reading_due(ten, 20 * S, wall_then(20)), "10 s old");
+        // The wall clock runs 0.2 s off: within the step; 90 s off: due at once.
+        assert!(!c.reading_due(ten, 15 * S, wall_then(15) + 200));
+        assert!(c.reading_due(ten, 15 * S, wall_then(15) + 90_000));
+        assert!(c.reading_due(ten, 15 * S, wall_then(15) - 90_000));
     }
 
     #[test]

@@ -91,7 +91,7 @@ impl Store {
                         node::ROOM: beat.room.map_or(bson::Bson::Null, |r| bson::Bson::Int64(r.into())),
                         node::WAITING_FOR_WORK: beat.waiting_for_work,
                         node::INTERVAL_MS: i64::try_from(beat.interval.as_millis()).unwrap_or(i64::MAX),
-                        node::CLOCK_OFFSET_MS: crate::fleet_time::offset_ms().map_or(bson::Bson::Null, bson::Bson::Int64),
+                        node::CLOCK_OFFSET_MS: fleet_time::offset_ms().map_or(bson::Bson::Null, bson::Bson::Int64),
                     },
                     "$unset": {node::WORK_SIGNALLED_AT: ""},
                 },
