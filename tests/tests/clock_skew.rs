@@ -344,6 +344,61 @@ async fn cron_ticks_led_from_a_host_90_s_behind_fire_once_on_the_servers_time() 
     cron_led_from_a_skewed_host(-90).await;
 }
 
+/// A host whose clock is stepped while its node runs (NTP catching up, an operator's `date
+/// -s`): the node sees it at its next pass, without waiting for its next periodic reading,
+/// and its times stay the server's throughout.
+#[tokio::test]
+async fn a_clock_stepped_under_a_running_node_is_seen_at_its_next_passes() {
+    let lib = libfaketime();
+    let db = TestDb::new("clock_stepped").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let shift = db.path("faketime.rc");
+    std::fs::write(&shift, "+0\n").expect("write the shift");
+    let env = vec![
+        ("LD_PRELOAD".to_string(), lib.to_string_lossy().into_owned()),
+        (
+            "FAKETIME_TIMESTAMP_FILE".to_string(),
+            shift.to_string_lossy().into_owned(),
+        ),
+        ("FAKETIME_NO_CACHE".to_string(), "1".to_string()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
+    ];
+    let node = start_node(&config, "stepped", &env);
+    let before = offset_gauge(&node).await;
+    assert!(before.abs() <= 1.0, "before the step: {before} s");
+    std::fs::write(&shift, "+90\n").expect("step the clock");
+    // A pass that begins after the step sees it; 5 passes (0.5 s at these intervals) are far
+    // fewer than the 10 s between periodic readings.
+    let want = node.passes().await + 5.0;
+    wait_for("5 more passes", Duration::from_secs(60), || async {
+        node.passes().await >= want
+    })
+    .await;
+    let after = offset_gauge(&node).await;
+    assert!(
+        (after - 90.0).abs() <= 1.0,
+        "5 passes after a step of +90 s the gauge says {after} s"
+    );
+    wait_for("the warning", Duration::from_secs(30), || async {
+        node.log_text().contains("this host's clock is off")
+    })
+    .await;
+    // Its heartbeat is still the server's time, not the stepped clock's.
+    let beat = db
+        .node("stepped")
+        .await
+        .get_datetime("timestamp")
+        .expect("timestamp")
+        .timestamp_millis();
+    let server = server_ms(&db).await;
+    assert!(
+        beat <= server + 100,
+        "heartbeat at {beat}, the server's time is {server}"
+    );
+    drop(node);
+    db.drop().await;
+}
+
 /// A leader whose host stops (a suspend, here SIGSTOP) past its lease: another node takes the
 /// lead; the resumed node, whose time counted the pause, sees its lease over and leads
 /// nothing until it wins the lease again, which the live new leader never lets it.
