@@ -62,7 +62,7 @@ impl Completion {
         let r = &self.record;
         let opt = |v: Option<i32>| v.map_or(Bson::Null, Bson::Int32);
         let (status, retry, not_before) = match self.end {
-            TaskEnd::Status(s) => (Bson::Int32(s), false, Bson::Null),
+            TaskEnd::Status(s) | TaskEnd::Discarded(s) => (Bson::Int32(s), false, Bson::Null),
             TaskEnd::Retry { not_before } => (
                 Bson::Null,
                 true,
@@ -76,6 +76,8 @@ impl Completion {
             "exit_code": opt(r.end.exit_code), "signal": opt(r.end.signal),
             "result": r.end.result.clone().map_or(Bson::Null, Bson::Document),
             "status": status, "retry": retry, "not_before": not_before,
+            "task_discarded": r.end.task_discarded,
+            "reason": r.end.reason.clone().map_or(Bson::Null, Bson::String),
             "stdout": &self.stdout, "stderr": &self.stderr,
         }
     }
@@ -105,7 +107,13 @@ impl Completion {
                 not_before: d.get_datetime("not_before").ok().copied(),
             }
         } else {
-            TaskEnd::Status(int("status")?.ok_or("completion: no `status`")?)
+            let status = int("status")?.ok_or("completion: no `status`")?;
+            // Absent from an older runner's completions: a plain end.
+            if d.get_bool("task_discarded").unwrap_or(false) {
+                TaskEnd::Discarded(status)
+            } else {
+                TaskEnd::Status(status)
+            }
         };
         let queue = match d.get("queue") {
             Some(Bson::ObjectId(q)) => Some(*q),
@@ -133,6 +141,8 @@ impl Completion {
                     exit_code: int("exit_code")?,
                     signal: int("signal")?,
                     result: d.get_document("result").ok().cloned(),
+                    reason: d.get_str("reason").ok().map(str::to_string),
+                    task_discarded: d.get_bool("task_discarded").unwrap_or(false),
                 },
             },
             end,
@@ -302,6 +312,8 @@ mod tests {
                     exit_code: Some(75),
                     signal: None,
                     result: Some(doc! {"retry": true}),
+                    reason: Some("failed (exit code 75); retry in 2 s".into()),
+                    task_discarded: matches!(end, TaskEnd::Discarded(_)),
                 },
             },
             end,
@@ -353,6 +365,7 @@ mod tests {
                 not_before: Some(DateTime::from_millis(5)),
             }),
             completion(TaskEnd::Retry { not_before: None }),
+            completion(TaskEnd::Discarded(3)),
         ];
         let mut pipe = Vec::new();
         for c in &sent {

@@ -78,6 +78,8 @@ mod tests {
                     exit_code: Some(0),
                     signal: None,
                     result: None,
+                    reason: None,
+                    task_discarded: false,
                 },
             },
             end: TaskEnd::Status(1),

@@ -42,13 +42,15 @@ impl OnLost {
 }
 
 /// A queue's run policy; the defaults describe a plain Disbatch queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RunPolicy {
     pub lease: Duration,
     pub on_lost: OnLost,
     /// Most time a plugin may run; None: no limit (Disbatch's behaviour).
     pub timeout: Option<Duration>,
     pub kill_grace: Duration,
+    /// Automatic retries (`retry`); None: a Disbatch queue, whose failures stay failed.
+    pub retry: Option<crate::model::retry_policy::RetryPolicy>,
 }
 
 impl Default for RunPolicy {
@@ -58,6 +60,7 @@ impl Default for RunPolicy {
             on_lost: OnLost::Orphan,
             timeout: None,
             kill_grace: DEFAULT_KILL_GRACE,
+            retry: None,
         }
     }
 }

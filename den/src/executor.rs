@@ -13,6 +13,7 @@ use bson::oid::ObjectId;
 use disbatch_core::handoff::Handoff;
 use disbatch_core::isolation::CloexecRanges;
 use disbatch_core::relay::{read_frame, Ack, Completion, LiveCopy, ANSWER_FD};
+use disbatch_core::store::TaskEnd;
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
 
@@ -47,11 +48,39 @@ pub struct Exited {
     pub success: bool,
     /// How the attempt ended, one of `metrics::TASK_OUTCOMES`.
     pub outcome: &'static str,
+    /// The attempt's end discarded its task (its retry policy out of attempts).
+    pub discarded: bool,
+    /// The attempt queued a retry claimable from this time (the fleet's), as far as the node
+    /// learned it.
+    pub retry_at: Option<bson::DateTime>,
 }
 
 /// How long a runner that exited 0 may leave its relay still finishing: it exits only after
 /// the node's answer, so the relay is done but for being scheduled.
 const RELAY_SETTLE: Duration = Duration::from_secs(1);
+
+/// How an attempt ended, as its node learned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// One of `metrics::TASK_OUTCOMES`.
+    pub label: &'static str,
+    /// The attempt's end discarded its task (its retry policy out of attempts).
+    pub task_discarded: bool,
+    /// The attempt queued a retry claimable from this time.
+    pub retry_at: Option<bson::DateTime>,
+}
+
+impl Outcome {
+    pub const UNKNOWN: Outcome = Outcome::plain("unknown");
+
+    pub const fn plain(label: &'static str) -> Outcome {
+        Outcome {
+            label,
+            task_discarded: false,
+            retry_at: None,
+        }
+    }
+}
 
 /// Spawns runners and wakes the node loop when one exits (a slot may have freed up).
 #[derive(Debug, Clone)]
@@ -323,8 +352,11 @@ impl Executor {
             // A runner that stored its own result: its attempt record says how it ended.
             let outcome = match (outcome, &deaths) {
                 (Some(outcome), _) => outcome,
-                (None, Some(deaths)) => deaths.recorded_outcome(attempt).await.unwrap_or("unknown"),
-                (None, None) => "unknown",
+                (None, Some(deaths)) => deaths
+                    .recorded_outcome(attempt)
+                    .await
+                    .unwrap_or(Outcome::UNKNOWN),
+                (None, None) => Outcome::UNKNOWN,
             };
             executor.task_ended(task, success, outcome);
         });
@@ -335,7 +367,7 @@ impl Executor {
 
 impl Executor {
     /// A task's runner exited (or its host reported it ended): its slot is free.
-    pub(crate) fn task_ended(&self, task: ObjectId, success: bool, outcome: &'static str) {
+    pub(crate) fn task_ended(&self, task: ObjectId, success: bool, outcome: Outcome) {
         let waited_for = self.waited_for.lock().is_ok_and(|mut w| w.remove(&task));
         if let (true, Some(releaser)) = (waited_for, &self.releaser) {
             releaser.task_ended(task);
@@ -348,7 +380,9 @@ impl Executor {
                 slot: runner.slot,
                 ran_for: runner.started.elapsed(),
                 success,
-                outcome,
+                outcome: outcome.label,
+                discarded: outcome.task_discarded,
+                retry_at: outcome.retry_at,
             });
         }
         self.runner_exited.notify_one();
@@ -381,7 +415,7 @@ async fn relay_result(
     completer: &Completer,
     answers: PipeWriter,
     mut stdout: ChildStdout,
-) -> Option<&'static str> {
+) -> Option<Outcome> {
     // Live output copies (when the handoff said `live`) come first, then the completion.
     let frame = loop {
         let frame = match read_frame(&mut stdout).await {
@@ -408,11 +442,18 @@ async fn relay_result(
     let mut outcome = None;
     let ack = match Completion::decode(&frame) {
         Ok(c) if c.task() == task => {
-            let recorded = outcome_label(c.record.end.outcome);
+            let recorded = Outcome {
+                label: outcome_label(c.record.end.outcome),
+                task_discarded: c.record.end.task_discarded,
+                retry_at: match c.end {
+                    TaskEnd::Retry { not_before } => not_before,
+                    _ => None,
+                },
+            };
             let ack = completer.store_result(c).await;
             outcome = match ack {
                 Ack::Recorded => Some(recorded),
-                Ack::NotOurs => Some("discarded"),
+                Ack::NotOurs => Some(Outcome::plain("discarded")),
                 Ack::RecordYourself => None,
             };
             ack

@@ -20,7 +20,7 @@ const ROUND_TRIP_BUCKETS: &[f64] = &[
 const TASK_BUCKETS: &[f64] = &[
     0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
 ];
-const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit"];
+const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit", "retry_due"];
 const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel", "fail"];
 const DEPENDENCY_SETTLEMENTS: [&str; 4] = ["settled", "released", "cancelled", "callbacks"];
 const RESULT_ANSWERS: &[&str] = &["recorded", "not_ours", "record_yourself"];
@@ -71,6 +71,7 @@ struct Inner {
     runners_started: IntCounterVec,
     runner_exits: IntCounterVec,
     tasks_finished: IntCounterVec,
+    tasks_discarded: IntCounterVec,
     task_duration: HistogramVec,
     runners: IntGaugeVec,
     sharers: IntGaugeVec,
@@ -146,7 +147,7 @@ impl Default for Inner {
             wakeups: counter_vec(
                 &registry,
                 "disbatch_den_wakeups_total",
-                "What started a pass: timer, change_stream or runner_exit",
+                "What started a pass: timer, change_stream, runner_exit or retry_due (a retry this node queued came due)",
                 &["source"],
             ),
             runners_started: counter_vec(
@@ -166,6 +167,12 @@ impl Default for Inner {
                 "disbatch_den_tasks_finished_total",
                 "Attempts of this node's task runners that ended, by the outcome recorded for them: succeeded, failed, retry, cancelled, timed_out, discarded (the task had changed hands), lost (the runner died; the task was recovered) or unknown",
                 &["queue", "outcome"],
+            ),
+            tasks_discarded: counter_vec(
+                &registry,
+                "disbatch_den_tasks_discarded_total",
+                "Tasks this node's runners ended for good under their queue's retry policy: out of attempts, or the plugin refused a retry (\"retry\": false). Retries are disbatch_den_tasks_finished_total{outcome=\"retry\"}; lost attempts the leader discarded are disbatch_den_recoveries_total{how=\"discard\"}",
+                &["queue"],
             ),
             task_duration: histogram_vec(
                 &registry,
@@ -352,7 +359,7 @@ impl DenMetrics {
         self.inner.queue_reads.inc();
     }
 
-    /// `source`: "timer", "change_stream" or "runner_exit".
+    /// `source`: "timer", "change_stream", "runner_exit" or "retry_due".
     pub fn wakeup(&self, source: &'static str) {
         inc(&self.inner.wakeups, &[source]);
     }
@@ -392,6 +399,11 @@ impl DenMetrics {
     /// A runner's attempt ended with `outcome`, one of `TASK_OUTCOMES`.
     pub fn task_finished(&self, queue: &str, outcome: &'static str) {
         inc(&self.inner.tasks_finished, &[&metric_label(queue), outcome]);
+    }
+
+    /// A task ended for good under its queue's retry policy.
+    pub fn task_discarded(&self, queue: &str) {
+        inc(&self.inner.tasks_discarded, &[&metric_label(queue)]);
     }
 
     pub fn db_error(&self, operation: &'static str) {

@@ -97,6 +97,8 @@ enum Wake {
     Change,
     /// A config reload (SIGHUP) changed what this node serves.
     Reload,
+    /// A retry this node's runners queued came due.
+    RetryDue,
 }
 
 impl Node {
@@ -319,6 +321,7 @@ impl Node {
                 }
             };
             self.metrics.pass(started.elapsed());
+            let mut retry_is_next = false;
             let wait = match result {
                 Ok(report) => {
                     if !first_pass_done && maintenance {
@@ -346,9 +349,16 @@ impl Node {
                     } else {
                         let next = next_maintenance.saturating_duration_since(Instant::now());
                         // A flow limit frees before the next pass: claim then, not a pass late.
-                        report.held_until.map_or(next, |t| {
+                        let next = report.held_until.map_or(next, |t| {
                             next.min(t.saturating_duration_since(Instant::now()))
-                        })
+                        });
+                        // So does a retry this node's runners queued.
+                        let retry = self
+                            .claimer
+                            .next_retry_due()
+                            .map(|t| t.saturating_duration_since(Instant::now()));
+                        retry_is_next = retry.is_some_and(|r| r < next);
+                        retry.map_or(next, |r| next.min(r))
                     }
                 }
                 Err(e) => {
@@ -370,13 +380,14 @@ impl Node {
             wake = tokio::select! {
                 _ = &mut shutdown => break,
                 _ = reloaded => Wake::Reload,
-                _ = tokio::time::sleep(wait) => Wake::Timer,
+                _ = tokio::time::sleep(wait) => if retry_is_next { Wake::RetryDue } else { Wake::Timer },
                 _ = self.executor.runner_exited(), if failures == 0 => Wake::RunnerExited,
                 _ = changed, if failures == 0 => Wake::Change,
             };
             // Change-stream wake-ups are counted per event by the notifier.
             match wake {
                 Wake::Timer => self.metrics.wakeup("timer"),
+                Wake::RetryDue => self.metrics.wakeup("retry_due"),
                 Wake::RunnerExited => self.metrics.wakeup("runner_exit"),
                 Wake::Change | Wake::Reload => {}
             }

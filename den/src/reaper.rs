@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
+use disbatch_core::model::retry_policy::{FailureKind, RetryDecision};
 use disbatch_core::model::status;
 use disbatch_core::run_policy::{OnLost, RunPolicy, MIN_LEASE};
 use disbatch_core::store::{ExpiredTask, Recovery, Store};
@@ -27,6 +28,8 @@ pub struct ReapReport {
     pub cancelled: u64,
     /// Failed with "too many retries": the lost attempt was the last one allowed.
     pub failed: u64,
+    /// Discarded: the queue's retry policy covers lost attempts, and this was its last.
+    pub discarded: u64,
     /// Expired, but left alone: this node has not been connected for a whole lease.
     pub deferred: u64,
     /// When a lease may next pass, from this pass's reading: no lease written after it ends
@@ -41,6 +44,7 @@ pub fn recovery_label(how: Recovery) -> &'static str {
         Recovery::Orphan => "orphan",
         Recovery::Cancel => "cancel",
         Recovery::Fail { .. } => "fail",
+        Recovery::Discard { .. } => "discard",
     }
 }
 
@@ -51,30 +55,33 @@ impl ReapReport {
             Recovery::Orphan => self.orphaned += 1,
             Recovery::Cancel => self.cancelled += 1,
             Recovery::Fail { .. } => self.failed += 1,
+            Recovery::Discard { .. } => self.discarded += 1,
         }
     }
 
     /// Recoveries by the name metrics give them.
-    pub fn by_name(&self) -> [(&'static str, u64); 4] {
+    pub fn by_name(&self) -> [(&'static str, u64); 5] {
         [
             ("requeue", self.requeued),
             ("orphan", self.orphaned),
             ("cancel", self.cancelled),
             ("fail", self.failed),
+            ("discard", self.discarded),
         ]
     }
 }
 
 /// The recovery policy of one queue, as the reaper needs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LostPolicy {
     pub run: RunPolicy,
     pub max_retries: Option<u32>,
 }
 
 /// Where a lost task goes: an operator's cancel wins; a claim that never started is queued
-/// again; a started one follows its queue's `on_lost`, and a requeue that `max_retries`
-/// no longer allows fails the task ("too many retries", as Coordinate does).
+/// again; a started one follows its queue's retry policy when that names `lost` (requeued
+/// until attempts run out, then discarded), else its `on_lost`, and a requeue that
+/// `max_retries` no longer allows fails the task ("too many retries", as Coordinate does).
 pub fn recovery_for(t: &ExpiredTask, policy: Option<&LostPolicy>) -> Recovery {
     if t.cancel_requested {
         return Recovery::Cancel;
@@ -82,12 +89,37 @@ pub fn recovery_for(t: &ExpiredTask, policy: Option<&LostPolicy>) -> Recovery {
     if t.status == status::CLAIMED {
         return Recovery::Requeue;
     }
+    if let Some(retry) = policy.and_then(|p| p.run.retry) {
+        match retry.decide(FailureKind::Lost, t.attempts, &t.id) {
+            RetryDecision::Retry(_) => return Recovery::Requeue,
+            RetryDecision::Discard => {
+                return Recovery::Discard {
+                    max_attempts: retry.max_attempts,
+                }
+            }
+            RetryDecision::NotCovered => {}
+        }
+    }
     match policy {
         Some(p) if p.run.on_lost == OnLost::Requeue => match p.max_retries {
             Some(max) if t.attempts >= max as i64 => Recovery::Fail { max_retries: max },
             _ => Recovery::Requeue,
         },
         _ => Recovery::Orphan,
+    }
+}
+
+/// How long a requeued lost task waits before it may be claimed again: its retry policy's
+/// wait when that covers lost attempts, else none.
+pub fn retry_wait(t: &ExpiredTask, policy: Option<&LostPolicy>) -> Duration {
+    match policy.and_then(|p| p.run.retry) {
+        Some(retry) if t.status != status::CLAIMED => {
+            match retry.decide(FailureKind::Lost, t.attempts, &t.id) {
+                RetryDecision::Retry(wait) => wait,
+                _ => Duration::ZERO,
+            }
+        }
+        _ => Duration::ZERO,
     }
 }
 
@@ -177,7 +209,8 @@ pub async fn recover_expired_leases(
         let how = recovery_for(t, policy.as_ref());
         let from = t.node.as_deref().unwrap_or("?");
         let why = format!("its lease passed on node {from}");
-        if !store.recover_task(t, how, &why).await? {
+        let wait = retry_wait(t, policy.as_ref());
+        if !store.recover_task_after(t, how, &why, wait).await? {
             continue; // renewed, finished or recovered by another node meanwhile
         }
         let late_ms = t.lease_until.map_or(0, |until| {
@@ -228,7 +261,8 @@ pub async fn recover_silent_nodes(store: &Store, silent_for: Duration) -> Result
             "its node {from} stopped heartbeating (silent for over {} s)",
             silent_for.as_secs()
         );
-        if !store.recover_task(&t, how, &why).await? {
+        let wait = retry_wait(&t, policy.as_ref());
+        if !store.recover_task_after(&t, how, &why, wait).await? {
             continue;
         }
         tracing::warn!(
@@ -267,7 +301,12 @@ pub async fn recover_runner_death(
     let from = t.node.as_deref().unwrap_or("?");
     let why = format!("its task runner on node {from} exited without a result ({exit})");
     if !store
-        .recover_task_after(&t, how, &why, runner_death_delay(t.attempts))
+        .recover_task_after(
+            &t,
+            how,
+            &why,
+            runner_death_delay(t.attempts).max(retry_wait(&t, policy.as_ref())),
+        )
         .await?
     {
         return Ok(None);

@@ -7,6 +7,7 @@ use bson::oid::ObjectId;
 use disbatch_core::store::Store;
 use tokio::task::JoinHandle;
 
+use crate::executor::Outcome;
 use crate::metrics::{outcome_label, DenMetrics};
 use crate::reaper::{recover_runner_death, recovery_label};
 
@@ -44,8 +45,8 @@ impl RunnerDeaths {
         task: ObjectId,
         attempt: ObjectId,
         exit: &str,
-        relay: Option<JoinHandle<Option<&'static str>>>,
-    ) -> Option<&'static str> {
+        relay: Option<JoinHandle<Option<Outcome>>>,
+    ) -> Option<Outcome> {
         if let Some(relay) = relay {
             match tokio::time::timeout(RELAY_GRACE, relay).await {
                 Err(_) => {
@@ -59,7 +60,7 @@ impl RunnerDeaths {
         match recover_runner_death(&self.store, task, attempt, exit).await {
             Ok(Some(how)) => {
                 self.metrics.recovered(recovery_label(how));
-                Some("lost")
+                Some(Outcome::plain("lost"))
             }
             Ok(None) => None,
             Err(e) => {
@@ -73,9 +74,14 @@ impl RunnerDeaths {
     /// The outcome recorded for `attempt` by a runner that stored its own result (too much
     /// output to relay, or this node could not store it): one read by `_id`, at most
     /// `OUTCOME_READ`.
-    pub async fn recorded_outcome(&self, attempt: ObjectId) -> Option<&'static str> {
+    pub async fn recorded_outcome(&self, attempt: ObjectId) -> Option<Outcome> {
         match tokio::time::timeout(OUTCOME_READ, self.store.attempt_outcome(attempt)).await {
-            Ok(Ok(outcome)) => outcome.map(|o| outcome_label(&o)),
+            Ok(Ok(outcome)) => outcome.map(|(o, task_discarded)| Outcome {
+                label: outcome_label(&o),
+                task_discarded,
+                // A runner that stored its own result: the leader's probe signals its retry.
+                retry_at: None,
+            }),
             Ok(Err(e)) => {
                 self.metrics.db_error("read_outcome");
                 tracing::debug!(attempt = %attempt, error = %e, "could not read the attempt's outcome");

@@ -16,7 +16,7 @@ use tokio::io::BufReader;
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::mpsc;
 
-use crate::executor::{Executor, Live};
+use crate::executor::{Executor, Live, Outcome};
 use crate::metrics::outcome_label;
 
 /// At most this many frames to the host in one write.
@@ -191,7 +191,7 @@ impl Executor {
                 }
                 None => None,
             };
-            self.task_ended(task, false, outcome.unwrap_or("unknown"));
+            self.task_ended(task, false, outcome.unwrap_or(Outcome::UNKNOWN));
         }
     }
 }
@@ -208,7 +208,11 @@ async fn read_ended(executor: &Executor, pid: u32, mut stdout: BufReader<ChildSt
                     );
                     continue;
                 };
-                let outcome = outcome_label(d.get_str("outcome").unwrap_or("unknown"));
+                let outcome = Outcome {
+                    label: outcome_label(d.get_str("outcome").unwrap_or("unknown")),
+                    task_discarded: d.get_bool("task_discarded").unwrap_or(false),
+                    retry_at: d.get_datetime("retry_at").ok().copied(),
+                };
                 executor.task_ended(task, true, outcome);
             }
             Ok(None) => return,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bson::{Bson, DateTime, Document};
 use disbatch_core::fleet_time;
+use disbatch_core::model::retry_policy::FailureKind;
 use disbatch_core::model::status;
 use disbatch_core::store::TaskEnd;
 use disbatch_core::{Error, Result};
@@ -170,9 +171,13 @@ pub(crate) async fn conclude(
         mut status,
         mut note,
         mut retry,
+        refuses_retry,
         result,
         record,
     } = outcome;
+    // A worker that died or broke the protocol crashed, as a plugin killed by a signal did.
+    let crashed = lead.is_some() || matches!(exit, Exit::Signal(_));
+    let mut capped = false;
     // Why the runner ended the plugin comes first; the exit's own remark follows.
     let mut lead_note = |why: String| {
         note = Some(match note.take() {
@@ -199,6 +204,7 @@ pub(crate) async fn conclude(
             TaskEnd::Status(status::CANCELLED)
         }
         (_, Some(_)) if prepared.max_retries.is_some_and(|m| attempts >= m as i64) => {
+            capped = true;
             let why = format!(
                 "too many retries: attempt {attempts} asked for another, max_retries is {}",
                 prepared.max_retries.unwrap_or(0)
@@ -217,6 +223,45 @@ pub(crate) async fn conclude(
         (_, Some(_)) => TaskEnd::Retry { not_before: None },
         (_, None) => TaskEnd::Status(status),
     };
+    let failure = match stopped {
+        Stopped::Cancelled(_) => None,
+        // Coordinate's `max_retries` already said no more: a policy does not overrule it.
+        _ if capped => None,
+        Stopped::TimedOut(..) => Some(FailureKind::Timeout),
+        _ if crashed => Some(FailureKind::Crashed),
+        _ => Some(FailureKind::Failed),
+    };
+    let (end, followed) = crate::outcome::follow_retry_policy(
+        end,
+        failure,
+        refuses_retry,
+        prepared.run.retry.as_ref(),
+        attempts,
+        task,
+        fleet_time::now(),
+    );
+    // The attempt's reason: why it ended so (the runner's note) and what follows.
+    let mut reason = match end {
+        TaskEnd::Status(status::SUCCEEDED) => None,
+        TaskEnd::Retry { not_before } if followed.is_none() => Some(match not_before {
+            Some(at) => format!(
+                "the plugin asked for a retry, not before {}",
+                at.try_to_rfc3339_string().unwrap_or_default()
+            ),
+            None => "the plugin asked for a retry".to_string(),
+        }),
+        _ => note.clone(),
+    };
+    if let Some(line) = followed {
+        reason = Some(match reason.take() {
+            Some(r) => format!("{r}; {line}"),
+            None => line.clone(),
+        });
+        note = Some(match note.take() {
+            Some(n) => format!("{n}; {line}"),
+            None => line,
+        });
+    }
     // Units are read now, so an output that cannot be chained is said in the task's stderr
     // with its result, which stands. Only a success chains.
     let chain = match (
@@ -240,6 +285,8 @@ pub(crate) async fn conclude(
         append_note(&paths.stderr, &note).await?;
     }
     let facts = RunFacts {
+        reason,
+        task_discarded: matches!(end, TaskEnd::Discarded(_)),
         exit: Some(exit),
         result: record,
         chain,
@@ -267,10 +314,10 @@ pub(crate) fn unable_to_start(run: &Run<'_>, reason: String) -> Ran {
         attempt: run.attempt,
         end: TaskEnd::Status(status::FAILED),
         stdout: Captured::from_text("Unable to start"),
-        stderr: Captured::from_text(reason),
+        stderr: Captured::from_text(reason.clone()),
         spool: None,
     };
-    Ran::Finished(Box::new(done), RunFacts::default())
+    Ran::Finished(Box::new(done), RunFacts::because(reason))
 }
 
 /// The runner's own remarks go at the end of the task's stderr, on a line of their own.

@@ -4,9 +4,12 @@ use std::process::ExitStatus;
 
 use std::time::Duration;
 
-use bson::Document;
+use bson::oid::ObjectId;
+use bson::{DateTime, Document};
+use disbatch_core::model::retry_policy::{FailureKind, RetryDecision, RetryPolicy};
 use disbatch_core::model::status;
 use disbatch_core::output::MAX_DOCUMENT_SIZE;
+use disbatch_core::store::TaskEnd;
 use serde_json::{Map, Value};
 
 /// Room the attempt record keeps for its own fields beside the result document.
@@ -37,6 +40,8 @@ pub struct Outcome {
     pub note: Option<String>,
     /// The plugin asked to run again after this delay (`{"retry": true, "delay": s}`).
     pub retry: Option<Duration>,
+    /// The plugin said its failure is permanent (`{"retry": false}`): no automatic retry.
+    pub refuses_retry: bool,
     /// The result file's object, read for chaining.
     pub result: Option<Map<String, Value>>,
     /// The same object as it is kept on the attempt record: checked to be storable.
@@ -50,6 +55,7 @@ impl Outcome {
         let why = format!("DISBATCH_RESULT file ignored: {reason}");
         self.status = status::FAILED;
         self.retry = None;
+        self.refuses_retry = false;
         self.result = None;
         self.record = None;
         self.note = Some(match self.note.take() {
@@ -80,6 +86,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
         }
     };
     let mut retry = None;
+    let mut refuses_retry = false;
     let mut result = None;
     let mut record = None;
     match result_file.map(parse_result) {
@@ -89,6 +96,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
                 status = s;
             }
             retry = r.retry;
+            refuses_retry = r.refuses_retry;
             result = Some(r.object);
             record = Some(r.record);
         }
@@ -103,6 +111,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
         status,
         note,
         retry,
+        refuses_retry,
         result,
         record,
     }
@@ -113,6 +122,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
 struct ResultFile {
     status: Option<i32>,
     retry: Option<Duration>,
+    refuses_retry: bool,
     object: Map<String, Value>,
     record: Document,
 }
@@ -163,9 +173,11 @@ fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
         }
         _ => None,
     };
+    let refuses_retry = matches!(object.get("retry"), Some(Value::Bool(false)));
     Ok(Some(ResultFile {
         status,
         retry,
+        refuses_retry,
         object,
         record,
     }))
@@ -202,6 +214,67 @@ fn plugin_status(v: &Value) -> Result<i32, String> {
         })
 }
 
+/// Applies the queue's retry policy to an attempt's end: a failure it covers is queued again
+/// after its wait, or discarded once attempts run out; a retry the plugin asked for counts
+/// against `max_attempts` too. `failure` is None for an end no policy retries (a cancel).
+/// Returns the end and the line that says what followed, for the task's stderr and the
+/// attempt's reason.
+pub fn follow_retry_policy(
+    end: TaskEnd,
+    failure: Option<FailureKind>,
+    refuses_retry: bool,
+    policy: Option<&RetryPolicy>,
+    attempt: i64,
+    task: ObjectId,
+    now: DateTime,
+) -> (TaskEnd, Option<String>) {
+    let Some(p) = policy else {
+        return (end, None);
+    };
+    let max = p.max_attempts;
+    match (end, failure) {
+        (TaskEnd::Status(s), Some(kind)) if s >= status::FAILED => {
+            let kind_name = kind.as_str();
+            if refuses_retry && p.retries(kind) {
+                return (
+                    TaskEnd::Discarded(s),
+                    Some(format!(
+                        "{kind_name} on attempt {attempt} of {max}; the plugin refused a retry (\"retry\": false): discarded"
+                    )),
+                );
+            }
+            match p.decide(kind, attempt, &task) {
+                RetryDecision::Retry(wait) => (
+                    TaskEnd::Retry {
+                        not_before: Some(DateTime::from_millis(
+                            now.timestamp_millis()
+                                .saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
+                        )),
+                    },
+                    Some(format!(
+                        "{kind_name} on attempt {attempt} of {max}; retrying in {:.1} s",
+                        wait.as_secs_f64()
+                    )),
+                ),
+                RetryDecision::Discard => (
+                    TaskEnd::Discarded(s),
+                    Some(format!(
+                        "{kind_name} on attempt {attempt} of {max}: out of attempts, discarded"
+                    )),
+                ),
+                RetryDecision::NotCovered => (end, None),
+            }
+        }
+        (TaskEnd::Retry { .. }, _) if !p.allows_another(attempt) => (
+            TaskEnd::Discarded(status::FAILED),
+            Some(format!(
+                "the plugin asked for a retry, but attempt {attempt} was the last of {max} (retry.max_attempts): discarded"
+            )),
+        ),
+        _ => (end, None),
+    }
+}
+
 fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig)
         .map(|s| s.as_str().to_string())
@@ -220,6 +293,7 @@ mod tests {
                 status: 1,
                 note: None,
                 retry: None,
+                refuses_retry: false,
                 result: None,
                 record: None,
             }
@@ -343,6 +417,69 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_retries_the_failures_it_names_until_attempts_run_out() {
+        let p = RetryPolicy::new(
+            3,
+            disbatch_core::model::retry_policy::Backoff::Exponential,
+            1.0,
+            60.0,
+            0.0,
+            &[FailureKind::Failed, FailureKind::Timeout],
+        )
+        .unwrap();
+        let now = DateTime::from_millis(1_000_000);
+        let task = ObjectId::new();
+        let follow = |end, kind, refuses, attempt| {
+            follow_retry_policy(end, kind, refuses, Some(&p), attempt, task, now)
+        };
+        let failed = TaskEnd::Status(2);
+        let (end, line) = follow(failed, Some(FailureKind::Failed), false, 1);
+        assert_eq!(
+            end,
+            TaskEnd::Retry {
+                not_before: Some(DateTime::from_millis(1_001_000))
+            }
+        );
+        assert!(line.unwrap().contains("attempt 1 of 3; retrying in 1.0 s"));
+        let (end, _) = follow(failed, Some(FailureKind::Timeout), false, 2);
+        assert_eq!(
+            end,
+            TaskEnd::Retry {
+                not_before: Some(DateTime::from_millis(1_002_000))
+            }
+        );
+        let (end, line) = follow(failed, Some(FailureKind::Failed), false, 3);
+        assert_eq!(end, TaskEnd::Discarded(2));
+        assert!(line.unwrap().contains("out of attempts"));
+        // Not named by `on`, refused by the plugin, cancelled, succeeded.
+        assert_eq!(
+            follow(failed, Some(FailureKind::Crashed), false, 1),
+            (failed, None)
+        );
+        assert_eq!(
+            follow(failed, Some(FailureKind::Failed), true, 1).0,
+            TaskEnd::Discarded(2)
+        );
+        assert_eq!(
+            follow(TaskEnd::Status(-5), None, false, 1),
+            (TaskEnd::Status(-5), None)
+        );
+        assert_eq!(
+            follow(TaskEnd::Status(1), Some(FailureKind::Failed), false, 1).0,
+            TaskEnd::Status(1)
+        );
+        // A retry the plugin asks for counts against max_attempts.
+        let asked = TaskEnd::Retry { not_before: None };
+        assert_eq!(follow(asked, None, false, 2).0, asked);
+        assert_eq!(follow(asked, None, false, 3).0, TaskEnd::Discarded(2));
+        // No policy: Disbatch's behaviour.
+        assert_eq!(
+            follow_retry_policy(failed, Some(FailureKind::Failed), false, None, 1, task, now),
+            (failed, None)
+        );
+    }
+
+    #[test]
     fn a_result_may_ask_for_a_retry_with_a_delay() {
         let o = decide(Exit::Code(0), Some(br#"{"retry": true, "delay": 2.5}"#));
         assert_eq!(o.retry, Some(Duration::from_millis(2500)));
@@ -351,6 +488,8 @@ mod tests {
             decide(Exit::Code(1), Some(br#"{"retry": true}"#)).retry,
             Some(Duration::ZERO)
         );
+        assert!(decide(Exit::Code(3), Some(br#"{"retry": false}"#)).refuses_retry);
+        assert!(!decide(Exit::Code(3), Some(br#"{"retry": true}"#)).refuses_retry);
         assert_eq!(
             decide(Exit::Code(0), Some(br#"{"retry": false}"#)).retry,
             None

@@ -54,6 +54,20 @@ pub(crate) struct RunFacts {
     pub chain: Option<(String, Vec<disbatch_core::store::Unit>)>,
     /// How the supervisor ended the run, when it was not a plain exit.
     pub stopped: Option<Stopped>,
+    /// Why the attempt ended so and what follows (a retry, a discard), for its record.
+    pub reason: Option<String>,
+    /// The attempt's end discarded the task.
+    pub task_discarded: bool,
+}
+
+impl RunFacts {
+    /// The facts of a run that never started, with the reason.
+    pub(crate) fn because(reason: String) -> RunFacts {
+        RunFacts {
+            reason: Some(reason),
+            ..RunFacts::default()
+        }
+    }
 }
 
 /// A run that has a result to record, or one whose task was taken away meanwhile.
@@ -180,7 +194,7 @@ async fn run_attempt(
     let ran = match prepared {
         Err(reason) => {
             tracing::warn!(task = %task, "{reason}");
-            Ran::Finished(Box::new(unable(reason)), RunFacts::default())
+            Ran::Finished(Box::new(unable(reason.clone())), RunFacts::because(reason))
         }
         // Coordinate's rule: max_retries N allows N attempts; the next one fails the task.
         Ok(p) if p.max_retries.is_some_and(|m| attempts > m as i64) => {
@@ -188,7 +202,7 @@ async fn run_attempt(
                 "too many retries: attempt {attempts} of a queue with max_retries {}",
                 p.max_retries.unwrap_or(0)
             );
-            Ran::Finished(Box::new(unable(reason)), RunFacts::default())
+            Ran::Finished(Box::new(unable(reason.clone())), RunFacts::because(reason))
         }
         Ok(p) => match hosting {
             Some(h) if p.worker.persistent() => {
@@ -224,11 +238,11 @@ async fn run_attempt(
         (_, Some(Stopped::TimedOut(..))) => "timed_out",
         (_, Some(Stopped::Cancelled(_))) => "cancelled",
         (TaskEnd::Status(status::SUCCEEDED), _) => "succeeded",
-        (TaskEnd::Status(_), _) => "failed",
+        (TaskEnd::Status(_) | TaskEnd::Discarded(_), _) => "failed",
         (TaskEnd::Retry { .. }, _) => "retry",
     };
     let final_status = match end {
-        TaskEnd::Status(s) => Some(s),
+        TaskEnd::Status(s) | TaskEnd::Discarded(s) => Some(s),
         TaskEnd::Retry { .. } => None,
     };
     // The attempt record goes first: if this runner dies before the result lands, recovery
@@ -344,6 +358,8 @@ fn attempt_end(outcome: &'static str, status: Option<i32>, facts: &RunFacts) -> 
             _ => None,
         },
         result: facts.result.clone(),
+        reason: facts.reason.clone(),
+        task_discarded: facts.task_discarded,
     }
 }
 

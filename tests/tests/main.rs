@@ -84,6 +84,7 @@ mod rate_windows;
 mod reload;
 mod result_refusals;
 mod result_relay;
+mod retry_policies;
 mod run_control;
 mod scheduler;
 mod schedules;

@@ -28,12 +28,14 @@ fn completion(
             end: AttemptEnd {
                 outcome,
                 status: match end {
-                    TaskEnd::Status(s) => Some(s),
+                    TaskEnd::Status(s) | TaskEnd::Discarded(s) => Some(s),
                     TaskEnd::Retry { .. } => None,
                 },
                 exit_code: Some(0),
                 signal: None,
                 result: None,
+                reason: None,
+                task_discarded: false,
             },
         },
         end,

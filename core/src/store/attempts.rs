@@ -23,6 +23,10 @@ pub struct AttemptEnd {
     pub signal: Option<i32>,
     /// The plugin's result-file object.
     pub result: Option<Document>,
+    /// Why it ended so and what follows: a failure's cause, and its retry or discard.
+    pub reason: Option<String>,
+    /// The attempt's task was discarded with it: a failure no retry follows.
+    pub task_discarded: bool,
 }
 
 /// A whole attempt record, written once when the attempt ends.
@@ -71,16 +75,23 @@ impl Store {
             .map_err(|e| Error::mongo(format!("updating attempt {id}"), e))
     }
 
-    /// The outcome an ended attempt's record carries; None while it has no record (the
-    /// record is written when the attempt ends). One read by `_id`, of that field only.
-    pub async fn attempt_outcome(&self, id: ObjectId) -> Result<Option<String>> {
+    /// The outcome an ended attempt's record carries, and whether its task was discarded
+    /// with it; None while it has no record (the record is written when the attempt ends).
+    /// One read by `_id`, of those fields only.
+    pub async fn attempt_outcome(&self, id: ObjectId) -> Result<Option<(String, bool)>> {
         let found = self
             .collection(ATTEMPTS)
             .find_one(doc! {attempt::ID: id})
-            .projection(doc! {attempt::OUTCOME: 1})
+            .projection(doc! {attempt::OUTCOME: 1, attempt::TASK_DISCARDED: 1})
             .await
             .map_err(|e| Error::mongo(format!("reading attempt {id}"), e))?;
-        Ok(found.and_then(|d| d.get_str(attempt::OUTCOME).ok().map(str::to_string)))
+        Ok(found.and_then(|d| {
+            let outcome = d.get_str(attempt::OUTCOME).ok()?.to_string();
+            Some((
+                outcome,
+                d.get_bool(attempt::TASK_DISCARDED).unwrap_or(false),
+            ))
+        }))
     }
 
     /// A task's newest `limit` attempts, oldest first, with only the `fields` asked for (an
@@ -135,7 +146,7 @@ impl Store {
 /// An ended attempt's record as stored.
 pub(crate) fn attempt_document(r: &AttemptRecord) -> Document {
     let opt = |v: Option<i32>| v.map_or(Bson::Null, Bson::Int32);
-    doc! {
+    let mut d = doc! {
         attempt::ID: r.id, attempt::TASK: r.task,
         attempt::QUEUE: r.queue.map_or(Bson::Null, Bson::ObjectId),
         attempt::NODE: &r.node, attempt::PID: r.pid as i64, attempt::START: r.start,
@@ -143,5 +154,10 @@ pub(crate) fn attempt_document(r: &AttemptRecord) -> Document {
         attempt::STATUS: opt(r.end.status), attempt::EXIT_CODE: opt(r.end.exit_code),
         attempt::SIGNAL: opt(r.end.signal),
         attempt::RESULT: r.end.result.clone().map_or(Bson::Null, Bson::Document),
+        attempt::REASON: r.end.reason.clone().map_or(Bson::Null, Bson::String),
+    };
+    if r.end.task_discarded {
+        d.insert(attempt::TASK_DISCARDED, true);
     }
+    d
 }

@@ -13,7 +13,6 @@ use super::tasks::finish_statement;
 use super::{OutputValue, Store, TaskEnd, BULK_WRITE_MISSING, BULK_WRITE_WORKS};
 use crate::error::{Error, Result};
 use crate::fleet_time;
-use crate::model::status;
 use crate::relay::{Ack, Completion};
 
 /// Keeps each `update` command under the 16 MiB a command document may hold.
@@ -21,10 +20,7 @@ const MAX_COMMAND_BYTES: usize = 12 * 1024 * 1024;
 
 /// The group a task ends in; running tasks are counted live, so only where it goes counts.
 pub(super) fn end_group(end: TaskEnd) -> super::StatusGroup {
-    match end {
-        TaskEnd::Status(s) => super::group_of(s),
-        TaskEnd::Retry { .. } => super::StatusGroup::Queued,
-    }
+    super::group_of(end.status())
 }
 
 /// What storing a batch has established so far, per completion.
@@ -266,10 +262,7 @@ impl Store {
         attempt: ObjectId,
         end: TaskEnd,
     ) -> Result<bool> {
-        let status = match end {
-            TaskEnd::Status(s) => s,
-            TaskEnd::Retry { .. } => status::QUEUED,
-        };
+        let status = end.status();
         self.raw(TASKS)
             .find_one(doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status})
             .projection(doc! {task::ID: 1})
@@ -355,10 +348,7 @@ impl Store {
         let mut expected: HashMap<ObjectId, (ObjectId, i32)> = HashMap::new();
         for i in which {
             let c = &batch[*i];
-            let status = match c.end {
-                TaskEnd::Status(s) => s,
-                TaskEnd::Retry { .. } => status::QUEUED,
-            };
+            let status = c.end.status();
             expected.insert(c.record.task, (c.record.id, status));
         }
         let cursor = self

@@ -51,6 +51,9 @@ pub enum Recovery {
     /// Failed (2) with "too many retries": the queue would requeue it, but the lost attempt
     /// was the last one `max_retries` allows (Coordinate's rule).
     Fail { max_retries: u32 },
+    /// Failed (2) and discarded: the queue's retry policy covers lost attempts, and the lost
+    /// one was the last `max_attempts` allows.
+    Discard { max_attempts: u32 },
 }
 
 /// The fleet's time `age` ago.
@@ -184,6 +187,18 @@ impl Store {
             Recovery::Cancel => {
                 set.insert(task::STATUS, status::CANCELLED);
             }
+            Recovery::Discard { max_attempts } => {
+                set.insert(task::STATUS, status::FAILED);
+                set.insert(task::COMPLETE, true);
+                set.insert(task::DISCARDED_AT, now);
+                set.insert(
+                    task::STDERR,
+                    format!(
+                        "lost on attempt {} of {max_attempts}: out of attempts, discarded: {why}",
+                        t.attempts
+                    ),
+                );
+            }
             Recovery::Fail { max_retries } => {
                 set.insert(task::STATUS, status::FAILED);
                 set.insert(task::COMPLETE, true);
@@ -215,7 +230,7 @@ impl Store {
             Recovery::Requeue => StatusGroup::Queued,
             Recovery::Orphan => StatusGroup::Orphaned,
             Recovery::Cancel => StatusGroup::Cancelled,
-            Recovery::Fail { .. } => StatusGroup::Failed,
+            Recovery::Fail { .. } | Recovery::Discard { .. } => StatusGroup::Failed,
         };
         // Claimed and running are counted live: only where the task goes is counted.
         let moved = match self.collection(TASKS).update_one(filter, update).await {

@@ -66,7 +66,7 @@ pub use live_output::{
 pub use lost_records::LostAttempt;
 pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, HeartbeatReply, LiveFleet, LiveNode, NodeLimit};
-pub use queues::{check_queue_fields, parse_queue, runs_persistent};
+pub use queues::{check_queue_fields, parse_queue, retry_document, retry_policy, runs_persistent};
 pub use rate_limits::Grant;
 pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
 pub use summary::StateCounts;

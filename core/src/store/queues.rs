@@ -7,6 +7,7 @@ use super::schema::{queue, QUEUES};
 use super::Store;
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::retry_policy::{Backoff, FailureKind, RetryPolicy};
 use crate::model::{
     parse_flag, parse_integer, parse_limit, Queue, QueueSort, SpecFields, DEFAULT_WEIGHT,
 };
@@ -113,6 +114,7 @@ pub fn check_queue_fields(set: &Document) -> Result<(), String> {
     }
     let mut d = doc! {queue::ID: ObjectId::new(), queue::NAME: "q", queue::PLUGIN: "p"};
     d.extend(set.clone());
+    retry_policy(set.get(queue::RETRY), true)?;
     let q = parse_queue(&d)?;
     q.plugin?;
     // The leader skips a schedule it cannot read: it is refused here instead.
@@ -147,6 +149,7 @@ fn run_policy(d: &Document) -> Result<RunPolicy, String> {
         Some(other) => return Err(format!("on_lost must be a string, found {other}")),
     };
     Ok(RunPolicy {
+        retry: retry_policy(d.get(queue::RETRY), false)?,
         lease: run_policy::lease_from(seconds(queue::LEASE)?)?,
         on_lost,
         // A timeout of 0 means none, as an unset one does.
@@ -155,6 +158,88 @@ fn run_policy(d: &Document) -> Result<RunPolicy, String> {
         kill_grace: run_policy::parse_seconds(seconds(queue::KILL_GRACE)?, queue::KILL_GRACE)?
             .unwrap_or(run_policy::DEFAULT_KILL_GRACE),
     })
+}
+
+/// `retry`: absent, null or false for none; a document whose missing fields take
+/// `RetryPolicy::DEFAULT`'s. `strict` (a client's write) also refuses fields it does not
+/// know, a typo such as `max_attempt` that would otherwise pass silently; nodes reading the
+/// queue ignore them, so a field a newer version adds does not stop older nodes.
+pub fn retry_policy(value: Option<&Bson>, strict: bool) -> Result<Option<RetryPolicy>, String> {
+    use super::schema::queue::retry as key;
+    let d = match value {
+        None | Some(Bson::Null) | Some(Bson::Boolean(false)) => return Ok(None),
+        Some(Bson::Document(d)) => d,
+        Some(other) => {
+            return Err(format!(
+                "retry must be a document such as {{\"max_attempts\": 5}}, or null for none, found {other}"
+            ))
+        }
+    };
+    if strict {
+        if let Some(unknown) = d.keys().find(|k| !key::ALL.contains(&k.as_str())) {
+            return Err(format!(
+                "retry.{unknown} is not a retry field; they are {}",
+                key::ALL.join(", ")
+            ));
+        }
+    }
+    let defaults = RetryPolicy::DEFAULT;
+    let number = |k: &str| -> Result<Option<f64>, String> {
+        match d.get(k) {
+            None | Some(Bson::Null) => Ok(None),
+            Some(Bson::Int32(n)) => Ok(Some(f64::from(*n))),
+            Some(Bson::Int64(n)) => Ok(Some(*n as f64)),
+            Some(Bson::Double(f)) => Ok(Some(*f)),
+            Some(other) => Err(format!("retry.{k} must be a number, found {other}")),
+        }
+    };
+    let max_attempts = match number(key::MAX_ATTEMPTS)? {
+        None => defaults.max_attempts,
+        Some(n) if n.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&n) => n as u32,
+        Some(n) => {
+            return Err(format!(
+                "retry.max_attempts must be a whole number, found {n}"
+            ))
+        }
+    };
+    let backoff = match d.get(key::BACKOFF) {
+        None | Some(Bson::Null) => defaults.backoff,
+        Some(Bson::String(s)) => Backoff::parse(s).ok_or_else(|| {
+            format!("retry.backoff must be \"exponential\" or \"constant\", found {s:?}")
+        })?,
+        Some(other) => return Err(format!("retry.backoff must be a string, found {other}")),
+    };
+    let on = match d.get(key::ON) {
+        None | Some(Bson::Null) => FailureKind::ALL.to_vec(),
+        Some(Bson::Array(items)) => items
+            .iter()
+            .map(|b| match b {
+                Bson::String(s) => FailureKind::parse(s).ok_or_else(|| {
+                    format!("retry.on: {s:?} is not one of \"failed\", \"crashed\", \"timeout\", \"lost\"")
+                }),
+                other => Err(format!("retry.on must list strings, found {other}")),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => return Err(format!("retry.on must be a list, found {other}")),
+    };
+    let base_s = number(key::BASE_S)?.unwrap_or(defaults.base.as_secs_f64());
+    // A base above the default cap, with no cap given, raises the cap to it.
+    let max_s = number(key::MAX_S)?.unwrap_or(defaults.max.as_secs_f64().max(base_s));
+    let jitter = number(key::JITTER)?.unwrap_or(defaults.jitter);
+    RetryPolicy::new(max_attempts, backoff, base_s, max_s, jitter, &on).map(Some)
+}
+
+/// A retry policy as the queue document holds it, every field written out.
+pub fn retry_document(p: &RetryPolicy) -> Document {
+    use super::schema::queue::retry as key;
+    doc! {
+        key::MAX_ATTEMPTS: p.max_attempts as i32,
+        key::BACKOFF: p.backoff.as_str(),
+        key::BASE_S: p.base.as_secs_f64(),
+        key::MAX_S: p.max.as_secs_f64(),
+        key::JITTER: p.jitter,
+        key::ON: p.on().iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+    }
 }
 
 /// Whether a queue document (as handed to a runner) asks for persistent workers: the one

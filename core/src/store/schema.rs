@@ -34,6 +34,10 @@ pub mod task {
     pub const PRIORITY: &str = "priority";
     /// Not claimable before this date.
     pub const NOT_BEFORE: &str = "not_before";
+    /// Ours: when a failed task was discarded, its queue's `retry` policy out of attempts (or
+    /// the plugin refusing a retry): a failure no retry will follow. The status stays
+    /// Disbatch's failed status.
+    pub const DISCARDED_AT: &str = "discarded_at";
     /// How many attempts have started, and the current one's id (its fencing token).
     pub const ATTEMPTS: &str = "attempts";
     pub const ATTEMPT: &str = "attempt";
@@ -136,7 +140,10 @@ pub mod attempt {
     pub const EXIT_CODE: &str = "exit_code";
     pub const SIGNAL: &str = "signal";
     pub const RESULT: &str = "result";
-    /// Ours: why a lost attempt was lost (its lease passed, its runner died, its node died).
+    /// Ours: true on the attempt whose end discarded its task (out of retries).
+    pub const TASK_DISCARDED: &str = "task_discarded";
+    /// Ours: why a lost attempt was lost (its lease passed, its runner died, its node died),
+    /// or why a failed one failed and what follows (its retry, or the task discarded).
     pub const REASON: &str = "reason";
 }
 
@@ -173,6 +180,19 @@ pub mod queue {
     pub const LEASE: &str = "lease";
     /// Ours: "orphan" (default) or "requeue", for a task whose lease passed.
     pub const ON_LOST: &str = "on_lost";
+    /// Ours: automatic retries, `{max_attempts, backoff, base_s, max_s, jitter, on}`
+    /// (`model::retry_policy`); absent on a Disbatch queue, whose failures stay failed.
+    pub const RETRY: &str = "retry";
+    /// The fields of `retry`.
+    pub mod retry {
+        pub const MAX_ATTEMPTS: &str = "max_attempts";
+        pub const BACKOFF: &str = "backoff";
+        pub const BASE_S: &str = "base_s";
+        pub const MAX_S: &str = "max_s";
+        pub const JITTER: &str = "jitter";
+        pub const ON: &str = "on";
+        pub const ALL: [&str; 6] = [MAX_ATTEMPTS, BACKOFF, BASE_S, MAX_S, JITTER, ON];
+    }
     /// Ours, seconds: the most a plugin may run before it is stopped and the task fails.
     pub const TIMEOUT: &str = "timeout";
     /// Ours, seconds between SIGTERM and SIGKILL when a plugin is stopped (default 5).

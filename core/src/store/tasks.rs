@@ -71,6 +71,19 @@ pub enum TaskEnd {
     Status(i32),
     /// Back to queued for another attempt, not before the given time.
     Retry { not_before: Option<DateTime> },
+    /// Finished with this failed status, and no retry will follow: its queue's `retry`
+    /// policy is out of attempts, or the plugin refused one (`discarded_at` is set).
+    Discarded(i32),
+}
+
+impl TaskEnd {
+    /// The status the task shows once this end is recorded.
+    pub fn status(self) -> i32 {
+        match self {
+            TaskEnd::Status(s) | TaskEnd::Discarded(s) => s,
+            TaskEnd::Retry { .. } => status::QUEUED,
+        }
+    }
 }
 
 /// The outcome of recording a result.
@@ -444,9 +457,12 @@ pub(crate) fn finish_statement(
         task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "", task::LIVE_OUTPUT: "",
     };
     match end {
-        TaskEnd::Status(s) => {
+        TaskEnd::Status(s) | TaskEnd::Discarded(s) => {
             set.insert(task::STATUS, s);
             set.insert(task::COMPLETE, true);
+            if matches!(end, TaskEnd::Discarded(_)) {
+                set.insert(task::DISCARDED_AT, now);
+            }
             unset.insert(task::CONCURRENCY_KEY, "");
             unset.insert(task::CONCURRENCY_SLOT, "");
         }

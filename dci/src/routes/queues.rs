@@ -6,8 +6,11 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_core::config::Role;
 use disbatch_core::fleet_time;
+use disbatch_core::model::retry_policy::RetryPolicy;
 use disbatch_core::store::schema::queue as field;
-use disbatch_core::store::{check_queue_fields, QueueCounts, StatusGroup, WriteCounts};
+use disbatch_core::store::{
+    check_queue_fields, retry_document, QueueCounts, StatusGroup, WriteCounts,
+};
 use serde_json::{json, Map, Value};
 
 use super::nodes::non_negative;
@@ -155,8 +158,10 @@ pub async fn create_queue(
         return Err(ApiError::bad_request("name and plugin required"));
     };
     if let Some(k) = p.keys().find(|k| {
-        !matches!(k.as_str(), "name" | "plugin" | "threads" | "sort" | "force")
-            && !queue_limits::FIELDS.contains(&k.as_str())
+        !matches!(
+            k.as_str(),
+            "name" | "plugin" | "threads" | "sort" | "force" | field::RETRY
+        ) && !queue_limits::FIELDS.contains(&k.as_str())
             && !queue_schedule::FIELDS.contains(&k.as_str())
     }) {
         return Err(ApiError::bad_request_with(
@@ -198,6 +203,18 @@ pub async fn create_queue(
             fields.insert(k, v);
         }
     }
+    // Our queues retry failures unless told otherwise (`null` for Disbatch's none); the
+    // policy is written out, so that it shows and can be changed.
+    match p.get(field::RETRY) {
+        None => {
+            fields.insert(field::RETRY, retry_document(&RetryPolicy::DEFAULT));
+        }
+        Some(v) => {
+            if let Some(v) = queue_limits::value(field::RETRY, v)? {
+                fields.insert(field::RETRY, v);
+            }
+        }
+    }
     check_queue_fields(&fields).map_err(ApiError::bad_request)?;
     queue_limits::refuse_beside_perl(state, name, &fields, queue_limits::force(p)?).await?;
     let id = state.store.insert_queue_document(fields.clone()).await?;
@@ -214,6 +231,7 @@ pub async fn update(
 ) -> ApiResult<Response> {
     let mut p = params.given_keeping_null(&[
         "threads",
+        field::RETRY,
         field::RATE_LIMIT,
         field::CONCURRENCY,
         field::UNIQUE,
@@ -271,6 +289,13 @@ pub async fn update(
                 threads_value(v, "threads must be a non-negative integer")?,
             ),
             "sort" => set.insert(field::SORT, sort_value(v)?),
+            field::RETRY => match queue_limits::value(field::RETRY, v)? {
+                Some(v) => set.insert(field::RETRY, v),
+                None => {
+                    unset.push(field::RETRY);
+                    None
+                }
+            },
             _ => {
                 return Err(ApiError::bad_request_with(
                     json!({"error": "unknown param", "param": k}),

@@ -195,6 +195,12 @@ async fn run_one(
     if let Ok(mut w) = wakes.lock() {
         w.remove(&task);
     }
+    use disbatch_core::store::TaskEnd;
+    let task_discarded = matches!(report, Ok(RunReport::Recorded(TaskEnd::Discarded(_), _)));
+    let retry_at = match report {
+        Ok(RunReport::Recorded(TaskEnd::Retry { not_before }, _)) => not_before,
+        _ => None,
+    };
     let outcome = match report {
         Ok(RunReport::Recorded(_, outcome)) => outcome,
         Ok(RunReport::Discarded) => "discarded",
@@ -205,7 +211,11 @@ async fn run_one(
             "unknown"
         }
     };
-    let _ = ended.send(doc! {host_frame::ENDED: task, "attempt": attempt, "outcome": outcome});
+    let _ = ended.send(doc! {
+        host_frame::ENDED: task, "attempt": attempt, "outcome": outcome,
+        "task_discarded": task_discarded,
+        "retry_at": retry_at.map_or(bson::Bson::Null, bson::Bson::DateTime),
+    });
 }
 
 /// Writes ended tasks to the node, those ended together in one write; a node that is gone is

@@ -362,6 +362,8 @@ fn succeeded(pick: &Pick, queue: ObjectId, node: &str) -> Option<Completion> {
                 exit_code: None,
                 signal: None,
                 result: None,
+                reason: None,
+                task_discarded: false,
             },
         },
         end: TaskEnd::Status(status::SUCCEEDED),

@@ -1,5 +1,7 @@
 //! The schema's value types: Disbatch status codes, queue settings and limits read leniently.
 
+pub mod retry_policy;
+
 use bson::oid::ObjectId;
 use bson::Bson;
 
