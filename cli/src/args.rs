@@ -80,9 +80,15 @@ pub enum Command {
         /// Claim order.
         #[arg(long, value_enum)]
         sort: Option<Sort>,
+        /// The retry policy, as JSON: `{"max_attempts": 3, "backoff": "exponential",
+        /// "base_s": 15, "max_s": 21600, "jitter": 0.1, "on": ["failed", "crashed", "timeout",
+        /// "lost"]}` (fields left out take these defaults), or `null` for no retries. Without
+        /// it the queue gets the default policy, 20 attempts.
+        #[arg(long, value_name = "JSON")]
+        retry: Option<String>,
     },
-    /// Change fields of a queue (name, plugin, threads, sort, and the flow limits rate_limit,
-    /// concurrency and unique as JSON objects or null).
+    /// Change fields of a queue (name, plugin, threads, sort, the retry policy retry, and the
+    /// flow limits rate_limit, concurrency and unique, as JSON objects or null).
     UpdateQueue {
         /// Queue id or name.
         queue: String,

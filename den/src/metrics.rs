@@ -21,7 +21,7 @@ const TASK_BUCKETS: &[f64] = &[
     0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
 ];
 const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit", "retry_due"];
-const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel", "fail"];
+const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel", "fail", "discard"];
 const DEPENDENCY_SETTLEMENTS: [&str; 4] = ["settled", "released", "cancelled", "callbacks"];
 const RESULT_ANSWERS: &[&str] = &["recorded", "not_ours", "record_yourself"];
 const LIVE_COPY_RESULTS: &[&str] = &["written", "not_written", "dropped"];
@@ -375,6 +375,10 @@ impl DenMetrics {
                 .tasks_finished
                 .get_metric_with_label_values(&[queue, outcome]);
         }
+        let _ = self
+            .inner
+            .tasks_discarded
+            .get_metric_with_label_values(&[queue]);
         if let Ok(g) = self.inner.runners.get_metric_with_label_values(&[queue]) {
             g.inc();
         }
@@ -464,7 +468,7 @@ impl DenMetrics {
         }
     }
 
-    /// `how`: "requeue", "orphan" or "cancel".
+    /// `how`: "requeue", "orphan", "cancel", "fail" or "discard".
     pub fn recovered(&self, how: &'static str) {
         inc(&self.inner.recoveries, &[how]);
     }

@@ -83,8 +83,19 @@ async fn attempts_are_listed_oldest_first_with_every_field() {
         assert_eq!(a["node"], json!("n1"));
         assert!(a["pid"].as_i64().is_some_and(|p| p > 0), "{a}");
         assert!(is_api_date(&a["start"]) && is_api_date(&a["end"]), "{a}");
-        assert_eq!(a["reason"], Value::Null, "{a}");
     }
+    // Issue 51: every attempt that did not succeed says why.
+    assert_eq!(
+        list[0]["reason"],
+        json!("the plugin asked for a retry"),
+        "{body}"
+    );
+    assert!(
+        list[1]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("too many retries")),
+        "{body}"
+    );
     assert!(list[0]["start"].as_str() <= list[1]["start"].as_str());
     assert_eq!(
         list[0]["status"],

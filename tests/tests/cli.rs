@@ -109,12 +109,15 @@ async fn task_commands_create_search_and_show_output() {
     let db = TestDb::new("cli_tasks").await;
     let config = write_config(&db, "node.json", json!({"gfs": true}));
     let dci = Dci::start(&config);
+    // No retry policy: the failing task stays failed, for the operator's retry below.
     ok(&dci.cli(&[
         "create-queue",
         "demo",
         "Disbatch::Plugin::Demo",
         "--threads",
         "2",
+        "--retry",
+        "null",
     ]));
 
     let one = ok(&dci.cli(&["create-task", "demo", "commands", "a"]));

@@ -118,6 +118,7 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
             "node_1_status_1_queue_1",
             "node_1_status_1_queue_1__id_-1",
             "node_1_status_1_queue_1__id_1",
+            "queue_1_discarded_at_1",
             "queue_1_key_1",
             "queue_1_not_before_1",
             "queue_1_slot_1",

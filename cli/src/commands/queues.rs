@@ -100,9 +100,14 @@ pub async fn create(
     plugin: &str,
     threads: Option<u64>,
     sort: Option<Sort>,
+    retry: Option<&str>,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let mut body = json!({"name": name, "plugin": plugin});
+    if let Some(text) = retry {
+        body["retry"] = serde_json::from_str::<Value>(text)
+            .map_err(|e| anyhow!("--retry must be a JSON object or null ({e}): {text}"))?;
+    }
     if let Some(threads) = threads {
         body["threads"] = json!(threads);
     }
@@ -143,7 +148,7 @@ pub fn update_body(args: &[String]) -> anyhow::Result<Map<String, Value>> {
             }
             // Flow limits are objects: JSON text is sent as JSON (`null` removes the limit);
             // anything else goes as text, for the server to explain.
-            ("rate_limit" | "concurrency" | "unique", text) => {
+            ("rate_limit" | "concurrency" | "unique" | "retry", text) => {
                 serde_json::from_str::<Value>(text).unwrap_or_else(|_| json!(text))
             }
             _ => json!(value),

@@ -473,6 +473,20 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
                 )
                 .build(),
         ),
+        // Only discarded tasks carry `discarded_at`: a queue's discards are counted and listed
+        // without reading its other ended tasks.
+        (
+            TASKS,
+            IndexModel::builder()
+                .keys(doc! {task::QUEUE: 1, task::DISCARDED_AT: 1})
+                .options(
+                    IndexOptions::builder()
+                        .name("queue_1_discarded_at_1".to_string())
+                        .partial_filter_expression(doc! {task::DISCARDED_AT: {"$exists": true}})
+                        .build(),
+                )
+                .build(),
+        ),
         // Only claimed and running tasks carry a lease, so recovery scans just those.
         (
             TASKS,

@@ -3,7 +3,7 @@
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
-use super::schema::{queue, QUEUES};
+use super::schema::{queue, task, QUEUES, TASKS};
 use super::{GroupCounts, StatusGroup, Store, WriteCounts};
 use crate::error::{Error, Result};
 
@@ -68,6 +68,35 @@ impl Store {
         Ok(QueueCounts::from(
             groups.get(&id).copied().unwrap_or_default(),
         ))
+    }
+
+    /// How many of the queue's tasks were discarded by its retry policy, counting at most
+    /// `cap` (then `cap`): a range of the partial `{queue, discarded_at}` index, read as ids.
+    /// A `find`, not a count: SecantusDB plans an aggregate's `$match` as a collection scan.
+    pub async fn discarded_count(&self, queue: ObjectId, cap: i64) -> Result<u64> {
+        use futures::TryStreamExt;
+        let context = format!("counting the discarded tasks of queue {queue}");
+        let mut cursor = self
+            .raw(TASKS)
+            .find(doc! {
+                task::QUEUE: queue,
+                task::DISCARDED_AT: {"$gte": bson::DateTime::from_millis(0)},
+            })
+            .projection(doc! {task::ID: 1})
+            .limit(cap)
+            .batch_size(1000)
+            .await
+            .map_err(|e| Error::mongo(context.clone(), e))?;
+        let mut n = 0u64;
+        while cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo(context.clone(), e))?
+            .is_some()
+        {
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// Inserts a queue document built by the caller from validated input.

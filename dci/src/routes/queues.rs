@@ -25,6 +25,28 @@ use crate::path::Path;
 use crate::render::{self, json_response, Dates};
 use crate::state::AppState;
 
+/// Discarded tasks one queue view counts, at most.
+const MOST_DISCARDED_COUNTED: i64 = 100_000;
+
+/// The queue's run settings a reader of the queue is shown, when it has them.
+const RUN_SETTINGS: [&str; 15] = [
+    field::WORKER,
+    field::WORKER_IDLE_S,
+    field::WORKER_MAX_TASKS,
+    field::WORKER_MAX_RSS_MB,
+    field::WORKER_START_S,
+    field::TIMEOUT,
+    field::KILL_GRACE,
+    field::LEASE,
+    field::ON_LOST,
+    field::MAX_RETRIES,
+    field::ON_DEPENDENCY_FAILURE,
+    field::THEN,
+    field::PRIORITY,
+    field::WEIGHT,
+    field::MAX_GETWORK,
+];
+
 async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
     let id = d
         .get_object_id(field::ID)
@@ -54,6 +76,13 @@ fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
         "by_status": by_status(&counts),
     });
     if let Value::Object(m) = &mut row {
+        // `retry` always (null says "no retries"); the run settings when set.
+        m.insert("retry".into(), get(field::RETRY));
+        for k in RUN_SETTINGS {
+            if let Some(b) = d.get(k) {
+                m.insert(k.to_string(), render::bson(b, Dates::Text));
+            }
+        }
         queue_limits::as_set(d, m);
         queue_schedule::as_set(d, m);
     }
@@ -103,6 +132,14 @@ pub async fn find_id(state: &AppState, ident: &str) -> ApiResult<ObjectId> {
 pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let d = find(&state, &ident).await?;
     let mut row = queue_json(&state, &d).await?;
+    if let (Ok(id), Value::Object(m)) = (d.get_object_id(field::ID), &mut row) {
+        // Past the cap the count says "at least": the list is for finding them.
+        let discarded = state
+            .store
+            .discarded_count(id, MOST_DISCARDED_COUNTED)
+            .await?;
+        m.insert("discarded".into(), json!(discarded));
+    }
     let flow = match (d.get_object_id(field::ID), disbatch_core::limits::parse(&d)) {
         (Ok(id), Ok(limits)) => {
             let now = fleet_time::now();
