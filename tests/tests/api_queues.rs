@@ -66,12 +66,20 @@ async fn queues_list_counts_by_status_and_are_found_by_name_or_id() {
                              "terminated": 0, "blocked": 0, "cancelled": 0, "orphaned": 0, "other": 0}})
     );
 
+    // One queue's view is its list row, with the count of its discarded tasks (issue 51).
+    let one = |mut v: Value| {
+        assert_eq!(v["discarded"], json!(0), "{v}");
+        if let Some(m) = v.as_object_mut() {
+            m.remove("discarded");
+        }
+        v
+    };
     let (status, by_name) = dci.get("/queues/alpha").await;
     assert_eq!(status, 200);
-    assert_eq!(by_name, find("alpha"));
+    assert_eq!(one(by_name), find("alpha"));
     let (status, by_id) = dci.get(&format!("/queues/{}", beta.to_hex())).await;
     assert_eq!(status, 200);
-    assert_eq!(by_id, find("beta"));
+    assert_eq!(one(by_id), find("beta"));
 
     let (status, body) = dci.get("/queues/nosuch").await;
     assert_eq!((status, body), (404, error("no queue nosuch")));

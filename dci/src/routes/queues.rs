@@ -29,7 +29,8 @@ use crate::state::AppState;
 const MOST_DISCARDED_COUNTED: i64 = 100_000;
 
 /// The queue's run settings a reader of the queue is shown, when it has them.
-const RUN_SETTINGS: [&str; 15] = [
+const RUN_SETTINGS: [&str; 16] = [
+    field::RETRY,
     field::WORKER,
     field::WORKER_IDLE_S,
     field::WORKER_MAX_TASKS,
@@ -76,8 +77,7 @@ fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
         "by_status": by_status(&counts),
     });
     if let Value::Object(m) = &mut row {
-        // `retry` always (null says "no retries"); the run settings when set.
-        m.insert("retry".into(), get(field::RETRY));
+        // The retry policy and run settings when set: a Disbatch queue's row is as it was.
         for k in RUN_SETTINGS {
             if let Some(b) = d.get(k) {
                 m.insert(k.to_string(), render::bson(b, Dates::Text));
@@ -176,7 +176,8 @@ fn sort_value(v: &Value) -> ApiResult<Bson> {
 }
 
 pub async fn create(Ns(state): Ns, params: Params) -> ApiResult<Response> {
-    let p = params.given_keeping_null(&["threads"]);
+    // `retry: null` asks for no policy, where a missing one gets the default.
+    let p = params.given_keeping_null(&["threads", field::RETRY]);
     let (id, _) = create_queue(&state, &p).await?;
     let mut out = envelope::insert_one(id);
     if let Value::Object(m) = &mut out {
