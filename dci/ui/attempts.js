@@ -2,7 +2,8 @@
 /*
  * Disbatch operator console — a task's attempt history (GET tasks/:id/attempts), shown on the
  * task page: one row per run, oldest first, with the node, how it ended and, for an attempt
- * that recovery took (lease passed, runner died, node silent), why.
+ * that recovery took (lease passed, runner died, node silent), why; and the result panel: the
+ * output the newest attempt wrote in its result file (GET tasks/:id).
  */
 
 const ATTEMPTS_CAP = 1000;   // the server answers at most the newest 1000
@@ -89,6 +90,57 @@ function attemptsPanel(ctx) {
       return;
     }
     patchRows(grid.tbody, rows.map((a, i) => attemptRow(a, i + 1)), "attempt");
+  }
+
+  return { root, refresh };
+}
+
+/** At most this many characters of a result's output are drawn; the link has it all. */
+const RESULT_SHOWN = 256 * 1024;
+
+/** The result section of the task page: { root, refresh(task, changed) }. */
+function resultPanel(ctx) {
+  const body = el("div", { id: "task-result" });
+  const note = el("span", { id: "task-result-note", class: "muted" });
+  const root = el("section", { class: "card result-panel" },
+    el("div", { class: "output-head" }, el("h2", null, "result"), note),
+    body);
+  let loaded = false;
+  let settle = 0;   // the attempt record, and its output, may land just after the task changed
+
+  async function refresh(task, changed) {
+    if (changed) settle = 3;
+    else if (settle > 0) settle -= 1;
+    if (loaded && !changed && settle === 0) return;
+    const t = await api("GET", `tasks/${encodeURIComponent(ctx.state.id)}`);
+    if (!ctx.alive()) return;
+    loaded = true;
+    const attempt = t && typeof t.output_attempt === "string" ? t.output_attempt : null;
+    // Links are relative, as the console's own requests are: it may be served under a prefix.
+    const whole = (url) => el("a", { href: url.replace(/^\//, ""), target: "_blank", rel: "noopener" },
+      "open it whole");
+    const wholeUrl = attempt
+      ? `/tasks/${encodeURIComponent(ctx.state.id)}/result?attempt=${attempt}` : "";
+    note.textContent = attempt ? `the output of attempt ${attempt}` : "";
+    if (!attempt) {
+      setContent(body, el("p", { class: "muted" },
+        "no output: no attempt of this task wrote one in its result file"));
+      return;
+    }
+    const omitted = t.output_omitted;
+    if (omitted && typeof omitted === "object") {
+      const bytes = Number(omitted.bytes) || 0;
+      setContent(body, el("p", null,
+        `${bytes} bytes of JSON (${fmtBytes(bytes)}), too large to show here: `,
+        whole(typeof omitted.url === "string" ? omitted.url : wholeUrl)));
+      return;
+    }
+    let text = shownJson(JSON.stringify(t.output ?? null, null, 2));
+    const cut = text.length > RESULT_SHOWN;
+    if (cut) text = text.slice(0, RESULT_SHOWN);
+    setContent(body, el("pre", { class: "json" }, text),
+      cut ? el("p", { class: "muted" }, `the first ${RESULT_SHOWN} characters are shown: `,
+        whole(wholeUrl)) : null);
   }
 
   return { root, refresh };

@@ -212,10 +212,11 @@ PAGES.task = {
     s.held.hidden = true;
     s.panels = ["stdout", "stderr"].map((stream) => outputPanel(ctx, stream));
     s.history = attemptsPanel(ctx);   // attempts.js
+    s.result = resultPanel(ctx);      // attempts.js
     main.append(
       el("div", { class: "page-head" }, el("h1", null, "Task ", el("span", { class: "mono" }, id)),
         el("a", { href: "#/tasks", id: "task-back", class: "back" }, "← tasks")),
-      s.msg, s.actions, s.info, s.history.root, ...s.panels.map((p) => p.root));
+      s.msg, s.actions, s.info, s.result.root, s.history.root, ...s.panels.map((p) => p.root));
   },
 
   async refresh(ctx) {
@@ -233,7 +234,8 @@ PAGES.task = {
     const key = `${task.status}|${task.mtime}|${JSON.stringify(task.stdout)}|${JSON.stringify(task.stderr)}`;
     const changed = key !== s.lastKey;
     s.lastKey = key;
-    await Promise.all([...s.panels.map((p) => p.refresh(task, changed)), s.history.refresh(task, changed)]);
+    await Promise.all([...s.panels.map((p) => p.refresh(task, changed)), s.history.refresh(task, changed),
+      s.result.refresh(task, changed)]);
     ctx.rendered();
   },
 };
