@@ -84,6 +84,7 @@ mod rate_windows;
 mod reload;
 mod result_refusals;
 mod result_relay;
+mod results;
 mod run_control;
 mod scheduler;
 mod schedules;
