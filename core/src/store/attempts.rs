@@ -9,6 +9,9 @@ use super::Store;
 use crate::error::{Error, Result};
 use crate::fleet_time;
 
+/// The `outcome` of an attempt whose task succeeded.
+const SUCCEEDED: &str = "succeeded";
+
 /// Attempt records per batch of a listing: the fields listed are small, but a hand-edited
 /// record's may not be.
 const ATTEMPTS_BATCH: u32 = 100;
@@ -138,7 +141,7 @@ impl Store {
     ) -> Result<Option<(ObjectId, Option<Bson>)>> {
         self.newest_attempt(
             task,
-            doc! {attempt::TASK: task, attempt::OUTCOME: attempt::SUCCEEDED},
+            doc! {attempt::TASK: task, attempt::OUTCOME: SUCCEEDED},
         )
         .await
     }

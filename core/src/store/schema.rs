@@ -138,8 +138,6 @@ pub mod attempt {
     pub const RESULT: &str = "result";
     /// The result file's `output` inside `result`: what the plugin gives its users.
     pub const RESULT_OUTPUT: &str = "result.output";
-    /// The outcome of an attempt whose task succeeded.
-    pub const SUCCEEDED: &str = "succeeded";
     /// Ours: why a lost attempt was lost (its lease passed, its runner died, its node died).
     pub const REASON: &str = "reason";
 }
