@@ -243,7 +243,7 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
         Some(json!({"greeted": "nobody", "try": 1}))
     );
     let failed = dci.cli(&["result", &f.failing.to_hex()]);
-    assert!(!failed.status.success());
+    assert_eq!(failed.status.code(), Some(3), "not found");
     let said = String::from_utf8_lossy(&failed.stderr);
     assert!(said.contains("no attempt of it succeeded"), "{said}");
 
