@@ -287,3 +287,32 @@ async fn the_console_shows_the_result_output_on_the_task_page() {
     drop(den);
     f.db.drop().await;
 }
+
+#[tokio::test]
+async fn a_hand_edited_attempt_costs_its_output_not_the_task() {
+    let db = TestDb::new("results_hand_edited").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 0).await;
+    let id = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    db.set_task(id, doc! {"status": 1}).await;
+    db.db
+        .collection::<bson::Document>("attempts")
+        .insert_one(doc! {
+            "_id": "made by hand", "task": id, "outcome": "succeeded",
+            "start": bson::DateTime::from_millis(1_000), "end": bson::DateTime::from_millis(2_000),
+            "result": {"output": {"by": "hand"}},
+        })
+        .await
+        .expect("attempt");
+    let dci = Dci::start(&config);
+    let (status, task) = dci.get(&format!("/tasks/{}", id.to_hex())).await;
+    assert_eq!(status, 200, "{task}");
+    assert!(task.get("output").is_none(), "{task}");
+    let (status, rows) = dci.get(&format!("/tasks/{}/attempts", id.to_hex())).await;
+    assert_eq!(status, 200, "{rows}");
+    assert_eq!(rows[0]["output"], json!({"by": "hand"}), "{rows}");
+    let (status, body) = dci.get(&format!("/tasks/{}/result", id.to_hex())).await;
+    assert_eq!(status, 409, "that record's answer: {body}");
+    drop(dci);
+    db.drop().await;
+}

@@ -66,7 +66,16 @@ pub async fn add_to_task(
     task: ObjectId,
     answer: &mut Map<String, Value>,
 ) -> ApiResult<()> {
-    let Some((attempt, output)) = state.store.latest_output(task).await? else {
+    let found = match state.store.latest_output(task).await {
+        Ok(found) => found,
+        // A hand-edited record (an `_id` that is no ObjectId) costs the output, not the task.
+        Err(e @ disbatch_core::Error::BadDocument { .. }) => {
+            tracing::warn!(task = %task, error = %e, "the task's result output is not shown");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let Some((attempt, output)) = found else {
         return Ok(());
     };
     let mut add = |k: &str, v: Value| {
