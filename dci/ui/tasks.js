@@ -211,8 +211,8 @@ PAGES.task = {
     s.attempts.hidden = true;
     s.held.hidden = true;
     s.panels = ["stdout", "stderr"].map((stream) => outputPanel(ctx, stream));
-    s.history = attemptsPanel(ctx);   // attempts.js
     s.result = resultPanel(ctx);      // attempts.js
+    s.history = attemptsPanel(ctx, s.result.show);
     main.append(
       el("div", { class: "page-head" }, el("h1", null, "Task ", el("span", { class: "mono" }, id)),
         el("a", { href: "#/tasks", id: "task-back", class: "back" }, "← tasks")),
@@ -234,8 +234,7 @@ PAGES.task = {
     const key = `${task.status}|${task.mtime}|${JSON.stringify(task.stdout)}|${JSON.stringify(task.stderr)}`;
     const changed = key !== s.lastKey;
     s.lastKey = key;
-    await Promise.all([...s.panels.map((p) => p.refresh(task, changed)), s.history.refresh(task, changed),
-      s.result.refresh(task, changed)]);
+    await Promise.all([...s.panels.map((p) => p.refresh(task, changed)), s.history.refresh(task, changed)]);
     ctx.rendered();
   },
 };
