@@ -175,6 +175,15 @@ pub enum Command {
     /// List a task's attempts, oldest first: node, runner pid, start, end, outcome, exit
     /// code or signal, and why it was lost or retried.
     Attempts { task_id: String },
+    /// Print the output of a task's last successful attempt (its result file's `output`),
+    /// whole, as JSON: `disbatch result ID | jq`.
+    Result {
+        task_id: String,
+        /// That attempt's output instead, whatever its outcome (the id `task` and `attempts`
+        /// print).
+        #[arg(long, value_name = "ATTEMPT_ID")]
+        attempt: Option<String>,
+    },
     /// Pause a queue: no node starts its tasks (threads 0, the old value kept).
     Pause {
         /// Queue id or name.

@@ -2,7 +2,8 @@
 /*
  * Disbatch operator console — a task's attempt history (GET tasks/:id/attempts), shown on the
  * task page: one row per run, oldest first, with the node, how it ended and, for an attempt
- * that recovery took (lease passed, runner died, node silent), why.
+ * that recovery took (lease passed, runner died, node silent), why; and the result panel: the
+ * output the newest attempt wrote in its result file.
  */
 
 const ATTEMPTS_CAP = 1000;   // the server answers at most the newest 1000
@@ -50,8 +51,9 @@ function attemptRow(a, n) {
     el("td", { class: "reason" }, text(a.reason)));
 }
 
-/** The attempts section of the task page: { root, refresh(task, changed) }. */
-function attemptsPanel(ctx) {
+/** The attempts section of the task page: { root, refresh(task, changed) }; `onList` gets
+ * each list read. */
+function attemptsPanel(ctx, onList) {
   const grid = gridTable("task-attempts", [
     ["#", "num"], "started", "ended", ["took", "num"], "node", ["pid", "num"], "outcome",
     ["exit", "num"], ["signal", "num"], "reason",
@@ -73,6 +75,7 @@ function attemptsPanel(ctx) {
     const list = await api("GET", `tasks/${encodeURIComponent(ctx.state.id)}/attempts`);
     if (!ctx.alive()) return;
     loaded = true;
+    onList(list);
     const rows = Array.isArray(list) ? list.slice() : [];
     open = rows.some((a) => !a.end || a.outcome === "running");
     // A run's record is written when it ends: the one under way is shown from the task.
@@ -92,4 +95,52 @@ function attemptsPanel(ctx) {
   }
 
   return { root, refresh };
+}
+
+/** At most this many characters of a result's output are drawn; the link has it all. */
+const RESULT_SHOWN = 256 * 1024;
+
+/** The result section of the task page: { root, show(list) }, shown from the attempts the
+ * attempts panel reads (GET tasks/:id/attempts carries each one's output, bounded): the task
+ * document would bring its whole stdout along. */
+function resultPanel(ctx) {
+  const body = el("div", { id: "task-result" });
+  const note = el("span", { id: "task-result-note", class: "muted" });
+  const root = el("section", { class: "card result-panel" },
+    el("div", { class: "output-head" }, el("h2", null, "result"), note),
+    body);
+  const has = (v) => v !== null && v !== undefined;
+
+  function show(list) {
+    const rows = Array.isArray(list) ? list : [];
+    let newest = null;
+    for (let i = rows.length - 1; i >= 0 && !newest; i -= 1) {
+      if (has(rows[i].output) || has(rows[i].output_omitted)) newest = rows[i];
+    }
+    const attempt = newest ? oidOf(newest._id) : null;
+    // Links are relative, as the console's own requests are: it may be served under a prefix.
+    const wholeUrl = `tasks/${encodeURIComponent(ctx.state.id)}/result?attempt=${encodeURIComponent(String(attempt))}`;
+    const whole = () => el("a", { href: wholeUrl, target: "_blank", rel: "noopener" }, "open it whole");
+    note.textContent = newest ? `the output of attempt ${attempt}` : "";
+    if (!newest) {
+      setContent(body, el("p", { class: "muted" },
+        "no output: no attempt of this task wrote one in its result file"));
+      return;
+    }
+    const omitted = newest.output_omitted;
+    if (has(omitted)) {
+      const bytes = Number(omitted.bytes) || 0;
+      setContent(body, el("p", null,
+        `${bytes} bytes of JSON (${fmtBytes(bytes)}), too large to show here: `, whole()));
+      return;
+    }
+    let text = shownJson(JSON.stringify(newest.output, null, 2));
+    const cut = text.length > RESULT_SHOWN;
+    if (cut) text = text.slice(0, RESULT_SHOWN);
+    setContent(body, el("pre", { class: "json" }, text),
+      cut ? el("p", { class: "muted" }, `the first ${RESULT_SHOWN} characters are shown: `, whole())
+        : null);
+  }
+
+  return { root, show };
 }

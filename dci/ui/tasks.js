@@ -211,11 +211,12 @@ PAGES.task = {
     s.attempts.hidden = true;
     s.held.hidden = true;
     s.panels = ["stdout", "stderr"].map((stream) => outputPanel(ctx, stream));
-    s.history = attemptsPanel(ctx);   // attempts.js
+    s.result = resultPanel(ctx);      // attempts.js
+    s.history = attemptsPanel(ctx, s.result.show);
     main.append(
       el("div", { class: "page-head" }, el("h1", null, "Task ", el("span", { class: "mono" }, id)),
         el("a", { href: "#/tasks", id: "task-back", class: "back" }, "← tasks")),
-      s.msg, s.actions, s.info, s.history.root, ...s.panels.map((p) => p.root));
+      s.msg, s.actions, s.info, s.result.root, s.history.root, ...s.panels.map((p) => p.root));
   },
 
   async refresh(ctx) {

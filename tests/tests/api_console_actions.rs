@@ -10,12 +10,13 @@ use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-const FIELDS: [&str; 12] = [
+const FIELDS: [&str; 13] = [
     "_id",
     "end",
     "exit_code",
     "node",
     "outcome",
+    "output",
     "pid",
     "queue",
     "reason",
@@ -152,7 +153,7 @@ async fn a_lost_attempt_shows_its_reason_and_the_list_is_capped_at_the_newest_th
             "_id": {"$oid": lost.to_hex()}, "task": {"$oid": ids[0].to_hex()},
             "queue": {"$oid": queue.to_hex()}, "node": "gone", "pid": null,
             "start": "1970-01-01T00:00:01", "end": "1970-01-01T00:01:01", "outcome": "lost",
-            "status": null, "exit_code": null, "signal": null,
+            "status": null, "exit_code": null, "signal": null, "output": null,
             "reason": "its node gone stopped heartbeating (silent for over 300 s)",
         }])
     );

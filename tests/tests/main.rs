@@ -85,6 +85,7 @@ mod reload;
 mod result_refusals;
 mod result_relay;
 mod retry_policies;
+mod results;
 mod run_control;
 mod scheduler;
 mod schedules;

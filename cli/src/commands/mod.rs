@@ -47,7 +47,7 @@ impl Ctx {
 /// Writes a JSON body as received, ending it with a newline if it has none. Control, bidi and
 /// invisible characters in its strings become `\uXXXX` escapes: the same JSON value, but a
 /// stored name cannot drive the terminal (ESC) or show itself reversed (U+202E).
-fn write_raw(out: &mut dyn Write, raw: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_raw(out: &mut dyn Write, raw: &[u8]) -> std::io::Result<()> {
     let text = String::from_utf8_lossy(raw);
     let text = printable::json_text(&text);
     out.write_all(text.as_bytes())?;
@@ -152,6 +152,9 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         Command::Nodes => nodes::list(ctx, out).await,
         Command::Task { task_id } => task_view::show(ctx, &task_id, out).await,
         Command::Attempts { task_id } => task_view::attempts(ctx, &task_id, out).await,
+        Command::Result { task_id, attempt } => {
+            task_view::result(ctx, &task_id, attempt.as_deref(), out).await
+        }
         Command::Pause { queue } => queue_ops::pause_or_resume(ctx, &queue, "pause", out).await,
         Command::Resume { queue } => queue_ops::pause_or_resume(ctx, &queue, "resume", out).await,
         Command::Units {

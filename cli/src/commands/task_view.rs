@@ -1,11 +1,11 @@
-//! Reading tasks for people: `task ID`, `attempts ID`, and the `tasks` table.
+//! Reading tasks for people: `task ID`, `attempts ID`, `result ID`, and the `tasks` table.
 
 use std::io::Write;
 
 use reqwest::Method;
 use serde_json::Value;
 
-use super::{array, cell, plural, shown, Ctx};
+use super::{array, cell, plural, shown, write_raw, Ctx};
 use crate::envelope::oid;
 use crate::table::{Align, Table};
 
@@ -111,7 +111,9 @@ pub async fn show(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Resu
             )),
             "stdout" | "stderr" => lines.push((key.clone(), output_summary(value))),
             "held" => lines.push((key.clone(), held_line(value))),
-            _ => lines.push((key.clone(), cell(Some(value)))),
+            // Shown below the fields, as a block of pretty JSON.
+            "output" | "output_omitted" | "output_attempt" => {}
+            _ => lines.push((key.clone(), cell(Some(&plain_ids(value))))),
         }
     }
     let width = lines
@@ -122,6 +124,93 @@ pub async fn show(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Resu
     for (key, value) in lines {
         writeln!(out, "{:width$}  {}", shown(&key), shown(&value))?;
     }
+    if let Some(attempt) = t.get("output_attempt") {
+        let attempt = oid(attempt).map_or_else(|| cell(Some(attempt)), str::to_string);
+        let whole = format!("disbatch result {} --attempt {attempt}", id_of(t));
+        writeln!(out, "output (of attempt {}):", shown(&attempt))?;
+        write_output(t.get("output"), t.get("output_omitted"), &whole, out)?;
+    }
+    Ok(())
+}
+
+/// Ids as the hex they are: the server writes an ObjectId as `{"$oid": "…"}`, at any depth.
+fn plain_ids(value: &Value) -> Value {
+    match value {
+        Value::Object(o) if o.len() == 1 => match o.get("$oid") {
+            Some(Value::String(hex)) => Value::String(hex.clone()),
+            _ => Value::Object(o.iter().map(|(k, v)| (k.clone(), plain_ids(v))).collect()),
+        },
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, v)| (k.clone(), plain_ids(v))).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(plain_ids).collect()),
+        other => other.clone(),
+    }
+}
+
+/// At most this many lines of a result's output are printed by `task` and `attempts`;
+/// `disbatch result` prints it whole.
+const OUTPUT_LINES: usize = 40;
+/// At most this many characters of one printed line of output.
+const OUTPUT_LINE_CHARS: usize = 200;
+
+/// A result's output as pretty JSON, indented, at most `OUTPUT_LINES` lines; or, when the
+/// server left it out (`output_omitted`), its size. `whole` is the command that prints it all.
+fn write_output(
+    output: Option<&Value>,
+    omitted: Option<&Value>,
+    whole: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    if let Some(omitted) = omitted.filter(|o| !o.is_null()) {
+        writeln!(
+            out,
+            "  ({} of JSON, too large to show here; {whole} prints it)",
+            plural(
+                omitted.get("bytes").and_then(Value::as_u64).unwrap_or(0),
+                "byte",
+                "bytes"
+            )
+        )?;
+        return Ok(());
+    }
+    let pretty = serde_json::to_string_pretty(output.unwrap_or(&Value::Null))?;
+    let pretty = disbatch_core::printable::json_text(&pretty);
+    let total = pretty.lines().count();
+    for line in pretty.lines().take(OUTPUT_LINES) {
+        writeln!(
+            out,
+            "  {}",
+            disbatch_core::printable::cut(line, OUTPUT_LINE_CHARS)
+        )?;
+    }
+    if total > OUTPUT_LINES {
+        writeln!(
+            out,
+            "  … ({} more lines; {whole} prints it whole)",
+            total - OUTPUT_LINES
+        )?;
+    }
+    Ok(())
+}
+
+/// `result ID`: the output of the task's last successful attempt (or of `attempt`), whole,
+/// as the JSON the server sent, for scripts (`disbatch result ID | jq`).
+pub async fn result(
+    ctx: &Ctx,
+    task_id: &str,
+    attempt: Option<&str>,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let query: Vec<(&str, String)> = attempt
+        .map(|a| ("attempt", a.to_string()))
+        .into_iter()
+        .collect();
+    let (_, body) = ctx
+        .client
+        .get_bytes(&["tasks", task_id, "result"], &query)
+        .await?;
+    write_raw(out, &body)?;
     Ok(())
 }
 
@@ -198,6 +287,16 @@ pub async fn attempts(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::
     }
     write!(out, "{}", table.render())?;
     writeln!(out, "{}.", plural(rows.len() as u64, "attempt", "attempts"))?;
+    for (i, a) in rows.iter().enumerate() {
+        let (output, omitted) = (a.get("output"), a.get("output_omitted"));
+        if output.is_none_or(Value::is_null) && omitted.is_none_or(Value::is_null) {
+            continue;
+        }
+        let attempt = id_of(a);
+        writeln!(out, "output of attempt {} ({}):", i + 1, shown(&attempt))?;
+        let whole = format!("disbatch result {task_id} --attempt {attempt}");
+        write_output(output, omitted, &whole, out)?;
+    }
     Ok(())
 }
 
@@ -240,6 +339,40 @@ mod tests {
         );
         let held = json!({"limit": "concurrency", "reason": "at max", "until": null});
         assert_eq!(held_line(&held), "concurrency: at max");
+    }
+
+    #[test]
+    fn ids_are_shown_as_hex_at_any_depth() {
+        let v = json!({"attempt": {"$oid": "ab12"}, "list": [{"attempt": {"$oid": "cd"}}]});
+        assert_eq!(
+            plain_ids(&v),
+            json!({"attempt": "ab12", "list": [{"attempt": "cd"}]})
+        );
+        assert_eq!(plain_ids(&json!({"$oid": 1})), json!({"$oid": 1}));
+    }
+
+    #[test]
+    fn a_result_output_is_printed_pretty_and_bounded() {
+        let mut out = Vec::new();
+        write_output(Some(&json!({"greeted": "Ada"})), None, "W", &mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert_eq!(text, "  {\n    \"greeted\": \"Ada\"\n  }\n");
+        let long: Vec<u32> = (0..100).collect();
+        let mut out = Vec::new();
+        write_output(Some(&json!(long)), None, "W", &mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert_eq!(text.lines().count(), OUTPUT_LINES + 1, "{text}");
+        assert!(
+            text.ends_with("… (62 more lines; W prints it whole)\n"),
+            "{text}"
+        );
+        let mut out = Vec::new();
+        write_output(None, Some(&json!({"bytes": 9})), "W", &mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert!(
+            text.contains("9 bytes of JSON") && text.contains("W prints it"),
+            "{text}"
+        );
     }
 
     #[test]

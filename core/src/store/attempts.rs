@@ -9,6 +9,9 @@ use super::Store;
 use crate::error::{Error, Result};
 use crate::fleet_time;
 
+/// The `outcome` of an attempt whose task succeeded.
+const SUCCEEDED: &str = "succeeded";
+
 /// Attempt records per batch of a listing: the fields listed are small, but a hand-edited
 /// record's may not be.
 const ATTEMPTS_BATCH: u32 = 100;
@@ -130,6 +133,70 @@ impl Store {
         Ok((self.decoded_stream(ATTEMPTS, cursor, context), older > 0))
     }
 
+    /// The `output` of the task's newest attempt that wrote one, with that attempt's id.
+    /// Only the output and the id are read.
+    pub async fn latest_output(&self, task: ObjectId) -> Result<Option<(ObjectId, Bson)>> {
+        let found = self
+            .newest_attempt(
+                task,
+                doc! {attempt::TASK: task, attempt::RESULT_OUTPUT: {"$exists": true}},
+            )
+            .await?;
+        Ok(found.and_then(|(id, output)| output.map(|o| (id, o))))
+    }
+
+    /// The task's newest succeeded attempt: its id and its `output`, None when it wrote none.
+    pub async fn last_success_output(
+        &self,
+        task: ObjectId,
+    ) -> Result<Option<(ObjectId, Option<Bson>)>> {
+        self.newest_attempt(
+            task,
+            doc! {attempt::TASK: task, attempt::OUTCOME: SUCCEEDED},
+        )
+        .await
+    }
+
+    /// The `output` of attempt `id` of `task`: None when the task has no such attempt,
+    /// Some(None) when that attempt wrote none.
+    pub async fn attempt_output(
+        &self,
+        task: ObjectId,
+        id: ObjectId,
+    ) -> Result<Option<Option<Bson>>> {
+        let found = self
+            .newest_attempt(task, doc! {attempt::ID: id, attempt::TASK: task})
+            .await?;
+        Ok(found.map(|(_, output)| output))
+    }
+
+    /// The newest attempt matching `filter` (index `{task, start}`): its id and its result's
+    /// `output`, the only fields read.
+    async fn newest_attempt(
+        &self,
+        task: ObjectId,
+        filter: Document,
+    ) -> Result<Option<(ObjectId, Option<Bson>)>> {
+        let found = self
+            .collection(ATTEMPTS)
+            .find_one(filter)
+            .sort(doc! {attempt::START: -1, attempt::ID: -1})
+            .projection(doc! {attempt::ID: 1, attempt::RESULT_OUTPUT: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("reading the result of task {task}"), e))?;
+        let Some(d) = found else {
+            return Ok(None);
+        };
+        let id = d
+            .get_object_id(attempt::ID)
+            .map_err(|_| Error::BadDocument {
+                collection: ATTEMPTS,
+                id: format!("{:?}", d.get(attempt::ID)),
+                message: "its _id is not an ObjectId".into(),
+            })?;
+        Ok(Some((id, result_output(&d).cloned())))
+    }
+
     /// A task's attempts, oldest first.
     pub async fn attempts_of(&self, task: ObjectId) -> Result<Vec<Document>> {
         let context = format!("listing attempts of task {task}");
@@ -141,6 +208,22 @@ impl Store {
             .map_err(|e| Error::mongo(context.clone(), e))?;
         self.read_all(ATTEMPTS, cursor, &context).await
     }
+}
+
+/// The result file's `output` in an attempt record, if it wrote one.
+pub fn result_output(record: &Document) -> Option<&Bson> {
+    record
+        .get_document(attempt::RESULT)
+        .ok()
+        .and_then(|r| r.get(output_key()))
+}
+
+/// `output`, the last part of `attempt::RESULT_OUTPUT`.
+fn output_key() -> &'static str {
+    attempt::RESULT_OUTPUT
+        .rsplit('.')
+        .next()
+        .unwrap_or(attempt::RESULT_OUTPUT)
 }
 
 /// An ended attempt's record as stored.

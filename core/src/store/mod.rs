@@ -50,7 +50,7 @@ use bson::Document;
 use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
-pub use attempts::{AttemptEnd, AttemptRecord};
+pub use attempts::{result_output, AttemptEnd, AttemptRecord};
 pub use by_id::{conditional_by_id, WHEN as BY_ID_WHEN};
 pub use claim_batch::{claim_key, Candidates, ClaimWindow, Pick, PickHolds, PickOutcome};
 pub use decode::{DocumentStream, SkipHook, SkipLedger, SkipReason};

@@ -142,6 +142,8 @@ pub mod attempt {
     pub const RESULT: &str = "result";
     /// Ours: true on the attempt whose end discarded its task (out of retries).
     pub const TASK_DISCARDED: &str = "task_discarded";
+    /// The result file's `output` inside `result`: what the plugin gives its users.
+    pub const RESULT_OUTPUT: &str = "result.output";
     /// Ours: why a lost attempt was lost (its lease passed, its runner died, its node died),
     /// or why a failed one failed and what follows (its retry, or the task discarded).
     pub const REASON: &str = "reason";

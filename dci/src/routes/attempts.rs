@@ -1,12 +1,15 @@
-//! `GET /tasks/:id/attempts`: a task's attempt records, oldest first, for the console and
-//! `disbatch attempts`.
+//! `GET /tasks/:id/attempts`: a task's attempt records, oldest first, with their result's
+//! `output`, for the console and `disbatch attempts`.
 
 use axum::response::Response;
+use bson::oid::ObjectId;
 use bson::Document;
+use disbatch_core::store::result_output;
 use disbatch_core::store::schema::attempt;
 use futures::StreamExt;
 use serde_json::{Map, Value};
 
+use super::result::{Room, Shown};
 use crate::error::{ApiError, ApiResult};
 use crate::json_stream;
 use crate::namespace::Ns;
@@ -34,24 +37,31 @@ const FIELDS: [&str; 12] = [
     attempt::REASON,
 ];
 
-/// Streamed, with only `FIELDS` read from the database: each record may hold a 16 MiB
-/// plugin result, which this listing does not show.
+/// Streamed, with only `FIELDS` and the result's `output` read from the database: each record
+/// may hold a 16 MiB plugin result, of which the listing shows only the output, within the
+/// bounds `result::Room` keeps.
 pub async fn list(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
     let oid = object_id("task", &id)?;
     if !state.store.task_exists(oid).await? {
         return Err(ApiError::not_found(format!("no task with id {id}")));
     }
+    let mut fields = FIELDS.to_vec();
+    fields.push(attempt::RESULT_OUTPUT);
     let (mut records, truncated) = state
         .store
-        .recent_attempts(oid, MAX_ATTEMPTS, &FIELDS)
+        .recent_attempts(oid, MAX_ATTEMPTS, &fields)
         .await?;
+    let mut room = Room::default();
     // The first record is read before answering, so a failed read is still an error status.
     let mut response = match records.next().await.transpose()? {
         None => json_response(&Value::Array(Vec::new()), false),
         Some(first) => {
             let rows = futures::stream::once(std::future::ready(Ok(first)))
                 .chain(records)
-                .map(|d| d.map(|d| attempt_json(&d)).map_err(ApiError::from));
+                .map(move |d| {
+                    d.map(|d| attempt_json(&d, oid, &mut room))
+                        .map_err(ApiError::from)
+                });
             json_stream::array_response(rows, false)
         }
     };
@@ -64,9 +74,11 @@ pub async fn list(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> 
     Ok(response)
 }
 
-/// One record as the API renders documents (`{"$oid"}` ids, text dates), only `FIELDS`.
-fn attempt_json(d: &Document) -> Value {
-    let row: Map<String, Value> = FIELDS
+/// One record as the API renders documents (`{"$oid"}` ids, text dates), only `FIELDS`, and
+/// `output`: the result's (null when none), or null and `output_omitted` when `room` has
+/// no place for it.
+fn attempt_json(d: &Document, task: ObjectId, room: &mut Room) -> Value {
+    let mut row: Map<String, Value> = FIELDS
         .iter()
         .map(|k| {
             let v = d
@@ -75,22 +87,40 @@ fn attempt_json(d: &Document) -> Value {
             (k.to_string(), v)
         })
         .collect();
+    let output = match (d.get_object_id(attempt::ID), result_output(d)) {
+        (Ok(id), Some(output)) => room.show(task, id, output),
+        // A record without an ObjectId `_id` has no link for its output: it is shown whole.
+        (Err(_), Some(output)) => Shown::Inline(render::bson(output, Dates::Text)),
+        (_, None) => Shown::Inline(Value::Null),
+    };
+    match output {
+        Shown::Inline(v) => {
+            row.insert("output".into(), v);
+        }
+        Shown::Omitted(marker) => {
+            row.insert("output".into(), Value::Null);
+            row.insert("output_omitted".into(), marker);
+        }
+    }
     Value::Object(row)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::oid::ObjectId;
     use bson::{doc, DateTime};
 
     #[test]
     fn an_attempt_has_every_field_and_null_for_missing_ones() {
         let id = ObjectId::new();
-        let v = attempt_json(&doc! {
-            "_id": id, "outcome": "lost", "reason": "its lease passed on node n1",
-            "start": DateTime::from_millis(0), "pid": 7_i64, "result": {"x": 1},
-        });
+        let v = attempt_json(
+            &doc! {
+                "_id": id, "outcome": "lost", "reason": "its lease passed on node n1",
+                "start": DateTime::from_millis(0), "pid": 7_i64, "result": {"x": 1},
+            },
+            ObjectId::new(),
+            &mut Room::default(),
+        );
         assert_eq!(v["_id"], serde_json::json!({"$oid": id.to_hex()}));
         assert_eq!(v["start"], serde_json::json!("1970-01-01T00:00:00"));
         assert_eq!(v["pid"], serde_json::json!(7));
@@ -104,6 +134,24 @@ mod tests {
             v.get("result").is_none(),
             "the plugin's result is not listed"
         );
-        assert_eq!(v.as_object().map(|m| m.len()), Some(FIELDS.len()));
+        assert_eq!(v["output"], Value::Null, "a result without output");
+        assert_eq!(v.as_object().map(|m| m.len()), Some(FIELDS.len() + 1));
+    }
+
+    #[test]
+    fn an_attempt_shows_its_result_output_or_where_to_get_it() {
+        let (task, id) = (ObjectId::new(), ObjectId::new());
+        let record = doc! {"_id": id, "result": {"status": 1, "output": {"greeted": "Ada"}}};
+        let v = attempt_json(&record, task, &mut Room::default());
+        assert_eq!(v["output"], serde_json::json!({"greeted": "Ada"}));
+        assert!(v.get("output_omitted").is_none());
+        let big = "a".repeat(super::super::full_output::MAX_OUTPUT_BYTES);
+        let record = doc! {"_id": id, "result": {"output": big}};
+        let v = attempt_json(&record, task, &mut Room::default());
+        assert_eq!(v["output"], Value::Null);
+        assert_eq!(
+            v["output_omitted"]["url"],
+            serde_json::json!(format!("/tasks/{task}/result?attempt={id}"))
+        );
     }
 }

@@ -13,6 +13,7 @@ pub mod openapi;
 mod queue_limits;
 mod queue_schedule;
 mod queues;
+mod result;
 mod specs;
 mod stats;
 mod summary;
@@ -288,6 +289,13 @@ pub fn table() -> Vec<Route> {
             READ,
             "A task's attempts, oldest first (the newest 1000)",
             || get(attempts::list),
+        ),
+        route(
+            Method::GET,
+            "/tasks/{id}/result",
+            READ,
+            "The output of a task's last successful attempt's result file, whole, as JSON (?attempt=ID: that attempt's)",
+            || get(result::get),
         ),
         route(
             Method::GET,

@@ -12,23 +12,70 @@ pub async fn document(Ns(state): Ns) -> ApiResult<Response> {
     Ok(json_response(&openapi(state.legacy_routes()), false))
 }
 
+/// Query parameters of `GET` routes: path, name, JSON type, what it does.
+const QUERY_PARAMETERS: [(&str, &str, &str, &str); 5] = [
+    (
+        "/tasks/{id}/result",
+        "attempt",
+        "string",
+        "That attempt's output (24 hex digits), whatever its outcome",
+    ),
+    (
+        "/tasks/{id}/stdout",
+        "offset",
+        "integer",
+        "The first byte to send",
+    ),
+    (
+        "/tasks/{id}/stdout",
+        "length",
+        "integer",
+        "At most this many bytes",
+    ),
+    (
+        "/tasks/{id}/stderr",
+        "offset",
+        "integer",
+        "The first byte to send",
+    ),
+    (
+        "/tasks/{id}/stderr",
+        "length",
+        "integer",
+        "At most this many bytes",
+    ),
+];
+
 /// The document for the routes served (legacy ones only when loaded).
 pub fn openapi(legacy: bool) -> Value {
     let mut paths = Map::new();
     for r in table().into_iter().filter(|r| legacy || !r.legacy) {
-        let params: Vec<Value> = r
+        let mut params: Vec<Value> = r
             .path
             .split('/')
             .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
             .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
             .collect();
+        params.extend(
+            QUERY_PARAMETERS
+                .iter()
+                .filter(|(path, _, _, _)| *path == r.path && r.method == axum::http::Method::GET)
+                .map(|(_, name, kind, description)| {
+                    json!({"name": name, "in": "query", "required": false,
+                           "schema": {"type": kind}, "description": description})
+                }),
+        );
         let mut op = json!({
             "summary": r.summary,
             "parameters": params,
             "responses": {
                 "200": {"description": "Success", "content": {"application/json": {}}},
                 "400": {"description": "Invalid input: {\"error\": …}"},
-                "404": {"description": "Unknown node, queue or task"},
+                "404": {"description": if r.path == "/tasks/{id}/result" {
+                    "Unknown task or attempt, or no result: no attempt succeeded, or it wrote no output"
+                } else {
+                    "Unknown node, queue or task"
+                }},
                 "503": {"description": "Database unavailable"},
             },
         });
@@ -89,4 +136,21 @@ pub fn openapi(legacy: bool) -> Value {
         "paths": paths,
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_parameters_name_routes_that_exist() {
+        let doc = openapi(false);
+        for (path, name, _, _) in QUERY_PARAMETERS {
+            let params = &doc["paths"][path]["get"]["parameters"];
+            let listed = params
+                .as_array()
+                .is_some_and(|ps| ps.iter().any(|p| p["name"] == name && p["in"] == "query"));
+            assert!(listed, "GET {path} lacks ?{name}: {params}");
+        }
+    }
 }

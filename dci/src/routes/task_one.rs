@@ -1,4 +1,5 @@
-//! One task: `GET /tasks/:id` (JSON or HTML), its output streams, cancel, retry and delete.
+//! One task: `GET /tasks/:id` (JSON or HTML, with its result's output), its output streams,
+//! cancel, retry and delete.
 
 use axum::body::Body;
 use axum::extract::RawQuery;
@@ -33,6 +34,9 @@ pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> A
             "held".into(),
             render::document(&held.to_document(), Dates::Text),
         );
+    }
+    if let serde_json::Value::Object(m) = &mut value {
+        super::result::add_to_task(&state, oid, m).await?;
     }
     if html {
         return Ok(Html(task_page(&value)).into_response());
