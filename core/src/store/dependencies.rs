@@ -16,7 +16,7 @@ use futures::TryStreamExt;
 
 use super::releases::{list_len, object_ids, short_waits, SHORT};
 use super::schema::{queue as queue_field, task, QUEUES, TASKS};
-use super::{Created, LimitIndex, Moved, StatusGroup, Store};
+use super::{Created, LimitIndex, Moved, StatusGroup, Store, Timing};
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::status;
@@ -101,11 +101,24 @@ impl Store {
         params: Vec<Document>,
         waits: &Waits,
     ) -> Result<Created> {
+        self.create_waiting_tasks_at(queue, params, waits, &Timing::default())
+            .await
+    }
+
+    /// `create_waiting_tasks`, each task with `timing`'s fields. `not_before` is a time, not a
+    /// delay from the release: a task released after it may be claimed at once.
+    pub async fn create_waiting_tasks_at(
+        &self,
+        queue: ObjectId,
+        params: Vec<Document>,
+        waits: &Waits,
+        timing: &Timing,
+    ) -> Result<Created> {
         let mut deps = waits.depends_on.clone();
         let mut seen = HashSet::new();
         deps.retain(|d| seen.insert(*d));
         if deps.is_empty() {
-            return self.create_tasks(queue, params).await;
+            return self.create_tasks_at(queue, params, timing).await;
         }
         if deps.len() > MAX_WORKFLOW_TASKS {
             return Err(Error::Invalid(format!(
@@ -129,13 +142,15 @@ impl Store {
         let docs: Vec<Document> = params
             .into_iter()
             .map(|p| {
-                doc! {
+                let mut d = doc! {
                     task::ID: ObjectId::new(), task::QUEUE: queue, task::STATUS: status::BLOCKED,
                     task::NODE: Bson::Null, task::PARAMS: p, task::CTIME: now, task::MTIME: now,
                     task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
                     task::DEPENDS_ON: &deps, task::WAITING_ON: &deps,
                     task::ON_DEPENDENCY_FAILURE: on_failure.name(),
-                }
+                };
+                timing.stamp(&mut d);
+                d
             })
             .collect();
         let ids: Vec<ObjectId> = docs

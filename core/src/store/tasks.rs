@@ -9,7 +9,7 @@ use mongodb::options::ReturnDocument;
 
 use super::claim_run::release_holds;
 use super::schema::{task, TASKS};
-use super::task_create::Created;
+use super::task_create::{Created, Timing};
 use super::unique_tasks::{stamp_unique_key, Fate};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
@@ -279,12 +279,23 @@ impl Store {
 
     /// `insert_tasks`, saying which inputs were duplicates of existing tasks (`unique`).
     pub async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> Result<Created> {
+        self.create_tasks_at(queue, params, &Timing::default())
+            .await
+    }
+
+    /// `create_tasks`, each task with `timing`'s fields.
+    pub async fn create_tasks_at(
+        &self,
+        queue: ObjectId,
+        params: Vec<Document>,
+        timing: &Timing,
+    ) -> Result<Created> {
         let many = params.len() > 1;
         let label = |i: usize| match many {
             true => format!("params[{i}]"),
             false => "params".to_string(),
         };
-        self.create_labelled(queue, params, &label).await
+        self.create_labelled(queue, params, timing, &label).await
     }
 
     /// `create_tasks`, naming input `i` as `label(i)` in errors.
@@ -292,6 +303,7 @@ impl Store {
         &self,
         queue: ObjectId,
         params: Vec<Document>,
+        timing: &Timing,
         label: &(dyn Fn(usize) -> String + Sync),
     ) -> Result<Created> {
         let unique = self.unique_of(queue).await?;
@@ -299,11 +311,13 @@ impl Store {
         let mut docs: Vec<Document> = params
             .into_iter()
             .map(|p| {
-                doc! {
+                let mut d = doc! {
                     task::ID: ObjectId::new(), task::QUEUE: queue, task::STATUS: status::QUEUED, task::NODE: Bson::Null,
                     task::PARAMS: p, task::CTIME: now, task::MTIME: now,
                     task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
-                }
+                };
+                timing.stamp(&mut d);
+                d
             })
             .collect();
         let ids: Vec<ObjectId> = docs
