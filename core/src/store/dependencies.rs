@@ -81,6 +81,15 @@ fn ending(group: StatusGroup, code: Option<&Bson>) -> Option<String> {
     }
 }
 
+/// Why a dependent of task `id` is cancelled. A graph task is led by its name, which is what
+/// its author wrote and reads; the id stays beside it for the API and the database.
+fn cancel_reason(id: ObjectId, name: Option<&str>, how: &str) -> String {
+    match name {
+        Some(name) => format!("dependency {name:?} ({id}) {how}"),
+        None => format!("dependency {id} {how}"),
+    }
+}
+
 fn ended(group: StatusGroup) -> bool {
     matches!(
         group,
@@ -340,13 +349,14 @@ impl Store {
         Ok(out)
     }
 
-    /// Of `ids`, those that have ended, each with how it failed (None: it succeeded).
+    /// Of `ids`, those that have ended, each with the reason its dependents are cancelled for
+    /// (None: it succeeded).
     async fn ended_of(&self, ids: &[ObjectId]) -> Result<Vec<(ObjectId, Option<String>)>> {
         let mut out = Vec::new();
         let mut cursor = self
             .raw(TASKS)
             .find(doc! {task::ID: {"$in": ids}})
-            .projection(doc! {task::ID: 1, task::STATUS: 1})
+            .projection(doc! {task::ID: 1, task::STATUS: 1, task::GRAPH_NAME: 1})
             .await
             .map_err(|e| Error::mongo("reading the statuses of ended tasks", e))?;
         while let Some(raw) = cursor
@@ -362,14 +372,17 @@ impl Store {
             };
             let group = StatusGroup::of(d.get(task::STATUS));
             if ended(group) {
-                out.push((id, ending(group, d.get(task::STATUS))));
+                let how = ending(group, d.get(task::STATUS));
+                let name = d.get_str(task::GRAPH_NAME).ok();
+                out.push((id, how.map(|how| cancel_reason(id, name, &how))));
             }
         }
         Ok(out)
     }
 
-    /// Cancels the blocked dependents of failed tasks that cancel on failure, each with the
-    /// reason; returns them (they have ended too, and may have dependents of their own).
+    /// Cancels the blocked dependents of failed tasks (each with the reason its dependents are
+    /// cancelled for) that cancel on failure; returns them (they have ended too, and may have
+    /// dependents of their own).
     async fn cancel_dependents_of(
         &self,
         failed: &[(ObjectId, String)],
@@ -412,8 +425,7 @@ impl Store {
             }
             let mut progress = 0;
             for ((queue, which), ids) in groups {
-                let (dep, how) = &failed[which];
-                let reason = format!("dependency {dep} {how}");
+                let (_, reason) = &failed[which];
                 let r = self
                     .collection(TASKS)
                     .update_many(
@@ -499,4 +511,22 @@ impl Store {
 /// Whether a claimed task is marked as waited for: its node then settles its end at once.
 pub fn is_waited_for(task: &Document) -> bool {
     task.get_bool(task::HAS_DEPENDENTS).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_leads_with_the_dependency_name_and_keeps_its_id() {
+        let id = ObjectId::new();
+        assert_eq!(
+            cancel_reason(id, Some("fetch"), "failed (status 2)"),
+            format!("dependency \"fetch\" ({id}) failed (status 2)")
+        );
+        assert_eq!(
+            cancel_reason(id, None, "was cancelled"),
+            format!("dependency {id} was cancelled")
+        );
+    }
 }
