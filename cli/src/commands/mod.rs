@@ -91,6 +91,31 @@ fn pairs<'a>(args: &'a [String], names: &str) -> anyhow::Result<Vec<(&'a String,
         .collect())
 }
 
+/// Queue names for the tables, read once per listing (one `GET /queues`, not one request per
+/// row); without them (no access, an error) ids are shown instead.
+async fn queue_names(ctx: &Ctx) -> workflow_view::QueueNames {
+    let Ok(reply) = ctx
+        .client
+        .call(reqwest::Method::GET, &["queues"], None)
+        .await
+    else {
+        return workflow_view::QueueNames::new();
+    };
+    reply
+        .value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|q| {
+            let id = q
+                .get("id")
+                .or_else(|| q.get("_id"))
+                .and_then(crate::envelope::oid)?;
+            Some((id.to_string(), q.get("name")?.as_str()?.to_string()))
+        })
+        .collect()
+}
+
 /// The reply as an array, or an error naming what was expected.
 fn array<'a>(reply: &'a Reply, what: &str) -> anyhow::Result<&'a Vec<Value>> {
     reply.value.as_array().ok_or_else(|| {

@@ -106,7 +106,11 @@ pub async fn query(
         write_raw(out, &reply.raw)?;
     } else {
         let tasks = super::array(&reply, "tasks")?;
-        super::task_view::write_tasks_table(tasks, out)?;
+        let names = match tasks.is_empty() {
+            true => Default::default(),
+            false => super::queue_names(ctx).await,
+        };
+        super::task_view::write_tasks_table(tasks, &names, out)?;
     }
     Ok(())
 }
