@@ -105,14 +105,32 @@ pub enum Command {
         /// Queue id or name.
         queue: String,
     },
-    /// Create one task from KEY VALUE pairs (string values).
+    /// Create one task from KEY=VALUE arguments (values read as JSON where they parse), or
+    /// from Disbatch's KEY VALUE pairs (string values).
+    ///
+    /// KEY=VALUE reads each value as JSON where it parses, as `jq --argjson` does, and as a
+    /// string where it does not: `id=1` is the number 1, `flag=true` a boolean, `tags=[1,2]`
+    /// an array, `name=Ada` the string "Ada", and `name='"1"'` the string "1". So a task
+    /// made with `id=1` matches a queue's `unique` on `{"id": 1}`.
+    ///
+    /// When the first argument has no `=`, the arguments are Disbatch's KEY VALUE pairs and
+    /// every value stays a string, as Disbatch's CLI sent it (`create-task q id 1` stores
+    /// "1").
+    ///
+    /// Exits 10 when the task was not created because the queue's `unique` found a live
+    /// task with the same key; the output names that task.
     CreateTask {
         /// Queue id or name.
         queue: String,
-        #[arg(value_name = "KEY VALUE")]
+        /// KEY=VALUE arguments, or KEY VALUE pairs.
+        #[arg(value_name = "KEY=VALUE | KEY VALUE")]
         pairs: Vec<String>,
     },
     /// Create tasks from a JSON array, a collection query, or a JSON-lines file.
+    ///
+    /// Exits 10 when some inputs were not created because the queue's `unique` found live
+    /// tasks with the same keys (the others are created); the output lists each with the
+    /// task it matched.
     CreateTasks {
         /// Queue id or name.
         queue: String,
