@@ -164,11 +164,11 @@ async fn tasks_are_created_one_many_or_from_a_collection() {
         // parameters passed").
         (
             json!({"queue": "echo"}),
-            error("params is required: a task's params object, or an array of them"),
+            error("params is required: a task's params object, or an array of them (or tasks: an array of {params, not_before, delay_s, priority})"),
         ),
         (
             json!({"queue": "echo", "params": {"a": 1}, "extra": 1}),
-            error("unknown field \"extra\": POST /tasks takes queue, params, collection, filter, depends_on, on_dependency_failure, not_before, delay_s, priority, answer"),
+            error("unknown field \"extra\": POST /tasks takes queue, params, tasks, collection, filter, depends_on, on_dependency_failure, not_before, delay_s, priority, answer"),
         ),
         (
             json!({"queue": "echo", "params": {"a": 1}, "collection": "users"}),

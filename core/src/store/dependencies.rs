@@ -110,24 +110,24 @@ impl Store {
         params: Vec<Document>,
         waits: &Waits,
     ) -> Result<Created> {
-        self.create_waiting_tasks_at(queue, params, waits, &Timing::default())
+        self.create_waiting_tasks_at(queue, params, waits, &[])
             .await
     }
 
-    /// `create_waiting_tasks`, each task with `timing`'s fields. `not_before` is a time, not a
+    /// `create_waiting_tasks`, task `i` with `timings[i]`'s fields. `not_before` is a time, not a
     /// delay from the release: a task released after it may be claimed at once.
     pub async fn create_waiting_tasks_at(
         &self,
         queue: ObjectId,
         params: Vec<Document>,
         waits: &Waits,
-        timing: &Timing,
+        timings: &[Timing],
     ) -> Result<Created> {
         let mut deps = waits.depends_on.clone();
         let mut seen = HashSet::new();
         deps.retain(|d| seen.insert(*d));
         if deps.is_empty() {
-            return self.create_tasks_at(queue, params, timing).await;
+            return self.create_tasks_at(queue, params, timings).await;
         }
         if deps.len() > MAX_WORKFLOW_TASKS {
             return Err(Error::Invalid(format!(
@@ -150,7 +150,8 @@ impl Store {
         let now = fleet_time::now();
         let docs: Vec<Document> = params
             .into_iter()
-            .map(|p| {
+            .enumerate()
+            .map(|(i, p)| {
                 let mut d = doc! {
                     task::ID: ObjectId::new(), task::QUEUE: queue, task::STATUS: status::BLOCKED,
                     task::NODE: Bson::Null, task::PARAMS: p, task::CTIME: now, task::MTIME: now,
@@ -158,7 +159,7 @@ impl Store {
                     task::DEPENDS_ON: &deps, task::WAITING_ON: &deps,
                     task::ON_DEPENDENCY_FAILURE: on_failure.name(),
                 };
-                timing.stamp(&mut d);
+                timings.get(i).copied().unwrap_or_default().stamp(&mut d);
                 d
             })
             .collect();

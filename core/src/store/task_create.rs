@@ -153,13 +153,15 @@ impl Store {
             if batch.len() == BATCH {
                 let label = |i: usize| format!("source document {}", first + i);
                 let batch = std::mem::take(&mut batch);
-                made.extend(self.create_labelled(queue, batch, timing, &label).await?);
+                let timings = vec![*timing; batch.len()];
+                made.extend(self.create_labelled(queue, batch, &timings, &label).await?);
                 first = made.ids.len();
             }
         }
         if !batch.is_empty() {
             let label = |i: usize| format!("source document {}", first + i);
-            made.extend(self.create_labelled(queue, batch, timing, &label).await?);
+            let timings = vec![*timing; batch.len()];
+            made.extend(self.create_labelled(queue, batch, &timings, &label).await?);
         }
         Ok(made)
     }

@@ -21,9 +21,10 @@ const EMPTY_OBJECT: &str =
     "'params' must be a JSON array of task params objects with key/value pairs";
 
 /// Every key `POST /tasks` reads; any other is refused by name.
-const KEYS: [&str; 10] = [
+const KEYS: [&str; 11] = [
     "queue",
     "params",
+    "tasks",
     "collection",
     "filter",
     "depends_on",
@@ -75,10 +76,23 @@ pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiRe
             KEYS.join(", ")
         )));
     }
-    if !fields.contains_key("params") {
-        return Err(ApiError::bad_request(
-            "params is required: a task's params object, or an array of them",
-        ));
+    match (fields.contains_key("params"), fields.contains_key("tasks")) {
+        (false, false) => {
+            return Err(ApiError::bad_request(
+                "params is required: a task's params object, or an array of them (or tasks: an array of {params, not_before, delay_s, priority})",
+            ))
+        }
+        (true, true) => {
+            return Err(ApiError::bad_request(
+                "tasks and params cannot both be given: tasks lists each task with its params",
+            ))
+        }
+        (false, true) if fields.contains_key("collection") => {
+            return Err(ApiError::bad_request(
+                "tasks is for tasks given one by one, not tasks made from a collection (which take params as their template)",
+            ))
+        }
+        _ => {}
     }
     match (
         fields.contains_key("collection"),
@@ -124,15 +138,23 @@ pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiRe
         return Err(ApiError::bad_request(
             "depends_on is for tasks given by params, not tasks made from a collection",
         ));
-    } else if !waits.depends_on.is_empty() {
-        let params = params_list(&fields["params"])?;
-        state
-            .store
-            .create_waiting_tasks_at(queue, params, &waits, &timing)
-            .await?
     } else if !from_collection {
-        let params = params_list(&fields["params"])?;
-        state.store.create_tasks_at(queue, params, &timing).await?
+        let (params, timings) = match fields.get("tasks") {
+            Some(tasks) => task_list(tasks, &timing)?,
+            None => {
+                let params = params_list(&fields["params"])?;
+                let timings = vec![timing; params.len()];
+                (params, timings)
+            }
+        };
+        if waits.depends_on.is_empty() {
+            state.store.create_tasks_at(queue, params, &timings).await?
+        } else {
+            state
+                .store
+                .create_waiting_tasks_at(queue, params, &waits, &timings)
+                .await?
+        }
     } else {
         let collection = match &fields["collection"] {
             Value::String(s) if !s.is_empty() => s.clone(),
@@ -317,6 +339,56 @@ pub async fn resolve_queue(state: &AppState, q: &Value) -> ApiResult<ObjectId> {
     found
         .and_then(|d| d.get_object_id("_id").ok())
         .ok_or_else(|| ApiError::bad_request("queue not found"))
+}
+
+/// The keys of an entry of `tasks`.
+const TASK_KEYS: [&str; 4] = ["params", "not_before", "delay_s", "priority"];
+
+/// `tasks`: each task with its own params and, where it gives them, its own `not_before` or
+/// `delay_s` and `priority`; the request's own are the default of those that do not. Errors
+/// name the entry (`tasks[2].priority must be …`).
+fn task_list(v: &Value, default: &Timing) -> ApiResult<(Vec<Document>, Vec<Timing>)> {
+    const NOT_LIST: &str =
+        "tasks must be a non-empty array of {params, not_before, delay_s, priority} objects";
+    let Value::Array(items) = v else {
+        return Err(ApiError::bad_request(NOT_LIST));
+    };
+    if items.is_empty() {
+        return Err(ApiError::bad_request(NOT_LIST));
+    }
+    let mut params = Vec::with_capacity(items.len());
+    let mut timings = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let Value::Object(entry) = item else {
+            return Err(ApiError::bad_request(format!(
+                "tasks[{i}] must be an object {{params, not_before, delay_s, priority}}"
+            )));
+        };
+        // A null is the key not given, as at the top level.
+        let entry = crate::params::without_nulls(entry.clone());
+        if let Some(k) = entry.keys().find(|k| !TASK_KEYS.contains(&k.as_str())) {
+            return Err(ApiError::bad_request(format!(
+                "tasks[{i}]: unknown field {k:?}: a task takes {}",
+                TASK_KEYS.join(", ")
+            )));
+        }
+        match entry.get("params") {
+            Some(p @ Value::Object(o)) if !o.is_empty() => {
+                params.push(to_document(p, &format!("tasks[{i}].params"))?)
+            }
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "tasks[{i}].params must be a non-empty object"
+                )))
+            }
+        }
+        let own = timing(&entry).map_err(|e| ApiError::bad_request(format!("tasks[{i}].{e}")))?;
+        timings.push(Timing {
+            not_before: own.not_before.or(default.not_before),
+            priority: own.priority.or(default.priority),
+        });
+    }
+    Ok((params, timings))
 }
 
 fn params_list(v: &Value) -> ApiResult<Vec<Document>> {

@@ -81,8 +81,12 @@ pub fn schemas() -> Vec<(&'static str, &'static str, Option<Value>, Value)> {
             "post",
             "/tasks",
             Some(
-                json!({"type": "object", "required": ["queue", "params"], "properties": {
+                json!({"type": "object", "required": ["queue"], "properties": {
             "queue": {"type": "string"}, "params": {},
+            "tasks": {"type": "array", "minItems": 1, "description": "instead of params: each task with its own timing; the request's not_before, delay_s and priority are the default",
+                "items": {"type": "object", "required": ["params"], "properties": {
+                    "params": {"type": "object"}, "not_before": {}, "delay_s": {"type": "number", "minimum": 0},
+                    "priority": {"type": "integer"}}}},
             "collection": {"type": "string"}, "filter": {"type": "object"},
             "depends_on": ids(), "on_dependency_failure": policy(),
             "not_before": {"description": "not claimed before this time: an ISO-8601 UTC time or {\"$date\": …}; not with delay_s"},
