@@ -104,6 +104,36 @@ async fn delays_and_priorities_are_stored_and_a_delayed_task_is_not_claimed() {
         assert_eq!(task.get_datetime("not_before").ok(), Some(&at), "{form}");
         assert_eq!(task.get("priority"), Some(&Bson::Int64(-3)), "{form}");
     }
+    // Per task: each entry of `tasks` its own time and priority, the request's the default.
+    let (s, made) = dci
+        .post(
+            "/tasks",
+            json!({"queue": "later", "priority": 1, "delay_s": 7200, "answer": "ids", "tasks": [
+                {"params": {"each": 0}, "not_before": "2031-02-03T04:05:06Z", "priority": 9},
+                {"params": {"each": 1}, "delay_s": 0},
+                {"params": {"each": 2}},
+            ]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{made}");
+    let each: Vec<Document> =
+        futures::future::join_all((0..3).map(|n| only_task(&db, doc! {"params.each": n}))).await;
+    assert_eq!(each[0].get_datetime("not_before").ok(), Some(&at));
+    assert_eq!(each[0].get("priority"), Some(&Bson::Int64(9)));
+    assert!(
+        each[1].get_datetime("not_before").expect("not_before")
+            < each[2].get_datetime("not_before").expect("not_before"),
+        "delay_s 0 is before the request's two hours: {each:?}"
+    );
+    assert_eq!(
+        each[1].get("priority"),
+        Some(&Bson::Int64(1)),
+        "the default"
+    );
+    for (d, n) in each.iter().zip(0..) {
+        assert_eq!(d.get_document("params").ok(), Some(&doc! {"each": n}));
+    }
+
     // Digits as text, as a form body sends every value.
     let (s, made) = dci
         .post(
@@ -192,6 +222,35 @@ async fn every_refusal_names_its_field_and_stores_nothing() {
             "collection needs filter",
         ),
         (with(json!({"filter": {}})), "filter needs collection"),
+        (
+            with(json!({"tasks": [{"params": {"a": 1}}]})),
+            "tasks and params cannot both be given",
+        ),
+        (json!({"queue": "q", "tasks": []}), "tasks must be"),
+        (
+            json!({"queue": "q", "tasks": [5]}),
+            "tasks[0] must be an object",
+        ),
+        (
+            json!({"queue": "q", "tasks": [{"params": {"a": 1}}, {"params": {}}]}),
+            "tasks[1].params",
+        ),
+        (
+            json!({"queue": "q", "tasks": [{"params": {"a": 1}, "colour": 1}]}),
+            "tasks[0]: unknown field \"colour\"",
+        ),
+        (
+            json!({"queue": "q", "tasks": [{"params": {"a": 1}}, {"params": {"a": 2}, "priority": 0.5}]}),
+            "tasks[1].priority",
+        ),
+        (
+            json!({"queue": "q", "tasks": [{"params": {"a": 1}, "delay_s": -5}]}),
+            "tasks[0].delay_s",
+        ),
+        (
+            json!({"queue": "q", "tasks": [{"params": {"a": 1}, "not_before": "soon"}]}),
+            "tasks[0].not_before",
+        ),
     ];
     for (body, field) in cases {
         let (s, reply) = dci.post("/tasks", body.clone()).await;
