@@ -45,6 +45,22 @@ pub struct Args {
     pub command: Command,
 }
 
+/// When the tasks a command creates may first run, and their claim priority: `POST /tasks`'s
+/// `not_before`, `delay_s` and `priority`, the same for every task of the command.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct TaskTiming {
+    /// Not claimed before this time: ISO-8601 UTC, e.g. 2030-01-01T00:00:00Z.
+    #[arg(long, value_name = "TIME", conflicts_with = "delay_s")]
+    pub not_before: Option<String>,
+    /// Not claimed before this many seconds from now, on the fleet's clock (the database
+    /// server's), whatever this host's clock says.
+    #[arg(long, value_name = "SECONDS")]
+    pub delay_s: Option<f64>,
+    /// Claim order in a queue with sort priority: higher first.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub priority: Option<i64>,
+}
+
 /// Queue claim order (`sort` on the queue document).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sort {
@@ -125,6 +141,8 @@ pub enum Command {
         /// KEY=VALUE arguments, or KEY VALUE pairs.
         #[arg(value_name = "KEY=VALUE | KEY VALUE")]
         pairs: Vec<String>,
+        #[command(flatten)]
+        timing: TaskTiming,
     },
     /// Create tasks from a JSON array, a collection query, or a JSON-lines file.
     ///
@@ -150,6 +168,8 @@ pub enum Command {
         /// Tasks per POST /tasks request when reading --file.
         #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
         chunk_size: u64,
+        #[command(flatten)]
+        timing: TaskTiming,
     },
     /// Query tasks by indexed fields; prints the server's JSON.
     Tasks {
@@ -526,6 +546,40 @@ mod tests {
             }
         ));
         assert!(Args::try_parse_from(["disbatch", "create-tasks", "q"]).is_err());
+        let args = Args::try_parse_from([
+            "disbatch",
+            "create-task",
+            "q",
+            "id=1",
+            "--delay-s",
+            "90",
+            "--priority",
+            "-2",
+        ])
+        .unwrap();
+        let Command::CreateTask { pairs, timing, .. } = args.command else {
+            panic!("create-task");
+        };
+        assert_eq!(pairs, ["id=1"]);
+        assert_eq!(
+            timing,
+            TaskTiming {
+                not_before: None,
+                delay_s: Some(90.0),
+                priority: Some(-2)
+            }
+        );
+        assert!(Args::try_parse_from([
+            "disbatch",
+            "create-task",
+            "q",
+            "id=1",
+            "--delay-s",
+            "1",
+            "--not-before",
+            "2030-01-01T00:00:00Z"
+        ])
+        .is_err());
         assert!(
             Args::try_parse_from(["disbatch", "create-tasks", "q", "[]", "--file", "f"]).is_err()
         );

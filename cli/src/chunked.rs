@@ -110,13 +110,18 @@ pub async fn upload(
     queue: &str,
     entries: &[Entry],
     chunk_size: usize,
+    extra: &serde_json::Map<String, Value>,
     bar: &ProgressBar,
     mut json_out: Option<&mut (dyn Write + '_)>,
 ) -> anyhow::Result<Uploaded> {
     let mut created: u64 = 0;
     let mut duplicates = Vec::new();
     let mut last_done_line = 0;
-    for (chunk, body) in chunk_bodies(queue, entries, chunk_size) {
+    for (chunk, mut body) in chunk_bodies(queue, entries, chunk_size) {
+        // The same task fields (--not-before, --delay-s, --priority) on every chunk.
+        if let Value::Object(m) = &mut body {
+            m.extend(extra.clone());
+        }
         let first_line = chunk.first().map_or(0, |e| e.line);
         let outcome = async {
             let reply = client.call(Method::POST, &["tasks"], Some(&body)).await?;

@@ -136,18 +136,25 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         Command::UpdateQueue { queue, pairs } => queues::update(ctx, &queue, &pairs, out).await,
         Command::DeleteQueue { queue } => queues::delete(ctx, &queue, out).await,
         Command::Limits { queue, options } => limits::limits(ctx, &queue, &options, out).await,
-        Command::CreateTask { queue, pairs } => tasks::create_one(ctx, &queue, &pairs, out).await,
+        Command::CreateTask {
+            queue,
+            pairs,
+            timing,
+        } => tasks::create_one(ctx, &queue, &pairs, &timing, out).await,
         Command::CreateTasks {
             queue,
             data,
             collection,
             file,
             chunk_size,
+            timing,
         } => match file {
-            Some(path) => tasks::create_from_file(ctx, &queue, &path, chunk_size, out).await,
+            Some(path) => {
+                tasks::create_from_file(ctx, &queue, &path, chunk_size, &timing, out).await
+            }
             None => {
                 let data = data.unwrap_or_default();
-                tasks::create_many(ctx, &queue, &data, collection.as_deref(), out).await
+                tasks::create_many(ctx, &queue, &data, collection.as_deref(), &timing, out).await
             }
         },
         Command::Tasks {

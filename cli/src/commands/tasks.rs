@@ -8,6 +8,7 @@ use reqwest::Method;
 use serde_json::{json, Map, Value};
 
 use super::{pairs, plural, shown, write_raw, Ctx};
+use crate::args::TaskTiming;
 use crate::chunked;
 use crate::client::Reply;
 use crate::envelope::inserted_ids;
@@ -142,14 +143,37 @@ pub async fn query(
     Ok(())
 }
 
+/// The body keys of `--not-before`, `--delay-s` and `--priority`, as given.
+pub fn timing_keys(timing: &TaskTiming) -> Map<String, Value> {
+    let mut keys = Map::new();
+    if let Some(t) = &timing.not_before {
+        keys.insert("not_before".into(), json!(t));
+    }
+    if let Some(s) = timing.delay_s {
+        keys.insert("delay_s".into(), json!(s));
+    }
+    if let Some(p) = timing.priority {
+        keys.insert("priority".into(), json!(p));
+    }
+    keys
+}
+
+fn with_timing(mut body: Value, timing: &TaskTiming) -> Value {
+    if let Value::Object(m) = &mut body {
+        m.extend(timing_keys(timing));
+    }
+    body
+}
+
 pub async fn create_one(
     ctx: &Ctx,
     queue: &str,
     args: &[String],
+    timing: &TaskTiming,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let params = Value::Object(task_params(args)?);
-    let body = json!({"queue": queue, "params": params});
+    let body = with_timing(json!({"queue": queue, "params": params}), timing);
     let inputs = Inputs::Params(std::slice::from_ref(&params));
     create(ctx, queue, body, inputs, out).await
 }
@@ -162,6 +186,7 @@ pub async fn create_many(
     queue: &str,
     data: &str,
     collection: Option<&str>,
+    timing: &TaskTiming,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let data: Value =
@@ -173,21 +198,15 @@ pub async fn create_many(
             };
             body.insert("collection".into(), json!(collection));
             body.insert("queue".into(), json!(queue));
-            (Value::Object(body), Inputs::Documents)
+            (with_timing(Value::Object(body), timing), Inputs::Documents)
         }
         None => {
             let inputs = match &data {
                 Value::Array(items) => Inputs::Params(items.as_slice()),
                 one => Inputs::Params(std::slice::from_ref(one)),
             };
-            return create(
-                ctx,
-                queue,
-                json!({"queue": queue, "params": &data}),
-                inputs,
-                out,
-            )
-            .await;
+            let body = with_timing(json!({"queue": queue, "params": &data}), timing);
+            return create(ctx, queue, body, inputs, out).await;
         }
     };
     create(ctx, queue, body, inputs, out).await
@@ -300,6 +319,7 @@ pub async fn create_from_file(
     queue: &str,
     path: &Path,
     chunk_size: u64,
+    timing: &TaskTiming,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let name = if path == Path::new("-") {
@@ -316,7 +336,17 @@ pub async fn create_from_file(
     let chunk_size = usize::try_from(chunk_size).unwrap_or(usize::MAX);
     let bar = chunked::progress_bar(entries.len() as u64, ctx.json);
     let json_out = if ctx.json { Some(&mut *out) } else { None };
-    let up = chunked::upload(&ctx.client, queue, &entries, chunk_size, &bar, json_out).await?;
+    let extra = timing_keys(timing);
+    let up = chunked::upload(
+        &ctx.client,
+        queue,
+        &entries,
+        chunk_size,
+        &extra,
+        &bar,
+        json_out,
+    )
+    .await?;
     if !ctx.json {
         writeln!(
             out,
