@@ -427,13 +427,53 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
         "cmd=a=b",
     ]));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    let task = only_task(&db, doc! {"queue": plain}).await;
+    let task = only_task(&db, doc! {"queue": plain, "params.n": 1}).await;
     assert_eq!(
         task.get_document("params").ok(),
         Some(
             &doc! {"n": 1_i32, "flag": true, "name": "Ada", "quoted": "1", "tags": [1_i32, "a"], "cmd": "a=b"}
         ),
         "{task}"
+    );
+    // --delay-s, --not-before and --priority set the task fields, not params.
+    let before = server_now(&db).await;
+    let (code, stdout, stderr) = out(&dci.cli(&[
+        "create-task",
+        "plain",
+        "timed=1",
+        "--delay-s",
+        "3600",
+        "--priority",
+        "-4",
+    ]));
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let task = only_task(&db, doc! {"params.timed": 1}).await;
+    assert_eq!(
+        task.get_document("params").ok(),
+        Some(&doc! {"timed": 1_i32})
+    );
+    assert_eq!(task.get("priority"), Some(&Bson::Int64(-4)), "{task}");
+    assert!(
+        task.get_datetime("not_before")
+            .expect("not_before")
+            .timestamp_millis()
+            >= before.timestamp_millis() + 3_540_000,
+        "{task}"
+    );
+    let (code, stdout, stderr) = out(&dci.cli(&[
+        "create-tasks",
+        "plain",
+        r#"[{"timed":2}]"#,
+        "--not-before",
+        "2031-02-03T04:05:06Z",
+    ]));
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let task = only_task(&db, doc! {"params.timed": 2}).await;
+    assert_eq!(
+        task.get_datetime("not_before").ok(),
+        DateTime::parse_rfc3339_str("2031-02-03T04:05:06Z")
+            .ok()
+            .as_ref()
     );
     let (code, _, stderr) = out(&dci.cli(&["create-task", "plain", "n=1", "name"]));
     assert_eq!(code, Some(2), "a mixed form is a usage error: {stderr}");
