@@ -1,4 +1,5 @@
-//! `POST /tasks`: one task, many, or one per document of another collection (Disbatch's shapes).
+//! `POST /tasks`: one task, many, one per document of another collection (Disbatch's shapes), or
+//! many each with its own time and priority (`tasks`).
 
 use std::time::Duration;
 
