@@ -45,6 +45,22 @@ pub struct Args {
     pub command: Command,
 }
 
+/// When the tasks a command creates may first run, and their claim priority: `POST /tasks`'s
+/// `not_before`, `delay_s` and `priority`, the same for every task of the command.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct TaskTiming {
+    /// Not claimed before this time: ISO-8601 UTC, e.g. 2030-01-01T00:00:00Z.
+    #[arg(long, value_name = "TIME", conflicts_with = "delay_s")]
+    pub not_before: Option<String>,
+    /// Not claimed before this many seconds from now, on the fleet's clock (the database
+    /// server's), whatever this host's clock says.
+    #[arg(long, value_name = "SECONDS")]
+    pub delay_s: Option<f64>,
+    /// Claim order in a queue with sort priority: higher first.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub priority: Option<i64>,
+}
+
 /// Queue claim order (`sort` on the queue document).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sort {
@@ -111,14 +127,34 @@ pub enum Command {
         /// Queue id or name.
         queue: String,
     },
-    /// Create one task from KEY VALUE pairs (string values).
+    /// Create one task from KEY=VALUE arguments (values read as JSON where they parse), or
+    /// from Disbatch's KEY VALUE pairs (string values).
+    ///
+    /// KEY=VALUE reads each value as JSON where it parses, as `jq --argjson` does, and as a
+    /// string where it does not: `id=1` is the number 1, `flag=true` a boolean, `tags=[1,2]`
+    /// an array, `name=Ada` the string "Ada", and `name='"1"'` the string "1". So a task
+    /// made with `id=1` matches a queue's `unique` on `{"id": 1}`.
+    ///
+    /// When the first argument has no `=`, the arguments are Disbatch's KEY VALUE pairs and
+    /// every value stays a string, as Disbatch's CLI sent it (`create-task q id 1` stores
+    /// "1").
+    ///
+    /// Exits 10 when the task was not created because the queue's `unique` found a live
+    /// task with the same key; the output names that task.
     CreateTask {
         /// Queue id or name.
         queue: String,
-        #[arg(value_name = "KEY VALUE")]
+        /// KEY=VALUE arguments, or KEY VALUE pairs.
+        #[arg(value_name = "KEY=VALUE | KEY VALUE")]
         pairs: Vec<String>,
+        #[command(flatten)]
+        timing: TaskTiming,
     },
     /// Create tasks from a JSON array, a collection query, or a JSON-lines file.
+    ///
+    /// Exits 10 when some inputs were not created because the queue's `unique` found live
+    /// tasks with the same keys (the others are created); the output lists each with the
+    /// task it matched.
     CreateTasks {
         /// Queue id or name.
         queue: String,
@@ -138,6 +174,8 @@ pub enum Command {
         /// Tasks per POST /tasks request when reading --file.
         #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
         chunk_size: u64,
+        #[command(flatten)]
+        timing: TaskTiming,
     },
     /// Query tasks by indexed fields; prints the server's JSON.
     Tasks {
@@ -523,6 +561,40 @@ mod tests {
             }
         ));
         assert!(Args::try_parse_from(["disbatch", "create-tasks", "q"]).is_err());
+        let args = Args::try_parse_from([
+            "disbatch",
+            "create-task",
+            "q",
+            "id=1",
+            "--delay-s",
+            "90",
+            "--priority",
+            "-2",
+        ])
+        .unwrap();
+        let Command::CreateTask { pairs, timing, .. } = args.command else {
+            panic!("create-task");
+        };
+        assert_eq!(pairs, ["id=1"]);
+        assert_eq!(
+            timing,
+            TaskTiming {
+                not_before: None,
+                delay_s: Some(90.0),
+                priority: Some(-2)
+            }
+        );
+        assert!(Args::try_parse_from([
+            "disbatch",
+            "create-task",
+            "q",
+            "id=1",
+            "--delay-s",
+            "1",
+            "--not-before",
+            "2030-01-01T00:00:00Z"
+        ])
+        .is_err());
         assert!(
             Args::try_parse_from(["disbatch", "create-tasks", "q", "[]", "--file", "f"]).is_err()
         );

@@ -110,12 +110,18 @@ pub async fn upload(
     queue: &str,
     entries: &[Entry],
     chunk_size: usize,
+    extra: &serde_json::Map<String, Value>,
     bar: &ProgressBar,
     mut json_out: Option<&mut (dyn Write + '_)>,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<Uploaded> {
     let mut created: u64 = 0;
+    let mut duplicates = Vec::new();
     let mut last_done_line = 0;
-    for (chunk, body) in chunk_bodies(queue, entries, chunk_size) {
+    for (chunk, mut body) in chunk_bodies(queue, entries, chunk_size) {
+        // The same task fields (--not-before, --delay-s, --priority) on every chunk.
+        if let Value::Object(m) = &mut body {
+            m.extend(extra.clone());
+        }
         let first_line = chunk.first().map_or(0, |e| e.line);
         let outcome = async {
             let reply = client.call(Method::POST, &["tasks"], Some(&body)).await?;
@@ -135,11 +141,26 @@ pub async fn upload(
             writeln!(out, "{}", disbatch_core::printable::json_text(&line))?;
         }
         created += n as u64;
+        for (index, matched) in crate::envelope::duplicates(&reply.value) {
+            let line = chunk.get(index).map_or(0, |e| e.line);
+            duplicates.push((line, matched));
+        }
         last_done_line = chunk.last().map_or(last_done_line, |e| e.line);
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
-    Ok(created)
+    Ok(Uploaded {
+        created,
+        duplicates,
+    })
+}
+
+/// What an upload made: how many new tasks, and the lines that were duplicates of live tasks
+/// (the queue's `unique`), each with the task it matched.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Uploaded {
+    pub created: u64,
+    pub duplicates: Vec<(usize, String)>,
 }
 
 fn partial_message(created: u64, last_done_line: usize, failed_from: usize) -> String {

@@ -67,6 +67,23 @@ pub fn inserted_ids(reply: &Value) -> anyhow::Result<Vec<String>> {
         .collect()
 }
 
+/// A creation's duplicates, `(input index, id of the task it matched)`, from either answer
+/// of `POST /tasks`: Disbatch's (`duplicates: [{"_id", "index"}]`, only for a queue with
+/// `unique`) or `answer: ids` (`duplicates: [{"index", "matched"}]`). None listed: none.
+pub fn duplicates(reply: &Value) -> Vec<(usize, String)> {
+    reply
+        .get("duplicates")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|d| {
+            let index = usize::try_from(d.get("index")?.as_u64()?).ok()?;
+            let matched = d.get("matched").or_else(|| d.get("_id")).and_then(oid)?;
+            Some((index, matched.to_string()))
+        })
+        .collect()
+}
+
 /// A reply clipped for an error message.
 fn short(value: &Value) -> String {
     let text = value.to_string();

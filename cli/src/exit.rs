@@ -25,6 +25,34 @@ pub const WORKFLOW_FAILED: u8 = 8;
 /// `graph|batch ID --wait`: it ended because it was cancelled.
 pub const WORKFLOW_CANCELLED: u8 = 9;
 
+/// `create-task`, `create-tasks`: some inputs were duplicates of live tasks (the queue's
+/// `unique`) and were not created; the rest were. Not a failure of the command, but a
+/// script must be able to tell "made" from "already there" without parsing the output.
+pub const DUPLICATES: u8 = 10;
+
+/// Inputs that were not created as duplicates of live tasks; the output lists them.
+#[derive(Debug)]
+pub struct Duplicates {
+    pub duplicates: u64,
+    pub inputs: u64,
+}
+
+impl std::fmt::Display for Duplicates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} not created: duplicates of live tasks (the queue's unique)",
+            self.duplicates,
+            match self.inputs {
+                1 => "1 task".to_string(),
+                n => format!("{n} tasks"),
+            }
+        )
+    }
+}
+
+impl std::error::Error for Duplicates {}
+
 /// A waited-for graph or batch ended without success: not a failure of the command, but a
 /// script must be able to tell it apart from success and from the other classes.
 #[derive(Debug)]
@@ -66,6 +94,9 @@ pub fn status_for(e: &anyhow::Error) -> u8 {
         }
         if cause.is::<Unreachable>() {
             return UNREACHABLE;
+        }
+        if cause.is::<Duplicates>() {
+            return DUPLICATES;
         }
         if let Some(ended) = cause.downcast_ref::<WorkflowEnded>() {
             return if ended.cancelled {
@@ -127,6 +158,15 @@ mod tests {
                 cancelled,
             })
         };
+        let dup = anyhow::Error::new(Duplicates {
+            duplicates: 1,
+            inputs: 3,
+        });
+        assert_eq!(
+            dup.to_string(),
+            "1 of 3 tasks not created: duplicates of live tasks (the queue's unique)"
+        );
+        assert_eq!(status_for(&dup), DUPLICATES);
         assert_eq!(status_for(&ended(false)), WORKFLOW_FAILED);
         assert_eq!(status_for(&ended(true)), WORKFLOW_CANCELLED);
     }

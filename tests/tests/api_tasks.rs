@@ -160,21 +160,32 @@ async fn tasks_are_created_one_many_or_from_a_collection() {
             coll(json!({}), json!(["users"]), json!({"u": "document.email"})),
             error("'collection' required and must be a scalar (string)'"),
         ),
-        (json!({"queue": "echo"}), error("invalid parameters passed")),
+        // Issue 51: each refusal names the field it refuses (Disbatch said only "invalid
+        // parameters passed").
+        (
+            json!({"queue": "echo"}),
+            error("params is required: a task's params object, or an array of them (or tasks: an array of {params, not_before, delay_s, priority})"),
+        ),
         (
             json!({"queue": "echo", "params": {"a": 1}, "extra": 1}),
-            error("invalid parameters passed"),
+            error("unknown field \"extra\": POST /tasks takes queue, params, tasks, collection, filter, depends_on, on_dependency_failure, not_before, delay_s, priority, answer"),
         ),
         (
             json!({"queue": "echo", "params": {"a": 1}, "collection": "users"}),
-            error("invalid parameters passed"),
+            error("collection needs filter: a JSON object choosing its documents ({} for all)"),
         ),
         (
             json!({"params": {"a": 1}}),
-            error("invalid parameters passed"),
+            error("queue is required: the id or name of the queue to add the tasks to"),
         ),
-        (json!({}), error("invalid parameters passed")),
-        (json!([{"a": 1}]), error("invalid parameters passed")),
+        (
+            json!({}),
+            error("queue is required: the id or name of the queue to add the tasks to"),
+        ),
+        (
+            json!([{"a": 1}]),
+            error("the body must be a JSON object {\"queue\": …, \"params\": …}, not an array: POST /tasks has no queue in its path"),
+        ),
     ];
     for (input, expected) in cases {
         let (status, body) = dci.post("/tasks", input.clone()).await;

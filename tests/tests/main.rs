@@ -43,6 +43,7 @@ mod docs_plugin_examples;
 mod docs_reference;
 mod dtr_direct;
 mod durability;
+mod enqueue;
 mod example_config;
 mod fair_sharing;
 mod flow_limits;

@@ -91,6 +91,31 @@ fn pairs<'a>(args: &'a [String], names: &str) -> anyhow::Result<Vec<(&'a String,
         .collect())
 }
 
+/// Queue names for the tables, read once per listing (one `GET /queues`, not one request per
+/// row); without them (no access, an error) ids are shown instead.
+async fn queue_names(ctx: &Ctx) -> workflow_view::QueueNames {
+    let Ok(reply) = ctx
+        .client
+        .call(reqwest::Method::GET, &["queues"], None)
+        .await
+    else {
+        return workflow_view::QueueNames::new();
+    };
+    reply
+        .value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|q| {
+            let id = q
+                .get("id")
+                .or_else(|| q.get("_id"))
+                .and_then(crate::envelope::oid)?;
+            Some((id.to_string(), q.get("name")?.as_str()?.to_string()))
+        })
+        .collect()
+}
+
 /// The reply as an array, or an error naming what was expected.
 fn array<'a>(reply: &'a Reply, what: &str) -> anyhow::Result<&'a Vec<Value>> {
     reply.value.as_array().ok_or_else(|| {
@@ -112,18 +137,25 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         Command::UpdateQueue { queue, pairs } => queues::update(ctx, &queue, &pairs, out).await,
         Command::DeleteQueue { queue } => queues::delete(ctx, &queue, out).await,
         Command::Limits { queue, options } => limits::limits(ctx, &queue, &options, out).await,
-        Command::CreateTask { queue, pairs } => tasks::create_one(ctx, &queue, &pairs, out).await,
+        Command::CreateTask {
+            queue,
+            pairs,
+            timing,
+        } => tasks::create_one(ctx, &queue, &pairs, &timing, out).await,
         Command::CreateTasks {
             queue,
             data,
             collection,
             file,
             chunk_size,
+            timing,
         } => match file {
-            Some(path) => tasks::create_from_file(ctx, &queue, &path, chunk_size, out).await,
+            Some(path) => {
+                tasks::create_from_file(ctx, &queue, &path, chunk_size, &timing, out).await
+            }
             None => {
                 let data = data.unwrap_or_default();
-                tasks::create_many(ctx, &queue, &data, collection.as_deref(), out).await
+                tasks::create_many(ctx, &queue, &data, collection.as_deref(), &timing, out).await
             }
         },
         Command::Tasks {

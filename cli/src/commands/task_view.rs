@@ -5,6 +5,7 @@ use std::io::Write;
 use reqwest::Method;
 use serde_json::Value;
 
+use super::workflow_view::QueueNames;
 use super::{array, cell, plural, shown, write_raw, Ctx};
 use crate::envelope::oid;
 use crate::table::{Align, Table};
@@ -53,7 +54,11 @@ fn params(task: &Value) -> String {
 }
 
 /// `tasks` in human mode: one row per task.
-pub fn write_tasks_table(tasks: &[Value], out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn write_tasks_table(
+    tasks: &[Value],
+    queues: &QueueNames,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     let mut table = Table::new(&[
         ("ID", Align::Left),
         ("Queue", Align::Left),
@@ -64,9 +69,11 @@ pub fn write_tasks_table(tasks: &[Value], out: &mut dyn Write) -> anyhow::Result
         ("Params", Align::Left),
     ]);
     for t in tasks {
-        let queue = t
-            .get("queue")
-            .map(|q| oid(q).map_or_else(|| cell(Some(q)), str::to_string));
+        // A queue deleted since (its tasks stay) or unreadable names: its id.
+        let queue = t.get("queue").map(|q| match oid(q) {
+            Some(id) => queues.get(id).map_or(id, String::as_str).to_string(),
+            None => cell(Some(q)),
+        });
         table.row(vec![
             id_of(t),
             queue.unwrap_or_default(),
@@ -318,15 +325,25 @@ mod tests {
     #[test]
     fn the_table_counts_in_words() {
         let mut out = Vec::new();
+        let names = QueueNames::from([("q1".to_string(), "demo".to_string())]);
         write_tasks_table(
-            &[json!({"_id": {"$oid": "a"}, "status": 1, "params": {"k": "v"}})],
+            &[
+                json!({"_id": {"$oid": "a"}, "queue": {"$oid": "q1"}, "status": 1, "params": {"k": "v"}}),
+                json!({"_id": {"$oid": "b"}, "queue": {"$oid": "gone"}, "status": 1, "params": {}}),
+            ],
+            &names,
             &mut out,
         )
         .expect("table");
         let text = String::from_utf8(out).expect("utf-8");
         assert!(text.contains("succeeded (1)"), "{text}");
         assert!(text.contains(r#"{"k":"v"}"#), "{text}");
-        assert!(text.ends_with("1 task.\n"), "{text}");
+        assert!(text.contains(" demo "), "queues by name: {text}");
+        assert!(
+            text.contains(" gone "),
+            "an unknown queue by its id: {text}"
+        );
+        assert!(text.ends_with("2 tasks.\n"), "{text}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use reqwest::Method;
 use serde_json::{json, Map, Value};
 
 use super::{pairs, plural, shown, write_raw, Ctx};
+use crate::args::TaskTiming;
 use crate::chunked;
 use crate::client::Reply;
 use crate::envelope::inserted_ids;
@@ -33,12 +34,39 @@ impl QueryOptions {
     }
 }
 
-/// One task's params from KEY VALUE arguments, all values strings as in Disbatch.
+/// One task's params from `create-task`'s arguments. KEY=VALUE arguments read each value as
+/// JSON where it parses (as `jq --argjson`), else as text, so `id=1` is a number and matches
+/// a `unique` key of 1. Disbatch's KEY VALUE pairs (the first argument has no `=`) keep
+/// every value text, as its CLI sent them: a Perl-era script gets the params it always got.
 pub fn task_params(args: &[String]) -> anyhow::Result<Map<String, Value>> {
-    Ok(pairs(args, "KEY VALUE")?
-        .into_iter()
-        .map(|(k, v)| (k.clone(), json!(v)))
-        .collect())
+    match args.first() {
+        Some(first) if first.contains('=') => key_values(args),
+        _ => Ok(pairs(args, "KEY VALUE")?
+            .into_iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect()),
+    }
+}
+
+fn key_values(args: &[String]) -> anyhow::Result<Map<String, Value>> {
+    let mut params = Map::new();
+    for arg in args {
+        let Some((key, text)) = arg.split_once('=') else {
+            return Err(crate::exit::usage(format!(
+                "argument '{arg}' is not KEY=VALUE: give every argument as KEY=VALUE, or all as Disbatch's KEY VALUE pairs"
+            )));
+        };
+        if key.is_empty() {
+            return Err(crate::exit::usage(format!(
+                "argument '{arg}' has no key before '='"
+            )));
+        }
+        let value = serde_json::from_str(text).unwrap_or_else(|_| json!(text));
+        if params.insert(key.to_string(), value).is_some() {
+            return Err(crate::exit::usage(format!("key '{key}' is given twice")));
+        }
+    }
+    Ok(params)
 }
 
 /// The GET /tasks body: the dot options, overridden by the filter's own keys (as Disbatch
@@ -106,23 +134,48 @@ pub async fn query(
         write_raw(out, &reply.raw)?;
     } else {
         let tasks = super::array(&reply, "tasks")?;
-        super::task_view::write_tasks_table(tasks, out)?;
+        let names = match tasks.is_empty() {
+            true => Default::default(),
+            false => super::queue_names(ctx).await,
+        };
+        super::task_view::write_tasks_table(tasks, &names, out)?;
     }
     Ok(())
+}
+
+/// The body keys of `--not-before`, `--delay-s` and `--priority`, as given.
+pub fn timing_keys(timing: &TaskTiming) -> Map<String, Value> {
+    let mut keys = Map::new();
+    if let Some(t) = &timing.not_before {
+        keys.insert("not_before".into(), json!(t));
+    }
+    if let Some(s) = timing.delay_s {
+        keys.insert("delay_s".into(), json!(s));
+    }
+    if let Some(p) = timing.priority {
+        keys.insert("priority".into(), json!(p));
+    }
+    keys
+}
+
+fn with_timing(mut body: Value, timing: &TaskTiming) -> Value {
+    if let Value::Object(m) = &mut body {
+        m.extend(timing_keys(timing));
+    }
+    body
 }
 
 pub async fn create_one(
     ctx: &Ctx,
     queue: &str,
     args: &[String],
+    timing: &TaskTiming,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    let body = json!({"queue": queue, "params": task_params(args)?});
-    let reply = ctx
-        .client
-        .call(Method::POST, &["tasks"], Some(&body))
-        .await?;
-    report_created(ctx, queue, &reply, out)
+    let params = Value::Object(task_params(args)?);
+    let body = with_timing(json!({"queue": queue, "params": params}), timing);
+    let inputs = Inputs::Params(std::slice::from_ref(&params));
+    create(ctx, queue, body, inputs, out).await
 }
 
 /// `create-tasks QUEUE JSON`: an array of params, or with `--collection` a
@@ -133,48 +186,130 @@ pub async fn create_many(
     queue: &str,
     data: &str,
     collection: Option<&str>,
+    timing: &TaskTiming,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let data: Value =
         serde_json::from_str(data).with_context(|| format!("invalid JSON argument: '{data}'"))?;
-    let body = match collection {
+    let (body, inputs) = match collection {
         Some(collection) => {
             let Value::Object(mut body) = data else {
                 bail!("with --collection the argument must be a JSON object {{\"filter\":{{…}},\"params\":{{…}}}}");
             };
             body.insert("collection".into(), json!(collection));
             body.insert("queue".into(), json!(queue));
-            Value::Object(body)
+            (with_timing(Value::Object(body), timing), Inputs::Documents)
         }
-        None => json!({"queue": queue, "params": data}),
+        None => {
+            let inputs = match &data {
+                Value::Array(items) => Inputs::Params(items.as_slice()),
+                one => Inputs::Params(std::slice::from_ref(one)),
+            };
+            let body = with_timing(json!({"queue": queue, "params": &data}), timing);
+            return create(ctx, queue, body, inputs, out).await;
+        }
     };
+    create(ctx, queue, body, inputs, out).await
+}
+
+/// What a creation's inputs were, to name a duplicate by what was sent.
+#[derive(Clone, Copy)]
+enum Inputs<'a> {
+    Params(&'a [Value]),
+    /// One task per document of a collection: only their order is known here.
+    Documents,
+}
+
+impl Inputs<'_> {
+    fn describe(&self, index: usize) -> String {
+        match self {
+            Inputs::Params([one]) if index == 0 => format!("params {}", shown(&one.to_string())),
+            Inputs::Params(items) => match items.get(index) {
+                Some(p) => format!("params[{index}] {}", shown(&p.to_string())),
+                None => format!("params[{index}]"),
+            },
+            Inputs::Documents => format!("document {index}"),
+        }
+    }
+}
+
+/// Sends a creation and reports it. Human output asks for the `ids` answer, which lists every
+/// input's task; `--json` keeps Disbatch's answer, which scripts already parse. Either way
+/// duplicates end the command with `exit::DUPLICATES`.
+async fn create(
+    ctx: &Ctx,
+    queue: &str,
+    mut body: Value,
+    inputs: Inputs<'_>,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    if !ctx.json {
+        if let Value::Object(m) = &mut body {
+            m.insert("answer".into(), json!("ids"));
+        }
+    }
     let reply = ctx
         .client
         .call(Method::POST, &["tasks"], Some(&body))
         .await?;
-    report_created(ctx, queue, &reply, out)
-}
-
-fn report_created(
-    ctx: &Ctx,
-    queue: &str,
-    reply: &Reply,
-    out: &mut dyn Write,
-) -> anyhow::Result<()> {
-    if ctx.raw(reply, out)? {
+    let duplicates = crate::envelope::duplicates(&reply.value);
+    let inputs_sent = if ctx.raw(&reply, out)? {
+        inserted_ids(&reply.value)?.len() + duplicates.len()
+    } else {
+        report_created(queue, &reply, &duplicates, inputs, out)?
+    };
+    if duplicates.is_empty() {
         return Ok(());
     }
-    let ids = inserted_ids(&reply.value)?;
+    Err(crate::exit::Duplicates {
+        duplicates: duplicates.len() as u64,
+        inputs: inputs_sent as u64,
+    }
+    .into())
+}
+
+/// Writes the new tasks' ids, then each duplicate with the task it matched; returns how many
+/// inputs there were.
+fn report_created(
+    queue: &str,
+    reply: &Reply,
+    duplicates: &[(usize, String)],
+    inputs: Inputs<'_>,
+    out: &mut dyn Write,
+) -> anyhow::Result<usize> {
+    let Some(ids) = reply.value.get("ids").and_then(Value::as_array) else {
+        bail!(
+            "unexpected response from the server: no ids list in {}",
+            reply.value
+        );
+    };
+    let dup: std::collections::HashSet<usize> = duplicates.iter().map(|(i, _)| *i).collect();
+    let new: Vec<&str> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !dup.contains(i))
+        .filter_map(|(_, id)| id.as_str())
+        .collect();
     writeln!(
         out,
         "Created {} in queue {}",
-        plural(ids.len() as u64, "task", "tasks"),
+        plural(new.len() as u64, "task", "tasks"),
         shown(queue)
     )?;
-    for id in ids {
+    for id in &new {
         writeln!(out, "{id}")?;
     }
-    Ok(())
+    if !duplicates.is_empty() {
+        writeln!(
+            out,
+            "Not created, {} of live tasks (the queue's unique):",
+            plural(duplicates.len() as u64, "duplicate", "duplicates")
+        )?;
+        for (index, matched) in duplicates {
+            writeln!(out, "{} matched task {matched}", inputs.describe(*index))?;
+        }
+    }
+    Ok(ids.len())
 }
 
 /// `create-tasks QUEUE --file PATH`: JSON lines sent in chunks. Ids are not listed: a file
@@ -184,6 +319,7 @@ pub async fn create_from_file(
     queue: &str,
     path: &Path,
     chunk_size: u64,
+    timing: &TaskTiming,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let name = if path == Path::new("-") {
@@ -200,16 +336,43 @@ pub async fn create_from_file(
     let chunk_size = usize::try_from(chunk_size).unwrap_or(usize::MAX);
     let bar = chunked::progress_bar(entries.len() as u64, ctx.json);
     let json_out = if ctx.json { Some(&mut *out) } else { None };
-    let created = chunked::upload(&ctx.client, queue, &entries, chunk_size, &bar, json_out).await?;
+    let extra = timing_keys(timing);
+    let up = chunked::upload(
+        &ctx.client,
+        queue,
+        &entries,
+        chunk_size,
+        &extra,
+        &bar,
+        json_out,
+    )
+    .await?;
     if !ctx.json {
         writeln!(
             out,
             "Created {} in queue {}",
-            plural(created, "task", "tasks"),
+            plural(up.created, "task", "tasks"),
             shown(queue)
         )?;
+        if !up.duplicates.is_empty() {
+            writeln!(
+                out,
+                "Not created, {} of live tasks (the queue's unique):",
+                plural(up.duplicates.len() as u64, "duplicate", "duplicates")
+            )?;
+            for (line, matched) in &up.duplicates {
+                writeln!(out, "line {line} matched task {matched}")?;
+            }
+        }
     }
-    Ok(())
+    if up.duplicates.is_empty() {
+        return Ok(());
+    }
+    Err(crate::exit::Duplicates {
+        duplicates: up.duplicates.len() as u64,
+        inputs: entries.len() as u64,
+    }
+    .into())
 }
 
 #[cfg(test)]
@@ -285,5 +448,38 @@ mod tests {
         );
         assert_eq!(Value::Object(task_params(&[]).unwrap()), json!({}));
         assert!(task_params(&args[..3]).is_err());
+        // Disbatch's form with a value that has '=' in it: still a pair.
+        let args: Vec<String> = ["cmd", "a=b"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            Value::Object(task_params(&args).unwrap()),
+            json!({"cmd": "a=b"})
+        );
+    }
+
+    #[test]
+    fn key_values_are_json_where_they_parse() {
+        let args: Vec<String> = [
+            "id=1",
+            "flag=true",
+            "name=Ada",
+            r#"quoted="1""#,
+            "list=[1,2]",
+            "empty=",
+            "eq=a=b",
+            "n=null",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            Value::Object(task_params(&args).unwrap()),
+            json!({"id": 1, "flag": true, "name": "Ada", "quoted": "1", "list": [1, 2],
+                   "empty": "", "eq": "a=b", "n": null})
+        );
+        for bad in [&["id=1", "name"][..], &["=1"], &["a=1", "a=2"]] {
+            let args: Vec<String> = bad.iter().map(|s| s.to_string()).collect();
+            let e = task_params(&args).unwrap_err();
+            assert_eq!(crate::exit::status_for(&e), crate::exit::USAGE, "{e}");
+        }
     }
 }

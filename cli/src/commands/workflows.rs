@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use super::workflow_view::{counts_line, write_batch, write_graph, write_list, QueueNames};
+use super::workflow_view::{counts_line, write_batch, write_graph, write_list};
 use super::{array, cell, plural, shown, Ctx};
 use crate::args::WorkflowArgs;
 use crate::client::{HttpError, Reply, Unreachable};
@@ -202,23 +202,6 @@ async fn get(ctx: &Ctx, kind: Kind, id: &str) -> anyhow::Result<Reply> {
         .await
 }
 
-/// Queue names for the tables; without them (no access, an error) ids are shown instead.
-async fn queue_names(ctx: &Ctx) -> QueueNames {
-    let Ok(reply) = ctx.client.call(Method::GET, &["queues"], None).await else {
-        return QueueNames::new();
-    };
-    reply
-        .value
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|q| {
-            let id = q.get("id").or_else(|| q.get("_id")).and_then(oid)?;
-            Some((id.to_string(), q.get("name")?.as_str()?.to_string()))
-        })
-        .collect()
-}
-
 async fn write_view(
     ctx: &Ctx,
     kind: Kind,
@@ -228,7 +211,7 @@ async fn write_view(
     if ctx.raw(reply, out)? {
         return Ok(());
     }
-    let queues = queue_names(ctx).await;
+    let queues = super::queue_names(ctx).await;
     match kind {
         Kind::Graph => write_graph(&reply.value, &queues, out),
         Kind::Batch => write_batch(&reply.value, &queues, out),

@@ -16,7 +16,7 @@ use futures::TryStreamExt;
 
 use super::releases::{list_len, object_ids, short_waits, SHORT};
 use super::schema::{queue as queue_field, task, QUEUES, TASKS};
-use super::{Created, LimitIndex, Moved, StatusGroup, Store};
+use super::{Created, LimitIndex, Moved, StatusGroup, Store, Timing};
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::status;
@@ -81,6 +81,15 @@ fn ending(group: StatusGroup, code: Option<&Bson>) -> Option<String> {
     }
 }
 
+/// Why a dependent of task `id` is cancelled. A graph task is led by its name, which is what
+/// its author wrote and reads; the id stays beside it for the API and the database.
+fn cancel_reason(id: ObjectId, name: Option<&str>, how: &str) -> String {
+    match name {
+        Some(name) => format!("dependency {name:?} ({id}) {how}"),
+        None => format!("dependency {id} {how}"),
+    }
+}
+
 fn ended(group: StatusGroup) -> bool {
     matches!(
         group,
@@ -101,11 +110,24 @@ impl Store {
         params: Vec<Document>,
         waits: &Waits,
     ) -> Result<Created> {
+        self.create_waiting_tasks_at(queue, params, waits, &[])
+            .await
+    }
+
+    /// `create_waiting_tasks`, task `i` with `timings[i]`'s fields. `not_before` is a time, not a
+    /// delay from the release: a task released after it may be claimed at once.
+    pub async fn create_waiting_tasks_at(
+        &self,
+        queue: ObjectId,
+        params: Vec<Document>,
+        waits: &Waits,
+        timings: &[Timing],
+    ) -> Result<Created> {
         let mut deps = waits.depends_on.clone();
         let mut seen = HashSet::new();
         deps.retain(|d| seen.insert(*d));
         if deps.is_empty() {
-            return self.create_tasks(queue, params).await;
+            return self.create_tasks_at(queue, params, timings).await;
         }
         if deps.len() > MAX_WORKFLOW_TASKS {
             return Err(Error::Invalid(format!(
@@ -128,14 +150,17 @@ impl Store {
         let now = fleet_time::now();
         let docs: Vec<Document> = params
             .into_iter()
-            .map(|p| {
-                doc! {
+            .enumerate()
+            .map(|(i, p)| {
+                let mut d = doc! {
                     task::ID: ObjectId::new(), task::QUEUE: queue, task::STATUS: status::BLOCKED,
                     task::NODE: Bson::Null, task::PARAMS: p, task::CTIME: now, task::MTIME: now,
                     task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
                     task::DEPENDS_ON: &deps, task::WAITING_ON: &deps,
                     task::ON_DEPENDENCY_FAILURE: on_failure.name(),
-                }
+                };
+                timings.get(i).copied().unwrap_or_default().stamp(&mut d);
+                d
             })
             .collect();
         let ids: Vec<ObjectId> = docs
@@ -325,13 +350,14 @@ impl Store {
         Ok(out)
     }
 
-    /// Of `ids`, those that have ended, each with how it failed (None: it succeeded).
+    /// Of `ids`, those that have ended, each with the reason its dependents are cancelled for
+    /// (None: it succeeded).
     async fn ended_of(&self, ids: &[ObjectId]) -> Result<Vec<(ObjectId, Option<String>)>> {
         let mut out = Vec::new();
         let mut cursor = self
             .raw(TASKS)
             .find(doc! {task::ID: {"$in": ids}})
-            .projection(doc! {task::ID: 1, task::STATUS: 1})
+            .projection(doc! {task::ID: 1, task::STATUS: 1, task::GRAPH_NAME: 1})
             .await
             .map_err(|e| Error::mongo("reading the statuses of ended tasks", e))?;
         while let Some(raw) = cursor
@@ -347,14 +373,17 @@ impl Store {
             };
             let group = StatusGroup::of(d.get(task::STATUS));
             if ended(group) {
-                out.push((id, ending(group, d.get(task::STATUS))));
+                let how = ending(group, d.get(task::STATUS));
+                let name = d.get_str(task::GRAPH_NAME).ok();
+                out.push((id, how.map(|how| cancel_reason(id, name, &how))));
             }
         }
         Ok(out)
     }
 
-    /// Cancels the blocked dependents of failed tasks that cancel on failure, each with the
-    /// reason; returns them (they have ended too, and may have dependents of their own).
+    /// Cancels the blocked dependents of failed tasks (each with the reason its dependents are
+    /// cancelled for) that cancel on failure; returns them (they have ended too, and may have
+    /// dependents of their own).
     async fn cancel_dependents_of(
         &self,
         failed: &[(ObjectId, String)],
@@ -397,8 +426,7 @@ impl Store {
             }
             let mut progress = 0;
             for ((queue, which), ids) in groups {
-                let (dep, how) = &failed[which];
-                let reason = format!("dependency {dep} {how}");
+                let (_, reason) = &failed[which];
                 let r = self
                     .collection(TASKS)
                     .update_many(
@@ -484,4 +512,22 @@ impl Store {
 /// Whether a claimed task is marked as waited for: its node then settles its end at once.
 pub fn is_waited_for(task: &Document) -> bool {
     task.get_bool(task::HAS_DEPENDENTS).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_leads_with_the_dependency_name_and_keeps_its_id() {
+        let id = ObjectId::new();
+        assert_eq!(
+            cancel_reason(id, Some("fetch"), "failed (status 2)"),
+            format!("dependency \"fetch\" ({id}) failed (status 2)")
+        );
+        assert_eq!(
+            cancel_reason(id, None, "was cancelled"),
+            format!("dependency {id} was cancelled")
+        );
+    }
 }

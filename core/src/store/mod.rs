@@ -76,6 +76,7 @@ pub use task_counts::{
 };
 pub use task_create::Created;
 pub use task_create::Template;
+pub use task_create::Timing;
 pub use task_query::{IndexSets, QueryError, TaskQuery, TaskStream};
 pub use tasks::{FinishOutcome, OutputValue, QueueRunning, RunningSnapshot, TaskEnd};
 pub use units::{OnConflict, Unit, UnitsOutcome};

@@ -3,9 +3,10 @@
 use std::collections::HashSet;
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
+use super::schema::task;
 use super::Store;
 use crate::error::{Error, Result};
 
@@ -44,6 +45,30 @@ impl Template {
                 (k.clone(), value)
             })
             .collect()
+    }
+}
+
+/// Task fields a creator may set beside the params: when the task may first be claimed, and
+/// its rank in a queue with `sort: "priority"`. They are fields of the task, not of its
+/// params, so plugins never see them and nodes (ours and Perl's) read them where they
+/// already read a unit's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// Not claimable before this time (the fleet's clock).
+    pub not_before: Option<DateTime>,
+    /// Higher is claimed first in a queue sorted by priority.
+    pub priority: Option<i64>,
+}
+
+impl Timing {
+    /// Sets the fields given on a new task document.
+    pub(crate) fn stamp(&self, d: &mut Document) {
+        if let Some(t) = self.not_before {
+            d.insert(task::NOT_BEFORE, t);
+        }
+        if let Some(p) = self.priority {
+            d.insert(task::PRIORITY, p);
+        }
     }
 }
 
@@ -97,6 +122,7 @@ impl Store {
         collection: &str,
         filter: Document,
         template: &Template,
+        timing: &Timing,
     ) -> Result<Created> {
         check_source_collection(collection)?;
         let mut projection = doc! {};
@@ -127,13 +153,15 @@ impl Store {
             if batch.len() == BATCH {
                 let label = |i: usize| format!("source document {}", first + i);
                 let batch = std::mem::take(&mut batch);
-                made.extend(self.create_labelled(queue, batch, &label).await?);
+                let timings = vec![*timing; batch.len()];
+                made.extend(self.create_labelled(queue, batch, &timings, &label).await?);
                 first = made.ids.len();
             }
         }
         if !batch.is_empty() {
             let label = |i: usize| format!("source document {}", first + i);
-            made.extend(self.create_labelled(queue, batch, &label).await?);
+            let timings = vec![*timing; batch.len()];
+            made.extend(self.create_labelled(queue, batch, &timings, &label).await?);
         }
         Ok(made)
     }

@@ -9,7 +9,7 @@ use mongodb::options::ReturnDocument;
 
 use super::claim_run::release_holds;
 use super::schema::{task, TASKS};
-use super::task_create::Created;
+use super::task_create::{Created, Timing};
 use super::unique_tasks::{stamp_unique_key, Fate};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
@@ -292,12 +292,22 @@ impl Store {
 
     /// `insert_tasks`, saying which inputs were duplicates of existing tasks (`unique`).
     pub async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> Result<Created> {
+        self.create_tasks_at(queue, params, &[]).await
+    }
+
+    /// `create_tasks`, task `i` with `timings[i]`'s fields (none past the list's end).
+    pub async fn create_tasks_at(
+        &self,
+        queue: ObjectId,
+        params: Vec<Document>,
+        timings: &[Timing],
+    ) -> Result<Created> {
         let many = params.len() > 1;
         let label = |i: usize| match many {
             true => format!("params[{i}]"),
             false => "params".to_string(),
         };
-        self.create_labelled(queue, params, &label).await
+        self.create_labelled(queue, params, timings, &label).await
     }
 
     /// `create_tasks`, naming input `i` as `label(i)` in errors.
@@ -305,18 +315,22 @@ impl Store {
         &self,
         queue: ObjectId,
         params: Vec<Document>,
+        timings: &[Timing],
         label: &(dyn Fn(usize) -> String + Sync),
     ) -> Result<Created> {
         let unique = self.unique_of(queue).await?;
         let now = fleet_time::now();
         let mut docs: Vec<Document> = params
             .into_iter()
-            .map(|p| {
-                doc! {
+            .enumerate()
+            .map(|(i, p)| {
+                let mut d = doc! {
                     task::ID: ObjectId::new(), task::QUEUE: queue, task::STATUS: status::QUEUED, task::NODE: Bson::Null,
                     task::PARAMS: p, task::CTIME: now, task::MTIME: now,
                     task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
-                }
+                };
+                timings.get(i).copied().unwrap_or_default().stamp(&mut d);
+                d
             })
             .collect();
         let ids: Vec<ObjectId> = docs

@@ -7,6 +7,22 @@ use super::schema::{queue, task, QUEUES, TASKS};
 use super::{GroupCounts, StatusGroup, Store, WriteCounts};
 use crate::error::{Error, Result};
 
+/// A write refused because another queue has `name` (the only unique index of queues besides
+/// `_id`, which is always fresh here): said in words, not as the server's E11000 line with
+/// index and collection names a person has to decode. Any other failure is given back.
+fn name_taken(
+    name: &str,
+    e: mongodb::error::Error,
+) -> std::result::Result<Error, mongodb::error::Error> {
+    if super::is_duplicate_key(&e) {
+        Ok(Error::Invalid(format!(
+            "a queue named {name} already exists"
+        )))
+    } else {
+        Err(e)
+    }
+}
+
 /// Disbatch's per-queue counts: queued is every status ≤ -2 (orphaned and cancelled too).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueCounts {
@@ -102,12 +118,12 @@ impl Store {
     /// Inserts a queue document built by the caller from validated input.
     pub async fn insert_queue_document(&self, fields: Document) -> Result<ObjectId> {
         let id = ObjectId::new();
+        let name = fields.get_str(queue::NAME).unwrap_or_default().to_string();
         let mut d = doc! {queue::ID: id};
         d.extend(fields);
-        self.collection(QUEUES)
-            .insert_one(d)
-            .await
-            .map_err(|e| Error::mongo("creating a queue", e))?;
+        self.collection(QUEUES).insert_one(d).await.map_err(|e| {
+            name_taken(&name, e).unwrap_or_else(|e| Error::mongo("creating a queue", e))
+        })?;
         Ok(id)
     }
 
@@ -118,6 +134,7 @@ impl Store {
         set: Document,
         unset: &[&str],
     ) -> Result<WriteCounts> {
+        let name = set.get_str(queue::NAME).ok().map(str::to_string);
         let mut update = Document::new();
         // The server refuses an empty `$set` or `$unset`.
         if !set.is_empty() {
@@ -134,7 +151,11 @@ impl Store {
             .update_one(doc! {queue::ID: id}, update)
             .await
             .map(WriteCounts::from)
-            .map_err(|e| Error::mongo(format!("updating queue {id}"), e))
+            .map_err(|e| match &name {
+                Some(name) => name_taken(name, e)
+                    .unwrap_or_else(|e| Error::mongo(format!("updating queue {id}"), e)),
+                None => Error::mongo(format!("updating queue {id}"), e),
+            })
     }
 
     /// Deletes the queue document only; its tasks stay, as in Disbatch.

@@ -81,12 +81,25 @@ pub fn schemas() -> Vec<(&'static str, &'static str, Option<Value>, Value)> {
             "post",
             "/tasks",
             Some(
-                json!({"type": "object", "required": ["queue", "params"], "properties": {
+                json!({"type": "object", "required": ["queue"], "properties": {
             "queue": {"type": "string"}, "params": {},
+            "tasks": {"type": "array", "minItems": 1, "description": "instead of params: each task with its own timing; the request's not_before, delay_s and priority are the default",
+                "items": {"type": "object", "required": ["params"], "properties": {
+                    "params": {"type": "object"}, "not_before": {}, "delay_s": {"type": "number", "minimum": 0},
+                    "priority": {"type": "integer"}}}},
             "collection": {"type": "string"}, "filter": {"type": "object"},
-            "depends_on": ids(), "on_dependency_failure": policy()}}),
+            "depends_on": ids(), "on_dependency_failure": policy(),
+            "not_before": {"description": "not claimed before this time: an ISO-8601 UTC time or {\"$date\": …}; not with delay_s"},
+            "delay_s": {"type": "number", "minimum": 0, "description": "not claimed before this many seconds from now, on the fleet's clock"},
+            "priority": {"type": "integer", "description": "claim order in a queue with sort priority: higher first"},
+            "answer": {"type": "string", "enum": ["disbatch", "ids"], "description": "disbatch (default): Disbatch's InsertManyResult; ids: {ids, created, duplicates}"}}}),
             ),
-            json!({"type": "object"}),
+            json!({"type": "object", "description": "Disbatch's InsertManyResult, or with answer ids the shape below",
+                   "properties": {
+                "ids": {"type": "array", "items": {"type": "string"}, "description": "per input, in order: its task's id, new or the one it duplicates"},
+                "created": {"type": "integer"},
+                "duplicates": {"type": "array", "items": {"type": "object", "properties": {
+                    "index": {"type": "integer"}, "matched": {"type": "string", "description": "the existing task's id"}}}}}}),
         ),
     ]
 }
