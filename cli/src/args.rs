@@ -103,13 +103,20 @@ pub enum Command {
         #[arg(long, value_name = "JSON")]
         retry: Option<String>,
     },
-    /// Change fields of a queue (name, plugin, threads, sort, the retry policy retry, and the
-    /// flow limits rate_limit, concurrency and unique, as JSON objects or null).
+    /// Change fields of a queue: name, plugin (admin); threads, sort; the retry policy retry;
+    /// timeout, kill_grace, lease, on_lost, max_retries, on_dependency_failure, priority,
+    /// weight, max_getwork; worker (admin) and worker_idle_s, worker_max_tasks,
+    /// worker_max_rss_mb, worker_start_s; config, then, continuous, interval, runtime, min_gb
+    /// (admin); the flow limits rate_limit, concurrency and unique; and the cron schedule
+    /// schedule, schedule_tz, schedule_params, schedule_missed. Values are read as JSON where
+    /// they parse (`30`, `true`, `{"max_attempts": 3}`), else as text (`persistent`,
+    /// `"*/5 * * * *"`); `null` removes a field. Example: `update-queue words worker
+    /// persistent timeout 30 retry '{"max_attempts": 3}'`.
     UpdateQueue {
         /// Queue id or name.
         queue: String,
         /// FIELD VALUE pairs; `threads` takes digits or `null`.
-        #[arg(value_name = "FIELD VALUE", num_args = 1.., required = true)]
+        #[arg(value_name = "FIELD VALUE", num_args = 1.., required = true, allow_negative_numbers = true)]
         pairs: Vec<String>,
     },
     /// Show a queue's flow limits and their budget now (starts left, keys at their max,
@@ -653,12 +660,16 @@ mod tests {
 #[derive(Debug, Subcommand)]
 pub enum SpecAction {
     /// Load work specs (YAML or JSON: one spec, a list, several documents, or a `flows:` map).
-    /// Reloading a spec resets the queue fields it no longer sets, as Coordinate does.
+    /// Reloading a spec resets the queue fields it no longer sets, as Coordinate does; each
+    /// field it changes on an existing queue is printed, old → new.
     Load {
         /// The spec file, or - for stdin.
         file: String,
         /// Plugin for specs that do not name one.
         #[arg(long)]
         plugin: Option<String>,
+        /// Print what loading would create and change, field by field, without writing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }

@@ -2,11 +2,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bson::oid::ObjectId;
 use disbatch_core::claim_plan::{node_room, plan_claims, QueueClaims, QueueState};
-use disbatch_core::fleet_time;
 use disbatch_core::model::Queue;
 use disbatch_core::scheduler::{share_room, SpecState};
 use disbatch_core::store::{ClaimWindow, NodeLimit, SkipReason, Store};
@@ -25,6 +24,7 @@ mod beside_perl;
 mod continuous;
 mod limits;
 mod reserve;
+mod retries_due;
 mod spare;
 
 /// Which queues this node serves (`activequeues` wins over `ignorequeues`, as in Disbatch).
@@ -100,13 +100,6 @@ pub struct PassReport {
     pub held_until: Option<Instant>,
 }
 
-/// Retries due later than this are left to the leader's come-due probe.
-const RETRY_DUE_HORIZON: Duration = Duration::from_secs(3600);
-/// Due retries one node keeps timers for; past it the leader's probe finds the rest.
-const MOST_RETRIES_DUE: usize = 10_000;
-/// How long after a retry's `not_before` its node looks (see `retry_due_at`).
-const RETRY_DUE_SLACK_MS: i64 = 20;
-
 pub struct Claimer {
     store: Store,
     node: String,
@@ -126,9 +119,8 @@ pub struct Claimer {
     turns: continuous::TurnClock,
     /// What this node knows of its queues' rate-limit windows.
     limits: limits::LimitViews,
-    /// When retries this node's runners queued come due, and their queues: this node reads
-    /// those queues then, rather than waiting for the leader's come-due probe.
-    retries_due: Vec<(Instant, ObjectId)>,
+    /// When retries this node's runners queued come due, and their queues.
+    retries_due: retries_due::RetriesDue,
     /// Queued tasks this node will not try again: undecodable, or refused by the server.
     unrunnable: HashSet<ObjectId>,
     /// When the live nodes sharing queues were last read.
@@ -172,7 +164,7 @@ impl Claimer {
             view: RunningView::default(),
             windows: HashMap::new(),
             spares: spare::Spares::default(),
-            retries_due: Vec::new(),
+            retries_due: retries_due::RetriesDue::default(),
             turns: continuous::TurnClock::default(),
             limits: limits::LimitViews::default(),
             unrunnable: HashSet::new(),
@@ -225,7 +217,7 @@ impl Claimer {
                 self.spares.forget(exited.queue);
             }
             if let Some(at) = exited.retry_at {
-                self.retry_due_at(at, exited.queue);
+                self.retries_due.note(at, exited.queue);
             }
             if let Some(name) = self.queue_names.get(&exited.queue) {
                 self.metrics
@@ -458,39 +450,15 @@ impl Claimer {
     }
 
     /// Forgets where each queue's head was: tasks may have been queued again behind it.
-    /// Notes a retry of `queue` claimable from `at` (the fleet's time), to read the queue then.
-    fn retry_due_at(&mut self, at: bson::DateTime, queue: ObjectId) {
-        // A little after: the claim judges `not_before` on the server's clock, which this
-        // process knows to within a round trip.
-        let wait = at
-            .timestamp_millis()
-            .saturating_sub(fleet_time::now().timestamp_millis())
-            .saturating_add(RETRY_DUE_SLACK_MS);
-        let wait = Duration::from_millis(u64::try_from(wait).unwrap_or(0));
-        // Bounded by the runners this node ran; a far-off retry is the leader's to signal.
-        if wait <= RETRY_DUE_HORIZON && self.retries_due.len() < MOST_RETRIES_DUE {
-            self.retries_due.push((Instant::now() + wait, queue));
-        }
-    }
-
     /// When the next retry this node queued comes due, if one does.
     pub fn next_retry_due(&self) -> Option<Instant> {
-        self.retries_due.iter().map(|(at, _)| *at).min()
+        self.retries_due.next()
     }
 
     /// Reads again from the heads of queues whose retries came due: the retried tasks are
     /// behind their claim windows.
     fn take_due_retries(&mut self) {
-        let now = Instant::now();
-        let mut due = Vec::new();
-        self.retries_due.retain(|(at, queue)| {
-            let is_due = *at <= now;
-            if is_due {
-                due.push(*queue);
-            }
-            !is_due
-        });
-        for queue in due {
+        for queue in self.retries_due.take_due(Instant::now()) {
             if let Some(w) = self.windows.get_mut(&queue) {
                 w.reset();
             }

@@ -81,6 +81,7 @@ mod package;
 mod perl_cli;
 mod persistent_workers;
 mod plugin_contract;
+mod queue_settings;
 mod rate_windows;
 mod reload;
 mod result_refusals;

@@ -205,8 +205,13 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         }
         Command::Summary => queues::summary(ctx, out).await,
         Command::Spec {
-            action: SpecAction::Load { file, plugin },
-        } => specs::load(ctx, out, &file, plugin.as_deref()).await,
+            action:
+                SpecAction::Load {
+                    file,
+                    plugin,
+                    dry_run,
+                },
+        } => specs::load(ctx, out, &file, plugin.as_deref(), dry_run).await,
         Command::SetMaxthreads { node, maxthreads } => {
             nodes::set_maxthreads(ctx, &node, maxthreads.0, out).await
         }

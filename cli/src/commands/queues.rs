@@ -146,12 +146,12 @@ pub fn update_body(args: &[String]) -> anyhow::Result<Map<String, Value>> {
                     .parse::<u64>()
                     .map_or_else(|_| json!(digits), |n| json!(n))
             }
-            // Flow limits are objects: JSON text is sent as JSON (`null` removes the limit);
-            // anything else goes as text, for the server to explain.
-            ("rate_limit" | "concurrency" | "unique" | "retry", text) => {
-                serde_json::from_str::<Value>(text).unwrap_or_else(|_| json!(text))
-            }
-            _ => json!(value),
+            // Text, for the server to explain (Disbatch's CLI sent every value as text).
+            ("name" | "plugin" | "sort" | "threads", _) => json!(value),
+            // Every other field is read as JSON where it parses (`30`, `null`, `{"max": 1}`,
+            // `true`), as `jq --argjson` reads it; anything else goes as text (`persistent`,
+            // a cron pattern), for the server to check. `null` removes the field.
+            (_, text) => serde_json::from_str::<Value>(text).unwrap_or_else(|_| json!(text)),
         };
         body.insert(field.clone(), value);
     }

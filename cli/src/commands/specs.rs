@@ -60,6 +60,7 @@ pub async fn load(
     out: &mut dyn Write,
     file: &str,
     plugin: Option<&str>,
+    dry_run: bool,
 ) -> anyhow::Result<()> {
     let text = if file == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading stdin")?
@@ -67,7 +68,7 @@ pub async fn load(
         std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?
     };
     let specs = parse_specs(&text).with_context(|| format!("in {file}"))?;
-    let mut body = json!({"specs": specs});
+    let mut body = json!({"specs": specs, "dry_run": dry_run});
     if let Some(p) = plugin {
         body["plugin"] = json!(p);
     }
@@ -91,7 +92,8 @@ pub async fn load(
     let (created, updated) = (names("created"), names("updated"));
     writeln!(
         out,
-        "Loaded {} work specs: {} created, {} updated.",
+        "{} {} work specs: {} created, {} updated.",
+        if dry_run { "Would load" } else { "Loaded" },
         created.len() + updated.len(),
         created.len(),
         updated.len()
@@ -100,9 +102,39 @@ pub async fn load(
         writeln!(out, "created {}", shown(&n))?;
     }
     for n in updated {
-        writeln!(out, "updated {}", shown(&n))?;
+        let changes = reply.value["changes"][&n]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if changes.is_empty() {
+            writeln!(out, "updated {}: no field changes", shown(&n))?;
+            continue;
+        }
+        writeln!(out, "updated {}:", shown(&n))?;
+        for c in changes {
+            writeln!(
+                out,
+                "  {}: {} → {}",
+                shown(c["field"].as_str().unwrap_or("?")),
+                brief(&c["old"]),
+                brief(&c["new"])
+            )?;
+        }
     }
     Ok(())
+}
+
+/// A field's value on one line: JSON, cut at 80 characters (a spec's `config` is the whole
+/// definition), unset fields as `(none)`.
+fn brief(v: &Value) -> String {
+    if v.is_null() {
+        return "(none)".into();
+    }
+    let text = shown(&v.to_string()).to_string();
+    match text.char_indices().nth(80) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
 }
 
 #[cfg(test)]

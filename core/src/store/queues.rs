@@ -115,6 +115,23 @@ pub fn check_queue_fields(set: &Document) -> Result<(), String> {
     let mut d = doc! {queue::ID: ObjectId::new(), queue::NAME: "q", queue::PLUGIN: "p"};
     d.extend(set.clone());
     retry_policy(set.get(queue::RETRY), true)?;
+    // Read where tasks are created, not by `parse_queue`: checked here so none is refused later.
+    match set.get(queue::ON_DEPENDENCY_FAILURE) {
+        None | Some(Bson::Null) => {}
+        Some(Bson::String(s)) => {
+            crate::workflow::OnDependencyFailure::parse(s)?;
+        }
+        Some(other) => {
+            return Err(format!(
+                "on_dependency_failure must be \"cancel\" or \"run\", not {other}"
+            ))
+        }
+    }
+    if let Some(config) = set.get(queue::CONFIG) {
+        if !matches!(config, Bson::Document(_) | Bson::Null) {
+            return Err(format!("config must be an object, found {config}"));
+        }
+    }
     let q = parse_queue(&d)?;
     q.plugin?;
     // The leader skips a schedule it cannot read: it is refused here instead.

@@ -12,6 +12,7 @@ mod nodes;
 pub mod openapi;
 mod queue_limits;
 mod queue_schedule;
+mod queue_settings;
 mod queues;
 mod result;
 mod specs;

@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 use super::nodes::non_negative;
 use super::queue_limits;
 use super::queue_schedule;
+use super::queue_settings;
 use crate::access::Caller;
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
@@ -27,26 +28,6 @@ use crate::state::AppState;
 
 /// Discarded tasks one queue view counts, at most.
 const MOST_DISCARDED_COUNTED: i64 = 100_000;
-
-/// The queue's run settings a reader of the queue is shown, when it has them.
-const RUN_SETTINGS: [&str; 16] = [
-    field::RETRY,
-    field::WORKER,
-    field::WORKER_IDLE_S,
-    field::WORKER_MAX_TASKS,
-    field::WORKER_MAX_RSS_MB,
-    field::WORKER_START_S,
-    field::TIMEOUT,
-    field::KILL_GRACE,
-    field::LEASE,
-    field::ON_LOST,
-    field::MAX_RETRIES,
-    field::ON_DEPENDENCY_FAILURE,
-    field::THEN,
-    field::PRIORITY,
-    field::WEIGHT,
-    field::MAX_GETWORK,
-];
 
 async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
     let id = d
@@ -78,7 +59,7 @@ fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
     });
     if let Value::Object(m) = &mut row {
         // The retry policy and run settings when set: a Disbatch queue's row is as it was.
-        for k in RUN_SETTINGS {
+        for k in queue_settings::all() {
             if let Some(b) = d.get(k) {
                 m.insert(k.to_string(), render::bson(b, Dates::Text));
             }
@@ -196,10 +177,9 @@ pub async fn create_queue(
         return Err(ApiError::bad_request("name and plugin required"));
     };
     if let Some(k) = p.keys().find(|k| {
-        !matches!(
-            k.as_str(),
-            "name" | "plugin" | "threads" | "sort" | "force" | field::RETRY
-        ) && !queue_limits::FIELDS.contains(&k.as_str())
+        !matches!(k.as_str(), "name" | "plugin" | "threads" | "sort" | "force")
+            && !queue_settings::is_setting(k)
+            && !queue_limits::FIELDS.contains(&k.as_str())
             && !queue_schedule::FIELDS.contains(&k.as_str())
     }) {
         return Err(ApiError::bad_request_with(
@@ -241,6 +221,13 @@ pub async fn create_queue(
             fields.insert(k, v);
         }
     }
+    for (k, v) in p.iter().filter(|(k, _)| k.as_str() != field::RETRY) {
+        if queue_settings::is_setting(k) {
+            if let Some(v) = queue_settings::value(k, v)? {
+                fields.insert(k.clone(), v);
+            }
+        }
+    }
     // Our queues retry failures unless told otherwise (`null` for Disbatch's none); the
     // policy is written out, so that it shows and can be changed.
     match p.get(field::RETRY) {
@@ -259,17 +246,17 @@ pub async fn create_queue(
     Ok((id, fields))
 }
 
-/// The route is `operate` (threads, sort, flow limits; a limit sent as null is removed);
-/// a new name or plugin changes what runs, so `admin`.
+/// The route is `operate` (threads, sort, flow limits, run settings; a field sent as null is
+/// removed); a new name, plugin, worker mode, config, chaining or placement changes what
+/// runs, so `admin`.
 pub async fn update(
     Ns(state): Ns,
     Path(ident): Path<String>,
     Extension(caller): Extension<Caller>,
     params: Params,
 ) -> ApiResult<Response> {
-    let mut p = params.given_keeping_null(&[
+    let keep_null: Vec<&str> = [
         "threads",
-        field::RETRY,
         field::RATE_LIMIT,
         field::CONCURRENCY,
         field::UNIQUE,
@@ -277,7 +264,11 @@ pub async fn update(
         field::SCHEDULE_TZ,
         field::SCHEDULE_PARAMS,
         field::SCHEDULE_MISSED,
-    ]);
+    ]
+    .into_iter()
+    .chain(queue_settings::all())
+    .collect();
+    let mut p = params.given_keeping_null(&keep_null);
     let force = queue_limits::force(&p)?;
     p.remove("force");
     if p.is_empty() {
@@ -285,6 +276,9 @@ pub async fn update(
     }
     if p.contains_key("name") || p.contains_key("plugin") {
         caller.require(Role::Admin, "changing a queue's name or plugin")?;
+    }
+    if let Some(k) = queue_settings::ADMIN.iter().find(|k| p.contains_key(**k)) {
+        caller.require(Role::Admin, &format!("changing a queue's {k}"))?;
     }
     let mut set = Document::new();
     let mut unset = Vec::new();
@@ -331,6 +325,15 @@ pub async fn update(
                 Some(v) => set.insert(field::RETRY, v),
                 None => {
                     unset.push(field::RETRY);
+                    None
+                }
+            },
+            k if queue_settings::is_setting(k) => match queue_settings::value(k, v)? {
+                Some(v) => set.insert(k, v),
+                None => {
+                    if let Some(known) = queue_settings::all().find(|f| *f == k) {
+                        unset.push(known);
+                    }
                     None
                 }
             },

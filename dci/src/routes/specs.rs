@@ -1,13 +1,15 @@
-//! `POST /specs`: load Coordinate work specs into queues (create, or redefine and reset).
+//! `POST /specs`: load Coordinate work specs into queues (create, or redefine and reset),
+//! saying what each load changes, or only saying it (`dry_run`).
 
 use axum::response::Response;
-use disbatch_core::work_spec::spec_load;
-use serde_json::{json, Value};
+use bson::{Bson, Document};
+use disbatch_core::work_spec::{spec_load, SpecLoad};
+use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
 use crate::params::Params;
-use crate::render::json_response;
+use crate::render::{self, json_response, Dates};
 
 pub async fn load(Ns(state): Ns, p: Params) -> ApiResult<Response> {
     let p = p.given();
@@ -47,16 +49,63 @@ pub async fn load(Ns(state): Ns, p: Params) -> ApiResult<Response> {
     for load in &loads {
         super::queue_limits::refuse_beside_perl(&state, &load.name, &load.set, force).await?;
     }
+    let dry_run = match p.get("dry_run") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(Value::String(s)) if matches!(s.as_str(), "1" | "true") => true,
+        Some(Value::String(s)) if matches!(s.as_str(), "0" | "false" | "") => false,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "dry_run must be true or false, found {other}"
+            )))
+        }
+    };
+    // What each load changes on a queue that exists, read before anything is written, so a
+    // reload that resets `threads` or `sort` says so (and a dry run says it without writing).
+    let mut changes = Map::new();
+    for load in &loads {
+        if let Some(existing) = state.store.find_queue(&load.name).await? {
+            changes.insert(
+                load.name.clone(),
+                Value::Array(spec_changes(&existing, load)),
+            );
+        }
+    }
     let (mut created, mut updated) = (Vec::new(), Vec::new());
     for load in &loads {
-        if state.store.upsert_spec_queue(load).await? {
+        let exists = changes.contains_key(&load.name);
+        let made = if dry_run {
+            !exists
+        } else {
+            state.store.upsert_spec_queue(load).await?
+        };
+        if made {
             created.push(load.name.clone());
         } else {
             updated.push(load.name.clone());
         }
     }
     Ok(json_response(
-        &json!({"created": created, "updated": updated}),
+        &json!({"created": created, "updated": updated, "changes": changes, "dry_run": dry_run}),
         false,
     ))
+}
+
+/// The fields a spec load changes on an existing queue: `{field, old, new}`, `new` null for
+/// a field it removes. `config` holds the whole definition, so it changes with any edit.
+fn spec_changes(existing: &Document, load: &SpecLoad) -> Vec<Value> {
+    let shown = |b: Option<&Bson>| b.map_or(Value::Null, |b| render::bson(b, Dates::Text));
+    let mut out = Vec::new();
+    for (k, new) in &load.set {
+        let old = existing.get(k);
+        if old != Some(new) {
+            out.push(json!({"field": k, "old": shown(old), "new": shown(Some(new))}));
+        }
+    }
+    for k in &load.unset {
+        if let Some(old) = existing.get(*k) {
+            out.push(json!({"field": k, "old": shown(Some(old)), "new": Value::Null}));
+        }
+    }
+    out
 }
