@@ -197,6 +197,16 @@ async fn search_filters_by_status_word_time_node_and_params() {
         .get("/tasks?queue=words&params.text=a%20b&since=2021-01-01T00:00:00Z&.count=1")
         .await;
     assert_eq!((status, body), (200, json!({"count": 1})));
+    // The failures index covers failed tasks alone: an mtime equality is not served by it.
+    let (status, body) = dci.get("/tasks?mtime=2026-01-03").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["hint"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("mtime is not indexed"),
+        "{body}"
+    );
     let (status, body) = dci.get("/tasks?status=2&.count=1").await;
     assert_eq!(status, 400, "{body}");
     assert!(
@@ -509,7 +519,7 @@ async fn console_failures_page_and_failed_link() {
             .is_err(),
         "a succeeded task is no failure"
     );
-    b.screenshot("failures").await;
+    b.screenshot("console-failures").await;
     b.find(&format!("{} button.retry", row(f.failed3)))
         .await
         .click()

@@ -58,7 +58,7 @@ impl StatusWord {
     }
 
     /// The filter term. Discarded tasks are failed ones too, so both words are served by the
-    /// failures index (`schema::FAILURES_INDEX`) without a queue.
+    /// failures index (`mtime_-1_failed`, schema.rs) without a queue.
     pub fn term(self) -> Document {
         let failed = doc! {task::STATUS: {"$gte": status::FAILED}};
         match self {

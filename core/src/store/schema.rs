@@ -533,7 +533,7 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
 }
 
 /// The failures index: `{mtime: -1}` over failed tasks alone.
-pub const FAILURES_INDEX: &str = "mtime_-1_failed";
+pub(crate) const FAILURES_INDEX: &str = "mtime_-1_failed";
 
 /// `unrecorded_attempts.<field>`, for queries into the array's entries.
 pub fn unrecorded_field(field: &str) -> String {

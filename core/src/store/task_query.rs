@@ -211,7 +211,16 @@ impl Store {
             .try_collect()
             .await
             .map_err(|e| Error::mongo("listing task indexes", e))?;
-        let keys: Vec<Document> = indexes.into_iter().map(|i| i.keys).collect();
+        // The failures index holds failed tasks alone: an `mtime` equality it cannot serve
+        // must not pass for indexed (its words, `failed` and `discarded`, are served anyway).
+        let keys: Vec<Document> = indexes
+            .into_iter()
+            .filter(|i| {
+                i.options.as_ref().and_then(|o| o.name.as_deref())
+                    != Some(super::schema::FAILURES_INDEX)
+            })
+            .map(|i| i.keys)
+            .collect();
         Ok(IndexSets::from_keys(&keys))
     }
 
