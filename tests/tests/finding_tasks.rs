@@ -167,6 +167,24 @@ async fn search_filters_by_status_word_time_node_and_params() {
         .get("/tasks?status=failed&since=2021-01-01T00:00:00Z&until=2026-01-03T00:00:00Z")
         .await;
     assert_eq!(ids(&body), hexes(&[f.failed3]));
+    // Creation time, read from `_id`: every fixture task was made just now.
+    let (status, body) = dci
+        .get("/tasks?status=failed&created_since=2021-01-01T00:00:00Z")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ids(&body).len(), 4, "{body}");
+    let (_, body) = dci
+        .get("/tasks?status=failed&created_until=2021-01-01T00:00:00Z")
+        .await;
+    assert_eq!(ids(&body), Vec::<String>::new(), "{body}");
+    let (status, body) = dci
+        .get("/tasks?queue=words&params.text=a%20b&created_since=2021-01-01T00:00:00Z")
+        .await;
+    assert_eq!(
+        status, 200,
+        "a creation range bounds a params search: {body}"
+    );
+    assert_eq!(ids(&body), hexes(&[f.failed_old, f.discarded]));
     let (status, body) = dci.get("/tasks?status=failed&since=yesterday").await;
     assert_eq!(status, 400, "{body}");
 

@@ -1,5 +1,6 @@
-//! `GET /tasks`' additive filters: status words, `since`/`until`, and the bounded scan.
+//! `GET /tasks`' additive filters: status words, time ranges, `limit`, and the bounded scan.
 
+use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 use disbatch_core::store::failures::{mtime_range, StatusWord, MAX_SCAN_LIMIT};
 use serde_json::{Map, Value};
@@ -17,7 +18,8 @@ pub struct Extras {
     pub limit: Option<i64>,
 }
 
-/// Takes `status` (when a word), `since`, `until` and `limit` out of `fields`. A numeric status stays
+/// Takes `status` (when a word), `since`, `until`, `created_since`, `created_until` and
+/// `limit` out of `fields`. A numeric status stays
 /// a field, as Disbatch searched it; a word that names one code becomes that code.
 pub fn take_extras(fields: &mut Map<String, Value>) -> Result<Extras, ApiError> {
     let mut extras = Extras::default();
@@ -64,7 +66,27 @@ pub fn take_extras(fields: &mut Map<String, Value>) -> Result<Extras, ApiError> 
         extras.terms.push(range);
         extras.ranged = true;
     }
+    // Creation time is in the `_id` itself: a range on it is read through the `_id` index.
+    let mut created = Document::new();
+    if let Some(t) = date(fields.remove("created_since"), "created_since")? {
+        created.insert("$gte", first_id_at(t));
+    }
+    if let Some(t) = date(fields.remove("created_until"), "created_until")? {
+        created.insert("$lt", first_id_at(t));
+    }
+    if !created.is_empty() {
+        extras.terms.push(bson::doc! {"_id": created});
+        extras.ranged = true;
+    }
     Ok(extras)
+}
+
+/// The smallest ObjectId made at `t` (its first four bytes are the creation second).
+fn first_id_at(t: DateTime) -> ObjectId {
+    let secs = u32::try_from(t.timestamp_millis().div_euclid(1000).max(0)).unwrap_or(u32::MAX);
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&secs.to_be_bytes());
+    ObjectId::from_bytes(bytes)
 }
 
 /// A search some index does not serve runs only when bounded: a time range, or a `limit`
