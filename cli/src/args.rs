@@ -291,6 +291,19 @@ pub enum Command {
     /// Cancel a task: a queued or blocked one never runs; a claimed or running one is
     /// stopped (its runner stops the plugin's process group) and ends cancelled.
     Cancel { task_id: String },
+    /// List the newest failed (status >= 2) and discarded tasks of every queue, newest first,
+    /// with queue name, status, attempts, end and the last attempt's reason.
+    Failures {
+        /// Only this queue's (id or name).
+        #[arg(long)]
+        queue: Option<String>,
+        /// How many (1 to 1000; the server's default is 50).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        limit: Option<u64>,
+        /// Requeue each task listed (as `disbatch retry ID` does), instead of printing them.
+        #[arg(long)]
+        retry: bool,
+    },
     /// Requeue a finished task, or (with --queue) every failed/orphaned task of a queue.
     Retry {
         #[arg(required_unless_present = "queue", conflicts_with = "queue")]
@@ -298,7 +311,8 @@ pub enum Command {
         /// Queue id or name.
         #[arg(long)]
         queue: Option<String>,
-        /// Status codes to requeue (server default: 2 and -6).
+        /// Status codes to requeue (server default: every failed status, 2 and above, and
+        /// orphaned -6).
         #[arg(
             long,
             value_name = "CODE",

@@ -317,6 +317,11 @@ pub fn error_message(body: &Value) -> String {
     let Some(main) = main else {
         return clip(body.to_string());
     };
+    // A search refusal's `hint` says what to do; the index list it is kept beside (for
+    // Disbatch's Perl CLI) would only bury it.
+    if let Some(Value::String(hint)) = object.get("hint") {
+        return clip(hint.clone());
+    }
     let details: Vec<String> = object
         .iter()
         .filter(|(k, _)| {
@@ -419,6 +424,12 @@ mod tests {
                 &json!({"error": "non-indexed params given", "invalid_params": ["status"], "path": "/tasks", "title": "t"})
             ),
             "non-indexed params given (invalid_params: [\"status\"])"
+        );
+        assert_eq!(
+            error_message(
+                &json!({"error": "non-indexed params given", "hint": "status is not indexed: add a time range", "indexes": [["id"]]})
+            ),
+            "status is not indexed: add a time range"
         );
         assert_eq!(error_message(&json!([1])), "[1]");
     }

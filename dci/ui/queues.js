@@ -15,7 +15,7 @@ const COUNT_COLUMNS = [
   ["blocked", -4, (b) => b.blocked],
   ["running", 0, (b) => b.claimed + b.running],
   ["succeeded", 1, (b) => b.succeeded],
-  ["failed", 2, (b) => b.failed],
+  ["failed", "failed", (b) => b.failed],   // every status ≥ 2, as the count counts
   ["cancelled", -5, (b) => b.cancelled],
   ["orphaned", -6, (b) => b.orphaned],
 ];

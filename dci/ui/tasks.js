@@ -5,7 +5,7 @@ const PAGE_SIZE = 50;
 const CHUNK = 65536;
 const STATUS_CHOICES = [
   ["", "any"], ["-2", "queued (-2)"], ["-1", "claimed (-1)"], ["0", "running (0)"],
-  ["1", "succeeded (1)"], ["2", "failed (2)"], ["-6", "orphaned (-6)"], ["-5", "cancelled (-5)"],
+  ["1", "succeeded (1)"], ["failed", "failed (≥ 2)"], ["discarded", "discarded"], ["2", "status 2"], ["-6", "orphaned (-6)"], ["-5", "cancelled (-5)"],
   ["-4", "blocked (-4)"], ["-3", "terminated (-3)"],
 ];
 
@@ -73,6 +73,8 @@ PAGES.tasks = {
 
 /** Why a filter cannot be searched (only indexed combinations are allowed), or null. */
 function searchProblem(f) {
+  // The failures index serves these two words alone.
+  if (!f.queue && !f.node && (f.status === "failed" || f.status === "discarded")) return null;
   if (!f.queue && !f.node) {
     return f.status !== ""
       ? { kind: "error", text: "Status alone is not indexed: choose a queue or a node as well." }

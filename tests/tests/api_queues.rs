@@ -405,10 +405,10 @@ async fn a_queue_retry_requeues_the_chosen_statuses() {
         async move { db.task(id).await.get_i32("status").expect("status") }
     };
 
-    // Default: failed (2) and orphaned (-6).
+    // Default: every failed status (2, and the plugin's 3) and orphaned (-6).
     let (status, body) = dci.post("/queues/q/retry", json!({})).await;
-    assert_eq!((status, body), (200, update_result(2, 2)));
-    for i in [0, 1] {
+    assert_eq!((status, body), (200, update_result(3, 3)));
+    for i in [0, 1, 8] {
         let t = db.task(ids[i]).await;
         assert_eq!(t.get_i32("status").ok(), Some(-2), "{t}");
         assert_eq!(t.get("node"), Some(&Bson::Null), "{t}");
@@ -423,6 +423,7 @@ async fn a_queue_retry_requeues_the_chosen_statuses() {
         "other queues untouched"
     );
 
+    db.set_task(ids[8], doc! {"status": 3}).await;
     let path = format!("/queues/{}/retry", queue.to_hex());
     let (status, body) = dci.post(&path, json!({"status": [1, -5, 3]})).await;
     assert_eq!((status, body), (200, update_result(3, 3)));

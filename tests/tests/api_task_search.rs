@@ -91,7 +91,14 @@ async fn searches_allow_only_indexed_prefixes_and_convert_values() {
     let keys: Vec<&String> = body.as_object().expect("object").keys().collect();
     assert_eq!(
         keys,
-        ["error", "indexes", "invalid_params", "path", "title"],
+        [
+            "error",
+            "hint",
+            "indexes",
+            "invalid_params",
+            "path",
+            "title"
+        ],
         "{body}"
     );
     assert_eq!(body["error"], "non-indexed params given");

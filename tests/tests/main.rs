@@ -46,6 +46,7 @@ mod durability;
 mod enqueue;
 mod example_config;
 mod fair_sharing;
+mod finding_tasks;
 mod flow_limits;
 mod flow_limits_view;
 mod gridfs_output;

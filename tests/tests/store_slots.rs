@@ -115,6 +115,7 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
         [
             "_id_",
             "lease_until_1",
+            "mtime_-1_failed",
             "node_1_status_1_queue_1",
             "node_1_status_1_queue_1__id_-1",
             "node_1_status_1_queue_1__id_1",

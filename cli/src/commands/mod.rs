@@ -1,6 +1,7 @@
 //! Runs one parsed command against the server and writes its output.
 
 mod balance;
+mod failures;
 mod limits;
 mod nodes;
 mod queue_ops;
@@ -216,6 +217,11 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
             nodes::set_maxthreads(ctx, &node, maxthreads.0, out).await
         }
         Command::Cancel { task_id } => task_ops::cancel(ctx, &task_id, out).await,
+        Command::Failures {
+            queue,
+            limit,
+            retry,
+        } => failures::list(ctx, queue.as_deref(), limit, retry, out).await,
         Command::Retry {
             task_id,
             queue,

@@ -9,6 +9,7 @@ mod claim_run;
 mod completions;
 mod decode;
 mod dependencies;
+pub mod failures;
 mod flow_view;
 mod gridfs;
 mod key_slots;
@@ -77,7 +78,7 @@ pub use task_counts::{
 pub use task_create::Created;
 pub use task_create::Template;
 pub use task_create::Timing;
-pub use task_query::{IndexSets, QueryError, TaskQuery, TaskStream};
+pub use task_query::{build_filter, IndexSets, QueryError, TaskQuery, TaskStream};
 pub use tasks::{FinishOutcome, OutputValue, QueueRunning, RunningSnapshot, TaskEnd};
 pub use units::{OnConflict, Unit, UnitsOutcome};
 pub use users::{

@@ -489,6 +489,22 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
                 )
                 .build(),
         ),
+        // Only failed tasks (status >= 2) are in it: the fleet's newest failures are listed,
+        // and `status: "failed"` searched, without reading the succeeded ones.
+        (
+            TASKS,
+            IndexModel::builder()
+                .keys(doc! {task::MTIME: -1})
+                .options(
+                    IndexOptions::builder()
+                        .name(FAILURES_INDEX.to_string())
+                        .partial_filter_expression(
+                            doc! {task::STATUS: {"$gte": crate::model::status::FAILED}},
+                        )
+                        .build(),
+                )
+                .build(),
+        ),
         // Only claimed and running tasks carry a lease, so recovery scans just those.
         (
             TASKS,
@@ -515,6 +531,9 @@ pub fn our_indexes() -> Vec<(&'static str, IndexModel)> {
         ),
     ]
 }
+
+/// The failures index: `{mtime: -1}` over failed tasks alone.
+pub(crate) const FAILURES_INDEX: &str = "mtime_-1_failed";
 
 /// `unrecorded_attempts.<field>`, for queries into the array's entries.
 pub fn unrecorded_field(field: &str) -> String {

@@ -66,11 +66,8 @@ impl IndexSets {
             })
     }
 
-    /// Turns API parameters into a filter, or says which fields no index serves.
-    pub fn build_query(
-        &self,
-        params: &serde_json::Map<String, Value>,
-    ) -> Result<TaskQuery, QueryError> {
+    /// The given fields no index serves, sorted.
+    pub fn non_indexed(&self, params: &serde_json::Map<String, Value>) -> Vec<String> {
         let given: Vec<&str> = params
             .iter()
             .filter(|(_, v)| !is_blank(v))
@@ -81,10 +78,26 @@ impl IndexSets {
             .filter(|f| !self.allows(f, &given))
             .map(|f| f.to_string())
             .collect();
+        invalid.sort();
+        invalid
+    }
+
+    /// Turns API parameters into a filter, or says which fields no index serves.
+    pub fn build_query(
+        &self,
+        params: &serde_json::Map<String, Value>,
+    ) -> Result<TaskQuery, QueryError> {
+        let invalid = self.non_indexed(params);
         if !invalid.is_empty() {
-            invalid.sort();
             return Err(QueryError::NonIndexed { invalid });
         }
+        build_filter(params)
+    }
+}
+
+/// The filter of API parameters, whether or not an index serves it: the caller bounds it.
+pub fn build_filter(params: &serde_json::Map<String, Value>) -> Result<TaskQuery, QueryError> {
+    {
         let mut terms = Vec::new();
         for (field, value) in params.iter().filter(|(_, v)| !is_blank(v)) {
             let name = if field == "id" {
@@ -198,7 +211,16 @@ impl Store {
             .try_collect()
             .await
             .map_err(|e| Error::mongo("listing task indexes", e))?;
-        let keys: Vec<Document> = indexes.into_iter().map(|i| i.keys).collect();
+        // The failures index holds failed tasks alone: an `mtime` equality it cannot serve
+        // must not pass for indexed (its words, `failed` and `discarded`, are served anyway).
+        let keys: Vec<Document> = indexes
+            .into_iter()
+            .filter(|i| {
+                i.options.as_ref().and_then(|o| o.name.as_deref())
+                    != Some(super::schema::FAILURES_INDEX)
+            })
+            .map(|i| i.keys)
+            .collect();
         Ok(IndexSets::from_keys(&keys))
     }
 

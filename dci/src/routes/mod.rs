@@ -2,6 +2,7 @@
 
 mod attempts;
 mod balance;
+mod failures;
 mod full_output;
 mod health;
 mod info;
@@ -18,6 +19,7 @@ mod result;
 mod specs;
 mod stats;
 mod summary;
+mod task_filters;
 mod task_one;
 mod tasks_create;
 mod tasks_search;
@@ -248,6 +250,13 @@ pub fn table() -> Vec<Route> {
             OPERATE,
             "Create tasks: one, many, or from another collection",
             || post(tasks_create::create),
+        ),
+        route(
+            Method::GET,
+            "/failures",
+            READ,
+            "The newest failed (status >= 2) and discarded tasks of every queue, newest first",
+            || get(failures::list),
         ),
         route(
             Method::GET,

@@ -392,7 +392,8 @@ pub async fn resume(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Respo
 pub const MAX_RETRY_STATUSES: usize = 1000;
 
 /// `POST /queues/:queue/retry {"status": [codes]}`: requeue a queue's failed/orphaned tasks;
-/// `{"status": "failed"}` requeues every failed one, status 2 and the codes above it.
+/// `{"status": "failed"}` requeues every failed one, status 2 and the codes above it, and no
+/// status every failed and orphaned one.
 pub async fn retry(
     Ns(state): Ns,
     Path(ident): Path<String>,
@@ -402,6 +403,19 @@ pub async fn retry(
     if p.get("status").and_then(Value::as_str) == Some("failed") {
         let id = find_id(&state, &ident).await?;
         let counts = state.store.retry_queue_failed(id).await?;
+        return Ok(json_response(&envelope::update(&counts), false));
+    }
+    // No status: the failed group (every status >= 2, as the counts count it) and orphaned,
+    // where Disbatch took 2 and -6 and left a plugin's 3 behind. Listed codes are as given.
+    if p.get("status").is_none() {
+        let id = find_id(&state, &ident).await?;
+        let mut counts = state.store.retry_queue_failed(id).await?;
+        let orphaned = state
+            .store
+            .retry_queue(id, &[disbatch_core::model::status::ORPHANED])
+            .await?;
+        counts.matched += orphaned.matched;
+        counts.modified += orphaned.modified;
         return Ok(json_response(&envelope::update(&counts), false));
     }
     let statuses: Vec<i32> = match p.get("status") {

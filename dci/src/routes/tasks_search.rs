@@ -1,4 +1,4 @@
-//! `GET /tasks`: search and count by indexed prefixes, with Disbatch's dot options.
+//! `GET /tasks`: search and count by indexed prefixes (others bounded), with Disbatch's dot options.
 
 use axum::response::Response;
 use bson::{Bson, Document};
@@ -7,6 +7,7 @@ use disbatch_core::store::QueryError;
 use serde_json::{json, Value};
 
 use super::full_output;
+use super::task_filters;
 use super::tasks_create::resolve_queue;
 use futures::StreamExt;
 
@@ -29,15 +30,26 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
             fields.insert("queue".into(), Value::String(id.to_hex()));
         }
     }
+    let extras = task_filters::take_extras(&mut fields)?;
+    let o = &options;
+    let limit = extras.limit.or(o.limit).unwrap_or(0);
     let sets = state.store.task_index_sets().await?;
-    let q = sets.build_query(&fields).map_err(|e| match e {
-        QueryError::NonIndexed { invalid } => ApiError::bad_request_with(json!({
+    let invalid = sets.non_indexed(&fields);
+    // Disbatch's refusal body is kept for its Perl CLI; `hint` says what would run instead.
+    if let Err(hint) = task_filters::check_bounded(&invalid, &extras, o.count) {
+        return Err(ApiError::bad_request_with(json!({
             "title": "Disbatch Tasks Query",
             "path": "/tasks",
             "error": "non-indexed params given",
+            "hint": hint,
             "invalid_params": invalid,
             "indexes": sets.0,
-        })),
+        })));
+    }
+    let q = disbatch_core::store::build_filter(&fields).map_err(|e| match e {
+        QueryError::NonIndexed { invalid } => {
+            ApiError::bad_request(format!("not indexed: {}", invalid.join(", ")))
+        }
         QueryError::BadObjectId { field, value } => {
             ApiError::bad_request(format!("invalid ObjectId for {field}: {value:?}"))
         }
@@ -45,15 +57,24 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
             ApiError::bad_request(format!("{field} {message}"))
         }
     })?;
-    let o = &options;
+    let is_empty = q.is_empty && extras.terms.is_empty();
+    let filter = if extras.terms.is_empty() {
+        q.filter
+    } else {
+        let mut all = extras.terms;
+        if !q.is_empty {
+            all.push(q.filter);
+        }
+        bson::doc! {"$and": all}
+    };
     if o.count {
-        let n = state.store.count_tasks(q.filter).await?;
+        let n = state.store.count_tasks(filter).await?;
         return Ok(json_response(&json!({"count": n}), o.pretty));
     }
-    let limit = o.limit.unwrap_or(0);
-    if q.is_empty && limit == 0 {
+    if is_empty && limit == 0 {
         return Err(ApiError::bad_request_with(json!({
             "error": "refusing to return everything - include one or more indexed search restrictions",
+            "hint": "give a queue, node, id, a status word such as \"failed\", a time range (since/until) or a .limit",
             "indexes": sets.0,
         })));
     }
@@ -62,7 +83,7 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
     // shapes Disbatch's clients rely on stay: `{}` or `[]` for none, an object for `.limit=1`.
     let mut docs = state
         .store
-        .stream_tasks(q.filter, o.fields.clone(), o.skip, limit)
+        .stream_tasks(filter, o.fields.clone(), o.skip, limit)
         .await?;
     let Some(first) = docs.next().await.transpose()? else {
         let empty = if state.config.web.empty_tasks_object {

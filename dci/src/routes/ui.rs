@@ -33,6 +33,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../../ui/workflow_svg.js"),
     ),
     ("workflows.js", JS, include_str!("../../ui/workflows.js")),
+    ("failures.js", JS, include_str!("../../ui/failures.js")),
     (
         "app.css",
         "text/css; charset=utf-8",

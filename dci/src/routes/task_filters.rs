@@ -1,0 +1,213 @@
+//! `GET /tasks`' additive filters: status words, time ranges, `limit`, and the bounded scan.
+
+use bson::oid::ObjectId;
+use bson::{DateTime, Document};
+use disbatch_core::store::failures::{mtime_range, StatusWord, MAX_SCAN_LIMIT};
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// The filter terms a search takes beside Disbatch's field equality.
+#[derive(Debug, Default)]
+pub struct Extras {
+    pub terms: Vec<Document>,
+    /// A time range was given: it bounds a search no index serves.
+    pub ranged: bool,
+    /// `limit` (no dot): the new syntax's bound, at most `MAX_SCAN_LIMIT`. Disbatch's `.limit`
+    /// bounds nothing: its Perl CLI always sends one, and Disbatch refused such searches.
+    pub limit: Option<i64>,
+}
+
+/// Takes `status` (when a word), `since`, `until`, `created_since`, `created_until` and
+/// `limit` out of `fields`. A numeric status stays
+/// a field, as Disbatch searched it; a word that names one code becomes that code.
+pub fn take_extras(fields: &mut Map<String, Value>) -> Result<Extras, ApiError> {
+    let mut extras = Extras::default();
+    if let Some(Value::String(s)) = fields.get("status") {
+        let word = s.trim().to_ascii_lowercase();
+        let numeric = word
+            .trim_start_matches('-')
+            .chars()
+            .all(|c| c.is_ascii_digit());
+        if !word.is_empty() && !numeric {
+            match StatusWord::parse(&word) {
+                Some(StatusWord::Code(c)) => {
+                    fields.insert("status".into(), Value::from(c));
+                }
+                Some(w) => {
+                    fields.remove("status");
+                    extras.terms.push(w.term());
+                }
+                None => {
+                    return Err(ApiError::bad_request(format!(
+                        "status {s:?} is not a status word: use a code or one of {}",
+                        StatusWord::WORDS.join(", ")
+                    )))
+                }
+            }
+        }
+    }
+    extras.limit = match fields.remove("limit") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_i64()
+                .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+                .filter(|n| (1..=MAX_SCAN_LIMIT).contains(n))
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "limit must be an integer from 1 to {MAX_SCAN_LIMIT}, not {v}"
+                    ))
+                })?,
+        ),
+    };
+    let since = date(fields.remove("since"), "since")?;
+    let until = date(fields.remove("until"), "until")?;
+    if let Some(range) = mtime_range(since, until) {
+        extras.terms.push(range);
+        extras.ranged = true;
+    }
+    // Creation time is in the `_id` itself: a range on it is read through the `_id` index.
+    let mut created = Document::new();
+    if let Some(t) = date(fields.remove("created_since"), "created_since")? {
+        created.insert("$gte", first_id_at(t));
+    }
+    if let Some(t) = date(fields.remove("created_until"), "created_until")? {
+        created.insert("$lt", first_id_at(t));
+    }
+    if !created.is_empty() {
+        extras.terms.push(bson::doc! {"_id": created});
+        extras.ranged = true;
+    }
+    Ok(extras)
+}
+
+/// The smallest ObjectId made at `t` (its first four bytes are the creation second).
+fn first_id_at(t: DateTime) -> ObjectId {
+    let secs = u32::try_from(t.timestamp_millis().div_euclid(1000).max(0)).unwrap_or(u32::MAX);
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&secs.to_be_bytes());
+    ObjectId::from_bytes(bytes)
+}
+
+/// A search some index does not serve runs only when bounded: a time range, or a `limit`
+/// (a count has no limit, so it needs the range).
+pub fn check_bounded(invalid: &[String], extras: &Extras, count: bool) -> Result<(), String> {
+    if invalid.is_empty() || extras.ranged || (!count && extras.limit.is_some()) {
+        return Ok(());
+    }
+    let fields = invalid.join(", ");
+    let verb = if invalid.len() == 1 { "is" } else { "are" };
+    Err(if count {
+        format!(
+            "{fields} {verb} not indexed: add a time range (since/until) so the count is bounded"
+        )
+    } else {
+        format!(
+            "{fields} {verb} not indexed: add a time range (since/until) or a limit of at most {MAX_SCAN_LIMIT} so the scan is bounded"
+        )
+    })
+}
+
+const DATE_FORMS: &str = "an ISO-8601 UTC time (\"2030-01-01T00:00:00Z\") or epoch seconds";
+
+fn date(v: Option<Value>, name: &str) -> Result<Option<DateTime>, ApiError> {
+    let bad = |v: &Value| ApiError::bad_request(format!("{name} must be {DATE_FORMS}, not {v}"));
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) => {
+            if let Ok(secs) = s.trim().parse::<f64>() {
+                return seconds(secs)
+                    .map(Some)
+                    .ok_or_else(|| bad(&Value::String(s)));
+            }
+            DateTime::parse_rfc3339_str(&s)
+                .or_else(|_| DateTime::parse_rfc3339_str(format!("{s}Z")))
+                .map(Some)
+                .map_err(|_| bad(&Value::String(s)))
+        }
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .and_then(seconds)
+            .map(Some)
+            .ok_or_else(|| bad(&Value::Number(n))),
+        Some(other) => Err(bad(&other)),
+    }
+}
+
+fn seconds(s: f64) -> Option<DateTime> {
+    // Beyond about ±292 million years milliseconds overflow an i64.
+    (s.is_finite() && s.abs() < 9.0e12).then(|| DateTime::from_millis((s * 1000.0) as i64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn words_become_terms_and_codes() {
+        let mut f = json!({"status": "failed", "since": "2026-01-01T00:00:00Z"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        let e = take_extras(&mut f).expect("extras");
+        assert!(f.is_empty());
+        assert!(e.ranged);
+        assert_eq!(e.terms.len(), 2);
+        let mut f = json!({"status": "queued"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        take_extras(&mut f).expect("extras");
+        assert_eq!(f["status"], json!(-2));
+        let mut f = json!({"status": "2"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        take_extras(&mut f).expect("extras");
+        assert_eq!(f["status"], json!("2"));
+        let mut f = json!({"status": "bogus"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        assert!(take_extras(&mut f).is_err());
+        let mut f = json!({"since": "yesterday"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        assert!(take_extras(&mut f).is_err());
+    }
+
+    #[test]
+    fn unindexed_needs_a_bound() {
+        let none = Extras::default();
+        let invalid = vec!["params.text".to_string()];
+        let msg = check_bounded(&invalid, &none, false).expect_err("unbounded");
+        assert!(
+            msg.starts_with("params.text is not indexed: add a time range"),
+            "{msg}"
+        );
+        let limited = Extras {
+            limit: Some(10),
+            ..Extras::default()
+        };
+        assert!(check_bounded(&invalid, &limited, false).is_ok());
+        assert!(check_bounded(&invalid, &limited, true).is_err());
+        let ranged = Extras {
+            ranged: true,
+            ..Extras::default()
+        };
+        assert!(check_bounded(&invalid, &ranged, true).is_ok());
+        let mut f = json!({"limit": 1001})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        assert!(take_extras(&mut f).is_err());
+        let mut f = json!({"limit": "5"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(take_extras(&mut f).expect("limit").limit, Some(5));
+    }
+}
