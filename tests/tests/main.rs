@@ -25,6 +25,7 @@ mod check_config;
 mod cli;
 mod cli_verbs;
 mod cli_workflows;
+mod clients;
 mod clock_skew;
 mod config_files;
 mod continuous_share;
