@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bson::{Bson, Document};
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::errors::CronError;
 use croner::parser::{CronParser, Seconds, Year};
@@ -93,6 +93,15 @@ pub struct Due {
     pub missed: Option<u64>,
 }
 
+/// A schedule's next tick as shown to people: `2026-12-08T03:30:00Z`, and the same instant on
+/// the zone's wall clock with its offset (`2026-12-08T09:00:00+05:30`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextTick {
+    pub utc: String,
+    pub local: String,
+    pub zone: String,
+}
+
 /// What one pass owes a schedule.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -175,6 +184,21 @@ impl Schedule {
             Err(CronError::TimeSearchLimitExceeded) => Ok(None),
             Err(e) => Err(format!("{}: {e}", queue::SCHEDULE)),
         }
+    }
+
+    /// The next tick after `now` (the fleet's time), for people: in UTC and in the schedule's
+    /// zone. None when there is none within croner's search (a year).
+    pub fn next_shown(&self, now: bson::DateTime) -> Result<Option<NextTick>, String> {
+        let Some(now) = from_bson(now) else {
+            return Ok(None);
+        };
+        Ok(self.next_after(now)?.map(|tick| NextTick {
+            utc: tick.to_rfc3339_opts(SecondsFormat::Secs, true),
+            local: tick
+                .with_timezone(&self.tz)
+                .to_rfc3339_opts(SecondsFormat::Secs, false),
+            zone: self.tz.name().to_string(),
+        }))
     }
 
     fn last_before(&self, t: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, String> {

@@ -371,3 +371,34 @@ fn a_work_spec_sets_its_schedule_keys_and_a_reload_without_them_removes_them() {
         assert!(e.contains(needle), "{bad}: {e}");
     }
 }
+
+#[test]
+fn the_next_tick_is_shown_in_utc_and_on_the_zones_wall_clock() {
+    let nine = schedule("0 9 * * *", Some("Asia/Kolkata"), None);
+    let now = to_bson(at("2026-12-07T04:00:00Z"));
+    let next = nine.next_shown(now).expect("search").expect("a tick");
+    assert_eq!(next.utc, "2026-12-08T03:30:00Z");
+    assert_eq!(next.local, "2026-12-08T09:00:00+05:30");
+    assert_eq!(next.zone, "Asia/Kolkata");
+    // Across a DST change the offset is the tick's own, not today's.
+    let paris = schedule("30 2 * * *", Some("Europe/Paris"), None);
+    let next = paris
+        .next_shown(to_bson(at("2026-10-23T12:00:00Z")))
+        .expect("search")
+        .expect("a tick");
+    assert_eq!(next.local, "2026-10-24T02:30:00+02:00");
+    let next = paris
+        .next_shown(to_bson(at("2026-10-25T12:00:00Z")))
+        .expect("search")
+        .expect("a tick");
+    assert_eq!(next.local, "2026-10-26T02:30:00+01:00");
+    let utc = schedule("*/15 * * * *", None, None);
+    let next = utc
+        .next_shown(to_bson(at("2026-12-07T04:00:00Z")))
+        .expect("search")
+        .expect("a tick");
+    assert_eq!(
+        (next.utc.as_str(), next.local.as_str()),
+        ("2026-12-07T04:15:00Z", "2026-12-07T04:15:00+00:00")
+    );
+}

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
+use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, TestDb};
 use futures::TryStreamExt;
 use serde_json::{json, Value};
 
@@ -223,6 +223,158 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
         !q.contains_key("schedule") && !q.contains_key("schedule_tz"),
         "{q}"
     );
+    drop(dci);
+    db.drop().await;
+}
+
+/// The line of `queues` output naming queue `name` (its third column).
+fn cli_line<'a>(out: &'a str, name: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.split_whitespace().nth(2) == Some(name))
+        .unwrap_or_else(|| panic!("no line for {name} in\n{out}"))
+}
+
+#[tokio::test]
+async fn scheduled_queues_are_marked_with_their_next_tick_in_utc_and_their_zone() {
+    let db = TestDb::new("schedules_shown").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let dci = Dci::start(&config);
+    let (status, body) = dci
+        .post(
+            "/queues",
+            json!({"name": "plain", "plugin": "echo", "threads": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // A fleet without schedules keeps Disbatch's table.
+    let o = dci.cli(&["queues"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success() && !out.contains("Next tick"), "{out}");
+
+    // Asia/Kolkata has no DST: 09:00 there is 03:30 UTC on every day.
+    let cron = json!({"name": "daily", "plugin": "echo", "threads": 1,
+                      "schedule": "0 9 * * *", "schedule_tz": "Asia/Kolkata"});
+    let (status, body) = dci.post("/queues", cron).await;
+    assert_eq!(status, 200, "{body}");
+    let paused =
+        json!({"name": "quarter", "plugin": "echo", "threads": 0, "schedule": "*/15 * * * *"});
+    let (status, body) = dci.post("/queues", paused).await;
+    assert_eq!(status, 200, "{body}");
+    // Written by hand past the API: the leader skips it, and the list says why.
+    let bad = db.insert_queue("handmade", "echo", 1).await;
+    db.set_queue(bad, doc! {"schedule": "every minute"}).await;
+
+    let (status, rows) = dci.get("/queues").await;
+    assert_eq!(status, 200, "{rows}");
+    let row = |name: &str| {
+        rows.as_array()
+            .and_then(|a| a.iter().find(|r| r["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no row {name} in {rows}"))
+    };
+    let daily = row("daily");
+    assert_eq!(daily["scheduled"], true, "{daily}");
+    let next = &daily["schedule_next"];
+    let utc = next["utc"].as_str().unwrap_or_default();
+    let local = next["local"].as_str().unwrap_or_default();
+    assert!(utc.ends_with("T03:30:00Z"), "{daily}");
+    assert!(local.ends_with("T09:00:00+05:30"), "{daily}");
+    assert_eq!(next["zone"], "Asia/Kolkata", "{daily}");
+    // The next tick, not a past one: within the coming day.
+    let tick = DateTime::parse_rfc3339_str(utc).expect("an RFC 3339 date");
+    let ahead = tick.timestamp_millis() - now_ms();
+    assert!(
+        ahead > 0 && ahead <= 86_400_000 + 60_000,
+        "{utc} is {ahead} ms ahead"
+    );
+    let quarter = row("quarter");
+    let q_utc = quarter["schedule_next"]["utc"].as_str().unwrap_or_default();
+    assert!(
+        [":00:00Z", ":15:00Z", ":30:00Z", ":45:00Z"]
+            .iter()
+            .any(|m| q_utc.ends_with(m)),
+        "{quarter}"
+    );
+    assert_eq!(quarter["schedule_next"]["zone"], "UTC", "{quarter}");
+    let plain = row("plain");
+    for absent in ["scheduled", "schedule_next", "schedule_error"] {
+        assert!(plain.get(absent).is_none(), "{absent} on {plain}");
+    }
+    let handmade = row("handmade");
+    assert_eq!(handmade["scheduled"], true, "{handmade}");
+    assert!(
+        handmade["schedule_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("schedule"),
+        "{handmade}"
+    );
+    assert!(handmade.get("schedule_next").is_none(), "{handmade}");
+    let (_, one) = dci.get("/queues/daily").await;
+    assert_eq!(one["schedule_next"], daily["schedule_next"], "{one}");
+
+    let o = dci.cli(&["queues"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.lines().next().unwrap_or_default().contains("Next tick"),
+        "{out}"
+    );
+    let line = cli_line(&out, "daily");
+    assert!(
+        line.contains(&format!("{utc} ({local} Asia/Kolkata)")) && !line.contains("paused"),
+        "{line}"
+    );
+    assert!(cli_line(&out, "quarter")
+        .trim_end()
+        .ends_with(&format!("{q_utc} [paused: ticks pass]")));
+    assert!(
+        cli_line(&out, "handmade").contains("invalid: schedule"),
+        "{out}"
+    );
+    assert!(!cli_line(&out, "plain").contains('Z'), "{out}");
+
+    let b = Browser::start(1280, 900).await;
+    b.open(&format!("{}/#/queues", dci.url), "queues").await;
+    let shown = b
+        .wait_text(
+            "tr[data-queue=\"daily\"] .schedule-next",
+            "daily's next tick",
+            |t| !t.is_empty(),
+        )
+        .await;
+    assert!(
+        shown.contains("03:30:00 UTC") && shown.contains("09:00:00 Asia/Kolkata"),
+        "{shown}"
+    );
+    let shown = b
+        .find("tr[data-queue=\"quarter\"] .schedule-next")
+        .await
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(
+        shown.contains(" UTC") && shown.contains("paused"),
+        "{shown}"
+    );
+    let shown = b
+        .find("tr[data-queue=\"handmade\"] .schedule-next")
+        .await
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(shown.contains("schedule not run"), "{shown}");
+    assert!(
+        b.client
+            .find(fantoccini::Locator::Css(
+                "tr[data-queue=\"plain\"] .schedule-next"
+            ))
+            .await
+            .is_err(),
+        "an unscheduled queue is not marked"
+    );
+    b.screenshot("queues-scheduled").await;
+    b.close().await;
     drop(dci);
     db.drop().await;
 }

@@ -28,7 +28,7 @@ pub async fn list(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
         return Ok(());
     }
     let queues = array(&reply, "queues")?;
-    let mut table = Table::new(&[
+    let mut columns = vec![
         ("ID", Align::Left),
         ("Plugin", Align::Left),
         ("Name", Align::Left),
@@ -40,7 +40,13 @@ pub async fn list(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
         ("Failed", Align::Right),
         ("Cancelled", Align::Right),
         ("Orphaned", Align::Right),
-    ]);
+    ];
+    // Only when a queue has a schedule: a Disbatch fleet's table is as it was.
+    let any_scheduled = queues.iter().any(|q| q.get("scheduled").is_some());
+    if any_scheduled {
+        columns.push(("Next tick", Align::Left));
+    }
+    let mut table = Table::new(&columns);
     for queue in queues {
         let id = queue
             .get("id")
@@ -52,6 +58,9 @@ pub async fn list(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
             row.push(cell(queue.get(field)));
         }
         row.extend(status_columns(queue));
+        if any_scheduled {
+            row.push(next_tick(queue));
+        }
         table.row(row);
     }
     write!(out, "{}", table.render())?;
@@ -61,6 +70,34 @@ pub async fn list(ctx: &Ctx, out: &mut dyn Write) -> anyhow::Result<()> {
         plural(queues.len() as u64, "queue", "queues")
     )?;
     Ok(())
+}
+
+/// A scheduled queue's next tick in UTC, and on its zone's wall clock when that is not UTC;
+/// marked when the queue is paused (its ticks pass without tasks) or its schedule unreadable.
+fn next_tick(queue: &Value) -> String {
+    if queue.get("scheduled").is_none() {
+        return String::new();
+    }
+    if let Some(problem) = queue.get("schedule_error").and_then(Value::as_str) {
+        return format!("invalid: {problem}");
+    }
+    let next = queue.get("schedule_next");
+    let text = |k: &str| next.and_then(|n| n.get(k)).and_then(Value::as_str);
+    let mut shown = match (text("utc"), text("local"), text("zone")) {
+        (Some(utc), Some(local), Some(zone)) if zone != "UTC" => {
+            format!("{utc} ({local} {zone})")
+        }
+        (Some(utc), _, _) => utc.to_string(),
+        _ => "none within a year".to_string(),
+    };
+    let paused = match queue.get("threads") {
+        None | Some(Value::Null) => true,
+        Some(t) => t.as_i64() == Some(0),
+    };
+    if paused {
+        shown.push_str(" [paused: ticks pass]");
+    }
+    shown
 }
 
 /// Queued, blocked, running, succeeded, failed, cancelled and orphaned, each apart, from

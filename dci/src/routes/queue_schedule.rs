@@ -2,9 +2,9 @@
 //! (checked by `check_queue_fields`, as the leader reads them) and showing them on its row.
 
 use bson::{Bson, Document};
-use disbatch_core::schedule::LEADER_FIELDS;
+use disbatch_core::schedule::{self, LEADER_FIELDS};
 use disbatch_core::store::schema::queue as field;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, ApiResult};
 use crate::render::{self, Dates};
@@ -49,11 +49,32 @@ pub fn also_unset(unset: &mut Vec<&'static str>) {
     }
 }
 
-/// The schedule fields set on queue document `d`, for its row: only those it has.
-pub fn as_set(d: &Document, row: &mut Map<String, Value>) {
+/// The schedule fields set on queue document `d`, for its row: only those it has. A scheduled
+/// queue is marked `scheduled`, with its next tick after `now` (the fleet's time) in UTC and in
+/// its zone, or `schedule_error` when the leader cannot read it (and skips it).
+pub fn as_set(d: &Document, now: bson::DateTime, row: &mut Map<String, Value>) {
     for k in FIELDS.iter().chain(&[field::SCHEDULE_LAST]) {
         if let Some(v) = d.get(*k).filter(|v| !matches!(v, Bson::Null)) {
             row.insert(k.to_string(), render::bson(v, Dates::Text));
+        }
+    }
+    let Some(schedule) = schedule::read(d) else {
+        return;
+    };
+    row.insert("scheduled".into(), Value::Bool(true));
+    match schedule.and_then(|s| s.next_shown(now)) {
+        Ok(Some(next)) => {
+            row.insert(
+                "schedule_next".into(),
+                json!({"utc": next.utc, "local": next.local, "zone": next.zone}),
+            );
+        }
+        // Within croner's search of a year, none: shown as none rather than guessed.
+        Ok(None) => {
+            row.insert("schedule_next".into(), Value::Null);
+        }
+        Err(problem) => {
+            row.insert("schedule_error".into(), Value::String(problem));
         }
     }
 }

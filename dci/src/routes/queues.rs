@@ -65,7 +65,7 @@ fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
             }
         }
         queue_limits::as_set(d, m);
-        queue_schedule::as_set(d, m);
+        queue_schedule::as_set(d, fleet_time::now(), m);
     }
     row
 }
