@@ -36,6 +36,7 @@ PAGES.queues = {
       s.msg,
       s.grid.wrap,
       newQueueForm(ctx),
+      settingsCard(ctx),   // queue_settings.js
       limitsCard(ctx),   // limits.js
     );
     takeFlash(s.msg);
@@ -51,6 +52,7 @@ PAGES.queues = {
     s.plugins = Array.isArray(plugins) ? plugins : [];
     fillPluginSelect(s.newPlugin, s.plugins);
     renderQueueRows(ctx, queues);
+    fillSettings(ctx, queues);
     await renderLimits(ctx, queues);
     if (!ctx.alive()) return;
     ctx.rendered();
@@ -165,13 +167,38 @@ function queueRow(ctx, q) {
     }, "Delete"));
 
   return el("tr", { dataset: { queue: q.name, id: q.id }, class: paused ? "paused" : null },
-    el("td", { class: "name" }, el("a", { href: link(), class: "queue-link" }, shown(q.name))),
+    el("td", { class: "name" }, el("a", { href: link(), class: "queue-link" }, shown(q.name)),
+      scheduleNote(q, paused || !(q.threads > 0))),
     COUNT_COLUMNS.map(([cls, status, of]) => count(cls, status, of)),
     el("td", { class: "col-plugin" }, plugin),
     el("td", { class: "col-threads num" }, threads,
       paused ? el("span", { class: "paused-note" }, ` paused (was ${q.paused_threads})`) : null),
     el("td", { class: "col-sort" }, sort),
     actions);
+}
+
+/**
+ * Under a scheduled queue's name: its next tick, in UTC and on its zone's wall clock (the
+ * browser's own zone may be neither), or why the leader skips it.
+ */
+function scheduleNote(q, paused) {   // paused: no threads, so its ticks pass without tasks
+  if (!q.scheduled) return null;
+  const title = `schedule ${shown(q.schedule || "")}` +
+    (q.schedule_tz ? ` in ${shown(q.schedule_tz)}` : " in UTC") +
+    (paused ? "; paused: its ticks pass without tasks" : "");
+  if (q.schedule_error) {
+    return el("div", { class: "schedule-next schedule-bad", title },
+      `schedule not run: ${shown(q.schedule_error)}`);
+  }
+  const next = q.schedule_next;
+  if (!next) return el("div", { class: "schedule-next", title }, "scheduled: no tick within a year");
+  const utc = String(next.utc).replace("T", " ").replace(/Z$/, " UTC");
+  const local = next.zone === "UTC" ? null
+    : `${String(next.local).replace("T", " ").replace(/[+-]\d\d:\d\d$/, "")} ${next.zone}`;
+  return el("div", { class: "schedule-next", title },
+    "next ", el("time", { datetime: next.utc }, utc),
+    local ? el("span", { class: "muted" }, ` (${local})`) : null,
+    paused ? el("span", { class: "muted" }, " · paused") : null);
 }
 
 /**

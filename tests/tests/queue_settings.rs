@@ -1,9 +1,10 @@
 //! Every queue setting changeable in one place: `POST /queues/:q` and `disbatch update-queue`
 //! take each documented field, checked as nodes read it, each for its role; `GET /queues/:q`
-//! shows them; `spec load` says what it changes, and `--dry-run` says it without writing.
+//! shows them; `spec load` says what it changes, and `--dry-run` says it without writing; the
+//! console's settings card changes them too, within the same roles.
 
 use bson::{doc, Bson, Document};
-use disbatch_tests::{bin_path, write_config, Dci, TestDb};
+use disbatch_tests::{bin_path, write_config, Browser, Dci, TestDb};
 use serde_json::{json, Value};
 
 const ADMIN: &str = "admin-token-0123456789abcdef";
@@ -293,6 +294,154 @@ async fn spec_load_says_each_field_it_changes_and_a_dry_run_writes_nothing() {
         queue(&db, "words").await.get("priority"),
         Some(&Bson::Int64(2))
     );
+    drop(dci);
+    db.drop().await;
+}
+
+/// Types `value` into the settings card's field for `field`, replacing what it shows.
+async fn set_field(b: &Browser, field: &str, value: &str) {
+    let input = b.find(&format!("#setting-{field}")).await;
+    input.clear().await.expect("clear");
+    if !value.is_empty() {
+        input.send_keys(value).await.expect("type");
+    }
+}
+
+async fn field_text(b: &Browser, field: &str) -> String {
+    b.find(&format!("#setting-{field}"))
+        .await
+        .prop("value")
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Saves the card and waits for its message, which must contain `want`.
+async fn save(b: &Browser, want: &str) -> String {
+    b.client
+        .execute(
+            "document.getElementById('queue-settings-msg').textContent = ''",
+            vec![],
+        )
+        .await
+        .expect("clear the message");
+    b.find("#settings-submit")
+        .await
+        .click()
+        .await
+        .expect("save");
+    let msg = b
+        .wait_text("#queue-settings-msg", "the settings message", |t| {
+            !t.is_empty()
+        })
+        .await;
+    assert!(msg.contains(want), "{msg}");
+    msg
+}
+
+async fn open_as(b: &Browser, dci: &Dci, token: &str) {
+    b.client
+        .goto(&format!("{}/", dci.url))
+        .await
+        .expect("navigate");
+    b.client
+        .execute(
+            &format!("sessionStorage.setItem('disbatch.token', '{token}')"),
+            vec![],
+        )
+        .await
+        .expect("token");
+    b.client
+        .goto(&format!("{}/#/queues", dci.url))
+        .await
+        .expect("navigate");
+    b.client.refresh().await.expect("reload");
+    b.wait_loaded("queues").await;
+    b.select_option("#settings-queue", "words").await;
+}
+
+#[tokio::test]
+async fn the_console_changes_every_setting_within_its_role_and_all_or_nothing() {
+    let db = TestDb::new("queue_settings_ui").await;
+    let dci = Dci::start(&config(&db));
+    let (status, body) = call(
+        &dci,
+        reqwest::Method::POST,
+        "/queues",
+        Some(json!({"name": "words", "plugin": "echo", "threads": 1, "timeout": 60})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let b = Browser::start(1280, 1400).await;
+
+    // The operate role: run settings and the schedule, each shown as stored.
+    open_as(&b, &dci, OPS).await;
+    assert_eq!(field_text(&b, "timeout").await, "60");
+    assert!(field_text(&b, "retry")
+        .await
+        .contains("\"max_attempts\":20"));
+    set_field(&b, "timeout", "30").await;
+    set_field(&b, "retry", r#"{"max_attempts": 3}"#).await;
+    set_field(&b, "schedule", "*/5 * * * *").await;
+    set_field(&b, "on_lost", "requeue").await;
+    save(&b, "saved").await;
+    let q = queue(&db, "words").await;
+    assert_eq!(q.get("timeout"), Some(&Bson::Int64(30)), "{q}");
+    assert_eq!(q.get_str("schedule").ok(), Some("*/5 * * * *"), "{q}");
+    assert_eq!(q.get_str("on_lost").ok(), Some("requeue"), "{q}");
+    let retry = q.get_document("retry").cloned().unwrap_or_default();
+    assert_eq!(
+        retry
+            .get("max_attempts")
+            .and_then(Bson::as_i64)
+            .or_else(|| retry.get_i32("max_attempts").ok().map(i64::from)),
+        Some(3),
+        "{q}"
+    );
+    // Shown back as the server stored it, read afresh after the save.
+    assert_eq!(field_text(&b, "retry").await, r#"{"max_attempts":3}"#);
+    assert_eq!(field_text(&b, "timeout").await, "30");
+    b.screenshot("queue-settings").await;
+
+    // A field for admin in the same request: refused as a whole, nothing written.
+    set_field(&b, "worker", "persistent").await;
+    set_field(&b, "timeout", "45").await;
+    let msg = save(&b, "nothing was changed").await;
+    assert!(msg.contains("role cannot do this"), "{msg}");
+    let after = queue(&db, "words").await;
+    assert_eq!(after, q, "a refused request changes nothing");
+
+    // A value no node could read: refused naming the field.
+    set_field(&b, "worker", "").await;
+    set_field(&b, "on_lost", "bogus").await;
+    let msg = save(&b, "on_lost").await;
+    assert!(msg.contains("nothing was changed"), "{msg}");
+    assert_eq!(queue(&db, "words").await, q);
+
+    // The admin role: what changes what runs; an emptied field removes the setting.
+    open_as(&b, &dci, ADMIN).await;
+    set_field(&b, "worker", "persistent").await;
+    set_field(&b, "config", r#"{"lang": "en"}"#).await;
+    set_field(&b, "timeout", "").await;
+    set_field(&b, "schedule", "").await;
+    save(&b, "saved").await;
+    let q = queue(&db, "words").await;
+    assert_eq!(q.get_str("worker").ok(), Some("persistent"), "{q}");
+    assert_eq!(
+        q.get_document("config").ok(),
+        Some(&doc! {"lang": "en"}),
+        "{q}"
+    );
+    for gone in ["timeout", "schedule"] {
+        assert!(!q.contains_key(gone), "{gone} left in {q}");
+    }
+    assert_eq!(
+        q.get_str("on_lost").ok(),
+        Some("requeue"),
+        "untouched fields stay: {q}"
+    );
+    b.close().await;
     drop(dci);
     db.drop().await;
 }

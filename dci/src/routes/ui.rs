@@ -11,6 +11,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("app.js", JS, include_str!("../../ui/app.js")),
     ("access.js", JS, include_str!("../../ui/access.js")),
     ("queues.js", JS, include_str!("../../ui/queues.js")),
+    (
+        "queue_settings.js",
+        JS,
+        include_str!("../../ui/queue_settings.js"),
+    ),
     ("tasks.js", JS, include_str!("../../ui/tasks.js")),
     ("limits.js", JS, include_str!("../../ui/limits.js")),
     (
