@@ -18,6 +18,9 @@ pub struct Options {
     pub full: bool,
     pub epoch: bool,
     pub pretty: bool,
+    /// `.newest` (ours): newest created first, through the `_id` index; only for a search
+    /// with no filter but a creation-time range, which that index serves in that order.
+    pub newest: bool,
 }
 
 /// Decoded parameters. `body` is the whole JSON body when it was not an object (a bare
@@ -177,7 +180,7 @@ fn apply_option(o: &mut Options, name: &str, v: &Value) -> ApiResult<()> {
     // its name must still be one we know.
     let known = matches!(
         name,
-        "count" | "limit" | "skip" | "terse" | "full" | "epoch" | "pretty" | "fields"
+        "count" | "limit" | "skip" | "terse" | "full" | "epoch" | "pretty" | "fields" | "newest"
     );
     if v.is_null() && known {
         return Ok(());
@@ -190,6 +193,7 @@ fn apply_option(o: &mut Options, name: &str, v: &Value) -> ApiResult<()> {
         "full" => o.full = truthy(v),
         "epoch" => o.epoch = truthy(v),
         "pretty" => o.pretty = truthy(v),
+        "newest" => o.newest = truthy(v),
         "fields" => o.fields = Some(projection(v)?),
         other => return Err(ApiError::bad_request(format!("unknown option .{other}"))),
     }

@@ -27,7 +27,7 @@ PAGES.tasks = {
     s.count = el("span", { id: "task-count", class: "count-total" });
     s.pager = el("div", { class: "pager" });
     s.grid = gridTable("tasks-table", [
-      "id", "queue", "status", "node", "ctime", "mtime", "",
+      "id", "queue", "status", "node", "ctime", "mtime", "params", "",
     ]);
     main.append(
       el("div", { class: "page-head" }, el("h1", null, "Tasks")),
@@ -55,6 +55,10 @@ PAGES.tasks = {
       ctx.rendered();
       return;
     }
+    if (newestMode(s.filter)) {
+      await renderNewest(ctx);
+      return;
+    }
     const q = taskQuery(s.filter);
     const list = new URLSearchParams(q);
     list.set(".limit", PAGE_SIZE);
@@ -75,15 +79,47 @@ PAGES.tasks = {
 function searchProblem(f) {
   // The failures index serves these two words alone.
   if (!f.queue && !f.node && (f.status === "failed" || f.status === "discarded")) return null;
+  if (newestMode(f)) return null;
   if (!f.queue && !f.node) {
-    return f.status !== ""
-      ? { kind: "error", text: "Status alone is not indexed: choose a queue or a node as well." }
-      : { kind: "hint", text: "Choose a queue or a node (and optionally a status) to list tasks." };
+    return { kind: "error", text: "Status alone is not indexed: choose a queue or a node as well." };
   }
   if (f.queue && f.node && f.status === "") {
     return { kind: "error", text: "Searching by queue and node needs a status too (index node+status+queue)." };
   }
   return null;
+}
+
+/** No filter at all: the newest tasks of every queue, read newest first through the _id index. */
+function newestMode(f) {
+  return !f.queue && !f.node && f.status === "";
+}
+
+/*
+ * The first page of the newest tasks (`.newest`: the _id index backwards, so a long history
+ * costs nothing); no total, which would count every task ever kept.
+ */
+async function renderNewest(ctx) {
+  const s = ctx.state;
+  const list = new URLSearchParams({ ".newest": 1, ".limit": PAGE_SIZE, ".terse": 1 });
+  const tasks = taskList(await api("GET", `tasks?${list}`));
+  if (!ctx.alive()) return;
+  s.count.textContent = `the newest ${tasks.length} task${tasks.length === 1 ? "" : "s"} of every queue`;
+  s.pager.replaceChildren();
+  // Once: a later refresh must not replace what an action said.
+  if (!s.hinted && s.msg.hidden) showMsg(s.msg, "Pick a queue, a node or a status to search further.", "hint");
+  s.hinted = true;
+  renderTaskRows(ctx, tasks);
+  ctx.rendered();
+}
+
+/** A task's params on one line, cut to `max` characters (the task page shows them whole). */
+function paramsCell(params) {
+  if (params === undefined || params === null) return el("td", { class: "params muted" }, "—");
+  const text = JSON.stringify(params);
+  const max = 80;
+  const cut = text.length > max ? `${text.slice(0, max - 1)}…` : text;
+  return el("td", { class: "params mono", title: text.length > 2000 ? `${text.slice(0, 2000)}…` : text },
+    shown(cut));
 }
 
 function taskQuery(f) {
@@ -158,7 +194,7 @@ function renderPager(ctx, total) {
 function renderTaskRows(ctx, tasks) {
   const { tbody } = ctx.state.grid;
   if (!tasks.length) {
-    tbody.replaceChildren(el("tr", { class: "empty" }, el("td", { colspan: 7 }, "No matching tasks.")));
+    tbody.replaceChildren(el("tr", { class: "empty" }, el("td", { colspan: 8 }, "No matching tasks.")));
     return;
   }
   patchRows(tbody, tasks.map((t) => taskRow(ctx, t)), "task");
@@ -184,6 +220,7 @@ function taskRow(ctx, t) {
     el("td", { class: "node" }, t.node ? shown(t.node) : el("span", { class: "muted" }, "—")),
     el("td", { class: "ctime" }, timeEl(t.ctime)),
     el("td", { class: "mtime" }, timeEl(t.mtime)),
+    paramsCell(t.params),
     el("td", { class: "actions" },
       canCancel(t.status) ? el("button", { type: "button", class: "cancel", onclick: act("cancel") }, "Cancel") : null,
       canRetry(t.status) ? el("button", { type: "button", class: "retry", onclick: act("retry") }, "Retry") : null));

@@ -256,9 +256,14 @@ impl Store {
         projection: Option<Document>,
         skip: u64,
         limit: i64,
+        newest_first: bool,
     ) -> Result<TaskStream> {
         let tasks = self.raw(TASKS);
         let mut action = tasks.find(filter).skip(skip).limit(limit);
+        if newest_first {
+            // Creation order is `_id` order: the `_id` index walked backwards.
+            action = action.sort(doc! {task::ID: -1});
+        }
         if let Some(p) = projection {
             action = action.projection(p);
         }

@@ -81,6 +81,16 @@ pub fn take_extras(fields: &mut Map<String, Value>) -> Result<Extras, ApiError> 
     Ok(extras)
 }
 
+/// Whether a search filters on nothing but creation time (`_id` ranges): the searches the
+/// `_id` index serves newest first, whatever the size of the history.
+pub fn creation_range_only(fields: &Map<String, Value>, extras: &Extras) -> bool {
+    fields.is_empty()
+        && extras
+            .terms
+            .iter()
+            .all(|t| t.len() == 1 && t.contains_key("_id"))
+}
+
 /// The smallest ObjectId made at `t` (its first four bytes are the creation second).
 fn first_id_at(t: DateTime) -> ObjectId {
     let secs = u32::try_from(t.timestamp_millis().div_euclid(1000).max(0)).unwrap_or(u32::MAX);

@@ -32,6 +32,11 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
     }
     let extras = task_filters::take_extras(&mut fields)?;
     let o = &options;
+    if o.newest && !task_filters::creation_range_only(&fields, &extras) {
+        return Err(ApiError::bad_request(
+            ".newest lists the fleet's newest tasks through the _id index: it takes no filter but created_since and created_until, and a .limit",
+        ));
+    }
     let limit = extras.limit.or(o.limit).unwrap_or(0);
     let sets = state.store.task_index_sets().await?;
     let invalid = sets.non_indexed(&fields);
@@ -83,7 +88,7 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
     // shapes Disbatch's clients rely on stay: `{}` or `[]` for none, an object for `.limit=1`.
     let mut docs = state
         .store
-        .stream_tasks(filter, o.fields.clone(), o.skip, limit)
+        .stream_tasks(filter, o.fields.clone(), o.skip, limit, o.newest)
         .await?;
     let Some(first) = docs.next().await.transpose()? else {
         let empty = if state.config.web.empty_tasks_object {
