@@ -303,7 +303,14 @@ pub enum Command {
         /// Requeue each task listed (as `disbatch retry ID` does), instead of printing them.
         #[arg(long)]
         retry: bool,
+        /// Mark each task listed discarded (as `disbatch discard ID` does), instead of
+        /// printing them.
+        #[arg(long, conflicts_with = "retry")]
+        discard: bool,
     },
+    /// Mark a failed task (status >= 2) discarded: given up on, listed and counted with those
+    /// a retry policy discarded. Its status and output stay; `disbatch retry` clears the mark.
+    Discard { task_id: String },
     /// Requeue a finished task, or (with --queue) every failed/orphaned task of a queue.
     Retry {
         #[arg(required_unless_present = "queue", conflicts_with = "queue")]

@@ -39,10 +39,10 @@ PAGES.failures = {
 
 function failureRow(ctx, f) {
   const s = ctx.state;
-  const retry = async () => {
+  const act = (action, done) => async () => {
     try {
-      await api("POST", `tasks/${encodeURIComponent(f.id)}/retry`);
-      showMsg(s.msg, `task ${f.id} queued for retry`, "notice");
+      await api("POST", `tasks/${encodeURIComponent(f.id)}/${action}`);
+      showMsg(s.msg, `task ${f.id} ${done}`, "notice");
     } catch (e) {
       showMsg(s.msg, `task ${f.id}: ${e.message}`, "error");
     }
@@ -58,5 +58,9 @@ function failureRow(ctx, f) {
     el("td", { class: "ended" }, timeEl(f.last_attempt_end || f.mtime)),
     el("td", { class: "reason" }, f.reason ? shown(f.reason) : muted("—")),
     el("td", { class: "actions" },
-      el("button", { type: "button", class: "retry", onclick: retry }, "Retry")));
+      el("button", { type: "button", class: "retry", onclick: act("retry", "queued for retry") }, "Retry"),
+      f.discarded ? null : el("button", {
+        type: "button", class: "discard", title: "give up on it: listed and counted as discarded",
+        onclick: act("discard", "discarded"),
+      }, "Discard")));
 }

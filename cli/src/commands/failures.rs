@@ -12,11 +12,34 @@ use crate::table::{Align, Table};
 
 const UPDATE: &str = "MongoDB::UpdateResult";
 
+/// What to do to each failure listed, instead of printing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Retry,
+    Discard,
+}
+
+impl Action {
+    fn route(self) -> &'static str {
+        match self {
+            Action::Retry => "retry",
+            Action::Discard => "discard",
+        }
+    }
+
+    fn done(self) -> &'static str {
+        match self {
+            Action::Retry => "Requeued",
+            Action::Discard => "Discarded",
+        }
+    }
+}
+
 pub async fn list(
     ctx: &Ctx,
     queue: Option<&str>,
     limit: Option<u64>,
-    retry: bool,
+    action: Option<Action>,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let mut body = Map::new();
@@ -30,7 +53,7 @@ pub async fn list(
         .client
         .call(Method::GET, &["failures"], Some(&Value::Object(body)))
         .await?;
-    if !retry && ctx.raw(&reply, out)? {
+    if action.is_none() && ctx.raw(&reply, out)? {
         return Ok(());
     }
     let rows = reply
@@ -40,28 +63,33 @@ pub async fn list(
         .ok_or_else(|| {
             anyhow!("unexpected response from the server: expected {{\"failures\": [...]}}")
         })?;
-    if !retry {
+    let Some(action) = action else {
         write!(out, "{}", table(rows).render())?;
         return Ok(());
-    }
-    // Each listed task by its own retry: one that was requeued meanwhile is left as it is.
-    let mut requeued = 0;
+    };
+    // Each listed task by its own request: one that changed meanwhile is left as it is.
+    let mut changed = 0;
     for row in rows {
         let Some(id) = row.get("id").and_then(Value::as_str) else {
             continue;
         };
         let reply = ctx
             .client
-            .call(Method::POST, &["tasks", id, "retry"], None)
+            .call(Method::POST, &["tasks", id, action.route()], None)
             .await?;
         if count(&reply.value, UPDATE, "modified_count")? > 0 {
-            requeued += 1;
-            writeln!(out, "Requeued task {id}")?;
+            changed += 1;
+            writeln!(out, "{} task {id}", action.done())?;
         } else {
             writeln!(out, "No change to task {id}")?;
         }
     }
-    writeln!(out, "Requeued {}", plural(requeued, "task", "tasks"))?;
+    writeln!(
+        out,
+        "{} {}",
+        action.done(),
+        plural(changed, "task", "tasks")
+    )?;
     Ok(())
 }
 

@@ -221,7 +221,16 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
             queue,
             limit,
             retry,
-        } => failures::list(ctx, queue.as_deref(), limit, retry, out).await,
+            discard,
+        } => {
+            let action = match (retry, discard) {
+                (true, _) => Some(failures::Action::Retry),
+                (_, true) => Some(failures::Action::Discard),
+                _ => None,
+            };
+            failures::list(ctx, queue.as_deref(), limit, action, out).await
+        }
+        Command::Discard { task_id } => task_ops::discard(ctx, &task_id, out).await,
         Command::Retry {
             task_id,
             queue,

@@ -27,6 +27,22 @@ pub async fn cancel(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Re
     Ok(())
 }
 
+pub async fn discard(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+    let reply = ctx
+        .client
+        .call(Method::POST, &["tasks", task_id, "discard"], None)
+        .await?;
+    if ctx.raw(&reply, out)? {
+        return Ok(());
+    }
+    if count(&reply.value, UPDATE, "modified_count")? > 0 {
+        writeln!(out, "Discarded task {}", shown(task_id))?;
+    } else {
+        writeln!(out, "Task {} was already discarded", shown(task_id))?;
+    }
+    Ok(())
+}
+
 pub async fn retry(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
     let reply = ctx
         .client

@@ -1,4 +1,5 @@
-//! Operator actions on tasks: cancel, retry (one or a queue's), delete with its output files.
+//! Operator actions on tasks: cancel, retry (one or a queue's), discard, delete with its output
+//! files.
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson};
@@ -69,6 +70,39 @@ impl Store {
         let filter = doc! {task::ID: id, "$or": retryable_filter()};
         self.control_one(id, filter, requeue_update(), "retrying")
             .await
+    }
+
+    /// A failed task (status ≥ 2) marked discarded by hand: given up on, as a retry policy
+    /// marks one out of attempts, so it is listed and counted with them and no longer among
+    /// the failures still to look at. Its status and output stay; a retry clears the mark.
+    /// Already discarded is done, with nothing modified.
+    pub async fn discard_task(&self, id: ObjectId) -> Result<ControlOutcome> {
+        let failed = doc! {task::ID: id, task::STATUS: {"$gte": status::FAILED}};
+        let mut filter = failed.clone();
+        filter.insert(task::DISCARDED_AT, doc! {"$exists": false});
+        let r = self
+            .collection(TASKS)
+            .update_one(
+                filter,
+                doc! {"$set": {task::DISCARDED_AT: fleet_time::now()}},
+            )
+            .await
+            .map_err(|e| Error::mongo(format!("discarding task {id}"), e))?;
+        if r.modified_count == 1 {
+            return Ok(ControlOutcome::Done(one_changed()));
+        }
+        let already = self
+            .collection(TASKS)
+            .count_documents(failed)
+            .await
+            .map_err(|e| Error::mongo(format!("discarding task {id}"), e))?;
+        if already == 1 {
+            return Ok(ControlOutcome::Done(WriteCounts {
+                matched: 1,
+                ..Default::default()
+            }));
+        }
+        self.why_not(id).await
     }
 
     /// Requeues every task of `queue` whose status is one of `statuses`: one write per
@@ -262,8 +296,10 @@ fn requeue_update() -> bson::Document {
             task::STDERR: Bson::Null,
             task::MTIME: fleet_time::now(),
         },
+        // A discarded task retried by hand is no longer given up on.
         "$unset": release_holds(&[
             task::COMPLETE, task::LEASE_UNTIL, task::CANCEL_REQUESTED, task::LIVE_OUTPUT,
+            task::DISCARDED_AT,
         ]),
     }
 }

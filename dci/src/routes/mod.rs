@@ -294,6 +294,13 @@ pub fn table() -> Vec<Route> {
             || post(task_one::retry),
         ),
         route(
+            Method::POST,
+            "/tasks/{id}/discard",
+            OPERATE,
+            "Mark a failed task (status >= 2) discarded: given up on, as a retry policy marks one out of attempts",
+            || post(task_one::discard),
+        ),
+        route(
             Method::GET,
             "/tasks/{id}/attempts",
             READ,

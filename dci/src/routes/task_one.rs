@@ -339,6 +339,11 @@ pub async fn retry(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response>
     control_result(&id, "retried", outcome, false)
 }
 
+pub async fn discard(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
+    let outcome = state.store.discard_task(object_id("task", &id)?).await?;
+    control_result(&id, "discarded", outcome, false)
+}
+
 pub async fn delete(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
     let outcome = state.store.delete_task(object_id("task", &id)?).await?;
     control_result(&id, "deleted", outcome, true)
