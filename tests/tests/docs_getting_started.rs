@@ -45,6 +45,9 @@ async fn the_getting_started_commands_run_as_written() {
         "\"database\": \"disbatch_first\"",
         "127.0.0.1:8081",
         "disbatch create-queue",
+        "from disbatch_client import Client",
+        "disbatch failures",
+        "disbatch result",
     ] {
         assert!(
             script.contains(needed),
@@ -106,7 +109,17 @@ async fn the_getting_started_commands_run_as_written() {
         status.success(),
         "Getting started failed ({status}); it printed:\n{said}"
     );
-    for line in ["hello, world", "hello, disbatch", "params.name is missing"] {
+    for line in [
+        "hello, world",
+        "hello, disbatch",
+        "params.name is missing",
+        // The Python client read the results back, and saw the third task discarded.
+        "succeeded: {'greeted': 'world'}",
+        "succeeded: {'greeted': 'disbatch'}",
+        "failed; discarded: True",
+        // `disbatch result` of a task that succeeded.
+        "\"greeted\"",
+    ] {
         assert!(
             said.contains(line),
             "Getting started did not print {line:?}:\n{said}"
@@ -114,5 +127,11 @@ async fn the_getting_started_commands_run_as_written() {
     }
     assert_eq!(db.count(doc! {"status": 1}).await, 2, "{said}");
     assert_eq!(db.count(doc! {"status": 2}).await, 1, "{said}");
+    assert_eq!(
+        db.count(doc! {"status": 2, "discarded_at": {"$exists": true}})
+            .await,
+        1,
+        "{said}"
+    );
     db.drop().await;
 }

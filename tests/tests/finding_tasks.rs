@@ -381,8 +381,66 @@ async fn failures_view_lists_names_reasons_and_retries() {
         assert_eq!(db.task(id).await.get_i32("status").ok(), Some(-2), "{id}");
     }
     assert_eq!(db.task(f.failed_old).await.get_i32("status").ok(), Some(2));
+    assert!(
+        !db.task(f.discarded).await.contains_key("discarded_at"),
+        "a discarded task retried by hand is no longer given up on"
+    );
     let (_, body) = dci.get("/failures").await;
     assert_eq!(body["failures"].as_array().map(Vec::len), Some(2), "{body}");
+
+    // Discard from the view: marked, listed and counted as discarded, status kept.
+    let (_, before) = dci.get("/queues/words").await;
+    let o = dci.cli(&["discard", &f.failed_old.to_hex()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        format!("Discarded task {}\n", f.failed_old.to_hex())
+    );
+    let t = db.task(f.failed_old).await;
+    assert_eq!(t.get_i32("status").ok(), Some(2));
+    assert!(t.get_datetime("discarded_at").is_ok(), "{t}");
+    let o = dci.cli(&["discard", &f.failed_old.to_hex()]);
+    assert!(stdout(&o).contains("already discarded"), "{}", stdout(&o));
+    let (_, after) = dci.get("/queues/words").await;
+    assert_eq!(
+        after["discarded"].as_u64(),
+        before["discarded"].as_u64().map(|n| n + 1),
+        "{before} then {after}"
+    );
+    let (_, body) = dci.get("/tasks?status=discarded&queue=words").await;
+    let ids: Vec<&str> = body
+        .as_array()
+        .map(|a| a.iter().filter_map(|t| t["_id"]["$oid"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, [f.failed_old.to_hex()], "{body}");
+    let (status, body) = dci
+        .post(
+            &format!("/tasks/{}/discard", f.succeeded.to_hex()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 409, "only a failed task is discarded: {body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("cannot be discarded"),
+        "{body}"
+    );
+    let (status, _) = dci
+        .post(
+            &format!("/tasks/{}/discard", ObjectId::new().to_hex()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let o = dci.cli(&["failures", "--queue", "other", "--discard"]);
+    assert!(stdout(&o).ends_with("Discarded 1 task\n"), "{}", stdout(&o));
+    assert!(db
+        .task(f.other_failed)
+        .await
+        .get_datetime("discarded_at")
+        .is_ok());
     drop(dci);
     db.drop().await;
 }
@@ -497,6 +555,31 @@ async fn a_long_history_still_answers_failures_and_searches() {
     assert_eq!(found, [54_321]);
     let (status, body) = dci.get("/tasks?queue=history&params.i=54321").await;
     assert_eq!(status, 400, "unbounded over 100 000 tasks: {body}");
+    // The newest tasks of the fleet, through the _id index backwards.
+    let (status, body) = dci.get("/tasks?.newest=1&.limit=3").await;
+    assert_eq!(status, 200, "{body}");
+    let newest: Vec<i64> = body
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|t| t["params"]["i"].as_i64())
+        .collect();
+    assert_eq!(newest, [99_999, 99_998, 99_997], "{body}");
+    for refused in [
+        "/tasks?.newest=1&.limit=3&queue=history",
+        "/tasks?.newest=1&.limit=3&status=failed",
+        "/tasks?.newest=1&.limit=3&since=0",
+    ] {
+        let (status, body) = dci.get(refused).await;
+        assert_eq!(status, 400, "{refused}: {body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(".newest"),
+            "{refused}: {body}"
+        );
+    }
     // The last hour of the history (mtime), failures only.
     let since = (base + (total - 3600) * 1000) / 1000;
     let (status, body) = dci
@@ -514,6 +597,32 @@ async fn console_failures_page_and_failed_link() {
     let f = fixture(&db).await;
     let dci = Dci::start(&config);
     let b = Browser::start(1280, 900).await;
+
+    // Before any search, the Tasks page lists the newest tasks of every queue, params shown.
+    b.open(&format!("{}/#/tasks", dci.url), "tasks").await;
+    let task_row = |id: ObjectId| format!("#tasks-table tr[data-task=\"{}\"]", id.to_hex());
+    let text = b
+        .wait_text(&task_row(f.other_failed), "the newest task", |t| {
+            !t.is_empty()
+        })
+        .await;
+    assert!(
+        text.contains("other") && text.contains(r#"{"text":"z"}"#),
+        "{text}"
+    );
+    let text = b
+        .find(&task_row(f.queued))
+        .await
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(
+        text.contains("words") && text.contains(r#"{"text":"e"}"#),
+        "{text}"
+    );
+    let count = b.find("#task-count").await.text().await.unwrap_or_default();
+    assert_eq!(count, "the newest 6 tasks of every queue");
+    b.screenshot("console-tasks-newest").await;
 
     b.open(&format!("{}/#/failures", dci.url), "failures").await;
     let row = |id: ObjectId| format!("#failures-table tr[data-task=\"{}\"]", id.to_hex());
@@ -553,6 +662,33 @@ async fn console_failures_page_and_failed_link() {
         t.contains("queued for retry")
     })
     .await;
+    // Discard: the row says so and loses its button; the task keeps its status.
+    b.find(&format!("{} button.discard", row(f.other_failed)))
+        .await
+        .click()
+        .await
+        .expect("discard");
+    b.wait_text(
+        &format!("{} td.discarded", row(f.other_failed)),
+        "discarded mark",
+        |t| t == "discarded",
+    )
+    .await;
+    let t = db.task(f.other_failed).await;
+    assert!(
+        t.get_datetime("discarded_at").is_ok() && t.get_i32("status").ok() == Some(2),
+        "{t}"
+    );
+    assert!(
+        b.client
+            .find(fantoccini::Locator::Css(&format!(
+                "{} button.discard",
+                row(f.discarded)
+            )))
+            .await
+            .is_err(),
+        "a discarded task has no Discard button"
+    );
 
     // The queues page's failed count links to every failed status.
     b.open(&format!("{}/#/queues", dci.url), "queues").await;
