@@ -12,49 +12,62 @@ use crate::envelope::count;
 const UPDATE: &str = "MongoDB::UpdateResult";
 
 pub async fn cancel(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
-    let reply = ctx
-        .client
-        .call(Method::POST, &["tasks", task_id, "cancel"], None)
-        .await?;
-    if ctx.raw(&reply, out)? {
-        return Ok(());
-    }
-    if count(&reply.value, UPDATE, "modified_count")? > 0 {
-        writeln!(out, "Cancelled task {}", shown(task_id))?;
-    } else {
-        writeln!(out, "No change to task {}", shown(task_id))?;
-    }
-    Ok(())
+    let id = shown(task_id);
+    let said = task_action(ctx, task_id, "cancel", out).await?;
+    report(
+        out,
+        said,
+        &format!("Cancelled task {id}"),
+        &format!("No change to task {id}"),
+    )
 }
 
 pub async fn discard(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
-    let reply = ctx
-        .client
-        .call(Method::POST, &["tasks", task_id, "discard"], None)
-        .await?;
-    if ctx.raw(&reply, out)? {
-        return Ok(());
-    }
-    if count(&reply.value, UPDATE, "modified_count")? > 0 {
-        writeln!(out, "Discarded task {}", shown(task_id))?;
-    } else {
-        writeln!(out, "Task {} was already discarded", shown(task_id))?;
-    }
-    Ok(())
+    let id = shown(task_id);
+    let said = task_action(ctx, task_id, "discard", out).await?;
+    let already = format!("Task {id} was already discarded");
+    report(out, said, &format!("Discarded task {id}"), &already)
 }
 
 pub async fn retry(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+    let id = shown(task_id);
+    let said = task_action(ctx, task_id, "retry", out).await?;
+    report(
+        out,
+        said,
+        &format!("Requeued task {id}"),
+        &format!("No change to task {id}"),
+    )
+}
+
+/// `POST /tasks/:id/<action>`: None when `--json` printed the answer as it came, else
+/// whether the task changed.
+async fn task_action(
+    ctx: &Ctx,
+    task_id: &str,
+    action: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<Option<bool>> {
     let reply = ctx
         .client
-        .call(Method::POST, &["tasks", task_id, "retry"], None)
+        .call(Method::POST, &["tasks", task_id, action], None)
         .await?;
     if ctx.raw(&reply, out)? {
-        return Ok(());
+        return Ok(None);
     }
-    if count(&reply.value, UPDATE, "modified_count")? > 0 {
-        writeln!(out, "Requeued task {}", shown(task_id))?;
-    } else {
-        writeln!(out, "No change to task {}", shown(task_id))?;
+    Ok(Some(count(&reply.value, UPDATE, "modified_count")? > 0))
+}
+
+fn report(
+    out: &mut dyn Write,
+    said: Option<bool>,
+    changed: &str,
+    unchanged: &str,
+) -> anyhow::Result<()> {
+    match said {
+        Some(true) => writeln!(out, "{changed}")?,
+        Some(false) => writeln!(out, "{unchanged}")?,
+        None => {}
     }
     Ok(())
 }
