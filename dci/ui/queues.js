@@ -6,16 +6,20 @@ const QUEUE_NAME = /^[\p{Alphabetic}\p{N}_-]+$/u;   // Disbatch's ^[\w-]+$ (Unic
 
 /*
  * The count columns: class, the status a click lists, and the count from `by_status` (every
- * status group apart). Disbatch's own `queued` field counts every status ≤ -2, cancelled and
- * orphaned too; here "queued" is -2 alone. Running is claimed (-1) plus running (0). They
- * come right after the name, so a phone shows them before the settings.
+ * status group apart) or the queue row. Disbatch's own `queued` field counts every status ≤ -2,
+ * cancelled and orphaned too; here "queued" is -2 alone. Running is claimed (-1) plus running
+ * (0). Retrying (of the queued: waiting out a retry's backoff) and discarded (of the failed:
+ * given up on) are the retry policy's, as Oban's retryable and discarded. They come right
+ * after the name, so a phone shows them before the settings.
  */
 const COUNT_COLUMNS = [
   ["queued", -2, (b) => b.queued],
+  ["retrying", "retrying", (b, q) => q.retrying],
   ["blocked", -4, (b) => b.blocked],
   ["running", 0, (b) => b.claimed + b.running],
   ["succeeded", 1, (b) => b.succeeded],
   ["failed", "failed", (b) => b.failed],   // every status ≥ 2, as the count counts
+  ["discarded", "discarded", (b, q) => q.discarded],
   ["cancelled", -5, (b) => b.cancelled],
   ["orphaned", -6, (b) => b.orphaned],
 ];
@@ -131,7 +135,7 @@ function queueRow(ctx, q) {
     status === undefined ? { queue: q.id } : { queue: q.id, status })}`;
   const by = q.by_status || {};
   const count = (cls, status, of) => {
-    const n = of(by);
+    const n = of(by, q);
     if (typeof n !== "number" || Number.isNaN(n)) return el("td", { class: `num ${cls}` }, "–");
     return el("td", { class: `num ${cls}` },
       el("a", { href: link(status), class: `count st-${cls}${n ? "" : " zero"}` }, String(n)));

@@ -4,7 +4,7 @@
 const PAGE_SIZE = 50;
 const CHUNK = 65536;
 const STATUS_CHOICES = [
-  ["", "any"], ["-2", "queued (-2)"], ["-1", "claimed (-1)"], ["0", "running (0)"],
+  ["", "any"], ["-2", "queued (-2)"], ["retrying", "retrying"], ["-1", "claimed (-1)"], ["0", "running (0)"],
   ["1", "succeeded (1)"], ["failed", "failed (≥ 2)"], ["discarded", "discarded"], ["2", "status 2"], ["-6", "orphaned (-6)"], ["-5", "cancelled (-5)"],
   ["-4", "blocked (-4)"], ["-3", "terminated (-3)"],
 ];

@@ -690,6 +690,57 @@ async fn console_failures_page_and_failed_link() {
         "a discarded task has no Discard button"
     );
 
+    // One task of words waits out a retry's backoff (it ran once; due in an hour).
+    let waiting = db
+        .insert_tasks(f.words, vec![doc! {"text": "w"}.into()])
+        .await[0];
+    let in_an_hour = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
+    db.set_task(
+        waiting,
+        doc! {"attempt": ObjectId::new(), "attempts": 1, "not_before": in_an_hour},
+    )
+    .await;
+
+    // The queues page counts the discarded (of the failed) and retrying (of the queued)
+    // tasks, each linked to its list.
+    b.open(&format!("{}/#/queues", dci.url), "queues").await;
+    for (column, n) in [("discarded", "1"), ("retrying", "1")] {
+        let cell = format!("tr[data-queue=\"words\"] td.{column}");
+        b.wait_text(&cell, column, |t| t == n).await;
+        let href = b
+            .find(&format!("{cell} a"))
+            .await
+            .attr("href")
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        assert!(href.contains(&format!("status={column}")), "{href}");
+    }
+    b.wait_text(
+        "tr[data-queue=\"other\"] td.discarded",
+        "other's discard",
+        |t| t == "1",
+    )
+    .await;
+    b.screenshot("console-queues-retry-counts").await;
+    b.find("tr[data-queue=\"words\"] td.retrying a")
+        .await
+        .click()
+        .await
+        .expect("follow retrying");
+    b.wait_loaded("tasks").await;
+    b.wait_text(
+        &format!("#tasks-table tr[data-task=\"{}\"]", waiting.to_hex()),
+        "the retrying task listed",
+        |t| !t.is_empty(),
+    )
+    .await;
+    let count = b
+        .wait_text("#task-count", "one retrying task", |t| t == "1 task")
+        .await;
+    assert_eq!(count, "1 task");
+
     // The queues page's failed count links to every failed status.
     b.open(&format!("{}/#/queues", dci.url), "queues").await;
     let link = b.find("tr[data-queue=\"words\"] td.failed a").await;

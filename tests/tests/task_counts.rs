@@ -172,6 +172,14 @@ async fn the_leader_corrects_counts_other_writers_changed() {
     for id in &ids[6..8] {
         db.set_task(*id, doc! {"status": -5}).await;
     }
+    // Given up on by hand, as an operator marking failures might.
+    for id in &ids[9..11] {
+        db.set_task(
+            *id,
+            doc! {"status": 2, "discarded_at": bson::DateTime::now()},
+        )
+        .await;
+    }
     db.tasks()
         .delete_one(doc! {"_id": ids[8]})
         .await
@@ -181,7 +189,10 @@ async fn the_leader_corrects_counts_other_writers_changed() {
     wait_for(
         "the reconcile to correct the counts",
         Duration::from_secs(60),
-        || async { shown(&row(&dci, "q").await) == want },
+        || async {
+            let r = row(&dci, "q").await;
+            shown(&r) == want && r["discarded"] == json!(2)
+        },
     )
     .await;
     let log = den.log_text();
@@ -281,4 +292,160 @@ async fn deferred_counts_are_written_on_flush_and_at_shutdown() {
     assert_eq!(kept_queued(&db, queue).await, 5);
     store.shutdown().await;
     assert_eq!(kept_queued(&db, queue).await, 8);
+}
+
+/// The ids of `queue`'s tasks that match `filter`.
+async fn ids_where(db: &TestDb, queue: ObjectId, filter: Document) -> Vec<ObjectId> {
+    let mut f = doc! {"queue": queue};
+    f.extend(filter);
+    let mut c = db.tasks().find(f).await.expect("find");
+    let mut ids = Vec::new();
+    while let Some(t) = c.try_next().await.expect("next") {
+        ids.push(t.get_object_id("_id").expect("id"));
+    }
+    ids
+}
+
+/// One sample of the DCI's `/metrics`, or -1 when it is missing.
+async fn scraped(dci: &Dci, sample: &str) -> f64 {
+    let text = reqwest::get(dci.at("/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1.0)
+}
+
+#[tokio::test]
+async fn discarded_and_retrying_counts_are_kept_by_each_write_that_changes_them() {
+    let db = TestDb::new("counts_discarded").await;
+    let config = write_config(&db, "node.json", json!({}));
+    // Paused until the first reconcile has made their counts.
+    let give_up = db.insert_queue("giveup", "echo", 0).await;
+    db.set_queue(give_up, doc! {"retry": {"max_attempts": 1}})
+        .await;
+    let backoff = db.insert_queue("backoff", "echo", 0).await;
+    // An hour's wait: the failed task stays waiting for its retry for the whole test.
+    db.set_queue(
+        backoff,
+        doc! {"retry": {"max_attempts": 5, "backoff": "constant", "base_s": 3600, "jitter": 0}},
+    )
+    .await;
+    // Disbatch's behaviour: a failure is final but not discarded.
+    let plain = db.insert_queue("plain", "echo", 0).await;
+    let den = Den::start(&config, "n1");
+    let dci = Dci::start(&config);
+    let mut reconciled = BTreeMap::new();
+    for q in [give_up, backoff, plain] {
+        let d = wait_reconciled(&db, q).await;
+        reconciled.insert(q, d.get_datetime("reconciled_at").copied().expect("date"));
+    }
+    for (name, n) in [("giveup", 3), ("backoff", 1), ("plain", 1)] {
+        let params: Vec<Value> = (0..n).map(|i| json!({"i": i, "exit_code": 3})).collect();
+        let (status, body) = dci
+            .post("/tasks", json!({"queue": name, "params": params}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for q in [give_up, backoff, plain] {
+        db.set_threads(q, 2).await;
+    }
+    wait_for("the failures to land", Duration::from_secs(60), || async {
+        db.count(doc! {"queue": give_up, "discarded_at": {"$exists": true}})
+            .await
+            == 3
+            && db
+                .count(doc! {"queue": backoff, "status": -2, "attempt": {"$exists": true}})
+                .await
+                == 1
+            && db.count(doc! {"queue": plain, "status": 2}).await == 1
+    })
+    .await;
+    for q in [give_up, backoff, plain] {
+        db.set_threads(q, 0).await;
+    }
+
+    // The list, one queue's view and the DCI's metrics all say so.
+    let discarded_of = |name: &'static str| {
+        let dci = &dci;
+        async move { row(dci, name).await["discarded"].as_u64() }
+    };
+    wait_for("the counts shown", Duration::from_secs(30), || async {
+        discarded_of("giveup").await == Some(3)
+            && row(&dci, "backoff").await["retrying"].as_u64() == Some(1)
+    })
+    .await;
+    let (_, list) = dci.get("/queues").await;
+    let listed = |name: &str, key: &str| {
+        list.as_array()
+            .and_then(|l| l.iter().find(|r| r["name"] == name))
+            .map(|r| r[key].clone())
+    };
+    assert_eq!(listed("giveup", "discarded"), Some(json!(3)), "{list}");
+    assert_eq!(listed("backoff", "retrying"), Some(json!(1)), "{list}");
+    assert_eq!(listed("plain", "discarded"), Some(json!(0)), "{list}");
+    assert_eq!(
+        scraped(&dci, "disbatch_queue_tasks_discarded{queue=\"giveup\"} ").await,
+        3.0
+    );
+    assert_eq!(
+        scraped(&dci, "disbatch_queue_tasks_retrying{queue=\"backoff\"} ").await,
+        1.0
+    );
+    let (_, waiting) = dci.get("/tasks?queue=backoff&status=retrying").await;
+    assert_eq!(waiting.as_array().map(Vec::len), Some(1), "{waiting}");
+
+    // Each write that marks or clears a discard moves the kept count by itself.
+    let gone = ids_where(&db, give_up, doc! {"discarded_at": {"$exists": true}}).await;
+    let (s, b) = dci
+        .post(&format!("/tasks/{}/retry", gone[0].to_hex()), json!({}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = dci
+        .send(
+            Method::DELETE,
+            &format!("/tasks/{}", gone[1].to_hex()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let plain_failed = ids_where(&db, plain, doc! {"status": 2}).await;
+    let (s, b) = dci
+        .post(
+            &format!("/tasks/{}/discard", plain_failed[0].to_hex()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let kept_discarded = |q: ObjectId| {
+        let db = &db;
+        async move { counts_doc(db, q).await.map(|d| kept(&d, "discarded")) }
+    };
+    assert_eq!(kept_discarded(give_up).await, Some(1));
+    assert_eq!(kept_discarded(plain).await, Some(1));
+    assert_eq!(discarded_of("plain").await, Some(1));
+    // A queue's retry of its failed tasks clears the last one.
+    let (s, b) = dci
+        .post("/queues/giveup/retry", json!({"status": "failed"}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(kept_discarded(give_up).await, Some(0));
+    assert_eq!(discarded_of("giveup").await, Some(0));
+    assert_eq!(
+        db.count(doc! {"queue": give_up, "discarded_at": {"$exists": true}})
+            .await,
+        0
+    );
+    // All of it came from the writes: no reconcile ran since the first.
+    for (q, at) in reconciled {
+        let d = counts_doc(&db, q).await.expect("counts");
+        assert_eq!(d.get_datetime("reconciled_at").ok(), Some(&at), "{d}");
+    }
+    drop(dci);
+    drop(den);
+    db.drop().await;
 }

@@ -381,6 +381,8 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         ("failed", "2"),
         ("cancelled", "3"),
         ("orphaned", "1"),
+        ("retrying", "0"),
+        ("discarded", "0"),
     ];
     for (column, n) in want {
         assert_eq!(cell(&b, "mixed", column).await.trim(), n, "{column}");
@@ -401,10 +403,12 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         json!([
             "name",
             "queued",
+            "retrying",
             "blocked",
             "running",
             "succeeded",
             "failed",
+            "discarded",
             "cancelled",
             "orphaned",
             "plugin",

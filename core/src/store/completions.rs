@@ -82,11 +82,11 @@ impl Store {
             .zip(&stored_by_runner)
             .filter(|((_, a), by_runner)| **a == Ack::Recorded && !**by_runner)
             .filter_map(|((c, _), _)| {
-                Some(super::Moved::new(
-                    c.record.queue?,
-                    None,
-                    Some(end_group(c.end)),
-                ))
+                Some(super::Moved {
+                    // A task ends discarded only from running, which carries no mark.
+                    discarded: i64::from(matches!(c.end, TaskEnd::Discarded(_))),
+                    ..super::Moved::new(c.record.queue?, None, Some(end_group(c.end)))
+                })
             })
             .collect();
         if !moves.is_empty() {

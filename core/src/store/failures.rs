@@ -24,12 +24,16 @@ pub enum StatusWord {
     Failed,
     /// Failed tasks no retry will follow (they carry `discarded_at`).
     Discarded,
+    /// Queued tasks waiting out a retry's backoff: they ran before (`attempt`) and their
+    /// `not_before` is ahead, as `Store::retrying_counts` counts them.
+    Retrying,
     Code(i32),
 }
 
 impl StatusWord {
-    pub const WORDS: [&'static str; 10] = [
+    pub const WORDS: [&'static str; 11] = [
         "queued",
+        "retrying",
         "claimed",
         "running",
         "succeeded",
@@ -45,6 +49,7 @@ impl StatusWord {
         Some(match word {
             "failed" => StatusWord::Failed,
             "discarded" => StatusWord::Discarded,
+            "retrying" => StatusWord::Retrying,
             "queued" => StatusWord::Code(status::QUEUED),
             "claimed" => StatusWord::Code(status::CLAIMED),
             "running" => StatusWord::Code(status::RUNNING),
@@ -66,13 +71,18 @@ impl StatusWord {
             StatusWord::Discarded => {
                 doc! {task::STATUS: {"$gte": status::FAILED}, task::DISCARDED_AT: {"$exists": true}}
             }
+            StatusWord::Retrying => doc! {
+                task::STATUS: status::QUEUED,
+                task::NOT_BEFORE: {"$gt": crate::fleet_time::now()},
+                task::ATTEMPT: {"$exists": true},
+            },
             StatusWord::Code(c) => doc! {task::STATUS: c},
         }
     }
 
     /// True when an index serves the word alone (the partial failures index).
     pub fn served_alone(self) -> bool {
-        !matches!(self, StatusWord::Code(_))
+        matches!(self, StatusWord::Failed | StatusWord::Discarded)
     }
 }
 

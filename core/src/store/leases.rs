@@ -261,8 +261,11 @@ impl Store {
         }
         // Counted after the attempt record, which readers of the task expect beside it.
         if let Some(queue) = t.queue {
-            self.count_moves(&[super::Moved::new(queue, None, Some(to))])
-                .await;
+            let moved = super::Moved {
+                discarded: i64::from(matches!(how, Recovery::Discard { .. })),
+                ..super::Moved::new(queue, None, Some(to))
+            };
+            self.count_moves(&[moved]).await;
         }
         Ok(true)
     }

@@ -95,11 +95,18 @@ pub struct QueueMetrics {
     /// `None` when it cannot be read.
     pub threads: Option<u32>,
     tasks: GroupCounts,
+    /// Queued tasks waiting out a retry's backoff.
+    pub retrying: u64,
 }
 
 impl QueueMetrics {
     pub fn tasks(&self, group: StatusGroup) -> u64 {
         self.tasks.get(group)
+    }
+
+    /// Of the failed tasks, those given up on.
+    pub fn discarded(&self) -> u64 {
+        self.tasks.discarded()
     }
 }
 
@@ -122,11 +129,17 @@ pub struct CountsReading {
     pub groups: HashMap<ObjectId, GroupCounts>,
     /// Queued tasks whose `not_before` is ahead, per queue.
     pub delayed: HashMap<ObjectId, u64>,
+    /// Of those, the ones waiting out a retry's backoff.
+    pub retrying: HashMap<ObjectId, u64>,
 }
 
 impl CountsReading {
     pub fn counts(&self, queue: ObjectId) -> GroupCounts {
         self.groups.get(&queue).copied().unwrap_or_default()
+    }
+
+    pub fn retrying(&self, queue: ObjectId) -> u64 {
+        self.retrying.get(&queue).copied().unwrap_or(0)
     }
 }
 
@@ -139,12 +152,16 @@ impl Store {
             .iter()
             .filter_map(|d| d.get_object_id(queue::ID).ok())
             .collect();
-        let (groups, delayed) =
-            futures::try_join!(self.task_counts(&ids), self.delayed_counts(&ids))?;
+        let (groups, delayed, retrying) = futures::try_join!(
+            self.task_counts(&ids),
+            self.delayed_counts(&ids),
+            self.retrying_counts(&ids)
+        )?;
         Ok(CountsReading {
             queues,
             groups,
             delayed,
+            retrying,
         })
     }
 
@@ -188,6 +205,7 @@ impl Store {
                     name,
                     threads: parse_limit(cap).ok().map(|t| t.unwrap_or(0)),
                     tasks: reading.counts(id),
+                    retrying: reading.retrying(id),
                 })
             })
             .collect();

@@ -550,6 +550,8 @@ pub mod counts {
     pub const ID: &str = "_id";
     pub const SEQ: &str = "seq";
     pub const RECONCILED_AT: &str = "reconciled_at";
+    /// Of the failed tasks, those that carry `discarded_at`.
+    pub const DISCARDED: &str = "discarded";
 }
 
 pub const BALANCE: &str = "balance";

@@ -61,4 +61,20 @@ impl Store {
             .map(|(q, c)| (q, c.get(StatusGroup::Queued)))
             .collect())
     }
+
+    /// Of the delayed tasks, those waiting out a retry's backoff: they ran before (they
+    /// carry an `attempt`), as Oban's "retryable" and Sidekiq's retry set. Read as
+    /// `delayed_counts` is, through the `{queue, not_before}` index.
+    pub async fn retrying_counts(&self, queues: &[ObjectId]) -> Result<HashMap<ObjectId, u64>> {
+        let now = fleet_time::now();
+        let waiting = self
+            .per_queue(queues, |q| {
+                doc! {task::QUEUE: q, task::NOT_BEFORE: {"$gt": now}, task::ATTEMPT: {"$exists": true}}
+            })
+            .await?;
+        Ok(waiting
+            .into_iter()
+            .map(|(q, c)| (q, c.get(StatusGroup::Queued)))
+            .collect())
+    }
 }

@@ -2,7 +2,7 @@
 //! files.
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson};
+use bson::{doc, Bson, DateTime};
 
 use super::claim_run::release_holds;
 use super::schema::{chunk, file, task, CHUNKS, FILES, TASKS};
@@ -80,15 +80,15 @@ impl Store {
         let failed = doc! {task::ID: id, task::STATUS: {"$gte": status::FAILED}};
         let mut filter = failed.clone();
         filter.insert(task::DISCARDED_AT, doc! {"$exists": false});
-        let r = self
-            .collection(TASKS)
-            .update_one(
+        let marked = self
+            .update_one_counted(
                 filter,
                 doc! {"$set": {task::DISCARDED_AT: fleet_time::now()}},
+                Some(StatusGroup::Failed),
             )
             .await
             .map_err(|e| Error::mongo(format!("discarding task {id}"), e))?;
-        if r.modified_count == 1 {
+        if marked {
             return Ok(ControlOutcome::Done(one_changed()));
         }
         let already = self
@@ -120,17 +120,49 @@ impl Store {
         }
         let mut total = WriteCounts::default();
         for (group, codes) in by_group {
+            let filter = doc! {task::QUEUE: queue, task::STATUS: {"$in": codes}};
+            let r = self.requeue_counted(queue, filter, group).await?;
+            total.matched += r.matched;
+            total.modified += r.modified;
+        }
+        Ok(total)
+    }
+
+    /// Requeues the tasks of `queue` that match `filter` (all in status group `from`) and
+    /// counts them: discarded ones, if any (one read of the partial `{queue, discarded_at}`
+    /// index says), first in a write of their own, so that the count of discarded tasks
+    /// loses exactly those the requeue cleared; the rest in one write.
+    async fn requeue_counted(
+        &self,
+        queue: ObjectId,
+        filter: bson::Document,
+        from: StatusGroup,
+    ) -> Result<WriteCounts> {
+        let mut discarded = filter.clone();
+        discarded.insert(task::DISCARDED_AT, doc! {"$gte": DateTime::from_millis(0)});
+        let any_discarded = self
+            .collection(TASKS)
+            .find_one(discarded.clone())
+            .projection(doc! {task::ID: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("retrying tasks of queue {queue}"), e))?
+            .is_some();
+        let mut writes = vec![(filter, false)];
+        if any_discarded {
+            writes.insert(0, (discarded, true));
+        }
+        let mut total = WriteCounts::default();
+        for (filter, marked) in writes {
             let r = self
                 .collection(TASKS)
-                .update_many(
-                    doc! {task::QUEUE: queue, task::STATUS: {"$in": codes}},
-                    requeue_update(),
-                )
+                .update_many(filter, requeue_update())
                 .await
                 .map_err(|e| Error::mongo(format!("retrying tasks of queue {queue}"), e))?;
+            let n = i64::try_from(r.modified_count).unwrap_or(i64::MAX);
             let moved = super::Moved {
                 n: r.modified_count,
-                ..super::Moved::new(queue, Some(group), Some(StatusGroup::Queued))
+                discarded: if marked { -n } else { 0 },
+                ..super::Moved::new(queue, Some(from), Some(StatusGroup::Queued))
             };
             self.count_moves(&[moved]).await;
             total.matched += r.matched_count;
@@ -142,20 +174,9 @@ impl Store {
     /// Requeues every failed task of `queue`: status 2 and the plugin-defined codes above it,
     /// all that Disbatch counts as failed (numbers only: a string status is no failure code).
     pub async fn retry_queue_failed(&self, queue: ObjectId) -> Result<WriteCounts> {
-        let r = self
-            .collection(TASKS)
-            .update_many(
-                doc! {task::QUEUE: queue, task::STATUS: {"$gte": status::FAILED}},
-                requeue_update(),
-            )
+        let failed = doc! {task::QUEUE: queue, task::STATUS: {"$gte": status::FAILED}};
+        self.requeue_counted(queue, failed, StatusGroup::Failed)
             .await
-            .map_err(|e| Error::mongo(format!("retrying failed tasks of queue {queue}"), e))?;
-        let moved = super::Moved {
-            n: r.modified_count,
-            ..super::Moved::new(queue, Some(StatusGroup::Failed), Some(StatusGroup::Queued))
-        };
-        self.count_moves(&[moved]).await;
-        Ok(WriteCounts::from(r))
     }
 
     /// Cancels every task of `queue` that waits to run: queued (-2) and blocked (-4), the
@@ -198,7 +219,7 @@ impl Store {
         let deleted = self
             .collection(TASKS)
             .find_one_and_delete(filter)
-            .projection(doc! {task::QUEUE: 1, task::STATUS: 1})
+            .projection(doc! {task::QUEUE: 1, task::STATUS: 1, task::DISCARDED_AT: 1})
             .await
             .map_err(|e| Error::mongo(format!("deleting task {id}"), e))?;
         let Some(deleted) = deleted else {
@@ -206,8 +227,11 @@ impl Store {
         };
         if let Ok(queue) = deleted.get_object_id(task::QUEUE) {
             let from = StatusGroup::of(deleted.get(task::STATUS));
-            self.count_moves(&[super::Moved::new(queue, Some(from), None)])
-                .await;
+            let moved = super::Moved {
+                discarded: -i64::from(deleted.contains_key(task::DISCARDED_AT)),
+                ..super::Moved::new(queue, Some(from), None)
+            };
+            self.count_moves(&[moved]).await;
         }
         self.delete_task_files(id).await?;
         Ok(ControlOutcome::Done(WriteCounts {

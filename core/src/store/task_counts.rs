@@ -29,23 +29,41 @@ use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::status;
 
-/// Tasks of one queue by status group, indexed as `StatusGroup::ALL`.
+/// Tasks of one queue by status group, indexed as `StatusGroup::ALL`, and how many of the
+/// failed ones are discarded (given up on: out of attempts, refused a retry, or by hand).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GroupCounts([u64; StatusGroup::ALL.len()]);
+pub struct GroupCounts {
+    groups: [u64; StatusGroup::ALL.len()],
+    discarded: u64,
+}
 
 impl GroupCounts {
     pub fn get(&self, group: StatusGroup) -> u64 {
-        self.0[group.index()]
+        self.groups[group.index()]
     }
 
     pub(super) fn add(&mut self, group: StatusGroup, n: u64) {
-        self.0[group.index()] = self.0[group.index()].saturating_add(n);
+        self.groups[group.index()] = self.groups[group.index()].saturating_add(n);
     }
 
+    /// Of `get(Failed)`, the tasks that carry `discarded_at`.
+    pub fn discarded(&self) -> u64 {
+        self.discarded
+    }
+
+    pub(super) fn add_discarded(&mut self, n: u64) {
+        self.discarded = self.discarded.saturating_add(n);
+    }
+
+    /// Every task once: discarded ones are already among the failed.
     pub fn total(&self) -> u64 {
-        self.0.iter().sum()
+        self.groups.iter().sum()
     }
 }
+
+/// The ledger's slots: one per status group, then the discarded mark.
+const SLOTS: usize = StatusGroup::ALL.len() + 1;
+const DISCARDED_SLOT: usize = StatusGroup::ALL.len();
 
 /// Whether a group's count is kept in `task_counts` (true) or counted live (claimed, running).
 pub fn is_kept(group: StatusGroup) -> bool {
@@ -55,23 +73,29 @@ pub fn is_kept(group: StatusGroup) -> bool {
 /// Count changes not yet written, per queue and group. Shared by clones of a store.
 #[derive(Debug, Clone, Default)]
 pub(super) struct CountLedger {
-    pending: Arc<Mutex<HashMap<ObjectId, [i64; StatusGroup::ALL.len()]>>>,
+    pending: Arc<Mutex<HashMap<ObjectId, [i64; SLOTS]>>>,
     /// Set by a process that writes the changes itself on a timer (`Store::defer_count_writes`).
     deferred: Arc<AtomicBool>,
 }
 
 impl CountLedger {
     fn note(&self, queue: ObjectId, group: StatusGroup, n: i64) {
-        if n == 0 || !is_kept(group) {
+        if is_kept(group) {
+            self.note_slot(queue, group.index(), n);
+        }
+    }
+
+    fn note_slot(&self, queue: ObjectId, slot: usize, n: i64) {
+        if n == 0 {
             return;
         }
         // A poisoned ledger only loses counts, which the reconcile restores.
         if let Ok(mut map) = self.pending.lock() {
-            map.entry(queue).or_default()[group.index()] += n;
+            map.entry(queue).or_default()[slot] += n;
         }
     }
 
-    fn take(&self) -> HashMap<ObjectId, [i64; StatusGroup::ALL.len()]> {
+    fn take(&self) -> HashMap<ObjectId, [i64; SLOTS]> {
         self.pending
             .lock()
             .map(|mut m| std::mem::take(&mut *m))
@@ -80,13 +104,15 @@ impl CountLedger {
 }
 
 /// A change of status of `n` tasks of `queue`, for the counts. `None` is "no task" (created
-/// or deleted).
+/// or deleted). `discarded` is the change in how many carry the discarded mark: +1 for a
+/// task given up on, -1 for a discarded one retried or deleted.
 #[derive(Debug, Clone, Copy)]
 pub struct Moved {
     pub queue: ObjectId,
     pub from: Option<StatusGroup>,
     pub to: Option<StatusGroup>,
     pub n: u64,
+    pub discarded: i64,
 }
 
 impl Moved {
@@ -96,7 +122,30 @@ impl Moved {
             from,
             to,
             n: 1,
+            discarded: 0,
         }
+    }
+}
+
+/// How a write changes a task's discarded mark, from the task before it (with
+/// `discarded_at` in its projection) and the update: set where it had none, +1; removed
+/// where it had one, -1. An update of another kind (a pipeline) changes no mark here.
+pub(super) fn discard_change(
+    before: &Document,
+    update: &mongodb::options::UpdateModifications,
+) -> i64 {
+    let mongodb::options::UpdateModifications::Document(u) = update else {
+        return 0;
+    };
+    let names = |op: &str| {
+        u.get_document(op)
+            .is_ok_and(|d| d.contains_key(task::DISCARDED_AT))
+    };
+    let had = before.contains_key(task::DISCARDED_AT);
+    match (had, names("$set"), names("$unset")) {
+        (false, true, _) => 1,
+        (true, false, true) => -1,
+        _ => 0,
     }
 }
 
@@ -147,6 +196,7 @@ impl Store {
             if let Some(g) = m.to {
                 self.counts.note(m.queue, g, n);
             }
+            self.counts.note_slot(m.queue, DISCARDED_SLOT, m.discarded);
         }
         if self.counts.deferred.load(Ordering::Relaxed) {
             return;
@@ -167,6 +217,9 @@ impl Store {
                 if d != 0 {
                     inc.insert(g.as_str(), d);
                 }
+            }
+            if deltas[DISCARDED_SLOT] != 0 {
+                inc.insert(counts::DISCARDED, deltas[DISCARDED_SLOT]);
             }
             if inc.is_empty() {
                 return None;
@@ -195,12 +248,23 @@ impl Store {
                 false => doc! {task::QUEUE: q},
             })
             .await?;
+        let uncounted: Vec<ObjectId> = queues
+            .iter()
+            .filter(|q| !kept.contains_key(q))
+            .copied()
+            .collect();
         let mut out = kept;
         for (queue, groups) in rest {
             let entry = out.entry(queue).or_default();
             for g in StatusGroup::ALL {
                 entry.add(g, groups.get(g));
             }
+        }
+        // Until its first reconcile a queue's discarded tasks are counted too, through the
+        // partial `{queue, discarded_at}` index.
+        for q in uncounted {
+            let n = self.discarded_count(q, i64::MAX).await?;
+            out.entry(q).or_default().add_discarded(n);
         }
         Ok(out)
     }
@@ -246,6 +310,7 @@ impl Store {
                 // Drift can take a kept count below zero until the next reconcile: show 0.
                 c.add(g, super::count_value(d.get(g.as_str())));
             }
+            c.add_discarded(super::count_value(d.get(counts::DISCARDED)));
             out.insert(queue, c);
         }
         Ok(out)
@@ -324,11 +389,12 @@ impl Store {
         let mut scans = Vec::with_capacity(due.len());
         for (q, seq, old) in due {
             // One queue at a time: a reconcile is background work and must not crowd out claims.
-            let fresh = self
+            let mut fresh = self
                 .per_queue(&[q], |q| doc! {task::QUEUE: q})
                 .await?
                 .remove(&q)
                 .unwrap_or_default();
+            fresh.add_discarded(self.discarded_count(q, i64::MAX).await?);
             scans.push((q, seq, old, fresh));
         }
         if !scans.is_empty() {
@@ -338,11 +404,15 @@ impl Store {
         for (q, seq, old, fresh) in scans {
             let mut set = doc! {counts::RECONCILED_AT: fleet_time::now()};
             let mut drift = 0u64;
-            for g in StatusGroup::ALL.into_iter().filter(|g| is_kept(*g)) {
-                let n = fresh.get(g);
-                set.insert(g.as_str(), i64::try_from(n).unwrap_or(i64::MAX));
+            let kept = StatusGroup::ALL
+                .into_iter()
+                .filter(|g| is_kept(*g))
+                .map(|g| (g.as_str(), fresh.get(g)))
+                .chain([(counts::DISCARDED, fresh.discarded())]);
+            for (field, n) in kept {
+                set.insert(field, i64::try_from(n).unwrap_or(i64::MAX));
                 if let Some(old) = &old {
-                    let was = match old.get(g.as_str()) {
+                    let was = match old.get(field) {
                         Some(Bson::Int64(v)) => *v,
                         Some(Bson::Int32(v)) => i64::from(*v),
                         _ => 0,
@@ -393,7 +463,8 @@ impl Store {
 
 impl Store {
     /// Updates one task as `update_one` would, and counts its move to `to` (None: its new
-    /// status is read back). The queue and status it had come back from the same request.
+    /// status is read back). The queue and status it had come back from the same request,
+    /// and with `to` its discarded mark, so that setting or removing the mark is counted.
     /// The driver's error is returned as it is, for callers that tell refusals apart.
     pub(super) async fn update_one_counted(
         &self,
@@ -401,10 +472,11 @@ impl Store {
         update: impl Into<mongodb::options::UpdateModifications>,
         to: Option<StatusGroup>,
     ) -> mongodb::error::Result<bool> {
+        let update = update.into();
         let before = self
             .collection(TASKS)
-            .find_one_and_update(filter, update)
-            .projection(doc! {task::QUEUE: 1, task::STATUS: 1})
+            .find_one_and_update(filter, update.clone())
+            .projection(doc! {task::QUEUE: 1, task::STATUS: 1, task::DISCARDED_AT: 1})
             .return_document(if to.is_some() {
                 mongodb::options::ReturnDocument::Before
             } else {
@@ -416,9 +488,13 @@ impl Store {
         };
         if let Ok(queue) = d.get_object_id(task::QUEUE) {
             let moved = match to {
-                Some(to) => Moved::new(queue, Some(StatusGroup::of(d.get(task::STATUS))), Some(to)),
+                Some(to) => Moved {
+                    discarded: discard_change(&d, &update),
+                    ..Moved::new(queue, Some(StatusGroup::of(d.get(task::STATUS))), Some(to))
+                },
                 // Read back after: only the new status is known; callers use this for
-                // moves out of the live groups, whose counts are not kept.
+                // moves out of the live groups, whose counts are not kept and whose tasks
+                // carry no discarded mark (a claim never takes a failed task).
                 None => Moved::new(queue, None, Some(StatusGroup::of(d.get(task::STATUS)))),
             };
             self.count_moves(&[moved]).await;

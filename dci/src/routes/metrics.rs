@@ -122,6 +122,20 @@ fn register_fleet(registry: &Registry, fleet: &FleetMetrics) -> prometheus::Resu
         "A queue's threads: how many of its tasks may run at once across the nodes (0: paused)",
         &["queue"],
     )?;
+    let discarded = vec_gauge(
+        registry,
+        "disbatch_queue_tasks_discarded",
+        "Of a queue's failed tasks, those given up on (discarded_at): out of attempts under its \
+         retry policy, refused a retry, or discarded by hand",
+        &["queue"],
+    )?;
+    let retrying = vec_gauge(
+        registry,
+        "disbatch_queue_tasks_retrying",
+        "Of a queue's queued tasks, those waiting out a retry's backoff (they ran before and \
+         their not_before is ahead)",
+        &["queue"],
+    )?;
     for q in &fleet.queues {
         let name = metric_label(&q.name);
         for group in StatusGroup::ALL {
@@ -129,6 +143,12 @@ fn register_fleet(registry: &Registry, fleet: &FleetMetrics) -> prometheus::Resu
                 .get_metric_with_label_values(&[&name, group.as_str()])?
                 .set(saturating(q.tasks(group)));
         }
+        discarded
+            .get_metric_with_label_values(&[&name])?
+            .set(saturating(q.discarded()));
+        retrying
+            .get_metric_with_label_values(&[&name])?
+            .set(saturating(q.retrying));
         if let Some(t) = q.threads {
             threads
                 .get_metric_with_label_values(&[&name])?

@@ -26,18 +26,22 @@ use crate::path::Path;
 use crate::render::{self, json_response, Dates};
 use crate::state::AppState;
 
-/// Discarded tasks one queue view counts, at most.
-const MOST_DISCARDED_COUNTED: i64 = 100_000;
-
 async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
     let id = d
         .get_object_id(field::ID)
         .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
-    let counts = state.store.queue_counts(id).await?;
-    Ok(queue_row(id, d, counts))
+    let ids = [id];
+    let (counts, retrying) = futures::try_join!(
+        state.store.queue_counts(id),
+        state.store.retrying_counts(&ids)
+    )?;
+    let retrying = retrying.get(&id).copied().unwrap_or(0);
+    Ok(queue_row(id, d, counts, retrying))
 }
 
-fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
+/// A queue document with its counts. `discarded` (of `failed`) and `retrying` (of the
+/// queued) are this API's: Disbatch's fields keep their meaning.
+fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts, retrying: u64) -> Value {
     let get = |k: &str| {
         d.get(k)
             .map_or(Value::Null, |b| render::bson(b, Dates::Text))
@@ -54,6 +58,8 @@ fn queue_row(id: ObjectId, d: &Document, counts: QueueCounts) -> Value {
         "completed": counts.completed,
         "succeeded": counts.succeeded,
         "failed": counts.failed,
+        "discarded": counts.by_status.discarded(),
+        "retrying": retrying,
         "paused_threads": get(field::PAUSED_THREADS),
         "by_status": by_status(&counts),
     });
@@ -87,7 +93,8 @@ pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
         .iter()
         .filter_map(|d| {
             let id = d.get_object_id(field::ID).ok()?;
-            Some(queue_row(id, d, QueueCounts::from(reading.counts(id))))
+            let counts = QueueCounts::from(reading.counts(id));
+            Some(queue_row(id, d, counts, reading.retrying(id)))
         })
         .collect();
     Ok(json_response(&Value::Array(rows), false))
@@ -113,14 +120,6 @@ pub async fn find_id(state: &AppState, ident: &str) -> ApiResult<ObjectId> {
 pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let d = find(&state, &ident).await?;
     let mut row = queue_json(&state, &d).await?;
-    if let (Ok(id), Value::Object(m)) = (d.get_object_id(field::ID), &mut row) {
-        // Past the cap the count says "at least": the list is for finding them.
-        let discarded = state
-            .store
-            .discarded_count(id, MOST_DISCARDED_COUNTED)
-            .await?;
-        m.insert("discarded".into(), json!(discarded));
-    }
     let flow = match (d.get_object_id(field::ID), disbatch_core::limits::parse(&d)) {
         (Ok(id), Ok(limits)) => {
             let now = fleet_time::now();
