@@ -8,6 +8,12 @@ pub const GFS_AUTO_LIMIT: u64 = 15 * 1024 * 1024;
 /// MongoDB's document size limit; inline output above it can never be stored.
 pub const MAX_DOCUMENT_SIZE: u64 = 16 * 1024 * 1024;
 
+/// A plugin result whose attempt record would hold more than this, as BSON, keeps its
+/// `output` in GridFS instead (as JSON text): the bound stdout has under `gfs: "auto"`.
+/// BSON can be several times the JSON (an array's every element carries its index as a
+/// key), so a result file well under 16 MiB may need it.
+pub const RESULT_INLINE_LIMIT: u64 = GFS_AUTO_LIMIT;
+
 /// The `gfs` config setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GfsMode {

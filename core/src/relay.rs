@@ -7,7 +7,9 @@ use bson::{doc, Bson, Document};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::fleet_time;
-use crate::store::{AttemptEnd, AttemptRecord, LiveOutput, LiveStream, TaskEnd, LIVE_TAIL};
+use crate::store::{
+    AttemptEnd, AttemptRecord, LiveOutput, LiveStream, StoredOutput, TaskEnd, LIVE_TAIL,
+};
 
 /// The runner's descriptor for the node's answers (stdin closes after the handoff).
 pub const ANSWER_FD: i32 = 3;
@@ -78,6 +80,8 @@ impl Completion {
             "status": status, "retry": retry, "not_before": not_before,
             "task_discarded": r.end.task_discarded,
             "reason": r.end.reason.clone().map_or(Bson::Null, Bson::String),
+            "output_file": r.end.output_file.map_or(Bson::Null, |o| Bson::ObjectId(o.file)),
+            "output_bytes": r.end.output_file.map_or(0, |o| i64::try_from(o.bytes).unwrap_or(i64::MAX)),
             "stdout": &self.stdout, "stderr": &self.stderr,
         }
     }
@@ -143,6 +147,18 @@ impl Completion {
                     result: d.get_document("result").ok().cloned(),
                     reason: d.get_str("reason").ok().map(str::to_string),
                     task_discarded: d.get_bool("task_discarded").unwrap_or(false),
+                    // Absent from an older runner's completions: an output kept inline.
+                    output_file: d
+                        .get_object_id("output_file")
+                        .ok()
+                        .map(|file| StoredOutput {
+                            file,
+                            bytes: d
+                                .get_i64("output_bytes")
+                                .ok()
+                                .and_then(|n| u64::try_from(n).ok())
+                                .unwrap_or(0),
+                        }),
                 },
             },
             end,
@@ -314,6 +330,7 @@ mod tests {
                     result: Some(doc! {"retry": true}),
                     reason: Some("failed (exit code 75); retry in 2 s".into()),
                     task_discarded: matches!(end, TaskEnd::Discarded(_)),
+                    output_file: None,
                 },
             },
             end,

@@ -80,6 +80,7 @@ mod tests {
                     result: None,
                     reason: None,
                     task_discarded: false,
+                    output_file: None,
                 },
             },
             end: TaskEnd::Status(1),

@@ -174,6 +174,7 @@ pub(crate) async fn conclude(
         refuses_retry,
         result,
         record,
+        spilled_output,
     } = outcome;
     // A worker that died or broke the protocol crashed, as a plugin killed by a signal did.
     let crashed = lead.is_some() || matches!(exit, Exit::Signal(_));
@@ -289,6 +290,8 @@ pub(crate) async fn conclude(
         task_discarded: matches!(end, TaskEnd::Discarded(_)),
         exit: Some(exit),
         result: record,
+        spilled_output,
+        output_file: None,
         chain,
         stopped: (!matches!(stopped, Stopped::Exited(_))).then_some(stopped),
     };

@@ -8,7 +8,7 @@ use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 use disbatch_core::model::retry_policy::{FailureKind, RetryDecision, RetryPolicy};
 use disbatch_core::model::status;
-use disbatch_core::output::MAX_DOCUMENT_SIZE;
+use disbatch_core::output::{MAX_DOCUMENT_SIZE, RESULT_INLINE_LIMIT};
 use disbatch_core::store::TaskEnd;
 use serde_json::{Map, Value};
 
@@ -44,8 +44,12 @@ pub struct Outcome {
     pub refuses_retry: bool,
     /// The result file's object, read for chaining.
     pub result: Option<Map<String, Value>>,
-    /// The same object as it is kept on the attempt record: checked to be storable.
+    /// The same object as it is kept on the attempt record: checked to be storable. Without
+    /// its `output` when that goes to GridFS (`spilled_output`).
     pub record: Option<Document>,
+    /// The result's `output` as JSON text, when the record would pass `RESULT_INLINE_LIMIT`
+    /// with it: the runner keeps it in GridFS and the record names the file.
+    pub spilled_output: Option<Vec<u8>>,
 }
 
 impl Outcome {
@@ -58,6 +62,7 @@ impl Outcome {
         self.refuses_retry = false;
         self.result = None;
         self.record = None;
+        self.spilled_output = None;
         self.note = Some(match self.note.take() {
             Some(n) => format!("{n}; {why}"),
             None => why,
@@ -89,6 +94,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
     let mut refuses_retry = false;
     let mut result = None;
     let mut record = None;
+    let mut spilled_output = None;
     match result_file.map(parse_result) {
         None | Some(Ok(None)) => {}
         Some(Ok(Some(r))) => {
@@ -99,6 +105,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
             refuses_retry = r.refuses_retry;
             result = Some(r.object);
             record = Some(r.record);
+            spilled_output = r.spilled_output;
         }
         Some(Err(reason)) => {
             notes.push(format!("DISBATCH_RESULT file ignored: {reason}"));
@@ -114,6 +121,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
         refuses_retry,
         result,
         record,
+        spilled_output,
     }
 }
 
@@ -125,6 +133,7 @@ struct ResultFile {
     refuses_retry: bool,
     object: Map<String, Value>,
     record: Document,
+    spilled_output: Option<Vec<u8>>,
 }
 
 /// Ok(None) for an empty file. A `status` that is not a positive integer is refused: taken
@@ -146,15 +155,33 @@ fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
     let Value::Object(object) = value else {
         return Err("it must hold a JSON object".into());
     };
-    let record = bson::to_document(&object).map_err(|e| unstorable(e.to_string()))?;
-    let encoded = bson::to_vec(&record)
-        .map_err(|e| unstorable(e.to_string()))?
-        .len() as u64;
-    if encoded > MAX_DOCUMENT_SIZE - RECORD_FIELDS {
-        return Err(format!(
-            "it is {encoded} bytes as a document, beyond the {} an attempt record holds",
-            MAX_DOCUMENT_SIZE - RECORD_FIELDS
-        ));
+    let mut record = bson::to_document(&object).map_err(|e| unstorable(e.to_string()))?;
+    let size = |d: &Document| {
+        bson::to_vec(d)
+            .map(|v| v.len() as u64)
+            .map_err(|e| unstorable(e.to_string()))
+    };
+    // Past the bound the output goes to GridFS as JSON text, as stdout does past its own;
+    // what is left must fit the record.
+    let mut spilled_output = None;
+    if size(&record)? > RESULT_INLINE_LIMIT {
+        if let Some(output) = object.get("output") {
+            let json = serde_json::to_vec(output).map_err(|e| unstorable(e.to_string()))?;
+            record.remove("output");
+            spilled_output = Some(json);
+        }
+        let rest = size(&record)?;
+        let room = RESULT_INLINE_LIMIT.min(MAX_DOCUMENT_SIZE - RECORD_FIELDS);
+        if rest > room {
+            let besides = if spilled_output.is_some() {
+                " besides its output, which goes to GridFS"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "it is {rest} bytes as a document{besides}, beyond the {room} an attempt record holds"
+            ));
+        }
     }
     let status = match object.get("status") {
         None | Some(Value::Null) => None,
@@ -180,6 +207,7 @@ fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
         refuses_retry,
         object,
         record,
+        spilled_output,
     }))
 }
 
@@ -296,6 +324,7 @@ mod tests {
                 refuses_retry: false,
                 result: None,
                 record: None,
+                spilled_output: None,
             }
         );
         let failed = decide(Exit::Code(3), None);
@@ -385,6 +414,39 @@ mod tests {
         assert_eq!(
             o.record,
             Some(bson::doc! {"n": {"$numberLong": "x"}, "output": {}})
+        );
+    }
+
+    #[test]
+    fn an_output_too_large_for_the_record_goes_to_gridfs_and_the_rest_stays() {
+        // 1.4 million zeros: under 3 MB of JSON, over 16 MB as BSON (each element is keyed).
+        let zeros = vec!["0"; 1_400_000].join(",");
+        let file = format!(r#"{{"status": 1, "note": "kept", "output": [{zeros}]}}"#);
+        let o = decide(Exit::Code(0), Some(file.as_bytes()));
+        assert_eq!((o.status, &o.note), (1, &None));
+        assert_eq!(
+            o.record,
+            Some(bson::doc! {"status": 1_i64, "note": "kept"}),
+            "the record keeps all but the output"
+        );
+        let spilled = o.spilled_output.expect("the output, as JSON text");
+        let back: Value = serde_json::from_slice(&spilled).expect("JSON");
+        assert_eq!(back.as_array().map(Vec::len), Some(1_400_000));
+        // The whole object is still there for chaining.
+        assert!(o.result.is_some_and(|m| m.contains_key("output")));
+        // A small output stays inline.
+        let o = decide(Exit::Code(0), Some(br#"{"output": [0, 0]}"#));
+        assert_eq!(o.spilled_output, None);
+        assert_eq!(o.record, Some(bson::doc! {"output": [0_i64, 0_i64]}));
+        // What is left must fit the record; the reason says where the output went.
+        let file = format!(r#"{{"other": [{zeros}], "output": 1}}"#);
+        let o = decide(Exit::Code(0), Some(file.as_bytes()));
+        assert_eq!((o.status, &o.record, &o.spilled_output), (2, &None, &None));
+        let note = o.note.unwrap_or_default();
+        assert!(
+            note.contains("besides its output, which goes to GridFS")
+                && note.contains("an attempt record holds"),
+            "{note}"
         );
     }
 

@@ -10,9 +10,9 @@ use disbatch_core::model::status;
 use disbatch_core::output::{plan_output, GfsMode, Placement};
 use disbatch_core::relay::{Ack, Completion, MAX_RELAYED_OUTPUT};
 use disbatch_core::run_policy::DEFAULT_LEASE;
+use disbatch_core::store::schema::task as field;
 use disbatch_core::store::{
-    parse_queue, schema::task as field, AttemptEnd, AttemptRecord, FinishOutcome, OnConflict,
-    TaskEnd,
+    parse_queue, AttemptEnd, AttemptRecord, FinishOutcome, OnConflict, StoredOutput, TaskEnd,
 };
 use disbatch_core::Result;
 
@@ -50,6 +50,10 @@ pub enum RunReport {
 pub(crate) struct RunFacts {
     pub exit: Option<Exit>,
     pub result: Option<Document>,
+    /// The result's `output` as JSON text, too large for the record: the runner writes it to
+    /// GridFS before the record, which then names the file (`output_file`).
+    pub spilled_output: Option<Vec<u8>>,
+    pub output_file: Option<StoredOutput>,
     /// The queue to chain into and the units the result's `output` names, when both exist.
     pub chain: Option<(String, Vec<disbatch_core::store::Unit>)>,
     /// How the supervisor ended the run, when it was not a plain exit.
@@ -221,7 +225,7 @@ async fn run_attempt(
         start: started,
         end,
     };
-    let (finished, facts) = match ran {
+    let (finished, mut facts) = match ran {
         Ran::Finished(f, facts) => (f, facts),
         Ran::LeaseLost(facts) => {
             // Recovery has already recorded this attempt as lost; this only fills a gap.
@@ -233,6 +237,10 @@ async fn run_attempt(
             return Ok(RunReport::Discarded);
         }
     };
+    // Before the record that names it: a record never names a file that is not there.
+    if let Some(json) = facts.spilled_output.take() {
+        facts.output_file = Some(store_result_output(store, task, &json).await?);
+    }
     let end = finished.end;
     let outcome = match (end, facts.stopped) {
         (_, Some(Stopped::TimedOut(..))) => "timed_out",
@@ -360,7 +368,22 @@ fn attempt_end(outcome: &'static str, status: Option<i32>, facts: &RunFacts) -> 
         result: facts.result.clone(),
         reason: facts.reason.clone(),
         task_discarded: facts.task_discarded,
+        output_file: facts.output_file,
     }
+}
+
+/// Writes a result's `output` too large for its attempt record to GridFS (`tasks.files`,
+/// filename `result`, `metadata.task_id` as for stdout), so it goes with its task.
+async fn store_result_output(
+    store: &LazyStore,
+    task: ObjectId,
+    json: &[u8],
+) -> Result<StoredOutput> {
+    let db = store.get().await?;
+    with_retries("writing the result's output to GridFS", || {
+        db.write_result_output(task, json)
+    })
+    .await
 }
 
 /// Adds the units a succeeded task's `output` names to its queue's `then` queue. Runs only

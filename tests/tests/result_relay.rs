@@ -36,6 +36,7 @@ fn completion(
                 result: None,
                 reason: None,
                 task_discarded: false,
+                output_file: None,
             },
         },
         end,

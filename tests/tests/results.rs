@@ -316,3 +316,115 @@ async fn a_hand_edited_attempt_costs_its_output_not_the_task() {
     drop(dci);
     db.drop().await;
 }
+
+/// An output whose attempt record would pass the 15 MiB bound (here 1.4 million zeros: under
+/// 3 MB of JSON, over 16 MB as BSON) is kept in GridFS beside the task's stdout, the record
+/// names the file, every reader answers it whole or links it, and it goes with its task.
+#[tokio::test]
+async fn an_output_too_large_for_its_record_is_kept_in_gridfs_and_read_back_whole() {
+    const ZEROS: usize = 1_400_000;
+    let db = TestDb::new("results_gridfs").await;
+    let huge = db.script(
+        "huge.sh",
+        &format!(
+            r#"{{ printf '{{"note":"kept","output":['; yes 0 | head -n {ZEROS} | paste -sd, -; printf ']}}'; }} > "$DISBATCH_RESULT""#
+        ),
+    );
+    let config = write_config(&db, "node.json", json!({"plugins": {"huge": huge}}));
+    let queue = db.insert_queue("huge", "huge", 1).await;
+    let id = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&[id], Duration::from_secs(120)).await;
+    let task = db.task(id).await;
+    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+
+    let record = db
+        .db
+        .collection::<bson::Document>("attempts")
+        .find_one(doc! {"task": id})
+        .await
+        .expect("read attempts")
+        .expect("an attempt record");
+    let file = record
+        .get_object_id("output_file")
+        .unwrap_or_else(|_| panic!("no output_file: {record:?}"));
+    let bytes = record.get_i64("output_bytes").expect("output_bytes");
+    assert_eq!(
+        record.get_document("result").ok(),
+        Some(&doc! {"note": "kept"}),
+        "the record keeps the rest of the result"
+    );
+    let stored = db
+        .db
+        .collection::<bson::Document>("tasks.files")
+        .find_one(doc! {"_id": file})
+        .await
+        .expect("read files")
+        .expect("the GridFS file");
+    assert_eq!(stored.get_str("filename").ok(), Some("result"));
+    assert_eq!(
+        stored.get_document("metadata").ok(),
+        Some(&doc! {"task_id": id})
+    );
+    assert_eq!(stored.get_i64("length").ok(), Some(bytes));
+
+    let dci = Dci::start(&config);
+    let hex_id = id.to_hex();
+    let (_, shown) = dci.get(&format!("/tasks/{hex_id}")).await;
+    assert_eq!(shown["output"], Value::Null, "{}", shown["output_omitted"]);
+    let omitted = &shown["output_omitted"];
+    assert_eq!(omitted["bytes"], json!(bytes), "{omitted}");
+    assert!(
+        omitted["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("kept in GridFS")),
+        "{omitted}"
+    );
+    let url = omitted["url"].as_str().unwrap_or_default().to_string();
+    let (_, rows) = dci.get(&format!("/tasks/{hex_id}/attempts")).await;
+    assert_eq!(rows[0]["output"], Value::Null);
+    assert_eq!(rows[0]["output_omitted"]["url"], json!(url), "{rows}");
+    for path in [url.as_str(), &format!("/tasks/{hex_id}/result")] {
+        let (status, attempt, body) = result_of(&dci, path).await;
+        assert_eq!(status, 200, "{path}");
+        assert_eq!(
+            attempt,
+            record.get_object_id("_id").ok().map(|a| a.to_hex())
+        );
+        let all = body.as_array().map(|a| a.iter().all(|v| v == &json!(0)));
+        assert_eq!(
+            (body.as_array().map(Vec::len), all),
+            (Some(ZEROS), Some(true))
+        );
+    }
+    let printed = stdout(&dci.cli(&["result", &hex_id]));
+    let back: Value = serde_json::from_str(&printed).expect("disbatch result prints JSON");
+    assert_eq!(back.as_array().map(Vec::len), Some(ZEROS));
+    let text = stdout(&dci.cli(&["task", &hex_id]));
+    assert!(
+        text.contains(&format!(
+            "({bytes} bytes of JSON, too large to show here; disbatch result {hex_id} --attempt "
+        )),
+        "{text}"
+    );
+
+    // Deleted with its task.
+    let (status, body) = dci
+        .send(
+            reqwest::Method::DELETE,
+            &format!("/tasks/{hex_id}"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let left = db
+        .db
+        .collection::<bson::Document>("tasks.files")
+        .count_documents(doc! {"_id": file})
+        .await
+        .expect("count files");
+    assert_eq!(left, 0, "the result's file goes with its task");
+    drop(dci);
+    drop(den);
+    db.drop().await;
+}

@@ -30,6 +30,31 @@ pub struct AttemptEnd {
     pub reason: Option<String>,
     /// The attempt's task was discarded with it: a failure no retry follows.
     pub task_discarded: bool,
+    /// Where the result's `output` is when it was too large to keep in `result`.
+    pub output_file: Option<StoredOutput>,
+}
+
+/// One attempt as `newest_attempt` reads it.
+struct Newest {
+    id: ObjectId,
+    start: Option<DateTime>,
+    output: Option<ResultOutput>,
+}
+
+/// A result `output` kept in GridFS, as JSON text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredOutput {
+    pub file: ObjectId,
+    /// The JSON text's length.
+    pub bytes: u64,
+}
+
+/// A result's `output` as an attempt record holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResultOutput {
+    Inline(Bson),
+    /// In GridFS, as JSON text: read with `Store::stream_output_file`.
+    File(StoredOutput),
 }
 
 /// A whole attempt record, written once when the attempt ends.
@@ -134,27 +159,43 @@ impl Store {
     }
 
     /// The `output` of the task's newest attempt that wrote one, with that attempt's id.
-    /// Only the output and the id are read.
-    pub async fn latest_output(&self, task: ObjectId) -> Result<Option<(ObjectId, Bson)>> {
-        let found = self
-            .newest_attempt(
+    /// Only the output and the id are read: one read for outputs kept inline and one for
+    /// those kept in GridFS, each a range of the `{task, start}` index (an `$or` of both
+    /// may be answered by reading every attempt).
+    pub async fn latest_output(&self, task: ObjectId) -> Result<Option<(ObjectId, ResultOutput)>> {
+        let (inline, file) = futures::try_join!(
+            self.newest_attempt(
                 task,
                 doc! {attempt::TASK: task, attempt::RESULT_OUTPUT: {"$exists": true}},
-            )
-            .await?;
-        Ok(found.and_then(|(id, output)| output.map(|o| (id, o))))
+            ),
+            self.newest_attempt(
+                task,
+                doc! {attempt::TASK: task, attempt::OUTPUT_FILE: {"$exists": true}},
+            ),
+        )?;
+        let newest = match (inline, file) {
+            (Some(a), Some(b)) => Some(if (b.start, b.id) > (a.start, a.id) {
+                b
+            } else {
+                a
+            }),
+            (a, b) => a.or(b),
+        };
+        Ok(newest.and_then(|n| n.output.map(|o| (n.id, o))))
     }
 
     /// The task's newest succeeded attempt: its id and its `output`, None when it wrote none.
     pub async fn last_success_output(
         &self,
         task: ObjectId,
-    ) -> Result<Option<(ObjectId, Option<Bson>)>> {
-        self.newest_attempt(
-            task,
-            doc! {attempt::TASK: task, attempt::OUTCOME: SUCCEEDED},
-        )
-        .await
+    ) -> Result<Option<(ObjectId, Option<ResultOutput>)>> {
+        let found = self
+            .newest_attempt(
+                task,
+                doc! {attempt::TASK: task, attempt::OUTCOME: SUCCEEDED},
+            )
+            .await?;
+        Ok(found.map(|n| (n.id, n.output)))
     }
 
     /// The `output` of attempt `id` of `task`: None when the task has no such attempt,
@@ -163,25 +204,24 @@ impl Store {
         &self,
         task: ObjectId,
         id: ObjectId,
-    ) -> Result<Option<Option<Bson>>> {
+    ) -> Result<Option<Option<ResultOutput>>> {
         let found = self
             .newest_attempt(task, doc! {attempt::ID: id, attempt::TASK: task})
             .await?;
-        Ok(found.map(|(_, output)| output))
+        Ok(found.map(|n| n.output))
     }
 
-    /// The newest attempt matching `filter` (index `{task, start}`): its id and its result's
-    /// `output`, the only fields read.
-    async fn newest_attempt(
-        &self,
-        task: ObjectId,
-        filter: Document,
-    ) -> Result<Option<(ObjectId, Option<Bson>)>> {
+    /// The newest attempt matching `filter` (index `{task, start}`): its id, start and
+    /// result's `output`, the only fields read.
+    async fn newest_attempt(&self, task: ObjectId, filter: Document) -> Result<Option<Newest>> {
         let found = self
             .collection(ATTEMPTS)
             .find_one(filter)
             .sort(doc! {attempt::START: -1, attempt::ID: -1})
-            .projection(doc! {attempt::ID: 1, attempt::RESULT_OUTPUT: 1})
+            .projection(doc! {
+                attempt::ID: 1, attempt::START: 1, attempt::RESULT_OUTPUT: 1,
+                attempt::OUTPUT_FILE: 1, attempt::OUTPUT_BYTES: 1,
+            })
             .await
             .map_err(|e| Error::mongo(format!("reading the result of task {task}"), e))?;
         let Some(d) = found else {
@@ -194,7 +234,11 @@ impl Store {
                 id: format!("{:?}", d.get(attempt::ID)),
                 message: "its _id is not an ObjectId".into(),
             })?;
-        Ok(Some((id, result_output(&d).cloned())))
+        Ok(Some(Newest {
+            id,
+            start: d.get_datetime(attempt::START).ok().copied(),
+            output: result_output(&d),
+        }))
     }
 
     /// A task's attempts, oldest first.
@@ -210,12 +254,23 @@ impl Store {
     }
 }
 
-/// The result file's `output` in an attempt record, if it wrote one.
-pub fn result_output(record: &Document) -> Option<&Bson> {
+/// The result file's `output` in an attempt record, if it wrote one: inline, or the GridFS
+/// file it was moved to.
+pub fn result_output(record: &Document) -> Option<ResultOutput> {
+    if let Ok(file) = record.get_object_id(attempt::OUTPUT_FILE) {
+        let bytes = match record.get(attempt::OUTPUT_BYTES) {
+            Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
+            Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
+            _ => 0,
+        };
+        return Some(ResultOutput::File(StoredOutput { file, bytes }));
+    }
     record
         .get_document(attempt::RESULT)
         .ok()
         .and_then(|r| r.get(output_key()))
+        .cloned()
+        .map(ResultOutput::Inline)
 }
 
 /// `output`, the last part of `attempt::RESULT_OUTPUT`.
@@ -241,6 +296,13 @@ pub(crate) fn attempt_document(r: &AttemptRecord) -> Document {
     };
     if r.end.task_discarded {
         d.insert(attempt::TASK_DISCARDED, true);
+    }
+    if let Some(o) = r.end.output_file {
+        d.insert(attempt::OUTPUT_FILE, o.file);
+        d.insert(
+            attempt::OUTPUT_BYTES,
+            i64::try_from(o.bytes).unwrap_or(i64::MAX),
+        );
     }
     d
 }

@@ -25,7 +25,27 @@ pub struct OutputFileInfo {
     pub length: u64,
 }
 
+/// The `filename` of a file holding a result's `output` too large for its attempt record,
+/// beside `stdout` and `stderr`.
+const RESULT_FILENAME: &str = "result";
+
 impl Store {
+    /// Writes a result's `output` (JSON text) too large for its attempt record to a GridFS
+    /// file of `task_id`, so it goes with its task like its stdout.
+    pub async fn write_result_output(
+        &self,
+        task_id: ObjectId,
+        json: &[u8],
+    ) -> Result<super::StoredOutput> {
+        let info = self
+            .write_output_file(task_id, RESULT_FILENAME, json)
+            .await?;
+        Ok(super::StoredOutput {
+            file: info.id,
+            bytes: info.length,
+        })
+    }
+
     /// Streams `reader` into a GridFS file named `filename` (`stdout`/`stderr`) for `task_id`.
     /// Bytes that are not UTF-8 are replaced (BSON strings must be UTF-8). Chunks are written
     /// before the files document, so readers never see a partial file.

@@ -51,7 +51,7 @@ use bson::Document;
 use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
-pub use attempts::{result_output, AttemptEnd, AttemptRecord};
+pub use attempts::{result_output, AttemptEnd, AttemptRecord, ResultOutput, StoredOutput};
 pub use by_id::{conditional_by_id, WHEN as BY_ID_WHEN};
 pub use claim_batch::{claim_key, Candidates, ClaimWindow, Pick, PickHolds, PickOutcome};
 pub use decode::{DocumentStream, SkipHook, SkipLedger, SkipReason};

@@ -144,6 +144,11 @@ pub mod attempt {
     pub const TASK_DISCARDED: &str = "task_discarded";
     /// The result file's `output` inside `result`: what the plugin gives its users.
     pub const RESULT_OUTPUT: &str = "result.output";
+    /// Ours: the GridFS file (`tasks.files`, filename `result`) holding the result's
+    /// `output` as JSON text, when it was too large to keep inline; `result` then has none.
+    pub const OUTPUT_FILE: &str = "output_file";
+    /// Ours: that file's length in bytes.
+    pub const OUTPUT_BYTES: &str = "output_bytes";
     /// Ours: why a lost attempt was lost (its lease passed, its runner died, its node died),
     /// or why a failed one failed and what follows (its retry, or the task discarded).
     pub const REASON: &str = "reason";

@@ -4,8 +4,8 @@
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::Document;
-use disbatch_core::store::result_output;
 use disbatch_core::store::schema::attempt;
+use disbatch_core::store::{result_output, ResultOutput};
 use futures::StreamExt;
 use serde_json::{Map, Value};
 
@@ -46,7 +46,11 @@ pub async fn list(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> 
         return Err(ApiError::not_found(format!("no task with id {id}")));
     }
     let mut fields = FIELDS.to_vec();
-    fields.push(attempt::RESULT_OUTPUT);
+    fields.extend([
+        attempt::RESULT_OUTPUT,
+        attempt::OUTPUT_FILE,
+        attempt::OUTPUT_BYTES,
+    ]);
     let (mut records, truncated) = state
         .store
         .recent_attempts(oid, MAX_ATTEMPTS, &fields)
@@ -88,9 +92,15 @@ fn attempt_json(d: &Document, task: ObjectId, room: &mut Room) -> Value {
         })
         .collect();
     let output = match (d.get_object_id(attempt::ID), result_output(d)) {
-        (Ok(id), Some(output)) => room.show(task, id, output),
+        (Ok(id), Some(output)) => room.show(task, id, &output),
         // A record without an ObjectId `_id` has no link for its output: it is shown whole.
-        (Err(_), Some(output)) => Shown::Inline(render::bson(output, Dates::Text)),
+        (Err(_), Some(ResultOutput::Inline(output))) => {
+            Shown::Inline(render::bson(&output, Dates::Text))
+        }
+        (Err(_), Some(ResultOutput::File(o))) => Shown::Omitted(serde_json::json!({
+            "bytes": o.bytes,
+            "reason": "kept in GridFS, and its attempt record has no ObjectId _id to link it by",
+        })),
         (_, None) => Shown::Inline(Value::Null),
     };
     match output {

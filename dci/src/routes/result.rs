@@ -1,10 +1,11 @@
 //! A plugin's result `output`: `GET /tasks/:id/result`, and how much of it other answers inline.
 
+use axum::body::Body;
 use axum::extract::RawQuery;
-use axum::http::{HeaderName, HeaderValue};
-use axum::response::Response;
+use axum::http::{header, HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use bson::oid::ObjectId;
-use bson::Bson;
+use disbatch_core::store::{ResultOutput, StoredOutput};
 use serde_json::{json, Map, Value};
 
 use super::full_output::{MAX_ANSWER_BYTES, MAX_OUTPUT_BYTES};
@@ -38,7 +39,25 @@ impl Default for Room {
 impl Room {
     /// `output` of attempt `attempt` of `task` as this answer shows it: inline when its JSON
     /// fits both bounds, otherwise a marker with its size and the route that answers it whole.
-    pub fn show(&mut self, task: ObjectId, attempt: ObjectId, output: &Bson) -> Shown {
+    /// An output kept in GridFS is never inlined: it is beyond what a record holds.
+    pub fn show(&mut self, task: ObjectId, attempt: ObjectId, output: &ResultOutput) -> Shown {
+        let url = format!(
+            "/tasks/{}/result?attempt={}",
+            task.to_hex(),
+            attempt.to_hex()
+        );
+        let output = match output {
+            ResultOutput::Inline(b) => b,
+            ResultOutput::File(StoredOutput { bytes, .. }) => {
+                return Shown::Omitted(json!({
+                    "bytes": bytes,
+                    "reason": format!(
+                        "it is {bytes} bytes of JSON, kept in GridFS: too large for its attempt record"
+                    ),
+                    "url": url,
+                }))
+            }
+        };
         let value = render::bson(output, Dates::Text);
         let bytes = serde_json::to_vec(&value).map_or(usize::MAX, |v| v.len());
         if bytes <= MAX_OUTPUT_BYTES && bytes <= self.0 {
@@ -53,7 +72,7 @@ impl Room {
         Shown::Omitted(json!({
             "bytes": bytes,
             "reason": why,
-            "url": format!("/tasks/{}/result?attempt={}", task.to_hex(), attempt.to_hex()),
+            "url": url,
         }))
     }
 }
@@ -133,17 +152,38 @@ pub async fn get(
             "task {id} has no result: attempt {attempt} wrote no output in its result file"
         )));
     };
-    let mut response = json_response(&render::bson(&output, Dates::Text), true);
+    let mut response = match output {
+        ResultOutput::Inline(b) => json_response(&render::bson(&b, Dates::Text), true),
+        ResultOutput::File(o) => stored_output(&state, task, o).await?,
+    };
     if let Ok(v) = HeaderValue::from_str(&attempt.to_hex()) {
         response.headers_mut().insert(ATTEMPT_HEADER, v);
     }
     Ok(response)
 }
 
+/// An output kept in GridFS, streamed as stored (JSON text) without holding it whole. A
+/// corrupt chunk is refused before the status is sent.
+async fn stored_output(
+    state: &crate::state::AppState,
+    task: ObjectId,
+    o: StoredOutput,
+) -> ApiResult<Response> {
+    if let Some(problem) = state.store.unreadable_chunk(o.file).await? {
+        return Err(ApiError::conflict(format!(
+            "the result of task {task} cannot be read: GridFS file {}: {problem}",
+            o.file
+        )));
+    }
+    let chunks = state.store.stream_output_file(o.file).await?;
+    let headers = [(header::CONTENT_TYPE, "application/json")];
+    Ok((headers, Body::from_stream(chunks)).into_response())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bson::doc;
+    use bson::{doc, Bson};
 
     #[test]
     fn an_output_is_inlined_within_both_bounds_and_marked_past_them() {
@@ -151,11 +191,12 @@ mod tests {
         let mut room = Room::default();
         let small = Bson::Document(doc! {"greeted": "Ada"});
         assert_eq!(
-            room.show(task, attempt, &small),
+            room.show(task, attempt, &ResultOutput::Inline(small.clone())),
             Shown::Inline(json!({"greeted": "Ada"}))
         );
         let big = Bson::String("a".repeat(MAX_OUTPUT_BYTES));
-        let Shown::Omitted(marker) = room.show(task, attempt, &big) else {
+        let Shown::Omitted(marker) = room.show(task, attempt, &ResultOutput::Inline(big.clone()))
+        else {
             panic!("a {MAX_OUTPUT_BYTES}-byte string and its quotes is inlined");
         };
         assert_eq!(marker["bytes"], json!(MAX_OUTPUT_BYTES + 2));
@@ -166,11 +207,13 @@ mod tests {
         let almost = Bson::String("a".repeat(MAX_OUTPUT_BYTES - 2));
         for _ in 0..MAX_ANSWER_BYTES / MAX_OUTPUT_BYTES - 1 {
             assert!(matches!(
-                room.show(task, attempt, &almost),
+                room.show(task, attempt, &ResultOutput::Inline(almost.clone())),
                 Shown::Inline(_)
             ));
         }
-        let Shown::Omitted(marker) = room.show(task, attempt, &almost) else {
+        let Shown::Omitted(marker) =
+            room.show(task, attempt, &ResultOutput::Inline(almost.clone()))
+        else {
             panic!("the answer's room is used up");
         };
         assert!(
@@ -180,7 +223,7 @@ mod tests {
             "{marker}"
         );
         assert!(matches!(
-            room.show(task, attempt, &Bson::Int32(1)),
+            room.show(task, attempt, &ResultOutput::Inline(Bson::Int32(1))),
             Shown::Inline(_)
         ));
     }

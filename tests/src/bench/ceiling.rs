@@ -364,6 +364,7 @@ fn succeeded(pick: &Pick, queue: ObjectId, node: &str) -> Option<Completion> {
                 result: None,
                 reason: None,
                 task_discarded: false,
+                output_file: None,
             },
         },
         end: TaskEnd::Status(status::SUCCEEDED),
