@@ -184,10 +184,17 @@ pub enum Command {
         #[command(flatten)]
         timing: TaskTiming,
     },
-    /// Query tasks by indexed fields; prints the server's JSON.
+    /// Query tasks by indexed fields, status words, time ranges and params; prints a table
+    /// (the server's JSON with --json or a shaping option).
+    ///
+    /// Examples: `disbatch tasks --status failed --since 1h`; `disbatch tasks --queue words
+    /// --param text='"a b"' --bound 100`; `disbatch tasks '{"queue":"demo","status":-2}'`.
     Tasks {
-        /// JSON object of indexed fields, e.g. '{"queue":"demo","status":-2}'.
+        /// JSON object of indexed fields, e.g. '{"queue":"demo","status":-2}' (Disbatch's
+        /// form; the flags below add keys to it).
         filter: Option<String>,
+        #[command(flatten)]
+        search: crate::commands::TaskSearch,
         /// Print only the number of matching tasks.
         #[arg(long)]
         count: bool,

@@ -590,6 +590,71 @@ async fn a_long_history_still_answers_failures_and_searches() {
     db.drop().await;
 }
 
+/// `disbatch tasks`' flags: each a key of the filter, a span back from now read on the
+/// fleet's clock, a param search bounded by --bound, and a key given twice refused.
+#[tokio::test]
+async fn the_cli_searches_by_flags_and_spans_back_from_now() {
+    let db = TestDb::new("finding_cli_flags").await;
+    let config = write_config(&db, "web.json", json!({}));
+    let f = fixture(&db).await;
+    // One failure changed just now; every other ended in 2026-01 or before.
+    db.set_task(f.failed3, doc! {"mtime": DateTime::now()})
+        .await;
+    let dci = Dci::start(&config);
+    let json_of = |o: &std::process::Output| -> Value {
+        assert!(o.status.success(), "{}", stderr(o));
+        serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+    };
+    let o = dci.cli(&["--json", "tasks", "--status", "failed", "--since", "1h"]);
+    assert_eq!(ids(&json_of(&o)), hexes(&[f.failed3]));
+    let o = dci.cli(&["--json", "tasks", "--status", "failed", "--until", "1h"]);
+    assert_eq!(
+        ids(&json_of(&o)),
+        hexes(&[f.failed_old, f.discarded, f.other_failed])
+    );
+    let o = dci.cli(&[
+        "--json",
+        "tasks",
+        "--queue",
+        "words",
+        "--param",
+        r#"text="a b""#,
+        "--bound",
+        "20",
+    ]);
+    assert_eq!(ids(&json_of(&o)), hexes(&[f.failed_old, f.discarded]));
+    let o = dci.cli(&[
+        "--json", "tasks", "--queue", "words", "--status", "-2", "--node", "n9",
+    ]);
+    assert_eq!(ids(&json_of(&o)), Vec::<String>::new());
+    let o = dci.cli(&["--json", "tasks", "--status", "discarded", "--node", "n2"]);
+    assert_eq!(ids(&json_of(&o)), hexes(&[f.discarded]));
+    // The table names queues, not ids.
+    let o = dci.cli(&["tasks", "--status", "failed", "--since", "1h"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("words") && !stdout(&o).contains(&f.words.to_hex()),
+        "{}",
+        stdout(&o)
+    );
+    let o = dci.cli(&["tasks", r#"{"status":"failed"}"#, "--status", "2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("'status' is given both"),
+        "{}",
+        stderr(&o)
+    );
+    let o = dci.cli(&["tasks", "--status", "failed", "--since", "yesterday"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("a span back from now"),
+        "{}",
+        stderr(&o)
+    );
+    drop(dci);
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn console_failures_page_and_failed_link() {
     let db = TestDb::new("finding_console").await;

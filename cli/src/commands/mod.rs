@@ -10,6 +10,7 @@ mod specs;
 mod task_ops;
 mod task_view;
 mod tasks;
+pub use tasks::TaskSearch;
 mod top;
 pub mod users;
 mod workflow_view;
@@ -161,6 +162,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         },
         Command::Tasks {
             filter,
+            search,
             count,
             limit,
             skip,
@@ -180,7 +182,7 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
                 epoch,
                 pretty,
             };
-            tasks::query(ctx, filter.as_deref(), &options, out).await
+            tasks::query(ctx, filter.as_deref(), &search, &options, out).await
         }
         Command::Nodes => nodes::list(ctx, out).await,
         Command::Task { task_id } => task_view::show(ctx, &task_id, out).await,

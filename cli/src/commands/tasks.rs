@@ -13,6 +13,67 @@ use crate::chunked;
 use crate::client::Reply;
 use crate::envelope::inserted_ids;
 
+/// What `tasks` searches for, beside (or instead of) a filter's JSON: each flag one key of
+/// `GET /tasks`' filter, checked by the server as if written in the JSON.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct TaskSearch {
+    /// Tasks of this queue (name or id).
+    #[arg(long, value_name = "QUEUE")]
+    pub queue: Option<String>,
+    /// A status code (-2, 1, …) or word: queued, retrying, claimed, running, succeeded,
+    /// failed (every status >= 2), discarded, terminated, blocked, cancelled, orphaned.
+    #[arg(long, value_name = "STATUS", allow_hyphen_values = true)]
+    pub status: Option<String>,
+    /// Tasks claimed or run by this node.
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// Changed (mtime) at or after: ISO-8601 UTC, epoch seconds, or a span back from now on
+    /// the fleet's clock (the database server's): 90s, 30m, 2h, 7d.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Changed before; the same forms as --since.
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+    /// params.PATH equal to VALUE (JSON where it parses, else text, as create-task reads
+    /// values), within one --queue; repeatable. A search no index serves needs --since or
+    /// --bound.
+    #[arg(long = "param", value_name = "PATH=VALUE")]
+    pub params: Vec<String>,
+    /// Read at most this many tasks in a search no index serves (at most 1000): the server's
+    /// `limit`, where --limit is Disbatch's `.limit`, a page size.
+    #[arg(long, value_name = "N")]
+    pub bound: Option<u64>,
+}
+
+impl TaskSearch {
+    /// The filter keys the flags give.
+    fn keys(&self) -> anyhow::Result<Map<String, Value>> {
+        let mut keys = Map::new();
+        for (key, value) in [
+            ("queue", &self.queue),
+            ("node", &self.node),
+            ("since", &self.since),
+            ("until", &self.until),
+        ] {
+            if let Some(v) = value {
+                keys.insert(key.into(), json!(v));
+            }
+        }
+        if let Some(s) = &self.status {
+            // A code is sent as a number, as Disbatch searched it; a word as a word.
+            let code = s.trim().parse::<i64>().ok();
+            keys.insert("status".into(), code.map_or_else(|| json!(s), |c| json!(c)));
+        }
+        if let Some(n) = self.bound {
+            keys.insert("limit".into(), json!(n));
+        }
+        for (path, value) in key_values(&self.params)? {
+            keys.insert(format!("params.{path}"), value);
+        }
+        Ok(keys)
+    }
+}
+
 /// The `tasks` options, sent as Disbatch's dot options.
 #[derive(Debug, Clone, Default)]
 pub struct QueryOptions {
@@ -73,6 +134,7 @@ fn key_values(args: &[String]) -> anyhow::Result<Map<String, Value>> {
 /// merged them, so a filter may carry its own `.limit`).
 pub fn tasks_body(
     filter: Option<&str>,
+    search: &TaskSearch,
     options: &QueryOptions,
 ) -> anyhow::Result<Map<String, Value>> {
     let mut body = Map::new();
@@ -97,22 +159,33 @@ pub fn tasks_body(
             body.insert(key.into(), json!(1));
         }
     }
+    let mut keys = Map::new();
     if let Some(filter) = filter {
         match serde_json::from_str::<Value>(filter) {
-            Ok(Value::Object(filter)) => body.extend(filter),
+            Ok(Value::Object(filter)) => keys.extend(filter),
             _ => bail!("Invalid filter is not a JSON object: '{filter}'"),
         }
     }
+    for (key, value) in search.keys()? {
+        if keys.contains_key(&key) {
+            return Err(crate::exit::usage(format!(
+                "'{key}' is given both in the filter and by a flag: give it once"
+            )));
+        }
+        keys.insert(key, value);
+    }
+    body.extend(keys);
     Ok(body)
 }
 
 pub async fn query(
     ctx: &Ctx,
     filter: Option<&str>,
+    search: &TaskSearch,
     options: &QueryOptions,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    let body = Value::Object(tasks_body(filter, options)?);
+    let body = Value::Object(tasks_body(filter, search, options)?);
     let reply = ctx
         .client
         .call(Method::GET, &["tasks"], Some(&body))
@@ -389,7 +462,7 @@ mod tests {
     #[test]
     fn default_body_is_just_the_limit() {
         assert_eq!(
-            Value::Object(tasks_body(None, &options()).unwrap()),
+            Value::Object(tasks_body(None, &TaskSearch::default(), &options()).unwrap()),
             json!({".limit": 20})
         );
     }
@@ -406,7 +479,12 @@ mod tests {
             pretty: true,
             ..options()
         };
-        let body = tasks_body(Some(r#"{"queue":"demo","status":-2}"#), &opts).unwrap();
+        let body = tasks_body(
+            Some(r#"{"queue":"demo","status":-2}"#),
+            &TaskSearch::default(),
+            &opts,
+        )
+        .unwrap();
         assert_eq!(
             Value::Object(body),
             json!({"queue": "demo", "status": -2, ".limit": 20, ".skip": 5, ".count": 1,
@@ -415,22 +493,60 @@ mod tests {
     }
 
     #[test]
+    fn search_flags_add_filter_keys_and_may_not_repeat_one() {
+        let search = TaskSearch {
+            queue: Some("words".into()),
+            status: Some("-2".into()),
+            node: Some("n1".into()),
+            since: Some("1h".into()),
+            until: Some("2030-01-01T00:00:00Z".into()),
+            params: vec!["text=\"a b\"".into(), "n=1".into(), "who=ada".into()],
+            bound: Some(100),
+        };
+        let body = tasks_body(None, &search, &options()).unwrap();
+        assert_eq!(
+            Value::Object(body),
+            json!({".limit": 20, "queue": "words", "status": -2, "node": "n1", "since": "1h",
+                   "until": "2030-01-01T00:00:00Z", "limit": 100,
+                   "params.text": "a b", "params.n": 1, "params.who": "ada"})
+        );
+        let word = TaskSearch {
+            status: Some("failed".into()),
+            ..TaskSearch::default()
+        };
+        let body = tasks_body(None, &word, &options()).unwrap();
+        assert_eq!(body["status"], json!("failed"));
+        let err = tasks_body(Some(r#"{"status": 1}"#), &word, &options())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'status' is given both"), "{err}");
+        let bad = TaskSearch {
+            params: vec!["nokey".into()],
+            ..TaskSearch::default()
+        };
+        assert!(tasks_body(None, &bad, &options()).is_err());
+    }
+
+    #[test]
     fn the_filter_wins_over_options() {
-        let body = tasks_body(Some(r#"{".limit": 3}"#), &options()).unwrap();
+        let body =
+            tasks_body(Some(r#"{".limit": 3}"#), &TaskSearch::default(), &options()).unwrap();
         assert_eq!(Value::Object(body), json!({".limit": 3}));
     }
 
     #[test]
     fn filters_must_be_objects() {
         for bad in ["[]", "3", "not json", ""] {
-            let err = tasks_body(Some(bad), &options()).unwrap_err().to_string();
+            let err = tasks_body(Some(bad), &TaskSearch::default(), &options())
+                .unwrap_err()
+                .to_string();
             assert_eq!(err, format!("Invalid filter is not a JSON object: '{bad}'"));
         }
         let opts = QueryOptions {
             fields: Some("[oops".into()),
             ..options()
         };
-        assert!(tasks_body(None, &opts)
+        assert!(tasks_body(None, &TaskSearch::default(), &opts)
             .unwrap_err()
             .to_string()
             .contains("--fields"));

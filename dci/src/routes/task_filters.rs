@@ -118,7 +118,7 @@ pub fn check_bounded(invalid: &[String], extras: &Extras, count: bool) -> Result
     })
 }
 
-const DATE_FORMS: &str = "an ISO-8601 UTC time (\"2030-01-01T00:00:00Z\") or epoch seconds";
+const DATE_FORMS: &str = "an ISO-8601 UTC time (\"2030-01-01T00:00:00Z\"), epoch seconds, or a span back from now (\"90s\", \"30m\", \"2h\", \"7d\")";
 
 fn date(v: Option<Value>, name: &str) -> Result<Option<DateTime>, ApiError> {
     let bad = |v: &Value| ApiError::bad_request(format!("{name} must be {DATE_FORMS}, not {v}"));
@@ -126,6 +126,13 @@ fn date(v: Option<Value>, name: &str) -> Result<Option<DateTime>, ApiError> {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if s.is_empty() => Ok(None),
         Some(Value::String(s)) => {
+            // Back from now on the fleet's clock (the database server's), as every DEN reads
+            // time: "the last hour" is the same hour whichever host asks.
+            if let Some(back) = span_back(s.trim()) {
+                let now = disbatch_core::fleet_time::now().timestamp_millis();
+                let ms = i64::try_from(back.as_millis()).unwrap_or(i64::MAX);
+                return Ok(Some(DateTime::from_millis(now.saturating_sub(ms))));
+            }
             if let Ok(secs) = s.trim().parse::<f64>() {
                 return seconds(secs)
                     .map(Some)
@@ -145,6 +152,23 @@ fn date(v: Option<Value>, name: &str) -> Result<Option<DateTime>, ApiError> {
     }
 }
 
+/// "90s", "30m", "2h", "7d", "1w": a span of at most 100 years, or None.
+fn span_back(s: &str) -> Option<std::time::Duration> {
+    let unit = s.chars().last()?;
+    let per = match unit {
+        's' => 1.0,
+        'm' => 60.0,
+        'h' => 3600.0,
+        'd' => 86_400.0,
+        'w' => 604_800.0,
+        _ => return None,
+    };
+    let n: f64 = s[..s.len() - unit.len_utf8()].trim().parse().ok()?;
+    let secs = n * per;
+    (secs.is_finite() && (0.0..=100.0 * 365.25 * 86_400.0).contains(&secs))
+        .then(|| std::time::Duration::from_secs_f64(secs))
+}
+
 fn seconds(s: f64) -> Option<DateTime> {
     // Beyond about ±292 million years milliseconds overflow an i64.
     (s.is_finite() && s.abs() < 9.0e12).then(|| DateTime::from_millis((s * 1000.0) as i64))
@@ -154,6 +178,34 @@ fn seconds(s: f64) -> Option<DateTime> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn spans_back_from_now_are_read_in_their_units() {
+        use std::time::Duration;
+        assert_eq!(span_back("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(span_back("30m"), Some(Duration::from_secs(1800)));
+        assert_eq!(span_back("1.5h"), Some(Duration::from_secs(5400)));
+        assert_eq!(span_back("7d"), Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(span_back("1w"), Some(Duration::from_secs(604_800)));
+        for bad in ["", "h", "-1h", "1y", "NaNh", "infd", "1e12d", "12"] {
+            assert_eq!(span_back(bad), None, "{bad:?}");
+        }
+        let before = disbatch_core::fleet_time::now().timestamp_millis();
+        let back = date(Some(Value::from("1h")), "since")
+            .expect("a span")
+            .expect("a date")
+            .timestamp_millis();
+        let after = disbatch_core::fleet_time::now().timestamp_millis();
+        assert!(
+            (before - 3_600_000..=after - 3_600_000).contains(&back),
+            "{before} {back} {after}"
+        );
+        let err = date(Some(Value::from("yesterday")), "since").unwrap_err();
+        assert!(
+            format!("{err:?}").contains("a span back from now"),
+            "{err:?}"
+        );
+    }
 
     #[test]
     fn words_become_terms_and_codes() {
