@@ -402,6 +402,10 @@ async fn an_output_too_large_for_its_record_is_kept_in_gridfs_and_read_back_whol
     assert_eq!(back.as_array().map(Vec::len), Some(ZEROS));
     let text = stdout(&dci.cli(&["task", &hex_id]));
     assert!(
+        text.contains(&format!("huge ({})", queue.to_hex())),
+        "the queue by name: {text}"
+    );
+    assert!(
         text.contains(&format!(
             "({bytes} bytes of JSON, too large to show here; disbatch result {hex_id} --attempt "
         )),

@@ -112,10 +112,16 @@ pub async fn show(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Resu
             "ctime" | "mtime" | "not_before" | "lease_until" => {
                 lines.push((key.clone(), date(Some(value))))
             }
-            "queue" => lines.push((
-                key.clone(),
-                oid(value).map_or_else(|| cell(Some(value)), str::to_string),
-            )),
+            "queue" => {
+                let shown = match oid(value) {
+                    Some(id) => match queue_name(ctx, id).await {
+                        Some(name) => format!("{name} ({id})"),
+                        None => id.to_string(),
+                    },
+                    None => cell(Some(value)),
+                };
+                lines.push((key.clone(), shown));
+            }
             "stdout" | "stderr" => lines.push((key.clone(), output_summary(value))),
             "held" => lines.push((key.clone(), held_line(value))),
             // Shown below the fields, as a block of pretty JSON.
@@ -138,6 +144,17 @@ pub async fn show(ctx: &Ctx, task_id: &str, out: &mut dyn Write) -> anyhow::Resu
         write_output(t.get("output"), t.get("output_omitted"), &whole, out)?;
     }
     Ok(())
+}
+
+/// The name of queue `id`, by one `GET /queues/:id`; None for a queue deleted since (or
+/// one that cannot be read), which is then shown by its id.
+async fn queue_name(ctx: &Ctx, id: &str) -> Option<String> {
+    let reply = ctx
+        .client
+        .call(Method::GET, &["queues", id], None)
+        .await
+        .ok()?;
+    reply.value.get("name")?.as_str().map(str::to_string)
 }
 
 /// Ids as the hex they are: the server writes an ObjectId as `{"$oid": "…"}`, at any depth.
