@@ -28,6 +28,7 @@ const PIPE_CAPACITY: usize = 64 * 1024;
 /// A runner this process started (or a task handed to its worker host), while it lives.
 #[derive(Debug, Clone)]
 pub(crate) struct Live {
+    pub task: ObjectId,
     pub pid: u32,
     pub queue: ObjectId,
     pub slot: Option<u32>,
@@ -90,7 +91,8 @@ pub struct Executor {
     node: String,
     /// The whole environment of every runner (`runner_env`): nothing else of this node's.
     env: Arc<Vec<(OsString, OsString)>>,
-    /// Runners started by this process and still alive.
+    /// Runners started by this process and still alive, by attempt: a retry of a task may
+    /// start before the runner of its last attempt has exited.
     pub(crate) live: Arc<Mutex<HashMap<ObjectId, Live>>>,
     /// Runners that exited since the claimer last looked.
     exited: Arc<Mutex<Vec<Exited>>>,
@@ -104,7 +106,7 @@ pub struct Executor {
     /// Settles what waits on the tasks in `waited_for` when they end; None leaves it to the
     /// maintenance leader's sweep.
     releaser: Option<Releaser>,
-    /// Live tasks that others wait for (marked so when claimed).
+    /// Live attempts of tasks that others wait for (marked so when claimed).
     waited_for: Arc<Mutex<HashSet<ObjectId>>>,
 }
 
@@ -144,8 +146,8 @@ impl Executor {
         if self.releaser.is_none() || !disbatch_core::store::is_waited_for(&handoff.task) {
             return;
         }
-        if let (Some(task), Ok(mut w)) = (handoff.task_id(), self.waited_for.lock()) {
-            w.insert(task);
+        if let Ok(mut w) = self.waited_for.lock() {
+            w.insert(handoff.attempt);
         }
         if let Some(r) = &self.releaser {
             r.saw_waited_for();
@@ -175,7 +177,7 @@ impl Executor {
     pub fn runners(&self) -> Vec<(ObjectId, u32)> {
         self.live
             .lock()
-            .map(|l| l.iter().map(|(t, r)| (*t, r.pid)).collect())
+            .map(|l| l.values().map(|r| (r.task, r.pid)).collect())
             .unwrap_or_default()
     }
 
@@ -195,26 +197,29 @@ impl Executor {
     /// Sends SIGUSR1 to the runner of `task`, if this process started it: the runner then
     /// renews its lease at once and finds out what the database asks of it.
     pub fn wake_runner(&self, task: ObjectId) {
-        let pid = self
+        // Every runner of the task: the one of its last attempt may still be finishing.
+        let runners: Vec<(u32, bool)> = self
             .live
             .lock()
-            .ok()
-            .and_then(|l| l.get(&task).map(|r| r.pid));
-        let hosted = self
-            .live
-            .lock()
-            .ok()
-            .is_some_and(|l| l.get(&task).is_some_and(|r| r.hosted));
-        if hosted {
-            self.wake_hosted(task);
-            return;
-        }
-        let Some(pid) = pid.filter(|p| *p > 1) else {
-            return;
-        };
-        let pid = nix::unistd::Pid::from_raw(pid as i32);
-        if let Err(e) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1) {
-            tracing::debug!(task = %task, %pid, error = %e, "could not wake the task runner");
+            .map(|l| {
+                l.values()
+                    .filter(|r| r.task == task)
+                    .map(|r| (r.pid, r.hosted))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (pid, hosted) in runners {
+            if hosted {
+                self.wake_hosted(task);
+                continue;
+            }
+            if pid <= 1 {
+                continue;
+            }
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            if let Err(e) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1) {
+                tracing::debug!(task = %task, %pid, error = %e, "could not wake the task runner");
+            }
         }
     }
 
@@ -312,6 +317,7 @@ impl Executor {
         });
         if let Ok(mut live) = self.live.lock() {
             let runner = Live {
+                task,
                 pid: pid.unwrap_or(0),
                 queue,
                 slot,
@@ -319,7 +325,7 @@ impl Executor {
                 started: Instant::now(),
                 hosted: false,
             };
-            live.insert(task, runner);
+            live.insert(handoff.attempt, runner);
         }
         let executor = self.clone();
         let deaths = self.deaths.clone();
@@ -358,7 +364,7 @@ impl Executor {
                     .unwrap_or(Outcome::UNKNOWN),
                 (None, None) => Outcome::UNKNOWN,
             };
-            executor.task_ended(task, success, outcome);
+            executor.task_ended(task, attempt, success, outcome);
         });
         tracing::debug!(task = %task, ?pid, "started task runner");
         Ok(())
@@ -366,13 +372,20 @@ impl Executor {
 }
 
 impl Executor {
-    /// A task's runner exited (or its host reported it ended): its slot is free.
-    pub(crate) fn task_ended(&self, task: ObjectId, success: bool, outcome: Outcome) {
-        let waited_for = self.waited_for.lock().is_ok_and(|mut w| w.remove(&task));
+    /// The runner of a task's `attempt` exited (or its host reported it ended): its slot is
+    /// free.
+    pub(crate) fn task_ended(
+        &self,
+        task: ObjectId,
+        attempt: ObjectId,
+        success: bool,
+        outcome: Outcome,
+    ) {
+        let waited_for = self.waited_for.lock().is_ok_and(|mut w| w.remove(&attempt));
         if let (true, Some(releaser)) = (waited_for, &self.releaser) {
             releaser.task_ended(task);
         }
-        let runner = self.live.lock().ok().and_then(|mut l| l.remove(&task));
+        let runner = self.live.lock().ok().and_then(|mut l| l.remove(&attempt));
         if let (Some(runner), Ok(mut exited)) = (runner, self.exited.lock()) {
             exited.push(Exited {
                 task,

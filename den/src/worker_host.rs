@@ -63,8 +63,9 @@ impl Executor {
         // Registered before the frame goes: the host may report it ended at once.
         if let Ok(mut live) = self.live.lock() {
             live.insert(
-                task,
+                handoff.attempt,
                 Live {
+                    task,
                     pid: handle.pid,
                     queue,
                     slot,
@@ -76,7 +77,7 @@ impl Executor {
         }
         if handle.frames.send(frame).is_err() {
             if let Ok(mut live) = self.live.lock() {
-                live.remove(&task);
+                live.remove(&handoff.attempt);
             }
             return Err(std::io::Error::other("the worker host is gone"));
         }
@@ -172,9 +173,9 @@ impl Executor {
             .live
             .lock()
             .map(|l| {
-                l.iter()
-                    .filter(|(_, r)| r.hosted && r.pid == pid)
-                    .map(|(t, r)| (*t, r.attempt))
+                l.values()
+                    .filter(|r| r.hosted && r.pid == pid)
+                    .map(|r| (r.task, r.attempt))
                     .collect()
             })
             .unwrap_or_default();
@@ -191,7 +192,7 @@ impl Executor {
                 }
                 None => None,
             };
-            self.task_ended(task, false, outcome.unwrap_or(Outcome::UNKNOWN));
+            self.task_ended(task, attempt, false, outcome.unwrap_or(Outcome::UNKNOWN));
         }
     }
 }
@@ -201,7 +202,8 @@ async fn read_ended(executor: &Executor, pid: u32, mut stdout: BufReader<ChildSt
     loop {
         match read_frame(&mut stdout).await {
             Ok(Some(d)) => {
-                let Ok(task) = d.get_object_id(ENDED) else {
+                let (Ok(task), Ok(attempt)) = (d.get_object_id(ENDED), d.get_object_id("attempt"))
+                else {
                     tracing::warn!(
                         host = pid,
                         "an unreadable report from the worker host was skipped"
@@ -213,7 +215,7 @@ async fn read_ended(executor: &Executor, pid: u32, mut stdout: BufReader<ChildSt
                     task_discarded: d.get_bool("task_discarded").unwrap_or(false),
                     retry_at: d.get_datetime("retry_at").ok().copied(),
                 };
-                executor.task_ended(task, true, outcome);
+                executor.task_ended(task, attempt, true, outcome);
             }
             Ok(None) => return,
             Err(e) => {

@@ -260,8 +260,26 @@ impl Den {
     }
 }
 
+/// How much of a node's log a failing test prints: the end, where the failure is.
+const LOG_TAIL_ON_PANIC: usize = 40_000;
+
 impl Drop for Den {
     fn drop(&mut self) {
+        // A failing test's message says what it waited for; the node's log says why it never
+        // came, and the test's directory is gone once the test ends.
+        if std::thread::panicking() {
+            let log = self.own_log();
+            let mut from = log.len().saturating_sub(LOG_TAIL_ON_PANIC);
+            while !log.is_char_boundary(from) {
+                from += 1;
+            }
+            eprintln!(
+                "--- log of node {} (its last {} bytes) ---\n{}",
+                self.node,
+                log.len() - from,
+                &log[from..]
+            );
+        }
         if let Some(mut child) = self.child.take() {
             let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
             std::thread::sleep(Duration::from_millis(100));

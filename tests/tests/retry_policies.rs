@@ -198,6 +198,68 @@ async fn a_task_out_of_attempts_or_refusing_a_retry_is_discarded_and_a_disbatch_
     db.drop().await;
 }
 
+/// Every attempt's end is counted once by the node that ran it, and every slot it held comes
+/// back, even when a retry starts (in a free slot of its queue) before the runner of the
+/// attempt before it has exited: both runners of one task are alive then.
+#[tokio::test]
+async fn retries_that_overlap_their_last_runner_are_each_counted_and_free_their_slots() {
+    let db = TestDb::new("retry_overlap").await;
+    let config = write_config(&db, "node.json", json!({}));
+    const TASKS: usize = 40;
+    const ATTEMPTS: usize = 8;
+    let policy = doc! {"max_attempts": ATTEMPTS as i32, "base_s": 0, "jitter": 0};
+    // Runners of their own, and the worker host's.
+    let own = db.insert_queue("own", "echo", 4).await;
+    db.set_queue(own, doc! {"retry": policy.clone()}).await;
+    let hosted = db.insert_queue("hosted", "echo", 4).await;
+    db.set_queue(hosted, doc! {"retry": policy, "worker": "persistent"})
+        .await;
+    let failing = || (0..TASKS).map(|_| doc! {"exit_code": 5}.into()).collect();
+    let mut tasks = db.insert_tasks(own, failing()).await;
+    tasks.extend(db.insert_tasks(hosted, failing()).await);
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&tasks, Duration::from_secs(240)).await;
+    for t in &tasks {
+        let task = db.task(*t).await;
+        assert_eq!(
+            task.get_i32("attempts").ok(),
+            Some(ATTEMPTS as i32),
+            "{task}"
+        );
+        assert!(task.get_datetime("discarded_at").is_ok(), "{task}");
+    }
+    // The node counts an end when it takes its runner's exit; all the runners have exited
+    // once the gauge of live ones is back to 0 for both queues, and no end was missed.
+    let retries = ((ATTEMPTS - 1) * TASKS) as f64;
+    for queue in ["own", "hosted"] {
+        let metric = |name: &str| format!("{name}{{queue=\"{queue}\"}}");
+        let retried =
+            format!("disbatch_den_tasks_finished_total{{outcome=\"retry\",queue=\"{queue}\"}}");
+        disbatch_tests::wait_for(
+            &format!("every end in {queue} counted and its runners gone"),
+            Duration::from_secs(60),
+            || async {
+                den.metric(&metric("disbatch_den_tasks_discarded_total"))
+                    .await
+                    == TASKS as f64
+                    && den.metric(&retried).await == retries
+                    && den.metric(&metric("disbatch_den_runners")).await == 0.0
+            },
+        )
+        .await;
+    }
+    // Every slot came back: a new task of each queue runs.
+    let again = vec![
+        db.insert_tasks(own, vec![doc! {}.into()]).await[0],
+        db.insert_tasks(hosted, vec![doc! {}.into()]).await[0],
+    ];
+    db.set_queue(own, doc! {"retry": Bson::Null}).await;
+    db.set_queue(hosted, doc! {"retry": Bson::Null}).await;
+    db.wait_complete(&again, Duration::from_secs(60)).await;
+    drop(den);
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn a_policy_retries_only_the_failures_it_names() {
     let db = TestDb::new("retry_on").await;
