@@ -17,6 +17,50 @@ pub fn storable_document(v: &Value, path: &str) -> Result<Document, String> {
     }
 }
 
+/// Most BSON bytes a task's params may hold: a task document is at most 16 MiB, and the
+/// rest is room for what claims, ends and a batch's report add to it. A task refused for
+/// this at its creation is better than one no claim or settle can ever write.
+pub const MAX_PARAMS_BYTES: usize = 15 * 1024 * 1024;
+
+/// A task's params: a storable document (`storable_document`) of at most
+/// `MAX_PARAMS_BYTES`.
+pub fn task_params(v: &Value, path: &str) -> Result<Document, String> {
+    let d = storable_document(v, path)?;
+    check_params_size(&d, path)?;
+    Ok(d)
+}
+
+/// Refuses params over `MAX_PARAMS_BYTES` of BSON, naming their size.
+pub fn check_params_size(d: &Document, path: &str) -> Result<(), String> {
+    let bytes = bson_size(d);
+    if bytes > MAX_PARAMS_BYTES {
+        return Err(format!(
+            "{path} is {bytes} bytes as BSON; a task's params hold at most {MAX_PARAMS_BYTES} (15 MiB), the rest of its 16 MiB document being room for its claims and results"
+        ));
+    }
+    Ok(())
+}
+
+/// A document's BSON size, counted without a copy.
+pub fn bson_size(d: &Document) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Counter(0);
+    // Writing to a counter fails only on a document no server would take either.
+    match d.to_writer(&mut c) {
+        Ok(()) => c.0,
+        Err(_) => usize::MAX,
+    }
+}
+
 /// Any JSON value as BSON to store; see `storable_document`.
 pub fn storable(v: &Value, path: &str) -> Result<Bson, String> {
     match v {
@@ -149,6 +193,19 @@ fn nul_in_regex(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn params_past_15_mib_are_refused_with_their_size_and_those_under_taken() {
+        let under = serde_json::json!({"pad": "x".repeat(MAX_PARAMS_BYTES - 100)});
+        assert!(task_params(&under, "params").is_ok());
+        let over = serde_json::json!({"pad": "x".repeat(MAX_PARAMS_BYTES)});
+        let e = task_params(&over, "callback.params").expect_err("over");
+        assert!(
+            e.starts_with("callback.params is 15728655 bytes as BSON"),
+            "{e}"
+        );
+        assert_eq!(bson_size(&bson::doc! {}), 5);
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -41,7 +41,7 @@ impl OnDependencyFailure {
 
 /// What a graph node names as a dependency: another node of the same request by its name, or
 /// a task that already exists by its id.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DependencyRef {
     Name(String),
     Task(ObjectId),

@@ -5,7 +5,7 @@ use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::render::{canonical, pretty_text};
@@ -34,6 +34,46 @@ pub fn array_response(
     (
         [(header::CONTENT_TYPE, "application/json")],
         Body::from_stream(fragments),
+    )
+        .into_response()
+}
+
+/// The compact response for the object `head` with one more member, `key`, last: an array
+/// sent element by element. The same bytes as the whole object rendered at once when `key`
+/// sorts after `head`'s keys; memory bounded by one element.
+pub fn object_with_array_response(
+    head: Map<String, Value>,
+    key: &str,
+    items: impl Stream<Item = Result<Value, ApiError>> + Send + 'static,
+) -> Response {
+    let mut head = Value::Object(head);
+    canonical(&mut head);
+    let mut opening = serde_json::to_string(&head).unwrap_or_else(|_| "{}".into());
+    opening.pop();
+    if opening.len() > 1 {
+        opening.push(',');
+    }
+    opening.push_str(&serde_json::to_string(key).unwrap_or_else(|_| "\"\"".into()));
+    opening.push_str(":[");
+    let elements = items.enumerate().map(|(i, item)| match item {
+        Ok(mut value) => {
+            canonical(&mut value);
+            let text = serde_json::to_string(&value).unwrap_or_else(|_| "null".into());
+            Ok(Bytes::from(if i == 0 { text } else { format!(",{text}") }))
+        }
+        Err(e) => {
+            tracing::error!(status = %e.status, error = %e.body, "a streamed response was cut short");
+            Err(std::io::Error::other(e.body.to_string()))
+        }
+    });
+    let body = futures::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(opening)) })
+        .chain(elements)
+        .chain(futures::stream::once(async move {
+            Ok::<_, std::io::Error>(Bytes::from_static(b"]}"))
+        }));
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(body),
     )
         .into_response()
 }
@@ -90,5 +130,40 @@ mod tests {
             };
             assert_eq!(whole(&values, pretty), expected, "pretty: {pretty}");
         }
+    }
+
+    async fn body_of(r: Response) -> String {
+        let bytes = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    #[tokio::test]
+    async fn an_object_with_a_streamed_array_is_the_whole_object() {
+        let head = json!({"b": {"y": 1, "x": 2}, "a": null});
+        let items = [json!({"z": 1, "c": [2]}), json!("s")];
+        for n in [0, 1, 2] {
+            let mut whole = head.clone();
+            whole["tasks"] = Value::Array(items[..n].to_vec());
+            canonical(&mut whole);
+            let Value::Object(m) = head.clone() else {
+                unreachable!()
+            };
+            let stream = futures::stream::iter(Vec::from(&items[..n]).into_iter().map(Ok));
+            let got = body_of(object_with_array_response(m, "tasks", stream)).await;
+            assert_eq!(
+                got,
+                serde_json::to_string(&whole).expect("json"),
+                "{n} items"
+            );
+        }
+        let got = body_of(object_with_array_response(
+            Map::new(),
+            "t",
+            futures::stream::empty(),
+        ))
+        .await;
+        assert_eq!(got, r#"{"t":[]}"#);
     }
 }

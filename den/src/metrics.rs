@@ -22,7 +22,14 @@ const TASK_BUCKETS: &[f64] = &[
 ];
 const WAKEUP_SOURCES: &[&str] = &["timer", "change_stream", "runner_exit", "retry_due"];
 const RECOVERIES: &[&str] = &["requeue", "orphan", "cancel", "fail", "discard"];
-const DEPENDENCY_SETTLEMENTS: [&str; 4] = ["settled", "released", "cancelled", "callbacks"];
+const DEPENDENCY_SETTLEMENTS: [&str; 6] = [
+    "settled",
+    "released",
+    "cancelled",
+    "callbacks",
+    "callbacks_failed",
+    "errors",
+];
 const RESULT_ANSWERS: &[&str] = &["recorded", "not_ours", "record_yourself"];
 const LIVE_COPY_RESULTS: &[&str] = &["written", "not_written", "dropped"];
 /// How a task runner's attempt ended, as its attempt record (collection `attempts`) says,
@@ -223,7 +230,7 @@ impl Default for Inner {
             dependencies: counter_vec(
                 &registry,
                 "disbatch_den_dependencies_total",
-                "Workflow dependencies this node settled (for tasks its runners ended, or, as maintenance leader, for any ended task still marked as waited for), by what came of it: settled (ended tasks whose dependents were looked at), released (waiting tasks queued), cancelled (waiting tasks cancelled because a dependency failed or was cancelled), callbacks (batch callbacks released, each once). Tasks waiting now: disbatch_queue_tasks{status=\"blocked\"} on the DCI",
+                "Workflow dependencies this node settled (for tasks its runners ended, or, as maintenance leader, for any ended task still marked as waited for), by what came of it: settled (ended tasks whose dependents were looked at), released (waiting tasks queued), cancelled (waiting tasks cancelled because a dependency failed or was cancelled), callbacks (batch callbacks released, each once), callbacks_failed (batch callbacks failed instead: their documents could not take the batch's outcome), errors (writes that failed and were left to the next settle; logged). Tasks waiting now: disbatch_queue_tasks{status=\"blocked\"} on the DCI",
                 &["how"],
             ),
             results: counter_vec(
@@ -489,7 +496,14 @@ impl DenMetrics {
 
     /// What settling ended tasks' dependents did.
     pub fn dependencies_settled(&self, s: &disbatch_core::store::Settled) {
-        let counts = [s.settled, s.released, s.cancelled, s.callbacks];
+        let counts = [
+            s.settled,
+            s.released,
+            s.cancelled,
+            s.callbacks,
+            s.callbacks_failed,
+            s.errors,
+        ];
         for (how, n) in DEPENDENCY_SETTLEMENTS.iter().zip(counts) {
             if n > 0 {
                 if let Ok(c) = self.inner.dependencies.get_metric_with_label_values(&[how]) {

@@ -104,6 +104,11 @@ impl Dci {
         kill(pid, Signal::SIGHUP).expect("SIGHUP disbatch-web");
     }
 
+    /// Its process id (to read its memory in /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

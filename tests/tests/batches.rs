@@ -247,3 +247,168 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
     assert_eq!(stored, 2, "refused batches store nothing");
     drop(den);
 }
+
+/// Peak resident memory (VmHWM) of a process, in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    disbatch_tests::bench::procfs::peak_rss_kib(pid).expect("VmHWM") / 1024
+}
+
+/// Grows a task's params by hand (as ops might) until its document is `room` bytes short of
+/// the server's 16 MiB: it is stored, but no write that adds to it can be.
+async fn grow_to_the_limit(db: &TestDb, id: ObjectId, room: usize) {
+    let tasks = db.db.collection::<Document>("tasks");
+    tasks
+        .update_one(doc! {"_id": id}, doc! {"$set": {"params.pad": ""}})
+        .await
+        .expect("pad");
+    let raw = db
+        .db
+        .collection::<bson::RawDocumentBuf>("tasks")
+        .find_one(doc! {"_id": id})
+        .await
+        .expect("read")
+        .expect("the task");
+    let pad = 16 * 1024 * 1024 - raw.as_bytes().len() - room;
+    tasks
+        .update_one(
+            doc! {"_id": id},
+            doc! {"$set": {"params.pad": "x".repeat(pad)}},
+        )
+        .await
+        .expect("grow the task to the limit");
+}
+
+/// One batch whose callback cannot be written never strands another's: a callback too large
+/// is refused at creation with its size; one grown by hand past what a release can write is
+/// failed, counted and logged while the 20 healthy batches around it complete; a batch whose
+/// member was grown so is still cancelled whole; and a callback at the limit runs.
+#[tokio::test]
+async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() {
+    let db = TestDb::new("batch_big").await;
+    let quiet = db.script("quiet.sh", "exit 0");
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"plugins": {"quiet": quiet, "echo": disbatch_tests::echo_plugin()}}),
+    );
+    let members = db.insert_queue("bqp", "echo", 0).await;
+    db.insert_queue("cbq", "quiet", 2).await;
+    let dci = Dci::start(&config);
+    let batch = |params: Value| {
+        json!({"tasks": [{"queue": "bqp", "params": {"m": 1}}],
+               "callback": {"queue": "cbq", "params": params}})
+    };
+    let mut healthy = Vec::new();
+    for k in 0..10 {
+        let (s, out) = dci.post("/batches", batch(json!({"healthy": k}))).await;
+        assert_eq!(s, 200, "{out}");
+        healthy.push(oid(&out["callback"]));
+    }
+    // Creation refuses it whole, naming the size; nothing of it is stored.
+    let (s, out) = dci
+        .post("/batches", batch(json!({"pad": "x".repeat(16_776_990)})))
+        .await;
+    assert_eq!(s, 400, "{out}");
+    let error = out["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(
+            "callback.params is 16777005 bytes as BSON; a task's params hold at most 15728640"
+        ),
+        "{out}"
+    );
+    assert_eq!(
+        db.db
+            .collection::<Document>("batches")
+            .count_documents(doc! {})
+            .await
+            .expect("count"),
+        10
+    );
+    // Just under the limit: stored, and it runs.
+    let (s, out) = dci
+        .post(
+            "/batches",
+            batch(json!({"pad": "x".repeat(15 * 1024 * 1024 - 100)})),
+        )
+        .await;
+    assert_eq!(s, 200, "{out}");
+    let at_limit = oid(&out["callback"]);
+    let peak = peak_rss_mib(dci.pid());
+    assert!(peak < 200, "the DCI peaked at {peak} MiB");
+    // Grown by hand after creation: no room for the batch's outcome.
+    let (s, out) = dci.post("/batches", batch(json!({"grown": true}))).await;
+    assert_eq!(s, 200, "{out}");
+    let grown = oid(&out["callback"]);
+    grow_to_the_limit(&db, grown, 30).await;
+    // A member grown so: its batch is still cancelled whole, the member without its reason.
+    let (s, out) = dci
+        .post("/batches", batch(json!({"cancelled": true})))
+        .await;
+    assert_eq!(s, 200, "{out}");
+    let (doomed, doomed_member) = (oid(&out["batch"]), oid(&out["ids"][0]));
+    let doomed_callback = oid(&out["callback"]);
+    grow_to_the_limit(&db, doomed_member, 30).await;
+    let (s, out) = dci
+        .post(&format!("/batches/{}/cancel", doomed.to_hex()), json!({}))
+        .await;
+    assert_eq!((s, &out["cancelled"]), (200, &json!(2)), "{out}");
+    assert_eq!(status(&db, doomed_member).await, Some(-5));
+    assert_eq!(status(&db, doomed_callback).await, Some(-5));
+    for k in 10..20 {
+        let (s, out) = dci.post("/batches", batch(json!({"healthy": k}))).await;
+        assert_eq!(s, 200, "{out}");
+        healthy.push(oid(&out["callback"]));
+    }
+    let den = Den::start(&config, "n1");
+    db.set_threads(members, 4).await;
+    let mut ran = healthy.clone();
+    ran.push(at_limit);
+    wait_for(
+        "every healthy callback to run",
+        Duration::from_secs(120),
+        || async {
+            for id in &ran {
+                if status(&db, *id).await != Some(1) {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    wait_for(
+        "the grown callback failed",
+        Duration::from_secs(60),
+        || async { status(&db, grown).await == Some(2) },
+    )
+    .await;
+    let task = db.task(grown).await;
+    assert!(
+        task.get("waiting_on").is_none(),
+        "{}",
+        task.get_i32("status").unwrap_or(0)
+    );
+    assert_eq!(
+        den.metric("disbatch_den_dependencies_total{how=\"callbacks_failed\"}")
+            .await,
+        1.0
+    );
+    assert!(
+        den.log_text()
+            .contains("too large to carry the batch's outcome"),
+        "{}",
+        den.log_text()
+    );
+    let (s, out) = dci
+        .get(&format!(
+            "/batches/{}",
+            task.get_object_id("batch_callback")
+                .map(|b| b.to_hex())
+                .unwrap_or_default()
+        ))
+        .await;
+    assert_eq!((s, &out["state"]), (200, &json!("failed")), "{out}");
+    drop(den);
+    drop(dci);
+    db.drop().await;
+}

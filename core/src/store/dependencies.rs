@@ -57,6 +57,10 @@ pub struct Settled {
     pub cancelled: u64,
     /// Batch callbacks released (each exactly once).
     pub callbacks: u64,
+    /// Batch callbacks failed instead: their documents could not take the batch's outcome.
+    pub callbacks_failed: u64,
+    /// Writes that failed and were skipped, for the next settle to try again.
+    pub errors: u64,
 }
 
 impl Settled {
@@ -66,6 +70,8 @@ impl Settled {
         self.released += other.released;
         self.cancelled += other.cancelled;
         self.callbacks += other.callbacks;
+        self.callbacks_failed += other.callbacks_failed;
+        self.errors += other.errors;
     }
 }
 

@@ -41,6 +41,7 @@ mod watch;
 mod web_nodes;
 mod web_queues;
 mod work_signal;
+mod workflow_views;
 mod workflows;
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -88,6 +89,7 @@ pub use users::{
 pub use watch::{InsertedTask, QueueEvent, WorkEvent, WorkSignal, WorkStream};
 pub use web_queues::QueueCounts;
 pub use work_signal::{CreatedSince, Queued, SIGNAL_SPACING};
+pub use workflow_views::WorkflowTaskStream;
 pub use workflows::{
     BatchTask, GraphTask, NewBatch, StatusCounts, WholeCancel, WorkflowSummary, WorkflowTask,
     BATCH_MEMBERS_SHOWN,

@@ -31,6 +31,17 @@ use crate::model::status;
 /// fan-in).
 pub(super) const SHORT: usize = 64;
 
+/// What a settler's look at a batch's callback came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Released {
+    /// Still waiting, or another settler moved it.
+    NotYet,
+    /// Queued with the batch's outcome.
+    Queued,
+    /// Failed: its document could not take the outcome.
+    Failed,
+}
+
 /// A waiting task as a round reads it: its first `SHORT + 1` waits tell whether it is short.
 struct Waiting {
     id: ObjectId,
@@ -126,10 +137,21 @@ impl Store {
                     .await?;
             }
             progress += self.pull_short(&partly, &ended_set, out).await?;
+            // One callback that cannot be written never keeps the others of the round (or of
+            // another tenant's batches) waiting: it is logged and counted, and the next settle
+            // or the leader's sweep tries it again.
             for (w, batch) in waiting.iter().filter_map(|w| w.batch.map(|b| (w, b))) {
-                if self.release_callback(w.id, w.queue, batch).await? {
-                    out.callbacks += 1;
-                    out.released += 1;
+                match self.release_callback(w.id, w.queue, batch).await {
+                    Ok(Released::Queued) => {
+                        out.callbacks += 1;
+                        out.released += 1;
+                    }
+                    Ok(Released::Failed) => out.callbacks_failed += 1,
+                    Ok(Released::NotYet) => {}
+                    Err(e) => {
+                        out.errors += 1;
+                        tracing::warn!(task = %w.id, batch = %batch, error = %e, "could not release a batch's callback; skipped this round");
+                    }
                 }
             }
             // Not a full round: every task that waits for `ended` was in it, and each was
@@ -284,13 +306,15 @@ impl Store {
     }
 
     /// Releases a batch's callback once every member has ended, its params then carrying the
-    /// batch's outcome; true for the one settler whose write moved it (exactly once).
+    /// batch's outcome; `Queued` or `Failed` for the one settler whose write moved it (exactly
+    /// once). A callback whose document cannot take the outcome (its params grown by hand past
+    /// what creation allows) is failed instead, by a write that grows nothing.
     async fn release_callback(
         &self,
         id: ObjectId,
         queue: ObjectId,
         batch: ObjectId,
-    ) -> Result<bool> {
+    ) -> Result<Released> {
         let waiting =
             doc! {task::ID: id, task::STATUS: status::BLOCKED, task::WAITING_ON: {"$size": 0}};
         if self
@@ -301,29 +325,55 @@ impl Store {
             .map_err(|e| Error::mongo(format!("reading batch {batch}'s callback"), e))?
             .is_none()
         {
-            return Ok(false);
+            return Ok(Released::NotYet);
         }
         let outcome = self.batch_outcome(batch).await?;
-        let moved = self
+        let released = self
             .collection(TASKS)
             .update_one(
-                waiting,
+                waiting.clone(),
                 doc! {
                     "$set": {task::STATUS: status::QUEUED, task::MTIME: fleet_time::now(), "params.batch": outcome},
                     "$unset": {task::WAITING_ON: ""},
                 },
             )
-            .await
-            .map_err(|e| Error::mongo(format!("releasing batch {batch}'s callback"), e))?;
-        if moved.modified_count == 0 {
-            return Ok(false);
+            .await;
+        let (moved, to) = match released {
+            Ok(r) => (r.modified_count, Released::Queued),
+            Err(e) if super::is_document_too_large(&e) => {
+                // Status and mtime keep their sizes and the waits go: the document shrinks.
+                let r = self
+                    .collection(TASKS)
+                    .update_one(
+                        waiting,
+                        doc! {
+                            "$set": {task::STATUS: status::FAILED, task::MTIME: fleet_time::now()},
+                            "$unset": {task::WAITING_ON: ""},
+                        },
+                    )
+                    .await
+                    .map_err(|e| Error::mongo(format!("failing batch {batch}'s callback"), e))?;
+                if r.modified_count > 0 {
+                    tracing::warn!(task = %id, batch = %batch, "failed a batch's callback: its document is too large to carry the batch's outcome in its params");
+                }
+                (r.modified_count, Released::Failed)
+            }
+            Err(e) => {
+                return Err(Error::mongo(
+                    format!("releasing batch {batch}'s callback"),
+                    e,
+                ))
+            }
+        };
+        if moved == 0 {
+            return Ok(Released::NotYet);
         }
-        self.count_moves(&[Moved::new(
-            queue,
-            Some(StatusGroup::Blocked),
-            Some(StatusGroup::Queued),
-        )])
-        .await;
+        let group = match to {
+            Released::Failed => StatusGroup::Failed,
+            _ => StatusGroup::Queued,
+        };
+        self.count_moves(&[Moved::new(queue, Some(StatusGroup::Blocked), Some(group))])
+            .await;
         self.collection(BATCHES)
             .update_one(
                 doc! {workflow::ID: batch, workflow::DONE: {"$exists": false}},
@@ -331,6 +381,6 @@ impl Store {
             )
             .await
             .map_err(|e| Error::mongo(format!("marking batch {batch} done"), e))?;
-        Ok(true)
+        Ok(to)
     }
 }

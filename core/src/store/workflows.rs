@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, HashSet};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use futures::TryStreamExt;
 
 use super::claim_run::release_holds;
 use super::schema::{task, workflow, BATCHES, GRAPHS, TASKS};
@@ -132,6 +131,15 @@ impl Store {
                 .filter_map(|&j| ids.get(j).copied())
                 .collect();
             deps.extend(t.existing.iter().copied());
+            let mut seen = HashSet::with_capacity(deps.len());
+            deps.retain(|d| seen.insert(*d));
+            if deps.len() > MAX_WORKFLOW_TASKS {
+                return Err(Error::Invalid(format!(
+                    "task {:?} depends on at most {MAX_WORKFLOW_TASKS} tasks, not {}",
+                    t.name,
+                    deps.len()
+                )));
+            }
             let mut d = doc! {
                 task::ID: ids[i], task::QUEUE: t.queue, task::STATUS: status::BLOCKED,
                 task::NODE: Bson::Null, task::PARAMS: t.params.clone(), task::CTIME: now, task::MTIME: now,
@@ -313,74 +321,6 @@ impl Store {
         Ok(())
     }
 
-    /// A graph's record and tasks (at most `MAX_WORKFLOW_TASKS`), or None if there is none.
-    pub async fn graph_view(
-        &self,
-        id: ObjectId,
-    ) -> Result<Option<(WorkflowSummary, Vec<WorkflowTask>)>> {
-        let Some(summary) = self.workflow_summary(GRAPHS, id).await? else {
-            return Ok(None);
-        };
-        let tasks = self
-            .workflow_tasks(doc! {task::GRAPH: id}, MAX_WORKFLOW_TASKS as i64)
-            .await?;
-        Ok(Some((summary, tasks)))
-    }
-
-    /// A batch's record, its members' counts by status group, its first members and its
-    /// callback task, or None if there is none.
-    pub async fn batch_view(
-        &self,
-        id: ObjectId,
-    ) -> Result<
-        Option<(
-            WorkflowSummary,
-            StatusCounts,
-            Vec<WorkflowTask>,
-            Option<WorkflowTask>,
-        )>,
-    > {
-        let Some(summary) = self.workflow_summary(BATCHES, id).await? else {
-            return Ok(None);
-        };
-        let counts = self.member_counts(id).await?;
-        let members = self
-            .workflow_tasks(doc! {task::BATCH: id}, BATCH_MEMBERS_SHOWN)
-            .await?;
-        let callback = match summary.callback_task {
-            Some(c) => self
-                .workflow_tasks(doc! {task::ID: c}, 1)
-                .await?
-                .into_iter()
-                .next(),
-            None => None,
-        };
-        Ok(Some((summary, counts, members, callback)))
-    }
-
-    /// The newest graphs (`batches: false`) or batches, at most `limit`.
-    pub async fn list_workflows(&self, batches: bool, limit: i64) -> Result<Vec<WorkflowSummary>> {
-        let collection = if batches { BATCHES } else { GRAPHS };
-        let mut cursor = self
-            .raw(collection)
-            .find(doc! {})
-            .sort(doc! {workflow::ID: -1})
-            .limit(limit)
-            .await
-            .map_err(|e| Error::mongo(format!("listing {collection}"), e))?;
-        let mut out = Vec::new();
-        while let Some(raw) = cursor
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo(format!("listing {collection}"), e))?
-        {
-            if let Some(d) = self.decode_or_skip(collection, &raw) {
-                out.extend(summary_of(&d));
-            }
-        }
-        Ok(out)
-    }
-
     /// Cancels a graph's or batch's tasks that have not ended (queued, blocked and claimed at
     /// once, running ones by request), and what outside waits on them as its policy says.
     pub async fn cancel_graph(&self, id: ObjectId) -> Result<Option<WholeCancel>> {
@@ -444,19 +384,9 @@ impl Store {
                     }
                 }
                 for (queue, ids) in by_queue {
-                    let r = self
-                        .collection(TASKS)
-                        .update_many(
-                            doc! {task::ID: {"$in": &ids}, task::STATUS: code},
-                            doc! {
-                                "$set": {task::STATUS: status::CANCELLED, task::MTIME: fleet_time::now(), task::CANCEL_REASON: reason},
-                                "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON]),
-                            },
-                        )
-                        .await
-                        .map_err(|e| Error::mongo("cancelling a graph's or batch's tasks", e))?;
+                    let n = self.cancel_waiting(&ids, code, reason).await?;
                     let moved = Moved {
-                        n: r.modified_count,
+                        n,
                         ..Moved::new(
                             queue,
                             Some(super::group_of(code)),
@@ -464,7 +394,7 @@ impl Store {
                         )
                     };
                     self.count_moves(&[moved]).await;
-                    out.cancelled += r.modified_count;
+                    out.cancelled += n;
                     ended.extend(ids);
                 }
             }
@@ -484,6 +414,56 @@ impl Store {
         Ok(out)
     }
 
+    /// Cancels the tasks `ids` still at status `code`, with `reason`; returns how many. A
+    /// document too large to take the reason (params grown by hand) is cancelled by a write
+    /// that grows nothing, so one such task neither fails the cancel nor is left running.
+    async fn cancel_waiting(&self, ids: &[ObjectId], code: i32, reason: &str) -> Result<u64> {
+        let set = |with_reason: bool| {
+            let mut set = doc! {task::STATUS: status::CANCELLED, task::MTIME: fleet_time::now()};
+            if with_reason {
+                set.insert(task::CANCEL_REASON, reason);
+            }
+            doc! {"$set": set, "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON])}
+        };
+        let all = self
+            .collection(TASKS)
+            .update_many(doc! {task::ID: {"$in": ids}, task::STATUS: code}, set(true))
+            .await;
+        match all {
+            Ok(r) => return Ok(r.modified_count),
+            Err(e) if !super::is_document_too_large(&e) => {
+                return Err(Error::mongo("cancelling a graph's or batch's tasks", e))
+            }
+            // Some may have been written before the one too large: one by one from here.
+            Err(_) => {}
+        }
+        let mut n = self
+            .collection(TASKS)
+            .count_documents(doc! {
+                task::ID: {"$in": ids}, task::STATUS: status::CANCELLED, task::CANCEL_REASON: reason,
+            })
+            .await
+            .map_err(|e| Error::mongo("counting a graph's or batch's cancelled tasks", e))?;
+        for id in ids {
+            let filter = doc! {task::ID: id, task::STATUS: code};
+            let r = match self
+                .collection(TASKS)
+                .update_one(filter.clone(), set(true))
+                .await
+            {
+                Err(e) if super::is_document_too_large(&e) => {
+                    tracing::warn!(task = %id, "cancelled a task without its reason: its document is too large to take one");
+                    self.collection(TASKS).update_one(filter, set(false)).await
+                }
+                other => other,
+            };
+            n += r
+                .map_err(|e| Error::mongo("cancelling a graph's or batch's tasks", e))?
+                .modified_count;
+        }
+        Ok(n)
+    }
+
     /// A batch's outcome, as its callback's params carry it: `{id, size, succeeded, failed,
     /// cancelled, other}` (terminated and orphaned members count as failed).
     pub(crate) async fn batch_outcome(&self, batch: ObjectId) -> Result<Document> {
@@ -497,94 +477,4 @@ impl Store {
             "other": size - n("succeeded") - n("failed") - n("terminated") - n("orphaned") - n("cancelled"),
         })
     }
-
-    async fn member_counts(&self, batch: ObjectId) -> Result<StatusCounts> {
-        let pipeline = vec![
-            doc! {"$match": {task::BATCH: batch}},
-            doc! {"$group": {"_id": format!("${}", task::STATUS), "n": {"$sum": 1}}},
-        ];
-        let mut cursor = self
-            .raw(TASKS)
-            .aggregate(pipeline)
-            .await
-            .map_err(|e| Error::mongo(format!("counting batch {batch}'s tasks"), e))?;
-        let mut counts = StatusCounts::new();
-        while let Some(d) = cursor
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo(format!("counting batch {batch}'s tasks"), e))?
-        {
-            let group = StatusGroup::of(d.get("_id"));
-            *counts.entry(group.as_str()).or_default() += super::count_value(d.get("n"));
-        }
-        Ok(counts)
-    }
-
-    async fn workflow_summary(
-        &self,
-        collection: &'static str,
-        id: ObjectId,
-    ) -> Result<Option<WorkflowSummary>> {
-        let found = self
-            .raw(collection)
-            .find_one(doc! {workflow::ID: id})
-            .await
-            .map_err(|e| Error::mongo(format!("reading {collection} {id}"), e))?;
-        Ok(self
-            .decode_one(collection, found)?
-            .and_then(|d| summary_of(&d)))
-    }
-
-    async fn workflow_tasks(&self, filter: Document, limit: i64) -> Result<Vec<WorkflowTask>> {
-        let mut cursor = self
-            .raw(TASKS)
-            .find(filter)
-            .projection(doc! {
-                task::ID: 1, task::QUEUE: 1, task::STATUS: 1, task::GRAPH_NAME: 1,
-                task::DEPENDS_ON: 1, task::WAITING_ON: 1, task::CANCEL_REASON: 1,
-            })
-            .sort(doc! {task::ID: 1})
-            .limit(limit)
-            .await
-            .map_err(|e| Error::mongo("reading a graph's or batch's tasks", e))?;
-        let mut out = Vec::new();
-        while let Some(raw) = cursor
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo("reading a graph's or batch's tasks", e))?
-        {
-            let Some(d) = self.decode_or_skip(TASKS, &raw) else {
-                continue;
-            };
-            let Ok(id) = d.get_object_id(task::ID) else {
-                continue;
-            };
-            let ids = |field: &str| -> Vec<ObjectId> {
-                d.get_array(field)
-                    .map(|a| a.iter().filter_map(Bson::as_object_id).collect())
-                    .unwrap_or_default()
-            };
-            out.push(WorkflowTask {
-                id,
-                queue: d.get_object_id(task::QUEUE).ok(),
-                name: d.get_str(task::GRAPH_NAME).ok().map(str::to_string),
-                status: d.get(task::STATUS).cloned(),
-                depends_on: ids(task::DEPENDS_ON),
-                waiting_on: ids(task::WAITING_ON),
-                cancel_reason: d.get_str(task::CANCEL_REASON).ok().map(str::to_string),
-            });
-        }
-        Ok(out)
-    }
-}
-
-fn summary_of(d: &Document) -> Option<WorkflowSummary> {
-    Some(WorkflowSummary {
-        id: d.get_object_id(workflow::ID).ok()?,
-        ctime: d.get_datetime(workflow::CTIME).ok().copied(),
-        size: super::count_value(d.get(workflow::SIZE)),
-        callback_task: d.get_object_id(workflow::CALLBACK_TASK).ok(),
-        cancelled: d.get_datetime(workflow::CANCELLED).ok().copied(),
-        done: d.get_datetime(workflow::DONE).ok().copied(),
-    })
 }

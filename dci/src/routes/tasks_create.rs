@@ -414,5 +414,5 @@ fn params_list(v: &Value) -> ApiResult<Vec<Document>> {
 /// JSON to BSON, reading Extended JSON (`{"$oid": …}`, `{"$date": …}`) as its types and
 /// refusing what cannot be stored and queried safely, with the path of the value at fault.
 fn to_document(v: &Value, path: &str) -> ApiResult<Document> {
-    client_json::storable_document(v, path).map_err(ApiError::bad_request)
+    client_json::task_params(v, path).map_err(ApiError::bad_request)
 }

@@ -13,6 +13,7 @@ use disbatch_core::store::{
 use disbatch_core::workflow::{
     check_graph, DependencyRef, GraphNode, OnDependencyFailure, MAX_WORKFLOW_TASKS,
 };
+use futures::StreamExt;
 use serde_json::{json, Map, Value};
 
 use super::tasks_create::resolve_queue;
@@ -75,8 +76,9 @@ pub fn policy(fields: &Map<String, Value>, path: &str) -> ApiResult<Option<OnDep
 fn params_of(v: Option<&Value>, path: &str) -> ApiResult<Document> {
     match v {
         None | Some(Value::Null) => Ok(Document::new()),
-        Some(v @ Value::Object(_)) => client_json::storable_document(v, &format!("{path}params"))
-            .map_err(ApiError::bad_request),
+        Some(v @ Value::Object(_)) => {
+            client_json::task_params(v, &format!("{path}params")).map_err(ApiError::bad_request)
+        }
         Some(_) => Err(ApiError::bad_request(format!(
             "{path}params must be an object"
         ))),
@@ -137,6 +139,15 @@ impl Queues {
     }
 }
 
+/// Each dependency once, in the order first named: a task waits on another once however often
+/// it is named, and its stored lists stay as long as what it really waits on.
+fn distinct(deps: Vec<DependencyRef>) -> Vec<DependencyRef> {
+    let mut seen = std::collections::HashSet::with_capacity(deps.len());
+    deps.into_iter()
+        .filter(|d| seen.insert(d.clone()))
+        .collect()
+}
+
 /// `POST /graphs` `{"tasks": [{"name", "queue", "params", "depends_on": [names or task
 /// ids], "on_dependency_failure"}]}`: all stored, or nothing (a cycle, an unknown name).
 pub async fn create_graph(Ns(state): Ns, p: Params) -> ApiResult<Response> {
@@ -176,6 +187,12 @@ pub async fn create_graph(Ns(state): Ns, p: Params) -> ApiResult<Response> {
         };
         let depends_on = match m.get("depends_on") {
             None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(deps)) if deps.len() > MAX_WORKFLOW_TASKS => {
+                return Err(ApiError::bad_request(format!(
+                    "{path}depends_on names at most {MAX_WORKFLOW_TASKS} tasks, not {}",
+                    deps.len()
+                )))
+            }
             Some(Value::Array(deps)) => deps
                 .iter()
                 .enumerate()
@@ -194,7 +211,8 @@ pub async fn create_graph(Ns(state): Ns, p: Params) -> ApiResult<Response> {
                         },
                     },
                 })
-                .collect::<ApiResult<Vec<_>>>()?,
+                .collect::<ApiResult<Vec<_>>>()
+                .map(distinct)?,
             Some(_) => {
                 return Err(ApiError::bad_request(format!(
                     "{path}depends_on must be an array of names or task ids"
@@ -336,32 +354,25 @@ fn summary_json(s: &WorkflowSummary) -> Map<String, Value> {
     m
 }
 
-fn counts_of(tasks: &[WorkflowTask]) -> StatusCounts {
-    let mut counts = StatusCounts::new();
-    for t in tasks {
-        *counts.entry(state_of(t.status.as_ref())).or_default() += 1;
-    }
-    counts
-}
-
 /// `GET /graphs/:id`: the graph, its outcome so far and every task with what it waits on.
+/// Counted on the server and streamed task by task: a graph of 20 000 tasks is never held
+/// whole, however many ask at once.
 pub async fn get_graph(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = workflow_id(&ident, "graph")?;
-    let Some((summary, tasks)) = state.store.graph_view(id).await? else {
+    let Some((summary, counts)) = state.store.graph_view(id).await? else {
         return Err(ApiError::not_found(format!("no graph {ident}")));
     };
-    let counts = counts_of(&tasks);
+    let tasks = state.store.graph_tasks(id).await?;
     let mut out = summary_json(&summary);
     out.insert(
         "state".into(),
         Value::from(outcome(&counts, summary.cancelled.is_some())),
     );
     out.insert("counts".into(), json!(counts));
-    out.insert(
-        "tasks".into(),
-        Value::Array(tasks.iter().map(task_json).collect()),
-    );
-    Ok(json_response(&Value::Object(out), false))
+    let items = tasks.map(|t| t.map(|t| task_json(&t)).map_err(ApiError::from));
+    Ok(crate::json_stream::object_with_array_response(
+        out, "tasks", items,
+    ))
 }
 
 /// `GET /batches/:id`: the batch, its members' counts, its first members and its callback.
