@@ -16,6 +16,12 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
             "{what} is {chars} characters long; at most {MAX_NAME_CHARS} are allowed"
         ));
     }
+    check_characters(what, name)
+}
+
+/// Ok when `name` (of any length) holds no control, text-direction or invisible character
+/// and no whitespace at either end: what every stored name must be, whatever its length rule.
+pub fn check_characters(what: &str, name: &str) -> Result<(), String> {
     if let Some((i, c)) = name.char_indices().find(|(_, c)| is_unsafe(*c)) {
         return Err(format!(
             "{what} {:?} contains {} at byte {i}: control, text-direction and invisible characters are not allowed",
@@ -52,10 +58,11 @@ fn is_format(c: char) -> bool {
 }
 
 /// Characters that are not format characters but still show as nothing: the combining
-/// grapheme joiner, Hangul fillers, variation selectors, the line and paragraph separators.
+/// grapheme joiner, Hangul fillers, the Braille blank, variation selectors, the line and
+/// paragraph separators.
 fn is_invisible(c: char) -> bool {
     matches!(c,
-        '\u{034f}' | '\u{115f}' | '\u{1160}' | '\u{3164}' | '\u{ffa0}' | '\u{2028}' | '\u{2029}'
+        '\u{034f}' | '\u{2800}' | '\u{115f}' | '\u{1160}' | '\u{3164}' | '\u{ffa0}' | '\u{2028}' | '\u{2029}'
         | '\u{180b}'..='\u{180d}' | '\u{180f}' | '\u{fe00}'..='\u{fe0f}'
         | '\u{e0100}'..='\u{e01ef}')
 }
@@ -112,6 +119,7 @@ mod tests {
             ("demo\u{ad}", "U+00AD"),
             ("demo\u{fe0f}", "U+FE0F"),
             ("demo\u{3164}", "U+3164"),
+            ("\u{2800}", "U+2800"),
             ("a\u{a0}b", "U+00A0"),
             ("a\u{3000}b", "U+3000"),
             ("tag\u{e0041}", "U+E0041"),

@@ -550,6 +550,7 @@ async fn queue_names_with_invisible_characters_are_refused_but_stored_ones_stay_
         ("\u{feff}demo", "U+FEFF"),
         ("de\u{a0}mo", "U+00A0"),
         ("demo\u{2060}", "U+2060"),
+        ("\u{2800}", "U+2800"),
     ] {
         let (status, body) = dci
             .post("/queues", json!({"name": name, "plugin": "echo"}))

@@ -65,6 +65,7 @@ mod hostile_http;
 mod hostile_plugins;
 mod hostile_undecodable;
 mod hostile_workers;
+mod hostile_workflows;
 mod idle_cost;
 mod json_logs;
 mod leases;

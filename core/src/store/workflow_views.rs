@@ -19,6 +19,9 @@ pub type WorkflowTaskStream = BoxStream<'static, Result<WorkflowTask>>;
 /// list grown by hand costs no more than the longest a request can make.
 const LISTED_IDS: i64 = MAX_WORKFLOW_TASKS as i64;
 
+/// Tasks per batch a graph's stream reads from the server.
+const STREAM_BATCH: u32 = 64;
+
 impl Store {
     /// A graph's record and its tasks' counts by status group, or None if there is none;
     /// its tasks come from `graph_tasks`.
@@ -41,6 +44,8 @@ impl Store {
             .projection(view_fields())
             .sort(doc! {task::ID: 1})
             .limit(MAX_WORKFLOW_TASKS as i64)
+            // Small batches: a reader holds one, whatever the size of the graph.
+            .batch_size(STREAM_BATCH)
             .await
             .map_err(|e| Error::mongo("reading a graph's tasks", e))?;
         let store = self.clone();

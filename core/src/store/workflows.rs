@@ -19,6 +19,9 @@ use crate::fleet_time;
 use crate::model::status;
 use crate::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
 
+/// Tasks of a graph inserted per write.
+const GRAPH_INSERT_CHUNK: usize = 1_000;
+
 /// Members a batch view lists (its counts cover them all).
 pub const BATCH_MEMBERS_SHOWN: i64 = 1_000;
 
@@ -121,10 +124,7 @@ impl Store {
                 }
             }
         }
-        let now = fleet_time::now();
-        let mut docs = Vec::with_capacity(tasks.len());
-        let mut roots: BTreeMap<ObjectId, Vec<ObjectId>> = BTreeMap::new();
-        for (i, t) in tasks.iter().enumerate() {
+        let deps_of = |t: &GraphTask| -> Vec<ObjectId> {
             let mut deps: Vec<ObjectId> = t
                 .waits_for
                 .iter()
@@ -133,47 +133,62 @@ impl Store {
             deps.extend(t.existing.iter().copied());
             let mut seen = HashSet::with_capacity(deps.len());
             deps.retain(|d| seen.insert(*d));
-            if deps.len() > MAX_WORKFLOW_TASKS {
-                return Err(Error::Invalid(format!(
-                    "task {:?} depends on at most {MAX_WORKFLOW_TASKS} tasks, not {}",
-                    t.name,
-                    deps.len()
-                )));
-            }
-            let mut d = doc! {
-                task::ID: ids[i], task::QUEUE: t.queue, task::STATUS: status::BLOCKED,
-                task::NODE: Bson::Null, task::PARAMS: t.params.clone(), task::CTIME: now, task::MTIME: now,
-                task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
-                task::GRAPH: graph, task::GRAPH_NAME: &t.name,
-                task::ON_DEPENDENCY_FAILURE: t.on_failure.or(defaults.get(&t.queue).copied()).unwrap_or_default().name(),
-            };
-            if deps.is_empty() {
-                roots.entry(t.queue).or_default().push(ids[i]);
-            } else {
-                d.insert(task::DEPENDS_ON, &deps);
-                d.insert(task::WAITING_ON, &deps);
-            }
-            if waited_for[i] {
-                d.insert(task::HAS_DEPENDENTS, true);
-            }
-            docs.push(d);
+            deps
+        };
+        if let Some((t, n)) = tasks
+            .iter()
+            .map(|t| (t, deps_of(t).len()))
+            .find(|(_, n)| *n > MAX_WORKFLOW_TASKS)
+        {
+            return Err(Error::Invalid(format!(
+                "task {:?} depends on at most {MAX_WORKFLOW_TASKS} tasks, not {n}",
+                t.name
+            )));
         }
+        let now = fleet_time::now();
+        let mut roots: BTreeMap<ObjectId, Vec<ObjectId>> = BTreeMap::new();
         self.mark_dependencies(&existing).await?;
         self.collection(GRAPHS)
             .insert_one(doc! {workflow::ID: graph, workflow::CTIME: now, workflow::SIZE: tasks.len() as i64})
             .await
             .map_err(|e| Error::mongo("storing a graph", e))?;
-        if let Err(e) = self.collection(TASKS).insert_many(&docs).await {
-            // Nothing of it has started (all blocked): take back what went in.
-            let _ = self
-                .collection(TASKS)
-                .delete_many(doc! {task::GRAPH: graph})
-                .await;
-            let _ = self
-                .collection(GRAPHS)
-                .delete_one(doc! {workflow::ID: graph})
-                .await;
-            return Err(Error::mongo("storing a graph's tasks", e));
+        // In chunks: a graph's documents, each with its lists as BSON values, are several times
+        // its request's size, and all are blocked until the last chunk is in.
+        for (c, chunk) in tasks.chunks(GRAPH_INSERT_CHUNK).enumerate() {
+            let mut docs = Vec::with_capacity(chunk.len());
+            for (k, t) in chunk.iter().enumerate() {
+                let i = c * GRAPH_INSERT_CHUNK + k;
+                let deps = deps_of(t);
+                let mut d = doc! {
+                    task::ID: ids[i], task::QUEUE: t.queue, task::STATUS: status::BLOCKED,
+                    task::NODE: Bson::Null, task::PARAMS: t.params.clone(), task::CTIME: now, task::MTIME: now,
+                    task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
+                    task::GRAPH: graph, task::GRAPH_NAME: &t.name,
+                    task::ON_DEPENDENCY_FAILURE: t.on_failure.or(defaults.get(&t.queue).copied()).unwrap_or_default().name(),
+                };
+                if deps.is_empty() {
+                    roots.entry(t.queue).or_default().push(ids[i]);
+                } else {
+                    d.insert(task::DEPENDS_ON, &deps);
+                    d.insert(task::WAITING_ON, &deps);
+                }
+                if waited_for[i] {
+                    d.insert(task::HAS_DEPENDENTS, true);
+                }
+                docs.push(d);
+            }
+            if let Err(e) = self.collection(TASKS).insert_many(&docs).await {
+                // Nothing of it has started (all blocked): take back what went in.
+                let _ = self
+                    .collection(TASKS)
+                    .delete_many(doc! {task::GRAPH: graph})
+                    .await;
+                let _ = self
+                    .collection(GRAPHS)
+                    .delete_one(doc! {workflow::ID: graph})
+                    .await;
+                return Err(Error::mongo("storing a graph's tasks", e));
+            }
         }
         let mut made: BTreeMap<ObjectId, u64> = BTreeMap::new();
         for t in tasks {

@@ -4,6 +4,7 @@ mod attempts;
 mod balance;
 mod failures;
 mod full_output;
+mod graph_body;
 mod health;
 mod info;
 mod legacy;

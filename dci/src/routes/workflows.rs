@@ -1,7 +1,7 @@
 //! `/graphs` and `/batches`: tasks created together, waiting on each other or reporting to a
 //! callback; read back with each task's status, cancelled as a whole.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use axum::response::Response;
 use bson::oid::ObjectId;
@@ -16,6 +16,7 @@ use disbatch_core::workflow::{
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
 
+use super::graph_body::{Dependencies, Dependency, GraphBody};
 use super::tasks_create::resolve_queue;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
@@ -139,98 +140,55 @@ impl Queues {
     }
 }
 
-/// Each dependency once, in the order first named: a task waits on another once however often
-/// it is named, and its stored lists stay as long as what it really waits on.
-fn distinct(deps: Vec<DependencyRef>) -> Vec<DependencyRef> {
-    let mut seen = std::collections::HashSet::with_capacity(deps.len());
-    deps.into_iter()
-        .filter(|d| seen.insert(d.clone()))
-        .collect()
-}
-
 /// `POST /graphs` `{"tasks": [{"name", "queue", "params", "depends_on": [names or task
-/// ids], "on_dependency_failure"}]}`: all stored, or nothing (a cycle, an unknown name).
-pub async fn create_graph(Ns(state): Ns, p: Params) -> ApiResult<Response> {
-    let given = p.given();
-    if let Some(k) = given.keys().find(|k| k.as_str() != "tasks") {
-        return Err(ApiError::bad_request(format!(
-            "unknown field {k:?} (known: tasks)"
-        )));
+/// ids], "on_dependency_failure"}]}`: all stored, or nothing (a cycle, an unknown name). The
+/// body is read by `graph_body`, each dependency kept once.
+pub async fn create_graph(Ns(state): Ns, GraphBody(items): GraphBody) -> ApiResult<Response> {
+    let mut names = HashSet::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let name = graph_name(item.name.as_ref(), i)?;
+        // Checked again by `check_graph`, which says so as for any other graph.
+        names.insert(name.to_string());
     }
-    let items = tasks_array(&given, "graph")?;
-    let names: std::collections::HashSet<&str> = items
-        .iter()
-        .filter_map(|t| t.get("name").and_then(Value::as_str))
-        .collect();
     let mut nodes = Vec::with_capacity(items.len());
     let mut parsed = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
+    for (i, item) in items.into_iter().enumerate() {
         let path = format!("tasks[{i}].");
-        let m = object(
-            item,
-            &format!("tasks[{i}]"),
-            &[
-                "name",
-                "queue",
-                "params",
-                "depends_on",
-                "on_dependency_failure",
-            ],
-        )?;
-        let name = match m.get("name") {
-            Some(Value::String(s)) if !s.is_empty() && s.len() <= 1024 => s.clone(),
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "{path}name must be a non-empty string of at most 1024 bytes"
-                )))
-            }
-        };
-        let depends_on = match m.get("depends_on") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(deps)) if deps.len() > MAX_WORKFLOW_TASKS => {
+        let name = graph_name(item.name.as_ref(), i)?.to_string();
+        let depends_on = match &item.depends_on {
+            None => Vec::new(),
+            Some(deps) if deps.named > MAX_WORKFLOW_TASKS => {
                 return Err(ApiError::bad_request(format!(
                     "{path}depends_on names at most {MAX_WORKFLOW_TASKS} tasks, not {}",
-                    deps.len()
+                    deps.named
                 )))
             }
-            Some(Value::Array(deps)) => deps
-                .iter()
-                .enumerate()
-                .map(|(j, d)| match d {
-                    // A name of the graph first: a 24-hex-digit name is still a name.
-                    Value::String(s) if names.contains(s.as_str()) => {
-                        Ok(DependencyRef::Name(s.clone()))
-                    }
-                    other => match task_id(other) {
-                        Some(id) => Ok(DependencyRef::Task(id)),
-                        None => match other {
-                            Value::String(s) => Ok(DependencyRef::Name(s.clone())),
-                            _ => Err(ApiError::bad_request(format!(
-                                "{path}depends_on[{j}] must be a task's name or id, not {other}"
-                            ))),
-                        },
-                    },
-                })
-                .collect::<ApiResult<Vec<_>>>()
-                .map(distinct)?,
-            Some(_) => {
+            Some(Dependencies {
+                bad: Some((j, what)),
+                ..
+            }) => {
                 return Err(ApiError::bad_request(format!(
-                    "{path}depends_on must be an array of names or task ids"
+                    "{path}depends_on[{j}] must be a task's name or id, not {what}"
                 )))
             }
+            Some(deps) => dependency_refs(&deps.distinct, &names),
         };
         nodes.push(GraphNode { name, depends_on });
-        parsed.push((m, path));
+        parsed.push((item, path));
     }
+    drop(names);
     let order = check_graph(&nodes).map_err(ApiError::bad_request)?;
     let mut queues = Queues::default();
     let mut tasks = Vec::with_capacity(nodes.len());
-    for (i, (node, (m, path))) in nodes.iter().zip(&parsed).enumerate() {
-        let queue = queues.resolve(&state, m.get("queue"), path).await?;
+    for (i, (node, (item, path))) in nodes.into_iter().zip(parsed).enumerate() {
+        let queue = queues.resolve(&state, item.queue.as_ref(), &path).await?;
+        let mut fields = Map::new();
+        if let Some(p) = item.on_dependency_failure {
+            fields.insert("on_dependency_failure".into(), p);
+        }
         tasks.push(GraphTask {
-            name: node.name.clone(),
             queue,
-            params: params_of(m.get("params"), path)?,
+            params: params_of(item.params.as_ref(), &path)?,
             waits_for: order.waits_for[i].clone(),
             existing: node
                 .depends_on
@@ -240,7 +198,8 @@ pub async fn create_graph(Ns(state): Ns, p: Params) -> ApiResult<Response> {
                     DependencyRef::Name(_) => None,
                 })
                 .collect(),
-            on_failure: policy(m, path)?,
+            on_failure: policy(&fields, &path)?,
+            name: node.name,
         });
     }
     let (graph, ids) = state.store.create_graph(&tasks).await?;
@@ -253,6 +212,48 @@ pub async fn create_graph(Ns(state): Ns, p: Params) -> ApiResult<Response> {
         &json!({"graph": graph.to_hex(), "ids": by_name}),
         false,
     ))
+}
+
+/// Task `i`'s name: non-empty, at most 1024 bytes, and shown as written (no control,
+/// text-direction or invisible characters, as queue names).
+fn graph_name(name: Option<&Value>, i: usize) -> ApiResult<&str> {
+    let path = format!("tasks[{i}].");
+    match name {
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= 1024 => {
+            disbatch_core::names::check_characters(&format!("{path}name"), s)
+                .map_err(ApiError::bad_request)?;
+            Ok(s)
+        }
+        _ => Err(ApiError::bad_request(format!(
+            "{path}name must be a non-empty string of at most 1024 bytes"
+        ))),
+    }
+}
+
+/// A request's dependencies as names of its tasks or ids of existing ones: a name of the
+/// graph first, so a 24-hex-digit name is still a name.
+fn dependency_refs(deps: &[Dependency], names: &HashSet<String>) -> Vec<DependencyRef> {
+    let mut out: Vec<DependencyRef> = Vec::with_capacity(deps.len());
+    let mut seen = HashSet::with_capacity(deps.len());
+    for d in deps {
+        let r = match d {
+            Dependency::Hex(id) => {
+                let hex = id.to_hex();
+                if names.contains(hex.as_str()) {
+                    DependencyRef::Name(hex)
+                } else {
+                    DependencyRef::Task(*id)
+                }
+            }
+            Dependency::Text(s) => DependencyRef::Name(s.to_string()),
+            Dependency::Oid(id) => DependencyRef::Task(*id),
+        };
+        // `"id"` and `{"$oid": "id"}` are one dependency.
+        if seen.insert(r.clone()) {
+            out.push(r);
+        }
+    }
+    out
 }
 
 /// `POST /batches` `{"tasks": [{"queue", "params"}], "callback": {"queue", "params"}}`.
