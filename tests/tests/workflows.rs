@@ -496,3 +496,89 @@ async fn ten_thousand_dependents_of_one_task_are_released_in_one_settle() {
         .expect("settle again");
     assert_eq!((again.released, again.cancelled), (0, 0), "{again:?}");
 }
+
+/// A task others wait on is never deleted out from under them: the delete is refused with
+/// how many wait and what to do instead, until the task has ended and its end is settled. An
+/// end written by hand (a Perl node's) is settled by the delete itself.
+#[tokio::test]
+async fn a_task_others_wait_on_cannot_be_deleted_until_its_end_is_settled() {
+    use reqwest::Method;
+    let db = TestDb::new("wf_delete").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("w", "echo", 0).await;
+    let dci = Dci::start(&config);
+    let dependency = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    let (s, out) = dci
+        .post("/tasks", json!({"queue": "w", "params": [{"x": 1}], "depends_on": [dependency.to_hex()], "answer": "ids"}))
+        .await;
+    assert_eq!(s, 200, "{out}");
+    let dependent = oid(&out["ids"][0]);
+    let (s, out) = dci
+        .post(
+            "/batches",
+            json!({"tasks": [{"queue": "w"}], "callback": {"queue": "w"}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{out}");
+    let (member, callback) = (oid(&out["ids"][0]), oid(&out["callback"]));
+    for (id, waiting) in [(dependency, 1), (member, 1)] {
+        let (s, out) = dci
+            .send(
+                Method::DELETE,
+                &format!("/tasks/{}", id.to_hex()),
+                json!({}),
+            )
+            .await;
+        assert_eq!(s, 409, "{out}");
+        let error = out["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(&format!("{waiting} task(s) wait on it"))
+                && error.contains("cancel it instead"),
+            "{out}"
+        );
+        assert!(db.task(id).await.get_i32("status").is_ok(), "still stored");
+    }
+    assert_eq!(db.task(dependent).await.get_i32("status").ok(), Some(-4));
+    // Cancelled, its dependents are settled by their policy; then it goes.
+    for id in [dependency, member] {
+        let (s, out) = dci
+            .post(&format!("/tasks/{}/cancel", id.to_hex()), json!({}))
+            .await;
+        assert_eq!(s, 200, "{out}");
+    }
+    assert_eq!(db.task(dependent).await.get_i32("status").ok(), Some(-5));
+    assert_eq!(db.task(callback).await.get_i32("status").ok(), Some(-2));
+    for id in [dependency, member, dependent] {
+        let (s, out) = dci
+            .send(
+                Method::DELETE,
+                &format!("/tasks/{}", id.to_hex()),
+                json!({}),
+            )
+            .await;
+        assert_eq!(s, 200, "{}: {out}", id.to_hex());
+    }
+    // Ended by hand, its end not settled yet: the delete settles it, then deletes it.
+    let ended = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    let (s, out) = dci
+        .post("/tasks", json!({"queue": "w", "params": [{"x": 2}], "depends_on": [ended.to_hex()], "answer": "ids"}))
+        .await;
+    assert_eq!(s, 200, "{out}");
+    let released = oid(&out["ids"][0]);
+    db.db
+        .collection::<Document>("tasks")
+        .update_one(doc! {"_id": ended}, doc! {"$set": {"status": 1}})
+        .await
+        .expect("end it by hand");
+    let (s, out) = dci
+        .send(
+            Method::DELETE,
+            &format!("/tasks/{}", ended.to_hex()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 200, "{out}");
+    assert_eq!(db.task(released).await.get_i32("status").ok(), Some(-2));
+    drop(dci);
+    db.drop().await;
+}

@@ -20,6 +20,9 @@ pub enum ControlOutcome {
     NotFound,
     /// The task is in a status the action does not apply to.
     WrongStatus(Bson),
+    /// Tasks wait on it (this many, blocked; 0 while a dependent is being created or its
+    /// mark is still to be settled): deleting it would leave them waiting for ever.
+    WaitedOn(u64),
 }
 
 /// Statuses a task may be retried from: finished, orphaned, cancelled, terminated.
@@ -213,15 +216,25 @@ impl Store {
     }
 
     /// Deletes a task that is not claimed or running, then its output files.
+    ///
+    /// Never a task others wait on: its `has_dependents` mark is set before any dependent is
+    /// stored and cleared once its end is settled, so the delete's own filter decides. An
+    /// ended task whose end is still to be settled is settled first.
     pub async fn delete_task(&self, id: ObjectId) -> Result<ControlOutcome> {
-        let filter =
-            doc! {task::ID: id, task::STATUS: {"$nin": [status::CLAIMED, status::RUNNING]}};
-        let deleted = self
-            .collection(TASKS)
-            .find_one_and_delete(filter)
-            .projection(doc! {task::QUEUE: 1, task::STATUS: 1, task::DISCARDED_AT: 1})
-            .await
-            .map_err(|e| Error::mongo(format!("deleting task {id}"), e))?;
+        let mut deleted = self.delete_unwaited(id).await?;
+        if deleted.is_none() && self.is_marked_waited_for(id).await? {
+            // Settling skips a task still live, which stays marked.
+            self.settle_dependents(&[id]).await?;
+            deleted = self.delete_unwaited(id).await?;
+            if deleted.is_none() && self.is_marked_waited_for(id).await? {
+                let waiting = self
+                    .collection(TASKS)
+                    .count_documents(doc! {task::WAITING_ON: id, task::STATUS: status::BLOCKED})
+                    .await
+                    .map_err(|e| Error::mongo(format!("counting what waits on task {id}"), e))?;
+                return Ok(ControlOutcome::WaitedOn(waiting));
+            }
+        }
         let Some(deleted) = deleted else {
             return self.why_not(id).await;
         };
@@ -238,6 +251,19 @@ impl Store {
             deleted: 1,
             ..Default::default()
         }))
+    }
+
+    /// Deletes task `id` unless it runs or is marked as waited for.
+    async fn delete_unwaited(&self, id: ObjectId) -> Result<Option<bson::Document>> {
+        let filter = doc! {
+            task::ID: id, task::STATUS: {"$nin": [status::CLAIMED, status::RUNNING]},
+            task::HAS_DEPENDENTS: {"$ne": true},
+        };
+        self.collection(TASKS)
+            .find_one_and_delete(filter)
+            .projection(doc! {task::QUEUE: 1, task::STATUS: 1, task::DISCARDED_AT: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("deleting task {id}"), e))
     }
 
     async fn delete_task_files(&self, id: ObjectId) -> Result<()> {

@@ -326,6 +326,9 @@ fn control_result(
             };
             Err(ApiError::conflict(why))
         }
+        ControlOutcome::WaitedOn(n) => Err(ApiError::conflict(format!(
+            "task {id} cannot be {action}: {n} task(s) wait on it (depends_on, or a batch's callback) and would wait for ever; cancel it instead, which settles them by their on_dependency_failure, and delete it once it has ended"
+        ))),
     }
 }
 
