@@ -199,6 +199,7 @@ enum Op {
     Update,
     Remove,
     Drop,
+    ListIndexes,
 }
 
 /// Runs `op` on `collection` as `db`'s user: None when allowed, else the server's code.
@@ -211,6 +212,7 @@ async fn probe(db: &Database, op: Op, collection: &str) -> Option<i32> {
         Op::Update => code(c.update_many(nothing, doc! {"$set": {"probe": true}}).await),
         Op::Remove => code(c.delete_many(nothing).await),
         Op::Drop => code(c.drop().await),
+        Op::ListIndexes => code(c.list_index_names().await),
     }
 }
 
@@ -395,6 +397,16 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
     assert_eq!(db.task(held).await.get_i32("status").ok(), Some(-5));
     let (status, body) = dci.post("/nodes/n1", json!({"maxthreads": 5})).await;
     assert_eq!(status, 200, "{body}");
+    // A dead node is forgotten by the DCI as its own user.
+    let dead = db.insert_node("dead", Duration::from_secs(600)).await;
+    let (status, body) = dci
+        .send(
+            reqwest::Method::DELETE,
+            &format!("/nodes/{}", dead.to_hex()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
     let (status, body) = dci
         .post(
             "/balance",
@@ -438,7 +450,12 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         ),
         (
             "disbatch_web",
-            &[(Find, "tasks"), (Update, "tasks"), (Remove, "tasks.chunks")],
+            &[
+                (Find, "tasks"),
+                (Update, "tasks"),
+                (Remove, "tasks.chunks"),
+                (Remove, "nodes"),
+            ],
             &[(Drop, "tasks"), (Insert, "leases"), (Update, "attempts")],
         ),
         (
@@ -452,8 +469,17 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         ),
         (
             "disbatchd",
-            &[(Find, "tasks"), (Update, "attempts")],
-            &[(Remove, "tasks"), (Insert, "queues"), (Remove, "queues")],
+            &[
+                (Find, "tasks"),
+                (Update, "attempts"),
+                (ListIndexes, "tasks"),
+            ],
+            &[
+                (Remove, "tasks"),
+                (Insert, "queues"),
+                (Remove, "queues"),
+                (Remove, "nodes"),
+            ],
         ),
         (
             "queuebalance",

@@ -61,8 +61,9 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
     match component {
         Component::Den => vec![
             // `changeStream` is ours: the maintenance leader's one stream watches the database
-            // (queue changes, work signals and task inserts by any writer).
-            ("", &["find", "changeStream"]),
+            // (queue changes, work signals and task inserts by any writer). `listIndexes` too:
+            // the leader's workflows sweep learns from the tasks' indexes that graphs are in use.
+            ("", &["find", "changeStream", "listIndexes"]),
             // Heartbeat is an upserting findAndModify.
             (NODES, &["insert", "update", "createIndex"]),
             // Ours besides Disbatch's: the continuous-unit turn (`next_continuous`), the
@@ -97,7 +98,8 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             // `createIndex` on every collection below is ours: the DCI runs ensure_indexes at
             // start so queue names stay unique before any DEN has run.
             (BALANCE, &["insert", "update"]),
-            (NODES, &["update", "createIndex"]),
+            // `remove` is ours: DELETE /nodes/:node forgets a dead node.
+            (NODES, &["update", "remove", "createIndex"]),
             (QUEUES, &["insert", "update", "remove", "createIndex"]),
             // Ours: cancel, retry and unit requeue update tasks; DELETE /tasks/:id removes one.
             (TASKS, &["insert", "update", "remove", "createIndex"]),
@@ -459,7 +461,7 @@ mod tests {
         let roles = roles(&Perms::new(), &BTreeMap::new()).expect("roles");
         let den = &role(&roles, "disbatchd").privileges;
         let expected: Perms = [
-            ("", set(&["find", "changeStream"])),
+            ("", set(&["find", "changeStream", "listIndexes"])),
             ("nodes", set(&["insert", "update", "createIndex"])),
             ("queues", set(&["update", "createIndex", "changeStream"])),
             ("tasks", set(&["insert", "update", "createIndex"])),
