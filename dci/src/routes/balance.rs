@@ -23,6 +23,9 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
         None => json!({"notice": "balance document not found"}),
     };
     if let Value::Object(m) = &mut out {
+        // Sorted by name, as Disbatch 4 lists them.
+        let mut names = names;
+        names.sort();
         m.insert("known_queues".into(), json!(names));
         // As the file wrote them (`1` stays 1, as Disbatch echoed its config); a switch the
         // file left out shows its default.
