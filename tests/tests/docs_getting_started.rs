@@ -135,3 +135,31 @@ async fn the_getting_started_commands_run_as_written() {
     );
     db.drop().await;
 }
+
+/// CI and the set-up scripts run from any clone on any machine: none names a path of the
+/// machine it was written on (the Perl peer is found beside the clone, or given).
+#[test]
+fn ci_and_the_scripts_name_no_path_of_one_machine() {
+    let root = repo_root();
+    let mut files = vec![root.join(".ci/run")];
+    let scripts = std::fs::read_dir(root.join("scripts")).expect("scripts/");
+    files.extend(
+        scripts
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.is_file()),
+    );
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for (n, line) in text.lines().enumerate() {
+            for machine_path in ["/work/", "/home/", "/root/", "/Users/"] {
+                assert!(
+                    !line.contains(machine_path),
+                    "{}:{}: names {machine_path}: {line}",
+                    file.display(),
+                    n + 1
+                );
+            }
+        }
+    }
+}
