@@ -131,7 +131,7 @@ impl Node {
         // Whether this node leads the fleet's maintenance (and so holds its change stream).
         let mut leading = false;
         let mut next_repair = Instant::now();
-        let mut next_sweep = Instant::now();
+        let mut sweep = crate::releaser::DependencySweep::default();
         // When a lease may next pass (the leader recovers only then, not on every pass).
         let mut next_recovery = Instant::now();
         let mut stats_keeper = StatsKeeper::new(self.stats_interval, &self.name);
@@ -214,7 +214,7 @@ impl Node {
                                 &mut reported,
                                 &mut outside_inserts,
                                 &mut next_repair,
-                                &mut next_sweep,
+                                &mut sweep,
                                 &mut next_recovery,
                             )
                             .await?;
@@ -440,7 +440,7 @@ impl Node {
         reported: &mut HashSet<String>,
         outside_inserts: &mut OutsideInserts,
         next_repair: &mut Instant,
-        next_sweep: &mut Instant,
+        sweep: &mut crate::releaser::DependencySweep,
         next_recovery: &mut Instant,
     ) -> Result<()> {
         if Instant::now() >= *next_repair {
@@ -494,11 +494,7 @@ impl Node {
         // Ends no node settled (a Perl node's, a hand edit's, a node that died first): every
         // tenth pass, so an idle fleet pays 0.1 reads a pass for it. The node that runs a
         // task settles its end at once; this is the catch-all.
-        if Instant::now() >= *next_sweep {
-            let settled = self.store.settle_ended_dependencies().await?;
-            self.metrics.dependencies_settled(&settled);
-            *next_sweep = Instant::now() + self.interval * SWEEP_INTERVALS;
-        }
+        sweep.tick(&self.store, &self.metrics, self.interval * SWEEP_INTERVALS);
         let continuous = continuous_queues(&queues);
         if !continuous.is_empty() {
             let report = make_continuous_units(&self.store, &continuous).await?;

@@ -151,3 +151,49 @@ async fn graph_task_names_with_hidden_characters_are_refused() {
     drop(dci);
     db.drop().await;
 }
+
+/// Cancelling the root of a 2 000-task chain answers before the cascade has gone far: the
+/// cancel is written, the answer sent, and the chain is cancelled level by level after it,
+/// each task with the reason naming its dependency.
+#[tokio::test]
+async fn a_deep_cancel_cascade_runs_after_the_answer() {
+    const LEVELS: usize = 2_000;
+    let db = TestDb::new("cascade").await;
+    db.insert_queue("wfq", "echo", 0).await;
+    let config = write_config(&db, "node.json", json!({}));
+    let dci = Dci::start(&config);
+    let tasks: Vec<Value> = (0..LEVELS)
+        .map(|i| match i {
+            0 => json!({"name": "t0", "queue": "wfq"}),
+            _ => json!({"name": format!("t{i}"), "queue": "wfq", "depends_on": [format!("t{}", i - 1)]}),
+        })
+        .collect();
+    let (s, out) = dci.post("/graphs", json!({"tasks": tasks})).await;
+    assert_eq!(s, 200, "{out}");
+    let id = |name: &str| ObjectId::parse_str(out["ids"][name].as_str().expect("id")).expect("oid");
+    let (root, first, last) = (id("t0"), id("t1"), id(&format!("t{}", LEVELS - 1)));
+    let (s, body) = dci
+        .post(&format!("/tasks/{}/cancel", root.to_hex()), json!({}))
+        .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(db.task(root).await.get_i32("status").ok(), Some(-5));
+    // Answered with the root cancelled and the cascade still at its start: an answer after
+    // the cascade would find the last level cancelled here.
+    assert_eq!(db.task(last).await.get_i32("status").ok(), Some(-4));
+    disbatch_tests::wait_for(
+        "the whole chain cancelled",
+        std::time::Duration::from_secs(300),
+        || async { db.task(last).await.get_i32("status").ok() == Some(-5) },
+    )
+    .await;
+    assert_eq!(db.count(doc! {"status": -5}).await, LEVELS as u64);
+    let reason = db
+        .task(first)
+        .await
+        .get_str("cancel_reason")
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(reason, format!("dependency \"t0\" ({root}) was cancelled"));
+    drop(dci);
+    db.drop().await;
+}

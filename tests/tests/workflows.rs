@@ -546,8 +546,16 @@ async fn a_task_others_wait_on_cannot_be_deleted_until_its_end_is_settled() {
             .await;
         assert_eq!(s, 200, "{out}");
     }
-    assert_eq!(db.task(dependent).await.get_i32("status").ok(), Some(-5));
-    assert_eq!(db.task(callback).await.get_i32("status").ok(), Some(-2));
+    // Settled just after each answer.
+    wait_for(
+        "the dependents settled",
+        Duration::from_secs(60),
+        || async {
+            db.task(dependent).await.get_i32("status").ok() == Some(-5)
+                && db.task(callback).await.get_i32("status").ok() == Some(-2)
+        },
+    )
+    .await;
     for id in [dependency, member, dependent] {
         let (s, out) = dci
             .send(

@@ -295,6 +295,18 @@ impl Store {
         Ok(out)
     }
 
+    /// `settle_dependents` on a task of its own, for a caller that answers first: a cancel
+    /// cascading down a chain takes a few round trips per level. What it leaves undone (its
+    /// process stopped) the maintenance leader's sweep finds by the ended tasks' marks.
+    pub fn settle_dependents_later(&self, ids: Vec<ObjectId>) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.settle_dependents(&ids).await {
+                tracing::warn!(error = %e, "could not settle what waits on a cancelled task; the leader's sweep will");
+            }
+        });
+    }
+
     /// Settles the ended tasks of `ids` (at most `CHUNK`); returns the dependents it cancelled,
     /// which have ended too and may have dependents of their own.
     async fn settle_round(&self, ids: &[ObjectId], out: &mut Settled) -> Result<Vec<ObjectId>> {

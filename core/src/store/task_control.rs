@@ -48,9 +48,10 @@ impl Store {
             .await
             .map_err(|e| Error::mongo(format!("cancelling task {id}"), e))?;
         if cancelled {
-            // What waits on it follows its policy now, not at the leader's next sweep.
+            // What waits on it follows its policy now, not at the leader's next sweep; but
+            // after the answer, as a cascade down a long chain takes a while.
             if self.is_marked_waited_for(id).await? {
-                self.settle_dependents(&[id]).await?;
+                self.settle_dependents_later(vec![id]);
             }
             return Ok(ControlOutcome::Done(one_changed()));
         }
