@@ -61,6 +61,59 @@ pub fn bson_size(d: &Document) -> usize {
     }
 }
 
+/// MongoDB's nesting limit: nothing deeper is stored.
+pub const MAX_DEPTH: usize = 100;
+
+/// How many values a JSON text holds (at least: every array, object and scalar counts once;
+/// commas count what they separate) and how deep it nests, read without building anything.
+/// Counting stops once `max_values` is passed. For valid JSON only: the caller parses it
+/// after, and the parse says what is wrong with any other.
+pub fn json_shape(text: &[u8], max_values: usize) -> JsonShape {
+    let mut shape = JsonShape::default();
+    let (mut depth, mut in_string, mut escaped, mut any) = (0usize, false, false, false);
+    for &b in text {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                any = true;
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                shape.depth = shape.depth.max(depth);
+                shape.values += 1;
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' => shape.values += 1,
+            b' ' | b'\t' | b'\n' | b'\r' | b':' => {}
+            _ => any = true,
+        }
+        if shape.values > max_values {
+            return shape;
+        }
+    }
+    // A lone scalar, or the first member of each container, comes without a comma.
+    if any && shape.values == 0 {
+        shape.values = 1;
+    }
+    shape
+}
+
+/// What `json_shape` read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JsonShape {
+    pub values: usize,
+    pub depth: usize,
+}
+
 /// Any JSON value as BSON to store; see `storable_document`.
 pub fn storable(v: &Value, path: &str) -> Result<Bson, String> {
     match v {
@@ -193,6 +246,27 @@ fn nul_in_regex(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_texts_shape_is_counted_without_building_it() {
+        let shape = |t: &str| json_shape(t.as_bytes(), usize::MAX);
+        assert_eq!(shape(r#"{"a": [1, 2, {"b": "x,[{"}], "c": null}"#).depth, 3);
+        assert!(shape(r#"{"a": [1, 2, {"b": "x,[{"}], "c": null}"#).values >= 6);
+        assert_eq!(
+            shape(r#""a\"[,""#),
+            JsonShape {
+                values: 1,
+                depth: 0
+            }
+        );
+        assert_eq!(shape("7").values, 1);
+        let many = format!("[{}]", vec!["[]"; 1000].join(","));
+        assert!(shape(&many).values >= 1000);
+        assert!(
+            json_shape(many.as_bytes(), 10).values == 11,
+            "stops past the cap"
+        );
+    }
+
     #[test]
     fn params_past_15_mib_are_refused_with_their_size_and_those_under_taken() {
         let under = serde_json::json!({"pad": "x".repeat(MAX_PARAMS_BYTES - 100)});

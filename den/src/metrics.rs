@@ -230,7 +230,7 @@ impl Default for Inner {
             dependencies: counter_vec(
                 &registry,
                 "disbatch_den_dependencies_total",
-                "Workflow dependencies this node settled (for tasks its runners ended, or, as maintenance leader, for any ended task still marked as waited for), by what came of it: settled (ended tasks whose dependents were looked at), released (waiting tasks queued), cancelled (waiting tasks cancelled because a dependency failed or was cancelled), callbacks (batch callbacks released, each once), callbacks_failed (batch callbacks failed instead: their documents could not take the batch's outcome), errors (writes that failed and were left to the next settle; logged). Tasks waiting now: disbatch_queue_tasks{status=\"blocked\"} on the DCI",
+                "Workflow dependencies this node settled (for its runners' ends, or as leader for any end still marked), by what came of it: settled (ends looked at), released (waiting tasks queued), cancelled (by a failed or cancelled dependency), callbacks (batch callbacks released, once each), callbacks_failed (failed: too large to take the batch's outcome), errors (writes that failed, logged, left to the next settle). Waiting now: disbatch_queue_tasks{status=\"blocked\"} on the DCI",
                 &["how"],
             ),
             results: counter_vec(

@@ -265,12 +265,23 @@ pub(crate) async fn conclude(
     }
     // Units are read now, so an output that cannot be chained is said in the task's stderr
     // with its result, which stands. Only a success chains.
-    let chain = match (
-        &prepared.then,
-        result.as_ref().and_then(|m| m.get("output")),
-    ) {
-        (Some(then), Some(output)) if end == TaskEnd::Status(status::SUCCEEDED) => {
-            let chained = disbatch_core::chaining::units_from_output(output, fleet_time::now());
+    let output = match (&prepared.then, end == TaskEnd::Status(status::SUCCEEDED)) {
+        (Some(then), true) => {
+            crate::outcome::chained_output(result.as_ref(), spilled_output.as_deref())
+                .unwrap_or_else(|problem| {
+                    let line = format!("chaining to queue {then:?}: {problem}");
+                    note = Some(match note.take() {
+                        Some(n) => format!("{n}; {line}"),
+                        None => line,
+                    });
+                    None
+                })
+        }
+        _ => None,
+    };
+    let chain = match (&prepared.then, output) {
+        (Some(then), Some(output)) => {
+            let chained = disbatch_core::chaining::units_from_output(&output, fleet_time::now());
             for problem in &chained.problems {
                 let line = format!("chaining to queue {then:?}: {problem}");
                 note = Some(match note.take() {

@@ -10,10 +10,23 @@ use disbatch_core::model::retry_policy::{FailureKind, RetryDecision, RetryPolicy
 use disbatch_core::model::status;
 use disbatch_core::output::{MAX_DOCUMENT_SIZE, RESULT_INLINE_LIMIT};
 use disbatch_core::store::TaskEnd;
+use std::collections::BTreeMap;
+
+use disbatch_core::client_json::{json_shape, MAX_DEPTH};
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// Room the attempt record keeps for its own fields beside the result document.
 const RECORD_FIELDS: u64 = 16 * 1024;
+/// An `output` longer than this, as JSON text, is kept as that text (in GridFS) and never
+/// built as values here: what bounds a runner's memory whatever the output.
+pub const OUTPUT_KEPT_AS_TEXT: usize = 1024 * 1024;
+/// Values a result may hold besides an output kept as text: a tree of them costs a runner
+/// (and a worker host) some 100 bytes each, twice (as JSON values, then as BSON).
+pub const MAX_RESULT_VALUES: usize = 200_000;
+/// Values an output kept as text may hold to be chained from.
+const MAX_CHAINED_VALUES: usize = 1_000_000;
 
 /// How the plugin process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,23 +151,57 @@ struct ResultFile {
 
 /// Ok(None) for an empty file. A `status` that is not a positive integer is refused: taken
 /// for none, it would let a plugin that meant to fail succeed.
+///
+/// Bounded before anything is built: the members are taken as JSON text, an `output` over
+/// `OUTPUT_KEPT_AS_TEXT` (or too many values, or too deep) stays text (for GridFS), and the
+/// rest must hold at most `MAX_RESULT_VALUES` values, `MAX_DEPTH` deep. A 16 MB `{"a": [[], …]}` took a runner to
+/// 1 GB as a tree of values and then of BSON.
 fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("it is not valid JSON ({e})"))?;
-    if !value.is_object() {
-        return Err("it must hold a JSON object such as {\"status\": 1}".into());
-    }
+    let members: BTreeMap<String, Box<RawValue>> = match serde_json::from_slice(bytes) {
+        Ok(members) => members,
+        Err(e) => {
+            return Err(match serde_json::from_slice::<IgnoredAny>(bytes) {
+                Ok(_) => "it must hold a JSON object such as {\"status\": 1}".into(),
+                Err(_) => format!("it is not valid JSON ({e})"),
+            })
+        }
+    };
     // Kept as written (params that cannot be chained are said per unit, and the result still
     // stands), but it must encode: a field name with a NUL byte, which chained params refuse
     // too, would fail every write of the attempt record, for good.
     let unstorable = |e: String| format!("the database cannot store it: {e}");
-    disbatch_core::client_json::check_encodable_keys(&value, "result").map_err(unstorable)?;
-    let Value::Object(object) = value else {
-        return Err("it must hold a JSON object".into());
-    };
+    let mut object = Map::new();
+    let mut spilled_output = None;
+    let mut budget = MAX_RESULT_VALUES;
+    for (name, raw) in members {
+        let text = raw.get().as_bytes();
+        let shape = json_shape(text, budget);
+        let too_big = shape.values > budget || shape.depth > MAX_DEPTH;
+        if name == "output" && (text.len() > OUTPUT_KEPT_AS_TEXT || too_big) {
+            spilled_output = Some(text.to_vec());
+            continue;
+        }
+        if shape.values > budget {
+            return Err(format!(
+                "it holds more than {MAX_RESULT_VALUES} JSON values (by member {name:?}); a result holds at most that many besides an output of more than {OUTPUT_KEPT_AS_TEXT} bytes, which is kept as JSON text"
+            ));
+        }
+        if shape.depth > MAX_DEPTH {
+            return Err(format!(
+                "member {name:?} nests {} levels deep; the database stores at most {MAX_DEPTH}",
+                shape.depth
+            ));
+        }
+        budget -= shape.values;
+        let value: Value =
+            serde_json::from_str(raw.get()).map_err(|e| format!("it is not valid JSON ({e})"))?;
+        disbatch_core::client_json::check_encodable_keys(&value, &format!("result.{name}"))
+            .map_err(unstorable)?;
+        object.insert(name, value);
+    }
     let mut record = bson::to_document(&object).map_err(|e| unstorable(e.to_string()))?;
     let size = |d: &Document| {
         bson::to_vec(d)
@@ -163,7 +210,6 @@ fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
     };
     // Past the bound the output goes to GridFS as JSON text, as stdout does past its own;
     // what is left must fit the record.
-    let mut spilled_output = None;
     if size(&record)? > RESULT_INLINE_LIMIT {
         if let Some(output) = object.get("output") {
             let json = serde_json::to_vec(output).map_err(|e| unstorable(e.to_string()))?;
@@ -209,6 +255,29 @@ fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
         record,
         spilled_output,
     }))
+}
+
+/// The output a success chains from: the result's, or one kept as JSON text, read now if it
+/// holds at most `MAX_CHAINED_VALUES` values (units for a `then` queue: bounded as what a
+/// client may create in one request).
+pub fn chained_output<'a>(
+    result: Option<&'a Map<String, Value>>,
+    kept_as_text: Option<&[u8]>,
+) -> Result<Option<std::borrow::Cow<'a, Value>>, String> {
+    if let Some(output) = result.and_then(|m| m.get("output")) {
+        return Ok(Some(std::borrow::Cow::Borrowed(output)));
+    }
+    let Some(text) = kept_as_text else {
+        return Ok(None);
+    };
+    if json_shape(text, MAX_CHAINED_VALUES).values > MAX_CHAINED_VALUES {
+        return Err(format!(
+            "the output holds more than {MAX_CHAINED_VALUES} JSON values, more than a chain takes; nothing was chained"
+        ));
+    }
+    serde_json::from_slice(text)
+        .map(|v| Some(std::borrow::Cow::Owned(v)))
+        .map_err(|e| format!("the output cannot be read back ({e}); nothing was chained"))
 }
 
 /// A result's `status`: a whole number from 1 (succeeded) up; 2.0 is 2, as a plugin in a
@@ -432,20 +501,54 @@ mod tests {
         let spilled = o.spilled_output.expect("the output, as JSON text");
         let back: Value = serde_json::from_slice(&spilled).expect("JSON");
         assert_eq!(back.as_array().map(Vec::len), Some(1_400_000));
-        // The whole object is still there for chaining.
-        assert!(o.result.is_some_and(|m| m.contains_key("output")));
+        // Kept as text, it is read back only to chain, and only within bounds.
+        assert!(o.result.as_ref().is_some_and(|m| !m.contains_key("output")));
+        let problem = chained_output(o.result.as_ref(), Some(&spilled)).expect_err("too many");
+        assert!(
+            problem.contains("more than 1000000 JSON values"),
+            "{problem}"
+        );
+        let chained = chained_output(None, Some(b"[{\"key\": \"a\"}]")).expect("small");
+        assert_eq!(chained.as_deref(), Some(&serde_json::json!([{"key": "a"}])));
+        // Too many values for the record, though short as text: kept as text too.
+        let many = format!(r#"{{"output": [{}]}}"#, vec!["0"; 300_000].join(","));
+        let o = decide(Exit::Code(0), Some(many.as_bytes()));
+        assert_eq!((o.status, o.record), (1, Some(bson::doc! {})));
+        assert_eq!(o.spilled_output.map(|s| s.len()), Some(600_001));
         // A small output stays inline.
         let o = decide(Exit::Code(0), Some(br#"{"output": [0, 0]}"#));
         assert_eq!(o.spilled_output, None);
         assert_eq!(o.record, Some(bson::doc! {"output": [0_i64, 0_i64]}));
         // What is left must fit the record; the reason says where the output went.
-        let file = format!(r#"{{"other": [{zeros}], "output": 1}}"#);
+        let big = "x".repeat(16 * 1024 * 1024);
+        let file = format!(r#"{{"other": "{big}", "output": [{zeros}]}}"#);
         let o = decide(Exit::Code(0), Some(file.as_bytes()));
         assert_eq!((o.status, &o.record, &o.spilled_output), (2, &None, &None));
         let note = o.note.unwrap_or_default();
         assert!(
             note.contains("besides its output, which goes to GridFS")
                 && note.contains("an attempt record holds"),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn members_past_the_values_or_the_depth_bound_are_refused_before_being_built() {
+        // The shape that took a runner to 1 GB: 16 MB of empty arrays.
+        let arrays = vec!["[]"; 5_000_000].join(",");
+        let file = format!(r#"{{"a": [{arrays}]}}"#);
+        let o = decide(Exit::Code(0), Some(file.as_bytes()));
+        assert_eq!((o.status, &o.record), (2, &None));
+        let note = o.note.unwrap_or_default();
+        assert!(
+            note.contains("more than 200000 JSON values (by member \"a\")"),
+            "{note}"
+        );
+        let deep = format!(r#"{{"d": {}1{}}}"#, "[".repeat(101), "]".repeat(101));
+        let o = decide(Exit::Code(0), Some(deep.as_bytes()));
+        let note = o.note.unwrap_or_default();
+        assert!(
+            note.contains("member \"d\" nests 101 levels deep"),
             "{note}"
         );
     }

@@ -192,3 +192,63 @@ read line <&3"#,
     drop(den);
     db.drop().await;
 }
+
+/// A worker whose `done` result holds `member`: 16 MB of empty arrays, the shape that costs
+/// most per byte as a tree (about 200 bytes each, as JSON values then as BSON).
+fn arrays_worker(db: &TestDb, name: &str, member: &str) -> PathBuf {
+    let body = format!(
+        r#"{READY_AND_READ_TASK}
+{{ printf '{{"type":"done","attempt":"%s","exit":0,"result":{{"{member}":[' "$attempt"; yes '[]' | head -n 5300000 | tr '\n' ','; printf '[]]}}}}\n'; }} >&3
+read line <&3"#
+    );
+    db.script(name, &body)
+}
+
+#[tokio::test]
+async fn a_sixteen_mb_result_of_empty_arrays_is_bounded_before_it_is_built() {
+    let db = TestDb::new("hw_arrays").await;
+    let member = arrays_worker(&db, "member.sh", "a");
+    let output = arrays_worker(&db, "output.sh", "output");
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"plugins": {"member": member, "output": output}}),
+    );
+    let mut ids = Vec::new();
+    for plugin in ["member", "output"] {
+        let queue = worker_queue(&db, plugin, doc! {}).await;
+        ids.push(db.insert_tasks(queue, vec![doc! {"n": 1}.into()]).await[0]);
+    }
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&ids, scaled(Duration::from_secs(120)))
+        .await;
+    let host = worker_host(&den).expect("the node's worker host is running");
+    let peak_kib = procfs::peak_rss_kib(host).expect("the worker host's VmHWM");
+    println!("worker host peak RSS: {} MiB", peak_kib / 1024);
+    // Another member that big is refused by its shape, with the reason.
+    let refused = db.task(ids[0]).await;
+    let stderr = refused.get_str("stderr").unwrap_or("");
+    assert_eq!(refused.get_i32("status").ok(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("more than 200000 JSON values (by member \"a\")"),
+        "{stderr}"
+    );
+    // An output that big is kept as its JSON text in GridFS, never built.
+    let kept = db.task(ids[1]).await;
+    assert_eq!(
+        kept.get_i32("status").ok(),
+        Some(1),
+        "{:?}",
+        kept.get_str("stderr")
+    );
+    let attempts = db.closed_attempts(ids[1], 1).await;
+    let record = attempts.last().expect("the attempt");
+    assert!(record.get_object_id("output_file").is_ok(), "{record}");
+    assert!(
+        peak_kib < 200 * 1024,
+        "the worker host peaked at {} MiB reading two 16 MB results",
+        peak_kib / 1024
+    );
+    drop(den);
+    db.drop().await;
+}

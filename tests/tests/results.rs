@@ -432,3 +432,50 @@ async fn an_output_too_large_for_its_record_is_kept_in_gridfs_and_read_back_whol
     drop(den);
     db.drop().await;
 }
+
+/// A result file of 16 MB of empty arrays in a member besides `output`: refused by its shape
+/// before anything is built, the task failed with the reason. The runner's peak memory, as
+/// the kernel counts it for the node's reaped children, stays under 200 MiB (it was 1 GB).
+#[tokio::test]
+async fn a_sixteen_mb_result_file_of_empty_arrays_is_refused_in_bounded_memory() {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let db = TestDb::new("result_arrays").await;
+    let file = db.path("arrays.json");
+    let arrays = vec!["[]"; 5_300_000].join(",");
+    std::fs::write(&file, format!(r#"{{"a": [{arrays}]}}"#)).expect("the result file");
+    let plugin = db.script(
+        "arrays.sh",
+        &format!("cp '{}' \"$DISBATCH_RESULT\"", file.display()),
+    );
+    let config = write_config(&db, "node.json", json!({"plugins": {"arrays": plugin}}));
+    let queue = db.insert_queue("arrays", "arrays", 1).await;
+    let task = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&[task], Duration::from_secs(120)).await;
+    let done = db.task(task).await;
+    let stderr = done.get_str("stderr").unwrap_or("").to_string();
+    assert_eq!(done.get_i32("status").ok(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("more than 200000 JSON values (by member \"a\")"),
+        "{stderr}"
+    );
+    // The node has reaped its runner once it counts the exit; the node, reaped in turn when
+    // dropped, hands its children's peak to this test's process.
+    disbatch_tests::wait_for("the runner reaped", Duration::from_secs(60), || async {
+        den.metric("disbatch_den_runner_exits_total{queue=\"arrays\",result=\"success\"}")
+            .await
+            == 1.0
+    })
+    .await;
+    drop(den);
+    let peak_kib = getrusage(UsageWho::RUSAGE_CHILDREN)
+        .expect("getrusage")
+        .max_rss();
+    println!("largest reaped child: {} MiB", peak_kib / 1024);
+    assert!(
+        peak_kib < 200 * 1024,
+        "a process of the node's peaked at {} MiB",
+        peak_kib / 1024
+    );
+    db.drop().await;
+}
