@@ -76,7 +76,8 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
         .stdin(Stdio::piped())
         .stdout(create_output(&paths.stdout)?)
         .stderr(create_output(&paths.stderr)?)
-        // Its own process group, so the whole tree can be signalled (timeouts, cancel).
+        // Its own process group, so the whole tree can be signalled (timeouts, cancel, and
+        // what is left at its end).
         .process_group(0)
         .kill_on_drop(true);
     let identity = call.user.map(Identity::of);
@@ -102,6 +103,11 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
     }
     if let Some(config) = &call.queue_config {
         cmd.env("DISBATCH_QUEUE_CONFIG", config);
+    }
+    // This runner runs one plugin and then exits: as the subreaper of its descendants, it
+    // adopts what the plugin leaves behind even in a session of its own, to kill at its end.
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::debug!(error = %e, "cannot adopt what the plugin leaves behind; its group is still killed");
     }
     let mut child = cmd.spawn()?;
     if let Some(mut stdin) = child.stdin.take() {
@@ -161,12 +167,68 @@ impl Identity {
 
 impl crate::supervisor::Supervised for PluginProcess {
     async fn wait(&mut self) -> std::io::Result<Exit> {
-        self.child.wait().await.map(Exit::from)
+        let exit = self.child.wait().await.map(Exit::from);
+        // What the plugin left running dies with its run: a background job or a daemon would
+        // otherwise write into files, and outputs, that are no longer its own.
+        if let Some(group) = self.group {
+            // ESRCH: nothing of the group is left.
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+        let killed = kill_adopted_orphans();
+        if killed > 0 {
+            tracing::info!(
+                killed,
+                "killed processes the plugin left running in sessions of their own"
+            );
+        }
+        exit
     }
 
     async fn stop(&mut self, grace: Duration) -> std::io::Result<Exit> {
         stop_group(&mut self.child, self.group, grace).await
     }
+}
+
+/// Kills this runner's children other than its plugin: as its subreaper (`spawn`) it adopts
+/// what the plugin left behind in sessions or groups of their own, which its group kill
+/// misses. Each one killed may leave children of its own to adopt, so a few rounds. Returns
+/// how many were killed.
+fn kill_adopted_orphans() -> usize {
+    let me = std::process::id();
+    let mut killed = 0;
+    for _ in 0..8 {
+        let orphans = children_of(me);
+        if orphans.is_empty() {
+            break;
+        }
+        for pid in &orphans {
+            let pid = Pid::from_raw(*pid as i32);
+            if nix::sys::signal::kill(pid, Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+            // Reaped now that they are ours: SIGKILL makes this quick.
+            let _ = nix::sys::wait::waitpid(pid, None);
+        }
+    }
+    killed
+}
+
+/// The processes whose parent is `parent`, read from /proc.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // After the command's closing parenthesis: state, then the parent's pid.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
 }
 
 /// Stops a plugin's whole process group: SIGTERM, up to `grace` for `child` to exit, then

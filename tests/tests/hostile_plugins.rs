@@ -489,3 +489,51 @@ async fn run_as_nobody(program: &Path, args: &[&str]) -> Result<(Option<i32>, St
         std::fs::read_to_string(&log).unwrap_or_default(),
     ))
 }
+
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// What a plugin leaves running when it exits normally dies with its run: a background job
+/// in its process group, and a daemon in a session of its own, which would otherwise write
+/// into files and outputs that are no longer its own.
+#[tokio::test]
+async fn what_a_plugin_leaves_running_dies_with_its_run() {
+    let db = TestDb::new("leftovers").await;
+    let dir = db.path("pids");
+    std::fs::create_dir_all(&dir).expect("pids dir");
+    let plugin = db.script(
+        "leaves.sh",
+        &format!(
+            r#"d={dir}
+sh -c 'echo $$ > "$1.tmp"; mv "$1.tmp" "$1"; exec sleep 600' sh "$d/job" &
+setsid sh -c 'echo $$ > "$1.tmp"; mv "$1.tmp" "$1"; exec sleep 600' sh "$d/daemon" &
+while [ ! -s "$d/job" ] || [ ! -s "$d/daemon" ]; do sleep 0.05; done
+exit 0"#,
+            dir = dir.display()
+        ),
+    );
+    let config = write_config(&db, "node.json", json!({"plugins": {"leaves": plugin}}));
+    let queue = db.insert_queue("leaves", "leaves", 1).await;
+    let task = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&[task], Duration::from_secs(60)).await;
+    assert_eq!(db.task(task).await.get_i32("status").ok(), Some(1));
+    let pid = |name: &str| -> u32 {
+        std::fs::read_to_string(dir.join(name))
+            .expect("the pid file")
+            .trim()
+            .parse()
+            .expect("a pid")
+    };
+    let (job, daemon) = (pid("job"), pid("daemon"));
+    disbatch_tests::wait_for("the leftovers gone", Duration::from_secs(30), || async {
+        !running(job) && !running(daemon)
+    })
+    .await;
+    drop(den);
+    db.drop().await;
+}
