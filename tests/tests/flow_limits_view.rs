@@ -281,6 +281,12 @@ async fn the_cli_sets_shows_and_clears_limits() {
     assert!(!ok && text.contains("unique.states"), "{text}");
     let (ok, text) = output(&dci.cli(&["limits", "q", "--rate", "fast"]));
     assert!(!ok && text.contains("--rate takes STARTS/PERIOD"), "{text}");
+    // A period as people write it.
+    let (ok, text) = output(&dci.cli(&["limits", "q", "--rate", "5/min"]));
+    assert!(ok, "{text}");
+    let limits = disbatch_core::limits::parse(&queue_doc(&db, "q").await).expect("limits");
+    let rate = limits.rate.expect("a rate limit");
+    assert_eq!((rate.starts, rate.per.as_secs()), (5, 60), "{rate:?}");
     drop(dci);
     db.drop().await;
 }

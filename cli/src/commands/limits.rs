@@ -69,7 +69,8 @@ fn seconds(s: f64) -> Value {
     }
 }
 
-/// `50/10s`, `5/500ms`, `100/1m`, `3/s`, `20/2` (seconds): starts and the period in seconds.
+/// `50/10s`, `5/500ms`, `100/1m`, `5/min`, `3/s`, `20/2` (seconds): starts and the period in
+/// seconds.
 pub fn parse_rate(text: &str) -> Result<(u64, f64), String> {
     let bad = || format!("--rate takes STARTS/PERIOD like 50/10s, 5/500ms or 100/1m, not {text:?}");
     let (starts, period) = text.split_once('/').ok_or_else(bad)?;
@@ -84,11 +85,12 @@ pub fn parse_rate(text: &str) -> Result<(u64, f64), String> {
     } else {
         number.parse().map_err(|_| bad())?
     };
-    let scale = match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
+    // As people write them: `5/min` as well as `5/1m`.
+    let scale = match unit.to_ascii_lowercase().as_str() {
+        "ms" | "msec" | "msecs" | "millisecond" | "milliseconds" => 0.001,
+        "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
+        "h" | "hr" | "hrs" | "hour" | "hours" => 3600.0,
         _ => return Err(bad()),
     };
     if !number.is_finite() || number <= 0.0 {
@@ -281,6 +283,11 @@ mod tests {
         assert_eq!(parse_rate("100/1m"), Ok((100, 60.0)));
         assert_eq!(parse_rate("3/s"), Ok((3, 1.0)));
         assert_eq!(parse_rate("20/2"), Ok((20, 2.0)));
+        assert_eq!(parse_rate("5/min"), Ok((5, 60.0)));
+        assert_eq!(parse_rate("5/2min"), Ok((5, 120.0)));
+        assert_eq!(parse_rate("10/sec"), Ok((10, 1.0)));
+        assert_eq!(parse_rate("1000/hour"), Ok((1000, 3600.0)));
+        assert_eq!(parse_rate("7/Minute"), Ok((7, 60.0)));
         for bad in ["50", "x/1s", "5/1d", "5/-1s", "5/0s", "-1/1s"] {
             assert!(parse_rate(bad).is_err(), "{bad}");
         }
