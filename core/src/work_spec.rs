@@ -99,11 +99,15 @@ pub fn spec_load(
         int("interval")?.filter(|i| *i > 0).map(Bson::Int64),
         &mut unset,
     );
-    put(
-        queue::MIN_GB,
-        spec.get("min_gb").and_then(Value::as_f64).map(Bson::Double),
-        &mut unset,
-    );
+    let min_gb = match spec.get("min_gb") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_f64()
+                .filter(|gb| gb.is_finite() && *gb >= 0.0)
+                .ok_or(format!("min_gb must be a number of GB, 0 or more, not {v}"))?,
+        ),
+    };
+    put(queue::MIN_GB, min_gb.map(Bson::Double), &mut unset);
     put(
         queue::MAX_GETWORK,
         int("max_getwork")?.filter(|n| *n > 0).map(Bson::Int64),

@@ -28,6 +28,9 @@ pub struct Policy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     Host(String),
+    /// A header that names one thing given more than once: which one counts would be the
+    /// reader's guess, and a proxy's and ours could differ.
+    Repeated(&'static str),
     Origin {
         origin: String,
         method: Method,
@@ -46,6 +49,9 @@ impl Refusal {
         match self {
             Refusal::Host(host) => {
                 format!("host '{host}' is not allowed: add it to web.allowed_hosts")
+            }
+            Refusal::Repeated(header) => {
+                format!("the {header} header is given more than once; send it once")
             }
             Refusal::Origin { origin, method } if origin == "null" => format!(
                 "origin 'null' may not send {method} requests: pages without an origin \
@@ -116,6 +122,11 @@ impl Policy {
 
     /// The decision for one request, from its method, target and headers.
     pub fn check(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<(), Refusal> {
+        for (header, name) in [(HOST, "Host"), (ORIGIN, "Origin")] {
+            if headers.get_all(header).iter().nth(1).is_some() {
+                return Err(Refusal::Repeated(name));
+            }
+        }
         let host = headers
             .get(HOST)
             .map(|h| String::from_utf8_lossy(h.as_bytes()));

@@ -437,6 +437,68 @@ async fn foreign_hosts_are_refused_and_ips_localhost_and_configured_hosts_are_se
     any.db.drop().await;
 }
 
+/// A Host or an Origin given twice is refused, whichever copy would pass: a proxy in front
+/// may read the other one than we do.
+#[tokio::test]
+async fn a_host_or_origin_given_twice_is_refused() {
+    let s = site("hostile_http_repeated", json!({})).await;
+    let good_origin = format!("http://{}", s.host);
+    for (headers, name) in [
+        (
+            vec![("Host", s.host.as_str()), ("Host", "evil.example")],
+            "Host",
+        ),
+        (
+            vec![("Host", "evil.example"), ("Host", s.host.as_str())],
+            "Host",
+        ),
+        (
+            vec![
+                ("Host", s.host.as_str()),
+                ("Origin", good_origin.as_str()),
+                ("Origin", "http://evil.example"),
+            ],
+            "Origin",
+        ),
+    ] {
+        let mut all = headers.clone();
+        all.push(("Content-Type", JSON));
+        for (method, body) in [("GET", ""), ("POST", r#"{"name":"twice","plugin":"echo"}"#)] {
+            let r = send(s.dci.addr, raw(method, "/queues", &all, body)).await;
+            assert_eq!(r.status, 403, "{method} {headers:?}: {}", r.text());
+            assert_eq!(
+                error_of(&r),
+                format!("the {name} header is given more than once; send it once")
+            );
+        }
+    }
+    let queues = s.db.db.collection::<Document>("queues");
+    assert_eq!(
+        queues
+            .count_documents(doc! {"name": "twice"})
+            .await
+            .expect("count"),
+        0
+    );
+    // Once each, the same request is served.
+    let once = [
+        ("Host", s.host.as_str()),
+        ("Origin", good_origin.as_str()),
+        ("Content-Type", JSON),
+    ];
+    let r = send(
+        s.dci.addr,
+        raw(
+            "POST",
+            "/queues",
+            &once,
+            r#"{"name":"twice","plugin":"echo"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 #[tokio::test]
 async fn answers_carry_security_headers_and_html_a_content_security_policy() {
     let s = site("hostile_http_headers", json!({})).await;

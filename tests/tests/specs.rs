@@ -154,6 +154,8 @@ async fn bad_specs_are_refused_and_nothing_is_written() {
         (json!({"worker_max_tasks": -3}), "worker_max_tasks"),
         (json!({"worker_max_rss_mb": 1.5}), "worker_max_rss_mb"),
         (json!({"worker_start_s": [3]}), "worker_start_s"),
+        (json!({"min_gb": "lots"}), "min_gb must be a number of GB"),
+        (json!({"min_gb": -1}), "min_gb"),
     ] {
         let mut spec = bad.clone();
         spec["name"] = json!("w");
