@@ -63,12 +63,18 @@ impl Completion {
     pub fn encode(&self) -> Document {
         let r = &self.record;
         let opt = |v: Option<i32>| v.map_or(Bson::Null, Bson::Int32);
-        let (status, retry, not_before) = match self.end {
-            TaskEnd::Status(s) | TaskEnd::Discarded(s) => (Bson::Int32(s), false, Bson::Null),
-            TaskEnd::Retry { not_before } => (
+        let (status, retry, not_before, keep_key_slot) = match self.end {
+            TaskEnd::Status(s) | TaskEnd::Discarded(s) => {
+                (Bson::Int32(s), false, Bson::Null, false)
+            }
+            TaskEnd::Retry {
+                not_before,
+                keep_key_slot,
+            } => (
                 Bson::Null,
                 true,
                 not_before.map_or(Bson::Null, Bson::DateTime),
+                keep_key_slot,
             ),
         };
         doc! {
@@ -77,7 +83,7 @@ impl Completion {
             "outcome": r.end.outcome, "attempt_status": opt(r.end.status),
             "exit_code": opt(r.end.exit_code), "signal": opt(r.end.signal),
             "result": r.end.result.clone().map_or(Bson::Null, Bson::Document),
-            "status": status, "retry": retry, "not_before": not_before,
+            "status": status, "retry": retry, "not_before": not_before, "keep_key_slot": keep_key_slot,
             "task_discarded": r.end.task_discarded,
             "reason": r.end.reason.clone().map_or(Bson::Null, Bson::String),
             "output_file": r.end.output_file.map_or(Bson::Null, |o| Bson::ObjectId(o.file)),
@@ -109,6 +115,8 @@ impl Completion {
         let end = if d.get_bool("retry").unwrap_or(false) {
             TaskEnd::Retry {
                 not_before: d.get_datetime("not_before").ok().copied(),
+                // Absent from an older runner's completions: the slot is let go.
+                keep_key_slot: d.get_bool("keep_key_slot").unwrap_or(false),
             }
         } else {
             let status = int("status")?.ok_or("completion: no `status`")?;
@@ -380,8 +388,12 @@ mod tests {
             completion(TaskEnd::Status(1)),
             completion(TaskEnd::Retry {
                 not_before: Some(DateTime::from_millis(5)),
+                keep_key_slot: true,
             }),
-            completion(TaskEnd::Retry { not_before: None }),
+            completion(TaskEnd::Retry {
+                not_before: None,
+                keep_key_slot: false,
+            }),
             completion(TaskEnd::Discarded(3)),
         ];
         let mut pipe = Vec::new();

@@ -459,7 +459,7 @@ async fn relay_result(
                 label: outcome_label(c.record.end.outcome),
                 task_discarded: c.record.end.task_discarded,
                 retry_at: match c.end {
-                    TaskEnd::Retry { not_before } => not_before,
+                    TaskEnd::Retry { not_before, .. } => not_before,
                     _ => None,
                 },
             };

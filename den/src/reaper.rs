@@ -40,7 +40,7 @@ pub struct ReapReport {
 /// A recovery's name in metrics and logs.
 pub fn recovery_label(how: Recovery) -> &'static str {
     match how {
-        Recovery::Requeue => "requeue",
+        Recovery::Requeue { .. } => "requeue",
         Recovery::Orphan => "orphan",
         Recovery::Cancel => "cancel",
         Recovery::Fail { .. } => "fail",
@@ -51,7 +51,7 @@ pub fn recovery_label(how: Recovery) -> &'static str {
 impl ReapReport {
     fn count(&mut self, how: Recovery) {
         match how {
-            Recovery::Requeue => self.requeued += 1,
+            Recovery::Requeue { .. } => self.requeued += 1,
             Recovery::Orphan => self.orphaned += 1,
             Recovery::Cancel => self.cancelled += 1,
             Recovery::Fail { .. } => self.failed += 1,
@@ -76,6 +76,8 @@ impl ReapReport {
 pub struct LostPolicy {
     pub run: RunPolicy,
     pub max_retries: Option<u32>,
+    /// Its per-key concurrency is `ordered`: a requeued task keeps its key slot.
+    pub ordered_keys: bool,
 }
 
 /// Where a lost task goes: an operator's cancel wins; a claim that never started is queued
@@ -83,15 +85,18 @@ pub struct LostPolicy {
 /// until attempts run out, then discarded), else its `on_lost`, and a requeue that
 /// `max_retries` no longer allows fails the task ("too many retries", as Coordinate does).
 pub fn recovery_for(t: &ExpiredTask, policy: Option<&LostPolicy>) -> Recovery {
+    let requeue = Recovery::Requeue {
+        keep_key_slot: policy.is_some_and(|p| p.ordered_keys),
+    };
     if t.cancel_requested {
         return Recovery::Cancel;
     }
     if t.status == status::CLAIMED {
-        return Recovery::Requeue;
+        return requeue;
     }
     if let Some(retry) = policy.and_then(|p| p.run.retry) {
         match retry.decide(FailureKind::Lost, t.attempts, &t.id) {
-            RetryDecision::Retry(_) => return Recovery::Requeue,
+            RetryDecision::Retry(_) => return requeue,
             RetryDecision::Discard => {
                 return Recovery::Discard {
                     max_attempts: retry.max_attempts,
@@ -103,7 +108,7 @@ pub fn recovery_for(t: &ExpiredTask, policy: Option<&LostPolicy>) -> Recovery {
     match policy {
         Some(p) if p.run.on_lost == OnLost::Requeue => match p.max_retries {
             Some(max) if t.attempts >= max as i64 => Recovery::Fail { max_retries: max },
-            _ => Recovery::Requeue,
+            _ => requeue,
         },
         _ => Recovery::Orphan,
     }
@@ -144,6 +149,7 @@ impl Policies {
         let p = queue.map(|q| LostPolicy {
             run: q.run,
             max_retries: q.spec.max_retries,
+            ordered_keys: q.limits.concurrency.as_ref().is_some_and(|c| c.ordered),
         });
         self.0.insert(q, p);
         Ok(p)
@@ -341,15 +347,26 @@ mod tests {
                 ..RunPolicy::default()
             },
             max_retries,
+            ordered_keys: false,
         }
     }
 
     #[test]
     fn a_claim_that_never_started_is_always_requeued() {
         let t = expired(status::CLAIMED, 0);
-        assert_eq!(recovery_for(&t, None), Recovery::Requeue);
+        assert_eq!(
+            recovery_for(&t, None),
+            Recovery::Requeue {
+                keep_key_slot: false
+            }
+        );
         let orphaning = policy(OnLost::Orphan, None);
-        assert_eq!(recovery_for(&t, Some(&orphaning)), Recovery::Requeue);
+        assert_eq!(
+            recovery_for(&t, Some(&orphaning)),
+            Recovery::Requeue {
+                keep_key_slot: false
+            }
+        );
     }
 
     #[test]
@@ -359,9 +376,30 @@ mod tests {
         let orphan = policy(OnLost::Orphan, None);
         assert_eq!(recovery_for(&t, Some(&orphan)), Recovery::Orphan);
         let requeue = policy(OnLost::Requeue, None);
-        assert_eq!(recovery_for(&t, Some(&requeue)), Recovery::Requeue);
+        assert_eq!(
+            recovery_for(&t, Some(&requeue)),
+            Recovery::Requeue {
+                keep_key_slot: false
+            }
+        );
         let room = policy(OnLost::Requeue, Some(3));
-        assert_eq!(recovery_for(&t, Some(&room)), Recovery::Requeue);
+        assert_eq!(
+            recovery_for(&t, Some(&room)),
+            Recovery::Requeue {
+                keep_key_slot: false
+            }
+        );
+        // An ordered queue's task keeps its place among its key's tasks.
+        let ordered = LostPolicy {
+            ordered_keys: true,
+            ..room
+        };
+        assert_eq!(
+            recovery_for(&t, Some(&ordered)),
+            Recovery::Requeue {
+                keep_key_slot: true
+            }
+        );
         let spent = policy(OnLost::Requeue, Some(2));
         assert_eq!(
             recovery_for(&t, Some(&spent)),

@@ -220,8 +220,12 @@ pub(crate) async fn conclude(
             not_before: Some(DateTime::from_millis(
                 fleet_time::now().timestamp_millis() + delay.as_millis() as i64,
             )),
+            keep_key_slot: false,
         },
-        (_, Some(_)) => TaskEnd::Retry { not_before: None },
+        (_, Some(_)) => TaskEnd::Retry {
+            not_before: None,
+            keep_key_slot: false,
+        },
         (_, None) => TaskEnd::Status(status),
     };
     let failure = match stopped {
@@ -241,10 +245,11 @@ pub(crate) async fn conclude(
         task,
         fleet_time::now(),
     );
+    let end = end.keeping_key_slot(prepared.ordered_keys);
     // The attempt's reason: why it ended so (the runner's note) and what follows.
     let mut reason = match end {
         TaskEnd::Status(status::SUCCEEDED) => None,
-        TaskEnd::Retry { not_before } if followed.is_none() => Some(match not_before {
+        TaskEnd::Retry { not_before, .. } if followed.is_none() => Some(match not_before {
             Some(at) => format!(
                 "the plugin asked for a retry, not before {}",
                 at.try_to_rfc3339_string().unwrap_or_default()

@@ -347,6 +347,7 @@ pub fn follow_retry_policy(
                             now.timestamp_millis()
                                 .saturating_add(i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)),
                         )),
+                        keep_key_slot: false,
                     },
                     Some(format!(
                         "{kind_name} on attempt {attempt} of {max}; retrying in {:.1} s",
@@ -602,7 +603,8 @@ mod tests {
         assert_eq!(
             end,
             TaskEnd::Retry {
-                not_before: Some(DateTime::from_millis(1_001_000))
+                not_before: Some(DateTime::from_millis(1_001_000)),
+                keep_key_slot: false,
             }
         );
         assert!(line.unwrap().contains("attempt 1 of 3; retrying in 1.0 s"));
@@ -610,7 +612,8 @@ mod tests {
         assert_eq!(
             end,
             TaskEnd::Retry {
-                not_before: Some(DateTime::from_millis(1_002_000))
+                not_before: Some(DateTime::from_millis(1_002_000)),
+                keep_key_slot: false,
             }
         );
         let (end, line) = follow(failed, Some(FailureKind::Failed), false, 3);
@@ -634,7 +637,10 @@ mod tests {
             TaskEnd::Status(1)
         );
         // A retry the plugin asks for counts against max_attempts.
-        let asked = TaskEnd::Retry { not_before: None };
+        let asked = TaskEnd::Retry {
+            not_before: None,
+            keep_key_slot: false,
+        };
         assert_eq!(follow(asked, None, false, 2).0, asked);
         assert_eq!(follow(asked, None, false, 3).0, TaskEnd::Discarded(2));
         // No policy: Disbatch's behaviour.

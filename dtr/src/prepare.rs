@@ -19,6 +19,8 @@ pub struct Prepared {
     pub config_json: Option<String>,
     pub run: RunPolicy,
     pub worker: WorkerPolicy,
+    /// Its queue's per-key concurrency is `ordered`: a retry keeps its key slot.
+    pub ordered_keys: bool,
 }
 
 /// The queue as the runner found it: read, missing, or unreadable (with the reason).
@@ -76,6 +78,7 @@ pub fn prepare(
         config_json: queue.spec.config_json.clone(),
         run: queue.run,
         worker: queue.worker,
+        ordered_keys: queue.limits.concurrency.as_ref().is_some_and(|c| c.ordered),
     })
 }
 

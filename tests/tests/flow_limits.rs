@@ -358,6 +358,49 @@ async fn at_most_three_tasks_per_key_across_four_dens() {
     db.drop().await;
 }
 
+/// In a queue whose keys are not `ordered`, a task waiting for its retry lets go of its key
+/// slot: the key's next task runs meanwhile instead of waiting out the backoff (an hour here).
+#[tokio::test]
+async fn a_retry_waiting_in_an_unordered_queue_frees_its_key_for_the_next_task() {
+    let db = TestDb::new("keyfree").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("unordered", "echo", 0).await;
+    db.set_queue(
+        queue,
+        doc! {
+            "concurrency": {"key": "params.account", "max": 1},
+            "retry": {"max_attempts": 3, "base_s": 3600, "jitter": 0},
+        },
+    )
+    .await;
+    let ids = db
+        .insert_tasks(
+            queue,
+            vec![
+                doc! {"account": "a", "exit_code": 3}.into(),
+                doc! {"account": "a"}.into(),
+            ],
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    db.set_threads(queue, 2).await;
+    db.wait_complete(&ids[1..], Duration::from_secs(120)).await;
+    let waiting = db.task(ids[0]).await;
+    assert_eq!(
+        waiting.get_i32("status").ok(),
+        Some(-2),
+        "waiting for its retry: {waiting}"
+    );
+    assert!(waiting.get_datetime("not_before").is_ok(), "{waiting}");
+    assert!(
+        waiting.get("concurrency_slot").is_none() && waiting.get("concurrency_key").is_none(),
+        "its key slot was let go: {waiting}"
+    );
+    assert_eq!(db.task(ids[1]).await.get_i32("status").ok(), Some(1));
+    drop(den);
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn a_retry_keeps_its_place_and_a_dead_nodes_key_slot_comes_back() {
     let db = TestDb::new("keyretry").await;

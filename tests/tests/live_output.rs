@@ -492,7 +492,13 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
         .find(|t| t.id == lost)
         .expect("the lost task");
     let recovered = store
-        .recover_task(t, disbatch_core::store::Recovery::Requeue, "test")
+        .recover_task(
+            t,
+            disbatch_core::store::Recovery::Requeue {
+                keep_key_slot: false,
+            },
+            "test",
+        )
         .await
         .expect("recover");
     assert!(recovered);

@@ -106,7 +106,15 @@ async fn batch_answers(db: &TestDb, store: &Store) {
         completion(ours, a1, TaskEnd::Status(1), "succeeded"),
         completion(taken, a2, TaskEnd::Status(2), "failed"),
         completion(closed, a3, TaskEnd::Status(1), "succeeded"),
-        completion(retried, a4, TaskEnd::Retry { not_before: None }, "retry"),
+        completion(
+            retried,
+            a4,
+            TaskEnd::Retry {
+                not_before: None,
+                keep_key_slot: false,
+            },
+            "retry",
+        ),
     ];
     let acks = store.record_completions(&batch).await.expect("batch");
     assert_eq!(

@@ -42,8 +42,9 @@ pub struct ExpiredTask {
 /// Where recovery sends an expired task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recovery {
-    /// Queued again for any node.
-    Requeue,
+    /// Queued again for any node; `keep_key_slot` in an `ordered` queue, whose tasks of a key
+    /// keep their places (else a requeued task's wait would hold up its key's others).
+    Requeue { keep_key_slot: bool },
     /// Orphaned (-6), Disbatch's terminal state for a lost task.
     Orphan,
     /// Cancelled (-5): an operator had asked, and the runner is gone.
@@ -174,7 +175,7 @@ impl Store {
             });
         let mut set = doc! {task::MTIME: now};
         match how {
-            Recovery::Requeue => {
+            Recovery::Requeue { .. } => {
                 set.insert(task::STATUS, status::QUEUED);
                 set.insert(task::NODE, Bson::Null);
                 if delay > Duration::ZERO {
@@ -215,8 +216,14 @@ impl Store {
             task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
             task::LIVE_OUTPUT: "",
         };
-        // Requeued, it keeps its key slot as a retry does (its place); otherwise it ends.
-        if !matches!(how, Recovery::Requeue) {
+        // Requeued in an ordered queue, it keeps its key slot as a retry does (its place);
+        // otherwise the slot goes.
+        if !matches!(
+            how,
+            Recovery::Requeue {
+                keep_key_slot: true
+            }
+        ) {
             unset.insert(task::CONCURRENCY_KEY, "");
             unset.insert(task::CONCURRENCY_SLOT, "");
         }
@@ -227,7 +234,7 @@ impl Store {
             update.insert("$push", doc! {task::UNRECORDED_ATTEMPTS: lost.entry()});
         }
         let to = match how {
-            Recovery::Requeue => StatusGroup::Queued,
+            Recovery::Requeue { .. } => StatusGroup::Queued,
             Recovery::Orphan => StatusGroup::Orphaned,
             Recovery::Cancel => StatusGroup::Cancelled,
             Recovery::Fail { .. } | Recovery::Discard { .. } => StatusGroup::Failed,

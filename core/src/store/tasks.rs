@@ -69,14 +69,30 @@ impl From<OutputValue> for Bson {
 pub enum TaskEnd {
     /// Finished with this status (1 succeeded, ≥ 2 failed).
     Status(i32),
-    /// Back to queued for another attempt, not before the given time.
-    Retry { not_before: Option<DateTime> },
+    /// Back to queued for another attempt, not before the given time. `keep_key_slot`: it
+    /// keeps its per-key concurrency slot meanwhile, and so its place among its key's tasks
+    /// (an `ordered` queue's); otherwise the slot is free for the key's next task.
+    Retry {
+        not_before: Option<DateTime>,
+        keep_key_slot: bool,
+    },
     /// Finished with this failed status, and no retry will follow: its queue's `retry`
     /// policy is out of attempts, or the plugin refused one (`discarded_at` is set).
     Discarded(i32),
 }
 
 impl TaskEnd {
+    /// This end, a retry keeping its key slot when `keep` (its queue's keys are `ordered`).
+    pub fn keeping_key_slot(self, keep: bool) -> TaskEnd {
+        match self {
+            TaskEnd::Retry { not_before, .. } => TaskEnd::Retry {
+                not_before,
+                keep_key_slot: keep,
+            },
+            other => other,
+        }
+    }
+
     /// The status the task shows once this end is recorded.
     pub fn status(self) -> i32 {
         match self {
@@ -480,9 +496,17 @@ pub(crate) fn finish_statement(
             unset.insert(task::CONCURRENCY_KEY, "");
             unset.insert(task::CONCURRENCY_SLOT, "");
         }
-        // A task waiting for its retry keeps its key slot, and so its place among its key's
-        // tasks (`limits::Concurrency::ordered`); its next claim holds the same slot again.
-        TaskEnd::Retry { not_before } => {
+        // A task waiting for its retry in an `ordered` queue keeps its key slot, and so its
+        // place among its key's tasks; its next claim holds the same slot again. Elsewhere a
+        // retry's wait must not hold up the key's other tasks.
+        TaskEnd::Retry {
+            not_before,
+            keep_key_slot,
+        } => {
+            if !keep_key_slot {
+                unset.insert(task::CONCURRENCY_KEY, "");
+                unset.insert(task::CONCURRENCY_SLOT, "");
+            }
             set.insert(task::STATUS, status::QUEUED);
             set.insert(task::NODE, Bson::Null);
             unset.insert(task::COMPLETE, "");

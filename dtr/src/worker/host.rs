@@ -198,7 +198,7 @@ async fn run_one(
     use disbatch_core::store::TaskEnd;
     let task_discarded = matches!(report, Ok(RunReport::Recorded(TaskEnd::Discarded(_), _)));
     let retry_at = match report {
-        Ok(RunReport::Recorded(TaskEnd::Retry { not_before }, _)) => not_before,
+        Ok(RunReport::Recorded(TaskEnd::Retry { not_before, .. }, _)) => not_before,
         _ => None,
     };
     let outcome = match report {
