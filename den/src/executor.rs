@@ -173,6 +173,20 @@ impl Executor {
         self.live.lock().map_or(0, |l| l.len() as u32)
     }
 
+    /// This node's runners of their own (the worker host's tasks excluded): (task, attempt,
+    /// pid).
+    pub(crate) fn own_runners(&self) -> Vec<(ObjectId, ObjectId, u32)> {
+        self.live
+            .lock()
+            .map(|l| {
+                l.values()
+                    .filter(|r| !r.hosted)
+                    .map(|r| (r.task, r.attempt, r.pid))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The live runners (task, pid), reported on the node document as its child workers.
     pub fn runners(&self) -> Vec<(ObjectId, u32)> {
         self.live

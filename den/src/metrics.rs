@@ -85,6 +85,7 @@ struct Inner {
     db_errors: IntCounterVec,
     recoveries: IntCounterVec,
     attempt_records_repaired: IntCounter,
+    stale_runners_killed: IntCounter,
     outside_inserts_signalled: IntCounter,
     nodes_signalled: IntCounter,
     dependencies: IntCounterVec,
@@ -216,6 +217,11 @@ impl Default for Inner {
                 &registry,
                 "disbatch_den_attempt_records_repaired_total",
                 "Records of lost attempts this node, as maintenance leader, wrote or corrected because the recovery that took their task had not (its node or the server died between moving the task and writing the record); each is logged",
+            ),
+            stale_runners_killed: counter(
+                &registry,
+                "disbatch_den_stale_runners_killed_total",
+                "Runners this node killed because their attempt was closed as lost while they hung or were stopped past their lease (their task recovered); each frees its slot and is logged",
             ),
             outside_inserts_signalled: counter(
                 &registry,
@@ -480,6 +486,11 @@ impl DenMetrics {
         inc(&self.inner.recoveries, &[how]);
     }
 
+    /// Runners killed because their attempts were lost while they hung.
+    pub fn stale_runners_killed(&self, n: usize) {
+        self.inner.stale_runners_killed.inc_by(n as u64);
+    }
+
     /// Lost attempts' records written by the leader after their recovery was cut short.
     pub fn attempt_records_repaired(&self, n: u64) {
         self.inner.attempt_records_repaired.inc_by(n);
@@ -638,6 +649,7 @@ mod tests {
             "disbatch_den_wakeups_total{source=\"change_stream\"} 0",
             "disbatch_den_recoveries_total{how=\"orphan\"} 0",
             "disbatch_den_attempt_records_repaired_total 0",
+            "disbatch_den_stale_runners_killed_total 0",
             "disbatch_den_outside_inserts_signalled_total 0",
             "disbatch_den_nodes_signalled_total 0",
             "disbatch_build_info{git_sha=\"GIT\",version=\"VERSION\"} 1",

@@ -137,6 +137,7 @@ impl Node {
         let mut stats_keeper = StatsKeeper::new(self.stats_interval, &self.name);
         let count_writer = CountWriter::start(self.store.clone());
         let mut next_own_orphans = Instant::now();
+        let mut next_stale_check = Instant::now();
         let mut last_read: Option<Instant> = None;
         // Whether the last claim pass claimed anything: a busy node reads every pass.
         let mut claimed_lately = false;
@@ -180,6 +181,16 @@ impl Node {
                         if Instant::now() >= next_own_orphans {
                             reap_orphans(&self.store, &self.name).await?;
                             next_own_orphans = Instant::now() + OWN_ORPHANS_EVERY;
+                        }
+                        if Instant::now() >= next_stale_check && self.executor.live_runners() > 0 {
+                            let killed = crate::runner_deaths::kill_stale_runners(
+                                &self.store,
+                                &self.executor,
+                            )
+                            .await?;
+                            self.metrics.stale_runners_killed(killed);
+                            next_stale_check =
+                                Instant::now() + crate::runner_deaths::STALE_CHECK_EVERY;
                         }
                         leading = elector
                             .leads(

@@ -91,3 +91,37 @@ impl RunnerDeaths {
         }
     }
 }
+
+/// How often a node looks for runners whose attempts were lost, while it has any.
+pub const STALE_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// Kills this node's runners whose attempts were closed as lost: a runner that hangs or is
+/// stopped (SIGSTOP) past its lease never learns that its task was recovered, and would hold
+/// its slot, and so the node's room, for as long as it hangs. Its end then frees the slot as
+/// any runner's death does; its plugin dies with it (its parent-death signal), and whatever
+/// it would still write is fenced off by its attempt. Returns how many were killed.
+pub async fn kill_stale_runners(
+    store: &Store,
+    executor: &crate::executor::Executor,
+) -> disbatch_core::Result<usize> {
+    let runners = executor.own_runners();
+    let attempts: Vec<ObjectId> = runners.iter().map(|(_, a, _)| *a).collect();
+    let lost = store.lost_attempts(&attempts).await?;
+    let mut killed = 0;
+    for (task, attempt, pid) in runners.into_iter().filter(|(_, a, _)| lost.contains(a)) {
+        if pid <= 1 {
+            continue;
+        }
+        let target = nix::unistd::Pid::from_raw(pid as i32);
+        match nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL) {
+            Ok(()) => {
+                killed += 1;
+                tracing::warn!(task = %task, attempt = %attempt, pid, "killed a runner whose attempt was lost (its task was recovered while it hung); its slot is free");
+            }
+            Err(e) => {
+                tracing::debug!(task = %task, pid, error = %e, "could not kill a runner whose attempt was lost")
+            }
+        }
+    }
+    Ok(killed)
+}

@@ -57,6 +57,15 @@ fn processes_of_attempt(attempt: ObjectId) -> Vec<u32> {
         .collect()
 }
 
+/// Whether a process has exited: gone, or a zombie left for its parent to reap.
+fn exited(pid: Pid) -> bool {
+    kill(pid, None).is_err()
+        || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+}
+
 fn outcomes(records: &[Document]) -> Vec<String> {
     records
         .iter()
@@ -191,7 +200,7 @@ async fn a_paused_runner_that_lost_its_lease_cannot_overwrite_the_next_attempt()
             .into()],
         )
         .await[0];
-    let den = Den::start(&config, "n1");
+    let mut den = Den::start(&config, "n1");
     let (runner, first) = running_attempt(&db, id).await;
     wait_for(
         "the first plugin to start",
@@ -200,7 +209,11 @@ async fn a_paused_runner_that_lost_its_lease_cannot_overwrite_the_next_attempt()
     )
     .await;
     // A runner stopped dead (a paused VM, a partition): its lease passes, the task moves on.
+    // Its node dies too, or it would kill the runner once the attempt is lost (the next
+    // test); so the runner lives on, for the fencing to be what stops it.
     kill(runner, Signal::SIGSTOP).expect("stop the runner");
+    den.kill_hard();
+    let den = Den::start(&config, "n2");
     wait_for(
         "the second attempt to start",
         Duration::from_secs(60),
@@ -227,10 +240,11 @@ async fn a_paused_runner_that_lost_its_lease_cannot_overwrite_the_next_attempt()
     );
     // The first runner wakes up; its plugin has finished meanwhile. It must record nothing.
     kill(runner, Signal::SIGCONT).expect("continue the runner");
+    // Its node is dead: once it exits, nothing of ours reaps it, so a zombie has exited too.
     wait_for(
         "the first runner to exit",
         Duration::from_secs(30),
-        || async { kill(runner, None).is_err() },
+        || async { exited(runner) },
     )
     .await;
     let after = db.task(id).await;
@@ -244,6 +258,79 @@ async fn a_paused_runner_that_lost_its_lease_cannot_overwrite_the_next_attempt()
         Some("its lease passed on node n1"),
         "{records:?}"
     );
+    drop(den);
+    db.drop().await;
+}
+
+/// A runner stopped (SIGSTOP) past its lease holds nothing once its task is recovered: its
+/// node, which has room for one task, kills it, and claims the task again into that room.
+#[tokio::test]
+async fn a_stopped_runner_is_killed_once_its_attempt_is_lost_and_its_room_comes_back() {
+    let db = TestDb::new("lease_stale_runner").await;
+    let config = write_config(&db, "node.json", json!({}));
+    let queue = db.insert_queue("q", "echo", 2).await;
+    db.set_queue(queue, doc! {"lease": 3, "on_lost": "requeue"})
+        .await;
+    let den = Den::start(&config, "n1");
+    db.db
+        .collection::<Document>("nodes")
+        .update_one(doc! {"node": "n1"}, doc! {"$set": {"maxthreads": 1}})
+        .await
+        .expect("maxthreads 1");
+    let seen = den.passes().await;
+    wait_for(
+        "two passes after maxthreads",
+        Duration::from_secs(60),
+        || async { den.passes().await >= seen + 2.0 },
+    )
+    .await;
+    let (runs, gate) = (db.path("runs.txt"), db.path("gate"));
+    let id = db
+        .insert_tasks(
+            queue,
+            vec![doc! {"print_env": ["DISBATCH_ATTEMPT"], "append_to": runs.to_string_lossy().to_string(),
+            "hold_until": gate.to_string_lossy().to_string()}
+            .into()],
+        )
+        .await[0];
+    let (runner, first) = running_attempt(&db, id).await;
+    wait_for(
+        "the first plugin to start",
+        Duration::from_secs(60),
+        || async { read_lines(&runs).len() == 1 },
+    )
+    .await;
+    kill(runner, Signal::SIGSTOP).expect("stop the runner");
+    // Recovered by its lease, then claimed again by the same node: only once the stopped
+    // runner's room is free again.
+    wait_for(
+        "the second attempt to start",
+        Duration::from_secs(120),
+        || async { read_lines(&runs).len() == 2 },
+    )
+    .await;
+    assert_eq!(db.task(id).await.get_str("node").ok(), Some("n1"));
+    assert_eq!(
+        den.metric("disbatch_den_stale_runners_killed_total").await,
+        1.0
+    );
+    assert!(
+        den.log_text()
+            .contains("killed a runner whose attempt was lost"),
+        "{}",
+        den.log_text()
+    );
+    // The stopped runner is gone, and its plugin with it.
+    wait_for(
+        "the stopped runner and its plugin gone",
+        Duration::from_secs(30),
+        || async { kill(runner, None).is_err() && processes_of_attempt(first).is_empty() },
+    )
+    .await;
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&[id], Duration::from_secs(60)).await;
+    let records = db.closed_attempts(id, 2).await;
+    assert_eq!(outcomes(&records), ["lost", "succeeded"], "{records:?}");
     drop(den);
     db.drop().await;
 }

@@ -122,6 +122,27 @@ impl Store {
         }))
     }
 
+    /// Of `ids`, the attempts closed as lost: their tasks were recovered (their lease passed,
+    /// their node was taken for dead), whatever their runners still think.
+    pub async fn lost_attempts(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cursor = self
+            .raw(ATTEMPTS)
+            .find(doc! {attempt::ID: {"$in": ids}, attempt::OUTCOME: "lost"})
+            .projection(doc! {attempt::ID: 1})
+            .await
+            .map_err(|e| Error::mongo("reading which attempts were lost", e))?;
+        let found = self
+            .read_all(ATTEMPTS, cursor, "reading which attempts were lost")
+            .await?;
+        Ok(found
+            .iter()
+            .filter_map(|d| d.get_object_id(attempt::ID).ok())
+            .collect())
+    }
+
     /// A task's newest `limit` attempts, oldest first, with only the `fields` asked for (an
     /// attempt's plugin result may be 16 MiB: a listing must not read it), one at a time as
     /// the caller takes them; and whether older ones were left out. Counted first (index
