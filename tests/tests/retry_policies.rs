@@ -260,55 +260,6 @@ async fn retries_that_overlap_their_last_runner_are_each_counted_and_free_their_
     db.drop().await;
 }
 
-/// A task that used all its attempts and was retried by hand gets the policy's attempts again,
-/// as a retry of a whole queue's failures does; the attempt records keep every run.
-#[tokio::test]
-async fn an_operator_retry_gives_a_spent_task_its_attempts_again() {
-    let db = TestDb::new("retry_by_hand").await;
-    let always = db.script("always.sh", "exit 5");
-    let config = write_config(&db, "node.json", json!({"plugins": {"always": always}}));
-    let policy = doc! {"retry": {"max_attempts": 2, "base_s": 0, "jitter": 0}};
-    // One task retried by itself, one by a retry of its queue's failures.
-    let mut ids = Vec::new();
-    for name in ["one", "all"] {
-        let q = db.insert_queue(name, "always", 1).await;
-        db.set_queue(q, policy.clone()).await;
-        ids.push(db.insert_tasks(q, vec![doc! {}.into()]).await[0]);
-    }
-    let den = Den::start(&config, "n1");
-    db.wait_complete(&ids, Duration::from_secs(90)).await;
-    let dci = disbatch_tests::Dci::start(&config);
-    let (s, body) = dci
-        .post(&format!("/tasks/{}/retry", ids[0].to_hex()), json!({}))
-        .await;
-    assert_eq!(s, 200, "{body}");
-    let (s, body) = dci
-        .post("/queues/all/retry", json!({"status": "failed"}))
-        .await;
-    assert_eq!(s, 200, "{body}");
-    // Each runs its two attempts again: four closed attempt records, then discarded again.
-    for id in &ids {
-        let records = db.closed_attempts(*id, 4).await;
-        assert_eq!(records.len(), 4, "{records:?}");
-        assert!(
-            !reason(&records[2]).contains("out of attempts"),
-            "{}",
-            records[2]
-        );
-        let last = &records[3];
-        assert_eq!(last.get_bool("task_discarded").ok(), Some(true), "{last}");
-        assert!(reason(last).contains("failed on attempt 2 of 2"), "{last}");
-    }
-    db.wait_complete(&ids, Duration::from_secs(90)).await;
-    for id in &ids {
-        let task = db.task(*id).await;
-        assert_eq!(task.get_i32("attempts").ok(), Some(2), "{task}");
-    }
-    drop(dci);
-    drop(den);
-    db.drop().await;
-}
-
 #[tokio::test]
 async fn a_policy_retries_only_the_failures_it_names() {
     let db = TestDb::new("retry_on").await;

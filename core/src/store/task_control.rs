@@ -338,9 +338,6 @@ fn retryable_filter() -> Vec<bson::Document> {
     ]
 }
 
-/// An operator's retry: queued again with its output cleared and its attempts counted
-/// afresh, so a retry policy gives it its `max_attempts` again (a task that had used them all
-/// failed at once). The attempt records keep the history.
 fn requeue_update() -> bson::Document {
     doc! {
         "$set": {
@@ -349,7 +346,6 @@ fn requeue_update() -> bson::Document {
             task::STDOUT: Bson::Null,
             task::STDERR: Bson::Null,
             task::MTIME: fleet_time::now(),
-            task::ATTEMPTS: 0_i32,
         },
         // A discarded task retried by hand is no longer given up on.
         "$unset": release_holds(&[
