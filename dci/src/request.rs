@@ -9,20 +9,24 @@ use bson::oid::ObjectId;
 use crate::error::{ApiError, ApiResult};
 use crate::params::{parse, Params};
 
-fn read_params(
-    headers: &HeaderMap,
-    query: Option<&str>,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Params> {
-    let body = body.map_err(|e| {
+/// A request's body, or the JSON error for one over `web.max_body_bytes` (413) or unreadable.
+pub fn body_bytes(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
+    body.map_err(|e| {
         let status = e.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::with(status, "request body is larger than web.max_body_bytes")
         } else {
             ApiError::with(status, format!("could not read the request body: {e}"))
         }
-    })?;
-    parse(headers, query, &body)
+    })
+}
+
+fn read_params(
+    headers: &HeaderMap,
+    query: Option<&str>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Params> {
+    parse(headers, query, &body_bytes(body)?)
 }
 
 /// Handlers take `Params` as their last argument: headers, query string and body decoded

@@ -7,7 +7,6 @@ use std::fmt;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
 use bson::oid::ObjectId;
 use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -65,14 +64,7 @@ impl<S: Send + Sync> FromRequest<S> for GraphBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            let status = e.status();
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::with(status, "request body is larger than web.max_body_bytes")
-            } else {
-                ApiError::with(status, format!("could not read the request body: {e}"))
-            }
-        })?;
+        let bytes = crate::request::body_bytes(Bytes::from_request(req, state).await)?;
         parse(&bytes)
     }
 }
