@@ -408,6 +408,9 @@ impl Node {
         elector.release(&self.store, &self.name).await;
         self.shut_down().await;
         drop(count_writer);
+        if let Some(notifier) = &self.notifier {
+            notifier.stop().await;
+        }
         self.store.clone().shutdown().await;
         Ok(())
     }

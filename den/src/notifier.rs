@@ -41,6 +41,8 @@ pub struct Notifier {
     /// Since the last `take_delays_changed`: a delayed task was inserted, tasks were queued
     /// again or a queue changed, so delayed tasks may exist that the leader did not know of.
     delays_changed: Arc<AtomicBool>,
+    /// The watcher, taken by `stop`.
+    watcher: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 /// The queues the stream's events named since they were last taken.
@@ -71,9 +73,30 @@ impl Notifier {
             signalled: Arc::new(Mutex::new(Signalled::default())),
             sees_inserts: Arc::new(AtomicBool::new(false)),
             delays_changed: Arc::new(AtomicBool::new(true)),
+            watcher: Arc::default(),
         };
-        tokio::spawn(keep_watching(store, notifier.clone(), metrics, await_time));
+        let watcher = tokio::spawn(keep_watching(store, notifier.clone(), metrics, await_time));
+        *notifier
+            .watcher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(watcher);
         notifier
+    }
+
+    /// Ends the watcher and drops its stream, for a node about to close its database client:
+    /// an open change stream's cursor keeps the client from closing (it waited the full 5 s).
+    pub async fn stop(&self) {
+        let watcher = self
+            .watcher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(watcher) = watcher {
+            watcher.abort();
+            // Cancelled is the expected end; a panic in it was already reported by its hook.
+            let _ = watcher.await;
+        }
+        self.sees_inserts.store(false, Ordering::Release);
     }
 
     /// Resolves at the next signal (or at once if one came since the last call).

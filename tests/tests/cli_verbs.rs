@@ -194,3 +194,35 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
     assert!(help.contains("running one is stopped"), "{help}");
     db.drop().await;
 }
+
+/// A mistyped option's usage line showed the option clap suggests as if it were required
+/// (`Usage: disbatch --url <URL> <COMMAND>`); the tip names it, the usage line is the plain one.
+#[test]
+fn a_mistyped_option_is_suggested_without_a_usage_line_that_requires_it() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(disbatch_tests::bin_path("disbatch"))
+            .args(args)
+            .output()
+            .expect("run disbatch");
+        assert_eq!(status(&out), Some(2), "usage exits 2: {out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let top = run(&["--ur", "http://x:1", "queues"]);
+    assert!(top.contains("a similar argument exists: '--url'"), "{top}");
+    assert!(top.contains("Usage: disbatch [OPTIONS] <COMMAND>"), "{top}");
+    assert!(!top.contains("--url <URL> <COMMAND>"), "{top}");
+    let sub = run(&["tasks", "--bogus"]);
+    assert!(
+        sub.contains("a similar argument exists: '--bound'"),
+        "{sub}"
+    );
+    assert!(
+        sub.contains("Usage: disbatch tasks [OPTIONS] [FILTER]"),
+        "{sub}"
+    );
+    let nested = run(&["queues", "--jsn"]);
+    assert!(
+        nested.contains("Usage: disbatch queues [OPTIONS]"),
+        "{nested}"
+    );
+}

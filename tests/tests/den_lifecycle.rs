@@ -123,6 +123,34 @@ async fn sigterm_gives_back_claimed_tasks_and_leaves_running_ones_running() {
     db.drop().await;
 }
 
+/// The leader's open change stream once held the database client open at shutdown: SIGTERM
+/// took the full 5 s grace and logged that the client did not close.
+#[tokio::test]
+async fn sigterm_closes_the_change_stream_and_the_database_client_at_once() {
+    let db = TestDb::new("sigterm_stream").await;
+    // The default interval: an idle stream's wait on the server (ten passes, 10 s) outlasts
+    // the client's 5 s grace, as on a production node.
+    let config = write_config(&db, "node.json", json!({"loop_interval_ms": 1000}));
+    let mut den = Den::start(&config, "n1");
+    wait_for(
+        "the leader's change stream",
+        Duration::from_secs(60),
+        || {
+            let open = den.metric("disbatch_den_change_streams_open");
+            async move { open.await == 1.0 }
+        },
+    )
+    .await;
+    assert_eq!(den.stop(), Some(0), "clean exit on SIGTERM");
+    let log = den.log_text();
+    assert!(log.contains("INFO disbatchd: stopped"), "{log}");
+    assert!(
+        !log.contains("did not close"),
+        "the client waited for the stream: {log}"
+    );
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn a_killed_and_restarted_den_completes_a_running_task_exactly_once() {
     let db = TestDb::new("restart").await;
