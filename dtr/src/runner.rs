@@ -2,7 +2,7 @@
 //! plugin, then record the attempt and the task's result, fenced on the attempt.
 
 use bson::oid::ObjectId;
-use bson::{Bson, DateTime, Document};
+use bson::{DateTime, Document};
 use disbatch_core::config::Config;
 use disbatch_core::fleet_time;
 use disbatch_core::handoff::Handoff;
@@ -423,12 +423,8 @@ async fn chain_output(
     }
 }
 
-/// How many attempts have started, this one included (`attempts` is incremented on start).
+/// How many attempts have started since an operator last retried the task, this one
+/// included (`attempts` is incremented on start): what its policy and `max_retries` count.
 fn attempts_started(doc: &Document) -> i64 {
-    match doc.get(field::ATTEMPTS) {
-        Some(Bson::Int32(n)) => *n as i64,
-        Some(Bson::Int64(n)) => *n,
-        Some(Bson::Double(n)) => *n as i64,
-        _ => 1,
-    }
+    disbatch_core::store::attempts_counted(doc)
 }

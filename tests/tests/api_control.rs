@@ -386,3 +386,109 @@ async fn deleting_a_task_removes_it_and_its_output_files() {
     drop(dci);
     db.drop().await;
 }
+
+/// An operator's retry gives a task its retry policy's attempts (and `max_retries`') again:
+/// before, a retried task that had used them failed on its first new attempt. `attempts`
+/// still counts every start; `attempts_before_retry` is what it was at the retry.
+#[tokio::test]
+async fn a_task_retried_by_hand_gets_its_attempts_again() {
+    let db = TestDb::new("api_retry_attempts").await;
+    let runs = db.path("runs.txt");
+    let always = db.script(
+        "always.sh",
+        &format!(
+            "echo $DISBATCH_TASK_ID >> {}; echo boom >&2; exit 5",
+            runs.display()
+        ),
+    );
+    // Coordinate's `max_retries` caps the retries a plugin asks for.
+    let asks = db.script(
+        "asks.sh",
+        &format!(
+            "echo $DISBATCH_TASK_ID >> {}; echo '{{\"retry\": true}}' > \"$DISBATCH_RESULT\"; exit 1",
+            runs.display()
+        ),
+    );
+    let config = write_config(
+        &db,
+        "node.json",
+        json!({"plugins": {"always": always, "asks": asks}}),
+    );
+    let q = db.insert_queue("q", "always", 2).await;
+    db.set_queue(q, doc! {"retry": {"max_attempts": 2, "base_s": 0}})
+        .await;
+    let capped = db.insert_queue("capped", "asks", 1).await;
+    db.set_queue(capped, doc! {"max_retries": 2}).await;
+    let one = db.insert_tasks(q, vec![doc! {"t": 1}.into()]).await[0];
+    let two = db.insert_tasks(q, vec![doc! {"t": 2}.into()]).await[0];
+    let asking = db.insert_tasks(capped, vec![doc! {}.into()]).await[0];
+    let runs_of = |id: ObjectId| {
+        let hex = id.to_hex();
+        read_lines(&runs).iter().filter(|l| **l == hex).count()
+    };
+    let mut den = Den::start(&config, "n1");
+    let dci = Dci::start(&config);
+    db.wait_complete(&[one, two, asking], Duration::from_secs(90))
+        .await;
+    // Stopped, so the retried tasks are read as the retry left them.
+    den.stop();
+    for id in [one, two] {
+        let t = db.task(id).await;
+        assert!(t.get_datetime("discarded_at").is_ok(), "{t}");
+        assert_eq!(runs_of(id), 2, "{t}");
+    }
+    assert_eq!(runs_of(asking), 2, "{}", db.task(asking).await);
+    let (_, listed) = dci.get("/queues/q").await;
+    assert_eq!(listed["discarded"], json!(2), "{listed}");
+
+    // One task by hand, the other by its queue's retry, the capped one by hand.
+    let (code, body) = dci
+        .post(&format!("/tasks/{}/retry", one.to_hex()), json!({}))
+        .await;
+    assert_eq!((code, body), (200, update_result(1, 1)));
+    let (code, body) = dci
+        .post("/queues/q/retry", json!({"status": "failed"}))
+        .await;
+    assert_eq!(
+        (code, body),
+        (200, update_result(1, 1)),
+        "only the other is failed"
+    );
+    let (code, _) = dci
+        .post(&format!("/tasks/{}/retry", asking.to_hex()), json!({}))
+        .await;
+    assert_eq!(code, 200);
+    for id in [one, two, asking] {
+        let t = db.task(id).await;
+        assert_eq!(t.get_i32("attempts_before_retry").ok(), Some(2), "{t}");
+        assert_eq!(t.get_i32("attempts").ok(), Some(2), "kept: {t}");
+        assert!(t.get("discarded_at").is_none(), "{t}");
+    }
+    let den = Den::start(&config, "n1");
+    db.wait_complete(&[one, two, asking], Duration::from_secs(90))
+        .await;
+    for id in [one, two] {
+        let t = db.task(id).await;
+        assert_eq!(runs_of(id), 4, "two new attempts, not one: {t}");
+        assert_eq!(t.get_i32("attempts").ok(), Some(4), "{t}");
+        assert!(t.get_datetime("discarded_at").is_ok(), "{t}");
+        assert!(
+            t.get_str("stderr")
+                .unwrap_or("")
+                .contains("failed on attempt 2 of 2: out of attempts, discarded"),
+            "{t}"
+        );
+    }
+    let t = db.task(asking).await;
+    assert_eq!(runs_of(asking), 4, "{t}");
+    assert!(
+        t.get_str("stderr")
+            .unwrap_or("")
+            .contains("attempt 2 asked for another, max_retries is 2"),
+        "{t}"
+    );
+    let (_, listed) = dci.get("/queues/q").await;
+    assert_eq!(listed["discarded"], json!(2), "{listed}");
+    drop((dci, den));
+    db.drop().await;
+}

@@ -30,7 +30,8 @@ pub struct ExpiredTask {
     pub status: i32,
     pub node: Option<String>,
     pub attempt: Option<ObjectId>,
-    /// Attempts started so far (this one included).
+    /// Attempts started since an operator last retried the task (this one included): what
+    /// its retry policy and `max_retries` count.
     pub attempts: i64,
     pub cancel_requested: bool,
     /// None for a lease-less claim (a Perl node's), which is matched by its `mtime` instead.
@@ -313,7 +314,7 @@ pub(super) fn expired_task(d: &Document) -> Option<ExpiredTask> {
         status,
         node: d.get_str(task::NODE).ok().map(str::to_string),
         attempt: d.get_object_id(task::ATTEMPT).ok(),
-        attempts: super::count_value(d.get(task::ATTEMPTS)).min(i64::MAX as u64) as i64,
+        attempts: super::attempts_counted(d),
         cancel_requested: d.get(task::CANCEL_REQUESTED).is_some(),
         lease_until: d.get_datetime(task::LEASE_UNTIL).ok().copied(),
         started: d.get_datetime(task::MTIME).ok().copied(),
@@ -324,6 +325,7 @@ pub(super) fn expired_task(d: &Document) -> Option<ExpiredTask> {
 pub(super) fn recovery_fields() -> Document {
     doc! {
         task::QUEUE: 1, task::STATUS: 1, task::NODE: 1, task::ATTEMPT: 1,
-        task::ATTEMPTS: 1, task::CANCEL_REQUESTED: 1, task::LEASE_UNTIL: 1, task::MTIME: 1,
+        task::ATTEMPTS: 1, task::ATTEMPTS_BEFORE_RETRY: 1, task::CANCEL_REQUESTED: 1,
+        task::LEASE_UNTIL: 1, task::MTIME: 1,
     }
 }

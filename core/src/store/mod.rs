@@ -350,6 +350,14 @@ impl From<mongodb::results::DeleteResult> for WriteCounts {
 }
 
 /// A count from an aggregation (`$sum` gives Int32, Int64 or Double); absent or negative is 0.
+/// The attempts a task's retry policy and `max_retries` count: those started since an
+/// operator last retried it (`attempts_before_retry`), this one included, at least 1.
+pub fn attempts_counted(task: &bson::Document) -> i64 {
+    let started = count_value(task.get(schema::task::ATTEMPTS)).max(1);
+    let before = count_value(task.get(schema::task::ATTEMPTS_BEFORE_RETRY));
+    i64::try_from(started.saturating_sub(before).max(1)).unwrap_or(i64::MAX)
+}
+
 pub(crate) fn count_value(value: Option<&bson::Bson>) -> u64 {
     match value {
         Some(bson::Bson::Int32(n)) => (*n).max(0) as u64,

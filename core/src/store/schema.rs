@@ -41,6 +41,10 @@ pub mod task {
     /// How many attempts have started, and the current one's id (its fencing token).
     pub const ATTEMPTS: &str = "attempts";
     pub const ATTEMPT: &str = "attempt";
+    /// Ours: `attempts` when an operator last retried the task. Retry policies and
+    /// `max_retries` count the attempts since then, so a retried task gets its attempts again;
+    /// `attempts` itself keeps counting every start.
+    pub const ATTEMPTS_BEFORE_RETRY: &str = "attempts_before_retry";
     /// Ours: a claimed or running task is recovered by any node once this date passes;
     /// its runner keeps moving it forward. Unset when the task ends.
     pub const LEASE_UNTIL: &str = "lease_until";

@@ -298,7 +298,7 @@ impl Store {
         &self,
         id: ObjectId,
         filter: bson::Document,
-        update: bson::Document,
+        update: Vec<bson::Document>,
         what: &str,
     ) -> Result<ControlOutcome> {
         let done = self
@@ -338,19 +338,29 @@ fn retryable_filter() -> Vec<bson::Document> {
     ]
 }
 
-fn requeue_update() -> bson::Document {
-    doc! {
-        "$set": {
+/// A pipeline, to note the attempts made so far: a task retried by hand gets its retry
+/// policy's and `max_retries`' attempts again, and `attempts` still counts every start.
+fn requeue_update() -> Vec<bson::Document> {
+    // A discarded task retried by hand is no longer given up on.
+    let unset: Vec<String> = release_holds(&[
+        task::COMPLETE,
+        task::LEASE_UNTIL,
+        task::CANCEL_REQUESTED,
+        task::LIVE_OUTPUT,
+        task::DISCARDED_AT,
+    ])
+    .into_iter()
+    .map(|(field, _)| field)
+    .collect();
+    vec![
+        doc! {"$set": {
             task::STATUS: status::QUEUED,
             task::NODE: Bson::Null,
             task::STDOUT: Bson::Null,
             task::STDERR: Bson::Null,
             task::MTIME: fleet_time::now(),
-        },
-        // A discarded task retried by hand is no longer given up on.
-        "$unset": release_holds(&[
-            task::COMPLETE, task::LEASE_UNTIL, task::CANCEL_REQUESTED, task::LIVE_OUTPUT,
-            task::DISCARDED_AT,
-        ]),
-    }
+            task::ATTEMPTS_BEFORE_RETRY: {"$ifNull": [format!("${}", task::ATTEMPTS), 0]},
+        }},
+        doc! {"$unset": unset},
+    ]
 }

@@ -129,17 +129,26 @@ impl Moved {
 
 /// How a write changes a task's discarded mark, from the task before it (with
 /// `discarded_at` in its projection) and the update: set where it had none, +1; removed
-/// where it had one, -1. An update of another kind (a pipeline) changes no mark here.
+/// where it had one, -1, whether the update is a document or a pipeline.
 pub(super) fn discard_change(
     before: &Document,
     update: &mongodb::options::UpdateModifications,
 ) -> i64 {
-    let mongodb::options::UpdateModifications::Document(u) = update else {
-        return 0;
-    };
-    let names = |op: &str| {
-        u.get_document(op)
-            .is_ok_and(|d| d.contains_key(task::DISCARDED_AT))
+    use mongodb::options::UpdateModifications;
+    let names = |op: &str| match update {
+        UpdateModifications::Document(u) => u
+            .get_document(op)
+            .is_ok_and(|d| d.contains_key(task::DISCARDED_AT)),
+        // A pipeline's `$set` is a document; its `$unset` a name or a list of names.
+        UpdateModifications::Pipeline(stages) => stages.iter().any(|stage| match stage.get(op) {
+            Some(Bson::Document(d)) => d.contains_key(task::DISCARDED_AT),
+            Some(Bson::String(name)) => name == task::DISCARDED_AT,
+            Some(Bson::Array(names)) => {
+                names.iter().any(|n| n.as_str() == Some(task::DISCARDED_AT))
+            }
+            _ => false,
+        }),
+        _ => false,
     };
     let had = before.contains_key(task::DISCARDED_AT);
     match (had, names("$set"), names("$unset")) {
