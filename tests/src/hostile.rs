@@ -113,6 +113,27 @@ pub async fn openapi_routes(addr: SocketAddr) -> Vec<(String, String)> {
     routes
 }
 
+/// The status codes `/openapi.json` documents for each operation, by (METHOD, path template).
+pub async fn openapi_responses(
+    addr: SocketAddr,
+) -> std::collections::BTreeMap<(String, String), std::collections::BTreeSet<u16>> {
+    let r = raw_http(addr, &get_request("/openapi.json"), Duration::from_secs(30))
+        .await
+        .expect("GET /openapi.json");
+    let doc: serde_json::Value = serde_json::from_slice(&r.body).expect("openapi JSON");
+    let mut out = std::collections::BTreeMap::new();
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in ops.as_object().expect("operations") {
+            let codes = op["responses"]
+                .as_object()
+                .map(|rs| rs.keys().filter_map(|k| k.parse().ok()).collect())
+                .unwrap_or_default();
+            out.insert((method.to_ascii_uppercase(), path.clone()), codes);
+        }
+    }
+    out
+}
+
 /// The path parameter names of a template: `/tasks/{id}` → `["id"]`.
 pub fn path_params(template: &str) -> Vec<&str> {
     template

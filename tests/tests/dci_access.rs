@@ -197,6 +197,51 @@ async fn tokens_guard_each_route_by_its_role() {
     assert_eq!(doc["paths"]["/queues"]["post"]["x-disbatch-role"], "admin");
     assert_eq!(doc["paths"]["/tasks"]["post"]["x-disbatch-role"], "operate");
     assert_eq!(doc["paths"]["/"]["get"]["x-disbatch-role"], "public");
+    // Every guarded operation documents the refusals a token can get, and the fields that
+    // need more than the route's role are listed and refused as listed.
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in ops.as_object().expect("operations") {
+            if op["x-disbatch-role"] != "public" {
+                for code in ["401", "403"] {
+                    assert!(
+                        op["responses"][code].is_object(),
+                        "{method} {path} lacks {code}"
+                    );
+                }
+            }
+        }
+    }
+    let update = &doc["paths"]["/queues/{queue}"]["post"];
+    assert_eq!(update["x-disbatch-role"], "operate");
+    let admin_fields: Vec<&str> = update["x-disbatch-admin-fields"]
+        .as_array()
+        .expect("admin fields")
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    assert!(
+        ["name", "plugin", "worker"]
+            .iter()
+            .all(|f| admin_fields.contains(f)),
+        "{admin_fields:?}"
+    );
+    assert!(
+        update["responses"]["403"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("below admin for name, plugin")),
+        "{update}"
+    );
+    for field in admin_fields {
+        let (status, _, body) = call(
+            &dci,
+            Method::POST,
+            &q,
+            Some(OPERATE),
+            Some(json!({ field: "x" })),
+        )
+        .await;
+        assert_eq!(status, 403, "{field} with an operate token: {body}");
+    }
     drop(dci);
     db.drop().await;
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_tests::hostile::{
-    crashes, enc, fill, nested_json, openapi_routes, path_params, raw_http, raw_http_then_eof,
-    LoggedDci,
+    crashes, enc, fill, nested_json, openapi_responses, openapi_routes, path_params, raw_http,
+    raw_http_then_eof, LoggedDci,
 };
 use disbatch_tests::hostile_requests::{
     framing_requests, junk_body, junk_headers, junk_value, request, BAD_QUERIES, JUNK_PATH, KEYS,
@@ -32,6 +32,9 @@ struct Probe {
     bytes: Vec<u8>,
     /// Broken framing: close the sending side after the bytes, so the server stops waiting.
     eof: bool,
+    /// The documented operation (METHOD, path template) it calls, when it uses the route's
+    /// own method: its answer's status must be one the document lists for it.
+    operation: Option<(String, String)>,
 }
 
 /// The documents requests may address by id or name; restored before every batch, since
@@ -92,6 +95,14 @@ fn probe(what: String, bytes: Vec<u8>) -> Probe {
         what,
         bytes,
         eof: false,
+        operation: None,
+    }
+}
+
+fn probe_of(method: &str, template: &str, what: String, bytes: Vec<u8>) -> Probe {
+    Probe {
+        operation: Some((method.to_string(), template.to_string())),
+        ..probe(what, bytes)
     }
 }
 
@@ -157,7 +168,9 @@ fn systematic(routes: &[(String, String)], targets: &Targets) -> Vec<Probe> {
         ];
         for path in &fills {
             for (what, ct, body) in &bodies {
-                out.push(probe(
+                out.push(probe_of(
+                    method,
+                    template,
                     format!("{method} {path} [{what}]"),
                     request(method.as_bytes(), path, *ct, b"", body),
                 ));
@@ -169,7 +182,9 @@ fn systematic(routes: &[(String, String)], targets: &Targets) -> Vec<Probe> {
         let path = &fills[0];
         for q in BAD_QUERIES {
             let target = format!("{path}?{q}");
-            out.push(probe(
+            out.push(probe_of(
+                method,
+                template,
                 format!("{method} {target}"),
                 request(method.as_bytes(), &target, None, b"", b""),
             ));
@@ -240,13 +255,16 @@ fn generated(
             }
             let (headers, header_what) = junk_headers(rng);
             let shown: String = target.chars().take(120).collect();
-            probe(
-                format!(
-                    "{method} {shown} [{body_what}] [{header_what}] ({} bytes)",
-                    body.len()
-                ),
-                request(method.as_bytes(), &target, ct.as_deref(), &headers, &body),
-            )
+            let what = format!(
+                "{method} {shown} [{body_what}] [{header_what}] ({} bytes)",
+                body.len()
+            );
+            let bytes = request(method.as_bytes(), &target, ct.as_deref(), &headers, &body);
+            if method == *route_method {
+                probe_of(route_method, template, what, bytes)
+            } else {
+                probe(what, bytes)
+            }
         })
         .collect()
 }
@@ -256,9 +274,8 @@ fn framing() -> Vec<Probe> {
     framing_requests()
         .into_iter()
         .map(|(what, bytes)| Probe {
-            what: format!("framing: {what}"),
-            bytes,
             eof: true,
+            ..probe(format!("framing: {what}"), bytes)
         })
         .collect()
 }
@@ -327,6 +344,7 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
     );
     let mut dci = LoggedDci::start(&config, &db.path("dci.log"));
     let routes = openapi_routes(dci.addr).await;
+    let documented = openapi_responses(dci.addr).await;
 
     let mut probes = systematic(&routes, &targets);
     let systematic_n = probes.len();
@@ -336,6 +354,8 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
     let started = Instant::now();
     let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
     let mut failures = Vec::new();
+    // Answers the document does not list for their operation, by operation and status.
+    let mut undocumented: BTreeMap<(String, String, u16), String> = BTreeMap::new();
     for chunk in probes.chunks(96) {
         targets.restore(&db).await;
         for (p, r) in chunk.iter().zip(send_all(dci.addr, chunk).await) {
@@ -344,6 +364,16 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
                     *statuses.entry(status).or_default() += 1;
                     if status >= 500 {
                         failures.push(format!("{status}: {}", p.what));
+                    }
+                    if let Some((method, template)) = &p.operation {
+                        let listed = documented
+                            .get(&(method.clone(), template.clone()))
+                            .is_some_and(|codes| codes.contains(&status));
+                        if !listed {
+                            undocumented
+                                .entry((method.clone(), template.clone(), status))
+                                .or_insert_with(|| p.what.chars().take(160).collect());
+                        }
                     }
                 }
                 Err(e) => failures.push(format!("{e}: {}", p.what)),
@@ -387,6 +417,16 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
             .join("\n")
     );
     assert!(dci.is_running(), "the DCI exited:\n{log}");
+    assert!(
+        undocumented.is_empty(),
+        "{} answers are not in /openapi.json's responses for their operation:\n{}",
+        undocumented.len(),
+        undocumented
+            .iter()
+            .map(|((m, t, s), what)| format!("{m} {t}: {s} (e.g. {what})"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert_eq!(crashes(&log), Vec::<String>::new(), "DCI log:\n{log}");
 
     let now_queue = db

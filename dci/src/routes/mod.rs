@@ -207,7 +207,7 @@ pub fn table() -> Vec<Route> {
             Method::POST,
             "/queues/{queue}",
             OPERATE,
-            "Update a queue's name, plugin, threads or sort",
+            "Update a queue's settings; its name, plugin and x-disbatch-admin-fields need admin",
             || post(queues::update),
         ),
         route(

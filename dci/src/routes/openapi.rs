@@ -46,6 +46,90 @@ const QUERY_PARAMETERS: [(&str, &str, &str, &str); 5] = [
     ),
 ];
 
+/// Routes whose role depends on the fields sent: the fields that need admin where the
+/// route needs less (`x-disbatch-admin-fields`, and the 403's description).
+type AdminFields = fn() -> Vec<&'static str>;
+const FIELD_ROLES: [(&str, &str, AdminFields); 1] = [("POST", "/queues/{queue}", || {
+    let mut fields = vec!["name", "plugin"];
+    fields.extend(super::queue_settings::ADMIN);
+    fields
+})];
+
+/// What a 409 means where a route has conflicts of its own, beside an unreadable document.
+const CONFLICTS: [(&str, &str, &str); 9] = [
+    (
+        "DELETE",
+        "/nodes/{node}",
+        "The node is live, or still holds tasks: it is not forgotten",
+    ),
+    (
+        "POST",
+        "/queues/{queue}/pause",
+        "The queue is already paused, or has no threads to pause",
+    ),
+    ("POST", "/queues/{queue}/resume", "The queue is not paused"),
+    (
+        "POST",
+        "/queues/{queue}",
+        "A flow limit asked for while live Perl nodes serve the queue (send \"force\": true)",
+    ),
+    (
+        "POST",
+        "/tasks/{id}/cancel",
+        "The task's status does not allow it: it has ended",
+    ),
+    (
+        "POST",
+        "/tasks/{id}/retry",
+        "The task's status does not allow it: it is queued, blocked or running",
+    ),
+    ("POST", "/tasks/{id}/discard", "The task has not failed"),
+    (
+        "DELETE",
+        "/tasks/{id}",
+        "The task is running, or other tasks wait on it (cancel it instead)",
+    ),
+    (
+        "GET",
+        "/tasks/{id}/result",
+        "The result's GridFS file cannot be read",
+    ),
+];
+
+/// Every answer an operation can give. Some come from the server before any route (a URI or
+/// headers too long, a body too large, the cross-origin guard), so every operation lists them.
+fn responses(method: &str, path: &str) -> Value {
+    let conflict = CONFLICTS
+        .iter()
+        .find(|(m, p, _)| *m == method && *p == path)
+        .map(|(_, _, why)| {
+            format!("{why}; or a stored document it needs cannot be read (the log names it)")
+        })
+        .unwrap_or_else(|| {
+            "A stored document it needs cannot be read (the log names it)".to_string()
+        });
+    let mut out = json!({
+        "200": {"description": "Success", "content": {"application/json": {}}},
+        "400": {"description": "Invalid input: {\"error\": …}"},
+        "403": {"description": "A request the cross-origin guard refuses (another site's Origin, a Host that is not this server's, Host or Origin given twice)"},
+        "404": {"description": if path == "/tasks/{id}/result" {
+            "Unknown task or attempt, or no result: no attempt succeeded, or it wrote no output"
+        } else {
+            "Unknown node, queue, task, graph or batch, or no route for the path"
+        }},
+        "409": {"description": conflict},
+        "413": {"description": "The body is larger than web.max_body_bytes, or what it would store exceeds MongoDB's 16 MiB document limit"},
+        "414": {"description": "The URI is too long"},
+        "431": {"description": "The request's header fields are too large or too many"},
+        "500": {"description": "Internal error: the body says no more; the server log does"},
+        "503": {"description": "Database unavailable"},
+    });
+    if method == "POST" && path == "/tasks/{id}/cancel" {
+        out["202"] = json!({"description": "Asked: the task is running, and its runner stops the plugin and records the cancel (-5)"});
+    }
+    out
+}
+
 /// The document for the routes served (legacy ones only when loaded).
 pub fn openapi(legacy: bool) -> Value {
     let mut paths = Map::new();
@@ -68,17 +152,14 @@ pub fn openapi(legacy: bool) -> Value {
         let mut op = json!({
             "summary": r.summary,
             "parameters": params,
-            "responses": {
-                "200": {"description": "Success", "content": {"application/json": {}}},
-                "400": {"description": "Invalid input: {\"error\": …}"},
-                "404": {"description": if r.path == "/tasks/{id}/result" {
-                    "Unknown task or attempt, or no result: no attempt succeeded, or it wrote no output"
-                } else {
-                    "Unknown node, queue or task"
-                }},
-                "503": {"description": "Database unavailable"},
-            },
+            "responses": responses(r.method.as_str(), r.path),
         });
+        if let Some((_, _, admin)) = FIELD_ROLES
+            .iter()
+            .find(|(m, path, _)| *m == r.method.as_str() && *path == r.path)
+        {
+            op["x-disbatch-admin-fields"] = json!(admin());
+        }
         if let Value::Object(o) = &mut op {
             // The role matters only when web.tokens is set; without tokens every route is open.
             match r.role {
@@ -90,9 +171,18 @@ pub fn openapi(legacy: bool) -> Value {
                             "401".into(),
                             json!({"description": "No valid bearer token (when web.tokens is set)"}),
                         );
+                        let admin = FIELD_ROLES
+                            .iter()
+                            .find(|(m, path, _)| *m == r.method.as_str() && *path == r.path)
+                            .map(|(_, _, fields)| {
+                                format!(", or below admin for {}", fields().join(", "))
+                            })
+                            .unwrap_or_default();
                         responses.insert(
                             "403".into(),
-                            json!({"description": format!("The token's role is below {role}")}),
+                            json!({"description": format!(
+                                "The token's role is below {role}{admin}; or a request the cross-origin guard refuses (another site's Origin, a Host that is not this server's, Host or Origin given twice)"
+                            )}),
                         );
                     }
                 }
