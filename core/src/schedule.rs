@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bson::{Bson, Document};
-use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
+use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, SecondsFormat, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::errors::CronError;
 use croner::parser::{CronParser, Seconds, Year};
@@ -74,11 +74,18 @@ impl Missed {
     }
 }
 
+/// The longest a zone's clock is set back or forward at once (double summer time was 2 h):
+/// how far around a time the search looks for wall times that repeat or do not exist.
+const LONGEST_CLOCK_CHANGE: chrono::TimeDelta = chrono::TimeDelta::hours(3);
+
 /// A queue's schedule, checked.
 #[derive(Debug, Clone)]
 pub struct Schedule {
     cron: Cron,
     pattern: String,
+    /// Its minute or hour field is a wildcard (`*`, `*/5`): it follows real time across a
+    /// clock change, as Vixie cron's wildcard jobs do. Otherwise it names fixed wall times.
+    follows_real_time: bool,
     pub tz: Tz,
     pub missed: Missed,
     /// The params of every task it makes.
@@ -151,6 +158,7 @@ impl Schedule {
         })?;
         let schedule = Schedule {
             cron,
+            follows_real_time: follows_real_time(pattern),
             pattern: pattern.to_string(),
             tz,
             missed: Missed::parse(missed)?,
@@ -177,13 +185,107 @@ impl Schedule {
     }
 
     /// The first tick after `t`; None when there is none within croner's search (a year).
+    ///
+    /// The pattern is matched on the zone's wall clock (croner searches the calendar in UTC,
+    /// which has no clock changes), and each wall time it names becomes instants by one rule,
+    /// Vixie cron's:
+    /// - a wall time that happens twice (the clock set back): a schedule that follows real
+    ///   time (`*` in its minute or hour) ticks at both; one of fixed times ticks once, at
+    ///   the first;
+    /// - a wall time that does not happen (the clock set forward): a schedule that follows
+    ///   real time has no tick then; one of fixed times ticks once, at the change.
     pub fn next_after(&self, t: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, String> {
-        let from = whole_seconds(t).with_timezone(&self.tz);
-        match self.cron.find_next_occurrence(&from, false) {
-            Ok(next) => Ok(Some(next.with_timezone(&Utc))),
+        let t = whole_seconds(t);
+        // After the clock is set back, a wall time before `t`'s may still tick after `t` (the
+        // second time it happens): the search starts from `t` on the smallest offset near.
+        let (least, _) = self.offsets_near(t);
+        let Some(mut wall) = t.naive_utc().checked_add_signed(least) else {
+            return Ok(None);
+        };
+        let mut best: Option<DateTime<Utc>> = None;
+        while let Some(next) = self.next_wall_time(wall)? {
+            wall = next;
+            let Some((first, second)) = self.instants(wall) else {
+                continue;
+            };
+            // A wall time's first instant grows with the wall time: none later is earlier.
+            if best.is_some_and(|b| first >= b) {
+                break;
+            }
+            for i in [Some(first), second].into_iter().flatten() {
+                if i > t && best.is_none_or(|b| i < b) {
+                    best = Some(i);
+                }
+            }
+        }
+        Ok(best)
+    }
+
+    /// The least and the greatest of the zone's offsets within `LONGEST_CLOCK_CHANGE` of `t`
+    /// (the same away from a clock change).
+    fn offsets_near(&self, t: DateTime<Utc>) -> (chrono::TimeDelta, chrono::TimeDelta) {
+        // At the ends of chrono's range, `t` itself stands in.
+        let before = t.checked_sub_signed(LONGEST_CLOCK_CHANGE).unwrap_or(t);
+        let after = t.checked_add_signed(LONGEST_CLOCK_CHANGE).unwrap_or(t);
+        let offsets = [before, t, after].map(|at| {
+            let seconds = self
+                .tz
+                .offset_from_utc_datetime(&at.naive_utc())
+                .fix()
+                .local_minus_utc();
+            chrono::TimeDelta::seconds(i64::from(seconds))
+        });
+        let least = offsets.iter().min().copied().unwrap_or_default();
+        let most = offsets.iter().max().copied().unwrap_or_default();
+        (least, most)
+    }
+
+    /// The first wall time after `wall` the pattern names (on a calendar without clock
+    /// changes); None past croner's search.
+    fn next_wall_time(&self, wall: NaiveDateTime) -> Result<Option<NaiveDateTime>, String> {
+        match self.cron.find_next_occurrence(&wall.and_utc(), false) {
+            Ok(next) => Ok(Some(next.naive_utc())),
             Err(CronError::TimeSearchLimitExceeded) => Ok(None),
             Err(e) => Err(format!("{}: {e}", queue::SCHEDULE)),
         }
+    }
+
+    fn previous_wall_time(&self, wall: NaiveDateTime) -> Result<Option<NaiveDateTime>, String> {
+        match self.cron.find_previous_occurrence(&wall.and_utc(), false) {
+            Ok(prev) => Ok(Some(prev.naive_utc())),
+            Err(CronError::TimeSearchLimitExceeded) => Ok(None),
+            Err(e) => Err(format!("{}: {e}", queue::SCHEDULE)),
+        }
+    }
+
+    /// The instants a wall time ticks at, by the rule of `next_after`: the first, and the
+    /// second where it happens twice and the schedule follows real time. None: no tick.
+    fn instants(&self, wall: NaiveDateTime) -> Option<(DateTime<Utc>, Option<DateTime<Utc>>)> {
+        match self.tz.from_local_datetime(&wall) {
+            LocalResult::Single(i) => Some((i.with_timezone(&Utc), None)),
+            LocalResult::Ambiguous(first, second) => Some((
+                first.with_timezone(&Utc),
+                self.follows_real_time.then(|| second.with_timezone(&Utc)),
+            )),
+            LocalResult::None if self.follows_real_time => None,
+            LocalResult::None => self.clock_set_forward_at(wall).map(|i| (i, None)),
+        }
+    }
+
+    /// The instant the clock was set forward over `wall` (a wall time that does not happen):
+    /// the first wall minute after it that does.
+    fn clock_set_forward_at(&self, wall: NaiveDateTime) -> Option<DateTime<Utc>> {
+        let minute = wall.date().and_time(chrono::NaiveTime::from_hms_opt(
+            chrono::Timelike::hour(&wall),
+            chrono::Timelike::minute(&wall),
+            0,
+        )?);
+        (1..=24 * 60).find_map(|m| {
+            self.tz
+                .from_local_datetime(&minute.checked_add_signed(chrono::TimeDelta::minutes(m))?)
+                .earliest()
+                .map(|i| i.with_timezone(&Utc))
+        })
     }
 
     /// The next tick after `now` (the fleet's time), for people: in UTC and in the schedule's
@@ -201,13 +303,30 @@ impl Schedule {
         }))
     }
 
+    /// The last tick before `t`, by `next_after`'s rule, searched backwards.
     fn last_before(&self, t: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, String> {
-        let from = whole_seconds(t).with_timezone(&self.tz);
-        match self.cron.find_previous_occurrence(&from, false) {
-            Ok(prev) => Ok(Some(prev.with_timezone(&Utc))),
-            Err(CronError::TimeSearchLimitExceeded) => Ok(None),
-            Err(e) => Err(format!("{}: {e}", queue::SCHEDULE)),
+        let t = whole_seconds(t);
+        let (_, most) = self.offsets_near(t);
+        let Some(mut wall) = t.naive_utc().checked_add_signed(most) else {
+            return Ok(None);
+        };
+        let mut best: Option<DateTime<Utc>> = None;
+        while let Some(prev) = self.previous_wall_time(wall)? {
+            wall = prev;
+            let Some((first, second)) = self.instants(wall) else {
+                continue;
+            };
+            // A wall time's last instant shrinks with the wall time: none earlier is later.
+            if best.is_some_and(|b| second.unwrap_or(first) <= b) {
+                break;
+            }
+            for i in [Some(first), second].into_iter().flatten() {
+                if i < t && best.is_none_or(|b| i > b) {
+                    best = Some(i);
+                }
+            }
         }
+        Ok(best)
     }
 
     /// The ticks in (`last`, `now`]: those within `grace` of now are each due; older ones were
@@ -276,6 +395,19 @@ impl Schedule {
         // Too many to walk: the latest is found from the other end.
         Ok((count, self.last_before(cutoff)?.unwrap_or(latest)))
     }
+}
+
+/// Vixie cron's test: a pattern whose minute or hour field starts with `*` follows real time
+/// across clock changes. Of the nicknames only `@hourly` (`0 * * * *`) does.
+fn follows_real_time(pattern: &str) -> bool {
+    let pattern = pattern.trim();
+    if let Some(nickname) = pattern.strip_prefix('@') {
+        return nickname.eq_ignore_ascii_case("hourly");
+    }
+    let fields: Vec<&str> = pattern.split_whitespace().collect();
+    // Six fields: seconds first.
+    let skip = usize::from(fields.len() >= 6);
+    fields.iter().skip(skip).take(2).any(|f| f.starts_with('*'))
 }
 
 fn whole_seconds(t: DateTime<Utc>) -> DateTime<Utc> {

@@ -402,3 +402,119 @@ fn the_next_tick_is_shown_in_utc_and_on_the_zones_wall_clock() {
         ("2026-12-07T04:15:00Z", "2026-12-07T04:15:00+00:00")
     );
 }
+
+/// One rule on both days, Vixie cron's: a pattern with `*` in its minute or hour follows real
+/// time; one of fixed times runs once at a wall time that repeats, and once at the change for
+/// one that does not happen. Before, `0 1 * * *` never ran on the fall-back day (croner
+/// skipped it) while `0 0,1 * * *` did.
+#[test]
+fn both_clock_changes_follow_one_rule_in_new_york_paris_and_lord_howe() {
+    let ny = Some("America/New_York");
+    // 2024-11-03: 02:00 EDT back to 01:00 EST (06:00 UTC).
+    let fall = ("2024-11-03T00:00:00Z", "2024-11-04T00:00:00Z");
+    let one = schedule("0 1 * * *", ny, None);
+    assert_eq!(
+        ticks(&one, fall.0, fall.1),
+        ["2024-11-03T05:00:00+00:00"],
+        "01:00 EDT, once"
+    );
+    let two = schedule("0 0,1 * * *", ny, None);
+    assert_eq!(
+        ticks(&two, fall.0, fall.1),
+        ["2024-11-03T04:00:00+00:00", "2024-11-03T05:00:00+00:00"]
+    );
+    let every_minute = schedule("* 1 * * *", ny, None);
+    let got = ticks(&every_minute, fall.0, fall.1);
+    assert_eq!(got.len(), 120, "both 01:xx hours: {got:?}");
+    assert_eq!(got[0], "2024-11-03T05:00:00+00:00");
+    assert_eq!(got[60], "2024-11-03T06:00:00+00:00");
+    assert_eq!(got[119], "2024-11-03T06:59:00+00:00");
+    // 2024-03-10: 02:00 EST forward to 03:00 EDT (07:00 UTC).
+    let spring = ("2024-03-10T00:00:00Z", "2024-03-11T00:00:00Z");
+    let wild = schedule("* 2 * * *", ny, None);
+    assert_eq!(ticks(&wild, spring.0, spring.1), Vec::<String>::new());
+    let fixed = schedule("0,30 2 * * *", ny, None);
+    assert_eq!(
+        ticks(&fixed, spring.0, spring.1),
+        ["2024-03-10T07:00:00+00:00"],
+        "both 02:00 and 02:30 at the change, as one tick"
+    );
+    let daily = schedule("@daily", ny, None);
+    assert_eq!(ticks(&daily, fall.0, fall.1), ["2024-11-03T04:00:00+00:00"]);
+
+    // Paris: 2024-03-31 02:00 CET to 03:00 CEST (01:00 UTC); 2024-10-27 03:00 CEST back to
+    // 02:00 CET (01:00 UTC).
+    let paris = Some("Europe/Paris");
+    let at_two = schedule("0 2 * * *", paris, None);
+    assert_eq!(
+        ticks(&at_two, "2024-03-30T12:00:00Z", "2024-04-01T12:00:00Z"),
+        ["2024-03-31T01:00:00+00:00", "2024-04-01T00:00:00+00:00"],
+        "at the change, then 02:00 CEST"
+    );
+    assert_eq!(
+        ticks(&at_two, "2024-10-26T12:00:00Z", "2024-10-28T12:00:00Z"),
+        ["2024-10-27T00:00:00+00:00", "2024-10-28T01:00:00+00:00"],
+        "02:00 CEST once, then 02:00 CET"
+    );
+    let quarter = schedule("*/15 2 * * *", paris, None);
+    assert_eq!(
+        ticks(&quarter, "2024-10-26T23:00:00Z", "2024-10-27T03:00:00Z").len(),
+        8,
+        "02:xx twice, four quarters each"
+    );
+
+    // Lord Howe sets its clock by 30 minutes: 2024-04-07 02:00 back to 01:30 (15:00 UTC).
+    let howe = Some("Australia/Lord_Howe");
+    let fixed = schedule("45 1 * * *", howe, None);
+    assert_eq!(
+        ticks(&fixed, "2024-04-06T12:00:00Z", "2024-04-07T12:00:00Z"),
+        ["2024-04-06T14:45:00+00:00"],
+        "01:45 +11:00 once, not again at 01:45 +10:30"
+    );
+    let wild = schedule("*/15 1 * * *", howe, None);
+    assert_eq!(
+        ticks(&wild, "2024-04-06T12:00:00Z", "2024-04-07T12:00:00Z").len(),
+        6,
+        "01:00, 01:15, 01:30, 01:45 +11:00, then 01:30 and 01:45 again"
+    );
+}
+
+/// The backward search (for the latest of a long gap's missed ticks) agrees with the forward
+/// one around both changes, for both kinds of pattern.
+#[test]
+fn the_last_tick_before_is_the_one_the_forward_search_reached() {
+    for (pattern, tz) in [
+        ("*/20 * * * *", "America/New_York"),
+        ("0 1 * * *", "America/New_York"),
+        ("30 2 * * *", "America/New_York"),
+        ("*/15 2 * * *", "Europe/Paris"),
+        ("45 1 * * *", "Australia/Lord_Howe"),
+    ] {
+        let s = schedule(pattern, Some(tz), None);
+        for (from, to) in [
+            ("2024-03-09T00:00:00Z", "2024-03-12T00:00:00Z"),
+            ("2024-03-29T00:00:00Z", "2024-04-02T00:00:00Z"),
+            ("2024-04-05T00:00:00Z", "2024-04-08T00:00:00Z"),
+            ("2024-10-26T00:00:00Z", "2024-10-28T00:00:00Z"),
+            ("2024-11-02T00:00:00Z", "2024-11-05T00:00:00Z"),
+        ] {
+            let forward = ticks(&s, from, to);
+            for pair in forward.windows(2) {
+                let later = at(&pair[1]);
+                let before = s
+                    .last_before(later)
+                    .expect("search")
+                    .map(|t| t.to_rfc3339());
+                assert_eq!(before.as_deref(), Some(pair[0].as_str()), "{pattern} {tz}");
+            }
+        }
+    }
+}
+
+/// A stored time at the edge of the calendar is no panic.
+#[test]
+fn times_at_the_ends_of_the_calendar_find_nothing_without_a_panic() {
+    let s = schedule("0 1 * * *", Some("America/New_York"), None);
+    assert!(s.next_after(DateTime::<Utc>::MAX_UTC).is_ok());
+    assert!(s.last_before(DateTime::<Utc>::MIN_UTC).is_ok());
+}

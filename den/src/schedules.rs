@@ -19,6 +19,9 @@ use crate::metrics::DenMetrics;
 #[derive(Debug)]
 pub struct Schedules {
     grace: Duration,
+    /// When this leader's last pass began, in this term: ticks since then are late only
+    /// because the pass was, and are enqueued however late (a slow leader drops none).
+    last_pass: Option<bson::DateTime>,
     /// Queues whose schedule is skipped now, with the reason last logged.
     skipped: HashMap<ObjectId, String>,
     /// Whether this term made sure of the unique index on ticks.
@@ -30,6 +33,7 @@ impl Schedules {
     pub fn new(loop_interval: Duration) -> Schedules {
         Schedules {
             grace: schedule::grace(loop_interval),
+            last_pass: None,
             skipped: HashMap::new(),
             index_made: false,
         }
@@ -42,6 +46,7 @@ impl Schedules {
             metrics.schedules_invalid(0);
         }
         self.index_made = false;
+        self.last_pass = None;
     }
 
     /// One pass over every scheduled queue: their due ticks enqueued, missed ones settled by
@@ -55,15 +60,30 @@ impl Schedules {
         metrics: &DenMetrics,
     ) -> Result<()> {
         let none = |qs: &[Queue]| !qs.iter().any(|q| q.raw.contains_key(field::SCHEDULE));
+        let started = fleet_time::now();
         if reading.is_some_and(none) && self.skipped.is_empty() {
+            self.last_pass = Some(started);
             return Ok(());
         }
+        // Ticks since this term's last pass were this leader's to enqueue: missed only by a
+        // gap in leadership, which a new term's first pass judges by the grace alone.
+        let grace = match self.last_pass {
+            Some(last) => {
+                let since = started
+                    .timestamp_millis()
+                    .saturating_sub(last.timestamp_millis());
+                let since = u64::try_from(since).unwrap_or(0);
+                self.grace
+                    .max(Duration::from_millis(since) + Duration::from_secs(1))
+            }
+            None => self.grace,
+        };
         let mut seen = HashSet::new();
         for d in store.scheduled_queues().await? {
             // A queue without an ObjectId `_id` is reported by the queue reading already.
             let Ok(q) = parse_queue(&d) else { continue };
             seen.insert(q.id);
-            match self.keep(store, &q, metrics).await {
+            match self.keep(store, &q, grace, metrics).await {
                 Ok(None) => self.readable(&q),
                 Ok(Some(why)) => self.skip(&q, why),
                 Err(e) => match e.refusal() {
@@ -74,6 +94,8 @@ impl Schedules {
         }
         self.skipped.retain(|id, _| seen.contains(id));
         metrics.schedules_invalid(self.skipped.len());
+        // Only a pass that went through: one that failed left its ticks for the next.
+        self.last_pass = Some(started);
         Ok(())
     }
 
@@ -82,6 +104,7 @@ impl Schedules {
         &mut self,
         store: &Store,
         q: &Queue,
+        grace: Duration,
         metrics: &DenMetrics,
     ) -> Result<Option<String>> {
         let schedule = match schedule::read(&q.raw) {
@@ -104,7 +127,7 @@ impl Schedules {
             }
             return Ok(None);
         };
-        let plan = match schedule.plan(last, chrono_now, self.grace) {
+        let plan = match schedule.plan(last, chrono_now, grace) {
             Ok(plan) => plan,
             Err(why) => return Ok(Some(why)),
         };

@@ -162,3 +162,74 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
     drop(dens);
     db.drop().await;
 }
+
+/// A leader that is slow (here: stopped for longer than a schedule's grace, within its lease)
+/// enqueues the ticks of its own term however late: before, it dropped those past the grace
+/// as missed, with no other node to blame. Only a gap in leadership misses ticks.
+#[tokio::test]
+async fn a_slow_leader_drops_no_tick_of_its_own_term() {
+    use futures::TryStreamExt;
+    let db = TestDb::new("slow_leader_ticks").await;
+    // Grace 5 s (five intervals), lease 15 s.
+    let config = write_config(&db, "node.json", json!({"loop_interval_ms": 1000}));
+    let queue = db.insert_queue("cron", "echo", 2).await;
+    db.set_queue(queue, doc! {"schedule": "* * * * * *"}).await;
+    let den = Den::start(&config, "n1");
+    let metric = |outcome: &str| {
+        format!("disbatch_den_schedule_ticks_total{{outcome=\"{outcome}\",queue=\"cron\"}}")
+    };
+    wait_for("two ticks enqueued", Duration::from_secs(60), || async {
+        den.metric(&metric("enqueued")).await >= 2.0
+    })
+    .await;
+    let pid = den.pid();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    // The condition under test, not a bound: seven seconds without a pass, past the grace.
+    std::thread::sleep(Duration::from_secs(7));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    let resumed = DateTime::now().timestamp_millis();
+    let tick_times = || async {
+        let tasks: Vec<Document> = db
+            .tasks()
+            .find(doc! {"queue": queue})
+            .await
+            .expect("find")
+            .try_collect()
+            .await
+            .expect("read");
+        let mut ticks: Vec<i64> = tasks
+            .iter()
+            .filter_map(|t| t.get_datetime("schedule_tick").ok())
+            .map(|t| t.timestamp_millis())
+            .collect();
+        ticks.sort();
+        ticks
+    };
+    wait_for("ticks past the stop", Duration::from_secs(60), || async {
+        tick_times()
+            .await
+            .last()
+            .is_some_and(|t| *t > resumed + 1000)
+    })
+    .await;
+    assert_eq!(
+        lease(&db).await.map(|(owner, _)| owner).as_deref(),
+        Some("n1"),
+        "still the leader"
+    );
+    let ticks = tick_times().await;
+    let gaps: Vec<(i64, i64)> = ticks
+        .windows(2)
+        .filter(|w| w[1] - w[0] != 1000)
+        .map(|w| (w[0], w[1]))
+        .collect();
+    assert_eq!(gaps, Vec::<(i64, i64)>::new(), "every second has its task");
+    assert_eq!(
+        den.metric(&metric("skipped")).await,
+        0.0,
+        "{}",
+        den.log_text()
+    );
+    drop(den);
+    db.drop().await;
+}
