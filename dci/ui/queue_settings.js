@@ -27,6 +27,7 @@ const QUEUE_SETTINGS = [
   ["schedule_tz", "operate", '"UTC"'],
   ["schedule_params", "operate", '{"source": "cron"}'],
   ["schedule_missed", "operate", '"skip" or "once"'],
+  ["retain", "admin", '{"succeeded_s": 86400, "failed_s": 604800, "cancelled_s": 86400}: seconds ended tasks are kept; null: for ever'],
   ["worker", "admin", '"process" or "persistent"'],
   ["config", "admin", "an object handed to the plugin"],
   ["then", "admin", "the queue its tasks' outputs go to"],

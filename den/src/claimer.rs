@@ -22,6 +22,7 @@ use crate::skip_log::SkipLog;
 mod batch;
 mod beside_perl;
 mod continuous;
+mod empty_queues;
 mod limits;
 mod reserve;
 mod retries_due;
@@ -63,6 +64,8 @@ const MAX_PASS_CLAIMS: u32 = 256;
 const MAX_CANDIDATES: usize = 512;
 /// Most claim rounds in one pass: a round claims for every queue the scheduler shares room to.
 const MAX_ROUNDS: usize = 4;
+/// How long a queue found empty is left unread without a signal, unless the wiring says.
+const DEFAULT_EMPTY_AGE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Tasks remembered as unrunnable here (failed or refused); past it the set starts afresh,
 /// so memory stays bounded and a refused task is at worst tried once more.
 const MAX_UNRUNNABLE: usize = 10_000;
@@ -115,6 +118,8 @@ pub struct Claimer {
     windows: HashMap<ObjectId, ClaimWindow>,
     /// Per queue: candidates read beyond the last batch, for the next ones.
     spares: spare::Spares,
+    /// Queues a read found empty, left unread until signalled or aged.
+    empty: empty_queues::EmptyQueues,
     /// When to ask again for continuous queues' turns.
     turns: continuous::TurnClock,
     /// What this node knows of its queues' rate-limit windows.
@@ -164,6 +169,7 @@ impl Claimer {
             view: RunningView::default(),
             windows: HashMap::new(),
             spares: spare::Spares::default(),
+            empty: empty_queues::EmptyQueues::new(DEFAULT_EMPTY_AGE),
             retries_due: retries_due::RetriesDue::default(),
             turns: continuous::TurnClock::default(),
             limits: limits::LimitViews::default(),
@@ -183,6 +189,24 @@ impl Claimer {
     pub fn with_contest_window(mut self, window: std::time::Duration) -> Self {
         self.view = RunningView::with_contest_window(window);
         self
+    }
+
+    /// Reads a queue found empty again after `age` even if nothing signalled it (the wiring
+    /// gives ten loop intervals, an idle node's reading pace).
+    pub fn with_empty_queue_age(mut self, age: std::time::Duration) -> Self {
+        self.empty = empty_queues::EmptyQueues::new(age);
+        self
+    }
+
+    /// Tasks may have been queued anywhere (a signal that names no queue): read every queue
+    /// found empty again.
+    pub fn forget_empty_queues(&mut self) {
+        self.empty.forget_all();
+    }
+
+    /// Tasks may have been queued in `queue`: read it again even if found empty.
+    pub fn forget_empty_queue(&mut self, queue: ObjectId) {
+        self.empty.forget(queue);
     }
 
     /// Serves other queues or plugins from the next pass on (a config reload); claims
@@ -215,6 +239,7 @@ impl Claimer {
                     w.reset();
                 }
                 self.spares.forget(exited.queue);
+                self.empty.forget(exited.queue);
             }
             if let Some(at) = exited.retry_at {
                 self.retries_due.note(at, exited.queue);
@@ -463,6 +488,7 @@ impl Claimer {
                 w.reset();
             }
             self.spares.forget(queue);
+            self.empty.forget(queue);
         }
     }
 

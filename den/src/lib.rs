@@ -19,6 +19,7 @@ pub mod node;
 pub mod notifier;
 pub mod outside_inserts;
 pub mod plugin_check;
+pub mod pruner;
 pub mod reaper;
 pub mod releaser;
 pub mod reload;

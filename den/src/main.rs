@@ -174,7 +174,8 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
             plugins,
             metrics.clone(),
         )
-        .with_contest_window(config.loop_interval * 3),
+        .with_contest_window(config.loop_interval * 3)
+        .with_empty_queue_age(config.loop_interval * 10),
         executor: Executor::new(
             runner,
             config_path.clone(),
@@ -206,6 +207,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         dead_node_after: config.dead_node_after,
         counts_reconcile: config.counts_reconcile,
         stats_interval: config.stats_interval,
+        pruner: disbatch_den::pruner::Pruner::new(config.retain),
         metrics,
         reloads: Some(reloads),
     };

@@ -79,6 +79,7 @@ struct Inner {
     runner_exits: IntCounterVec,
     tasks_finished: IntCounterVec,
     tasks_discarded: IntCounterVec,
+    tasks_pruned: IntCounterVec,
     task_duration: HistogramVec,
     runners: IntGaugeVec,
     sharers: IntGaugeVec,
@@ -112,7 +113,7 @@ impl Default for Inner {
             claim_misses: counter_vec(
                 &registry,
                 "disbatch_den_claim_misses_total",
-                "Claims that came to nothing, by reason: empty (the read found no task), lost (another node claimed the task first, or it changed since the read) or slot_taken (another node holds the slot)",
+                "Claims that came to nothing, by reason: empty (the read found no task), known_empty (not read: found empty before and not signalled since), lost (another node claimed the task first, or it changed since the read) or slot_taken (another node holds the slot)",
                 &["queue", "reason"],
             ),
             claims_given_back: counter_vec(
@@ -181,6 +182,12 @@ impl Default for Inner {
                 "disbatch_den_tasks_discarded_total",
                 "Tasks this node's runners ended for good under their queue's retry policy: out of attempts, or the plugin refused a retry (\"retry\": false). Retries are disbatch_den_tasks_finished_total{outcome=\"retry\"}; lost attempts the leader discarded are disbatch_den_recoveries_total{how=\"discard\"}",
                 &["queue"],
+            ),
+            tasks_pruned: counter_vec(
+                &registry,
+                "disbatch_den_tasks_pruned_total",
+                "Ended tasks this node deleted as maintenance leader, past their queue's retention (retain), with their attempts and output files, by the state they ended in: succeeded, failed or cancelled",
+                &["queue", "state"],
             ),
             task_duration: histogram_vec(
                 &registry,
@@ -421,6 +428,16 @@ impl DenMetrics {
     /// A task ended for good under its queue's retry policy.
     pub fn task_discarded(&self, queue: &str) {
         inc(&self.inner.tasks_discarded, &[&metric_label(queue)]);
+    }
+
+    pub fn tasks_pruned(&self, queue: &str, state: &'static str, n: u64) {
+        if let Ok(c) = self
+            .inner
+            .tasks_pruned
+            .get_metric_with_label_values(&[&metric_label(queue), state])
+        {
+            c.inc_by(n);
+        }
     }
 
     pub fn db_error(&self, operation: &'static str) {

@@ -85,6 +85,8 @@ pub struct Node {
     pub counts_reconcile: Duration,
     /// The width of a statistics bucket (a minute unless testing).
     pub stats_interval: Duration,
+    /// Deletes ended tasks past their retention, while this node leads.
+    pub pruner: crate::pruner::Pruner,
     /// Settings from config reloads (SIGHUP); None: never reloaded.
     pub reloads: Option<crate::reload::Receiver>,
 }
@@ -240,6 +242,7 @@ impl Node {
                         } else {
                             count_keeper.stop();
                             stats_keeper.stop();
+                            self.pruner.stop();
                             outside_inserts.forget();
                             schedules.forget(&self.metrics);
                             fanout.forget();
@@ -290,6 +293,20 @@ impl Node {
                         (true, Some(n)) => Some(n.take_signalled()),
                         _ => None,
                     };
+                    // Queues found empty are read again once anything says tasks may have
+                    // come there; the leader's own events name their queues.
+                    if work_signalled
+                        || requeued
+                        || queues_changed
+                        || wake == Wake::RetryDue
+                        || signalled.as_ref().is_some_and(|s| s.all)
+                    {
+                        self.claimer.forget_empty_queues();
+                    } else if let Some(s) = &signalled {
+                        s.queues
+                            .iter()
+                            .for_each(|q| self.claimer.forget_empty_queue(*q));
+                    }
                     let report = self
                         .claimer
                         .claim_tasks(&limit, &self.executor, read, &stopping)
@@ -405,6 +422,7 @@ impl Node {
         }
         count_keeper.stop();
         stats_keeper.stop();
+        self.pruner.stop();
         elector.release(&self.store, &self.name).await;
         self.shut_down().await;
         drop(count_writer);
@@ -478,6 +496,7 @@ impl Node {
             Some(queues) => queues.to_vec(),
             None => self.store.list_queues().await?.0,
         };
+        self.pruner.tick(&self.store, &queues, &self.metrics);
         if Instant::now() >= *next_recovery {
             // Read again at least every idle reading's span: a queue made since, or one whose
             // lease was shortened, may write leases shorter than those read here.

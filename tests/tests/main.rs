@@ -90,6 +90,7 @@ mod reload;
 mod result_refusals;
 mod result_relay;
 mod results;
+mod retention;
 mod retry_policies;
 mod run_control;
 mod scheduler;

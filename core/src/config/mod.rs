@@ -153,6 +153,9 @@ pub struct Config {
     pub counts_reconcile: Duration,
     /// The width of a statistics bucket (`stats_interval_s`, default 60); shorter only in tests.
     pub stats_interval: Duration,
+    /// How long ended tasks of queues without their own `retain` are kept (`retain`; unset:
+    /// for ever). The maintenance leader's applies.
+    pub retain: crate::model::retention::Retention,
     /// `log_format`: text or JSON lines; None leaves it to `--log-format`, then text.
     pub log_format: Option<crate::logging::LogFormat>,
     /// `log_level`: a level or a `RUST_LOG`-style filter; `RUST_LOG` wins when set.

@@ -100,6 +100,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     stats_interval_s: Option<u64>,
     #[serde(default)]
+    retain: Option<Value>,
+    #[serde(default)]
     log_format: Option<String>,
     #[serde(default)]
     log_level: Option<String>,
@@ -275,6 +277,7 @@ impl RawConfig {
             Some(s) => Ok(Duration::from_secs(s.min(7 * 24 * 3600))),
         });
         let stats_interval = p.take(stats_interval(self.stats_interval_s));
+        let retain = p.take(retain(self.retain.as_ref()));
         let balance = self.balance.unwrap_or_default();
         let web = self.web.unwrap_or_default();
         let tokens = p.take(super::tokens::web_tokens(web.tokens, base, warnings));
@@ -335,6 +338,7 @@ impl RawConfig {
             Some(dead_node_after),
             Some(counts_reconcile),
             Some(stats_interval),
+            Some(retain),
             Some(tokens),
             Some(web_tls),
             Some(http),
@@ -355,6 +359,7 @@ impl RawConfig {
             dead_node_after,
             counts_reconcile,
             stats_interval,
+            retain,
             tokens,
             web_tls,
             http,
@@ -416,6 +421,7 @@ impl RawConfig {
             dead_node_after,
             counts_reconcile,
             stats_interval,
+            retain,
             log_format,
             log_level,
         })
@@ -523,4 +529,15 @@ fn resolve_command(base: &Path, p: &str) -> PathBuf {
     } else {
         PathBuf::from(p)
     }
+}
+
+/// `retain`: the retention of queues that set none of their own (only the maintenance
+/// leader's applies).
+fn retain(value: Option<&Value>) -> Result<crate::model::retention::Retention, String> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(Default::default());
+    };
+    let bson = bson::Bson::try_from(value.clone()).map_err(|e| format!("key `retain`: {e}"))?;
+    crate::model::retention::Retention::parse(&bson, "retain")
+        .map_err(|e| format!("key `retain`: {e}"))
 }

@@ -83,6 +83,7 @@ impl std::fmt::Debug for Config {
             dead_node_after,
             counts_reconcile,
             stats_interval,
+            retain,
             log_format,
             log_level,
         } = self;
@@ -115,6 +116,7 @@ impl std::fmt::Debug for Config {
             .field("dead_node_after", dead_node_after)
             .field("counts_reconcile", counts_reconcile)
             .field("stats_interval", stats_interval)
+            .field("retain", retain)
             .field("log_format", log_format)
             .field("log_level", log_level)
             .finish()

@@ -1,5 +1,6 @@
 //! The schema's value types: Disbatch status codes, queue settings and limits read leniently.
 
+pub mod retention;
 pub mod retry_policy;
 
 use bson::oid::ObjectId;

@@ -24,6 +24,7 @@ mod nodes;
 mod queues;
 mod rate_limits;
 mod releases;
+mod retention;
 mod schedules;
 pub mod schema;
 mod stats;
@@ -70,6 +71,7 @@ pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
 pub use nodes::{Heartbeat, HeartbeatReply, LiveFleet, LiveNode, NodeLimit};
 pub use queues::{check_queue_fields, parse_queue, retry_document, retry_policy, runs_persistent};
 pub use rate_limits::Grant;
+pub use retention::{Pruned, RETENTION_INDEX};
 pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
 pub use summary::StateCounts;
 pub use task_control::{is_retryable, ControlOutcome};
@@ -88,7 +90,7 @@ pub use users::{
 };
 pub use watch::{InsertedTask, QueueEvent, WorkEvent, WorkSignal, WorkStream};
 pub use web_queues::QueueCounts;
-pub use work_signal::{CreatedSince, Queued, SIGNAL_SPACING};
+pub use work_signal::{last_signal, CreatedSince, Queued, SIGNAL_SPACING};
 pub use workflow_views::WorkflowTaskStream;
 pub use workflows::{
     BatchTask, GraphTask, NewBatch, StatusCounts, WholeCancel, WorkflowSummary, WorkflowTask,

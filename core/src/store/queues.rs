@@ -115,6 +115,12 @@ pub fn check_queue_fields(set: &Document) -> Result<(), String> {
     let mut d = doc! {queue::ID: ObjectId::new(), queue::NAME: "q", queue::PLUGIN: "p"};
     d.extend(set.clone());
     retry_policy(set.get(queue::RETRY), true)?;
+    // Read by the maintenance leader's pruner alone, which skips a queue it cannot read.
+    crate::model::retention::Retention::for_queue(
+        set,
+        queue::RETAIN,
+        &crate::model::retention::Retention::default(),
+    )?;
     // Read where tasks are created, not by `parse_queue`: checked here so none is refused later.
     match set.get(queue::ON_DEPENDENCY_FAILURE) {
         None | Some(Bson::Null) => {}

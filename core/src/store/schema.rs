@@ -191,6 +191,10 @@ pub mod queue {
     pub const LEASE: &str = "lease";
     /// Ours: "orphan" (default) or "requeue", for a task whose lease passed.
     pub const ON_LOST: &str = "on_lost";
+    /// Ours: how long ended tasks are kept, `{succeeded_s, failed_s, cancelled_s}`
+    /// (`model::retention`), over the maintenance leader's config default; absent keeps them
+    /// for ever, as Disbatch does.
+    pub const RETAIN: &str = "retain";
     /// Ours: automatic retries, `{max_attempts, backoff, base_s, max_s, jitter, on}`
     /// (`model::retry_policy`); absent on a Disbatch queue, whose failures stay failed.
     pub const RETRY: &str = "retry";

@@ -71,12 +71,14 @@ fn builtin(component: Component) -> Vec<(&'static str, &'static [&'static str])>
             // stream on queues alone, what a role from before the database stream allows.
             (QUEUES, &["update", "createIndex", "changeStream"]),
             // `insert` is ours: continuous queues get their synthetic units from the DEN.
-            (TASKS, &["insert", "update", "createIndex"]),
-            (CHUNKS, &["createIndex"]),
-            (FILES, &["createIndex"]),
+            // `remove` too: the maintenance leader prunes ended tasks past their retention,
+            // with their output files and attempts.
+            (TASKS, &["insert", "update", "remove", "createIndex"]),
+            (CHUNKS, &["remove", "createIndex"]),
+            (FILES, &["remove", "createIndex"]),
             // Ours: lease recovery writes the lost attempt's record (an upsert: the runner
             // may have died before writing it); the DEN creates the attempts index.
-            (ATTEMPTS, &["insert", "update", "createIndex"]),
+            (ATTEMPTS, &["insert", "update", "remove", "createIndex"]),
             // Ours: the QueueBalance singleton lease, taken by upsert.
             (LEASES, &["insert", "update"]),
             // Ours: QueueBalance runs inside the DEN and upserts its status.
@@ -464,10 +466,10 @@ mod tests {
             ("", set(&["find", "changeStream", "listIndexes"])),
             ("nodes", set(&["insert", "update", "createIndex"])),
             ("queues", set(&["update", "createIndex", "changeStream"])),
-            ("tasks", set(&["insert", "update", "createIndex"])),
-            ("tasks.chunks", set(&["createIndex"])),
-            ("tasks.files", set(&["createIndex"])),
-            ("attempts", set(&["insert", "update", "createIndex"])),
+            ("tasks", set(&["insert", "update", "remove", "createIndex"])),
+            ("tasks.chunks", set(&["remove", "createIndex"])),
+            ("tasks.files", set(&["remove", "createIndex"])),
+            ("attempts", set(&["insert", "update", "remove", "createIndex"])),
             ("leases", set(&["insert", "update"])),
             ("balance", set(&["insert", "update"])),
             ("task_counts", set(&["insert", "update"])),
@@ -504,10 +506,12 @@ mod tests {
         assert!(!has("task_runner", "tasks", "remove"));
         assert!(!has("task_runner", "nodes", "update"));
         assert!(has("task_runner", "attempts", "insert"));
-        // Only the DCI removes tasks and their output.
+        // The DCI removes tasks and their output (DELETE), and so does the DEN, for retention
+        // only; neither removes queues or nodes besides that.
         assert!(has("disbatch_web", "tasks", "remove"));
         assert!(has("disbatch_web", "tasks.files", "remove"));
-        assert!(!has("disbatchd", "tasks", "remove"));
+        assert!(has("disbatchd", "tasks", "remove"));
+        assert!(!has("disbatchd", "queues", "remove") && !has("disbatchd", "nodes", "remove"));
         // QueueBalance keeps Disbatch's narrow set: no blanket find.
         assert!(!role(&roles, "queuebalance").privileges.contains_key(""));
         assert!(role(&roles, "plugin").privileges.is_empty());

@@ -114,6 +114,15 @@ pub(super) fn signals_of(moves: &[super::Moved]) -> Vec<(ObjectId, Queued)> {
     out
 }
 
+/// The newest work signal on a queue document as read (`tasks_queued_at` or
+/// `tasks_requeued_at`): tasks were queued there then, by whoever wrote it.
+pub fn last_signal(queue: &Document) -> Option<DateTime> {
+    [queue::TASKS_QUEUED_AT, queue::TASKS_REQUEUED_AT]
+        .iter()
+        .filter_map(|field| queue.get_datetime(field).ok().copied())
+        .max()
+}
+
 impl Store {
     /// Tells the nodes watching queues that tasks were queued in `queue`. The first signal is
     /// written before this returns; those that come while it is being written are written

@@ -26,8 +26,9 @@ pub const OPERATE: [&str; 14] = [
     field::WORKER_START_S,
 ];
 
-/// Settings that change what runs, or where: `admin`, as a new plugin is.
-pub const ADMIN: [&str; 7] = [
+/// Settings that change what runs, or where, or delete history: `admin`, as a new plugin is.
+pub const ADMIN: [&str; 8] = [
+    field::RETAIN,
     field::WORKER,
     field::CONFIG,
     field::THEN,

@@ -6,10 +6,13 @@ use std::time::Instant;
 use bson::oid::ObjectId;
 use bson::Document;
 use disbatch_core::claim_plan::{lane_split, QueueClaims};
+use disbatch_core::fleet_time;
 use disbatch_core::handoff::Handoff;
 use disbatch_core::model::{Queue, QueueSort};
 use disbatch_core::store::schema::task;
-use disbatch_core::store::{claim_key, Candidates, Pick, PickHolds, PickOutcome, SkipReason};
+use disbatch_core::store::{
+    claim_key, last_signal, Candidates, Pick, PickHolds, PickOutcome, SkipReason,
+};
 use disbatch_core::Result;
 
 use super::{earliest, spare, Claimer, MAX_CANDIDATES};
@@ -53,6 +56,15 @@ impl Claimer {
             return Ok(report);
         }
         let asked = Instant::now();
+        if self
+            .empty
+            .still_empty(queue.id, last_signal(&queue.raw), asked)
+        {
+            report.ran_dry = true;
+            report.out_of_tasks = true;
+            self.metrics.claim_missed(&queue.name, "known_empty");
+            return Ok(report);
+        }
         let threads = self
             .servable
             .iter()
@@ -105,6 +117,7 @@ impl Claimer {
                 };
                 let window = self.windows.entry(queue.id).or_default();
                 let read_at = Instant::now();
+                let fleet_read_at = fleet_time::now();
                 let found = match &also {
                     Some(also) => {
                         window.reset();
@@ -113,7 +126,8 @@ impl Claimer {
                             .await?
                     }
                     None => {
-                        self.store
+                        let found = self
+                            .store
                             .claim_candidates(
                                 queue.id,
                                 queue.sort,
@@ -121,7 +135,18 @@ impl Claimer {
                                 lane.nodes() as usize,
                                 window,
                             )
-                            .await?
+                            .await?;
+                        // Empty with no flow limit leaving tasks out: nothing to read until a
+                        // signal. A continuous queue is read to make its next unit. The next
+                        // read is of the head, so tasks queued again behind the window count.
+                        if found.tasks.is_empty()
+                            && found.unreadable.is_empty()
+                            && !queue.spec.continuous
+                        {
+                            window.reset();
+                            self.empty.found_empty(queue.id, read_at, fleet_read_at);
+                        }
+                        found
                     }
                 };
                 (found, read_at)

@@ -1,0 +1,195 @@
+//! Benchmark: what pruning a long history costs a queue that runs. A database holds N ended
+//! tasks (a day old, each with its attempt record) beside a queue of M no-op tasks; one DEN
+//! works the queue, with a retention that prunes the history (A) or none (B), in alternating
+//! runs. Reports each run's throughput, and for A how much of the history was pruned while
+//! the queue ran and how long pruning all of it took.
+//!
+//! Usage: bench-prune [--ended N] [--tasks M] [--rounds R] [--threads T]
+//! Server: $DISBATCH_TEST_MONGODB_URI (else a private one, as the tests start it).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bson::oid::ObjectId;
+use bson::{doc, DateTime, Document};
+use disbatch_tests::{write_config, Den, TestDb};
+use serde_json::json;
+
+struct Options {
+    ended: usize,
+    tasks: usize,
+    rounds: usize,
+    threads: u32,
+}
+
+fn parse() -> anyhow::Result<Options> {
+    let mut o = Options {
+        ended: 100_000,
+        tasks: 4_000,
+        rounds: 3,
+        threads: 8,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        let n: u64 = value
+            .parse()
+            .with_context(|| format!("{flag} {value:?}: expected a whole number"))?;
+        match flag.as_str() {
+            "--ended" => o.ended = n as usize,
+            "--tasks" => o.tasks = n as usize,
+            "--rounds" => o.rounds = n.max(1) as usize,
+            "--threads" => o.threads = n.max(1) as u32,
+            _ => anyhow::bail!("unknown option {flag}"),
+        }
+    }
+    Ok(o)
+}
+
+/// `n` succeeded tasks of `queue`, a day old, each with one attempt record.
+async fn history(db: &TestDb, queue: ObjectId, n: usize) -> anyhow::Result<()> {
+    let day_ago = DateTime::from_millis(DateTime::now().timestamp_millis() - 86_400_000);
+    let mut left = n;
+    while left > 0 {
+        let batch = left.min(10_000);
+        let ids: Vec<ObjectId> = (0..batch).map(|_| ObjectId::new()).collect();
+        let tasks: Vec<Document> = ids
+            .iter()
+            .map(|id| {
+                doc! {"_id": id, "queue": queue, "status": 1, "node": "old", "params": {},
+                "ctime": day_ago, "mtime": day_ago, "stdout": "", "stderr": "", "complete": true}
+            })
+            .collect();
+        let attempts: Vec<Document> = ids
+            .iter()
+            .map(|id| {
+                doc! {"_id": ObjectId::new(), "task": id, "queue": queue, "node": "old",
+                "start": day_ago, "end": day_ago, "outcome": "succeeded", "status": 1}
+            })
+            .collect();
+        db.tasks().insert_many(tasks).await.context("history")?;
+        db.db
+            .collection::<Document>("attempts")
+            .insert_many(attempts)
+            .await
+            .context("attempts")?;
+        left -= batch;
+    }
+    Ok(())
+}
+
+struct Run {
+    per_s: f64,
+    /// Of the history, the share deleted when the queue's last task ended.
+    pruned_during: f64,
+    /// From the DEN's start to the last history task deleted (A only).
+    all_pruned_s: Option<f64>,
+}
+
+async fn run(o: &Options, prune: bool, round: usize) -> anyhow::Result<Run> {
+    let db = TestDb::new(&format!("bench_prune_{round}_{}", u8::from(prune))).await;
+    let retain = if prune {
+        json!({"succeeded_s": 3600})
+    } else {
+        json!(null)
+    };
+    let config = write_config(&db, "bench.json", json!({"retain": retain}));
+    db.den_store()
+        .await
+        .ensure_indexes()
+        .await
+        .context("creating indexes")?;
+    let old = db.insert_queue("history", "echo", 0).await;
+    history(&db, old, o.ended).await?;
+    let work = db.insert_queue("work", "echo", 0).await;
+    db.insert_tasks(work, (0..o.tasks).map(|_| doc! {}.into()).collect())
+        .await;
+    let den = Den::start(&config, "bench");
+    db.set_queue(work, doc! {"threads": o.threads as i32}).await;
+    let started = Instant::now();
+    loop {
+        let done = db.count(doc! {"queue": work, "status": 1}).await;
+        if done as usize >= o.tasks {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(1800),
+            "the queue did not finish in 30 min"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let left = db.count(doc! {"queue": old}).await;
+    let pruned_during = 1.0 - left as f64 / o.ended as f64;
+    let mut all_pruned_s = None;
+    if prune {
+        loop {
+            if db.count(doc! {"queue": old}).await == 0 {
+                all_pruned_s = Some(started.elapsed().as_secs_f64());
+                break;
+            }
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(1800),
+                "the history was not pruned in 30 min"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    drop(den);
+    db.drop().await;
+    Ok(Run {
+        per_s: o.tasks as f64 / elapsed,
+        pruned_during,
+        all_pruned_s,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let o = parse()?;
+    println!(
+        "{} ended tasks beside a queue of {} no-op tasks ({} threads), one DEN, {} alternating rounds",
+        o.ended, o.tasks, o.threads, o.rounds
+    );
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..o.rounds {
+        // Alternated, and the order swapped each round, so drift favours neither.
+        let order = if round % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for prune in order {
+            let r = run(&o, prune, round).await?;
+            println!(
+                "round {round} {}: {:.1} tasks/s{}",
+                if prune { "pruning" } else { "keeping" },
+                r.per_s,
+                match r.all_pruned_s {
+                    Some(s) => format!(
+                        "; {:.0}% of the history pruned while the queue ran, all of it in {s:.1} s",
+                        r.pruned_during * 100.0
+                    ),
+                    None => String::new(),
+                }
+            );
+            if prune {
+                with.push(r.per_s);
+            } else {
+                without.push(r.per_s);
+            }
+        }
+    }
+    let (a, b) = (median(with), median(without));
+    println!(
+        "median throughput: {a:.1} tasks/s pruning, {b:.1} keeping: {:.1}% of it",
+        100.0 * a / b.max(f64::MIN_POSITIVE)
+    );
+    Ok(())
+}
