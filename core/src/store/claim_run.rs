@@ -152,11 +152,6 @@ pub(crate) fn claim_reads(sort: QueueSort) -> Option<Vec<(Document, Document)>> 
     }
 }
 
-/// The queued tasks of `queue` a node may claim now. `node: -1` marked unclaimed tasks in
-/// Disbatch 3; 4.103 still claims them. A delayed task (Coordinate's not_before) waits; `null`
-/// also matches a missing field. Documents a runner could not be handed or the claim could not
-/// count (an `_id` that is not an ObjectId, an `attempts` that is not a sane number) are left
-/// queued rather than claimed and wedged.
 /// An `$unset` of what a claim holds, its queue slot and its key slot, and of `more`: a task
 /// that stops running (ends, is cancelled, given back or orphaned) lets go of both at once, so
 /// no path can release one and keep the other.
@@ -168,16 +163,37 @@ pub(crate) fn release_holds(more: &[&str]) -> Document {
     unset
 }
 
+/// Types that are no number: an `attempts` of one of them is not a sane count.
+const NOT_NUMBERS: [&str; 9] = [
+    "string", "object", "array", "binData", "objectId", "bool", "date", "timestamp", "regex",
+];
+/// Types that are no date: a `not_before` of one of them never comes.
+const NOT_DATES: [&str; 12] = [
+    "double", "string", "object", "array", "binData", "objectId", "bool", "int", "long",
+    "decimal", "timestamp", "regex",
+];
+
+/// The queued tasks of `queue` a node may claim now. `node: -1` marked unclaimed tasks in
+/// Disbatch 3; 4.103 still claims them. A delayed task (Coordinate's not_before) waits; a
+/// missing or null `not_before` does not. Documents a runner could not be handed or the claim
+/// could not count (an `_id` that is not an ObjectId, an `attempts` that is not a sane number)
+/// are left queued rather than claimed and wedged.
+///
+/// Shaped for planners that read filters literally: `queue` first (SecantusDB takes the index
+/// its first field leads: with `node` first it read the `{node, status, queue}` entries of
+/// every ended task, 101 ms beside 100 000 of them), and no `$or` (each made SecantusDB read
+/// the whole collection: 27 ms at 100 000 tasks, where this reads in 0.3 ms).
 pub(crate) fn claimable(queue: ObjectId, now: DateTime) -> Document {
     doc! {
-        task::NODE: {"$in": [Bson::Null, Bson::Int32(-1)]},
-        task::STATUS: status::QUEUED,
         task::QUEUE: queue,
+        task::STATUS: status::QUEUED,
+        task::NODE: {"$in": [Bson::Null, Bson::Int32(-1)]},
         task::ID: {"$type": "objectId"},
         "$and": [
-            {"$or": [{task::NOT_BEFORE: Bson::Null}, {task::NOT_BEFORE: {"$lte": now}}]},
-            // Comparison only matches numbers, so a string `attempts` is excluded too.
-            {"$or": [{task::ATTEMPTS: Bson::Null}, {task::ATTEMPTS: {"$lt": 1_000_000_000_i64}}]},
+            {task::NOT_BEFORE: {"$not": {"$gt": now}}},
+            {task::NOT_BEFORE: {"$not": {"$type": NOT_DATES.to_vec()}}},
+            {task::ATTEMPTS: {"$not": {"$gte": 1_000_000_000_i64}}},
+            {task::ATTEMPTS: {"$not": {"$type": NOT_NUMBERS.to_vec()}}},
         ],
     }
 }
