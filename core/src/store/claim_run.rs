@@ -165,12 +165,30 @@ pub(crate) fn release_holds(more: &[&str]) -> Document {
 
 /// Types that are no number: an `attempts` of one of them is not a sane count.
 const NOT_NUMBERS: [&str; 9] = [
-    "string", "object", "array", "binData", "objectId", "bool", "date", "timestamp", "regex",
+    "string",
+    "object",
+    "array",
+    "binData",
+    "objectId",
+    "bool",
+    "date",
+    "timestamp",
+    "regex",
 ];
 /// Types that are no date: a `not_before` of one of them never comes.
 const NOT_DATES: [&str; 12] = [
-    "double", "string", "object", "array", "binData", "objectId", "bool", "int", "long",
-    "decimal", "timestamp", "regex",
+    "double",
+    "string",
+    "object",
+    "array",
+    "binData",
+    "objectId",
+    "bool",
+    "int",
+    "long",
+    "decimal",
+    "timestamp",
+    "regex",
 ];
 
 /// The queued tasks of `queue` a node may claim now. `node: -1` marked unclaimed tasks in

@@ -469,7 +469,10 @@ mod tests {
             ("tasks", set(&["insert", "update", "remove", "createIndex"])),
             ("tasks.chunks", set(&["remove", "createIndex"])),
             ("tasks.files", set(&["remove", "createIndex"])),
-            ("attempts", set(&["insert", "update", "remove", "createIndex"])),
+            (
+                "attempts",
+                set(&["insert", "update", "remove", "createIndex"]),
+            ),
             ("leases", set(&["insert", "update"])),
             ("balance", set(&["insert", "update"])),
             ("task_counts", set(&["insert", "update"])),

@@ -131,7 +131,10 @@ async fn main() -> anyhow::Result<()> {
     );
     for (round, earlier) in [false, true].into_iter().enumerate() {
         let shares = run(&o, earlier, round, server).await?;
-        let shown: Vec<String> = shares.iter().map(|s| format!("{:.0}%", s * 100.0)).collect();
+        let shown: Vec<String> = shares
+            .iter()
+            .map(|s| format!("{:.0}%", s * 100.0))
+            .collect();
         println!(
             "{}: {}",
             if earlier {

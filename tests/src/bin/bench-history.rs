@@ -77,7 +77,10 @@ async fn history(db: &TestDb, queue: ObjectId, n: usize) -> anyhow::Result<()> {
         made += tasks.len();
         db.tasks().insert_many(tasks).await.context("history")?;
         let (collection, d) = if in_graph {
-            ("graphs", doc! {"_id": group, "ctime": day_ago, "tasks": 100})
+            (
+                "graphs",
+                doc! {"_id": group, "ctime": day_ago, "tasks": 100},
+            )
         } else {
             (
                 "batches",
@@ -137,7 +140,10 @@ async fn run(o: &Options, with_history: bool, round: usize, server: u32) -> anyh
     // history came from graphs has already. And the node settles: its start (a first
     // reconcile of the history's counts) is not the chain's.
     let (status, body) = dci
-        .post("/graphs", json!({"tasks": [{"name": "warm", "queue": "chain", "params": {}}]}))
+        .post(
+            "/graphs",
+            json!({"tasks": [{"name": "warm", "queue": "chain", "params": {}}]}),
+        )
         .await;
     anyhow::ensure!(status == 200, "POST /graphs: {status} {body}");
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -179,7 +185,10 @@ async fn run(o: &Options, with_history: bool, round: usize, server: u32) -> anyh
         .collect();
     spent.sort_by(|a, b| b.0.total_cmp(&a.0));
     for (ms, n, label) in spent.iter().take(6) {
-        println!("    {label}: {n} requests, {ms:.0} ms in all, {:.1} ms each", ms / *n as f64);
+        println!(
+            "    {label}: {n} requests, {ms:.0} ms in all, {:.1} ms each",
+            ms / *n as f64
+        );
     }
     drop(dci);
     // Idle: the chain is over, the DCI gone; what the leader alone costs the server.
