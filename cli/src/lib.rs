@@ -43,7 +43,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         )?,
         json: args.json,
     };
+    let named = queue_named(&args.command).map(str::to_string);
     let result = commands::dispatch(&ctx, args.command, &mut out).await;
+    // Disbatch's answer names no queue, and the Perl CLI prints it as it is: ours says which.
+    let result = result.map_err(|e| match (&named, e.downcast_ref::<HttpError>()) {
+        (Some(queue), Some(h)) if h.message == "queue not found" => {
+            e.context(format!("queue not found: {queue:?}"))
+        }
+        _ => e,
+    });
     if let Err(e) = &result {
         // Scripts using --json get the server's error object on stdout as well as the exit code.
         if let Some(HttpError {
@@ -67,4 +75,14 @@ pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
             .downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+/// The queue a command names, for its errors.
+fn queue_named(command: &Command) -> Option<&str> {
+    match command {
+        Command::CreateTask { queue, .. } | Command::CreateTasks { queue, .. } => Some(queue),
+        Command::Tasks { search, .. } => search.queue.as_deref(),
+        Command::Failures { queue, .. } | Command::Retry { queue, .. } => queue.as_deref(),
+        _ => None,
+    }
 }

@@ -171,6 +171,19 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
     );
     let usage = dci.cli(&["no-such-verb"]);
     assert_eq!(status(&usage), Some(2));
+    // Disbatch's body names no queue (the Perl CLI prints it as it is); ours says which.
+    for args in [
+        &["create-task", "nosuchq", "a=1"][..],
+        &["tasks", "--queue", "nosuchq"][..],
+    ] {
+        let out = dci.cli(args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains("queue not found: \"nosuchq\""),
+            "{args:?}: {said}"
+        );
+        assert_eq!(status(&out), Some(2), "{args:?}");
+    }
 
     // The task's attempts.
     let attempts = ok(&dci.cli(&["attempts", &id]));

@@ -201,7 +201,12 @@ async fn run(o: &Options, with_history: bool, round: usize, server: u32) -> anyh
         / procfs::clock_ticks()
         / window.elapsed().as_secs_f64();
     drop(den);
-    db.drop().await;
+    // BENCH_KEEP_DB=1 leaves the database for a look afterwards.
+    if std::env::var_os("BENCH_KEEP_DB").is_none() {
+        db.drop().await;
+    } else {
+        println!("    kept database {}", db.name);
+    }
     Ok(Run {
         per_step_s,
         idle_cpu,
