@@ -6,6 +6,7 @@ pub mod accounting;
 pub mod ceiling;
 pub mod contention;
 mod fan;
+pub mod flags;
 pub mod fleet;
 mod fleet_backlog;
 pub mod fleet_paused;

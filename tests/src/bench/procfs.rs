@@ -170,6 +170,17 @@ impl Drop for RunnerSampler {
     }
 }
 
+/// The process of the server a `mongodb://host:port/…` URI names, when it runs on this
+/// machine: the benches read its CPU from /proc.
+pub fn server_pid(uri: &str) -> Option<u32> {
+    let port: u16 = uri
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split(['/', '?']).next())
+        .and_then(|p| p.parse().ok())?;
+    listener_pid(port)
+}
+
 /// The process listening on a local TCP port (the server, when it runs here), found through
 /// /proc/net/tcp{,6} and the socket inodes in /proc/<pid>/fd.
 pub fn listener_pid(port: u16) -> Option<u32> {

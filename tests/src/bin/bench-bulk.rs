@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bson::{doc, DateTime, Document};
-use disbatch_tests::bench::procfs;
+use disbatch_tests::bench::{flags, procfs};
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::json;
 
@@ -22,26 +22,13 @@ struct Options {
 }
 
 fn parse() -> anyhow::Result<Options> {
-    let mut o = Options {
-        tasks: 100_000,
-        dens: 10,
-        windows: 8,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        let n: u64 = value
-            .parse()
-            .with_context(|| format!("{flag} {value:?}: expected a whole number"))?;
-        match flag.as_str() {
-            "--tasks" => o.tasks = n as usize,
-            "--dens" => o.dens = n.max(1) as usize,
-            "--windows" => o.windows = n.max(1) as usize,
-            _ => anyhow::bail!("unknown option {flag}"),
-        }
-    }
-    Ok(o)
+    let given = flags::whole_numbers(&["--tasks", "--dens", "--windows"])?;
+    let n = |flag: &str, default: u64| given.get(flag).copied().unwrap_or(default);
+    Ok(Options {
+        tasks: n("--tasks", 100_000) as usize,
+        dens: n("--dens", 10).max(1) as usize,
+        windows: n("--windows", 8).max(1) as usize,
+    })
 }
 
 /// Three queues of 300 short tasks, each worked by 3 DENs that are then stopped (SIGTERM for
@@ -116,15 +103,9 @@ async fn run(o: &Options, earlier: bool, round: usize, server: u32) -> anyhow::R
 async fn main() -> anyhow::Result<()> {
     let o = parse()?;
     let probe = TestDb::new("bench_bulk_probe").await;
-    let port: u16 = probe
-        .uri
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split(['/', '?']).next())
-        .and_then(|p| p.parse().ok())
-        .context("no port in the server URI")?;
+    let server =
+        procfs::server_pid(&probe.uri).context("the server does not run on this machine")?;
     probe.drop().await;
-    let server = procfs::listener_pid(port).context("the server does not run on this machine")?;
     println!(
         "{} tasks inserted into a paused queue beside {} idle DENs; the server's share of a core in 5-s windows after",
         o.tasks, o.dens

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
-use disbatch_tests::bench::procfs;
 use disbatch_tests::bench::stats::Latency;
+use disbatch_tests::bench::{flags, procfs};
 use disbatch_tests::{write_config, Dci, Den, Launch, TestDb};
 use serde_json::json;
 
@@ -26,28 +26,14 @@ struct Options {
 }
 
 fn parse() -> anyhow::Result<Options> {
-    let mut o = Options {
-        tasks: 1_000_000,
-        dens: 2,
-        tabs: 5,
-        cpu_secs: 30,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        let n: u64 = value
-            .parse()
-            .with_context(|| format!("{flag} {value:?}: expected a whole number"))?;
-        match flag.as_str() {
-            "--tasks" => o.tasks = n as usize,
-            "--dens" => o.dens = n as usize,
-            "--tabs" => o.tabs = n as usize,
-            "--cpu-secs" => o.cpu_secs = n.max(1),
-            _ => anyhow::bail!("unknown option {flag}"),
-        }
-    }
-    Ok(o)
+    let given = flags::whole_numbers(&["--tasks", "--dens", "--tabs", "--cpu-secs"])?;
+    let n = |flag: &str, default: u64| given.get(flag).copied().unwrap_or(default);
+    Ok(Options {
+        tasks: n("--tasks", 1_000_000) as usize,
+        dens: n("--dens", 2) as usize,
+        tabs: n("--tabs", 5) as usize,
+        cpu_secs: n("--cpu-secs", 30).max(1),
+    })
 }
 
 fn override_bin(var: &str) -> Option<PathBuf> {
@@ -93,14 +79,7 @@ async fn time_route(dci: &Dci, path: &str, runs: usize) -> anyhow::Result<Latenc
 async fn main() -> anyhow::Result<()> {
     let o = parse()?;
     let db = TestDb::new("bench_counts").await;
-    let port: u16 = db
-        .uri
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .context("no port in the server URI")?;
-    let server = procfs::listener_pid(port).context("the server does not run on this machine")?;
+    let server = procfs::server_pid(&db.uri).context("the server does not run on this machine")?;
     let config = write_config(&db, "bench.json", json!({"loop_interval_ms": 1000}));
     // Indexes first, as in a deployment: built over a million tasks they take SecantusDB many
     // minutes, which the DCI's start would otherwise wait for.

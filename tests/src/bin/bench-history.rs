@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
-use disbatch_tests::bench::procfs;
 use disbatch_tests::bench::proxy::{HostUri, Proxy};
+use disbatch_tests::bench::{flags, procfs};
 use disbatch_tests::{write_config, Dci, Den, TestDb};
 use serde_json::json;
 
@@ -24,28 +24,14 @@ struct Options {
 }
 
 fn parse() -> anyhow::Result<Options> {
-    let mut o = Options {
-        ended: 100_000,
-        steps: 30,
-        rounds: 3,
-        idle_secs: 20,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        let n: u64 = value
-            .parse()
-            .with_context(|| format!("{flag} {value:?}: expected a whole number"))?;
-        match flag.as_str() {
-            "--ended" => o.ended = n as usize,
-            "--steps" => o.steps = n.max(2) as usize,
-            "--rounds" => o.rounds = n.max(1) as usize,
-            "--idle-secs" => o.idle_secs = n.max(1),
-            _ => anyhow::bail!("unknown option {flag}"),
-        }
-    }
-    Ok(o)
+    let given = flags::whole_numbers(&["--ended", "--steps", "--rounds", "--idle-secs"])?;
+    let n = |flag: &str, default: u64| given.get(flag).copied().unwrap_or(default);
+    Ok(Options {
+        ended: n("--ended", 100_000) as usize,
+        steps: n("--steps", 30).max(2) as usize,
+        rounds: n("--rounds", 3).max(1) as usize,
+        idle_secs: n("--idle-secs", 20).max(1),
+    })
 }
 
 /// `n` ended tasks a day old, half succeeded in graphs of 100 tasks (all settled), half in
@@ -222,15 +208,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 async fn main() -> anyhow::Result<()> {
     let o = parse()?;
     let probe = TestDb::new("bench_history_probe").await;
-    let port: u16 = probe
-        .uri
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split(['/', '?']).next())
-        .and_then(|p| p.parse().ok())
-        .context("no port in the server URI")?;
+    let server =
+        procfs::server_pid(&probe.uri).context("the server does not run on this machine")?;
     probe.drop().await;
-    let server = procfs::listener_pid(port).context("the server does not run on this machine")?;
     println!(
         "a {}-step graph chain and an idle leader, in an empty database and beside {} ended graph and batch tasks; {} alternating rounds",
         o.steps, o.ended, o.rounds
@@ -257,16 +237,21 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    // A ratio to nothing (an idle server measured at 0 CPU) is no figure.
+    let ratio = |a: f64, b: f64| match b > 0.0 {
+        true => format!("{:.2}×", a / b),
+        false => "n/a".to_string(),
+    };
     let step = |v: &[Run]| median(v.iter().map(|r| r.per_step_s).collect());
     let cpu = |v: &[Run]| median(v.iter().map(|r| r.idle_cpu).collect());
     println!(
-        "median: {:.3} s per step empty, {:.3} with history ({:.2}×); idle server CPU {:.3} empty, {:.3} with history ({:.2}×)",
+        "median: {:.3} s per step empty, {:.3} with history ({}); idle server CPU {:.3} empty, {:.3} with history ({})",
         step(&empty),
         step(&full),
-        step(&full) / step(&empty).max(f64::MIN_POSITIVE),
+        ratio(step(&full), step(&empty)),
         cpu(&empty),
         cpu(&full),
-        cpu(&full) / cpu(&empty).max(f64::MIN_POSITIVE)
+        ratio(cpu(&full), cpu(&empty))
     );
     Ok(())
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
+use disbatch_tests::bench::flags;
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::json;
 
@@ -23,28 +24,14 @@ struct Options {
 }
 
 fn parse() -> anyhow::Result<Options> {
-    let mut o = Options {
-        ended: 100_000,
-        tasks: 4_000,
-        rounds: 3,
-        threads: 8,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        let n: u64 = value
-            .parse()
-            .with_context(|| format!("{flag} {value:?}: expected a whole number"))?;
-        match flag.as_str() {
-            "--ended" => o.ended = n as usize,
-            "--tasks" => o.tasks = n as usize,
-            "--rounds" => o.rounds = n.max(1) as usize,
-            "--threads" => o.threads = n.max(1) as u32,
-            _ => anyhow::bail!("unknown option {flag}"),
-        }
-    }
-    Ok(o)
+    let given = flags::whole_numbers(&["--ended", "--tasks", "--rounds", "--threads"])?;
+    let n = |flag: &str, default: u64| given.get(flag).copied().unwrap_or(default);
+    Ok(Options {
+        ended: n("--ended", 100_000) as usize,
+        tasks: n("--tasks", 4_000) as usize,
+        rounds: n("--rounds", 3).max(1) as usize,
+        threads: n("--threads", 8).clamp(1, u64::from(u32::MAX)) as u32,
+    })
 }
 
 /// `n` succeeded tasks of `queue`, a day old, each with one attempt record.
