@@ -10,20 +10,10 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use disbatch_tests::claim_order::wait_sharers;
+use disbatch_tests::restartable::libfaketime;
 use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
 use futures::TryStreamExt;
 use serde_json::json;
-
-/// Debian's libfaketime (package `faketime`, installed by scripts/test).
-fn libfaketime() -> PathBuf {
-    let found = std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
-        .find(|p| p.exists());
-    found.expect("libfaketimeMT.so.1 under /usr/lib/*/faketime: install Debian's faketime package (scripts/test does)")
-}
 
 /// The environment of a host whose wall clock is `shift_s` seconds off. Its monotonic clocks
 /// run true, as a real host's do after a clock step.

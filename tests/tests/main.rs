@@ -95,6 +95,7 @@ mod retry_policies;
 mod run_control;
 mod scheduler;
 mod schedules;
+mod schedules_dst;
 mod server_contract;
 mod shares_on_a_busy_machine;
 mod specs;
