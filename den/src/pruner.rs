@@ -20,14 +20,16 @@ use crate::metrics::DenMetrics;
 
 /// How often a run starts (when none is running).
 const EVERY: Duration = Duration::from_secs(5);
-/// Tasks deleted per batch: one read of their ids, three deletes.
-const BATCH: usize = 500;
+/// Tasks deleted per batch: one read of their ids, three deletes. SecantusDB reads a whole
+/// index range before it applies a limit, so a read of 500 ids cost as much as one of 5 000
+/// (0.28 s beside 100 000 ended tasks): per task, a batch of 5 000 cost 0.095 ms and one of
+/// 500 cost 0.63.
+const BATCH: usize = 5_000;
 /// Tasks one run deletes at most; a larger backlog is worked through run after run.
 const MOST_PER_RUN: u64 = 20_000;
-/// After each batch, this many times as long as it took: deletes are costly writes (a batch of
-/// 500 tasks with their attempts took SecantusDB about 0.4 s), and back to back they took a
-/// running queue from 218 to 126 tasks/s. Pruning takes a tenth of the server's time at most,
-/// so the fleet's claims and results go first and a history is worked through over minutes.
+/// After each batch, this many times as long as it took: deletes are costly writes, and back
+/// to back they took a running queue from 218 to 126 tasks/s. Pruning takes a tenth of the
+/// server's time at most, so the fleet's claims and results go first.
 const PAUSE_FACTOR: u32 = 9;
 /// The least pause between two batches.
 const MIN_PAUSE: Duration = Duration::from_millis(20);

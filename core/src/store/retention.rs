@@ -166,9 +166,10 @@ impl Store {
                 .await
                 .map_err(|e| Error::mongo(&context, e))?;
         }
-        // The same conditions again: a task retried or waited on since the read stays.
-        let mut delete = filter;
-        delete.insert(task::ID, doc! {"$in": &ids});
+        // The same conditions again: a task retried or waited on since the read stays. The
+        // ids first: a server that plans by the first field reads only these.
+        let mut delete = doc! {task::ID: {"$in": &ids}};
+        delete.extend(filter);
         let tasks = self
             .collection(TASKS)
             .delete_many(delete)
