@@ -153,7 +153,7 @@ fn unit(key: &str, params: Document, priority: Option<f64>, not_before: Option<D
 }
 
 fn to_document(v: &Value, path: &str) -> Result<Document, String> {
-    crate::client_json::task_params(v, path)
+    crate::text::client_json::task_params(v, path)
 }
 
 #[cfg(test)]

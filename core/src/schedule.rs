@@ -497,7 +497,7 @@ pub fn spec_fields(spec: &Map<String, Value>) -> Result<(Document, Vec<&'static 
                 Some(Bson::String(s.clone()))
             }
             Some(v @ Value::Object(_)) if key == queue::SCHEDULE_PARAMS => {
-                Some(crate::client_json::storable(v, key)?)
+                Some(crate::text::client_json::storable(v, key)?)
             }
             Some(other) if key == queue::SCHEDULE_PARAMS => {
                 return Err(format!("{key} must be an object, found {other}"))

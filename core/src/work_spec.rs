@@ -174,7 +174,7 @@ pub fn spec_load(
     for key in [queue::RATE_LIMIT, queue::CONCURRENCY, queue::UNIQUE] {
         let value = match spec.get(key) {
             None | Some(Value::Null) => None,
-            Some(v @ Value::Object(_)) => Some(crate::client_json::storable(v, key)?),
+            Some(v @ Value::Object(_)) => Some(crate::text::client_json::storable(v, key)?),
             Some(other) => return Err(format!("{key} must be an object or null, found {other}")),
         };
         put(key, value, &mut unset);
@@ -194,7 +194,7 @@ pub fn spec_load(
         queue::SORT,
         text("sort")?.unwrap_or_else(|| "priority".into()),
     );
-    let config = crate::client_json::storable(&Value::Object(spec.clone()), "spec")?;
+    let config = crate::text::client_json::storable(&Value::Object(spec.clone()), "spec")?;
     set.insert(queue::CONFIG, config);
     // What a node reads back must be what the spec meant: the node's own reader decides.
     crate::store::check_queue_fields(&set)?;

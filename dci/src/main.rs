@@ -27,12 +27,12 @@ struct Args {
     check_config: Option<PathBuf>,
     /// Log lines as `text` or `json` (one object per line); wins over `log_format`.
     #[arg(long, value_name = "FORMAT")]
-    log_format: Option<disbatch_core::logging::LogFormat>,
+    log_format: Option<disbatch_core::process::logging::LogFormat>,
 }
 
 fn main() -> std::process::ExitCode {
     // The error is printed redacted, never as Rust's default Debug report with the URI in it.
-    disbatch_core::logging::exit_status(run())
+    disbatch_core::process::logging::exit_status(run())
 }
 
 fn run() -> anyhow::Result<()> {
@@ -51,7 +51,8 @@ async fn serve() -> anyhow::Result<()> {
     if let Some(path) = &args.check_config {
         return disbatch_dci::check_config::check_config(path);
     }
-    let started = disbatch_core::logging::start_with_config(&args.config, args.log_format)?;
+    let started =
+        disbatch_core::process::logging::start_with_config(&args.config, args.log_format)?;
     // Now, before anything slow: SIGHUP's default action would end the server.
     let hangups = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     for warning in &started.loaded.warnings {
@@ -63,7 +64,7 @@ async fn serve() -> anyhow::Result<()> {
     let config = started.loaded.config;
     // Every connection holds a descriptor: 512 of them (web.max_connections' default) would
     // leave a 1024 soft limit little for the database pool, GridFS reads and the rest.
-    match disbatch_core::open_files::raise_open_file_limit() {
+    match disbatch_core::process::open_files::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
     }

@@ -10,8 +10,8 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
-use disbatch_core::printable::shown;
 use disbatch_core::serve::ConnectionGauges;
+use disbatch_core::text::printable::shown;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use disbatch_core::config::reload::reread;
 use disbatch_core::config::{keep_keys, read_capped, token_files, WebToken, MAX_SECRET_BYTES};
-use disbatch_core::logging::Logging;
+use disbatch_core::process::logging::Logging;
 
 use crate::access::Access;
 

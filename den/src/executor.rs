@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
-use disbatch_core::handoff::Handoff;
-use disbatch_core::isolation::CloexecRanges;
-use disbatch_core::relay::{read_frame, Ack, Completion, LiveCopy, ANSWER_FD};
+use disbatch_core::process::isolation::CloexecRanges;
 use disbatch_core::store::TaskEnd;
+use disbatch_core::wire::handoff::Handoff;
+use disbatch_core::wire::relay::{read_frame, Ack, Completion, LiveCopy, ANSWER_FD};
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Parser;
 use disbatch_core::config::Component;
-use disbatch_core::logging::LogFormat;
+use disbatch_core::process::logging::LogFormat;
 use disbatch_core::readiness::Readiness;
 use disbatch_core::store::Store;
 use disbatch_den::claimer::Claimer;
@@ -40,9 +40,9 @@ struct Args {
 fn main() -> std::process::ExitCode {
     // Before any thread exists: plugins (often this user's processes) must not read this
     // node's environment or memory through /proc, nor inherit what our parent left open.
-    let hardened = disbatch_core::isolation::harden_process();
+    let hardened = disbatch_core::process::isolation::harden_process();
     // The error is printed redacted, never as Rust's default Debug report with the URI in it.
-    disbatch_core::logging::exit_status(run(hardened))
+    disbatch_core::process::logging::exit_status(run(hardened))
 }
 
 fn run(hardened: Result<(), String>) -> anyhow::Result<()> {
@@ -63,7 +63,8 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     }
     let config_path = std::path::absolute(&args.config)
         .with_context(|| format!("config path {}", args.config.display()))?;
-    let started = disbatch_core::logging::start_with_config(&config_path, args.log_format)?;
+    let started =
+        disbatch_core::process::logging::start_with_config(&config_path, args.log_format)?;
     // Now, before anything slow: SIGHUP's default action would end the node.
     let hangups = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     if let Err(e) = hardened {
@@ -92,7 +93,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         }
         tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "plugins run as `plugin_user`");
     }
-    match disbatch_core::open_files::raise_open_file_limit() {
+    match disbatch_core::process::open_files::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
     }

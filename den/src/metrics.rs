@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use disbatch_core::printable::metric_label;
+use disbatch_core::text::printable::metric_label;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -752,7 +752,7 @@ mod tests {
         assert!(
             !text
                 .chars()
-                .any(|c| c != '\n' && disbatch_core::printable::is_hidden(c)),
+                .any(|c| c != '\n' && disbatch_core::text::printable::is_hidden(c)),
             "{text:?}"
         );
         assert!(text.lines().all(|l| l.chars().count() < 600), "{text}");

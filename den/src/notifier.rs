@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 
-use disbatch_core::backoff::Backoff;
 use disbatch_core::fleet_time;
+use disbatch_core::process::backoff::Backoff;
 use disbatch_core::store::{InsertedTask, QueueEvent, Store, WorkEvent, WorkSignal};
 use disbatch_core::Error;
 use futures::{Stream, StreamExt};

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use disbatch_core::config::reload::reread;
 use disbatch_core::config::{keep_keys, Config};
-use disbatch_core::logging::Logging;
 use disbatch_core::plugin::PluginTable;
+use disbatch_core::process::logging::Logging;
 use tokio::sync::watch;
 
 use crate::claimer::{Claimer, QueueFilter};
@@ -202,10 +202,10 @@ impl Reloader {
 /// the accepted config is (None when the copy cannot be made: runners then read the file).
 pub fn runner_setup(
     accepted: &serde_json::Value,
-    format: disbatch_core::logging::LogFormat,
+    format: disbatch_core::process::logging::LogFormat,
 ) -> (Option<RunnerConfig>, Vec<(OsString, OsString)>) {
     use disbatch_core::config::ACCEPTED_CONFIG_ENV;
-    use disbatch_core::logging::LOG_FORMAT_ENV;
+    use disbatch_core::process::logging::LOG_FORMAT_ENV;
     let mut env = vec![(LOG_FORMAT_ENV.into(), format.as_str().into())];
     let copy = match RunnerConfig::create(accepted) {
         Ok(copy) => {

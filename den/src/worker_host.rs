@@ -8,10 +8,10 @@ use std::process::Stdio;
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
-use disbatch_core::handoff::host_frame::{ENDED, WAKE};
-use disbatch_core::handoff::Handoff;
-use disbatch_core::isolation::CloexecRanges;
-use disbatch_core::relay::{read_frame, write_frames};
+use disbatch_core::process::isolation::CloexecRanges;
+use disbatch_core::wire::handoff::host_frame::{ENDED, WAKE};
+use disbatch_core::wire::handoff::Handoff;
+use disbatch_core::wire::relay::{read_frame, write_frames};
 use tokio::io::BufReader;
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::mpsc;
@@ -45,8 +45,8 @@ impl Executor {
         // The host is long-lived: each handoff brings it the node's latest clock reading.
         if let Some(anchor) = &handoff.clock {
             frame.insert(
-                disbatch_core::handoff::CLOCK,
-                disbatch_core::handoff::clock_document(anchor),
+                disbatch_core::wire::handoff::CLOCK,
+                disbatch_core::wire::handoff::clock_document(anchor),
             );
         }
         let mut host = self

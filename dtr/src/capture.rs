@@ -326,7 +326,7 @@ pub(crate) async fn conclude(
 /// A plugin that could not start: the task fails with the reason as its stderr.
 pub(crate) fn unable_to_start(run: &Run<'_>, reason: String) -> Ran {
     // The reason may quote the plugin's stderr: escaped, it cannot forge lines in the log.
-    tracing::warn!(task = %run.task, "{}", disbatch_core::printable::escape(&reason));
+    tracing::warn!(task = %run.task, "{}", disbatch_core::text::printable::escape(&reason));
     let done = Finished {
         task: run.task,
         node: run.node.to_string(),

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use disbatch_core::output::MAX_DOCUMENT_SIZE;
-use disbatch_core::relay::LiveCopy;
 use disbatch_core::store::{LiveOutput, LiveStream, LiveWrite, LIVE_TAIL};
+use disbatch_core::wire::relay::LiveCopy;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use crate::connection::LazyStore;

@@ -44,13 +44,13 @@ async fn main() {
     // First: the plugin this runner starts (often of the same user) must not read its
     // environment or memory through /proc, nor inherit what the node left open. The answer
     // pipe is marked too: the runner still takes it (close-on-exec acts only at exec).
-    let hardened = disbatch_core::isolation::harden_process();
+    let hardened = disbatch_core::process::isolation::harden_process();
     // The node's format: the runner's lines go to the node's stderr, among its own.
-    let format = std::env::var(disbatch_core::logging::LOG_FORMAT_ENV)
+    let format = std::env::var(disbatch_core::process::logging::LOG_FORMAT_ENV)
         .ok()
         .and_then(|f| f.parse().ok())
         .unwrap_or_default();
-    let logging = disbatch_core::logging::init(format, "info");
+    let logging = disbatch_core::process::logging::init(format, "info");
     if let Err(e) = hardened {
         tracing::warn!("{e}");
     }
@@ -66,7 +66,7 @@ async fn main() {
     std::process::exit(code)
 }
 
-async fn run(args: Args, logging: disbatch_core::logging::Logging) -> anyhow::Result<()> {
+async fn run(args: Args, logging: disbatch_core::process::logging::Logging) -> anyhow::Result<()> {
     // First, before the task starts: SIGUSR1's default action would kill the runner, and the
     // node sends it to point out a cancel request.
     let wake = signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;

@@ -12,7 +12,7 @@ use disbatch_core::output::{MAX_DOCUMENT_SIZE, RESULT_INLINE_LIMIT};
 use disbatch_core::store::TaskEnd;
 use std::collections::BTreeMap;
 
-use disbatch_core::client_json::{json_shape, MAX_DEPTH};
+use disbatch_core::text::client_json::{json_shape, MAX_DEPTH};
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -198,7 +198,7 @@ fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
         budget -= shape.values;
         let value: Value =
             serde_json::from_str(raw.get()).map_err(|e| format!("it is not valid JSON ({e})"))?;
-        disbatch_core::client_json::check_encodable_keys(&value, &format!("result.{name}"))
+        disbatch_core::text::client_json::check_encodable_keys(&value, &format!("result.{name}"))
             .map_err(unstorable)?;
         object.insert(name, value);
     }

@@ -7,8 +7,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use disbatch_core::config::PluginUser;
-use disbatch_core::isolation::CloexecRanges;
 use disbatch_core::plugin_env::PluginEnv;
+use disbatch_core::process::isolation::CloexecRanges;
 use nix::libc;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;

@@ -224,7 +224,8 @@ where
     Fut: Future<Output = Result<T>>,
 {
     let started = std::time::Instant::now();
-    let mut delays = disbatch_core::backoff::Backoff::new(Duration::from_millis(100), MAX_DELAY);
+    let mut delays =
+        disbatch_core::process::backoff::Backoff::new(Duration::from_millis(100), MAX_DELAY);
     let mut attempt: u32 = 1;
     loop {
         match op().await {

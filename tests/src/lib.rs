@@ -171,7 +171,7 @@ impl TestDb {
             .await
             .expect("find task")
             .expect("task exists");
-        disbatch_core::raw_doc::from_raw(&raw).expect("decode task")
+        disbatch_core::text::raw_doc::from_raw(&raw).expect("decode task")
     }
 
     /// A task's attempt records, oldest first.

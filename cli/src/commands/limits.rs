@@ -115,7 +115,7 @@ pub async fn limits(
         if ctx.raw(&reply, out)? {
             return Ok(());
         }
-        let line = disbatch_core::printable::json_text(&sent.to_string()).into_owned();
+        let line = disbatch_core::text::printable::json_text(&sent.to_string()).into_owned();
         writeln!(out, "Set the limits of queue {}: {line}", shown(queue))?;
         return Ok(());
     }
@@ -136,7 +136,10 @@ pub async fn limits(
 
 /// A line of the view: its label, then the text with hidden characters escaped.
 fn line(label: &str, text: &str) -> String {
-    format!("{label:<13}{}", disbatch_core::printable::escape(text))
+    format!(
+        "{label:<13}{}",
+        disbatch_core::text::printable::escape(text)
+    )
 }
 
 /// The limits as set and the budget, one line each, for `limits QUEUE`.

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::redact::{remember_secret, uri_passwords};
+use crate::text::redact::{remember_secret, uri_passwords};
 
 /// The connection string: `DISBATCH_MONGOHOST`, else `mongohost` or the file `mongohost_file`
 /// names (one of the two), trimmed of the file's trailing newline.
@@ -117,8 +117,8 @@ mod tests {
             mongohost(base, None, Some("uri".into()), no_env).as_deref(),
             Ok("mongodb://u:File-Pw-9@h/")
         );
-        assert!(crate::redact::redact("x File-Pw-9 y").contains("x "));
-        assert!(!crate::redact::redact("x File-Pw-9 y").contains("File-Pw-9"));
+        assert!(crate::text::redact::redact("x File-Pw-9 y").contains("x "));
+        assert!(!crate::text::redact::redact("x File-Pw-9 y").contains("File-Pw-9"));
         let both = mongohost(base, inline.clone(), Some("uri".into()), no_env);
         assert!(both.is_err_and(|e| e.contains("not both")));
         let missing = mongohost(base, None, Some("nope".into()), no_env);
@@ -160,7 +160,7 @@ mod tests {
             Some("Den-File-Pw-7")
         );
         assert_eq!(got.get("disbatch_web").map(String::as_str), Some("inline"));
-        assert!(!crate::redact::redact("Den-File-Pw-7").contains("Den-File-Pw-7"));
+        assert!(!crate::text::redact::redact("Den-File-Pw-7").contains("Den-File-Pw-7"));
         let twice = auth(
             base,
             map(&[("disbatchd", "a")]),

@@ -123,7 +123,7 @@ fn holds_secrets(value: &Value) -> bool {
     let uri_password = value
         .get("mongohost")
         .and_then(Value::as_str)
-        .is_some_and(|uri| !crate::redact::uri_passwords(uri).is_empty());
+        .is_some_and(|uri| !crate::text::redact::uri_passwords(uri).is_empty());
     let auth = value
         .get("auth")
         .and_then(Value::as_object)

@@ -157,7 +157,7 @@ pub struct Config {
     /// for ever). The maintenance leader's applies.
     pub retain: crate::model::retention::Retention,
     /// `log_format`: text or JSON lines; None leaves it to `--log-format`, then text.
-    pub log_format: Option<crate::logging::LogFormat>,
+    pub log_format: Option<crate::process::logging::LogFormat>,
     /// `log_level`: a level or a `RUST_LOG`-style filter; `RUST_LOG` wins when set.
     pub log_level: Option<String>,
 }

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use crate::redact::{redact, redact_uri};
+use crate::text::redact::{redact, redact_uri};
 
 const SCHEMES: [&str; 2] = ["mongodb://", "mongodb+srv://"];
 

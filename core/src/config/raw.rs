@@ -319,7 +319,7 @@ impl RawConfig {
         );
         let log_level = p.take(match self.log_level {
             Some(l) if l.trim().is_empty() => Err("key `log_level` must not be empty".into()),
-            Some(l) => crate::logging::check_level(&l)
+            Some(l) => crate::process::logging::check_level(&l)
                 .map(|()| Some(l))
                 .map_err(|e| format!("key `log_level`: {e}")),
             None => Ok(None),

@@ -65,6 +65,6 @@ pub fn report_check(path: &Path, problems: &[String], warnings: &[String]) -> Re
 }
 
 fn shown(message: &str) -> String {
-    let redacted = crate::redact::redact(message);
-    crate::printable::escape(&redacted).into_owned()
+    let redacted = crate::text::redact::redact(message);
+    crate::text::printable::escape(&redacted).into_owned()
 }

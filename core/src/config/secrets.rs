@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::Config;
-use crate::redact::{redact_uri, remember_secret, uri_passwords};
+use crate::text::redact::{redact_uri, remember_secret, uri_passwords};
 
 /// Tells the redactor the `mongohost` password (as written and decoded), the `auth` and
 /// `attributes` passwords and the web tokens, before validation, so even an error about this file cannot show them.

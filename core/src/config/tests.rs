@@ -470,7 +470,7 @@ fn a_token_read_from_its_file_is_masked_in_any_later_text() {
         "web": {"tokens": [{"name": "f", "role": "read", "token_file": "t.token"}]}}"#;
     Config::parse(&dir.path().join("c.json"), text).expect("ok");
     assert_eq!(
-        crate::redact::redact("Bearer File-Token-0123456789abcdef"),
+        crate::text::redact::redact("Bearer File-Token-0123456789abcdef"),
         "Bearer ***"
     );
 }
@@ -483,7 +483,7 @@ fn passwords_of_a_parsed_config_are_masked_in_any_later_text() {
     )
     .expect("ok");
     assert_eq!(
-        crate::redact::redact("pw Remembered-Uri-Pw, Remembered-Auth-Pw"),
+        crate::text::redact::redact("pw Remembered-Uri-Pw, Remembered-Auth-Pw"),
         "pw ***, ***"
     );
 }

@@ -12,7 +12,7 @@ fn a_good_config_checks_like_it_loads() {
     let text = r#"{"mongohost": "mongodb://db", "database": "d", "log_format": "json",
         "log_level": "info,disbatch_den=debug"}"#;
     let c = check(text).expect("good config").config;
-    assert_eq!(c.log_format, Some(crate::logging::LogFormat::Json));
+    assert_eq!(c.log_format, Some(crate::process::logging::LogFormat::Json));
     assert_eq!(c.log_level.as_deref(), Some("info,disbatch_den=debug"));
     let loaded = Config::parse(Path::new("/c.json"), text).expect("loads");
     assert_eq!(loaded.config.log_format, c.log_format);

@@ -247,7 +247,7 @@ fn a_bare_mongohost_password_is_masked_everywhere() {
     let text = r#"{"mongohost": "u:Bare-Host-Pw1@db1:27017,db2", "database": "d"}"#;
     let c = parse(text).expect("ok").config;
     assert!(!format!("{c:?}").contains("Bare-Host-Pw1"));
-    assert_eq!(crate::redact::redact("x Bare-Host-Pw1 y"), "x *** y");
+    assert_eq!(crate::text::redact::redact("x Bare-Host-Pw1 y"), "x *** y");
     let e = error_of(r#"{"mongohost": "u:Bare-Host-Pw2@db1:x", "database": "d"}"#);
     assert!(
         e.contains("`mongohost`") && !e.contains("Bare-Host-Pw2"),
@@ -319,7 +319,7 @@ async fn attributes_map_onto_the_drivers_options() {
         cred.mechanism,
         Some(mongodb::options::AuthMechanism::ScramSha256)
     );
-    assert_eq!(crate::redact::redact("Attr-Pass-123"), "***");
+    assert_eq!(crate::text::redact::redact("Attr-Pass-123"), "***");
 }
 
 #[tokio::test]

@@ -106,7 +106,7 @@ fn web_token(
             // A file's final newline is not part of the token.
             let secret = text.trim();
             // Inline tokens are known to the redactor from the start; this one only now.
-            crate::redact::remember_secret(secret);
+            crate::text::redact::remember_secret(secret);
             checked_secret(&format!("{at}.token_file"), secret)?
         }
     };

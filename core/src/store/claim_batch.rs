@@ -236,7 +236,7 @@ impl Store {
                     {
                         Ok(PickOutcome::Lost)
                     }
-                    Ok(Some(raw)) => Ok(match crate::raw_doc::from_raw(&raw) {
+                    Ok(Some(raw)) => Ok(match crate::text::raw_doc::from_raw(&raw) {
                         Ok(doc) => PickOutcome::Claimed(Box::new(doc)),
                         // Read and decoded a moment ago; keep what was read, with the claim.
                         Err(_) => {
@@ -389,9 +389,9 @@ impl Store {
             .map_err(|e| Error::mongo(context, e))?
         {
             read.read += 1;
-            match crate::raw_doc::from_raw(&raw) {
+            match crate::text::raw_doc::from_raw(&raw) {
                 Ok(d) => read.candidates.tasks.push(d),
-                Err(why) => match crate::raw_doc::object_id(&raw) {
+                Err(why) => match crate::text::raw_doc::object_id(&raw) {
                     Some(id) => read.candidates.unreadable.push((id, why)),
                     None => {
                         self.decode_or_skip(TASKS, &raw);

@@ -13,7 +13,7 @@ use super::tasks::finish_statement;
 use super::{OutputValue, Store, TaskEnd, BULK_WRITE_MISSING, BULK_WRITE_WORKS};
 use crate::error::{Error, Result};
 use crate::fleet_time;
-use crate::relay::{Ack, Completion};
+use crate::wire::relay::{Ack, Completion};
 
 /// Keeps each `update` command under the 16 MiB a command document may hold.
 const MAX_COMMAND_BYTES: usize = 12 * 1024 * 1024;

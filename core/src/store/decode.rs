@@ -11,7 +11,7 @@ use mongodb::{Collection, Cursor};
 
 use super::Store;
 use crate::error::{Error, Result};
-use crate::raw_doc;
+use crate::text::raw_doc;
 
 /// Distinct documents remembered as already logged; beyond it a skip is still counted, and
 /// logged again, so memory stays bounded whatever a collection holds.

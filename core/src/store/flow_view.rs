@@ -171,7 +171,7 @@ impl Store {
             .projection(doc! {task::ID: 1})
             .await
             .map_err(|e| Error::mongo(format!("looking for older tasks of task {id}'s key"), e))?;
-        Ok(found.and_then(|d| crate::raw_doc::object_id(&d)))
+        Ok(found.and_then(|d| crate::text::raw_doc::object_id(&d)))
     }
 
     /// The windows of `queue`'s `partitions` that exist, by partition (`key_text`).

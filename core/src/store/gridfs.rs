@@ -10,7 +10,7 @@ use super::schema::{chunk, file, CHUNKS, FILES};
 use super::Store;
 use crate::error::{Error, Result};
 use crate::fleet_time;
-use crate::utf8::LossyDecoder;
+use crate::text::utf8::LossyDecoder;
 
 /// Disbatch's (and GridFS's default) chunk size: 255 KiB.
 pub const CHUNK_SIZE: usize = 255 * 1024;
@@ -271,9 +271,9 @@ impl Store {
             .map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
         let stream = futures::StreamExt::map(cursor, move |c| {
             let raw = c.map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
-            let c = crate::raw_doc::from_raw(&raw).map_err(|message| Error::BadDocument {
+            let c = crate::text::raw_doc::from_raw(&raw).map_err(|message| Error::BadDocument {
                 collection: CHUNKS,
-                id: crate::raw_doc::id_text(&raw),
+                id: crate::text::raw_doc::id_text(&raw),
                 message: format!("it cannot be decoded: {message}"),
             })?;
             match c.get(chunk::DATA) {

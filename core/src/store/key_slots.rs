@@ -157,7 +157,7 @@ impl Store {
             .await
             .map_err(|e| Error::mongo(&context, e))?
         {
-            let Ok(d) = crate::raw_doc::from_raw(&raw) else {
+            let Ok(d) = crate::text::raw_doc::from_raw(&raw) else {
                 continue;
             };
             let Some(slot) = d.get(task::CONCURRENCY_SLOT) else {

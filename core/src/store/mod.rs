@@ -315,7 +315,7 @@ fn mongohost_error(config: &Config, e: mongodb::error::Error) -> Error {
             path: config.path.clone(),
             message: format!(
                 "key `mongohost`: {}",
-                crate::redact::redact(&e.kind.to_string())
+                crate::text::redact::redact(&e.kind.to_string())
             ),
         },
         _ => Error::mongo("parsing `mongohost`", e),

@@ -103,7 +103,7 @@ impl Store {
                 }
             }
         };
-        let window = crate::raw_doc::from_raw(&window).map_err(|why| {
+        let window = crate::text::raw_doc::from_raw(&window).map_err(|why| {
             Error::Invalid(format!("{context}: the window cannot be read: {why}"))
         })?;
         Ok(read_grant(&window, grant_id, limit))

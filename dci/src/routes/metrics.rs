@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use disbatch_core::printable::metric_label;
 use disbatch_core::store::{FleetMetrics, StatusGroup};
+use disbatch_core::text::printable::metric_label;
 use prometheus::{Encoder, Gauge, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::error::{ApiError, ApiResult};

@@ -34,7 +34,7 @@ pub fn value(name: &str, v: &Value) -> ApiResult<Option<Bson>> {
     };
     match v {
         Value::Null => Ok(None),
-        Value::Object(_) => disbatch_core::client_json::storable(v, name)
+        Value::Object(_) => disbatch_core::text::client_json::storable(v, name)
             .map(Some)
             .map_err(ApiError::bad_request),
         other => Err(ApiError::bad_request(format!(

@@ -27,7 +27,7 @@ pub fn value(name: &str, v: &Value) -> ApiResult<Option<Bson>> {
             value(name, &parsed)
         }
         (field::SCHEDULE_PARAMS, v @ Value::Object(_)) => {
-            disbatch_core::client_json::storable(v, name)
+            disbatch_core::text::client_json::storable(v, name)
                 .map(Some)
                 .map_err(ApiError::bad_request)
         }

@@ -65,7 +65,7 @@ pub fn value(name: &str, v: &Value) -> ApiResult<Option<Bson>> {
                 )))
             }
         })),
-        Value::Object(_) | Value::Array(_) => disbatch_core::client_json::storable(v, name)
+        Value::Object(_) | Value::Array(_) => disbatch_core::text::client_json::storable(v, name)
             .map(Some)
             .map_err(ApiError::bad_request),
     }

@@ -73,7 +73,7 @@ async fn held(
 /// controls are already escaped by JSON), then HTML escaping.
 fn task_page(task: &serde_json::Value) -> String {
     let pretty = serde_json::to_string_pretty(task).unwrap_or_default();
-    let shown = disbatch_core::printable::json_text(&pretty);
+    let shown = disbatch_core::text::printable::json_text(&pretty);
     page(&format!("<pre>{}</pre>", escape(&shown)))
 }
 

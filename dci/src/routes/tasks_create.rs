@@ -6,8 +6,9 @@ use std::time::Duration;
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document};
+use disbatch_core::fleet_time;
 use disbatch_core::store::{Created, Template, Timing, Waits};
-use disbatch_core::{client_json, fleet_time};
+use disbatch_core::text::client_json;
 use serde_json::{json, Map, Value};
 
 use crate::envelope;

@@ -112,7 +112,7 @@ fn parse_unit(v: &Value) -> Result<Unit, String> {
     };
     let params = match m.get("params") {
         None | Some(Value::Null) => Document::new(),
-        Some(v @ Value::Object(_)) => disbatch_core::client_json::task_params(v, "params")?,
+        Some(v @ Value::Object(_)) => disbatch_core::text::client_json::task_params(v, "params")?,
         Some(_) => return Err("params must be an object".into()),
     };
     let priority = match m.get("priority") {

@@ -6,10 +6,10 @@ use std::collections::{HashMap, HashSet};
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
-use disbatch_core::client_json;
 use disbatch_core::store::{
     BatchTask, GraphTask, StatusCounts, StatusGroup, WorkflowSummary, WorkflowTask,
 };
+use disbatch_core::text::client_json;
 use disbatch_core::workflow::{
     check_graph, DependencyRef, GraphNode, OnDependencyFailure, MAX_WORKFLOW_TASKS,
 };

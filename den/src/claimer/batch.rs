@@ -7,12 +7,12 @@ use bson::oid::ObjectId;
 use bson::Document;
 use disbatch_core::claim_plan::{lane_split, QueueClaims};
 use disbatch_core::fleet_time;
-use disbatch_core::handoff::Handoff;
 use disbatch_core::model::{Queue, QueueSort};
 use disbatch_core::store::schema::task;
 use disbatch_core::store::{
     claim_key, last_signal, Candidates, Pick, PickHolds, PickOutcome, SkipReason,
 };
+use disbatch_core::wire::handoff::Handoff;
 use disbatch_core::Result;
 
 use super::{earliest, spare, Claimer, MAX_CANDIDATES};

@@ -136,7 +136,7 @@ pub(crate) async fn run_in_worker(
             ending.requeue = requeue;
         }
         Some(TaskEnd::ProtocolError(why, _)) => {
-            tracing::warn!(task = %task, "worker protocol error: {}", disbatch_core::printable::escape(&why));
+            tracing::warn!(task = %task, "worker protocol error: {}", disbatch_core::text::printable::escape(&why));
             ending.lead = Some(format!("worker protocol error: {why}"));
         }
         // Stopped by the supervisor (timeout, cancel): the stop says why.

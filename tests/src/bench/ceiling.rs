@@ -11,11 +11,11 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_core::config::{Component, Config};
 use disbatch_core::model::{status, QueueSort};
-use disbatch_core::relay::Completion;
 use disbatch_core::store::schema::{task, TASKS};
 use disbatch_core::store::{
     AttemptEnd, AttemptRecord, ClaimWindow, Pick, PickOutcome, Store, TaskEnd,
 };
+use disbatch_core::wire::relay::Completion;
 use mongodb::{Client, Collection};
 use serde::Serialize;
 

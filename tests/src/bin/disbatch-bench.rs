@@ -61,7 +61,10 @@ fn main() -> ExitCode {
         Some(Err(e)) => {
             let text = format!("{e:#}");
             // Its --uri may carry a password, and driver errors may quote it.
-            eprintln!("disbatch-bench: {}", disbatch_core::redact::redact(&text));
+            eprintln!(
+                "disbatch-bench: {}",
+                disbatch_core::text::redact::redact(&text)
+            );
             return ExitCode::FAILURE;
         }
         None => {

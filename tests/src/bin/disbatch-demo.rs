@@ -26,7 +26,7 @@ const PATIENCE: Duration = Duration::from_secs(120);
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     // Config errors are printed redacted, as the real binaries print them.
-    disbatch_core::logging::exit_status(run().await)
+    disbatch_core::process::logging::exit_status(run().await)
 }
 
 async fn run() -> anyhow::Result<()> {

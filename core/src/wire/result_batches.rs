@@ -6,7 +6,7 @@ use std::future::Future;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::relay::{Ack, Completion};
+use crate::wire::relay::{Ack, Completion};
 
 /// Most results stored by one batch; more wait for the next.
 pub const MAX_BATCH: usize = 256;

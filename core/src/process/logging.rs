@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::{EnvFilter, Registry};
 
-use crate::redact::redact;
+use crate::text::redact::redact;
 
 /// How log lines are written: human-readable text (the default) or one JSON object per line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -198,7 +198,7 @@ pub fn print_error(message: &str) {
 }
 
 fn error_line(message: &str) -> String {
-    crate::printable::escape(&redact(message)).into_owned()
+    crate::text::printable::escape(&redact(message)).into_owned()
 }
 
 /// Hands tracing a fresh buffer per event; the buffer is redacted and written whole when the

@@ -311,7 +311,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Opti
     let mut bytes = vec![0u8; size];
     bytes[..4].copy_from_slice(&len);
     r.read_exact(&mut bytes[4..]).await?;
-    crate::raw_doc::from_bytes(&bytes)
+    crate::text::raw_doc::from_bytes(&bytes)
         .map(Some)
         .map_err(|e| std::io::Error::other(format!("a frame cannot be read: {e}")))
 }

@@ -89,7 +89,7 @@ impl Handoff {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Handoff, String> {
-        let d = crate::raw_doc::from_bytes(bytes)
+        let d = crate::text::raw_doc::from_bytes(bytes)
             .map_err(|e| format!("the handoff on stdin cannot be read: {e}"))?;
         Handoff::from_document(&d)
     }
