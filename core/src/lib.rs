@@ -1,49 +1,37 @@
-//! disbatch-core: what the DEN, the task runner and the DCI share.
-//!
-//! Grouped by layer (issue 53 regroups the rest the same way):
-//! - `text`: bytes and text safe to show, store and log (`printable`, `redact`, `utf8`,
-//!   `client_json`, `raw_doc`);
+//! disbatch-core: what the DEN, the task runner and the DCI share, in layers; each uses only
+//! those below it (issue 53 regroups the rest the same way):
+//! - `serve`: serving an axum app with bounded connections (the DCI, the DEN's metrics),
+//!   readiness and the operational metrics;
+//! - `store`: every MongoDB query, and the only code that knows collections, fields and
+//!   indexes;
+//! - `config`: node configs, the plugin allow-list and the plugins' environment;
 //! - `process`: the process itself (`logging`, `isolation`, `open_files`, `backoff`);
 //! - `wire`: the pipes between a DEN and its runners (`handoff`, `relay`, `result_batches`);
-//! - `config` reads node configs, `store` owns every MongoDB query, `fleet_time` is the
-//!   database server's clock as this process knows it (every time another host judges),
-//!   `model` the schema's values, `output` the GridFS placement rules, `plugin` the plugin
-//!   allow-list, `claim_plan` the per-pass claim decisions, `durability` whether the write
-//!   concern survives a failover.
+//! - `model`: the schema's values and the rules on them (queues, statuses, limits, schedules,
+//!   workflows, retention, GridFS placement), bson only;
+//! - `text`: bytes and text safe to show, store and log (`printable`, `redact`, `utf8`,
+//!   `client_json`, `raw_doc`);
+//! - at the ground: `error`, `driver_error`, and `fleet_time` (the database server's clock as
+//!   this process knows it: every time another host judges).
+//!
+//! Still to move (issue 53): `claim_plan`, `lanes` and `scheduler` (the DEN's claim
+//! arithmetic) into the DEN's claimer, `durability` into the store.
 
-pub mod balance;
-pub mod chaining;
 pub mod claim_plan;
 pub mod config;
 pub mod driver_error;
 pub mod durability;
 pub mod error;
 pub mod fleet_time;
-pub mod held;
 pub mod lanes;
-pub mod limits;
 pub mod model;
-pub mod names;
-#[cfg(feature = "serve")]
-pub mod ops_metrics;
-pub mod output;
-pub mod plugin;
-pub mod plugin_env;
 pub mod process;
-pub mod queue_balance;
-#[cfg(feature = "serve")]
-pub mod readiness;
-pub mod run_policy;
-pub mod schedule;
 pub mod scheduler;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod store;
 pub mod text;
 pub mod wire;
-pub mod work_spec;
-pub mod worker_policy;
-pub mod workflow;
 
 pub use error::{Error, Result};
 

@@ -66,7 +66,7 @@ impl WebMetrics {
             &["method", "route"],
         )?;
         registry.register(Box::new(duration.clone()))?;
-        disbatch_core::ops_metrics::register(&registry)?;
+        disbatch_core::serve::ops_metrics::register(&registry)?;
         let connections = ConnectionGauges::new("web")?;
         connections.register(&registry)?;
         for (method, route) in routes {

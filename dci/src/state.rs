@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use disbatch_core::config::Config;
-use disbatch_core::readiness::Readiness;
+use disbatch_core::serve::readiness::Readiness;
 use disbatch_core::store::Store;
 
 use crate::access::Access;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bson::DateTime;
 use disbatch_core::config::BalanceSettings;
 use disbatch_core::fleet_time;
-use disbatch_core::queue_balance::{
+use disbatch_core::model::queue_balance::{
     effective_threads, max_tasks_at, parse_balance_document, Health, LocalTime, QueueLoad,
     QueueState,
 };

@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use disbatch_core::config::Component;
 use disbatch_core::process::logging::LogFormat;
-use disbatch_core::readiness::Readiness;
+use disbatch_core::serve::readiness::Readiness;
 use disbatch_core::store::Store;
 use disbatch_den::claimer::Claimer;
 use disbatch_den::completer::Completer;

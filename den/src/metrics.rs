@@ -293,7 +293,7 @@ impl Default for Inner {
             ),
             registry,
         };
-        if let Err(e) = disbatch_core::ops_metrics::register(&inner.registry) {
+        if let Err(e) = disbatch_core::serve::ops_metrics::register(&inner.registry) {
             tracing::warn!(error = %e, "build and process metrics unavailable");
         }
         // Known label values start at 0, so rates work from the first scrape.

@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use disbatch_core::readiness::{healthz, Readiness};
+use disbatch_core::serve::readiness::{healthz, Readiness};
 use disbatch_core::serve::{serve_counted, ConnectionGauges, Limits};
 use prometheus::{Encoder, Registry, TextEncoder};
 

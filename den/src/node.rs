@@ -6,8 +6,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use disbatch_core::model::run_policy::MIN_LEASE;
 use disbatch_core::process::backoff::Backoff;
-use disbatch_core::run_policy::MIN_LEASE;
 use disbatch_core::store::{Heartbeat, HeartbeatReply, NodeLimit, Store};
 use disbatch_core::Result;
 

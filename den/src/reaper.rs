@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use disbatch_core::model::retry_policy::{FailureKind, RetryDecision};
+use disbatch_core::model::run_policy::{OnLost, RunPolicy, MIN_LEASE};
 use disbatch_core::model::status;
-use disbatch_core::run_policy::{OnLost, RunPolicy, MIN_LEASE};
 use disbatch_core::store::{ExpiredTask, Recovery, Store};
 use disbatch_core::Result;
 
@@ -206,7 +206,9 @@ pub async fn recover_expired_leases(
     let mut policies = Policies::default();
     for t in &expired {
         let policy = policies.of(store, t.queue).await?;
-        let lease = policy.map_or(disbatch_core::run_policy::DEFAULT_LEASE, |p| p.run.lease);
+        let lease = policy.map_or(disbatch_core::model::run_policy::DEFAULT_LEASE, |p| {
+            p.run.lease
+        });
         if connected_for < lease + RECONNECT_SLACK {
             report.deferred += 1;
             report.next_check_in = Duration::ZERO;

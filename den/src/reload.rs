@@ -4,9 +4,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use disbatch_core::config::plugins::PluginTable;
 use disbatch_core::config::reload::reread;
 use disbatch_core::config::{keep_keys, Config};
-use disbatch_core::plugin::PluginTable;
 use disbatch_core::process::logging::Logging;
 use tokio::sync::watch;
 

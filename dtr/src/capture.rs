@@ -286,7 +286,8 @@ pub(crate) async fn conclude(
     };
     let chain = match (&prepared.then, output) {
         (Some(then), Some(output)) => {
-            let chained = disbatch_core::chaining::units_from_output(&output, fleet_time::now());
+            let chained =
+                disbatch_core::model::chaining::units_from_output(&output, fleet_time::now());
             for problem in &chained.problems {
                 let line = format!("chaining to queue {then:?}: {problem}");
                 note = Some(match note.take() {

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use disbatch_core::output::MAX_DOCUMENT_SIZE;
+use disbatch_core::model::output::MAX_DOCUMENT_SIZE;
 use disbatch_core::store::{LiveOutput, LiveStream, LiveWrite, LIVE_TAIL};
 use disbatch_core::wire::relay::LiveCopy;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};

@@ -6,7 +6,7 @@ use anyhow::Context;
 use bson::oid::ObjectId;
 use clap::Parser;
 use disbatch_core::config::Config;
-use disbatch_core::output::GfsMode;
+use disbatch_core::model::output::GfsMode;
 use disbatch_dtr::connection::LazyStore;
 use disbatch_dtr::node_link::{read_handoff, NodeLink};
 use disbatch_dtr::runner::{run_handed_off, run_task};

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
+use disbatch_core::model::output::{MAX_DOCUMENT_SIZE, RESULT_INLINE_LIMIT};
 use disbatch_core::model::retry_policy::{FailureKind, RetryDecision, RetryPolicy};
 use disbatch_core::model::status;
-use disbatch_core::output::{MAX_DOCUMENT_SIZE, RESULT_INLINE_LIMIT};
 use disbatch_core::store::TaskEnd;
 use std::collections::BTreeMap;
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use disbatch_core::output::{
+use disbatch_core::model::output::{
     dropped_output_text, plan_output, GfsMode, Placement, MAX_DOCUMENT_SIZE,
 };
 use disbatch_core::store::{FinishOutcome, OutputValue, Store, TaskEnd};

@@ -5,9 +5,9 @@ use bson::oid::ObjectId;
 use bson::{DateTime, Document};
 use disbatch_core::config::Config;
 use disbatch_core::fleet_time;
+use disbatch_core::model::output::{plan_output, GfsMode, Placement};
+use disbatch_core::model::run_policy::DEFAULT_LEASE;
 use disbatch_core::model::status;
-use disbatch_core::output::{plan_output, GfsMode, Placement};
-use disbatch_core::run_policy::DEFAULT_LEASE;
 use disbatch_core::store::schema::task as field;
 use disbatch_core::store::{
     parse_queue, AttemptEnd, AttemptRecord, FinishOutcome, OnConflict, StoredOutput, TaskEnd,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_core::config::{Component, Config};
-use disbatch_core::queue_balance::{Health, LocalTime};
+use disbatch_core::model::queue_balance::{Health, LocalTime};
 use disbatch_core::store::Store;
 use disbatch_den::balancer::{BalanceReport, BalanceRun, Balancer, ThreadChange};
 use disbatch_tests::{write_config, TestDb};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::limits::RateLimit;
+use disbatch_core::model::limits::RateLimit;
 use disbatch_core::store::{Grant, Store};
 use disbatch_tests::TestDb;
 

@@ -145,7 +145,7 @@ pub async fn enqueue_in(
     }
 }
 
-/// A queue's `unique`, as core/src/limits.rs reads it.
+/// A queue's `unique`, as core/src/model/limits.rs reads it.
 #[derive(Debug, Clone, PartialEq)]
 struct Unique {
     key: String,

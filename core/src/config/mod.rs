@@ -12,7 +12,9 @@ pub use keys::accepted_keys;
 mod mongohost;
 pub use credentials::env_name as auth_env_name;
 mod perl_bool;
+pub mod plugin_env;
 mod plugin_user;
+pub mod plugins;
 mod raw;
 mod relaxed;
 pub mod reload;
@@ -41,9 +43,9 @@ pub use perl_bool::{perl_bool, PerlBool};
 pub use plugin_user::PluginUser;
 pub use web_http::{is_ip_literal, normal_host, split_host_port, WebOrigin};
 
+use crate::config::plugins::PluginTable;
 use crate::error::{Error, Result};
-use crate::output::GfsMode;
-use crate::plugin::PluginTable;
+use crate::model::output::GfsMode;
 
 /// The shortest pass interval a DEN accepts: faster passes only load the database.
 pub const MIN_LOOP_INTERVAL: Duration = Duration::from_millis(100);
@@ -118,7 +120,7 @@ pub struct Config {
     pub auth: BTreeMap<String, String>,
     pub plugins: PluginTable,
     /// The node's environment variables its plugins may see (`plugin_env` adds to a base set).
-    pub plugin_env: crate::plugin_env::PluginEnv,
+    pub plugin_env: crate::config::plugin_env::PluginEnv,
     /// The account plugins run as (`plugin_user`, `plugin_group`); None: the runner's own.
     pub plugin_user: Option<PluginUser>,
     pub task_runner: Option<PathBuf>,

@@ -12,8 +12,8 @@ use super::{
     BalanceSettings, Config, WebSettings, DEFAULT_COUNTS_RECONCILE, DEFAULT_DEAD_NODE_AFTER,
     DEFAULT_LOOP_INTERVAL, MAX_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
 };
-use crate::output::GfsMode;
-use crate::plugin::PluginTable;
+use crate::config::plugins::PluginTable;
+use crate::model::output::GfsMode;
 
 /// Settings that must be JSON objects: serde would also take an array for them, by position.
 const OBJECT_KEYS: &[&[&str]] = &[
@@ -243,7 +243,7 @@ impl RawConfig {
                 .map_err(|e| format!("key `plugins`: {e}")),
         );
         let plugin_env = p.take(
-            crate::plugin_env::PluginEnv::with_extra(
+            crate::config::plugin_env::PluginEnv::with_extra(
                 self.plugin_env.as_deref().unwrap_or_default(),
             )
             .map_err(|e| format!("key `plugin_env`: {e}")),

@@ -49,7 +49,11 @@ fn disbatchs_own_example_parses_as_it_is() {
     assert!(c.balance.log && !c.balance.enabled);
     assert_eq!(c.web_extensions, Vec::<String>::new());
     assert!(c.activequeues.is_empty() && c.ignorequeues.is_empty());
-    assert_eq!(c.gfs, crate::output::GfsMode::Auto, "gfs is commented out");
+    assert_eq!(
+        c.gfs,
+        crate::model::output::GfsMode::Auto,
+        "gfs is commented out"
+    );
     assert_eq!(
         c.web_root,
         Some(PathBuf::from("/etc/disbatch/etc/disbatch/htdocs/"))

@@ -1,7 +1,19 @@
 //! The schema's value types: Disbatch status codes, queue settings and limits read leniently.
 
+pub mod balance;
+pub mod chaining;
+pub mod held;
+pub mod limits;
+pub mod names;
+pub mod output;
+pub mod queue_balance;
 pub mod retention;
 pub mod retry_policy;
+pub mod run_policy;
+pub mod schedule;
+pub mod work_spec;
+pub mod worker_policy;
+pub mod workflow;
 
 use bson::oid::ObjectId;
 use bson::Bson;
@@ -72,11 +84,11 @@ pub struct Queue {
     /// The Coordinate work-spec view of the queue (defaults for a plain Disbatch queue).
     pub spec: SpecFields,
     /// Lease, on_lost, timeout and kill grace (defaults for a plain Disbatch queue).
-    pub run: crate::run_policy::RunPolicy,
+    pub run: crate::model::run_policy::RunPolicy,
     /// A process per task or persistent workers, and the workers' lifecycle.
-    pub worker: crate::worker_policy::WorkerPolicy,
+    pub worker: crate::model::worker_policy::WorkerPolicy,
     /// Rate limit, per-key concurrency and unique tasks (none for a plain Disbatch queue).
-    pub limits: crate::limits::FlowLimits,
+    pub limits: crate::model::limits::FlowLimits,
     /// The document as read, handed to task runners so they need not read it again.
     pub raw: bson::Document,
 }

@@ -19,6 +19,8 @@
 
 mod activity;
 mod conn;
+pub mod ops_metrics;
+pub mod readiness;
 mod slots;
 #[cfg(test)]
 mod tests;

@@ -10,8 +10,8 @@ use super::schema::{
 };
 use super::{is_duplicate_key, Store};
 use crate::error::{Error, Result};
+use crate::model::queue_balance::QueueState;
 use crate::model::{parse_limit, status};
-use crate::queue_balance::QueueState;
 
 impl Store {
     /// Takes or renews the QueueBalance lease for `owner` until `now + duration`. False when

@@ -20,7 +20,7 @@ use super::{Created, LimitIndex, Moved, StatusGroup, Store, Timing};
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::status;
-use crate::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
+use crate::model::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
 
 /// Dependents handled per round: bounded memory whatever a task's fan-out. Each round's
 /// writes name its tasks by `_id: {$in}`, which SecantusDB 0.5.3 matches in time that grows

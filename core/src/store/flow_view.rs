@@ -11,8 +11,8 @@ use super::schema::rate::OPEN;
 use super::schema::{rate, task, RATE_LIMITS, TASKS};
 use super::Store;
 use crate::error::{Error, Result};
-use crate::held::{self, key_text, FlowState, Held, HeldCounts, TaskFacts, Window};
-use crate::limits::{self, FlowLimits};
+use crate::model::held::{self, key_text, FlowState, Held, HeldCounts, TaskFacts, Window};
+use crate::model::limits::{self, FlowLimits};
 use crate::model::status;
 
 /// The oldest claimable tasks a queue's held counts judge: bounds the read on a big backlog.

@@ -67,7 +67,7 @@ impl HeldKeys {
     }
 }
 
-pub use crate::limits::key_text;
+pub use crate::model::limits::key_text;
 
 /// A flow limit's unique index on tasks (`schema::limit_indexes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

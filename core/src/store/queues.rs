@@ -8,11 +8,11 @@ use super::Store;
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::retry_policy::{Backoff, FailureKind, RetryPolicy};
+use crate::model::run_policy::{self, OnLost, RunPolicy};
+use crate::model::worker_policy::{self, WorkerMode, WorkerPolicy};
 use crate::model::{
     parse_flag, parse_integer, parse_limit, Queue, QueueSort, SpecFields, DEFAULT_WEIGHT,
 };
-use crate::run_policy::{self, OnLost, RunPolicy};
-use crate::worker_policy::{self, WorkerMode, WorkerPolicy};
 
 impl Store {
     /// All queues in natural order. A document without an ObjectId `_id` or that cannot be
@@ -74,7 +74,7 @@ pub fn parse_queue(d: &Document) -> Result<Queue, String> {
     let spec = spec_fields(d);
     let run = run_policy(d);
     let worker = worker_fields(d);
-    let limits = crate::limits::parse(d);
+    let limits = crate::model::limits::parse(d);
     // An unreadable work-spec, run-policy, worker or limit field makes the queue unservable,
     // reported like bad threads: a limit a node cannot read is one it cannot hold.
     let threads = match (parse_limit(cap), &spec, &run, &worker, &limits) {
@@ -108,7 +108,7 @@ pub fn check_queue_fields(set: &Document) -> Result<(), String> {
         match set.get(key) {
             None | Some(Bson::Null) => {}
             Some(Bson::String(s)) if key == queue::THEN && s.is_empty() => {}
-            Some(Bson::String(s)) => crate::names::check_name(&format!("queue {key}"), s)?,
+            Some(Bson::String(s)) => crate::model::names::check_name(&format!("queue {key}"), s)?,
             Some(other) => return Err(format!("{key} must be a string, not {other}")),
         }
     }
@@ -125,7 +125,7 @@ pub fn check_queue_fields(set: &Document) -> Result<(), String> {
     match set.get(queue::ON_DEPENDENCY_FAILURE) {
         None | Some(Bson::Null) => {}
         Some(Bson::String(s)) => {
-            crate::workflow::OnDependencyFailure::parse(s)?;
+            crate::model::workflow::OnDependencyFailure::parse(s)?;
         }
         Some(other) => {
             return Err(format!(
@@ -141,7 +141,7 @@ pub fn check_queue_fields(set: &Document) -> Result<(), String> {
     let q = parse_queue(&d)?;
     q.plugin?;
     // The leader skips a schedule it cannot read: it is refused here instead.
-    crate::schedule::check(&d)?;
+    crate::model::schedule::check(&d)?;
     q.threads
         .map_err(|e| format!("a node would skip this queue: {e}"))?;
     match q.sort_warning {

@@ -26,7 +26,7 @@ use super::schema::{rate, RATE_LIMITS};
 use super::Store;
 use crate::error::{Error, Result};
 use crate::fleet_time;
-use crate::limits::RateLimit;
+use crate::model::limits::RateLimit;
 
 /// Grants less than `per / OPEN_SPAN_PARTS` after the open entry's time join it.
 const OPEN_SPAN_PARTS: i64 = 64;

@@ -19,7 +19,7 @@ use super::schema::{queue, task, QUEUES, TASKS};
 use super::Store;
 use crate::error::{Error, Result};
 use crate::fleet_time;
-use crate::limits::{self, Unique};
+use crate::model::limits::{self, Unique};
 
 /// Writes one creation tries before giving up: each failed try means another creator wrote
 /// the key's next generation in between, so eight in a row is a storm on one key.

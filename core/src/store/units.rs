@@ -9,7 +9,7 @@ use super::unique_tasks::{contended, stamp_unique_key, Fate, Turn, TRIES};
 use super::{Store, Waits};
 use crate::error::{Error, Result};
 use crate::fleet_time;
-use crate::limits::Unique;
+use crate::model::limits::Unique;
 use crate::model::status;
 
 /// A unit to add: its key, its params (Coordinate's data), and optional scheduling fields.

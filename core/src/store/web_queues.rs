@@ -216,7 +216,10 @@ impl Store {
 
 impl Store {
     /// Creates or redefines the queue of a work spec by name; true when it was created.
-    pub async fn upsert_spec_queue(&self, load: &crate::work_spec::SpecLoad) -> Result<bool> {
+    pub async fn upsert_spec_queue(
+        &self,
+        load: &crate::model::work_spec::SpecLoad,
+    ) -> Result<bool> {
         let mut update = doc! {"$set": load.set.clone()};
         if !load.unset.is_empty() {
             let unset: Document = load

@@ -10,7 +10,7 @@ use super::schema::{task, workflow, BATCHES, GRAPHS, TASKS};
 use super::workflows::{StatusCounts, WorkflowSummary, WorkflowTask, BATCH_MEMBERS_SHOWN};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
-use crate::workflow::MAX_WORKFLOW_TASKS;
+use crate::model::workflow::MAX_WORKFLOW_TASKS;
 
 /// A graph's tasks as they are read, in creation order.
 pub type WorkflowTaskStream = BoxStream<'static, Result<WorkflowTask>>;

@@ -17,7 +17,7 @@ use super::{LimitIndex, Moved, StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::status;
-use crate::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
+use crate::model::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
 
 /// Tasks of a graph inserted per write.
 const GRAPH_INSERT_CHUNK: usize = 1_000;

@@ -2,8 +2,8 @@
 //! a request, refusing claim limits while Perl nodes serve, and the queue's budget as JSON.
 
 use bson::{Bson, DateTime, Document};
-use disbatch_core::held::HeldLimit;
-use disbatch_core::limits::FlowLimits;
+use disbatch_core::model::held::HeldLimit;
+use disbatch_core::model::limits::FlowLimits;
 use disbatch_core::store::schema::queue as field;
 use disbatch_core::store::QueueFlow;
 use serde_json::{json, Map, Value};

@@ -2,7 +2,7 @@
 //! (checked by `check_queue_fields`, as the leader reads them) and showing them on its row.
 
 use bson::{Bson, Document};
-use disbatch_core::schedule::{self, LEADER_FIELDS};
+use disbatch_core::model::schedule::{self, LEADER_FIELDS};
 use disbatch_core::store::schema::queue as field;
 use serde_json::{json, Map, Value};
 
@@ -10,7 +10,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::render::{self, Dates};
 
 /// The queue fields of a schedule, as requests name them.
-pub use disbatch_core::schedule::FIELDS;
+pub use disbatch_core::model::schedule::FIELDS;
 
 /// A schedule field's value from a request: the value to store, or None for null, which
 /// removes it. `schedule_params` is an object (or its JSON text, as a form sends it); the

@@ -120,7 +120,10 @@ pub async fn find_id(state: &AppState, ident: &str) -> ApiResult<ObjectId> {
 pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let d = find(&state, &ident).await?;
     let mut row = queue_json(&state, &d).await?;
-    let flow = match (d.get_object_id(field::ID), disbatch_core::limits::parse(&d)) {
+    let flow = match (
+        d.get_object_id(field::ID),
+        disbatch_core::model::limits::parse(&d),
+    ) {
         (Ok(id), Ok(limits)) => {
             let now = fleet_time::now();
             let flow = state.store.queue_flow(id, &limits, now).await?;

@@ -49,7 +49,7 @@ pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> A
 async fn held(
     state: &crate::state::AppState,
     task: &bson::Document,
-) -> ApiResult<Option<disbatch_core::held::Held>> {
+) -> ApiResult<Option<disbatch_core::model::held::Held>> {
     use disbatch_core::store::schema::task as field;
     use disbatch_core::store::StatusGroup;
     let queued = StatusGroup::of(task.get(field::STATUS)) == StatusGroup::Queued;

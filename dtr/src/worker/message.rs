@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use disbatch_core::output::MAX_DOCUMENT_SIZE;
+use disbatch_core::model::output::MAX_DOCUMENT_SIZE;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};

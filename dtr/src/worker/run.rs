@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bson::{Bson, Document};
-use disbatch_core::run_policy::OnLost;
+use disbatch_core::model::run_policy::OnLost;
 use disbatch_core::{Error, Result};
 use serde_json::{Map, Value};
 

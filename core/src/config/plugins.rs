@@ -51,9 +51,7 @@ impl PluginTable {
                     validate_plugin_name(name).map_err(|e| e.to_string())?;
                     let path = match path {
                         Value::Null => None,
-                        Value::String(p) if !p.is_empty() => {
-                            Some(super::config::resolve_path(base, p))
-                        }
+                        Value::String(p) if !p.is_empty() => Some(super::resolve_path(base, p)),
                         _ => {
                             return Err(format!(
                                 "{name:?} must map to an executable path (a string) or null"

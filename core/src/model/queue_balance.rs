@@ -18,7 +18,7 @@ use std::fmt;
 
 use bson::{Bson, Document};
 
-use crate::balance::is_valid_slot_key;
+use crate::model::balance::is_valid_slot_key;
 use crate::store::schema::balance as field;
 
 /// Minutes in a day and in a week, for the `max_tasks` schedule.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
-use crate::limits::FlowLimits;
+use crate::model::limits::FlowLimits;
 
 /// The limit that holds a task back, by its public name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,7 +120,7 @@ pub struct TaskFacts {
     pub older_of_key: Option<ObjectId>,
 }
 
-pub use crate::limits::key_text;
+pub use crate::model::limits::key_text;
 
 /// Whether and why the task waits now. Per-key limits are judged first: a task that cannot
 /// start for its key would not start when its window frees either.
@@ -224,7 +224,7 @@ impl HeldCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::parse;
+    use crate::model::limits::parse;
 
     fn limits(d: Document) -> FlowLimits {
         parse(&d).expect("limits")

@@ -27,7 +27,7 @@ pub fn spec_load(
 ) -> Result<SpecLoad, String> {
     let name = match spec.get("name") {
         Some(Value::String(n)) => {
-            crate::names::check_name("queue name", n)?;
+            crate::model::names::check_name("queue name", n)?;
             n.clone()
         }
         _ => return Err("name must be a string".into()),
@@ -139,7 +139,7 @@ pub fn spec_load(
         }
     };
     if let Some(lease) = seconds("lease")? {
-        crate::run_policy::lease_from(Some(lease))?;
+        crate::model::run_policy::lease_from(Some(lease))?;
     }
     put(
         queue::LEASE,
@@ -147,23 +147,23 @@ pub fn spec_load(
         &mut unset,
     );
     let on_lost = text("on_lost")?;
-    crate::run_policy::OnLost::parse(on_lost.as_deref())?;
+    crate::model::run_policy::OnLost::parse(on_lost.as_deref())?;
     // Coordinate makes a unit whose attempt expired available again: a spec's queue does
     // the same unless it says otherwise (plain Disbatch queues keep `orphan`).
     let on_lost = on_lost.unwrap_or_else(|| "requeue".into());
     put(queue::ON_LOST, Some(Bson::String(on_lost)), &mut unset);
     for key in [queue::TIMEOUT, queue::KILL_GRACE] {
         let value = seconds(key)?;
-        crate::run_policy::parse_seconds(value, key)?;
+        crate::model::run_policy::parse_seconds(value, key)?;
         put(key, value.map(Bson::Double), &mut unset);
     }
     // How the plugin runs (plugins/PROTOCOL.md), checked the same way.
     let worker = text(queue::WORKER)?.filter(|w| !w.is_empty());
-    crate::worker_policy::WorkerMode::parse(worker.as_deref())?;
+    crate::model::worker_policy::WorkerMode::parse(worker.as_deref())?;
     put(queue::WORKER, worker.map(Bson::String), &mut unset);
     for key in [queue::WORKER_IDLE_S, queue::WORKER_START_S] {
         let value = seconds(key)?;
-        crate::run_policy::parse_seconds(value, key)?;
+        crate::model::run_policy::parse_seconds(value, key)?;
         put(key, value.map(Bson::Double), &mut unset);
     }
     for key in [queue::WORKER_MAX_TASKS, queue::WORKER_MAX_RSS_MB] {
@@ -182,7 +182,7 @@ pub fn spec_load(
     let max_running = int("max_running")?.filter(|n| *n > 0);
     put(queue::MAX_RUNNING, max_running.map(Bson::Int64), &mut unset);
     // Cron schedules (`schedule.rs`), checked as the leader reads them.
-    let (schedule, no_schedule) = crate::schedule::spec_fields(spec)?;
+    let (schedule, no_schedule) = crate::model::schedule::spec_fields(spec)?;
     set.extend(schedule);
     unset.extend(no_schedule);
     let threads = int("threads")?
@@ -217,7 +217,7 @@ fn limit(value: Option<&Value>, key: &str) -> Result<Option<i64>, String> {
                 "{key} must be a whole number (0: no limit), found {v}"
             ))?,
     };
-    crate::worker_policy::limit_from(Some(n), key)?;
+    crate::model::worker_policy::limit_from(Some(n), key)?;
     Ok(Some(n))
 }
 
@@ -355,7 +355,7 @@ mod tests {
                             "unique": {"key": "params.id", "for_s": 60}}),
         )
         .expect("ok");
-        let limits = crate::limits::parse(&l.set).expect("a node reads them");
+        let limits = crate::model::limits::parse(&l.set).expect("a node reads them");
         assert_eq!(limits.rate.map(|r| r.starts), Some(50));
         assert!(limits.concurrency.is_some_and(|c| c.ordered));
         assert!(limits.unique.is_some());
