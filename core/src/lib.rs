@@ -15,7 +15,12 @@
 //!   this process knows it: every time another host judges).
 //!
 //! Still to move (issue 53): `claim_plan`, `lanes` and `scheduler` (the DEN's claim
-//! arithmetic) into the DEN's claimer, `durability` into the store.
+//! arithmetic) into the DEN's claimer, `durability` into the store. Still pointing up: the
+//! field names (`store::schema`, read by `model` and `wire`, until they move to
+//! `model/schema.rs`), the store's task types (`Unit`, `TaskEnd`, `AttemptRecord`, read by
+//! `model::chaining` and `wire`, until `model/task.rs`), `model::work_spec`'s use of
+//! `store::check_queue_fields`, and `process::logging`'s start from a config file (until
+//! `config/startup.rs`).
 
 pub mod claim_plan;
 pub mod config;
