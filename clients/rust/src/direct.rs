@@ -1,6 +1,6 @@
 //! The direct path: a task inserted by the app into Disbatch's database, inside its own session.
 //
-// The document is the one the API writes for a new task (core/src/store/tasks.rs,
+// The document is the one the API writes for a new task (core/src/store/tasks/mod.rs,
 // `create_labelled`); the integration tests compare the two field by field. The names are
 // core/src/store/schema.rs's: this crate does not depend on disbatch-core, whose store pulls
 // the whole server in.

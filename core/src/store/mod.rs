@@ -1,48 +1,17 @@
 //! The one place that talks to MongoDB: connection, indexes and every query of the schema.
 
-mod attempts;
-mod balance;
-mod balance_lease;
-mod by_id;
-mod claim_batch;
-mod claim_run;
-mod completions;
-mod decode;
-mod dependencies;
+mod access;
+mod claims;
+mod conn;
 pub mod failures;
-mod flow_view;
-mod gridfs;
-mod key_slots;
-mod leases;
-mod live_output;
-mod lookup;
-mod lost;
-mod lost_records;
-mod maintenance_lease;
-mod metrics;
+mod limits;
 mod nodes;
 mod queues;
-mod rate_limits;
-mod releases;
-mod retention;
-mod schedules;
+mod recovery;
+mod results;
 pub mod schema;
 mod stats;
-mod summary;
-mod task_control;
-mod task_counts;
-mod task_create;
-mod task_query;
 mod tasks;
-mod topology;
-mod unique_tasks;
-mod units;
-mod users;
-mod watch;
-mod web_nodes;
-mod web_queues;
-mod work_signal;
-mod workflow_views;
 mod workflows;
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -53,49 +22,49 @@ use bson::Document;
 use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
-pub use attempts::{result_output, AttemptEnd, AttemptRecord, ResultOutput, StoredOutput};
-pub use by_id::{conditional_by_id, WHEN as BY_ID_WHEN};
-pub use claim_batch::{claim_key, Candidates, ClaimWindow, Pick, PickHolds, PickOutcome};
-pub use decode::{DocumentStream, SkipHook, SkipLedger, SkipReason};
-pub use dependencies::{is_waited_for, Settled, Waits};
-pub use flow_view::{KeyBudget, PartitionUse, QueueFlow, RateBudget, HELD_SCAN};
-pub use gridfs::OutputFileInfo;
-pub use gridfs::OutputStream;
-pub use key_slots::{key_text, HeldKeys, LimitIndex};
-pub use leases::{deadline, ExpiredTask, LeaseState, Recovery};
-pub use live_output::{
-    live_stream, terse_live_output, LiveOutput, LiveStream, LiveWrite, LIVE_TAIL,
-};
-pub use lost_records::LostAttempt;
-pub use metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
-pub use nodes::{Heartbeat, HeartbeatReply, LiveFleet, LiveNode, NodeLimit};
-pub use queues::{check_queue_fields, parse_queue, retry_document, retry_policy, runs_persistent};
-pub use rate_limits::Grant;
-pub use retention::{Pruned, RETENTION_INDEX};
-pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
-pub use summary::StateCounts;
-pub use task_control::{is_retryable, ControlOutcome};
-pub use task_counts::{
-    group_of, is_kept, GroupCounts, Moved, ReconcileReport, DEFERRED_COUNTS_MAX_AGE,
-};
-pub use task_create::Created;
-pub use task_create::Template;
-pub use task_create::Timing;
-pub use task_query::{build_filter, IndexSets, QueryError, TaskQuery, TaskStream};
-pub use tasks::{FinishOutcome, OutputValue, QueueRunning, RunningSnapshot, TaskEnd};
-pub use units::{OnConflict, Unit, UnitsOutcome};
-pub use users::{
+pub use access::users::{
     create_role_command, parse_additional, parse_perms, passwords, roles, Perms, RoleSpec,
     UserAdmin, COMPONENTS,
 };
-pub use watch::{InsertedTask, QueueEvent, WorkEvent, WorkSignal, WorkStream};
-pub use web_queues::QueueCounts;
-pub use work_signal::{last_signal, CreatedSince, Queued, SIGNAL_SPACING};
-pub use workflow_views::WorkflowTaskStream;
-pub use workflows::{
+pub use claims::batch::{claim_key, Candidates, ClaimWindow, Pick, PickHolds, PickOutcome};
+pub use conn::by_id::{conditional_by_id, WHEN as BY_ID_WHEN};
+pub use conn::decode::{DocumentStream, SkipHook, SkipLedger, SkipReason};
+pub use limits::flow_view::{KeyBudget, PartitionUse, QueueFlow, RateBudget, HELD_SCAN};
+pub use limits::key_slots::{key_text, HeldKeys, LimitIndex};
+pub use limits::rate_limits::Grant;
+pub use nodes::{Heartbeat, HeartbeatReply, LiveFleet, LiveNode, NodeLimit};
+pub use queues::signals::{last_signal, CreatedSince, Queued, SIGNAL_SPACING};
+pub use queues::views::QueueCounts;
+pub use queues::watch::{InsertedTask, QueueEvent, WorkEvent, WorkSignal, WorkStream};
+pub use queues::{check_queue_fields, parse_queue, retry_document, retry_policy, runs_persistent};
+pub use recovery::leases::{deadline, ExpiredTask, LeaseState, Recovery};
+pub use recovery::lost_records::LostAttempt;
+pub use results::attempts::{result_output, AttemptEnd, AttemptRecord, ResultOutput, StoredOutput};
+pub use results::gridfs::OutputFileInfo;
+pub use results::gridfs::OutputStream;
+pub use results::live_output::{
+    live_stream, terse_live_output, LiveOutput, LiveStream, LiveWrite, LIVE_TAIL,
+};
+pub use stats::metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
+pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
+pub use tasks::control::{is_retryable, ControlOutcome};
+pub use tasks::counts::{
+    group_of, is_kept, GroupCounts, Moved, ReconcileReport, DEFERRED_COUNTS_MAX_AGE,
+};
+pub use tasks::create::Created;
+pub use tasks::create::Template;
+pub use tasks::create::Timing;
+pub use tasks::query::{build_filter, IndexSets, QueryError, TaskQuery, TaskStream};
+pub use tasks::retention::{Pruned, RETENTION_INDEX};
+pub use tasks::summary::StateCounts;
+pub use tasks::{FinishOutcome, OutputValue, QueueRunning, RunningSnapshot, TaskEnd};
+pub use workflows::dependencies::{is_waited_for, Settled, Waits};
+pub use workflows::graphs::{
     BatchTask, GraphTask, NewBatch, StatusCounts, WholeCancel, WorkflowSummary, WorkflowTask,
     BATCH_MEMBERS_SHOWN,
 };
+pub use workflows::units::{OnConflict, Unit, UnitsOutcome};
+pub use workflows::views::WorkflowTaskStream;
 
 use crate::config::{Component, Config};
 use crate::error::{Error, Result};
@@ -110,11 +79,11 @@ pub struct Store {
     /// Documents reads had to leave out.
     skips: SkipLedger,
     /// Count changes noted by writes and not yet written.
-    counts: task_counts::CountLedger,
+    counts: tasks::counts::CountLedger,
     /// Work signals wanted and being written, per queue.
-    signals: work_signal::SignalLedger,
-    /// Which flow-limit indexes this process has made sure of (`key_slots::LimitIndex`).
-    limit_indexes: Arc<key_slots::LimitIndexes>,
+    signals: queues::signals::SignalLedger,
+    /// Which flow-limit indexes this process has made sure of (`limits::key_slots::LimitIndex`).
+    limit_indexes: Arc<limits::key_slots::LimitIndexes>,
 }
 
 const BULK_WRITE_UNKNOWN: u8 = 0;
