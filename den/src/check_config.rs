@@ -4,7 +4,7 @@ use std::path::Path;
 
 use disbatch_core::config::Config;
 
-use crate::executor::{check_runner, default_runner};
+use crate::runners::executor::{check_runner, default_runner};
 
 /// Prints `config OK: PATH` (and any warnings), or every problem, each naming its key; the
 /// error says how many there were.

@@ -1,5 +1,10 @@
 //! The claimer (producer): each pass, claims the tasks that queue and node limits allow.
 
+pub mod host_memory;
+pub mod plugin_check;
+pub mod running_view;
+pub mod skip_log;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -13,11 +18,11 @@ use disbatch_core::Result;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::executor::Executor;
+use crate::claimer::plugin_check::PluginCheck;
+use crate::claimer::running_view::RunningView;
+use crate::claimer::skip_log::SkipLog;
 use crate::metrics::DenMetrics;
-use crate::plugin_check::PluginCheck;
-use crate::running_view::RunningView;
-use crate::skip_log::SkipLog;
+use crate::runners::executor::Executor;
 
 mod batch;
 mod beside_perl;
@@ -611,7 +616,7 @@ impl Claimer {
             }
         }
         if let Some(min_gb) = q.spec.min_gb {
-            let available = crate::host::available_gb().unwrap_or(f64::INFINITY);
+            let available = crate::claimer::host_memory::available_gb().unwrap_or(f64::INFINITY);
             if min_gb > available {
                 let reason =
                     format!("needs {min_gb} GB; this node has {available:.1} GB available");

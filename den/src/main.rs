@@ -9,13 +9,13 @@ use disbatch_core::process::logging::LogFormat;
 use disbatch_core::serve::readiness::Readiness;
 use disbatch_core::store::Store;
 use disbatch_den::claimer::Claimer;
-use disbatch_den::completer::Completer;
-use disbatch_den::executor::{check_runner, default_runner, Executor};
+use disbatch_den::metrics::http::serve_metrics;
 use disbatch_den::metrics::DenMetrics;
-use disbatch_den::metrics_http::serve_metrics;
-use disbatch_den::notifier::Notifier;
 use disbatch_den::reload::{runner_setup, Reloader, Settings};
-use disbatch_den::runner_deaths::RunnerDeaths;
+use disbatch_den::runners::completer::Completer;
+use disbatch_den::runners::executor::{check_runner, default_runner, Executor};
+use disbatch_den::runners::runner_deaths::RunnerDeaths;
+use disbatch_den::wake::notifier::Notifier;
 use disbatch_den::Node;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -185,11 +185,11 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
             Some(Completer::start(store.clone(), metrics.clone())),
             Some(RunnerDeaths::new(store.clone(), metrics.clone())),
         )
-        .with_releaser(disbatch_den::releaser::Releaser::start(
+        .with_releaser(disbatch_den::runners::releaser::Releaser::start(
             store.clone(),
             metrics.clone(),
         )),
-        balancer: disbatch_den::balancer::Balancer::new(&config.balance),
+        balancer: disbatch_den::maintenance::balancer::Balancer::new(&config.balance),
         runtimes: config.runtimes.clone(),
         notifier: if config.change_streams {
             // Ten passes: an idle node's streams cost 0.2 requests/s at the default interval.
@@ -208,7 +208,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         dead_node_after: config.dead_node_after,
         counts_reconcile: config.counts_reconcile,
         stats_interval: config.stats_interval,
-        pruner: disbatch_den::pruner::Pruner::new(config.retain),
+        pruner: disbatch_den::maintenance::pruner::Pruner::new(config.retain),
         metrics,
         reloads: Some(reloads),
     };

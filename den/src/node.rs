@@ -11,22 +11,22 @@ use disbatch_core::process::backoff::Backoff;
 use disbatch_core::store::{Heartbeat, HeartbeatReply, NodeLimit, Store};
 use disbatch_core::Result;
 
-use crate::balancer::Balancer;
 use crate::claimer::{Claimer, PassReport, Reading};
-use crate::continuous::{continuous_queues, make_continuous_units};
-use crate::count_keeper::CountKeeper;
 use crate::count_writer::CountWriter;
-use crate::elector::Elector;
-use crate::executor::Executor;
-use crate::fanout::{Fanout, OwnQueues, StreamNeed};
-use crate::metrics::DenMetrics;
-use crate::notifier::Notifier;
-use crate::outside_inserts::{open_queues, OutsideInserts};
-use crate::reaper::{
+use crate::maintenance::balancer::Balancer;
+use crate::maintenance::continuous::{continuous_queues, make_continuous_units};
+use crate::maintenance::count_keeper::CountKeeper;
+use crate::maintenance::elector::Elector;
+use crate::maintenance::outside_inserts::{open_queues, OutsideInserts};
+use crate::maintenance::reaper::{
     reap_orphans, recover_expired_leases, recover_silent_nodes, write_unrecorded_attempts,
 };
-use crate::schedules::Schedules;
-use crate::stats_keeper::StatsKeeper;
+use crate::maintenance::schedules::Schedules;
+use crate::maintenance::stats_keeper::StatsKeeper;
+use crate::metrics::DenMetrics;
+use crate::runners::executor::Executor;
+use crate::wake::fanout::{Fanout, OwnQueues, StreamNeed};
+use crate::wake::notifier::Notifier;
 
 /// Longest wait between passes while the database keeps failing (before jitter, which may
 /// double it): short, so a node is back at work within seconds of the server's return.
@@ -86,7 +86,7 @@ pub struct Node {
     /// The width of a statistics bucket (a minute unless testing).
     pub stats_interval: Duration,
     /// Deletes ended tasks past their retention, while this node leads.
-    pub pruner: crate::pruner::Pruner,
+    pub pruner: crate::maintenance::pruner::Pruner,
     /// Settings from config reloads (SIGHUP); None: never reloaded.
     pub reloads: Option<crate::reload::Receiver>,
 }
@@ -133,7 +133,7 @@ impl Node {
         // Whether this node leads the fleet's maintenance (and so holds its change stream).
         let mut leading = false;
         let mut next_repair = Instant::now();
-        let mut sweep = crate::releaser::DependencySweep::default();
+        let mut sweep = crate::runners::releaser::DependencySweep::default();
         // When a lease may next pass (the leader recovers only then, not on every pass).
         let mut next_recovery = Instant::now();
         let mut stats_keeper = StatsKeeper::new(self.stats_interval, &self.name);
@@ -185,14 +185,14 @@ impl Node {
                             next_own_orphans = Instant::now() + OWN_ORPHANS_EVERY;
                         }
                         if Instant::now() >= next_stale_check && self.executor.live_runners() > 0 {
-                            let killed = crate::runner_deaths::kill_stale_runners(
+                            let killed = crate::runners::runner_deaths::kill_stale_runners(
                                 &self.store,
                                 &self.executor,
                             )
                             .await?;
                             self.metrics.stale_runners_killed(killed);
                             next_stale_check =
-                                Instant::now() + crate::runner_deaths::STALE_CHECK_EVERY;
+                                Instant::now() + crate::runners::runner_deaths::STALE_CHECK_EVERY;
                         }
                         leading = elector
                             .leads(
@@ -472,7 +472,7 @@ impl Node {
         reported: &mut HashSet<String>,
         outside_inserts: &mut OutsideInserts,
         next_repair: &mut Instant,
-        sweep: &mut crate::releaser::DependencySweep,
+        sweep: &mut crate::runners::releaser::DependencySweep,
         next_recovery: &mut Instant,
     ) -> Result<()> {
         if Instant::now() >= *next_repair {
@@ -542,7 +542,7 @@ impl Node {
         Ok(())
     }
 
-    fn count_recoveries(&self, report: &crate::reaper::ReapReport) {
+    fn count_recoveries(&self, report: &crate::maintenance::reaper::ReapReport) {
         for (how, n) in report.by_name() {
             for _ in 0..n {
                 self.metrics.recovered(how);

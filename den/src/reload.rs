@@ -10,11 +10,11 @@ use disbatch_core::config::{keep_keys, Config};
 use disbatch_core::process::logging::Logging;
 use tokio::sync::watch;
 
+use crate::claimer::plugin_check::PluginCheck;
 use crate::claimer::{Claimer, QueueFilter};
-use crate::executor::Executor;
-use crate::plugin_check::PluginCheck;
-use crate::runner_config::RunnerConfig;
-use crate::runner_env::runner_env;
+use crate::runners::executor::Executor;
+use crate::runners::runner_config::RunnerConfig;
+use crate::runners::runner_env::runner_env;
 
 /// Keys a running node keeps as they were at its start: its connection, identity, timers
 /// and listeners are set up once. A reload that changes them says so.

@@ -9,7 +9,7 @@ use bson::{doc, Bson, DateTime, Document};
 use disbatch_core::config::{Component, Config};
 use disbatch_core::model::queue_balance::{Health, LocalTime};
 use disbatch_core::store::Store;
-use disbatch_den::balancer::{BalanceReport, BalanceRun, Balancer, ThreadChange};
+use disbatch_den::maintenance::balancer::{BalanceReport, BalanceRun, Balancer, ThreadChange};
 use disbatch_tests::{write_config, TestDb};
 use serde_json::{json, Value};
 

@@ -16,7 +16,7 @@ use disbatch_core::wire::handoff::Handoff;
 use disbatch_core::Result;
 
 use super::{earliest, spare, Claimer, MAX_CANDIDATES};
-use crate::executor::Executor;
+use crate::runners::executor::Executor;
 
 /// What one queue's batch did.
 #[derive(Debug, Default, Clone, Copy)]

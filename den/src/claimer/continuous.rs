@@ -21,8 +21,8 @@ use disbatch_core::Result;
 
 use super::batch::BatchReport;
 use super::{earliest, Claimer};
-use crate::continuous::{take_turn, ContinuousQueue, Turn};
-use crate::executor::Executor;
+use crate::maintenance::continuous::{take_turn, ContinuousQueue, Turn};
+use crate::runners::executor::Executor;
 
 /// Shortest interval whose turn any node may take in its claims: a maker's look for live
 /// tasks, turn and insert take a few round trips, far less than this.

@@ -176,7 +176,7 @@ pub(super) struct ScaleFleet {
     pub(super) threads: u32,
     pub(super) loop_ms: u64,
     /// When the last node started: recovery waits until every node has been connected a
-    /// lease and 5 s, before which the leader defers expired tasks (den/src/reaper.rs).
+    /// lease and 5 s, before which the leader defers expired tasks (den/src/maintenance/reaper.rs).
     pub(super) last_start: Instant,
     /// The long tasks' queue and lease, once made.
     pub(super) long: Option<(ObjectId, u64)>,

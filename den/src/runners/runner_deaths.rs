@@ -7,9 +7,9 @@ use bson::oid::ObjectId;
 use disbatch_core::store::Store;
 use tokio::task::JoinHandle;
 
-use crate::executor::Outcome;
+use crate::maintenance::reaper::{recover_runner_death, recovery_label};
 use crate::metrics::{outcome_label, DenMetrics};
-use crate::reaper::{recover_runner_death, recovery_label};
+use crate::runners::executor::Outcome;
 
 /// How long a dead runner's result relay may still be storing a result it handed over
 /// before dying; past it the task is left to its lease, never recovered over a result.
@@ -102,7 +102,7 @@ pub const STALE_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// it would still write is fenced off by its attempt. Returns how many were killed.
 pub async fn kill_stale_runners(
     store: &Store,
-    executor: &crate::executor::Executor,
+    executor: &crate::runners::executor::Executor,
 ) -> disbatch_core::Result<usize> {
     let runners = executor.own_runners();
     let attempts: Vec<ObjectId> = runners.iter().map(|(_, a, _)| *a).collect();

@@ -11,7 +11,7 @@ use disbatch_core::Result;
 
 use crate::claimer::PassReport;
 use crate::metrics::DenMetrics;
-use crate::notifier::Signalled;
+use crate::wake::notifier::Signalled;
 
 /// Maintenance passes in a row the leader must be busy, with no node waiting, before it drops
 /// the stream: a queue that runs dry between two batches does not reopen it at each pass.

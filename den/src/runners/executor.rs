@@ -17,10 +17,10 @@ use disbatch_core::wire::relay::{read_frame, Ack, Completion, LiveCopy, ANSWER_F
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
 
-use crate::completer::Completer;
 use crate::metrics::outcome_label;
-use crate::releaser::Releaser;
-use crate::runner_deaths::RunnerDeaths;
+use crate::runners::completer::Completer;
+use crate::runners::releaser::Releaser;
+use crate::runners::runner_deaths::RunnerDeaths;
 
 /// What an empty pipe takes without blocking on Linux (its default capacity).
 const PIPE_CAPACITY: usize = 64 * 1024;
@@ -102,7 +102,7 @@ pub struct Executor {
     /// Recovers the tasks of runners that die without a result; None leaves them to leases.
     pub(crate) deaths: Option<RunnerDeaths>,
     /// The worker host running this node's persistent-queue tasks, once one is needed.
-    pub(crate) host: Arc<Mutex<Option<crate::worker_host::HostHandle>>>,
+    pub(crate) host: Arc<Mutex<Option<crate::runners::worker_host::HostHandle>>>,
     /// Settles what waits on the tasks in `waited_for` when they end; None leaves it to the
     /// maintenance leader's sweep.
     releaser: Option<Releaser>,

@@ -3,6 +3,8 @@
 //! Queue names come from the database unchecked: each is recorded as its `metric_label` (control
 //! and bidi characters escaped, absurd lengths cut), so no scrape carries NUL or ESC.
 
+pub mod http;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -643,7 +645,7 @@ fn histogram_vec(
 // The integration tests' checker, shared rather than copied; den uses only part of it.
 #[cfg(test)]
 #[allow(dead_code)]
-#[path = "../../tests/src/exposition.rs"]
+#[path = "../../../tests/src/exposition.rs"]
 mod exposition;
 
 #[cfg(test)]

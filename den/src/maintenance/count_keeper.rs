@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use disbatch_core::store::Store;
 
-use crate::chore::Chore;
+use crate::maintenance::chore::Chore;
 
 /// How often the leader looks for queues due (a new queue is counted within this).
 const CHECK_EVERY: Duration = Duration::from_secs(30);

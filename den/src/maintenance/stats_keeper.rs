@@ -8,7 +8,7 @@ use disbatch_core::fleet_time;
 use disbatch_core::store::{add_depths, bucket_attempts, StatusGroup, Store};
 use disbatch_core::Result;
 
-use crate::chore::Chore;
+use crate::maintenance::chore::Chore;
 
 /// How long after a minute ends it is counted: an attempt that ended in its last moments has
 /// its record written by then (records are written right after the attempt ends).

@@ -15,7 +15,7 @@ use disbatch_core::store::schema::queue as field;
 use disbatch_core::store::{Pruned, Store};
 use disbatch_core::Result;
 
-use crate::chore::Chore;
+use crate::maintenance::chore::Chore;
 use crate::metrics::DenMetrics;
 
 /// How often a run starts (when none is running).

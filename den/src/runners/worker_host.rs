@@ -16,8 +16,8 @@ use tokio::io::BufReader;
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::mpsc;
 
-use crate::executor::{Executor, Live, Outcome};
 use crate::metrics::outcome_label;
+use crate::runners::executor::{Executor, Live, Outcome};
 
 /// At most this many frames to the host in one write.
 const FRAMES_PER_WRITE: usize = 64;
