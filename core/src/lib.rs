@@ -14,24 +14,20 @@
 //! - at the ground: `error`, `driver_error`, and `fleet_time` (the database server's clock as
 //!   this process knows it: every time another host judges).
 //!
-//! Still to move (issue 53): `claim_plan`, `lanes` and `scheduler` (the DEN's claim
-//! arithmetic) into the DEN's claimer, `durability` into the store. Still pointing up: the
+//! Still to move (issue 53): `durability` into the store. Still pointing up: the
 //! field names (`store::schema`, read by `model` and `wire`, until they move to
 //! `model/schema.rs`), the store's task types (`Unit`, `TaskEnd`, `AttemptRecord`, read by
 //! `model::chaining` and `wire`, until `model/task.rs`), `model::work_spec`'s use of
 //! `store::check_queue_fields`, and `process::logging`'s start from a config file (until
 //! `config/startup.rs`).
 
-pub mod claim_plan;
 pub mod config;
 pub mod driver_error;
 pub mod durability;
 pub mod error;
 pub mod fleet_time;
-pub mod lanes;
 pub mod model;
 pub mod process;
-pub mod scheduler;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod store;

@@ -1,18 +1,21 @@
 //! The claimer (producer): each pass, claims the tasks that queue and node limits allow.
 
 pub mod host_memory;
+pub mod lanes;
+pub mod plan;
 pub mod plugin_check;
 pub mod running_view;
+pub mod shares;
 pub mod skip_log;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use crate::claimer::plan::{node_room, plan_claims, QueueClaims, QueueState};
+use crate::claimer::shares::{share_room, SpecState};
 use bson::oid::ObjectId;
-use disbatch_core::claim_plan::{node_room, plan_claims, QueueClaims, QueueState};
 use disbatch_core::model::Queue;
-use disbatch_core::scheduler::{share_room, SpecState};
 use disbatch_core::store::{ClaimWindow, NodeLimit, SkipReason, Store};
 use disbatch_core::Result;
 use rand::rngs::StdRng;

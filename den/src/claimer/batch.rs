@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
+use crate::claimer::plan::{lane_split, QueueClaims};
 use bson::oid::ObjectId;
 use bson::Document;
-use disbatch_core::claim_plan::{lane_split, QueueClaims};
 use disbatch_core::fleet_time;
 use disbatch_core::model::{Queue, QueueSort};
 use disbatch_core::store::schema::task;

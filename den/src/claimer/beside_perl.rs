@@ -6,9 +6,9 @@
 //! first and checked after: a Perl count after our claim sees it, and a Perl claim that
 //! landed between our count and our claim shows in our check as a task that arrived.
 
+use crate::claimer::plan::{slot_bound_beside, QueueClaims};
 use bson::oid::ObjectId;
 use bson::Document;
-use disbatch_core::claim_plan::{slot_bound_beside, QueueClaims};
 use disbatch_core::model::Queue;
 use disbatch_core::store::schema::task;
 use disbatch_core::store::{Pick, QueueRunning};

@@ -12,8 +12,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
+use crate::claimer::plan::QueueClaims;
 use bson::oid::ObjectId;
-use disbatch_core::claim_plan::QueueClaims;
 use disbatch_core::fleet_time;
 use disbatch_core::model::Queue;
 use disbatch_core::store::schema::queue as queue_field;

@@ -4,9 +4,9 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use crate::claimer::lanes::LaneCache;
+use crate::claimer::plan::Lane;
 use bson::oid::ObjectId;
-use disbatch_core::claim_plan::Lane;
-use disbatch_core::lanes::LaneCache;
 use disbatch_core::store::RunningSnapshot;
 
 /// Past this age the view is read again even without a maintenance pass: other nodes' claims

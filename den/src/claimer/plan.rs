@@ -8,7 +8,7 @@ use bson::oid::ObjectId;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-pub use crate::lanes::Lane;
+pub use crate::claimer::lanes::Lane;
 
 /// One queue's state at the start of a pass.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,10 +1,10 @@
 //! What a claimer pass pays per queue for its lane: laid out afresh (as before the cache) and
-//! from the cache when the queue's sharers are unchanged. Run: `cargo bench -p disbatch-core`.
+//! from the cache when the queue's sharers are unchanged. Run: `cargo bench -p disbatch-den`.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use disbatch_core::lanes::{Lane, LaneCache};
+use disbatch_den::claimer::lanes::{Lane, LaneCache};
 
 /// Mean time per call of `f`, over at least `budget`.
 fn per_call(budget: Duration, mut f: impl FnMut()) -> Duration {
