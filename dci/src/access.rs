@@ -107,10 +107,6 @@ impl Access {
             .clone()
     }
 
-    pub fn is_open(&self) -> bool {
-        self.current().open
-    }
-
     /// The caller a request's `Authorization` header names, or why there is none.
     fn identify(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
         let tokens = self.current();

@@ -25,14 +25,6 @@ impl LazyStore {
         }))
     }
 
-    /// A store that is already connected (tests, and callers that hold one).
-    pub fn from_store(config: &Config, store: Store) -> LazyStore {
-        LazyStore(Arc::new(Inner {
-            config: config.clone(),
-            store: OnceCell::new_with(Some(store)),
-        }))
-    }
-
     pub async fn get(&self) -> Result<&Store> {
         self.0
             .store

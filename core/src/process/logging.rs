@@ -167,11 +167,6 @@ pub fn start_with_config(
     })
 }
 
-/// Installs the global subscriber in text; `default_filter` applies when `RUST_LOG` is unset.
-pub fn init_logging(default_filter: &str) {
-    init(LogFormat::Text, default_filter);
-}
-
 /// The exit status of a binary's `main` for `result`; an error is printed on stderr as
 /// `Error: ` and its causes on one line (`{:#}`), redacted, with control characters escaped.
 /// Rust's default for `main() -> Result` prints the Debug form instead, unredacted and with a

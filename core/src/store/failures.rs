@@ -79,11 +79,6 @@ impl StatusWord {
             StatusWord::Code(c) => doc! {task::STATUS: c},
         }
     }
-
-    /// True when an index serves the word alone (the partial failures index).
-    pub fn served_alone(self) -> bool {
-        matches!(self, StatusWord::Failed | StatusWord::Discarded)
-    }
 }
 
 /// A range on `mtime`, the last change of a task (its end, for an ended one).

@@ -119,10 +119,6 @@ impl Balancer {
         self
     }
 
-    pub fn is_enabled(&self) -> bool {
-        self.settings.enabled
-    }
-
     /// For the node loop: one rate-limited attempt at the current time. Never fails: errors
     /// are logged (and recorded as CRITICAL when this node holds the lease), and the next try
     /// comes after the interval, so a balancing problem never stops claiming.

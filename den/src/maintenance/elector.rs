@@ -14,13 +14,6 @@ use bson::DateTime;
 use disbatch_core::fleet_time;
 use disbatch_core::store::Store;
 
-/// How long leadership lasts without renewal: a dead leader is replaced within this plus one
-/// try of another node.
-pub const LEASE: Duration = Duration::from_secs(15);
-/// How often the leader renews and the others try: a third of the lease, so a leader renews
-/// twice before it could lapse, while a follower costs one request per interval.
-pub const TRY_EVERY: Duration = Duration::from_secs(5);
-
 #[derive(Debug)]
 pub struct Elector {
     lease: Duration,
@@ -34,12 +27,6 @@ pub struct Elector {
     /// Whether it led at its last answer: a lease that lapsed between tries (the host was
     /// suspended, or renewals failed) is logged as the end of its lead too.
     said_leading: bool,
-}
-
-impl Default for Elector {
-    fn default() -> Self {
-        Elector::new(LEASE, TRY_EVERY)
-    }
 }
 
 impl Elector {

@@ -144,11 +144,6 @@ impl Pool {
         }
     }
 
-    /// Idle workers now (tests and logs).
-    pub fn idle_count(&self) -> usize {
-        self.0.lock().map_or(0, |i| i.idle.len())
-    }
-
     /// (started, retired) so far.
     pub fn counts(&self) -> (u64, u64) {
         self.0.lock().map_or((0, 0), |i| (i.started, i.retired))

@@ -261,18 +261,6 @@ impl Store {
             output: result_output(&d),
         }))
     }
-
-    /// A task's attempts, oldest first.
-    pub async fn attempts_of(&self, task: ObjectId) -> Result<Vec<Document>> {
-        let context = format!("listing attempts of task {task}");
-        let cursor = self
-            .raw(ATTEMPTS)
-            .find(doc! {attempt::TASK: task})
-            .sort(doc! {attempt::START: 1})
-            .await
-            .map_err(|e| Error::mongo(context.clone(), e))?;
-        self.read_all(ATTEMPTS, cursor, &context).await
-    }
 }
 
 /// The result file's `output` in an attempt record, if it wrote one: inline, or the GridFS
