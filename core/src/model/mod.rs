@@ -11,6 +11,7 @@ pub mod retention;
 pub mod retry_policy;
 pub mod run_policy;
 pub mod schedule;
+pub mod task;
 pub mod work_spec;
 pub mod worker_policy;
 pub mod workflow;

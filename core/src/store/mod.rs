@@ -22,11 +22,13 @@ use bson::Document;
 use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
+pub use crate::model::task::{OutputValue, TaskEnd};
 pub use access::users::{
     create_role_command, parse_additional, parse_perms, passwords, roles, Perms, RoleSpec,
     UserAdmin, COMPONENTS,
 };
 pub use claims::batch::{claim_key, Candidates, ClaimWindow, Pick, PickHolds, PickOutcome};
+pub use claims::running::{QueueRunning, RunningSnapshot};
 pub use conn::by_id::{conditional_by_id, WHEN as BY_ID_WHEN};
 pub use conn::decode::{DocumentStream, SkipHook, SkipLedger, SkipReason};
 pub use limits::flow_view::{KeyBudget, PartitionUse, QueueFlow, RateBudget, HELD_SCAN};
@@ -40,6 +42,7 @@ pub use queues::{check_queue_fields, parse_queue, retry_document, retry_policy, 
 pub use recovery::leases::{deadline, ExpiredTask, LeaseState, Recovery};
 pub use recovery::lost_records::LostAttempt;
 pub use results::attempts::{result_output, AttemptEnd, AttemptRecord, ResultOutput, StoredOutput};
+pub use results::finish::FinishOutcome;
 pub use results::gridfs::OutputFileInfo;
 pub use results::gridfs::OutputStream;
 pub use results::live_output::{
@@ -57,7 +60,6 @@ pub use tasks::create::Timing;
 pub use tasks::query::{build_filter, IndexSets, QueryError, TaskQuery, TaskStream};
 pub use tasks::retention::{Pruned, RETENTION_INDEX};
 pub use tasks::summary::StateCounts;
-pub use tasks::{FinishOutcome, OutputValue, QueueRunning, RunningSnapshot, TaskEnd};
 pub use workflows::dependencies::{is_waited_for, Settled, Waits};
 pub use workflows::graphs::{
     BatchTask, GraphTask, NewBatch, StatusCounts, WholeCancel, WorkflowSummary, WorkflowTask,

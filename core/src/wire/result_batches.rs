@@ -61,7 +61,8 @@ mod tests {
     use bson::DateTime;
 
     use super::*;
-    use crate::store::{AttemptEnd, AttemptRecord, TaskEnd};
+    use crate::model::task::TaskEnd;
+    use crate::store::{AttemptEnd, AttemptRecord};
 
     fn completion(pid: u32) -> Completion {
         Completion {

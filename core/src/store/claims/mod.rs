@@ -2,3 +2,4 @@
 
 pub(in crate::store) mod batch;
 pub(in crate::store) mod candidates;
+pub(in crate::store) mod running;

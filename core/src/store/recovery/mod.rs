@@ -3,3 +3,4 @@
 pub(in crate::store) mod leases;
 pub(in crate::store) mod lost;
 pub(in crate::store) mod lost_records;
+pub(in crate::store) mod orphans;

@@ -10,18 +10,13 @@ use bson::{doc, Bson, DateTime, Document};
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::store::results::attempts::attempt_document;
+use crate::store::results::finish::{end_group, finish_statement};
 use crate::store::schema::{task, ATTEMPTS, TASKS};
-use crate::store::tasks::finish_statement;
 use crate::store::{OutputValue, Store, TaskEnd, BULK_WRITE_MISSING, BULK_WRITE_WORKS};
 use crate::wire::relay::{Ack, Completion};
 
 /// Keeps each `update` command under the 16 MiB a command document may hold.
 const MAX_COMMAND_BYTES: usize = 12 * 1024 * 1024;
-
-/// The group a task ends in; running tasks are counted live, so only where it goes counts.
-pub(in crate::store) fn end_group(end: TaskEnd) -> crate::store::StatusGroup {
-    crate::store::group_of(end.status())
-}
 
 /// What storing a batch has established so far, per completion.
 struct Progress {

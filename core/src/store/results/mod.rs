@@ -2,5 +2,6 @@
 
 pub(in crate::store) mod attempts;
 pub(in crate::store) mod completions;
+pub(in crate::store) mod finish;
 pub(in crate::store) mod gridfs;
 pub(in crate::store) mod live_output;
