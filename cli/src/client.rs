@@ -1,6 +1,5 @@
 //! HTTP client for disbatch-web: endpoint URLs, auth, JSON calls, streaming, and server error text.
 
-use std::fmt;
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
@@ -11,6 +10,7 @@ use reqwest::{Method, Response, StatusCode, Url};
 use serde_json::Value;
 
 use crate::auth::Auth;
+use crate::exit::{HttpError, Unreachable};
 
 /// Longest slice of an unexpected body quoted in an error message.
 const QUOTE_LIMIT: usize = 500;
@@ -27,40 +27,6 @@ pub struct Reply {
     pub raw: Vec<u8>,
     pub value: Value,
 }
-
-/// A non-2xx response. Kept as a type so `--json` can still print the server's JSON body.
-#[derive(Debug)]
-pub struct HttpError {
-    pub method: Method,
-    pub url: String,
-    pub status: StatusCode,
-    pub message: String,
-    pub body: Option<Value>,
-}
-
-impl fmt::Display for HttpError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}: {}", self.method, self.url, self.status)?;
-        if !self.message.is_empty() {
-            write!(f, ": {}", self.message)?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for HttpError {}
-
-/// The server could not be reached: no connection, no name, or no answer in time.
-#[derive(Debug)]
-pub struct Unreachable(pub String);
-
-impl fmt::Display for Unreachable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Unreachable {}
 
 impl Client {
     /// `cacert`: a PEM file of extra trusted certificates, for a server with a private CA.

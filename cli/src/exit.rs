@@ -1,9 +1,10 @@
 //! Exit statuses by class of failure, so a script can tell a mistake in its command from a
 //! missing task, a conflict, an outage or a server fault.
 
-use reqwest::StatusCode;
+use std::fmt;
 
-use crate::client::{HttpError, Unreachable};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
 
 /// Anything not below: a local file that cannot be read, a reply that makes no sense.
 pub const OTHER: u8 = 1;
@@ -124,6 +125,40 @@ fn for_http(status: StatusCode) -> u8 {
         _ => OTHER,
     }
 }
+
+/// A non-2xx response. Kept as a type so `--json` can still print the server's JSON body.
+#[derive(Debug)]
+pub struct HttpError {
+    pub method: Method,
+    pub url: String,
+    pub status: StatusCode,
+    pub message: String,
+    pub body: Option<Value>,
+}
+
+impl fmt::Display for HttpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.method, self.url, self.status)?;
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for HttpError {}
+
+/// The server could not be reached: no connection, no name, or no answer in time.
+#[derive(Debug)]
+pub struct Unreachable(pub String);
+
+impl fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreachable {}
 
 #[cfg(test)]
 mod tests {

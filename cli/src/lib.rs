@@ -19,8 +19,9 @@ use clap::CommandFactory;
 
 use crate::args::{Args, Command};
 use crate::auth::Auth;
-use crate::client::{Client, HttpError};
+use crate::client::Client;
 use crate::commands::Ctx;
+use crate::exit::HttpError;
 
 /// Runs the parsed command line, writing results to stdout.
 pub async fn run(args: Args) -> anyhow::Result<()> {

@@ -12,9 +12,10 @@ use serde_json::{json, Value};
 use super::workflow_view::{counts_line, write_batch, write_graph, write_list};
 use super::{array, cell, plural, shown, Ctx};
 use crate::args::WorkflowArgs;
-use crate::client::{HttpError, Reply, Unreachable};
+use crate::client::Reply;
 use crate::envelope::oid;
 use crate::exit::WorkflowEnded;
+use crate::exit::{HttpError, Unreachable};
 
 /// How long `--wait` rides out a server it cannot reach or that fails (a DCI restarting):
 /// a long wait should not be lost to a blip, nor hang on a server that is gone.

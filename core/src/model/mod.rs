@@ -11,6 +11,7 @@ pub mod retention;
 pub mod retry_policy;
 pub mod run_policy;
 pub mod schedule;
+pub mod status;
 pub mod task;
 pub mod work_spec;
 pub mod worker_policy;
@@ -18,19 +19,6 @@ pub mod workflow;
 
 use bson::oid::ObjectId;
 use bson::Bson;
-
-/// Disbatch 4 task status codes. Positive means finished; only `QUEUED` is claimable.
-pub mod status {
-    pub const ORPHANED: i32 = -6;
-    pub const CANCELLED: i32 = -5;
-    pub const BLOCKED: i32 = -4;
-    pub const TERMINATED: i32 = -3;
-    pub const QUEUED: i32 = -2;
-    pub const CLAIMED: i32 = -1;
-    pub const RUNNING: i32 = 0;
-    pub const SUCCEEDED: i32 = 1;
-    pub const FAILED: i32 = 2;
-}
 
 /// The order in which a queue's tasks are claimed (`sort`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
