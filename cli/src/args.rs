@@ -194,7 +194,7 @@ pub enum Command {
         /// form; the flags below add keys to it).
         filter: Option<String>,
         #[command(flatten)]
-        search: crate::commands::TaskSearch,
+        search: TaskSearch,
         /// Print only the number of matching tasks.
         #[arg(long)]
         count: bool,
@@ -700,4 +700,36 @@ pub enum SpecAction {
         #[arg(long)]
         dry_run: bool,
     },
+}
+
+/// What `tasks` searches for, beside (or instead of) a filter's JSON: each flag one key of
+/// `GET /tasks`' filter, checked by the server as if written in the JSON.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct TaskSearch {
+    /// Tasks of this queue (name or id).
+    #[arg(long, value_name = "QUEUE")]
+    pub queue: Option<String>,
+    /// A status code (-2, 1, …) or word: queued, retrying, claimed, running, succeeded,
+    /// failed (every status >= 2), discarded, terminated, blocked, cancelled, orphaned.
+    #[arg(long, value_name = "STATUS", allow_hyphen_values = true)]
+    pub status: Option<String>,
+    /// Tasks claimed or run by this node.
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// Changed (mtime) at or after: ISO-8601 UTC, epoch seconds, or a span back from now on
+    /// the fleet's clock (the database server's): 90s, 30m, 2h, 7d.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Changed before; the same forms as --since.
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+    /// params.PATH equal to VALUE (JSON where it parses, else text, as create-task reads
+    /// values), within one --queue; repeatable. A search no index serves needs --since or
+    /// --bound.
+    #[arg(long = "param", value_name = "PATH=VALUE")]
+    pub params: Vec<String>,
+    /// Read at most this many tasks in a search no index serves (at most 1000): the server's
+    /// `limit`, where --limit is Disbatch's `.limit`, a page size.
+    #[arg(long, value_name = "N")]
+    pub bound: Option<u64>,
 }

@@ -58,7 +58,7 @@ impl Error {
     /// True when the failure is a unique-index violation (E11000), which claims use as a signal.
     pub fn is_duplicate_key(&self) -> bool {
         match self {
-            Error::Mongo { driver: source, .. } => crate::store::is_duplicate_key(source),
+            Error::Mongo { driver: source, .. } => crate::driver_error::is_duplicate_key(source),
             _ => false,
         }
     }
@@ -67,7 +67,9 @@ impl Error {
     /// plain "E11000 duplicate key error" when the server gave none.
     pub fn duplicate_key_message(&self) -> String {
         match self {
-            Error::Mongo { driver: source, .. } => crate::store::duplicate_key_message(source),
+            Error::Mongo { driver: source, .. } => {
+                crate::driver_error::duplicate_key_message(source)
+            }
             _ => None,
         }
         .unwrap_or_else(|| "E11000 duplicate key error".to_string())
@@ -80,7 +82,7 @@ impl Error {
             Error::Mongo {
                 context,
                 driver: source,
-            } => match crate::store::server_message(source) {
+            } => match crate::driver_error::server_message(source) {
                 Some(message) => format!("MongoDB {context}: {message}"),
                 None => format!("MongoDB {context}: {}", self.unavailable_reason()),
             },
@@ -92,7 +94,7 @@ impl Error {
     /// what a client may be told (the log gets the whole error).
     pub fn unavailable_reason(&self) -> &'static str {
         match self {
-            Error::Mongo { driver: source, .. } => crate::store::unavailable_reason(source),
+            Error::Mongo { driver: source, .. } => crate::driver_error::unavailable_reason(source),
             _ => "the database failed",
         }
     }
@@ -100,7 +102,9 @@ impl Error {
     /// True when MongoDB (or the driver before sending) refused a document over 16 MiB.
     pub fn is_document_too_large(&self) -> bool {
         match self {
-            Error::Mongo { driver: source, .. } => crate::store::is_document_too_large(source),
+            Error::Mongo { driver: source, .. } => {
+                crate::driver_error::is_document_too_large(source)
+            }
             _ => false,
         }
     }
@@ -123,7 +127,7 @@ impl Error {
     /// asking again will not help, and other requests are not affected.
     pub fn refusal(&self) -> Option<String> {
         match self {
-            Error::Mongo { driver: source, .. } => crate::store::refusal(source),
+            Error::Mongo { driver: source, .. } => crate::driver_error::refusal(source),
             _ => None,
         }
     }

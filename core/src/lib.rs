@@ -2,28 +2,24 @@
 //! those below it (issue 53 regroups the rest the same way):
 //! - `serve`: serving an axum app with bounded connections (the DCI, the DEN's metrics),
 //!   readiness and the operational metrics;
-//! - `store`: every MongoDB query, and the only code that knows collections, fields and
-//!   indexes;
-//! - `config`: node configs, the plugin allow-list and the plugins' environment;
+//! - `store`: every MongoDB query and index (`store/conn/indexes.rs`);
+//! - `config`: node configs, the plugin allow-list, the plugins' environment, and a binary's
+//!   start from its config file (`config::startup`);
 //! - `process`: the process itself (`logging`, `isolation`, `open_files`, `backoff`);
 //! - `wire`: the pipes between a DEN and its runners (`handoff`, `relay`, `result_batches`);
-//! - `model`: the schema's values and the rules on them (queues, statuses, limits, schedules,
-//!   workflows, retention, GridFS placement), bson only;
+//! - `model`: the schema's names (`model::schema`: collections and fields) and values, and the
+//!   rules on them (queues, statuses, limits, schedules, workflows, retention, GridFS
+//!   placement, tasks and attempts as passed around), bson only;
 //! - `text`: bytes and text safe to show, store and log (`printable`, `redact`, `utf8`,
 //!   `client_json`, `raw_doc`);
 //! - at the ground: `error`, `driver_error`, and `fleet_time` (the database server's clock as
 //!   this process knows it: every time another host judges).
 //!
-//! Still to move (issue 53): `durability` into the store. Still pointing up: the
-//! field names (`store::schema`, read by `model` and `wire`, until they move to
-//! `model/schema.rs`), the store's task types (`Unit`, `TaskEnd`, `AttemptRecord`, read by
-//! `model::chaining` and `wire`, until `model/task.rs`), `model::work_spec`'s use of
-//! `store::check_queue_fields`, and `process::logging`'s start from a config file (until
-//! `config/startup.rs`).
+//! No module imports one above it
+//! (config reads `error` for its errors until the layers are crates).
 
 pub mod config;
 pub mod driver_error;
-pub mod durability;
 pub mod error;
 pub mod fleet_time;
 pub mod model;

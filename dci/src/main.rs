@@ -51,8 +51,7 @@ async fn serve() -> anyhow::Result<()> {
     if let Some(path) = &args.check_config {
         return disbatch_dci::check_config::check_config(path);
     }
-    let started =
-        disbatch_core::process::logging::start_with_config(&args.config, args.log_format)?;
+    let started = disbatch_core::config::startup::start_with_config(&args.config, args.log_format)?;
     // Now, before anything slow: SIGHUP's default action would end the server.
     let hangups = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     for warning in &started.loaded.warnings {
@@ -113,7 +112,8 @@ async fn serve() -> anyhow::Result<()> {
     tokio::spawn(keep_clock(store.clone()));
     let closing = store.clone();
     let tokens = config.web.tokens.clone();
-    let state = AppState::new(store, config);
+    let served = disbatch_dci::routes::served(&config);
+    let state = AppState::new(store, config, &served);
     let connections = state.web_metrics.connections();
     let reloader = disbatch_dci::reload::Reloader::new(
         args.config.clone(),

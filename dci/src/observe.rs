@@ -17,7 +17,6 @@ use prometheus::{
 };
 
 use crate::access::Caller;
-use crate::state::AppState;
 
 /// The access log's tracing target: `RUST_LOG=info,disbatch_web::access=off` silences it.
 pub const ACCESS_TARGET: &str = "disbatch_web::access";
@@ -142,7 +141,7 @@ fn method_label(method: &Method) -> &'static str {
 /// Router middleware, outermost: counts and logs every answer, refusals included. The
 /// token's name comes from the answer (the gate puts the caller there); the token itself is
 /// never seen here.
-pub async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn observe(State(metrics): State<WebMetrics>, req: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = method_label(req.method());
     let route = req
@@ -154,7 +153,7 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
     let took = started.elapsed();
     let status = response.status().as_u16();
     let route = route.as_deref().unwrap_or(UNMATCHED);
-    state.web_metrics.observe(method, route, status, took);
+    metrics.observe(method, route, status, took);
     let token = match response.extensions().get::<Caller>() {
         Some(Caller::Token { name, .. }) => shown(name).into_owned(),
         Some(Caller::Open) => "open".to_string(),

@@ -1,7 +1,7 @@
 //! The start-up line on durability: whether claims, leases and results the server
 //! acknowledges survive its failover, with what to set when they do not.
 
-use disbatch_core::durability::Verdict;
+use disbatch_core::store::durability::Verdict;
 use disbatch_core::store::Store;
 
 /// Asks the server once and logs one line: a warning when a failover could roll back

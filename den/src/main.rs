@@ -63,8 +63,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     }
     let config_path = std::path::absolute(&args.config)
         .with_context(|| format!("config path {}", args.config.display()))?;
-    let started =
-        disbatch_core::process::logging::start_with_config(&config_path, args.log_format)?;
+    let started = disbatch_core::config::startup::start_with_config(&config_path, args.log_format)?;
     // Now, before anything slow: SIGHUP's default action would end the node.
     let hangups = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     if let Err(e) = hardened {

@@ -187,7 +187,7 @@ impl Node {
                         if Instant::now() >= next_stale_check && self.executor.live_runners() > 0 {
                             let killed = crate::runners::runner_deaths::kill_stale_runners(
                                 &self.store,
-                                &self.executor,
+                                self.executor.own_runners(),
                             )
                             .await?;
                             self.metrics.stale_runners_killed(killed);

@@ -10,12 +10,12 @@ use disbatch_core::model::status;
 use disbatch_core::store::TaskEnd;
 use disbatch_core::{Error, Result};
 
+use crate::attempt::{Ran, Run, RunFacts};
 use crate::outcome::Exit;
 use crate::outcome::{decide, Outcome};
 use crate::plugin_process::{start_plugin, PluginCall};
 use crate::prepare::Prepared;
 use crate::record::{Captured, Finished, Spool};
-use crate::runner::{Ran, Run, RunFacts};
 use crate::spool::{read_result, ResultFile, SpoolPaths};
 use crate::supervisor::{supervise, Stopped, Wake};
 

@@ -1,5 +1,6 @@
 //! The task runner: starts one claimed task, runs its plugin, and records the result.
 
+mod attempt;
 mod capture;
 pub mod connection;
 pub mod live;

@@ -5,9 +5,9 @@ use bson::oid::ObjectId;
 use bson::{Bson, Document};
 use disbatch_core::config::Config;
 use disbatch_core::model::run_policy::RunPolicy;
+use disbatch_core::model::schema::task as field;
 use disbatch_core::model::worker_policy::WorkerPolicy;
 use disbatch_core::model::Queue;
-use disbatch_core::store::schema::task as field;
 
 /// A task ready to run.
 pub struct Prepared {

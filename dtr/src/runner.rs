@@ -7,8 +7,8 @@ use disbatch_core::config::Config;
 use disbatch_core::fleet_time;
 use disbatch_core::model::output::{plan_output, GfsMode, Placement};
 use disbatch_core::model::run_policy::DEFAULT_LEASE;
+use disbatch_core::model::schema::task as field;
 use disbatch_core::model::status;
-use disbatch_core::store::schema::task as field;
 use disbatch_core::store::{
     parse_queue, AttemptEnd, AttemptRecord, FinishOutcome, OnConflict, StoredOutput, TaskEnd,
 };
@@ -16,9 +16,10 @@ use disbatch_core::wire::handoff::Handoff;
 use disbatch_core::wire::relay::{Ack, Completion, MAX_RELAYED_OUTPUT};
 use disbatch_core::Result;
 
+use crate::attempt::{Ran, Run, RunFacts};
 use crate::capture::run_and_capture;
 use crate::connection::LazyStore;
-use crate::node_link::{LiveRelay, NodeLink};
+use crate::node_link::NodeLink;
 use crate::outcome::Exit;
 use crate::prepare::{prepare, QueueLookup};
 use crate::record::{record_result, with_retries, Captured, Finished};
@@ -43,54 +44,6 @@ pub enum RunReport {
     NotClaimed,
     /// The plugin ran but the task had changed hands; the result was discarded.
     Discarded,
-}
-
-/// How the plugin process ended and what its result file said, for the attempt record.
-#[derive(Debug, Default)]
-pub(crate) struct RunFacts {
-    pub exit: Option<Exit>,
-    pub result: Option<Document>,
-    /// The result's `output` as JSON text, too large for the record: the runner writes it to
-    /// GridFS before the record, which then names the file (`output_file`).
-    pub spilled_output: Option<Vec<u8>>,
-    pub output_file: Option<StoredOutput>,
-    /// The queue to chain into and the units the result's `output` names, when both exist.
-    pub chain: Option<(String, Vec<disbatch_core::store::Unit>)>,
-    /// How the supervisor ended the run, when it was not a plain exit.
-    pub stopped: Option<Stopped>,
-    /// Why the attempt ended so and what follows (a retry, a discard), for its record.
-    pub reason: Option<String>,
-    /// The attempt's end discarded the task.
-    pub task_discarded: bool,
-}
-
-impl RunFacts {
-    /// The facts of a run that never started, with the reason.
-    pub(crate) fn because(reason: String) -> RunFacts {
-        RunFacts {
-            reason: Some(reason),
-            ..RunFacts::default()
-        }
-    }
-}
-
-/// A run that has a result to record, or one whose task was taken away meanwhile.
-pub(crate) enum Ran {
-    Finished(Box<Finished>, RunFacts),
-    LeaseLost(RunFacts),
-}
-
-/// The attempt being run and where it is recorded.
-#[derive(Clone, Copy)]
-pub(crate) struct Run<'a> {
-    pub store: &'a LazyStore,
-    pub config: &'a Config,
-    pub task: ObjectId,
-    pub attempt: ObjectId,
-    pub attempts: i64,
-    pub node: &'a str,
-    /// Live output copies go to the node (the handoff said it takes them).
-    pub live_relay: Option<&'a LiveRelay>,
 }
 
 /// Runs a task its node claimed and handed over (the common case): no database round trip

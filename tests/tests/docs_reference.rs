@@ -42,7 +42,7 @@ fn the_config_reference_lists_exactly_the_keys_the_reader_accepts() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// Where each field module of `core/src/store/schema.rs` lives: (collection, path prefix).
+/// Where each field module of `core/src/model/schema.rs` lives: (collection, path prefix).
 fn module_collections(module: &str) -> Option<Vec<(&'static str, &'static str)>> {
     Some(match module {
         "task" => vec![("tasks", "")],
@@ -68,8 +68,8 @@ const NOT_COLLECTIONS: &[&str] = &["GRIDFS_BUCKET", "QUEUE_BALANCE_LEASE", "MAIN
 
 /// The schema module read as text: its collection constants and, per `pub mod`, its fields.
 fn schema_module() -> (Vec<String>, BTreeMap<String, Vec<String>>) {
-    let path = repo_root().join("core/src/store/schema.rs");
-    let text = std::fs::read_to_string(&path).expect("core/src/store/schema.rs");
+    let path = repo_root().join("core/src/model/schema.rs");
+    let text = std::fs::read_to_string(&path).expect("core/src/model/schema.rs");
     let string_const = |line: &str| -> Option<(String, String)> {
         let rest = line.trim().strip_prefix("pub const ")?;
         let (name, rest) = rest.split_once(':')?;

@@ -10,7 +10,6 @@ mod specs;
 mod task_ops;
 mod task_view;
 mod tasks;
-pub use tasks::TaskSearch;
 mod top;
 pub mod users;
 mod workflow_view;

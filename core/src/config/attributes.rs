@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::driver_options::DriverOptions;
+use super::files::resolve;
 use super::perl_bool::perl_bool;
-use super::raw::resolve;
 
 /// The SSL options Disbatch's `ssl: {…}` form may hold, under `attributes.ssl` or `attributes.tls`.
 const SSL_KEYS: [&str; 3] = ["SSL_ca_file", "SSL_cert_file", "SSL_verify_mode"];

@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::raw::resolve;
-
 /// Larger config files are refused: real ones are a few kilobytes.
 pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
 /// Larger token, password and URI files are refused.
@@ -138,6 +136,16 @@ fn holds_secrets(value: &Value) -> bool {
         .and_then(Value::as_array)
         .is_some_and(|tokens| tokens.iter().any(|t| t.get("token").is_some()));
     uri_password || auth || attribute || token
+}
+
+/// Paths in the config are relative to the config file, so a checkout can carry its own config.
+pub(crate) fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
 }
 
 #[cfg(test)]

@@ -19,8 +19,9 @@ mod raw;
 mod relaxed;
 pub mod reload;
 mod web_http;
-pub(crate) use raw::resolve as resolve_path;
+pub(crate) use files::resolve as resolve_path;
 mod secrets;
+pub mod startup;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::files::resolve;
 use super::perl_bool::{self, PerlBool};
+use super::tokens::RawWebTls;
 use super::{
     BalanceSettings, Config, WebSettings, DEFAULT_COUNTS_RECONCILE, DEFAULT_DEAD_NODE_AFTER,
     DEFAULT_LOOP_INTERVAL, MAX_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
@@ -126,12 +128,6 @@ struct RawWeb {
     idle_timeout_ms: Option<u64>,
     allowed_hosts: Option<Vec<String>>,
     allowed_origins: Option<Vec<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-pub(super) struct RawWebTls {
-    pub(super) cert_file: String,
-    pub(super) key_file: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -510,16 +506,6 @@ fn queue_ids(key: &str, ids: Option<Vec<String>>) -> Result<Vec<String>, String>
         }
     }
     Ok(ids.into_iter().map(|s| s.to_ascii_lowercase()).collect())
-}
-
-/// Paths in the config are relative to the config file, so a checkout can carry its own config.
-pub(crate) fn resolve(base: &Path, p: &str) -> PathBuf {
-    let p = Path::new(p);
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base.join(p)
-    }
 }
 
 /// A bare command name (no `/`) is looked up on PATH when spawned, like a shell would.

@@ -2,10 +2,17 @@
 
 use std::path::Path;
 
+use serde::Deserialize;
 use serde_json::Value;
 
-use super::raw::{resolve, RawWebTls};
+use super::files::resolve;
 use super::{Role, WebSettings, WebTls, WebToken};
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawWebTls {
+    pub(super) cert_file: String,
+    pub(super) key_file: String,
+}
 
 /// The keys of one `web.tokens` entry.
 pub(super) const TOKEN_KEYS: &[&str] = &["name", "role", "token", "token_file"];

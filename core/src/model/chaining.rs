@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use bson::{DateTime, Document};
 use serde_json::Value;
 
-use crate::store::Unit;
+use crate::model::task::Unit;
 
 /// The units a result's `output` names, and the items that had to be left out because their
 /// params cannot be stored (each said in a line fit for the task's stderr).

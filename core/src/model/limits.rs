@@ -8,7 +8,7 @@ use bson::{Bson, Document};
 
 use crate::model::status;
 
-use crate::store::schema::queue::{CONCURRENCY, RATE_LIMIT, UNIQUE};
+use crate::model::schema::queue::{CONCURRENCY, RATE_LIMIT, UNIQUE};
 
 /// Most starts a rate limit may allow per period: each live partition keeps at most about
 /// this many entries' worth of history (see `store::rate_limits`), and more is no limit.

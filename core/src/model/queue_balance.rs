@@ -19,7 +19,7 @@ use std::fmt;
 use bson::{Bson, Document};
 
 use crate::model::balance::is_valid_slot_key;
-use crate::store::schema::balance as field;
+use crate::model::schema::balance as field;
 
 /// Minutes in a day and in a week, for the `max_tasks` schedule.
 const DAY_MINUTES: u32 = 24 * 60;

@@ -11,7 +11,7 @@ use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
 use serde_json::{Map, Value};
 
-use crate::store::schema::queue;
+use crate::model::schema::queue;
 
 /// The queue fields a client sets.
 pub const FIELDS: [&str; 4] = [

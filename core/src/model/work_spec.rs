@@ -4,7 +4,7 @@
 use bson::{doc, Bson, Document};
 use serde_json::{Map, Value};
 
-use crate::store::schema::queue;
+use crate::model::schema::queue;
 
 /// The cap a spec gets without `max_running`: Coordinate's "unlimited" would be a queue with
 /// `threads` missing, which Disbatch reads as paused. Node `maxthreads` still applies.
@@ -197,7 +197,7 @@ pub fn spec_load(
     let config = crate::text::client_json::storable(&Value::Object(spec.clone()), "spec")?;
     set.insert(queue::CONFIG, config);
     // What a node reads back must be what the spec meant: the node's own reader decides.
-    crate::store::check_queue_fields(&set)?;
+    crate::model::queue::check_queue_fields(&set)?;
     Ok(SpecLoad { name, set, unset })
 }
 

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
-use super::schema::{attempt, queue, task, ATTEMPTS, TASKS};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::model::schema::{attempt, queue, task, ATTEMPTS, TASKS};
 use crate::model::status;
 
 /// The most failures one listing returns.
@@ -63,7 +63,7 @@ impl StatusWord {
     }
 
     /// The filter term. Discarded tasks are failed ones too, so both words are served by the
-    /// failures index (`mtime_-1_failed`, schema.rs) without a queue.
+    /// failures index (`mtime_-1_failed`, `conn/indexes.rs`) without a queue.
     pub fn term(self) -> Document {
         let failed = doc! {task::STATUS: {"$gte": status::FAILED}};
         match self {

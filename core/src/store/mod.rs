@@ -9,10 +9,11 @@ mod nodes;
 mod queues;
 mod recovery;
 mod results;
-pub mod schema;
 mod stats;
 mod tasks;
 mod workflows;
+
+pub use conn::durability;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -22,7 +23,13 @@ use bson::Document;
 use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::{Client, Collection, Database};
 
-pub use crate::model::task::{OutputValue, TaskEnd};
+pub use crate::model::queue::{
+    check_queue_fields, parse_queue, retry_document, retry_policy, runs_persistent,
+};
+pub use crate::model::task::{
+    AttemptEnd, AttemptRecord, LiveOutput, LiveStream, OutputValue, ResultOutput, StoredOutput,
+    TaskEnd, Unit, LIVE_TAIL,
+};
 pub use access::users::{
     create_role_command, parse_additional, parse_perms, passwords, roles, Perms, RoleSpec,
     UserAdmin, COMPONENTS,
@@ -38,16 +45,13 @@ pub use nodes::{Heartbeat, HeartbeatReply, LiveFleet, LiveNode, NodeLimit};
 pub use queues::signals::{last_signal, CreatedSince, Queued, SIGNAL_SPACING};
 pub use queues::views::QueueCounts;
 pub use queues::watch::{InsertedTask, QueueEvent, WorkEvent, WorkSignal, WorkStream};
-pub use queues::{check_queue_fields, parse_queue, retry_document, retry_policy, runs_persistent};
 pub use recovery::leases::{deadline, ExpiredTask, LeaseState, Recovery};
 pub use recovery::lost_records::LostAttempt;
-pub use results::attempts::{result_output, AttemptEnd, AttemptRecord, ResultOutput, StoredOutput};
+pub use results::attempts::result_output;
 pub use results::finish::FinishOutcome;
 pub use results::gridfs::OutputFileInfo;
 pub use results::gridfs::OutputStream;
-pub use results::live_output::{
-    live_stream, terse_live_output, LiveOutput, LiveStream, LiveWrite, LIVE_TAIL,
-};
+pub use results::live_output::{live_stream, terse_live_output, LiveWrite};
 pub use stats::metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
 pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
 pub use tasks::control::{is_retryable, ControlOutcome};
@@ -65,11 +69,13 @@ pub use workflows::graphs::{
     BatchTask, GraphTask, NewBatch, StatusCounts, WholeCancel, WorkflowSummary, WorkflowTask,
     BATCH_MEMBERS_SHOWN,
 };
-pub use workflows::units::{OnConflict, Unit, UnitsOutcome};
+pub use workflows::units::{OnConflict, UnitsOutcome};
 pub use workflows::views::WorkflowTaskStream;
 
 use crate::config::{Component, Config};
+use crate::driver_error::{bulk_write_missing, warn_write_concern_error};
 use crate::error::{Error, Result};
+use crate::model::schema;
 
 /// A connection to the Disbatch database, shared by all tasks of one process.
 #[derive(Clone, Debug)]
@@ -159,10 +165,10 @@ impl Store {
 
     /// Creates Disbatch's indexes and ours. Existing identical indexes are left as they are.
     pub async fn ensure_indexes(&self) -> Result<()> {
-        for (collection, model) in schema::disbatch_indexes()
+        for (collection, model) in crate::store::conn::indexes::disbatch_indexes()
             .into_iter()
-            .chain(schema::our_indexes())
-            .chain(schema::stats_indexes())
+            .chain(crate::store::conn::indexes::our_indexes())
+            .chain(crate::store::conn::indexes::stats_indexes())
         {
             let keys = model.keys.clone();
             self.collection(collection)
@@ -337,183 +343,5 @@ pub(crate) fn count_value(value: Option<&bson::Bson>) -> u64 {
         Some(bson::Bson::Int64(n)) => (*n).max(0) as u64,
         Some(bson::Bson::Double(d)) if d.is_finite() => d.max(0.0) as u64,
         _ => 0,
-    }
-}
-
-/// The server does not know `bulkWrite` (before 8.0: CommandNotFound), or will not let this
-/// user run it (Unauthorized): callers then do the same work with older commands.
-pub(crate) fn bulk_write_missing(err: &mongodb::error::Error) -> bool {
-    use mongodb::error::ErrorKind;
-    matches!(err.kind.as_ref(), ErrorKind::Command(e) if matches!(e.code, 59 | 13 | 115))
-}
-
-/// E11000: the write would break a unique index.
-pub(crate) fn is_duplicate_key(err: &mongodb::error::Error) -> bool {
-    use mongodb::error::{ErrorKind, WriteFailure};
-    match err.kind.as_ref() {
-        ErrorKind::Write(WriteFailure::WriteError(e)) => e.code == 11000,
-        ErrorKind::Command(e) => e.code == 11000,
-        ErrorKind::InsertMany(e) => e
-            .write_errors
-            .as_ref()
-            .is_some_and(|errs| errs.iter().any(|e| e.code == 11000)),
-        _ => false,
-    }
-}
-
-/// The server answered and refused the request itself (a filter, operator, namespace or
-/// document it will not take), as opposed to being unreachable, busy or failing over: asking
-/// again will not help, and the caller's input (or the document it touches) is what is wrong.
-/// Returns the server's reason, short and on one line.
-pub(crate) fn refusal(err: &mongodb::error::Error) -> Option<String> {
-    use mongodb::error::{ErrorKind, WriteFailure};
-    // Unreachable servers, timeouts and closed pools are other kinds than these.
-    if err.contains_label(mongodb::error::RETRYABLE_WRITE_ERROR)
-        || err.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR)
-    {
-        return None;
-    }
-    let (code, message) = match err.kind.as_ref() {
-        ErrorKind::Command(e) => (e.code, e.message.as_str()),
-        ErrorKind::Write(WriteFailure::WriteError(e)) => (e.code, e.message.as_str()),
-        ErrorKind::InvalidArgument { message, .. } => (0, message.as_str()),
-        _ => return None,
-    };
-    // Unauthorized and failed logins are the deployment's doing, not the request's.
-    if is_transient_code(code) || matches!(code, 11000 | 13 | 18) {
-        return None;
-    }
-    Some(short_message(message, code))
-}
-
-/// The server's own message for an error it answered with (a command or write error),
-/// short and on one line; None for errors it did not answer with.
-pub(crate) fn server_message(err: &mongodb::error::Error) -> Option<String> {
-    use mongodb::error::{ErrorKind, WriteFailure};
-    match err.kind.as_ref() {
-        ErrorKind::Command(e) => Some(short_message(&e.message, e.code)),
-        ErrorKind::Write(WriteFailure::WriteError(e)) => Some(short_message(&e.message, e.code)),
-        ErrorKind::InsertMany(e) => e
-            .write_errors
-            .as_ref()
-            .and_then(|errs| errs.first())
-            .map(|e| short_message(&e.message, e.code)),
-        _ => None,
-    }
-}
-
-/// A command sent whole reports a write concern it could not meet (a `wtimeout` passed, too
-/// few members) in its reply, not as an error: the writes were made on the primary but may not
-/// survive a failover, which the operator must hear of.
-pub(crate) fn warn_write_concern_error(reply: &Document, context: &str) {
-    if let Ok(e) = reply.get_document("writeConcernError") {
-        let code = e.get_i32("code").unwrap_or(0);
-        let message = short_message(e.get_str("errmsg").unwrap_or("no reason given"), code);
-        tracing::warn!(context, "write concern not met: {message}");
-    }
-}
-
-/// Why the database could not serve a request, in words fit for a client: no address, no
-/// server reply dump (the log has those).
-pub(crate) fn unavailable_reason(err: &mongodb::error::Error) -> &'static str {
-    use mongodb::error::{ErrorKind, WriteFailure};
-    match err.kind.as_ref() {
-        ErrorKind::ServerSelection { .. } => "no database server answered in time",
-        ErrorKind::Io(_) | ErrorKind::ConnectionPoolCleared { .. } => {
-            "the connection to the database failed"
-        }
-        ErrorKind::Authentication { .. } => "this server could not log in to the database",
-        ErrorKind::Command(e) if matches!(e.code, 13 | 18) => {
-            "the database refused this server's user"
-        }
-        ErrorKind::Command(e) if is_transient_code(e.code) => {
-            "the database is busy or changing primary; try again"
-        }
-        ErrorKind::Write(WriteFailure::WriteConcernError(_)) => {
-            "the database could not confirm the write; try again"
-        }
-        _ => "the database failed",
-    }
-}
-
-/// Server error codes that say "not now" (a failover, a shutdown, a timeout, a conflict)
-/// rather than "never": MongoDB's retryable and transient codes.
-pub(crate) fn is_transient_code(code: i32) -> bool {
-    matches!(
-        code,
-        6 | 7
-            | 24
-            | 46
-            | 50
-            | 63
-            | 89
-            | 91
-            | 112
-            | 133
-            | 150
-            | 189
-            | 234
-            | 251
-            | 262
-            | 9001
-            | 10107
-            | 11600
-            | 11602
-            | 13388
-            | 13435
-            | 13436
-    )
-}
-
-/// A server message fit for a log line or an API answer: one line, at most 300 characters,
-/// with its code.
-pub(crate) fn short_message(message: &str, code: i32) -> String {
-    let one_line: String = message
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(300)
-        .collect();
-    let cut = if message.chars().count() > 300 {
-        "…"
-    } else {
-        ""
-    };
-    format!("{}{cut} (code {code})", one_line.trim_end())
-}
-
-/// The server's E11000 text alone ("E11000 duplicate key error collection: … dup key: { … }"),
-/// one line, as Disbatch's `MongoDB::DuplicateKeyError` stringifies: no context, no code
-/// suffix, never the driver's debug form of the error.
-pub(crate) fn duplicate_key_message(err: &mongodb::error::Error) -> Option<String> {
-    use mongodb::error::{ErrorKind, WriteFailure};
-    let message = match err.kind.as_ref() {
-        ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == 11000 => e.message.as_str(),
-        ErrorKind::Command(e) if e.code == 11000 => e.message.as_str(),
-        ErrorKind::InsertMany(e) => e
-            .write_errors
-            .as_ref()
-            .and_then(|errs| errs.iter().find(|e| e.code == 11000))
-            .map(|e| e.message.as_str())?,
-        _ => return None,
-    };
-    let one_line: String = message
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(300)
-        .collect();
-    Some(one_line.trim().to_string()).filter(|m| !m.is_empty())
-}
-
-/// The server (10334) or the driver refused a document over 16 MiB.
-pub(crate) fn is_document_too_large(err: &mongodb::error::Error) -> bool {
-    use mongodb::error::{ErrorKind, WriteFailure};
-    match err.kind.as_ref() {
-        ErrorKind::Write(WriteFailure::WriteError(e)) => e.code == 10334 || e.code == 17419,
-        ErrorKind::Command(e) => e.code == 10334 || e.code == 17419 || e.code == 10003,
-        ErrorKind::InvalidArgument { .. } | ErrorKind::BsonSerialization(_) => true,
-        _ => {
-            let text = err.to_string();
-            text.contains("too large") || text.contains("exceeded maximum size")
-        }
     }
 }

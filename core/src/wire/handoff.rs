@@ -6,7 +6,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Document};
 
 use crate::fleet_time::Anchor;
-use crate::store::schema::task;
+use crate::model::schema::task;
 
 /// The handoff's field for the node's reading of the server's clock (`clock_document`).
 pub const CLOCK: &str = "clock";

@@ -8,7 +8,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::fleet_time;
 use crate::model::task::TaskEnd;
-use crate::store::{AttemptEnd, AttemptRecord, LiveOutput, LiveStream, StoredOutput, LIVE_TAIL};
+use crate::model::task::{
+    AttemptEnd, AttemptRecord, LiveOutput, LiveStream, StoredOutput, LIVE_TAIL,
+};
 
 /// The runner's descriptor for the node's answers (stdin closes after the handoff).
 pub const ANSWER_FD: i32 = 3;

@@ -62,7 +62,7 @@ mod tests {
 
     use super::*;
     use crate::model::task::TaskEnd;
-    use crate::store::{AttemptEnd, AttemptRecord};
+    use crate::model::task::{AttemptEnd, AttemptRecord};
 
     fn completion(pid: u32) -> Completion {
         Completion {

@@ -6,7 +6,8 @@ use serde_json::{json, Map, Value};
 
 use super::full_output;
 use super::nodes::non_negative;
-use super::tasks_create::{create_from, resolve_queue};
+use super::queues::resolve_queue;
+use super::tasks_create::create_from;
 use super::tasks_search::task_json;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;

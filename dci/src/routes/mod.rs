@@ -93,6 +93,17 @@ fn legacy(
     }
 }
 
+/// The routes this config serves (the legacy 4.0 task routes only when `web_extensions` names
+/// them), by method and path.
+pub fn served(config: &disbatch_core::config::Config) -> Vec<(Method, &'static str)> {
+    let legacy = crate::state::legacy_loaded(config);
+    table()
+        .into_iter()
+        .filter(|r| legacy || !r.legacy)
+        .map(|r| (r.method, r.path))
+        .collect()
+}
+
 pub fn table() -> Vec<Route> {
     vec![
         route(
@@ -483,7 +494,7 @@ pub fn router(state: AppState, policy: Policy) -> Router {
         .layer(from_fn_with_state(state.clone(), fresh_counts_after_writes))
         .layer(from_fn_with_state(Arc::new(policy), guard))
         .layer(map_response(security_headers))
-        .layer(from_fn_with_state(state.clone(), observe))
+        .layer(from_fn_with_state(state.web_metrics.clone(), observe))
         .with_state(state)
 }
 

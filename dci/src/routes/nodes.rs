@@ -6,7 +6,7 @@ use axum::response::Response;
 use bson::{Bson, Document};
 use disbatch_core::config::MAX_LOOP_INTERVAL;
 use disbatch_core::fleet_time;
-use disbatch_core::store::schema::node as field;
+use disbatch_core::model::schema::node as field;
 use disbatch_core::store::WriteCounts;
 use serde_json::{json, Value};
 

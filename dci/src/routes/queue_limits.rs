@@ -4,7 +4,7 @@
 use bson::{Bson, DateTime, Document};
 use disbatch_core::model::held::HeldLimit;
 use disbatch_core::model::limits::FlowLimits;
-use disbatch_core::store::schema::queue as field;
+use disbatch_core::model::schema::queue as field;
 use disbatch_core::store::QueueFlow;
 use serde_json::{json, Map, Value};
 

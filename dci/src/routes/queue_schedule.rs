@@ -3,7 +3,7 @@
 
 use bson::{Bson, Document};
 use disbatch_core::model::schedule::{self, LEADER_FIELDS};
-use disbatch_core::store::schema::queue as field;
+use disbatch_core::model::schema::queue as field;
 use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, ApiResult};

@@ -2,7 +2,7 @@
 //! fields): which role changes each, and reading their values from a request.
 
 use bson::Bson;
-use disbatch_core::store::schema::queue as field;
+use disbatch_core::model::schema::queue as field;
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};

@@ -7,7 +7,7 @@ use bson::{doc, Bson, Document};
 use disbatch_core::config::Role;
 use disbatch_core::fleet_time;
 use disbatch_core::model::retry_policy::RetryPolicy;
-use disbatch_core::store::schema::queue as field;
+use disbatch_core::model::schema::queue as field;
 use disbatch_core::store::{
     check_queue_fields, retry_document, QueueCounts, StatusGroup, WriteCounts,
 };
@@ -113,6 +113,23 @@ pub async fn find_id(state: &AppState, ident: &str) -> ApiResult<ObjectId> {
         .await?
         .get_object_id(field::ID)
         .map_err(|_| ApiError::bad_request(format!("queue {ident} has no ObjectId _id")))
+}
+
+/// `queue` is an id or a name; unknown → Disbatch's 400 "queue not found".
+pub async fn resolve_queue(state: &AppState, q: &Value) -> ApiResult<ObjectId> {
+    let ident = match q {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => o
+            .get("$oid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        other => other.to_string(),
+    };
+    let found = state.store.find_queue(&ident).await?;
+    found
+        .and_then(|d| d.get_object_id("_id").ok())
+        .ok_or_else(|| ApiError::bad_request("queue not found"))
 }
 
 /// One queue; with flow limits that hold claims, also `flow`: its budget and held tasks now

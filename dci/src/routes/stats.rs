@@ -9,7 +9,7 @@ use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
 use disbatch_core::fleet_time;
-use disbatch_core::store::schema::{queue as queue_field, stats};
+use disbatch_core::model::schema::{queue as queue_field, stats};
 use futures::StreamExt;
 use serde_json::{json, Value};
 

@@ -50,7 +50,7 @@ async fn held(
     state: &crate::state::AppState,
     task: &bson::Document,
 ) -> ApiResult<Option<disbatch_core::model::held::Held>> {
-    use disbatch_core::store::schema::task as field;
+    use disbatch_core::model::schema::task as field;
     use disbatch_core::store::StatusGroup;
     let queued = StatusGroup::of(task.get(field::STATUS)) == StatusGroup::Queued;
     let Ok(queue) = task.get_object_id(field::QUEUE) else {
@@ -225,7 +225,7 @@ impl OutputState {
 
 fn output_state(task: &bson::Document) -> OutputState {
     use disbatch_core::model::status;
-    let code = match task.get(disbatch_core::store::schema::task::STATUS) {
+    let code = match task.get(disbatch_core::model::schema::task::STATUS) {
         Some(Bson::Int32(n)) => Some(*n as i64),
         Some(Bson::Int64(n)) => Some(*n),
         Some(Bson::Double(n)) => Some(*n as i64),

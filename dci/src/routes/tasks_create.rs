@@ -11,6 +11,7 @@ use disbatch_core::store::{Created, Template, Timing, Waits};
 use disbatch_core::text::client_json;
 use serde_json::{json, Map, Value};
 
+use super::queues::resolve_queue;
 use crate::envelope;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
@@ -324,23 +325,6 @@ fn created_reply(created: &Created) -> Value {
         }
     }
     out
-}
-
-/// `queue` is an id or a name; unknown → Disbatch's 400 "queue not found".
-pub async fn resolve_queue(state: &AppState, q: &Value) -> ApiResult<ObjectId> {
-    let ident = match q {
-        Value::String(s) => s.clone(),
-        Value::Object(o) => o
-            .get("$oid")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
-        other => other.to_string(),
-    };
-    let found = state.store.find_queue(&ident).await?;
-    found
-        .and_then(|d| d.get_object_id("_id").ok())
-        .ok_or_else(|| ApiError::bad_request("queue not found"))
 }
 
 /// The keys of an entry of `tasks`.

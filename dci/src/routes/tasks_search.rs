@@ -2,13 +2,13 @@
 
 use axum::response::Response;
 use bson::{Bson, Document};
-use disbatch_core::store::schema::task as task_field;
+use disbatch_core::model::schema::task as task_field;
 use disbatch_core::store::QueryError;
 use serde_json::{json, Value};
 
 use super::full_output;
+use super::queues::resolve_queue;
 use super::task_filters;
-use super::tasks_create::resolve_queue;
 use futures::StreamExt;
 
 use crate::error::{ApiError, ApiResult};

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use serde_json::{json, Map, Value};
 
 use super::graph_body::{Dependencies, Dependency, GraphBody};
-use super::tasks_create::resolve_queue;
+use super::queues::resolve_queue;
 use crate::error::{ApiError, ApiResult};
 use crate::namespace::Ns;
 use crate::params::Params;

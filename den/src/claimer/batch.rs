@@ -7,8 +7,8 @@ use crate::claimer::plan::{lane_split, QueueClaims};
 use bson::oid::ObjectId;
 use bson::Document;
 use disbatch_core::fleet_time;
+use disbatch_core::model::schema::task;
 use disbatch_core::model::{Queue, QueueSort};
-use disbatch_core::store::schema::task;
 use disbatch_core::store::{
     claim_key, last_signal, Candidates, Pick, PickHolds, PickOutcome, SkipReason,
 };

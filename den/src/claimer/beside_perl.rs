@@ -9,8 +9,8 @@
 use crate::claimer::plan::{slot_bound_beside, QueueClaims};
 use bson::oid::ObjectId;
 use bson::Document;
+use disbatch_core::model::schema::task;
 use disbatch_core::model::Queue;
-use disbatch_core::store::schema::task;
 use disbatch_core::store::{Pick, QueueRunning};
 use disbatch_core::Result;
 

@@ -15,8 +15,8 @@ use std::time::Instant;
 use crate::claimer::plan::QueueClaims;
 use bson::oid::ObjectId;
 use disbatch_core::fleet_time;
+use disbatch_core::model::schema::queue as queue_field;
 use disbatch_core::model::Queue;
-use disbatch_core::store::schema::queue as queue_field;
 use disbatch_core::Result;
 
 use super::batch::BatchReport;

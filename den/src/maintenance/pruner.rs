@@ -10,8 +10,8 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use disbatch_core::fleet_time;
 use disbatch_core::model::retention::{Ended, Retention};
+use disbatch_core::model::schema::queue as field;
 use disbatch_core::model::Queue;
-use disbatch_core::store::schema::queue as field;
 use disbatch_core::store::{Pruned, Store};
 use disbatch_core::Result;
 

@@ -7,8 +7,8 @@ use bson::oid::ObjectId;
 use bson::Bson;
 use disbatch_core::fleet_time;
 use disbatch_core::model::schedule::{self, Plan, Schedule};
+use disbatch_core::model::schema::queue as field;
 use disbatch_core::model::Queue;
-use disbatch_core::store::schema::queue as field;
 use disbatch_core::store::{parse_queue, Store};
 use disbatch_core::Result;
 

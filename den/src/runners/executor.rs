@@ -19,69 +19,17 @@ use tokio::sync::Notify;
 
 use crate::metrics::outcome_label;
 use crate::runners::completer::Completer;
+pub use crate::runners::live::{Exited, Outcome};
+use crate::runners::live::{HostHandle, Live};
 use crate::runners::releaser::Releaser;
 use crate::runners::runner_deaths::RunnerDeaths;
 
 /// What an empty pipe takes without blocking on Linux (its default capacity).
 const PIPE_CAPACITY: usize = 64 * 1024;
 
-/// A runner this process started (or a task handed to its worker host), while it lives.
-#[derive(Debug, Clone)]
-pub(crate) struct Live {
-    pub task: ObjectId,
-    pub pid: u32,
-    pub queue: ObjectId,
-    pub slot: Option<u32>,
-    pub attempt: ObjectId,
-    pub started: Instant,
-    /// Run by the worker host of this pid, not by a runner of its own.
-    pub hosted: bool,
-}
-
-/// A runner that exited: the slot it held is free (unless another node took the task).
-#[derive(Debug, Clone)]
-pub struct Exited {
-    pub task: ObjectId,
-    pub queue: ObjectId,
-    pub slot: Option<u32>,
-    pub ran_for: Duration,
-    /// The runner process exited 0 (it recorded a result, which may be a failure).
-    pub success: bool,
-    /// How the attempt ended, one of `metrics::TASK_OUTCOMES`.
-    pub outcome: &'static str,
-    /// The attempt's end discarded its task (its retry policy out of attempts).
-    pub discarded: bool,
-    /// The attempt queued a retry claimable from this time (the fleet's), as far as the node
-    /// learned it.
-    pub retry_at: Option<bson::DateTime>,
-}
-
 /// How long a runner that exited 0 may leave its relay still finishing: it exits only after
 /// the node's answer, so the relay is done but for being scheduled.
 const RELAY_SETTLE: Duration = Duration::from_secs(1);
-
-/// How an attempt ended, as its node learned it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome {
-    /// One of `metrics::TASK_OUTCOMES`.
-    pub label: &'static str,
-    /// The attempt's end discarded its task (its retry policy out of attempts).
-    pub task_discarded: bool,
-    /// The attempt queued a retry claimable from this time.
-    pub retry_at: Option<bson::DateTime>,
-}
-
-impl Outcome {
-    pub const UNKNOWN: Outcome = Outcome::plain("unknown");
-
-    pub const fn plain(label: &'static str) -> Outcome {
-        Outcome {
-            label,
-            task_discarded: false,
-            retry_at: None,
-        }
-    }
-}
 
 /// Spawns runners and wakes the node loop when one exits (a slot may have freed up).
 #[derive(Debug, Clone)]
@@ -102,7 +50,7 @@ pub struct Executor {
     /// Recovers the tasks of runners that die without a result; None leaves them to leases.
     pub(crate) deaths: Option<RunnerDeaths>,
     /// The worker host running this node's persistent-queue tasks, once one is needed.
-    pub(crate) host: Arc<Mutex<Option<crate::runners::worker_host::HostHandle>>>,
+    pub(crate) host: Arc<Mutex<Option<HostHandle>>>,
     /// Settles what waits on the tasks in `waited_for` when they end; None leaves it to the
     /// maintenance leader's sweep.
     releaser: Option<Releaser>,

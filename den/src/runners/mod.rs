@@ -2,6 +2,7 @@
 
 pub mod completer;
 pub mod executor;
+pub mod live;
 pub mod releaser;
 pub mod runner_config;
 pub mod runner_deaths;

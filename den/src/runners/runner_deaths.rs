@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 
 use crate::maintenance::reaper::{recover_runner_death, recovery_label};
 use crate::metrics::{outcome_label, DenMetrics};
-use crate::runners::executor::Outcome;
+use crate::runners::live::Outcome;
 
 /// How long a dead runner's result relay may still be storing a result it handed over
 /// before dying; past it the task is left to its lease, never recovered over a result.
@@ -100,11 +100,11 @@ pub const STALE_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// its slot, and so the node's room, for as long as it hangs. Its end then frees the slot as
 /// any runner's death does; its plugin dies with it (its parent-death signal), and whatever
 /// it would still write is fenced off by its attempt. Returns how many were killed.
+/// `runners`: this node's own, as `Executor::own_runners` lists them (task, attempt, pid).
 pub async fn kill_stale_runners(
     store: &Store,
-    executor: &crate::runners::executor::Executor,
+    runners: Vec<(ObjectId, ObjectId, u32)>,
 ) -> disbatch_core::Result<usize> {
-    let runners = executor.own_runners();
     let attempts: Vec<ObjectId> = runners.iter().map(|(_, a, _)| *a).collect();
     let lost = store.lost_attempts(&attempts).await?;
     let mut killed = 0;

@@ -17,17 +17,11 @@ use tokio::process::{ChildStdout, Command};
 use tokio::sync::mpsc;
 
 use crate::metrics::outcome_label;
-use crate::runners::executor::{Executor, Live, Outcome};
+use crate::runners::executor::Executor;
+use crate::runners::live::{HostHandle, Live, Outcome};
 
 /// At most this many frames to the host in one write.
 const FRAMES_PER_WRITE: usize = 64;
-
-/// A running host: its pid and the sender of frames to its stdin.
-#[derive(Debug)]
-pub struct HostHandle {
-    pid: u32,
-    frames: mpsc::UnboundedSender<Document>,
-}
 
 impl Executor {
     /// Hands a claimed task of a persistent queue to this node's worker host, starting one

@@ -1,5 +1,6 @@
 //! A worker's messages as its host reads them: lines capped near the result limit, parsed
-//! into the few members the protocol reads, every other member skipped without being built.
+//! into the few members the protocol reads, every other member skipped without being built;
+//! and how a task given to a worker ended, as far as the protocol tells.
 
 use std::ops::Range;
 
@@ -8,7 +9,18 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
-use super::process::TaskEnd;
+use crate::outcome::Exit;
+
+/// How the task a worker was given ended, as far as the protocol tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskEnd {
+    /// `done`: the exit it reports and its result as JSON bytes (None for `null`).
+    Done { exit: i32, result: Option<Vec<u8>> },
+    /// The channel closed or the worker exited before `done`.
+    Died(Exit),
+    /// The worker said something the protocol does not allow; it was killed.
+    ProtocolError(String, Exit),
+}
 
 /// The longest line a worker may send, newline included (PROTOCOL.md, section 2): its
 /// largest message is a `done` whose result holds at most `MAX_DOCUMENT_SIZE`, with room

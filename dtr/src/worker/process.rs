@@ -19,21 +19,10 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
 
-use super::message::{parse_line, read_line, Message, MAX_WORKER_LINE};
+use super::message::{parse_line, read_line, Message, TaskEnd, MAX_WORKER_LINE};
 use crate::outcome::Exit;
 use crate::plugin_process::{plugin_may_see, stop_group, Identity};
 use crate::spool::SpoolPaths;
-
-/// How the task a worker was given ended, as far as the protocol tells.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TaskEnd {
-    /// `done`: the exit it reports and its result as JSON bytes (None for `null`).
-    Done { exit: i32, result: Option<Vec<u8>> },
-    /// The channel closed or the worker exited before `done`.
-    Died(Exit),
-    /// The worker said something the protocol does not allow; it was killed.
-    ProtocolError(String, Exit),
-}
 
 /// A started worker that has said `ready`.
 pub struct Worker {

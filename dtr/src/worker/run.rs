@@ -9,13 +9,14 @@ use disbatch_core::model::run_policy::OnLost;
 use disbatch_core::{Error, Result};
 use serde_json::{Map, Value};
 
+use super::message::TaskEnd;
 use super::pool::{Key, Lent, Pool};
-use super::process::{describe, TaskEnd, Worker};
+use super::process::{describe, Worker};
+use crate::attempt::{Ran, Run};
 use crate::capture::{conclude, lease_lost, unable_to_start, Ending};
 use crate::outcome::Exit;
 use crate::prepare::Prepared;
 use crate::record::Spool;
-use crate::runner::{Ran, Run};
 use crate::supervisor::{supervise, Stopped, Supervised, Wake};
 
 /// A worker running one task, as the supervisor sees it.

@@ -10,8 +10,8 @@ use anyhow::Context;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_core::config::{Component, Config};
+use disbatch_core::model::schema::{task, TASKS};
 use disbatch_core::model::{status, QueueSort};
-use disbatch_core::store::schema::{task, TASKS};
 use disbatch_core::store::{
     AttemptEnd, AttemptRecord, ClaimWindow, Pick, PickOutcome, Store, TaskEnd,
 };

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_core::model::schema::task;
 use disbatch_core::model::status;
-use disbatch_core::store::schema::task;
 use disbatch_core::store::Store;
 use serde::Serialize;
 

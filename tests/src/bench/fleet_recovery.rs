@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::model::status;
-use disbatch_core::store::schema::{
+use disbatch_core::model::schema::{
     lease, node, queue as qf, task, LEASES, MAINTENANCE_LEASE, NODES, QUEUES,
 };
+use disbatch_core::model::status;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::config::{Component, Config};
 use crate::error::{Error, Result};
-use crate::store::schema::{
+use crate::model::schema::{
     ATTEMPTS, BALANCE, BATCHES, CHUNKS, FILES, GRAPHS, LEASES, NODES, QUEUES, RATE_LIMITS,
     STATS_MINUTELY, TASKS, TASK_COUNTS,
 };

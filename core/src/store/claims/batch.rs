@@ -11,9 +11,9 @@ use mongodb::options::{ReturnDocument, UpdateModifications};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{task, TASKS};
 use crate::model::{status, QueueSort};
 use crate::store::claims::candidates::claimable;
-use crate::store::schema::{task, TASKS};
 use crate::store::{Moved, StatusGroup, Store, BULK_WRITE_MISSING};
 
 /// How many claimable tasks ahead a window reaches per node claiming from the queue: read
@@ -244,10 +244,10 @@ impl Store {
                         }
                     }),
                     Ok(None) => Ok(PickOutcome::Lost),
-                    Err(e) if crate::store::is_duplicate_key(&e) => {
+                    Err(e) if crate::driver_error::is_duplicate_key(&e) => {
                         Ok(duplicate_outcome(&e.to_string()))
                     }
-                    Err(e) => match crate::store::refusal(&e) {
+                    Err(e) => match crate::driver_error::refusal(&e) {
                         Some(reason) => Ok(PickOutcome::Refused(reason)),
                         None => Err(Error::mongo("claiming a task", e)),
                     },
@@ -303,8 +303,8 @@ impl Store {
                 }
                 (true, _) => PickOutcome::Lost,
                 (false, 11000) => duplicate_outcome(r.get_str("errmsg").unwrap_or("")),
-                (false, code) if crate::store::is_transient_code(code) => PickOutcome::Lost,
-                (false, code) => PickOutcome::Refused(crate::store::short_message(
+                (false, code) if crate::driver_error::is_transient_code(code) => PickOutcome::Lost,
+                (false, code) => PickOutcome::Refused(crate::driver_error::short_message(
                     r.get_str("errmsg").unwrap_or("no reason given"),
                     code,
                 )),

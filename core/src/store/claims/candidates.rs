@@ -6,8 +6,8 @@ use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{task, TASKS};
 use crate::model::{status, QueueSort};
-use crate::store::schema::{task, TASKS};
 use crate::store::{Candidates, StatusGroup, Store};
 
 impl Store {
@@ -122,7 +122,7 @@ impl Store {
             .await
         {
             Ok(done) => Ok(done),
-            Err(e) if crate::store::refusal(&e).is_some() => Ok(false),
+            Err(e) if crate::driver_error::refusal(&e).is_some() => Ok(false),
             Err(e) => Err(Error::mongo(format!("failing task {id}"), e)),
         }
     }

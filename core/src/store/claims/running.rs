@@ -6,8 +6,8 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
 use crate::error::Result;
+use crate::model::schema::{task, TASKS};
 use crate::model::status;
-use crate::store::schema::{task, TASKS};
 use crate::store::Store;
 
 /// Running (claimed or started) tasks as one aggregate saw them.

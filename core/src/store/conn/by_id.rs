@@ -25,7 +25,7 @@
 
 use bson::{doc, Bson, Document};
 
-use crate::store::schema::task;
+use crate::model::schema::task;
 
 /// The pipeline's own field: `{w: <the conditions hold>, o: <the field's earlier value>}`
 /// while the pipeline runs, put back as it was by its last stage. A name no writer of tasks

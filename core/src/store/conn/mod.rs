@@ -2,5 +2,7 @@
 
 pub(in crate::store) mod by_id;
 pub(in crate::store) mod decode;
+pub mod durability;
+pub(crate) mod indexes;
 pub(in crate::store) mod lookup;
 pub(in crate::store) mod topology;

@@ -4,7 +4,7 @@
 use bson::{doc, Bson, Document};
 use mongodb::options::{Acknowledgment, WriteConcern};
 
-use crate::durability::{assess, ServerDefault, ServerFacts, Topology, Verdict};
+use super::durability::{assess, ServerDefault, ServerFacts, Topology, Verdict};
 use crate::error::{Error, Result};
 use crate::fleet_time::{self, Reading};
 use crate::store::Store;
@@ -118,8 +118,8 @@ fn why_not(err: &mongodb::error::Error) -> String {
                 .collect();
             format!("code {}, {name}", e.code)
         }
-        _ => crate::store::server_message(err)
-            .unwrap_or_else(|| crate::store::unavailable_reason(err).to_string()),
+        _ => crate::driver_error::server_message(err)
+            .unwrap_or_else(|| crate::driver_error::unavailable_reason(err).to_string()),
     }
 }
 

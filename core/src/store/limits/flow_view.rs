@@ -9,10 +9,10 @@ use bson::{doc, Bson, DateTime, Document};
 use crate::error::{Error, Result};
 use crate::model::held::{self, key_text, FlowState, Held, HeldCounts, TaskFacts, Window};
 use crate::model::limits::{self, FlowLimits};
+use crate::model::schema::rate::OPEN;
+use crate::model::schema::{rate, task, RATE_LIMITS, TASKS};
 use crate::model::status;
 use crate::store::claims::candidates::claimable;
-use crate::store::schema::rate::OPEN;
-use crate::store::schema::{rate, task, RATE_LIMITS, TASKS};
 use crate::store::Store;
 
 /// The oldest claimable tasks a queue's held counts judge: bounds the read on a big backlog.

@@ -9,8 +9,8 @@ use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
 use crate::error::{Error, Result};
+use crate::model::schema::{task, TASKS};
 use crate::model::status;
-use crate::store::schema::{self, task, TASKS};
 use crate::store::Store;
 
 /// The key slots held in one queue, by key (the key's canonical text: see `key_text`).
@@ -69,12 +69,12 @@ impl HeldKeys {
 
 pub use crate::model::limits::key_text;
 
-/// A flow limit's unique index on tasks (`schema::limit_indexes`).
+/// A flow limit's unique index on tasks (`indexes::limit_indexes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitIndex {
     Unique = 0,
     KeySlots = 1,
-    /// Workflows' four (`schema::workflow_indexes`).
+    /// Workflows' four (`indexes::workflow_indexes`).
     Workflows = 2,
 }
 
@@ -91,11 +91,11 @@ impl Store {
         if made.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let [unique, key_slots] = schema::limit_indexes();
+        let [unique, key_slots] = crate::store::conn::indexes::limit_indexes();
         let models = match which {
             LimitIndex::Unique => vec![unique],
             LimitIndex::KeySlots => vec![key_slots],
-            LimitIndex::Workflows => schema::workflow_indexes(),
+            LimitIndex::Workflows => crate::store::conn::indexes::workflow_indexes(),
         };
         for model in models {
             let keys = model.keys.clone();
@@ -120,13 +120,13 @@ impl Store {
         }
         let names = match self.collection(TASKS).list_index_names().await {
             Ok(names) => names,
-            Err(e) if crate::store::refusal(&e).is_some() || is_unauthorized(&e) => {
+            Err(e) if crate::driver_error::refusal(&e).is_some() || is_unauthorized(&e) => {
                 tracing::debug!(error = %e, "cannot list the tasks' indexes: workflows are in use once a waited-for task is seen");
                 return Ok(false);
             }
             Err(e) => return Err(Error::mongo(format!("listing the indexes of {TASKS}"), e)),
         };
-        let in_use = names.contains(&schema::workflows_index_name());
+        let in_use = names.contains(&crate::store::conn::indexes::workflows_index_name());
         if in_use {
             made.store(true, Ordering::Relaxed);
         }

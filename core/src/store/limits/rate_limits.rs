@@ -24,8 +24,8 @@ use mongodb::options::ReturnDocument;
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::limits::RateLimit;
-use crate::store::schema::rate::{FIRST, OPEN};
-use crate::store::schema::{rate, RATE_LIMITS};
+use crate::model::schema::rate::{FIRST, OPEN};
+use crate::model::schema::{rate, RATE_LIMITS};
 use crate::store::Store;
 
 /// Grants less than `per / OPEN_SPAN_PARTS` after the open entry's time join it.
@@ -91,7 +91,7 @@ impl Store {
                     Ok(Some(raw)) => raw,
                     Ok(None) => return Err(Error::Invalid(format!("{context}: no window"))),
                     // Another node made the window first: the next pass asks it.
-                    Err(e) if crate::store::is_duplicate_key(&e) => {
+                    Err(e) if crate::driver_error::is_duplicate_key(&e) => {
                         return Ok(Grant::Starts {
                             n: 0,
                             ahead: 0,

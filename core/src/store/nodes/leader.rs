@@ -5,7 +5,7 @@ use std::time::Duration;
 use bson::DateTime;
 
 use crate::error::Result;
-use crate::store::schema::MAINTENANCE_LEASE;
+use crate::model::schema::MAINTENANCE_LEASE;
 use crate::store::Store;
 
 impl Store {

@@ -8,11 +8,11 @@ pub(in crate::store) mod views;
 use bson::doc;
 use mongodb::options::ReturnDocument;
 
-use super::schema::{node, NODES};
 use super::Store;
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::parse_limit;
+use crate::model::schema::{node, NODES};
 
 /// What a DEN reports about itself on each heartbeat (beyond Disbatch's `timestamp`).
 #[derive(Debug, Clone)]

@@ -6,8 +6,8 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
 use crate::error::{Error, Result};
+use crate::model::schema::{node, task, NODES, TASKS};
 use crate::model::status;
-use crate::store::schema::{node, task, NODES, TASKS};
 use crate::store::{Store, WriteCounts};
 
 impl Store {

@@ -3,7 +3,7 @@
 use bson::{doc, Document};
 
 use crate::error::{Error, Result};
-use crate::store::schema::BALANCE;
+use crate::model::schema::BALANCE;
 use crate::store::Store;
 
 impl Store {

@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
 
+use crate::driver_error::is_duplicate_key;
 use crate::error::{Error, Result};
 use crate::model::queue_balance::QueueState;
-use crate::model::{parse_limit, status};
-use crate::store::schema::{
+use crate::model::schema::{
     balance, lease, queue, task, BALANCE, LEASES, QUEUES, QUEUE_BALANCE_LEASE, TASKS,
 };
-use crate::store::{is_duplicate_key, Store};
+use crate::model::{parse_limit, status};
+use crate::store::Store;
 
 impl Store {
     /// Takes or renews the QueueBalance lease for `owner` until `now + duration`. False when

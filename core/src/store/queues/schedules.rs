@@ -6,16 +6,16 @@ use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{queue, task, QUEUES, TASKS};
 use crate::model::status;
-use crate::store::schema::{self, queue, task, QUEUES, TASKS};
 use crate::store::{Moved, StatusGroup, Store};
 
 impl Store {
-    /// Makes sure the schedules' unique index exists (`schema::schedule_index`): the leader
+    /// Makes sure the schedules' unique index exists (`indexes::schedule_index`): the leader
     /// calls it before its first scheduled task. Creating an index that exists is a no-op.
     pub async fn ensure_schedule_index(&self) -> Result<()> {
         self.collection(TASKS)
-            .create_index(schema::schedule_index())
+            .create_index(crate::store::conn::indexes::schedule_index())
             .await
             .map(|_| ())
             .map_err(|e| Error::mongo(format!("creating the schedules' index on {TASKS}"), e))
@@ -105,7 +105,7 @@ impl Store {
                     .await;
                 Ok(true)
             }
-            Err(e) if crate::store::is_duplicate_key(&e) => Ok(false),
+            Err(e) if crate::driver_error::is_duplicate_key(&e) => Ok(false),
             Err(e) => Err(Error::mongo(
                 format!("queueing the scheduled task of queue {id} for {tick}"),
                 e,

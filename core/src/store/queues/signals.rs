@@ -16,8 +16,8 @@ use bson::{doc, DateTime, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{queue, task, QUEUES, TASKS};
 use crate::model::status;
-use crate::store::schema::{queue, task, QUEUES, TASKS};
 use crate::store::{StatusGroup, Store};
 
 /// Least time between two signals of one queue from one process: a steady stream of single

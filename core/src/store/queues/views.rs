@@ -4,7 +4,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
 use crate::error::{Error, Result};
-use crate::store::schema::{queue, task, QUEUES, TASKS};
+use crate::model::schema::{queue, task, QUEUES, TASKS};
 use crate::store::{GroupCounts, StatusGroup, Store, WriteCounts};
 
 /// A write refused because another queue has `name` (the only unique index of queues besides
@@ -14,7 +14,7 @@ fn name_taken(
     name: &str,
     e: mongodb::error::Error,
 ) -> std::result::Result<Error, mongodb::error::Error> {
-    if crate::store::is_duplicate_key(&e) {
+    if crate::driver_error::is_duplicate_key(&e) {
         Ok(Error::Invalid(format!(
             "a queue named {name} already exists"
         )))

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use mongodb::change_stream::event::{ChangeStreamEvent, OperationType};
 
 use crate::error::{Error, Result};
-use crate::store::schema::{queue, task, QUEUES, TASKS};
+use crate::model::schema::{queue, task, QUEUES, TASKS};
 use crate::store::{StatusGroup, Store};
 use bson::{doc, Document};
 

@@ -8,9 +8,9 @@ use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{task, TASKS};
 use crate::model::status;
 use crate::store::recovery::lost_records::LostAttempt;
-use crate::store::schema::{task, TASKS};
 use crate::store::{StatusGroup, Store};
 
 /// What a renewal found.
@@ -243,7 +243,7 @@ impl Store {
         // Claimed and running are counted live: only where the task goes is counted.
         let moved = match self.collection(TASKS).update_one(filter, update).await {
             Ok(r) => r.modified_count == 1,
-            Err(e) => match crate::store::refusal(&e) {
+            Err(e) => match crate::driver_error::refusal(&e) {
                 // This task alone: the others are recovered all the same.
                 Some(why) => {
                     let id = t.id.to_hex();

@@ -7,9 +7,9 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson};
 
 use crate::error::{Error, Result};
+use crate::model::schema::{node, task, NODES, TASKS};
 use crate::model::status;
 use crate::store::recovery::leases::{expired_task, recovery_fields, ExpiredTask};
-use crate::store::schema::{node, task, NODES, TASKS};
 use crate::store::Store;
 
 impl Store {

@@ -10,7 +10,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
-use crate::store::schema::{attempt, task, unrecorded, unrecorded_field, ATTEMPTS, TASKS};
+use crate::model::schema::{attempt, task, unrecorded, unrecorded_field, ATTEMPTS, TASKS};
 use crate::store::Store;
 
 /// Tasks read per look for unwritten records; the rest wait for the next look.
@@ -159,7 +159,7 @@ impl Store {
                 match self.lost_record_write(&lost).await {
                     Ok(true) => written.push(lost),
                     Ok(false) => {}
-                    Err(e) => match crate::store::refusal(&e) {
+                    Err(e) => match crate::driver_error::refusal(&e) {
                         // This entry alone (written by hand, say): reported once, and the
                         // others are written all the same.
                         Some(why) => self.skips.skipped(

@@ -7,9 +7,9 @@ use bson::{doc, Bson, DateTime};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::task;
 use crate::model::status;
 use crate::store::claims::candidates::release_holds;
-use crate::store::schema::task;
 use crate::store::{StatusGroup, Store};
 
 impl Store {

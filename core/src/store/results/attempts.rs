@@ -5,8 +5,9 @@ use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{attempt, ATTEMPTS};
+use crate::model::task::{AttemptRecord, ResultOutput, StoredOutput};
 use crate::store::conn::decode::DocumentStream;
-use crate::store::schema::{attempt, ATTEMPTS};
 use crate::store::Store;
 
 /// The `outcome` of an attempt whose task succeeded.
@@ -16,58 +17,11 @@ const SUCCEEDED: &str = "succeeded";
 /// record's may not be.
 const ATTEMPTS_BATCH: u32 = 100;
 
-/// How an attempt ended.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AttemptEnd {
-    /// succeeded, failed, retry, cancelled, timed_out or discarded (the task had changed hands).
-    pub outcome: &'static str,
-    pub status: Option<i32>,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    /// The plugin's result-file object.
-    pub result: Option<Document>,
-    /// Why it ended so and what follows: a failure's cause, and its retry or discard.
-    pub reason: Option<String>,
-    /// The attempt's task was discarded with it: a failure no retry follows.
-    pub task_discarded: bool,
-    /// Where the result's `output` is when it was too large to keep in `result`.
-    pub output_file: Option<StoredOutput>,
-}
-
 /// One attempt as `newest_attempt` reads it.
 struct Newest {
     id: ObjectId,
     start: Option<DateTime>,
     output: Option<ResultOutput>,
-}
-
-/// A result `output` kept in GridFS, as JSON text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoredOutput {
-    pub file: ObjectId,
-    /// The JSON text's length.
-    pub bytes: u64,
-}
-
-/// A result's `output` as an attempt record holds it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ResultOutput {
-    Inline(Bson),
-    /// In GridFS, as JSON text: read with `Store::stream_output_file`.
-    File(StoredOutput),
-}
-
-/// A whole attempt record, written once when the attempt ends.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AttemptRecord {
-    pub id: ObjectId,
-    pub task: ObjectId,
-    pub queue: Option<ObjectId>,
-    pub node: String,
-    /// The runner's process id.
-    pub pid: u32,
-    pub start: DateTime,
-    pub end: AttemptEnd,
 }
 
 impl Store {
@@ -77,7 +31,7 @@ impl Store {
         let record = attempt_document(r);
         match self.collection(ATTEMPTS).insert_one(record).await {
             Ok(_) => Ok(true),
-            Err(e) if crate::store::is_duplicate_key(&e) => Ok(false),
+            Err(e) if crate::driver_error::is_duplicate_key(&e) => Ok(false),
             Err(e) => Err(Error::mongo(
                 format!("recording attempt {} of task {}", r.id, r.task),
                 e,

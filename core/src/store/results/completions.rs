@@ -9,9 +9,9 @@ use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{task, ATTEMPTS, TASKS};
 use crate::store::results::attempts::attempt_document;
 use crate::store::results::finish::{end_group, finish_statement};
-use crate::store::schema::{task, ATTEMPTS, TASKS};
 use crate::store::{OutputValue, Store, TaskEnd, BULK_WRITE_MISSING, BULK_WRITE_WORKS};
 use crate::wire::relay::{Ack, Completion};
 
@@ -313,7 +313,7 @@ impl Store {
                 ))
                 .await
                 .map_err(|e| Error::mongo("recording results for runners", e))?;
-        crate::store::warn_write_concern_error(&reply, "recording results for runners");
+        crate::driver_error::warn_write_concern_error(&reply, "recording results for runners");
         let matched = crate::store::count_value(reply.get("n"));
         let mut refused = Vec::new();
         if let Ok(errors) = reply.get_array("writeErrors") {

@@ -5,9 +5,9 @@ use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::task;
 use crate::model::status;
 use crate::model::task::{OutputValue, TaskEnd};
-use crate::store::schema::task;
 use crate::store::{StatusGroup, Store};
 
 /// The outcome of recording a result.
@@ -46,7 +46,7 @@ impl Store {
         match self.update_one_counted(filter, update, Some(to)).await {
             Ok(true) => Ok(FinishOutcome::Recorded),
             Ok(false) => Ok(FinishOutcome::NotOurs),
-            Err(e) if crate::store::is_document_too_large(&e) => Ok(FinishOutcome::TooLarge),
+            Err(e) if crate::driver_error::is_document_too_large(&e) => Ok(FinishOutcome::TooLarge),
             Err(e) => Err(Error::mongo(
                 format!("recording the result of task {id}"),
                 e,

@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
-use crate::store::schema::{chunk, file, CHUNKS, FILES};
+use crate::model::schema::{chunk, file, CHUNKS, FILES};
 use crate::store::Store;
 use crate::text::utf8::LossyDecoder;
 

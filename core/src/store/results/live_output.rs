@@ -8,33 +8,10 @@ use bson::{doc, Bson, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{live, task, TASKS};
 use crate::model::status;
-use crate::store::schema::{live, task, TASKS};
+use crate::model::task::{LiveOutput, LiveStream};
 use crate::store::Store;
-
-/// The most of each stream a live copy holds: its last 64 KiB. Two streams stay far below
-/// the 16 MiB a task document may hold, and a second's worth of most plugins' output.
-pub const LIVE_TAIL: u64 = 64 * 1024;
-
-/// What a live copy holds of one stream.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LiveStream {
-    /// The stream's bytes `from..bytes`, as UTF-8 (a character cut by the tail's start is
-    /// left out; one still being written waits for the next copy).
-    pub text: String,
-    /// Where `text` starts: this many bytes of the stream are not kept.
-    pub from: u64,
-    /// How many bytes of the stream `text` reaches.
-    pub bytes: u64,
-}
-
-/// One live copy of a running attempt's output.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveOutput {
-    pub attempt: ObjectId,
-    pub stdout: LiveStream,
-    pub stderr: LiveStream,
-}
 
 /// What became of a live copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +43,7 @@ impl Store {
         match self.collection(TASKS).update_one(filter, update).await {
             Ok(r) if r.matched_count == 0 => Ok(LiveWrite::NotOurs),
             Ok(_) => Ok(LiveWrite::Written),
-            Err(e) if crate::store::is_document_too_large(&e) => Ok(LiveWrite::TooLarge),
+            Err(e) if crate::driver_error::is_document_too_large(&e) => Ok(LiveWrite::TooLarge),
             Err(e) => Err(Error::mongo(
                 format!("writing the live output of task {task_id}"),
                 e,

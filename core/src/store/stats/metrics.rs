@@ -8,8 +8,8 @@ use bson::{doc, Bson, DateTime};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{node, queue, NODES};
 use crate::model::{parse_limit, status};
-use crate::store::schema::{node, queue, NODES};
 use crate::store::{GroupCounts, Store};
 
 /// The status groups metrics count tasks in; `Other` is any status Disbatch does not define.

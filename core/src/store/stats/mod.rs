@@ -10,9 +10,9 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
 use super::conn::decode::DocumentStream;
-use super::schema::{attempt, stats, ATTEMPTS, STATS_MINUTELY};
 use super::Store;
 use crate::error::{Error, Result};
+use crate::model::schema::{attempt, stats, ATTEMPTS, STATS_MINUTELY};
 
 /// Buckets per batch of a read: a bucket holds a line per node, and a week of them must not
 /// sit in memory at once (the server's own batches reach 16 MiB).
@@ -259,7 +259,7 @@ impl Store {
             match result {
                 Ok(_) => {}
                 // Another writer inserted it between our look and our insert.
-                Err(e) if super::is_duplicate_key(&e) => {}
+                Err(e) if crate::driver_error::is_duplicate_key(&e) => {}
                 Err(e) => return Err(Error::mongo("writing statistics", e)),
             }
         }

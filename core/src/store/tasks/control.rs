@@ -6,9 +6,9 @@ use bson::{doc, Bson, DateTime};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{chunk, file, task, CHUNKS, FILES, TASKS};
 use crate::model::status;
 use crate::store::claims::candidates::release_holds;
-use crate::store::schema::{chunk, file, task, CHUNKS, FILES, TASKS};
 use crate::store::{StatusGroup, Store, WriteCounts};
 
 /// The result of an action on one task.

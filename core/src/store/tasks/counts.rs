@@ -25,8 +25,8 @@ use futures::TryStreamExt;
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{counts, queue, task, QUEUES, TASKS, TASK_COUNTS};
 use crate::model::status;
-use crate::store::schema::{counts, queue, task, QUEUES, TASKS, TASK_COUNTS};
 use crate::store::{StatusGroup, Store};
 
 /// Tasks of one queue by status group, indexed as `StatusGroup::ALL`, and how many of the
@@ -389,7 +389,7 @@ impl Store {
                     let fresh = doc! {counts::ID: q, counts::SEQ: 0_i64};
                     match self.collection(TASK_COUNTS).insert_one(fresh).await {
                         Ok(_) => due.push((q, Bson::Int64(0), None)),
-                        Err(e) if crate::store::is_duplicate_key(&e) => {}
+                        Err(e) if crate::driver_error::is_duplicate_key(&e) => {}
                         Err(e) => return Err(Error::mongo("creating task counts", e)),
                     }
                 }

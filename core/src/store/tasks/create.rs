@@ -7,7 +7,7 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
 use crate::error::{Error, Result};
-use crate::store::schema::task;
+use crate::model::schema::task;
 use crate::store::Store;
 
 /// Tasks inserted per round trip when creating from a collection: bounded memory however

@@ -13,12 +13,12 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use mongodb::options::ReturnDocument;
 
-use super::schema::{task, TASKS};
 use super::tasks::create::{Created, Timing};
 use super::tasks::unique::{stamp_unique_key, Fate};
 use super::{StatusGroup, Store};
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{task, TASKS};
 use crate::model::status;
 
 impl Store {

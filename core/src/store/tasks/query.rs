@@ -6,7 +6,7 @@ use futures::TryStreamExt;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::store::schema::{task, TASKS};
+use crate::model::schema::{task, TASKS};
 use crate::store::Store;
 
 /// The field lists of the `tasks` indexes, `_id` spelled `id`, prefixes of others dropped.
@@ -217,7 +217,7 @@ impl Store {
             .into_iter()
             .filter(|i| {
                 i.options.as_ref().and_then(|o| o.name.as_deref())
-                    != Some(crate::store::schema::FAILURES_INDEX)
+                    != Some(crate::store::conn::indexes::FAILURES_INDEX)
             })
             .map(|i| i.keys)
             .collect();

@@ -10,8 +10,8 @@ use mongodb::IndexModel;
 
 use crate::error::{Error, Result};
 use crate::model::retention::Ended;
+use crate::model::schema::{attempt, chunk, file, task, ATTEMPTS, CHUNKS, FILES, TASKS};
 use crate::model::status;
-use crate::store::schema::{attempt, chunk, file, task, ATTEMPTS, CHUNKS, FILES, TASKS};
 use crate::store::{Moved, StatusGroup, Store};
 
 /// The index pruning reads by: a queue's tasks in one status, by age. Made when a policy is

@@ -7,7 +7,7 @@ use bson::oid::ObjectId;
 
 use crate::error::Result;
 use crate::fleet_time;
-use crate::store::schema::task;
+use crate::model::schema::task;
 use crate::store::{GroupCounts, StatusGroup, Store};
 
 /// One queue's units by state. `other` holds Disbatch's orphaned, cancelled, blocked and

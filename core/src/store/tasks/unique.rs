@@ -18,7 +18,7 @@ use bson::{doc, Bson, DateTime, Document};
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::limits::{self, Unique};
-use crate::store::schema::{queue, task, QUEUES, TASKS};
+use crate::model::schema::{queue, task, QUEUES, TASKS};
 use crate::store::Store;
 
 /// Writes one creation tries before giving up: each failed try means another creator wrote
@@ -171,7 +171,7 @@ impl Store {
                 // A server may answer a refusal as the command's own error, not per document
                 // (SecantusDB does for an index entry no document shows): which went in is
                 // then read back.
-                _ if crate::store::is_duplicate_key(&e) => {
+                _ if crate::driver_error::is_duplicate_key(&e) => {
                     let ids: Vec<Bson> = sent
                         .iter()
                         .filter_map(|&i| docs[i].get(task::ID).cloned())
@@ -246,7 +246,7 @@ impl Store {
             }
             match self.collection(TASKS).insert_one(&doc).await {
                 Ok(_) => return Ok(Fate::New),
-                Err(e) if crate::store::is_duplicate_key(&e) => {
+                Err(e) if crate::driver_error::is_duplicate_key(&e) => {
                     if let Some(filter) = &other {
                         if self.exists(filter.clone()).await? {
                             return Ok(Fate::OtherIndex);

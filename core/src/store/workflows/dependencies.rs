@@ -16,9 +16,9 @@ use futures::TryStreamExt;
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{queue as queue_field, task, QUEUES, TASKS};
 use crate::model::status;
 use crate::model::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
-use crate::store::schema::{queue as queue_field, task, QUEUES, TASKS};
 use crate::store::workflows::releases::{list_len, object_ids, short_waits, SHORT};
 use crate::store::{Created, LimitIndex, Moved, StatusGroup, Store, Timing};
 

@@ -13,10 +13,10 @@ use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{task, workflow, BATCHES, GRAPHS, TASKS};
 use crate::model::status;
 use crate::model::workflow::{OnDependencyFailure, MAX_WORKFLOW_TASKS};
 use crate::store::claims::candidates::release_holds;
-use crate::store::schema::{task, workflow, BATCHES, GRAPHS, TASKS};
 use crate::store::{LimitIndex, Moved, StatusGroup, Store};
 
 /// Tasks of a graph inserted per write.
@@ -446,7 +446,7 @@ impl Store {
             .await;
         match all {
             Ok(r) => return Ok(r.modified_count),
-            Err(e) if !crate::store::is_document_too_large(&e) => {
+            Err(e) if !crate::driver_error::is_document_too_large(&e) => {
                 return Err(Error::mongo("cancelling a graph's or batch's tasks", e))
             }
             // Some may have been written before the one too large: one by one from here.
@@ -466,7 +466,7 @@ impl Store {
                 .update_one(filter.clone(), set(true))
                 .await
             {
-                Err(e) if crate::store::is_document_too_large(&e) => {
+                Err(e) if crate::driver_error::is_document_too_large(&e) => {
                     tracing::warn!(task = %id, "cancelled a task without its reason: its document is too large to take one");
                     self.collection(TASKS).update_one(filter, set(false)).await
                 }

@@ -22,8 +22,8 @@ use bson::{doc, Bson, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
+use crate::model::schema::{task, workflow, BATCHES, TASKS};
 use crate::model::status;
-use crate::store::schema::{task, workflow, BATCHES, TASKS};
 use crate::store::{Moved, Settled, StatusGroup, Store};
 
 /// Lists longer than this are counted down by a whole read and a conditional write, and are
@@ -340,7 +340,7 @@ impl Store {
             .await;
         let (moved, to) = match released {
             Ok(r) => (r.modified_count, Released::Queued),
-            Err(e) if crate::store::is_document_too_large(&e) => {
+            Err(e) if crate::driver_error::is_document_too_large(&e) => {
                 // Status and mtime keep their sizes and the waits go: the document shrinks.
                 let r = self
                     .collection(TASKS)

@@ -1,26 +1,17 @@
 //! Work units: tasks with a key unique in their queue, added or updated as the caller asks.
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, DateTime, Document};
+use bson::{doc, Bson, Document};
 
 use crate::error::{Error, Result};
 use crate::fleet_time;
 use crate::model::limits::Unique;
+use crate::model::schema::{task, TASKS};
 use crate::model::status;
+use crate::model::task::Unit;
 use crate::store::claims::candidates::release_holds;
-use crate::store::schema::{task, TASKS};
 use crate::store::tasks::unique::{contended, stamp_unique_key, Fate, Turn, TRIES};
 use crate::store::{Store, Waits};
-
-/// A unit to add: its key, its params (Coordinate's data), and optional scheduling fields.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Unit {
-    pub key: String,
-    pub params: Document,
-    /// Coordinate's priorities are floats: 2.7 is stored and ordered as 2.7.
-    pub priority: Option<f64>,
-    pub not_before: Option<DateTime>,
-}
 
 /// What to do with a key the queue already has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,7 +262,7 @@ impl Store {
                 Ok(true) => return Ok(Requeue::Done),
                 Ok(false) => return Ok(Requeue::Busy),
                 // Only the unique key can collide: the unit keeps its own key and no slot.
-                Err(e) if crate::store::is_duplicate_key(&e) && unique.is_some() => {}
+                Err(e) if crate::driver_error::is_duplicate_key(&e) && unique.is_some() => {}
                 Err(e) => return Err(Error::mongo(context(), e)),
             }
         }

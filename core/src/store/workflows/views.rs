@@ -7,8 +7,8 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::error::{Error, Result};
+use crate::model::schema::{task, workflow, BATCHES, GRAPHS, TASKS};
 use crate::model::workflow::MAX_WORKFLOW_TASKS;
-use crate::store::schema::{task, workflow, BATCHES, GRAPHS, TASKS};
 use crate::store::workflows::graphs::{
     StatusCounts, WorkflowSummary, WorkflowTask, BATCH_MEMBERS_SHOWN,
 };
