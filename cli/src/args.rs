@@ -11,7 +11,7 @@ use clap_complete::Shell;
 /// DISBATCH_PASSWORD; `--token-file PATH` (or DISBATCH_TOKEN) sends a Bearer token.
 /// Neither is ever printed.
 #[derive(Parser, Debug)]
-#[command(name = "disbatch", version = disbatch_core::LONG_VERSION, about)]
+#[command(name = "disbatch", version = disbatch_model::LONG_VERSION, about)]
 pub struct Args {
     /// Base URL of disbatch-web.
     #[arg(

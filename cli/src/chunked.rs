@@ -138,7 +138,7 @@ pub async fn upload(
         };
         if let Some(out) = json_out.as_deref_mut() {
             let line = reply.value.to_string();
-            writeln!(out, "{}", disbatch_core::text::printable::json_text(&line))?;
+            writeln!(out, "{}", disbatch_model::text::printable::json_text(&line))?;
         }
         created += n as u64;
         for (index, matched) in crate::envelope::duplicates(&reply.value) {

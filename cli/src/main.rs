@@ -38,7 +38,7 @@ async fn main() -> ExitCode {
         // Redacted (create-users reads a config with passwords) and escaped: the server's
         // message may quote a stored name.
         Err(e) => {
-            disbatch_core::process::logging::print_error(&format!("{e:#}"));
+            disbatch_config::process::logging::print_error(&format!("{e:#}"));
             ExitCode::from(disbatch_cli::exit::status_for(&e))
         }
     }

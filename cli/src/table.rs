@@ -29,7 +29,7 @@ impl Table {
     pub fn row(&mut self, cells: Vec<String>) {
         let mut cells: Vec<String> = cells
             .into_iter()
-            .map(|c| match disbatch_core::text::printable::shown(&c) {
+            .map(|c| match disbatch_model::text::printable::shown(&c) {
                 std::borrow::Cow::Borrowed(_) => c,
                 std::borrow::Cow::Owned(escaped) => escaped,
             })
@@ -119,7 +119,7 @@ mod tests {
         assert!(
             !text
                 .chars()
-                .any(|c| c != '\n' && disbatch_core::text::printable::is_hidden(c)),
+                .any(|c| c != '\n' && disbatch_model::text::printable::is_hidden(c)),
             "{text:?}"
         );
         assert!(text.contains("red\\u{1b}[31m"), "{text}");

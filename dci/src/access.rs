@@ -7,7 +7,7 @@ use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use disbatch_core::config::{Role, WebToken};
+use disbatch_config::{Role, WebToken};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 

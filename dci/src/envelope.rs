@@ -1,7 +1,7 @@
 //! The Perl driver's result envelopes (`MongoDB::InsertManyResult`, …), which clients parse.
 
 use bson::oid::ObjectId;
-use disbatch_core::store::WriteCounts;
+use disbatch_store::WriteCounts;
 use serde_json::{json, Value};
 
 use crate::render::{bson, Dates};

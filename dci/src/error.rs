@@ -40,9 +40,9 @@ impl ApiError {
     }
 }
 
-impl From<disbatch_core::Error> for ApiError {
-    fn from(e: disbatch_core::Error) -> Self {
-        use disbatch_core::Error as E;
+impl From<disbatch_store::Error> for ApiError {
+    fn from(e: disbatch_store::Error) -> Self {
+        use disbatch_store::Error as E;
         match &e {
             // Disbatch's shape: the driver's exception class as the key, its message as
             // `error`; the server's words only, as the Perl driver stringified them.

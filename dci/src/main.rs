@@ -6,16 +6,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use disbatch_core::config::{Component, Config};
-use disbatch_core::serve::{serve_counted, Limits};
-use disbatch_core::store::Store;
+use disbatch_config::{Component, Config};
 use disbatch_dci::origin::Policy;
 use disbatch_dci::{router, tls, AppState};
+use disbatch_serve::{serve_counted, Limits};
+use disbatch_store::Store;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Disbatch command interface: the JSON REST API.
 #[derive(Parser, Debug)]
-#[command(name = "disbatch-web", version = disbatch_core::LONG_VERSION, about)]
+#[command(name = "disbatch-web", version = disbatch_model::LONG_VERSION, about)]
 struct Args {
     #[arg(long, default_value = "/etc/disbatch/config.json")]
     config: PathBuf,
@@ -27,12 +27,12 @@ struct Args {
     check_config: Option<PathBuf>,
     /// Log lines as `text` or `json` (one object per line); wins over `log_format`.
     #[arg(long, value_name = "FORMAT")]
-    log_format: Option<disbatch_core::process::logging::LogFormat>,
+    log_format: Option<disbatch_config::process::logging::LogFormat>,
 }
 
 fn main() -> std::process::ExitCode {
     // The error is printed redacted, never as Rust's default Debug report with the URI in it.
-    disbatch_core::process::logging::exit_status(run())
+    disbatch_config::process::logging::exit_status(run())
 }
 
 fn run() -> anyhow::Result<()> {
@@ -51,19 +51,19 @@ async fn serve() -> anyhow::Result<()> {
     if let Some(path) = &args.check_config {
         return disbatch_dci::check_config::check_config(path);
     }
-    let started = disbatch_core::config::startup::start_with_config(&args.config, args.log_format)?;
+    let started = disbatch_config::startup::start_with_config(&args.config, args.log_format)?;
     // Now, before anything slow: SIGHUP's default action would end the server.
     let hangups = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     for warning in &started.loaded.warnings {
         tracing::warn!(config = %args.config.display(), "{warning}");
     }
-    for warning in disbatch_core::config::exposed_secret_files(&args.config, &started.value) {
+    for warning in disbatch_config::exposed_secret_files(&args.config, &started.value) {
         tracing::warn!("{warning}");
     }
     let config = started.loaded.config;
     // Every connection holds a descriptor: 512 of them (web.max_connections' default) would
     // leave a 1024 soft limit little for the database pool, GridFS reads and the rest.
-    match disbatch_core::process::open_files::raise_open_file_limit() {
+    match disbatch_config::process::open_files::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
     }
@@ -92,7 +92,7 @@ async fn serve() -> anyhow::Result<()> {
     if let Err(e) = store.ensure_indexes().await {
         tracing::warn!(error = %e, "could not ensure indexes; serving anyway");
     }
-    let listener = disbatch_core::serve::bind(&listen)
+    let listener = disbatch_serve::bind(&listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
     let local = listener

@@ -10,8 +10,8 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
-use disbatch_core::serve::ConnectionGauges;
-use disbatch_core::text::printable::shown;
+use disbatch_model::text::printable::shown;
+use disbatch_serve::ConnectionGauges;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
@@ -65,7 +65,7 @@ impl WebMetrics {
             &["method", "route"],
         )?;
         registry.register(Box::new(duration.clone()))?;
-        disbatch_core::serve::ops_metrics::register(&registry)?;
+        disbatch_serve::ops_metrics::register(&registry)?;
         let connections = ConnectionGauges::new("web")?;
         connections.register(&registry)?;
         for (method, route) in routes {

@@ -9,7 +9,7 @@ use axum::http::header::{CONTENT_TYPE, HOST, ORIGIN, REFERER, USER_AGENT};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use disbatch_core::config::{is_ip_literal, normal_host, split_host_port, WebOrigin, WebSettings};
+use disbatch_config::{is_ip_literal, normal_host, split_host_port, WebOrigin, WebSettings};
 
 use crate::error::ApiError;
 

@@ -9,7 +9,7 @@ fn web(allowed_hosts: &[&str], allowed_origins: &[&str]) -> WebSettings {
         "web": {"allowed_hosts": allowed_hosts, "allowed_origins": allowed_origins},
     })
     .to_string();
-    disbatch_core::config::Config::parse(std::path::Path::new("/c.json"), &text)
+    disbatch_config::Config::parse(std::path::Path::new("/c.json"), &text)
         .expect("config")
         .config
         .web

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use disbatch_core::config::reload::reread;
-use disbatch_core::config::{keep_keys, read_capped, token_files, WebToken, MAX_SECRET_BYTES};
-use disbatch_core::process::logging::Logging;
+use disbatch_config::process::logging::Logging;
+use disbatch_config::reload::reread;
+use disbatch_config::{keep_keys, read_capped, token_files, WebToken, MAX_SECRET_BYTES};
 
 use crate::access::Access;
 
@@ -64,7 +64,7 @@ impl Reloader {
     /// Reloads on every SIGHUP until the process ends.
     pub async fn run(mut self, hangups: tokio::signal::unix::Signal) {
         let path = self.path.clone();
-        disbatch_core::config::reload::reload_on_hangup(&path, hangups, || self.reload()).await;
+        disbatch_config::reload::reload_on_hangup(&path, hangups, || self.reload()).await;
     }
 
     /// Reads the file again; applies it whole or, when it is not valid, not at all. Either

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use disbatch_core::store::{CountsReading, Store};
+use disbatch_store::{CountsReading, Store};
 
 /// How old a shared reading may be: the console refreshes every 2 s, so each refresh sees
 /// counts read since its last one, whatever the number of tabs.
@@ -33,7 +33,7 @@ pub struct SharedCounts {
 impl SharedCounts {
     /// The current reading of `store`'s database, reading it if none is fresh. Callers that
     /// arrive while a read is in flight wait for it instead of starting their own.
-    pub async fn get(&self, store: &Store) -> disbatch_core::error::Result<Arc<CountsReading>> {
+    pub async fn get(&self, store: &Store) -> disbatch_store::error::Result<Arc<CountsReading>> {
         let slot = {
             let mut slots = match self.slots.lock() {
                 Ok(s) => s,

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use disbatch_core::config::Config;
-use disbatch_core::serve::readiness::Readiness;
-use disbatch_core::store::Store;
+use disbatch_config::Config;
+use disbatch_serve::readiness::Readiness;
+use disbatch_store::Store;
 
 use crate::access::Access;
 use crate::observe::WebMetrics;

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use disbatch_core::config::Config;
+use disbatch_config::Config;
 
 use crate::runners::executor::{check_runner, default_runner};
 
@@ -13,14 +13,16 @@ pub fn check_config(path: &Path) -> anyhow::Result<()> {
         Ok(loaded) => node_checks(&loaded.config, loaded.warnings),
         Err(problems) => (problems, Vec::new()),
     };
-    disbatch_core::config::reload::report_check(path, &problems, &warnings)
-        .map_err(anyhow::Error::msg)
+    disbatch_config::reload::report_check(path, &problems, &warnings).map_err(anyhow::Error::msg)
 }
 
-/// What disbatchd itself refuses at start (a runner it cannot execute), and what it only
-/// warns about (plugins not installed, `plugin_user` without root).
+/// What disbatchd itself refuses at start (a `mongohost` the driver cannot use, a runner it
+/// cannot execute), and what it only warns about (plugins not installed, `plugin_user`
+/// without root).
 fn node_checks(config: &Config, mut warnings: Vec<String>) -> (Vec<String>, Vec<String>) {
-    let mut problems = Vec::new();
+    let mut problems: Vec<String> = disbatch_store::mongohost_problem(config)
+        .into_iter()
+        .collect();
     if let Err(e) = check_runner(&default_runner(config.task_runner.as_deref())) {
         let key = if config.task_runner.is_some() {
             "key `task_runner`"

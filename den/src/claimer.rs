@@ -15,9 +15,9 @@ use std::time::Instant;
 use crate::claimer::plan::{node_room, plan_claims, QueueClaims, QueueState};
 use crate::claimer::shares::{share_room, SpecState};
 use bson::oid::ObjectId;
-use disbatch_core::model::Queue;
-use disbatch_core::store::{ClaimWindow, NodeLimit, SkipReason, Store};
-use disbatch_core::Result;
+use disbatch_model::Queue;
+use disbatch_store::Result;
+use disbatch_store::{ClaimWindow, NodeLimit, SkipReason, Store};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 

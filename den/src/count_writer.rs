@@ -2,7 +2,7 @@
 //! times a second, so a busy node makes one count write per queue per period instead of one
 //! per batch.
 
-use disbatch_core::store::{Store, DEFERRED_COUNTS_MAX_AGE};
+use disbatch_store::{Store, DEFERRED_COUNTS_MAX_AGE};
 use tokio::task::JoinHandle;
 
 /// Runs until dropped; the store's `shutdown` writes what is left after it.

@@ -1,8 +1,8 @@
 //! The start-up line on durability: whether claims, leases and results the server
 //! acknowledges survive its failover, with what to set when they do not.
 
-use disbatch_core::store::durability::Verdict;
-use disbatch_core::store::Store;
+use disbatch_store::durability::Verdict;
+use disbatch_store::Store;
 
 /// Asks the server once and logs one line: a warning when a failover could roll back
 /// acknowledged writes, else what was found. Never stops the node.

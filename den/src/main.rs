@@ -4,10 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use disbatch_core::config::Component;
-use disbatch_core::process::logging::LogFormat;
-use disbatch_core::serve::readiness::Readiness;
-use disbatch_core::store::Store;
+use disbatch_config::process::logging::LogFormat;
+use disbatch_config::Component;
 use disbatch_den::claimer::Claimer;
 use disbatch_den::metrics::http::serve_metrics;
 use disbatch_den::metrics::DenMetrics;
@@ -17,11 +15,13 @@ use disbatch_den::runners::executor::{check_runner, default_runner, Executor};
 use disbatch_den::runners::runner_deaths::RunnerDeaths;
 use disbatch_den::wake::notifier::Notifier;
 use disbatch_den::Node;
+use disbatch_serve::readiness::Readiness;
+use disbatch_store::Store;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Disbatch execution node: claims tasks from MongoDB and runs them through task runners.
 #[derive(Parser, Debug)]
-#[command(name = "disbatchd", version = disbatch_core::LONG_VERSION, about)]
+#[command(name = "disbatchd", version = disbatch_model::LONG_VERSION, about)]
 struct Args {
     /// Node config file (Disbatch 4 JSON; comments and trailing commas allowed).
     #[arg(long, default_value = "/etc/disbatch/config.json")]
@@ -40,9 +40,9 @@ struct Args {
 fn main() -> std::process::ExitCode {
     // Before any thread exists: plugins (often this user's processes) must not read this
     // node's environment or memory through /proc, nor inherit what our parent left open.
-    let hardened = disbatch_core::process::isolation::harden_process();
+    let hardened = disbatch_config::process::isolation::harden_process();
     // The error is printed redacted, never as Rust's default Debug report with the URI in it.
-    disbatch_core::process::logging::exit_status(run(hardened))
+    disbatch_config::process::logging::exit_status(run(hardened))
 }
 
 fn run(hardened: Result<(), String>) -> anyhow::Result<()> {
@@ -63,7 +63,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     }
     let config_path = std::path::absolute(&args.config)
         .with_context(|| format!("config path {}", args.config.display()))?;
-    let started = disbatch_core::config::startup::start_with_config(&config_path, args.log_format)?;
+    let started = disbatch_config::startup::start_with_config(&config_path, args.log_format)?;
     // Now, before anything slow: SIGHUP's default action would end the node.
     let hangups = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     if let Err(e) = hardened {
@@ -72,7 +72,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     for warning in &started.loaded.warnings {
         tracing::warn!(config = %config_path.display(), "{warning}");
     }
-    for warning in disbatch_core::config::exposed_secret_files(&config_path, &started.value) {
+    for warning in disbatch_config::exposed_secret_files(&config_path, &started.value) {
         tracing::warn!("{warning}");
     }
     let config = started.loaded.config;
@@ -92,7 +92,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         }
         tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "plugins run as `plugin_user`");
     }
-    match disbatch_core::process::open_files::raise_open_file_limit() {
+    match disbatch_config::process::open_files::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
     }
@@ -114,7 +114,7 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     // Bound before anything else starts, so a taken port stops the node at once.
     let (stopping, stop_seen) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.metrics_listen {
-        let listener = disbatch_core::serve::bind(&addr.to_string())
+        let listener = disbatch_serve::bind(&addr.to_string())
             .await
             .with_context(|| format!("binding `metrics_listen` {addr}"))?;
         let bound = listener

@@ -6,10 +6,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use disbatch_core::model::run_policy::MIN_LEASE;
-use disbatch_core::process::backoff::Backoff;
-use disbatch_core::store::{Heartbeat, HeartbeatReply, NodeLimit, Store};
-use disbatch_core::Result;
+use disbatch_config::process::backoff::Backoff;
+use disbatch_model::run_policy::MIN_LEASE;
+use disbatch_store::Result;
+use disbatch_store::{Heartbeat, HeartbeatReply, NodeLimit, Store};
 
 use crate::claimer::{Claimer, PassReport, Reading};
 use crate::count_writer::CountWriter;
@@ -336,7 +336,7 @@ impl Node {
                         // at the next reading.
                         self.balancer.tick(&self.store, &self.name).await;
                     }
-                    Ok::<_, disbatch_core::Error>(report)
+                    Ok::<_, disbatch_store::Error>(report)
                 };
                 tokio::pin!(pass);
                 tokio::select! {
@@ -452,7 +452,7 @@ impl Node {
             .heartbeat(&Heartbeat {
                 node: &self.name,
                 pid: std::process::id(),
-                version: disbatch_core::VERSION,
+                version: disbatch_model::VERSION,
                 running: runners.len() as u32,
                 runtimes: self.runtimes.as_deref(),
                 runners: &runners,

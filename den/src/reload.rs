@@ -4,10 +4,10 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use disbatch_core::config::plugins::PluginTable;
-use disbatch_core::config::reload::reread;
-use disbatch_core::config::{keep_keys, Config};
-use disbatch_core::process::logging::Logging;
+use disbatch_config::plugins::PluginTable;
+use disbatch_config::process::logging::Logging;
+use disbatch_config::reload::reread;
+use disbatch_config::{keep_keys, Config};
 use tokio::sync::watch;
 
 use crate::claimer::plugin_check::PluginCheck;
@@ -144,7 +144,7 @@ impl Reloader {
     /// Reloads on every SIGHUP until the process ends.
     pub async fn run(mut self, hangups: tokio::signal::unix::Signal) {
         let path = self.path.clone();
-        disbatch_core::config::reload::reload_on_hangup(&path, hangups, || self.reload()).await;
+        disbatch_config::reload::reload_on_hangup(&path, hangups, || self.reload()).await;
     }
 
     /// Reads the file again; applies it whole or, when it is not valid, not at all.
@@ -202,10 +202,10 @@ impl Reloader {
 /// the accepted config is (None when the copy cannot be made: runners then read the file).
 pub fn runner_setup(
     accepted: &serde_json::Value,
-    format: disbatch_core::process::logging::LogFormat,
+    format: disbatch_config::process::logging::LogFormat,
 ) -> (Option<RunnerConfig>, Vec<(OsString, OsString)>) {
-    use disbatch_core::config::ACCEPTED_CONFIG_ENV;
-    use disbatch_core::process::logging::LOG_FORMAT_ENV;
+    use disbatch_config::process::logging::LOG_FORMAT_ENV;
+    use disbatch_config::ACCEPTED_CONFIG_ENV;
     let mut env = vec![(LOG_FORMAT_ENV.into(), format.as_str().into())];
     let copy = match RunnerConfig::create(accepted) {
         Ok(copy) => {

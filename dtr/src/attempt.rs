@@ -3,8 +3,8 @@
 
 use bson::oid::ObjectId;
 use bson::Document;
-use disbatch_core::config::Config;
-use disbatch_core::store::StoredOutput;
+use disbatch_config::Config;
+use disbatch_store::StoredOutput;
 
 use crate::connection::LazyStore;
 use crate::node_link::LiveRelay;
@@ -22,7 +22,7 @@ pub(crate) struct RunFacts {
     pub spilled_output: Option<Vec<u8>>,
     pub output_file: Option<StoredOutput>,
     /// The queue to chain into and the units the result's `output` names, when both exist.
-    pub chain: Option<(String, Vec<disbatch_core::store::Unit>)>,
+    pub chain: Option<(String, Vec<disbatch_store::Unit>)>,
     /// How the supervisor ended the run, when it was not a plain exit.
     pub stopped: Option<Stopped>,
     /// Why the attempt ended so and what follows (a retry, a discard), for its record.

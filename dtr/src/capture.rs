@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use bson::{Bson, DateTime, Document};
-use disbatch_core::fleet_time;
-use disbatch_core::model::retry_policy::FailureKind;
-use disbatch_core::model::status;
-use disbatch_core::store::TaskEnd;
-use disbatch_core::{Error, Result};
+use disbatch_model::fleet_time;
+use disbatch_model::retry_policy::FailureKind;
+use disbatch_model::status;
+use disbatch_store::TaskEnd;
+use disbatch_store::{Error, Result};
 
 use crate::attempt::{Ran, Run, RunFacts};
 use crate::outcome::Exit;
@@ -286,8 +286,7 @@ pub(crate) async fn conclude(
     };
     let chain = match (&prepared.then, output) {
         (Some(then), Some(output)) => {
-            let chained =
-                disbatch_core::model::chaining::units_from_output(&output, fleet_time::now());
+            let chained = disbatch_model::chaining::units_from_output(&output, fleet_time::now());
             for problem in &chained.problems {
                 let line = format!("chaining to queue {then:?}: {problem}");
                 note = Some(match note.take() {
@@ -327,7 +326,7 @@ pub(crate) async fn conclude(
 /// A plugin that could not start: the task fails with the reason as its stderr.
 pub(crate) fn unable_to_start(run: &Run<'_>, reason: String) -> Ran {
     // The reason may quote the plugin's stderr: escaped, it cannot forge lines in the log.
-    tracing::warn!(task = %run.task, "{}", disbatch_core::text::printable::escape(&reason));
+    tracing::warn!(task = %run.task, "{}", disbatch_model::text::printable::escape(&reason));
     let done = Finished {
         task: run.task,
         node: run.node.to_string(),

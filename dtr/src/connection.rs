@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use disbatch_core::config::{Component, Config};
-use disbatch_core::store::Store;
-use disbatch_core::Result;
+use disbatch_config::{Component, Config};
+use disbatch_store::Result;
+use disbatch_store::Store;
 use tokio::sync::OnceCell;
 
 /// A `Store` that connects when first asked for; clones share one connection.

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use disbatch_core::model::output::MAX_DOCUMENT_SIZE;
-use disbatch_core::store::{LiveOutput, LiveStream, LiveWrite, LIVE_TAIL};
-use disbatch_core::wire::relay::LiveCopy;
+use disbatch_model::output::MAX_DOCUMENT_SIZE;
+use disbatch_model::wire::relay::LiveCopy;
+use disbatch_store::{LiveOutput, LiveStream, LiveWrite, LIVE_TAIL};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use crate::connection::LazyStore;

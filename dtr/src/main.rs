@@ -5,17 +5,17 @@ use std::path::PathBuf;
 use anyhow::Context;
 use bson::oid::ObjectId;
 use clap::Parser;
-use disbatch_core::config::Config;
-use disbatch_core::model::output::GfsMode;
+use disbatch_config::Config;
 use disbatch_dtr::connection::LazyStore;
 use disbatch_dtr::node_link::{read_handoff, NodeLink};
 use disbatch_dtr::runner::{run_handed_off, run_task};
 use disbatch_dtr::supervisor::Wake;
+use disbatch_model::output::GfsMode;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// Runs one task claimed by a Disbatch node and records its result.
 #[derive(Parser, Debug)]
-#[command(name = "disbatch-task-runner", version = disbatch_core::LONG_VERSION, about)]
+#[command(name = "disbatch-task-runner", version = disbatch_model::LONG_VERSION, about)]
 struct Args {
     #[arg(long)]
     config: PathBuf,
@@ -44,13 +44,13 @@ async fn main() {
     // First: the plugin this runner starts (often of the same user) must not read its
     // environment or memory through /proc, nor inherit what the node left open. The answer
     // pipe is marked too: the runner still takes it (close-on-exec acts only at exec).
-    let hardened = disbatch_core::process::isolation::harden_process();
+    let hardened = disbatch_config::process::isolation::harden_process();
     // The node's format: the runner's lines go to the node's stderr, among its own.
-    let format = std::env::var(disbatch_core::process::logging::LOG_FORMAT_ENV)
+    let format = std::env::var(disbatch_config::process::logging::LOG_FORMAT_ENV)
         .ok()
         .and_then(|f| f.parse().ok())
         .unwrap_or_default();
-    let logging = disbatch_core::process::logging::init(format, "info");
+    let logging = disbatch_config::process::logging::init(format, "info");
     if let Err(e) = hardened {
         tracing::warn!("{e}");
     }
@@ -66,7 +66,10 @@ async fn main() {
     std::process::exit(code)
 }
 
-async fn run(args: Args, logging: disbatch_core::process::logging::Logging) -> anyhow::Result<()> {
+async fn run(
+    args: Args,
+    logging: disbatch_config::process::logging::Logging,
+) -> anyhow::Result<()> {
     // First, before the task starts: SIGUSR1's default action would kill the runner, and the
     // node sends it to point out a cancel request.
     let wake = signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
@@ -94,7 +97,7 @@ async fn run(args: Args, logging: disbatch_core::process::logging::Logging) -> a
         let handoff = read_handoff().await.map_err(anyhow::Error::msg)?;
         // The node's reading of the server's clock: this runner's times are the fleet's.
         if let Some(anchor) = handoff.clock {
-            disbatch_core::fleet_time::adopt(anchor);
+            disbatch_model::fleet_time::adopt(anchor);
         }
         anyhow::ensure!(
             handoff.task_id() == Some(task),
@@ -117,8 +120,8 @@ async fn run(args: Args, logging: disbatch_core::process::logging::Logging) -> a
 /// The config the node accepted when it says where its copy is (an edit of the file that a
 /// reload refused must not reach new tasks), else the `--config` file. Relative paths in
 /// either resolve against the `--config` file's directory.
-fn load_config(path: &std::path::Path) -> anyhow::Result<disbatch_core::config::Loaded> {
-    if let Some(copy) = std::env::var_os(disbatch_core::config::ACCEPTED_CONFIG_ENV) {
+fn load_config(path: &std::path::Path) -> anyhow::Result<disbatch_config::Loaded> {
+    if let Some(copy) = std::env::var_os(disbatch_config::ACCEPTED_CONFIG_ENV) {
         match std::fs::read_to_string(&copy) {
             Ok(text) => return Ok(Config::parse(path, &text)?),
             // The node stopped and removed it: the file is the best there is.

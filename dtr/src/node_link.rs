@@ -7,8 +7,8 @@ use std::os::unix::fs::FileTypeExt;
 use std::time::Duration;
 
 use bson::Document;
-use disbatch_core::wire::handoff::Handoff;
-use disbatch_core::wire::relay::{read_frame, write_frame, Ack, Completion, LiveCopy, ANSWER_FD};
+use disbatch_model::wire::handoff::Handoff;
+use disbatch_model::wire::relay::{read_frame, write_frame, Ack, Completion, LiveCopy, ANSWER_FD};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use disbatch_core::model::output::{MAX_DOCUMENT_SIZE, RESULT_INLINE_LIMIT};
-use disbatch_core::model::retry_policy::{FailureKind, RetryDecision, RetryPolicy};
-use disbatch_core::model::status;
-use disbatch_core::store::TaskEnd;
+use disbatch_model::output::{MAX_DOCUMENT_SIZE, RESULT_INLINE_LIMIT};
+use disbatch_model::retry_policy::{FailureKind, RetryDecision, RetryPolicy};
+use disbatch_model::status;
+use disbatch_store::TaskEnd;
 use std::collections::BTreeMap;
 
-use disbatch_core::text::client_json::{json_shape, MAX_DEPTH};
+use disbatch_model::text::client_json::{json_shape, MAX_DEPTH};
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -198,7 +198,7 @@ fn parse_result(bytes: &[u8]) -> Result<Option<ResultFile>, String> {
         budget -= shape.values;
         let value: Value =
             serde_json::from_str(raw.get()).map_err(|e| format!("it is not valid JSON ({e})"))?;
-        disbatch_core::text::client_json::check_encodable_keys(&value, &format!("result.{name}"))
+        disbatch_model::text::client_json::check_encodable_keys(&value, &format!("result.{name}"))
             .map_err(unstorable)?;
         object.insert(name, value);
     }
@@ -586,7 +586,7 @@ mod tests {
     fn a_policy_retries_the_failures_it_names_until_attempts_run_out() {
         let p = RetryPolicy::new(
             3,
-            disbatch_core::model::retry_policy::Backoff::Exponential,
+            disbatch_model::retry_policy::Backoff::Exponential,
             1.0,
             60.0,
             0.0,

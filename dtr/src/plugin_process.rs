@@ -6,9 +6,9 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use disbatch_core::config::plugin_env::PluginEnv;
-use disbatch_core::config::PluginUser;
-use disbatch_core::process::isolation::CloexecRanges;
+use disbatch_config::plugin_env::PluginEnv;
+use disbatch_config::process::isolation::CloexecRanges;
+use disbatch_config::PluginUser;
 use nix::libc;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -129,7 +129,7 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
 /// Whether a variable of the runner's reaches a plugin: allow-listed, and never one of the
 /// worker protocol's (a dual-mode plugin would take it as a call to run as a worker).
 pub fn plugin_may_see(env: &PluginEnv, name: &str) -> bool {
-    env.allows(name) && !name.starts_with(disbatch_core::model::worker_policy::RESERVED_ENV_PREFIX)
+    env.allows(name) && !name.starts_with(disbatch_model::worker_policy::RESERVED_ENV_PREFIX)
 }
 
 /// The ids a plugin of `plugin_user` takes on, ready for use between fork and exec.

@@ -3,11 +3,11 @@
 
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
-use disbatch_core::config::Config;
-use disbatch_core::model::run_policy::RunPolicy;
-use disbatch_core::model::schema::task as field;
-use disbatch_core::model::worker_policy::WorkerPolicy;
-use disbatch_core::model::Queue;
+use disbatch_config::Config;
+use disbatch_model::run_policy::RunPolicy;
+use disbatch_model::schema::task as field;
+use disbatch_model::worker_policy::WorkerPolicy;
+use disbatch_model::Queue;
 
 /// A task ready to run.
 pub struct Prepared {

@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use disbatch_core::model::output::{
+use disbatch_model::output::{
     dropped_output_text, plan_output, GfsMode, Placement, MAX_DOCUMENT_SIZE,
 };
-use disbatch_core::store::{FinishOutcome, OutputValue, Store, TaskEnd};
-use disbatch_core::{Error, Result};
+use disbatch_store::{Error, Result};
+use disbatch_store::{FinishOutcome, OutputValue, Store, TaskEnd};
 
 /// Spool files up to this size are read without leaving the runtime's thread.
 const READ_IN_PLACE: u64 = 64 * 1024;
@@ -225,7 +225,7 @@ where
 {
     let started = std::time::Instant::now();
     let mut delays =
-        disbatch_core::process::backoff::Backoff::new(Duration::from_millis(100), MAX_DELAY);
+        disbatch_config::process::backoff::Backoff::new(Duration::from_millis(100), MAX_DELAY);
     let mut attempt: u32 = 1;
     loop {
         match op().await {

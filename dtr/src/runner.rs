@@ -3,18 +3,18 @@
 
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use disbatch_core::config::Config;
-use disbatch_core::fleet_time;
-use disbatch_core::model::output::{plan_output, GfsMode, Placement};
-use disbatch_core::model::run_policy::DEFAULT_LEASE;
-use disbatch_core::model::schema::task as field;
-use disbatch_core::model::status;
-use disbatch_core::store::{
+use disbatch_config::Config;
+use disbatch_model::fleet_time;
+use disbatch_model::output::{plan_output, GfsMode, Placement};
+use disbatch_model::run_policy::DEFAULT_LEASE;
+use disbatch_model::schema::task as field;
+use disbatch_model::status;
+use disbatch_model::wire::handoff::Handoff;
+use disbatch_model::wire::relay::{Ack, Completion, MAX_RELAYED_OUTPUT};
+use disbatch_store::Result;
+use disbatch_store::{
     parse_queue, AttemptEnd, AttemptRecord, FinishOutcome, OnConflict, StoredOutput, TaskEnd,
 };
-use disbatch_core::wire::handoff::Handoff;
-use disbatch_core::wire::relay::{Ack, Completion, MAX_RELAYED_OUTPUT};
-use disbatch_core::Result;
 
 use crate::attempt::{Ran, Run, RunFacts};
 use crate::capture::run_and_capture;
@@ -60,7 +60,7 @@ pub async fn run_handed_off(
 ) -> Result<RunReport> {
     let started = handoff.started_at.unwrap_or_else(DateTime::now);
     let task = handoff.task.get_object_id(field::ID).map_err(|_| {
-        disbatch_core::Error::Invalid("the handed-over task has no ObjectId _id".into())
+        disbatch_store::Error::Invalid("the handed-over task has no ObjectId _id".into())
     })?;
     let queue: QueueLookup = Ok(parse_queue(&handoff.queue).ok());
     let relay = link
@@ -343,10 +343,10 @@ async fn store_result_output(
 /// after the result was recorded as this attempt's, so a superseded run chains nothing; a
 /// failure here is logged and never changes the finished task.
 async fn chain_output(
-    store: &disbatch_core::store::Store,
+    store: &disbatch_store::Store,
     task: ObjectId,
     then: &str,
-    units: &[disbatch_core::store::Unit],
+    units: &[disbatch_store::Unit],
 ) {
     if units.is_empty() {
         return;
@@ -379,5 +379,5 @@ async fn chain_output(
 /// How many attempts have started since an operator last retried the task, this one
 /// included (`attempts` is incremented on start): what its policy and `max_retries` count.
 fn attempts_started(doc: &Document) -> i64 {
-    disbatch_core::store::attempts_counted(doc)
+    disbatch_store::attempts_counted(doc)
 }

@@ -6,8 +6,8 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use disbatch_core::config::PluginUser;
-use disbatch_core::model::output::MAX_DOCUMENT_SIZE;
+use disbatch_config::PluginUser;
+use disbatch_model::output::MAX_DOCUMENT_SIZE;
 use nix::libc;
 use tokio::io::AsyncReadExt;
 

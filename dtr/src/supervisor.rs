@@ -6,8 +6,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use disbatch_core::model::run_policy::RunPolicy;
-use disbatch_core::store::LeaseState;
+use disbatch_model::run_policy::RunPolicy;
+use disbatch_store::LeaseState;
 use tokio::signal::unix::Signal;
 use tokio::sync::mpsc;
 

@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 
 /// Floods hold thousands of sockets in this process too: lift its soft limit to the hard one.
 pub fn raise_open_file_limit() -> u64 {
-    disbatch_core::process::open_files::raise_open_file_limit().expect("raise RLIMIT_NOFILE")
+    disbatch_config::process::open_files::raise_open_file_limit().expect("raise RLIMIT_NOFILE")
 }
 
 /// Resident memory of a process, in KiB (`VmRSS`).

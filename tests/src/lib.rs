@@ -149,15 +149,12 @@ impl TestDb {
 
     /// A store on this database as a DEN connects (indexes ensured), for tests of the store
     /// itself.
-    pub async fn den_store(&self) -> disbatch_core::store::Store {
+    pub async fn den_store(&self) -> disbatch_store::Store {
         let path = write_config(self, "store.json", serde_json::json!({}));
-        let loaded = disbatch_core::config::Config::load(&path).expect("config");
-        let store = disbatch_core::store::Store::connect(
-            &loaded.config,
-            disbatch_core::config::Component::Den,
-        )
-        .await
-        .expect("connect");
+        let loaded = disbatch_config::Config::load(&path).expect("config");
+        let store = disbatch_store::Store::connect(&loaded.config, disbatch_config::Component::Den)
+            .await
+            .expect("connect");
         store.ensure_indexes().await.expect("indexes");
         store
     }
@@ -171,7 +168,7 @@ impl TestDb {
             .await
             .expect("find task")
             .expect("task exists");
-        disbatch_core::text::raw_doc::from_raw(&raw).expect("decode task")
+        disbatch_model::text::raw_doc::from_raw(&raw).expect("decode task")
     }
 
     /// A task's attempt records, oldest first.

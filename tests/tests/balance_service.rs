@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::config::{Component, Config};
-use disbatch_core::model::queue_balance::{Health, LocalTime};
-use disbatch_core::store::Store;
+use disbatch_config::{Component, Config};
 use disbatch_den::maintenance::balancer::{BalanceReport, BalanceRun, Balancer, ThreadChange};
+use disbatch_model::queue_balance::{Health, LocalTime};
+use disbatch_store::Store;
 use disbatch_tests::{write_config, TestDb};
 use serde_json::{json, Value};
 

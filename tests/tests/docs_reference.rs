@@ -28,7 +28,7 @@ fn the_config_reference_lists_exactly_the_keys_the_reader_accepts() {
             )),
         }
     }
-    let accepted: BTreeSet<String> = disbatch_core::config::accepted_keys().into_iter().collect();
+    let accepted: BTreeSet<String> = disbatch_config::accepted_keys().into_iter().collect();
     for key in accepted.difference(&documented) {
         problems.push(format!(
             "`{key}` is accepted by the config reader but missing from docs/src/operating/config.md"
@@ -42,7 +42,7 @@ fn the_config_reference_lists_exactly_the_keys_the_reader_accepts() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// Where each field module of `core/src/model/schema.rs` lives: (collection, path prefix).
+/// Where each field module of `core/model/src/schema.rs` lives: (collection, path prefix).
 fn module_collections(module: &str) -> Option<Vec<(&'static str, &'static str)>> {
     Some(match module {
         "task" => vec![("tasks", "")],
@@ -68,8 +68,8 @@ const NOT_COLLECTIONS: &[&str] = &["GRIDFS_BUCKET", "QUEUE_BALANCE_LEASE", "MAIN
 
 /// The schema module read as text: its collection constants and, per `pub mod`, its fields.
 fn schema_module() -> (Vec<String>, BTreeMap<String, Vec<String>>) {
-    let path = repo_root().join("core/src/model/schema.rs");
-    let text = std::fs::read_to_string(&path).expect("core/src/model/schema.rs");
+    let path = repo_root().join("core/model/src/schema.rs");
+    let text = std::fs::read_to_string(&path).expect("core/model/src/schema.rs");
     let string_const = |line: &str| -> Option<(String, String)> {
         let rest = line.trim().strip_prefix("pub const ")?;
         let (name, rest) = rest.split_once(':')?;
@@ -207,7 +207,7 @@ async fn exported_families(test: &str) -> (TestDb, BTreeSet<String>) {
 /// The source of the DEN, the DCI and core, where every family's name is written.
 fn source_text() -> String {
     let mut text = String::new();
-    for dir in ["den/src", "dci/src", "core/src"] {
+    for dir in ["den/src", "dci/src", "core"] {
         let mut stack = vec![repo_root().join(dir)];
         while let Some(d) = stack.pop() {
             for entry in std::fs::read_dir(&d).expect("read source dir").flatten() {

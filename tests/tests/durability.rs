@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bson::doc;
-use disbatch_core::store::durability::Topology;
+use disbatch_store::durability::Topology;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 

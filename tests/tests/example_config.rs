@@ -1,6 +1,6 @@
 //! The shipped example config stays valid as keys are added.
 
-use disbatch_core::config::Config;
+use disbatch_config::Config;
 
 #[test]
 fn config_example_json_parses_without_warnings() {

@@ -62,7 +62,7 @@ async fn limits_are_set_and_cleared_through_the_api_and_bad_ones_name_their_fiel
         .await;
     assert_eq!(s, 200, "{body}");
     let stored = queue_doc(&db, "q").await;
-    let limits = disbatch_core::model::limits::parse(&stored).expect("a node reads them");
+    let limits = disbatch_model::limits::parse(&stored).expect("a node reads them");
     assert_eq!(
         limits.rate.map(|r| (r.starts, r.per)),
         Some((50, Duration::from_secs(10)))
@@ -183,7 +183,7 @@ async fn work_specs_set_limits_and_a_reload_without_them_removes_them() {
         "unique": {"key": "params.id", "states": ["queued"]}});
     let (s, body) = dci.post("/specs", json!({"specs": [spec]})).await;
     assert_eq!(s, 200, "{body}");
-    let limits = disbatch_core::model::limits::parse(&queue_doc(&db, "s").await).expect("limits");
+    let limits = disbatch_model::limits::parse(&queue_doc(&db, "s").await).expect("limits");
     assert_eq!(limits.rate.map(|r| r.max_partitions), Some(50));
     assert_eq!(limits.concurrency.map(|c| c.max), Some(1));
     assert!(limits.unique.is_some());
@@ -232,7 +232,7 @@ async fn the_cli_sets_shows_and_clears_limits() {
     );
     assert!(ok, "{text}");
     assert!(text.starts_with("Set the limits of queue q"), "{text}");
-    let limits = disbatch_core::model::limits::parse(&queue_doc(&db, "q").await).expect("limits");
+    let limits = disbatch_model::limits::parse(&queue_doc(&db, "q").await).expect("limits");
     let rate = limits.rate.expect("rate");
     assert_eq!(
         (
@@ -271,7 +271,7 @@ async fn the_cli_sets_shows_and_clears_limits() {
     let (ok, text) =
         output(&dci.cli(&["update-queue", "q", "concurrency", r#"{"key": "params.b"}"#]));
     assert!(ok, "{text}");
-    let limits = disbatch_core::model::limits::parse(&queue_doc(&db, "q").await).expect("limits");
+    let limits = disbatch_model::limits::parse(&queue_doc(&db, "q").await).expect("limits");
     assert_eq!(
         limits.concurrency.map(|c| c.key),
         Some("params.b".to_string())
@@ -284,7 +284,7 @@ async fn the_cli_sets_shows_and_clears_limits() {
     // A period as people write it.
     let (ok, text) = output(&dci.cli(&["limits", "q", "--rate", "5/min"]));
     assert!(ok, "{text}");
-    let limits = disbatch_core::model::limits::parse(&queue_doc(&db, "q").await).expect("limits");
+    let limits = disbatch_model::limits::parse(&queue_doc(&db, "q").await).expect("limits");
     let rate = limits.rate.expect("a rate limit");
     assert_eq!((rate.starts, rate.per.as_secs()), (5, 60), "{rate:?}");
     drop(dci);

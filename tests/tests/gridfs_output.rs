@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use disbatch_core::config::{Component, Config};
-use disbatch_core::store::Store;
+use disbatch_config::{Component, Config};
+use disbatch_store::Store;
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::json;
 

@@ -15,7 +15,7 @@ const READ: &str = "health-read-token-0123456789abcdef";
 /// The most a probe may take to answer. This bound is the property: a probe answers within
 /// a prober's usual timeout (1–10 s) even while the database is down, because its ping gives
 /// up after 1.5 s (`readiness::PING_TIMEOUT`) instead of waiting out server selection (10 s,
-/// core/src/store/mod.rs). 7 s leaves over 5 s for load on top of the ping's limit and
+/// core/store/src/lib.rs). 7 s leaves over 5 s for load on top of the ping's limit and
 /// still fails a probe that waits for server selection.
 const PROBE_ANSWERS_WITHIN: Duration = Duration::from_secs(7);
 
@@ -111,7 +111,7 @@ async fn den_probes_follow_the_database() {
 
 #[test]
 fn every_program_prints_its_version_and_git_sha() {
-    let sha = disbatch_core::GIT_SHA;
+    let sha = disbatch_model::GIT_SHA;
     for program in [
         "disbatchd",
         "disbatch-web",
@@ -126,7 +126,7 @@ fn every_program_prints_its_version_and_git_sha() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(
             text.trim(),
-            format!("{program} {} (git {sha})", disbatch_core::VERSION)
+            format!("{program} {} (git {sha})", disbatch_model::VERSION)
         );
     }
     // Built from this checkout: the sha is its HEAD's (a tarball build says "unknown").
@@ -151,8 +151,8 @@ fn assert_build_and_process(text: &str, who: &str) {
         e.value(
             "disbatch_build_info",
             &[
-                ("version", disbatch_core::VERSION),
-                ("git_sha", disbatch_core::GIT_SHA)
+                ("version", disbatch_model::VERSION),
+                ("git_sha", disbatch_model::GIT_SHA)
             ]
         ),
         Some(1.0),

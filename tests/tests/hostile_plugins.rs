@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
-use disbatch_core::config::plugin_env::PluginEnv;
+use disbatch_config::plugin_env::PluginEnv;
 use disbatch_tests::{bin_path, write_config, Den, TestDb};
 use serde_json::{json, Value};
 

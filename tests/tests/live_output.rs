@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
-use disbatch_core::store::{
-    FinishOutcome, LiveOutput, LiveStream, LiveWrite, OutputValue, TaskEnd,
-};
+use disbatch_store::{FinishOutcome, LiveOutput, LiveStream, LiveWrite, OutputValue, TaskEnd};
 use disbatch_tests::{
     bin_path, scaled, wait_for, write_config, Backoff, Browser, Dci, Den, TestDb,
 };
@@ -494,7 +492,7 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
     let recovered = store
         .recover_task(
             t,
-            disbatch_core::store::Recovery::Requeue {
+            disbatch_store::Recovery::Requeue {
                 keep_key_slot: false,
             },
             "test",

@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use bson::Document;
-use disbatch_core::store::LIVE_TAIL;
+use disbatch_store::LIVE_TAIL;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 

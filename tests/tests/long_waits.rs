@@ -5,8 +5,8 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
-use disbatch_core::model::workflow::OnDependencyFailure;
-use disbatch_core::store::{BatchTask, Settled, Store, Waits};
+use disbatch_model::workflow::OnDependencyFailure;
+use disbatch_store::{BatchTask, Settled, Store, Waits};
 use disbatch_tests::TestDb;
 
 /// More than a round reads of a list (`SHORT`, 64), so the long path counts them down.

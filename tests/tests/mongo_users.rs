@@ -442,8 +442,8 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
 
     // Our additions that the run above does not reach: the DCI's index creation (it only
     // warns when refused), lease recovery closing an attempt, a failed upload's cleanup.
-    let loaded = disbatch_core::config::Config::load(&config).expect("config");
-    disbatch_core::store::Store::connect(&loaded.config, disbatch_core::config::Component::Web)
+    let loaded = disbatch_config::Config::load(&config).expect("config");
+    disbatch_store::Store::connect(&loaded.config, disbatch_config::Component::Web)
         .await
         .expect("connect as disbatch_web")
         .ensure_indexes()

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use bson::{doc, Document};
-use disbatch_core::config::Config;
+use disbatch_config::Config;
 use disbatch_tests::{bin_path, Dci, Den, Launch, TestDb};
 use futures::TryStreamExt;
 

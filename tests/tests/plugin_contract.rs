@@ -4,8 +4,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use bson::{doc, Binary, Document};
-use disbatch_core::config::{Component, Config};
-use disbatch_core::store::Store;
+use disbatch_config::{Component, Config};
+use disbatch_store::Store;
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::{json, Value};
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::model::limits::RateLimit;
-use disbatch_core::store::{Grant, Store};
+use disbatch_model::limits::RateLimit;
+use disbatch_store::{Grant, Store};
 use disbatch_tests::TestDb;
 
 fn limit(starts: u32, per_ms: u64) -> RateLimit {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
-use disbatch_core::store::{AttemptEnd, AttemptRecord, FinishOutcome, OutputValue, Store, TaskEnd};
-use disbatch_core::wire::relay::{Ack, Completion};
+use disbatch_model::wire::relay::{Ack, Completion};
+use disbatch_store::{AttemptEnd, AttemptRecord, FinishOutcome, OutputValue, Store, TaskEnd};
 use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
 

@@ -562,7 +562,7 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
     // lease's end less the grace. Its task for missed ticks is there, once. A gap the load
     // made shorter may have missed none: at most one.
     let grace_ms =
-        disbatch_core::model::schedule::grace(Duration::from_millis(LOOP_MS)).as_millis() as i64;
+        disbatch_model::schedule::grace(Duration::from_millis(LOOP_MS)).as_millis() as i64;
     let sure: Vec<bool> = left.iter().map(|l| l - grace_ms > TICK_MS).collect();
     println!("lease left at each kill (ms): {left:?}; tasks for missed ticks per gap: {per_gap:?}");
     for (gap, n) in per_gap.iter().enumerate() {

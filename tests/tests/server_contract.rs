@@ -1,4 +1,4 @@
-//! What claims and results written by `_id` rely on from the server (`core/src/store/conn/by_id.rs`):
+//! What claims and results written by `_id` rely on from the server (`core/store/src/conn/by_id.rs`):
 //! an update pipeline whose conditions fail leaves the document as it was and is reported
 //! unmodified (`nModified` 0) by the `update` command and by `bulkWrite`, and one whose
 //! conditions hold is reported modified. A server that got this wrong would let two nodes
@@ -6,7 +6,7 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::store::{conditional_by_id, BY_ID_WHEN as WHEN};
+use disbatch_store::{conditional_by_id, BY_ID_WHEN as WHEN};
 use disbatch_tests::TestDb;
 
 /// A claim's write as the DEN sends it: conditions on the task as read, the claim's fields.

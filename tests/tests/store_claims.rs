@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::model::QueueSort;
-use disbatch_core::store::{ClaimWindow, Pick, PickOutcome, Store};
+use disbatch_model::QueueSort;
+use disbatch_store::{ClaimWindow, Pick, PickOutcome, Store};
 use disbatch_tests::TestDb;
 
 /// Claims up to `n` tasks of `queue` through `window`, with slots from `next_slot` on.

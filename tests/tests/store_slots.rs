@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use bson::doc;
 use bson::oid::ObjectId;
-use disbatch_core::model::QueueSort;
-use disbatch_core::store::{ClaimWindow, LimitIndex, Pick, PickOutcome, Store};
+use disbatch_model::QueueSort;
+use disbatch_store::{ClaimWindow, LimitIndex, Pick, PickOutcome, Store};
 use disbatch_tests::TestDb;
 
 /// Reads the queue's head and claims `slots.len()` of its tasks for `node`, one slot each.
@@ -69,19 +69,19 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
             first_id,
             "n1",
             attempt,
-            disbatch_core::store::TaskEnd::Status(1),
-            disbatch_core::store::OutputValue::Null,
-            disbatch_core::store::OutputValue::Null,
+            disbatch_store::TaskEnd::Status(1),
+            disbatch_store::OutputValue::Null,
+            disbatch_store::OutputValue::Null,
         )
     };
     let stale = finish(ObjectId::new()).await.expect("finish");
     assert_eq!(
         stale,
-        disbatch_core::store::FinishOutcome::NotOurs,
+        disbatch_store::FinishOutcome::NotOurs,
         "a stale attempt is fenced off"
     );
     let outcome = finish(attempt).await.expect("finish");
-    assert_eq!(outcome, disbatch_core::store::FinishOutcome::Recorded);
+    assert_eq!(outcome, disbatch_store::FinishOutcome::Recorded);
     let next = claim(&store, queue, "n2", &[0]).await;
     claimed(&next[0]);
     let finished = db.task(first_id).await;

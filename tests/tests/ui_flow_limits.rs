@@ -62,7 +62,7 @@ async fn the_console_shows_and_sets_limits_and_why_a_task_waits() {
         .await
         .expect("find")
         .expect("queue");
-    let limits = disbatch_core::model::limits::parse(&stored).expect("limits");
+    let limits = disbatch_model::limits::parse(&stored).expect("limits");
     assert!(limits.concurrency.is_some_and(|c| c.ordered), "{stored}");
     b.wait_text(
         "#queue-limits-list [data-queue=\"plain\"]",

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bson::doc;
 use bson::oid::ObjectId;
-use disbatch_core::store::Store;
+use disbatch_store::Store;
 use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
 

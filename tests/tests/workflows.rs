@@ -471,7 +471,7 @@ async fn ten_thousand_dependents_of_one_task_are_released_in_one_settle() {
         .await
         .expect("root")
         .ids[0];
-    let waits = disbatch_core::store::Waits {
+    let waits = disbatch_store::Waits {
         depends_on: vec![root],
         on_failure: None,
     };

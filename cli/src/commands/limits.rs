@@ -115,7 +115,7 @@ pub async fn limits(
         if ctx.raw(&reply, out)? {
             return Ok(());
         }
-        let line = disbatch_core::text::printable::json_text(&sent.to_string()).into_owned();
+        let line = disbatch_model::text::printable::json_text(&sent.to_string()).into_owned();
         writeln!(out, "Set the limits of queue {}: {line}", shown(queue))?;
         return Ok(());
     }
@@ -138,7 +138,7 @@ pub async fn limits(
 fn line(label: &str, text: &str) -> String {
     format!(
         "{label:<13}{}",
-        disbatch_core::text::printable::escape(text)
+        disbatch_model::text::printable::escape(text)
     )
 }
 

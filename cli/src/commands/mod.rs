@@ -21,7 +21,7 @@ pub use tasks::{task_params, tasks_body};
 use std::borrow::Cow;
 use std::io::Write;
 
-use disbatch_core::text::printable;
+use disbatch_model::text::printable;
 use serde_json::Value;
 
 use crate::args::{Command, SpecAction};

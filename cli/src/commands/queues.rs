@@ -236,7 +236,7 @@ pub async fn delete(ctx: &Ctx, queue: &str, out: &mut dyn Write) -> anyhow::Resu
 
 /// A JSON value on one line with hidden characters as `\uXXXX` escapes.
 fn json_line(value: &Value) -> String {
-    disbatch_core::text::printable::json_text(&value.to_string()).into_owned()
+    disbatch_model::text::printable::json_text(&value.to_string()).into_owned()
 }
 
 /// `summary`: GET /summary as a table, one row per queue.

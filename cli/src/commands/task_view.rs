@@ -199,13 +199,13 @@ fn write_output(
         return Ok(());
     }
     let pretty = serde_json::to_string_pretty(output.unwrap_or(&Value::Null))?;
-    let pretty = disbatch_core::text::printable::json_text(&pretty);
+    let pretty = disbatch_model::text::printable::json_text(&pretty);
     let total = pretty.lines().count();
     for line in pretty.lines().take(OUTPUT_LINES) {
         writeln!(
             out,
             "  {}",
-            disbatch_core::text::printable::cut(line, OUTPUT_LINE_CHARS)
+            disbatch_model::text::printable::cut(line, OUTPUT_LINE_CHARS)
         )?;
     }
     if total > OUTPUT_LINES {

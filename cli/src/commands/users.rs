@@ -4,8 +4,8 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use disbatch_core::config::Config;
-use disbatch_core::store::{self, Perms, UserAdmin};
+use disbatch_config::Config;
+use disbatch_store::{self as store, Perms, UserAdmin};
 
 /// Disbatch's default `--plugin_perms`, read when it exists and no file is given.
 const DEFAULT_PLUGIN_PERMS: &str = "/etc/disbatch/plugin-permissions.json";

@@ -15,7 +15,7 @@ from pymongo.errors import DuplicateKeyError
 from .errors import DisbatchError, DuplicateTask, QueueNotFound
 from .status import QUEUED, STATE_NAMES
 
-# Names as in core/src/store/schema.rs; the document is the one core/src/store/tasks.rs
+# Names as in core/store/src/schema.rs; the document is the one core/store/src/tasks.rs
 # (create_labelled) writes for a new task, which tests compare field by field.
 QUEUES = "queues"
 TASKS = "tasks"

@@ -1,8 +1,8 @@
 //! The direct path: a task inserted by the app into Disbatch's database, inside its own session.
 //
-// The document is the one the API writes for a new task (core/src/store/tasks/mod.rs,
+// The document is the one the API writes for a new task (core/store/src/tasks/mod.rs,
 // `create_labelled`); the integration tests compare the two field by field. The names are
-// core/src/model/schema.rs's: this crate does not depend on disbatch-core, whose store pulls
+// core/model/src/schema.rs's: this crate does not depend on disbatch-core, whose store pulls
 // the whole server in.
 
 use std::time::Duration;
@@ -17,7 +17,7 @@ use crate::status;
 
 const QUEUES: &str = "queues";
 const TASKS: &str = "tasks";
-/// The unique tasks' index, as core/src/store/conn/indexes.rs `limit_indexes` makes it.
+/// The unique tasks' index, as core/store/src/conn/indexes.rs `limit_indexes` makes it.
 const UNIQUE_INDEX: &str = "queue_1_unique_key_1_unique_gen_1";
 /// The longest delay the API takes.
 const MAX_DELAY_S: f64 = 100.0 * 365.0 * 86_400.0;
@@ -145,7 +145,7 @@ pub async fn enqueue_in(
     }
 }
 
-/// A queue's `unique`, as core/src/model/limits.rs reads it.
+/// A queue's `unique`, as core/model/src/limits.rs reads it.
 #[derive(Debug, Clone, PartialEq)]
 struct Unique {
     key: String,

@@ -19,7 +19,7 @@ pub fn is_final(status: i64) -> bool {
             .any(|&s| i64::from(s) == status)
 }
 
-/// The statuses a name of a queue's `unique.states` stands for (as core/src/model/limits.rs).
+/// The statuses a name of a queue's `unique.states` stands for (as core/model/src/limits.rs).
 pub(crate) fn state_name(name: &str) -> Option<&'static [i32]> {
     Some(match name {
         "queued" => &[QUEUED],

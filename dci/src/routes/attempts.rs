@@ -4,8 +4,8 @@
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::Document;
-use disbatch_core::model::schema::attempt;
-use disbatch_core::store::{result_output, ResultOutput};
+use disbatch_model::schema::attempt;
+use disbatch_store::{result_output, ResultOutput};
 use futures::StreamExt;
 use serde_json::{Map, Value};
 

@@ -2,8 +2,8 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use disbatch_core::fleet_time;
-use disbatch_core::model::balance::validate_balance;
+use disbatch_model::balance::validate_balance;
+use disbatch_model::fleet_time;
 use serde_json::{json, Value};
 
 use crate::error::ApiResult;

@@ -2,7 +2,7 @@
 
 use axum::response::Response;
 use bson::{doc, Bson};
-use disbatch_core::store::failures::{DEFAULT_FAILURES, MAX_FAILURES};
+use disbatch_store::failures::{DEFAULT_FAILURES, MAX_FAILURES};
 use serde_json::{json, Value};
 
 use super::queues::find_id;

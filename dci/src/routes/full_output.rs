@@ -52,7 +52,7 @@ pub async fn text(
     field: &str,
     file: ObjectId,
     budget: &Budget,
-) -> disbatch_core::Result<String> {
+) -> disbatch_store::Result<String> {
     let whole = match task {
         Some(t) => format!("GET /tasks/{t}/{field} has all of it"),
         None => format!("GET /tasks/:id/{field} has all of it"),

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use disbatch_core::model::workflow::MAX_WORKFLOW_TASKS;
+use disbatch_model::workflow::MAX_WORKFLOW_TASKS;
 
 /// A dependency as the client wrote it: a string that may be a name of the graph or an id, or
 /// `{"$oid": …}`, always an id.

@@ -1,5 +1,5 @@
 //! `GET /healthz` and `GET /readyz`: public, for probes that cannot carry a token; they
-//! answer only "up" and "the database answers" (see `disbatch_core::serve::readiness`).
+//! answer only "up" and "the database answers" (see `disbatch_serve::readiness`).
 
 use axum::extract::State;
 use axum::response::Response;
@@ -7,7 +7,7 @@ use axum::response::Response;
 use crate::state::AppState;
 
 pub async fn healthz() -> Response {
-    disbatch_core::serve::readiness::healthz()
+    disbatch_serve::readiness::healthz()
 }
 
 /// Pings the configured database (never a request's namespace), shared across probes.

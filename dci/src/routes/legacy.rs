@@ -94,7 +94,7 @@ async fn legacy_filter(state: &AppState, filter: Value) -> ApiResult<Document> {
         filter.insert("queue".into(), json!({"$oid": id.to_hex()}));
     }
     check_oids(&Value::Object(filter.clone()))?;
-    let mut doc = disbatch_core::text::client_json::query_filter(&Value::Object(filter), "filter")
+    let mut doc = disbatch_model::text::client_json::query_filter(&Value::Object(filter), "filter")
         .map_err(ApiError::bad_request)?;
     for field in ["ctime", "mtime"] {
         let ms = match doc.get(field) {

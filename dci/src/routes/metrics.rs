@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use disbatch_core::store::{FleetMetrics, StatusGroup};
-use disbatch_core::text::printable::metric_label;
+use disbatch_model::text::printable::metric_label;
+use disbatch_store::{FleetMetrics, StatusGroup};
 use prometheus::{Encoder, Gauge, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
 use crate::error::{ApiError, ApiResult};
@@ -86,7 +86,7 @@ pub fn render(fleet: Option<&FleetMetrics>, took: Duration) -> prometheus::Resul
 /// The documents this process's reads left out (each also logged once), by collection and
 /// reason; nothing when none were.
 pub fn render_skips(
-    skips: &[(&'static str, disbatch_core::store::SkipReason, u64)],
+    skips: &[(&'static str, disbatch_store::SkipReason, u64)],
 ) -> prometheus::Result<String> {
     let registry = Registry::new();
     let skipped = prometheus::IntCounterVec::new(

@@ -36,7 +36,7 @@ use axum::http::{Method, Uri};
 use axum::middleware::{from_fn_with_state, map_response};
 use axum::routing::{delete, get, post, MethodRouter};
 use axum::Router;
-use disbatch_core::config::Role;
+use disbatch_config::Role;
 
 use crate::access::{gate, Gate};
 use crate::error::ApiError;
@@ -95,7 +95,7 @@ fn legacy(
 
 /// The routes this config serves (the legacy 4.0 task routes only when `web_extensions` names
 /// them), by method and path.
-pub fn served(config: &disbatch_core::config::Config) -> Vec<(Method, &'static str)> {
+pub fn served(config: &disbatch_config::Config) -> Vec<(Method, &'static str)> {
     let legacy = crate::state::legacy_loaded(config);
     table()
         .into_iter()

@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiResult;
 use crate::namespace::Ns;
 use crate::render::json_response;
-use disbatch_core::fleet_time;
+use disbatch_model::fleet_time;
 
 /// Disbatch's freshness window for both checks.
 const FRESH_SECS: i64 = 60;

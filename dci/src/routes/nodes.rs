@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use axum::response::Response;
 use bson::{Bson, Document};
-use disbatch_core::config::MAX_LOOP_INTERVAL;
-use disbatch_core::fleet_time;
-use disbatch_core::model::schema::node as field;
-use disbatch_core::store::WriteCounts;
+use disbatch_config::MAX_LOOP_INTERVAL;
+use disbatch_model::fleet_time;
+use disbatch_model::schema::node as field;
+use disbatch_store::WriteCounts;
 use serde_json::{json, Value};
 
 use crate::envelope;
@@ -120,7 +120,7 @@ pub async fn set_maxthreads(
         None => Bson::Null,
     };
     // The node reads it back with this reader: refuse here what it would refuse there.
-    disbatch_core::model::parse_limit(Some(&value))
+    disbatch_model::parse_limit(Some(&value))
         .map_err(|e| ApiError::bad_request(format!("maxthreads: {e}")))?;
     let node = find(&state, &ident).await?;
     let id = node

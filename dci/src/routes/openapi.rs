@@ -221,7 +221,7 @@ pub fn openapi(legacy: bool) -> Value {
     }
     json!({
         "openapi": "3.0.3",
-        "info": {"title": "disbatch-web", "version": disbatch_core::VERSION,
+        "info": {"title": "disbatch-web", "version": disbatch_model::VERSION,
                  "description": "The Disbatch 4 REST API with disbatch-rs extensions. See the book's REST API reference, docs/src/reference/api.md."},
         "paths": paths,
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},

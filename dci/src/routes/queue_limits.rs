@@ -2,10 +2,10 @@
 //! a request, refusing claim limits while Perl nodes serve, and the queue's budget as JSON.
 
 use bson::{Bson, DateTime, Document};
-use disbatch_core::model::held::HeldLimit;
-use disbatch_core::model::limits::FlowLimits;
-use disbatch_core::model::schema::queue as field;
-use disbatch_core::store::QueueFlow;
+use disbatch_model::held::HeldLimit;
+use disbatch_model::limits::FlowLimits;
+use disbatch_model::schema::queue as field;
+use disbatch_store::QueueFlow;
 use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, ApiResult};
@@ -34,7 +34,7 @@ pub fn value(name: &str, v: &Value) -> ApiResult<Option<Bson>> {
     };
     match v {
         Value::Null => Ok(None),
-        Value::Object(_) => disbatch_core::text::client_json::storable(v, name)
+        Value::Object(_) => disbatch_model::text::client_json::storable(v, name)
             .map(Some)
             .map_err(ApiError::bad_request),
         other => Err(ApiError::bad_request(format!(

@@ -2,15 +2,15 @@
 //! (checked by `check_queue_fields`, as the leader reads them) and showing them on its row.
 
 use bson::{Bson, Document};
-use disbatch_core::model::schedule::{self, LEADER_FIELDS};
-use disbatch_core::model::schema::queue as field;
+use disbatch_model::schedule::{self, LEADER_FIELDS};
+use disbatch_model::schema::queue as field;
 use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, ApiResult};
 use crate::render::{self, Dates};
 
 /// The queue fields of a schedule, as requests name them.
-pub use disbatch_core::model::schedule::FIELDS;
+pub use disbatch_model::schedule::FIELDS;
 
 /// A schedule field's value from a request: the value to store, or None for null, which
 /// removes it. `schedule_params` is an object (or its JSON text, as a form sends it); the
@@ -27,7 +27,7 @@ pub fn value(name: &str, v: &Value) -> ApiResult<Option<Bson>> {
             value(name, &parsed)
         }
         (field::SCHEDULE_PARAMS, v @ Value::Object(_)) => {
-            disbatch_core::text::client_json::storable(v, name)
+            disbatch_model::text::client_json::storable(v, name)
                 .map(Some)
                 .map_err(ApiError::bad_request)
         }

@@ -2,7 +2,7 @@
 //! fields): which role changes each, and reading their values from a request.
 
 use bson::Bson;
-use disbatch_core::model::schema::queue as field;
+use disbatch_model::schema::queue as field;
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
@@ -65,7 +65,7 @@ pub fn value(name: &str, v: &Value) -> ApiResult<Option<Bson>> {
                 )))
             }
         })),
-        Value::Object(_) | Value::Array(_) => disbatch_core::text::client_json::storable(v, name)
+        Value::Object(_) | Value::Array(_) => disbatch_model::text::client_json::storable(v, name)
             .map(Some)
             .map_err(ApiError::bad_request),
     }

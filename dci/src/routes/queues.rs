@@ -4,13 +4,11 @@ use axum::response::Response;
 use axum::Extension;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use disbatch_core::config::Role;
-use disbatch_core::fleet_time;
-use disbatch_core::model::retry_policy::RetryPolicy;
-use disbatch_core::model::schema::queue as field;
-use disbatch_core::store::{
-    check_queue_fields, retry_document, QueueCounts, StatusGroup, WriteCounts,
-};
+use disbatch_config::Role;
+use disbatch_model::fleet_time;
+use disbatch_model::retry_policy::RetryPolicy;
+use disbatch_model::schema::queue as field;
+use disbatch_store::{check_queue_fields, retry_document, QueueCounts, StatusGroup, WriteCounts};
 use serde_json::{json, Map, Value};
 
 use super::nodes::non_negative;
@@ -139,7 +137,7 @@ pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response
     let mut row = queue_json(&state, &d).await?;
     let flow = match (
         d.get_object_id(field::ID),
-        disbatch_core::model::limits::parse(&d),
+        disbatch_model::limits::parse(&d),
     ) {
         (Ok(id), Ok(limits)) => {
             let now = fleet_time::now();
@@ -431,7 +429,7 @@ pub async fn retry(
         let mut counts = state.store.retry_queue_failed(id).await?;
         let orphaned = state
             .store
-            .retry_queue(id, &[disbatch_core::model::status::ORPHANED])
+            .retry_queue(id, &[disbatch_model::status::ORPHANED])
             .await?;
         counts.matched += orphaned.matched;
         counts.modified += orphaned.modified;
@@ -458,7 +456,7 @@ pub async fn retry(
     };
     if let Some(bad) = statuses
         .iter()
-        .find(|s| !disbatch_core::store::is_retryable(**s as i64))
+        .find(|s| !disbatch_store::is_retryable(**s as i64))
     {
         return Err(ApiError::bad_request(format!(
             "status {bad} cannot be retried: use finished (>= 1), orphaned (-6), cancelled (-5) or terminated (-3)"

@@ -5,7 +5,7 @@ use axum::extract::RawQuery;
 use axum::http::{header, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bson::oid::ObjectId;
-use disbatch_core::store::{ResultOutput, StoredOutput};
+use disbatch_store::{ResultOutput, StoredOutput};
 use serde_json::{json, Map, Value};
 
 use super::full_output::{MAX_ANSWER_BYTES, MAX_OUTPUT_BYTES};
@@ -88,7 +88,7 @@ pub async fn add_to_task(
     let found = match state.store.latest_output(task).await {
         Ok(found) => found,
         // A hand-edited record (an `_id` that is no ObjectId) costs the output, not the task.
-        Err(e @ disbatch_core::Error::BadDocument { .. }) => {
+        Err(e @ disbatch_store::Error::BadDocument { .. }) => {
             tracing::warn!(task = %task, error = %e, "the task's result output is not shown");
             None
         }

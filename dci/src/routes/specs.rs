@@ -3,7 +3,7 @@
 
 use axum::response::Response;
 use bson::{Bson, Document};
-use disbatch_core::model::work_spec::{spec_load, SpecLoad};
+use disbatch_model::work_spec::{spec_load, SpecLoad};
 use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, ApiResult};

@@ -8,8 +8,8 @@ use axum::http::HeaderValue;
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
-use disbatch_core::fleet_time;
-use disbatch_core::model::schema::{queue as queue_field, stats};
+use disbatch_model::fleet_time;
+use disbatch_model::schema::{queue as queue_field, stats};
 use futures::StreamExt;
 use serde_json::{json, Value};
 

@@ -1,7 +1,7 @@
 //! `GET /summary`: every queue's tasks counted in Coordinate's unit states.
 
 use axum::response::Response;
-use disbatch_core::store::StateCounts;
+use disbatch_store::StateCounts;
 use serde_json::{json, Value};
 
 use crate::error::ApiResult;

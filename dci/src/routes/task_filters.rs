@@ -2,7 +2,7 @@
 
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use disbatch_core::store::failures::{mtime_range, StatusWord, MAX_SCAN_LIMIT};
+use disbatch_store::failures::{mtime_range, StatusWord, MAX_SCAN_LIMIT};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -129,7 +129,7 @@ fn date(v: Option<Value>, name: &str) -> Result<Option<DateTime>, ApiError> {
             // Back from now on the fleet's clock (the database server's), as every DEN reads
             // time: "the last hour" is the same hour whichever host asks.
             if let Some(back) = span_back(s.trim()) {
-                let now = disbatch_core::fleet_time::now().timestamp_millis();
+                let now = disbatch_model::fleet_time::now().timestamp_millis();
                 let ms = i64::try_from(back.as_millis()).unwrap_or(i64::MAX);
                 return Ok(Some(DateTime::from_millis(now.saturating_sub(ms))));
             }
@@ -190,12 +190,12 @@ mod tests {
         for bad in ["", "h", "-1h", "1y", "NaNh", "infd", "1e12d", "12"] {
             assert_eq!(span_back(bad), None, "{bad:?}");
         }
-        let before = disbatch_core::fleet_time::now().timestamp_millis();
+        let before = disbatch_model::fleet_time::now().timestamp_millis();
         let back = date(Some(Value::from("1h")), "since")
             .expect("a span")
             .expect("a date")
             .timestamp_millis();
-        let after = disbatch_core::fleet_time::now().timestamp_millis();
+        let after = disbatch_model::fleet_time::now().timestamp_millis();
         assert!(
             (before - 3_600_000..=after - 3_600_000).contains(&back),
             "{before} {back} {after}"

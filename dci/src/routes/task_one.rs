@@ -6,8 +6,8 @@ use axum::extract::RawQuery;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use bson::Bson;
-use disbatch_core::fleet_time;
-use disbatch_core::store::ControlOutcome;
+use disbatch_model::fleet_time;
+use disbatch_store::ControlOutcome;
 use futures::StreamExt;
 
 use crate::envelope;
@@ -49,9 +49,9 @@ pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> A
 async fn held(
     state: &crate::state::AppState,
     task: &bson::Document,
-) -> ApiResult<Option<disbatch_core::model::held::Held>> {
-    use disbatch_core::model::schema::task as field;
-    use disbatch_core::store::StatusGroup;
+) -> ApiResult<Option<disbatch_model::held::Held>> {
+    use disbatch_model::schema::task as field;
+    use disbatch_store::StatusGroup;
     let queued = StatusGroup::of(task.get(field::STATUS)) == StatusGroup::Queued;
     let Ok(queue) = task.get_object_id(field::QUEUE) else {
         return Ok(None);
@@ -61,7 +61,7 @@ async fn held(
     }
     let limits = match state.store.queue_by_id(queue).await {
         Ok(Some(q)) => q.limits,
-        Ok(None) | Err(disbatch_core::Error::BadDocument { .. }) => return Ok(None),
+        Ok(None) | Err(disbatch_store::Error::BadDocument { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     let now = fleet_time::now();
@@ -73,7 +73,7 @@ async fn held(
 /// controls are already escaped by JSON), then HTML escaping.
 fn task_page(task: &serde_json::Value) -> String {
     let pretty = serde_json::to_string_pretty(task).unwrap_or_default();
-    let shown = disbatch_core::text::printable::json_text(&pretty);
+    let shown = disbatch_model::text::printable::json_text(&pretty);
     page(&format!("<pre>{}</pre>", escape(&shown)))
 }
 
@@ -224,8 +224,8 @@ impl OutputState {
 }
 
 fn output_state(task: &bson::Document) -> OutputState {
-    use disbatch_core::model::status;
-    let code = match task.get(disbatch_core::model::schema::task::STATUS) {
+    use disbatch_model::status;
+    let code = match task.get(disbatch_model::schema::task::STATUS) {
         Some(Bson::Int32(n)) => Some(*n as i64),
         Some(Bson::Int64(n)) => Some(*n),
         Some(Bson::Double(n)) => Some(*n as i64),
@@ -247,7 +247,7 @@ fn output_state(task: &bson::Document) -> OutputState {
 /// A running task's output so far, from its runner's live copy (empty before the first),
 /// in the stream's own byte offsets: `X-Total-Length` is how much the plugin has written.
 fn live_output(task: &bson::Document, stream: &str, range: ByteRange) -> Response {
-    let copy = disbatch_core::store::live_stream(task, stream).unwrap_or_default();
+    let copy = disbatch_store::live_stream(task, stream).unwrap_or_default();
     let text = copy.text.as_bytes();
     let start = (range.offset.max(copy.from) - copy.from).min(text.len() as u64) as usize;
     let end = range.length.map_or(text.len(), |l| {
@@ -273,7 +273,7 @@ fn live_output(task: &bson::Document, stream: &str, range: ByteRange) -> Respons
 
 /// Skips `offset` bytes of a chunk stream and ends after `length`, reading no further chunks.
 fn slice_stream(
-    chunks: disbatch_core::store::OutputStream,
+    chunks: disbatch_store::OutputStream,
     range: ByteRange,
 ) -> impl futures::Stream<Item = Result<Vec<u8>, std::io::Error>> {
     let left = range.length.unwrap_or(u64::MAX);

@@ -6,9 +6,9 @@ use std::time::Duration;
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document};
-use disbatch_core::fleet_time;
-use disbatch_core::store::{Created, Template, Timing, Waits};
-use disbatch_core::text::client_json;
+use disbatch_model::fleet_time;
+use disbatch_model::text::client_json;
+use disbatch_store::{Created, Template, Timing, Waits};
 use serde_json::{json, Map, Value};
 
 use super::queues::resolve_queue;

@@ -2,8 +2,8 @@
 
 use axum::response::Response;
 use bson::{Bson, Document};
-use disbatch_core::model::schema::task as task_field;
-use disbatch_core::store::QueryError;
+use disbatch_model::schema::task as task_field;
+use disbatch_store::QueryError;
 use serde_json::{json, Value};
 
 use super::full_output;
@@ -51,7 +51,7 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
             "indexes": sets.0,
         })));
     }
-    let q = disbatch_core::store::build_filter(&fields).map_err(|e| match e {
+    let q = disbatch_store::build_filter(&fields).map_err(|e| match e {
         QueryError::NonIndexed { invalid } => {
             ApiError::bad_request(format!("not indexed: {}", invalid.join(", ")))
         }
@@ -136,7 +136,7 @@ pub async fn task_json(
                 // One corrupt file must not fail a whole search: its field says why instead.
                 let text = match full_output::text(state, task, field, *id, budget).await {
                     Ok(text) => text,
-                    Err(e @ disbatch_core::Error::BadDocument { .. }) => {
+                    Err(e @ disbatch_store::Error::BadDocument { .. }) => {
                         tracing::warn!(file = %id, error = %e, "unreadable task output");
                         format!("[unreadable output: {e}]")
                     }
@@ -148,7 +148,7 @@ pub async fn task_json(
         }
     }
     if o.terse {
-        disbatch_core::store::terse_live_output(&mut d);
+        disbatch_store::terse_live_output(&mut d);
     }
     let dates = if o.epoch { Dates::Epoch } else { Dates::Text };
     Ok(render::document(&d, dates))

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use axum::response::Response;
 use bson::{DateTime, Document};
-use disbatch_core::store::{OnConflict, Unit, Waits};
+use disbatch_store::{OnConflict, Unit, Waits};
 use serde_json::{json, Value};
 
 use super::queues::find_id;
@@ -112,7 +112,7 @@ fn parse_unit(v: &Value) -> Result<Unit, String> {
     };
     let params = match m.get("params") {
         None | Some(Value::Null) => Document::new(),
-        Some(v @ Value::Object(_)) => disbatch_core::text::client_json::task_params(v, "params")?,
+        Some(v @ Value::Object(_)) => disbatch_model::text::client_json::task_params(v, "params")?,
         Some(_) => return Err("params must be an object".into()),
     };
     let priority = match m.get("priority") {

@@ -6,13 +6,13 @@ use std::collections::{HashMap, HashSet};
 use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
-use disbatch_core::model::workflow::{
+use disbatch_model::text::client_json;
+use disbatch_model::workflow::{
     check_graph, DependencyRef, GraphNode, OnDependencyFailure, MAX_WORKFLOW_TASKS,
 };
-use disbatch_core::store::{
+use disbatch_store::{
     BatchTask, GraphTask, StatusCounts, StatusGroup, WorkflowSummary, WorkflowTask,
 };
-use disbatch_core::text::client_json;
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
 
@@ -220,7 +220,7 @@ fn graph_name(name: Option<&Value>, i: usize) -> ApiResult<&str> {
     let path = format!("tasks[{i}].");
     match name {
         Some(Value::String(s)) if !s.is_empty() && s.len() <= 1024 => {
-            disbatch_core::model::names::check_characters(&format!("{path}name"), s)
+            disbatch_model::names::check_characters(&format!("{path}name"), s)
                 .map_err(ApiError::bad_request)?;
             Ok(s)
         }

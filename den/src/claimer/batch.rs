@@ -6,14 +6,14 @@ use std::time::Instant;
 use crate::claimer::plan::{lane_split, QueueClaims};
 use bson::oid::ObjectId;
 use bson::Document;
-use disbatch_core::fleet_time;
-use disbatch_core::model::schema::task;
-use disbatch_core::model::{Queue, QueueSort};
-use disbatch_core::store::{
+use disbatch_model::fleet_time;
+use disbatch_model::schema::task;
+use disbatch_model::wire::handoff::Handoff;
+use disbatch_model::{Queue, QueueSort};
+use disbatch_store::Result;
+use disbatch_store::{
     claim_key, last_signal, Candidates, Pick, PickHolds, PickOutcome, SkipReason,
 };
-use disbatch_core::wire::handoff::Handoff;
-use disbatch_core::Result;
 
 use super::{earliest, spare, Claimer, MAX_CANDIDATES};
 use crate::runners::executor::Executor;
@@ -293,7 +293,7 @@ impl Claimer {
                 relay,
                 live: relay,
                 started_at: pick.holds.started_at,
-                clock: disbatch_core::fleet_time::anchor(),
+                clock: disbatch_model::fleet_time::anchor(),
             };
             (handoff, pick.slot)
         });

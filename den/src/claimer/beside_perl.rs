@@ -9,10 +9,10 @@
 use crate::claimer::plan::{slot_bound_beside, QueueClaims};
 use bson::oid::ObjectId;
 use bson::Document;
-use disbatch_core::model::schema::task;
-use disbatch_core::model::Queue;
-use disbatch_core::store::{Pick, QueueRunning};
-use disbatch_core::Result;
+use disbatch_model::schema::task;
+use disbatch_model::Queue;
+use disbatch_store::Result;
+use disbatch_store::{Pick, QueueRunning};
 
 use super::Claimer;
 

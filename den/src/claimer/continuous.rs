@@ -14,10 +14,10 @@ use std::time::Instant;
 
 use crate::claimer::plan::QueueClaims;
 use bson::oid::ObjectId;
-use disbatch_core::fleet_time;
-use disbatch_core::model::schema::queue as queue_field;
-use disbatch_core::model::Queue;
-use disbatch_core::Result;
+use disbatch_model::fleet_time;
+use disbatch_model::schema::queue as queue_field;
+use disbatch_model::Queue;
+use disbatch_store::Result;
 
 use super::batch::BatchReport;
 use super::{earliest, Claimer};

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use disbatch_core::model::limits::{key_value, Concurrency, RateLimit};
-use disbatch_core::model::schema::task;
-use disbatch_core::model::Queue;
-use disbatch_core::store::{key_text, Grant, HeldKeys, LimitIndex, PickHolds, SkipReason};
-use disbatch_core::Result;
+use disbatch_model::limits::{key_value, Concurrency, RateLimit};
+use disbatch_model::schema::task;
+use disbatch_model::Queue;
+use disbatch_store::Result;
+use disbatch_store::{key_text, Grant, HeldKeys, LimitIndex, PickHolds, SkipReason};
 
 use rand::Rng;
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use disbatch_core::config::plugins::{PluginError, PluginTable};
+use disbatch_config::plugins::{PluginError, PluginTable};
 
 /// How long a verdict stands: long enough to spare the file system, short enough that an
 /// installed or removed plugin is noticed within a few passes.

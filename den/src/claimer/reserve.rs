@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bson::{Bson, DateTime};
-use disbatch_core::model::limits::RateLimit;
+use disbatch_model::limits::RateLimit;
 
 /// One grant's starts not yet taken.
 #[derive(Debug, Clone)]

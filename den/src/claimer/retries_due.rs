@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
-use disbatch_core::fleet_time;
+use disbatch_model::fleet_time;
 
 /// Retries due later than this are left to the leader's come-due probe.
 const HORIZON: Duration = Duration::from_secs(3600);

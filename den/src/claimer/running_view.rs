@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::claimer::lanes::LaneCache;
 use crate::claimer::plan::Lane;
 use bson::oid::ObjectId;
-use disbatch_core::store::RunningSnapshot;
+use disbatch_store::RunningSnapshot;
 
 /// Past this age the view is read again even without a maintenance pass: other nodes' claims
 /// and exits only show up in a reading.

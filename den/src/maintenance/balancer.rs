@@ -9,14 +9,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bson::DateTime;
-use disbatch_core::config::BalanceSettings;
-use disbatch_core::fleet_time;
-use disbatch_core::model::queue_balance::{
+use disbatch_config::BalanceSettings;
+use disbatch_model::fleet_time;
+use disbatch_model::queue_balance::{
     effective_threads, max_tasks_at, parse_balance_document, Health, LocalTime, QueueLoad,
     QueueState,
 };
-use disbatch_core::store::Store;
-use disbatch_core::Result;
+use disbatch_store::Result;
+use disbatch_store::Store;
 
 /// How often a node tries to balance. Disbatch's daemon ran every 30 s; `GET /monitoring`
 /// calls the status stale after 60 s, and a failed-over lease must leave room for that.

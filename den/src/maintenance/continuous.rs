@@ -2,9 +2,9 @@
 
 use bson::oid::ObjectId;
 use bson::{DateTime, Document};
-use disbatch_core::fleet_time;
-use disbatch_core::store::{OnConflict, Store, Unit};
-use disbatch_core::Result;
+use disbatch_model::fleet_time;
+use disbatch_store::Result;
+use disbatch_store::{OnConflict, Store, Unit};
 
 /// A continuous queue.
 pub struct ContinuousQueue {
@@ -15,7 +15,7 @@ pub struct ContinuousQueue {
 /// The queues due synthetic tasks when idle: continuous, with threads, not paused. All of
 /// the fleet's, whichever nodes serve them: the maintenance leader makes them for everyone,
 /// once a pass, beside the claimers that make one when they pick an idle queue.
-pub fn continuous_queues(queues: &[disbatch_core::model::Queue]) -> Vec<ContinuousQueue> {
+pub fn continuous_queues(queues: &[disbatch_model::Queue]) -> Vec<ContinuousQueue> {
     queues
         .iter()
         .filter(|q| q.spec.continuous && !q.spec.paused && q.threads.as_ref().is_ok_and(|t| *t > 0))

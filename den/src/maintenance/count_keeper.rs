@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use disbatch_core::store::Store;
+use disbatch_store::Store;
 
 use crate::maintenance::chore::Chore;
 

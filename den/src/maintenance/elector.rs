@@ -11,8 +11,8 @@
 use std::time::{Duration, Instant};
 
 use bson::DateTime;
-use disbatch_core::fleet_time;
-use disbatch_core::store::Store;
+use disbatch_model::fleet_time;
+use disbatch_store::Store;
 
 #[derive(Debug)]
 pub struct Elector {

@@ -10,10 +10,10 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bson::oid::ObjectId;
-use disbatch_core::fleet_time;
-use disbatch_core::model::Queue;
-use disbatch_core::store::{Queued, Store};
-use disbatch_core::Result;
+use disbatch_model::fleet_time;
+use disbatch_model::Queue;
+use disbatch_store::Result;
+use disbatch_store::{Queued, Store};
 
 use crate::metrics::DenMetrics;
 

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::DateTime;
-use disbatch_core::fleet_time;
-use disbatch_core::model::retention::{Ended, Retention};
-use disbatch_core::model::schema::queue as field;
-use disbatch_core::model::Queue;
-use disbatch_core::store::{Pruned, Store};
-use disbatch_core::Result;
+use disbatch_model::fleet_time;
+use disbatch_model::retention::{Ended, Retention};
+use disbatch_model::schema::queue as field;
+use disbatch_model::Queue;
+use disbatch_store::Result;
+use disbatch_store::{Pruned, Store};
 
 use crate::maintenance::chore::Chore;
 use crate::metrics::DenMetrics;

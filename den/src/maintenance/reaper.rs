@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use disbatch_core::model::retry_policy::{FailureKind, RetryDecision};
-use disbatch_core::model::run_policy::{OnLost, RunPolicy, MIN_LEASE};
-use disbatch_core::model::status;
-use disbatch_core::store::{ExpiredTask, Recovery, Store};
-use disbatch_core::Result;
+use disbatch_model::retry_policy::{FailureKind, RetryDecision};
+use disbatch_model::run_policy::{OnLost, RunPolicy, MIN_LEASE};
+use disbatch_model::status;
+use disbatch_store::Result;
+use disbatch_store::{ExpiredTask, Recovery, Store};
 
 /// Disbatch's recommendation: a task still claimed after 5 minutes will not start.
 pub const ORPHAN_AGE: Duration = Duration::from_secs(5 * 60);
@@ -143,7 +143,7 @@ impl Policies {
         let queue = match store.queue_by_id(q).await {
             Ok(queue) => queue,
             // Reported where it was read; its tasks are recovered by the defaults.
-            Err(disbatch_core::Error::BadDocument { .. }) => None,
+            Err(disbatch_store::Error::BadDocument { .. }) => None,
             Err(e) => return Err(e),
         };
         let p = queue.map(|q| LostPolicy {
@@ -182,8 +182,8 @@ pub async fn recover_expired_leases(
 ) -> Result<ReapReport> {
     let mut report = ReapReport::default();
     let shortest_lease = shortest_lease.max(MIN_LEASE);
-    let now = disbatch_core::store::deadline(Duration::ZERO);
-    let horizon = disbatch_core::store::deadline(shortest_lease);
+    let now = disbatch_store::deadline(Duration::ZERO);
+    let horizon = disbatch_store::deadline(shortest_lease);
     let ending = store
         .leases_ending_before(horizon, RECOVER_PER_PASS)
         .await?;
@@ -206,9 +206,7 @@ pub async fn recover_expired_leases(
     let mut policies = Policies::default();
     for t in &expired {
         let policy = policies.of(store, t.queue).await?;
-        let lease = policy.map_or(disbatch_core::model::run_policy::DEFAULT_LEASE, |p| {
-            p.run.lease
-        });
+        let lease = policy.map_or(disbatch_model::run_policy::DEFAULT_LEASE, |p| p.run.lease);
         if connected_for < lease + RECONNECT_SLACK {
             report.deferred += 1;
             report.next_check_in = Duration::ZERO;
@@ -222,7 +220,7 @@ pub async fn recover_expired_leases(
             continue; // renewed, finished or recovered by another node meanwhile
         }
         let late_ms = t.lease_until.map_or(0, |until| {
-            disbatch_core::store::deadline(Duration::ZERO)
+            disbatch_store::deadline(Duration::ZERO)
                 .timestamp_millis()
                 .saturating_sub(until.timestamp_millis())
         });

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::Bson;
-use disbatch_core::fleet_time;
-use disbatch_core::model::schedule::{self, Plan, Schedule};
-use disbatch_core::model::schema::queue as field;
-use disbatch_core::model::Queue;
-use disbatch_core::store::{parse_queue, Store};
-use disbatch_core::Result;
+use disbatch_model::fleet_time;
+use disbatch_model::schedule::{self, Plan, Schedule};
+use disbatch_model::schema::queue as field;
+use disbatch_model::Queue;
+use disbatch_store::Result;
+use disbatch_store::{parse_queue, Store};
 
 use crate::metrics::DenMetrics;
 

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use disbatch_core::fleet_time;
-use disbatch_core::store::{add_depths, bucket_attempts, StatusGroup, Store};
-use disbatch_core::Result;
+use disbatch_model::fleet_time;
+use disbatch_store::Result;
+use disbatch_store::{add_depths, bucket_attempts, StatusGroup, Store};
 
 use crate::maintenance::chore::Chore;
 

@@ -9,8 +9,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use disbatch_core::serve::readiness::{healthz, Readiness};
-use disbatch_core::serve::{serve_counted, ConnectionGauges, Limits};
+use disbatch_serve::readiness::{healthz, Readiness};
+use disbatch_serve::{serve_counted, ConnectionGauges, Limits};
 use prometheus::{Encoder, Registry, TextEncoder};
 
 use crate::metrics::DenMetrics;

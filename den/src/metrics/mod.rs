@@ -8,7 +8,7 @@ pub mod http;
 use std::sync::Arc;
 use std::time::Duration;
 
-use disbatch_core::text::printable::metric_label;
+use disbatch_model::text::printable::metric_label;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -295,7 +295,7 @@ impl Default for Inner {
             ),
             registry,
         };
-        if let Err(e) = disbatch_core::serve::ops_metrics::register(&inner.registry) {
+        if let Err(e) = disbatch_serve::ops_metrics::register(&inner.registry) {
             tracing::warn!(error = %e, "build and process metrics unavailable");
         }
         // Known label values start at 0, so rates work from the first scrape.
@@ -525,7 +525,7 @@ impl DenMetrics {
     }
 
     /// What settling ended tasks' dependents did.
-    pub fn dependencies_settled(&self, s: &disbatch_core::store::Settled) {
+    pub fn dependencies_settled(&self, s: &disbatch_store::Settled) {
         let counts = [
             s.settled,
             s.released,
@@ -674,8 +674,8 @@ mod tests {
             "disbatch_build_info{git_sha=\"GIT\",version=\"VERSION\"} 1",
         ] {
             let line = line
-                .replace("GIT", disbatch_core::GIT_SHA)
-                .replace("VERSION", disbatch_core::VERSION);
+                .replace("GIT", disbatch_model::GIT_SHA)
+                .replace("VERSION", disbatch_model::VERSION);
             let line = line.as_str();
             assert!(has(&text, line), "{line} missing from\n{text}");
         }
@@ -754,7 +754,7 @@ mod tests {
         assert!(
             !text
                 .chars()
-                .any(|c| c != '\n' && disbatch_core::text::printable::is_hidden(c)),
+                .any(|c| c != '\n' && disbatch_model::text::printable::is_hidden(c)),
             "{text:?}"
         );
         assert!(text.lines().all(|l| l.chars().count() < 600), "{text}");

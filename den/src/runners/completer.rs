@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 
 use bson::oid::ObjectId;
-use disbatch_core::store::{LiveOutput, Store};
-use disbatch_core::wire::relay::{Ack, Completion, LiveCopy};
-use disbatch_core::wire::result_batches::ResultBatches;
+use disbatch_model::wire::relay::{Ack, Completion, LiveCopy};
+use disbatch_model::wire::result_batches::ResultBatches;
+use disbatch_store::{LiveOutput, Store};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 

@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
-use disbatch_core::process::isolation::CloexecRanges;
-use disbatch_core::store::TaskEnd;
-use disbatch_core::wire::handoff::Handoff;
-use disbatch_core::wire::relay::{read_frame, Ack, Completion, LiveCopy, ANSWER_FD};
+use disbatch_config::process::isolation::CloexecRanges;
+use disbatch_model::wire::handoff::Handoff;
+use disbatch_model::wire::relay::{read_frame, Ack, Completion, LiveCopy, ANSWER_FD};
+use disbatch_store::TaskEnd;
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
 
@@ -91,7 +91,7 @@ impl Executor {
 
     /// Notes a task being started that others wait for.
     pub(crate) fn note_waited_for(&self, handoff: &Handoff) {
-        if self.releaser.is_none() || !disbatch_core::store::is_waited_for(&handoff.task) {
+        if self.releaser.is_none() || !disbatch_store::is_waited_for(&handoff.task) {
             return;
         }
         if let Ok(mut w) = self.waited_for.lock() {
@@ -190,7 +190,7 @@ impl Executor {
     /// or kill of this DEN and gets none of its signals.
     pub fn spawn_runner(&self, handoff: &Handoff, slot: Option<u32>) -> std::io::Result<()> {
         self.note_waited_for(handoff);
-        if disbatch_core::store::runs_persistent(&handoff.queue) {
+        if disbatch_store::runs_persistent(&handoff.queue) {
             return self.hand_to_host(handoff, slot);
         }
         let task = handoff

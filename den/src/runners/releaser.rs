@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
-use disbatch_core::store::{Settled, Store};
+use disbatch_store::{Settled, Store};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, Notify};
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use disbatch_core::store::Store;
+use disbatch_store::Store;
 use tokio::task::JoinHandle;
 
 use crate::maintenance::reaper::{recover_runner_death, recovery_label};
@@ -104,7 +104,7 @@ pub const STALE_CHECK_EVERY: Duration = Duration::from_secs(5);
 pub async fn kill_stale_runners(
     store: &Store,
     runners: Vec<(ObjectId, ObjectId, u32)>,
-) -> disbatch_core::Result<usize> {
+) -> disbatch_store::Result<usize> {
     let attempts: Vec<ObjectId> = runners.iter().map(|(_, a, _)| *a).collect();
     let lost = store.lost_attempts(&attempts).await?;
     let mut killed = 0;

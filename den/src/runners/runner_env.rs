@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 
-use disbatch_core::config::plugin_env::PluginEnv;
+use disbatch_config::plugin_env::PluginEnv;
 
 /// What the runner itself reads: its log filter, backtraces, and where it spools output.
 /// Plugins get these only if `plugin_env` names them.

@@ -8,10 +8,10 @@ use std::process::Stdio;
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
-use disbatch_core::process::isolation::CloexecRanges;
-use disbatch_core::wire::handoff::host_frame::{ENDED, WAKE};
-use disbatch_core::wire::handoff::Handoff;
-use disbatch_core::wire::relay::{read_frame, write_frames};
+use disbatch_config::process::isolation::CloexecRanges;
+use disbatch_model::wire::handoff::host_frame::{ENDED, WAKE};
+use disbatch_model::wire::handoff::Handoff;
+use disbatch_model::wire::relay::{read_frame, write_frames};
 use tokio::io::BufReader;
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::mpsc;
@@ -39,8 +39,8 @@ impl Executor {
         // The host is long-lived: each handoff brings it the node's latest clock reading.
         if let Some(anchor) = &handoff.clock {
             frame.insert(
-                disbatch_core::wire::handoff::CLOCK,
-                disbatch_core::wire::handoff::clock_document(anchor),
+                disbatch_model::wire::handoff::CLOCK,
+                disbatch_model::wire::handoff::clock_document(anchor),
             );
         }
         let mut host = self

@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
-use disbatch_core::store::Store;
-use disbatch_core::Result;
+use disbatch_store::Result;
+use disbatch_store::Store;
 
 use crate::claimer::PassReport;
 use crate::metrics::DenMetrics;

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 
-use disbatch_core::fleet_time;
-use disbatch_core::process::backoff::Backoff;
-use disbatch_core::store::{InsertedTask, QueueEvent, Store, WorkEvent, WorkSignal};
-use disbatch_core::Error;
+use disbatch_config::process::backoff::Backoff;
+use disbatch_model::fleet_time;
+use disbatch_store::Error;
+use disbatch_store::{InsertedTask, QueueEvent, Store, WorkEvent, WorkSignal};
 use futures::{Stream, StreamExt};
 use tokio::sync::{watch, Notify};
 

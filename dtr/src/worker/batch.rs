@@ -1,8 +1,8 @@
 //! A worker host's result writer: stores the results of the tasks it runs in batches over
 //! its one connection, as the node's completer does for runners.
 
-use disbatch_core::wire::relay::{Ack, Completion};
-use disbatch_core::wire::result_batches::ResultBatches;
+use disbatch_model::wire::relay::{Ack, Completion};
+use disbatch_model::wire::result_batches::ResultBatches;
 
 use crate::connection::LazyStore;
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
-use disbatch_core::config::Config;
-use disbatch_core::wire::handoff::{host_frame, Handoff};
-use disbatch_core::wire::relay::{read_frame, write_frames};
+use disbatch_config::Config;
+use disbatch_model::wire::handoff::{host_frame, Handoff};
+use disbatch_model::wire::relay::{read_frame, write_frames};
 use tokio::io::BufReader;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -86,7 +86,7 @@ pub async fn serve(config: Config, store: LazyStore, node: String) -> u64 {
                         }
                     };
                     if let Some(anchor) = handoff.clock {
-                        disbatch_core::fleet_time::adopt(anchor);
+                        disbatch_model::fleet_time::adopt(anchor);
                     }
                     handed += 1;
                     let (config, store, node) = (config.clone(), store.clone(), node.clone());
@@ -149,7 +149,7 @@ async fn write_counts(store: LazyStore) {
         }
     };
     db.defer_count_writes();
-    let mut every = tokio::time::interval(disbatch_core::store::DEFERRED_COUNTS_MAX_AGE);
+    let mut every = tokio::time::interval(disbatch_store::DEFERRED_COUNTS_MAX_AGE);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
@@ -195,7 +195,7 @@ async fn run_one(
     if let Ok(mut w) = wakes.lock() {
         w.remove(&task);
     }
-    use disbatch_core::store::TaskEnd;
+    use disbatch_store::TaskEnd;
     let task_discarded = matches!(report, Ok(RunReport::Recorded(TaskEnd::Discarded(_), _)));
     let retry_at = match report {
         Ok(RunReport::Recorded(TaskEnd::Retry { not_before, .. }, _)) => not_before,

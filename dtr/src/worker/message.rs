@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use disbatch_core::model::output::MAX_DOCUMENT_SIZE;
+use disbatch_model::output::MAX_DOCUMENT_SIZE;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
-use disbatch_core::model::worker_policy::WorkerPolicy;
+use disbatch_model::worker_policy::WorkerPolicy;
 
 use super::process::Worker;
 

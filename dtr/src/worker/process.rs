@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use disbatch_core::config::Config;
-use disbatch_core::model::worker_policy::{PROTOCOL_ENV, PROTOCOL_VERSION};
-use disbatch_core::process::isolation::CloexecRanges;
+use disbatch_config::process::isolation::CloexecRanges;
+use disbatch_config::Config;
+use disbatch_model::worker_policy::{PROTOCOL_ENV, PROTOCOL_VERSION};
 use nix::libc;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;

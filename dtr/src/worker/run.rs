@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use bson::{Bson, Document};
-use disbatch_core::model::run_policy::OnLost;
-use disbatch_core::{Error, Result};
+use disbatch_model::run_policy::OnLost;
+use disbatch_store::{Error, Result};
 use serde_json::{Map, Value};
 
 use super::message::TaskEnd;
@@ -137,7 +137,7 @@ pub(crate) async fn run_in_worker(
             ending.requeue = requeue;
         }
         Some(TaskEnd::ProtocolError(why, _)) => {
-            tracing::warn!(task = %task, "worker protocol error: {}", disbatch_core::text::printable::escape(&why));
+            tracing::warn!(task = %task, "worker protocol error: {}", disbatch_model::text::printable::escape(&why));
             ending.lead = Some(format!("worker protocol error: {why}"));
         }
         // Stopped by the supervisor (timeout, cancel): the stop says why.

@@ -9,13 +9,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::config::{Component, Config};
-use disbatch_core::model::schema::{task, TASKS};
-use disbatch_core::model::{status, QueueSort};
-use disbatch_core::store::{
-    AttemptEnd, AttemptRecord, ClaimWindow, Pick, PickOutcome, Store, TaskEnd,
-};
-use disbatch_core::wire::relay::Completion;
+use disbatch_config::{Component, Config};
+use disbatch_model::schema::{task, TASKS};
+use disbatch_model::wire::relay::Completion;
+use disbatch_model::{status, QueueSort};
+use disbatch_store::{AttemptEnd, AttemptRecord, ClaimWindow, Pick, PickOutcome, Store, TaskEnd};
 use mongodb::{Client, Collection};
 use serde::Serialize;
 

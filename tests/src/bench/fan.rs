@@ -2,7 +2,7 @@
 
 use bson::oid::ObjectId;
 use bson::Document;
-use disbatch_core::store::GraphTask;
+use disbatch_store::GraphTask;
 
 use crate::TestDb;
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use bson::doc;
 use bson::oid::ObjectId;
-use disbatch_core::model::schema::task;
-use disbatch_core::model::status;
+use disbatch_model::schema::task;
+use disbatch_model::status;
 
 use super::ceiling::enqueue;
 use super::fleet_scale::ScaleFleet;

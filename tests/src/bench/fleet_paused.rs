@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::model::schema::task;
-use disbatch_core::model::status;
-use disbatch_core::store::Store;
+use disbatch_model::schema::task;
+use disbatch_model::status;
+use disbatch_store::Store;
 use serde::Serialize;
 
 use super::fleet_scale::ScaleFleet;

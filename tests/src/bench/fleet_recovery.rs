@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::model::schema::{
+use disbatch_model::schema::{
     lease, node, queue as qf, task, LEASES, MAINTENANCE_LEASE, NODES, QUEUES,
 };
-use disbatch_core::model::status;
+use disbatch_model::status;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use bson::{doc, DateTime};
-use disbatch_core::model::schema::task;
-use disbatch_core::model::status;
+use disbatch_model::schema::task;
+use disbatch_model::status;
 use serde::Serialize;
 
 use super::accounting::{first_claim, reply_latencies, round_trips, RoundTrips};

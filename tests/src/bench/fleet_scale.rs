@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
-use disbatch_core::model::schema::{attempt, queue as qf, task, ATTEMPTS, NODES, QUEUES};
-use disbatch_core::model::status;
+use disbatch_model::schema::{attempt, queue as qf, task, ATTEMPTS, NODES, QUEUES};
+use disbatch_model::status;
 use mongodb::{Collection, Database};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -364,7 +364,7 @@ impl ScaleFleet {
     /// through `store` (the DCI's path) or straight into the collection.
     async fn probes(
         &self,
-        store: Option<&disbatch_core::store::Store>,
+        store: Option<&disbatch_store::Store>,
         n: usize,
         gap: Duration,
         idle_rate: f64,

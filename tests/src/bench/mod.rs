@@ -114,7 +114,7 @@ impl BenchOptions {
             ceiling_sample_claims: 2000,
             ceiling_sample_time: Duration::from_secs(3),
             runner_runs: 20,
-            loop_ms: disbatch_core::config::DEFAULT_LOOP_INTERVAL.as_millis() as u64,
+            loop_ms: disbatch_config::DEFAULT_LOOP_INTERVAL.as_millis() as u64,
             change_streams: true,
             run_secs: Duration::from_secs(15),
             json: None,

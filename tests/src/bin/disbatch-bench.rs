@@ -63,7 +63,7 @@ fn main() -> ExitCode {
             // Its --uri may carry a password, and driver errors may quote it.
             eprintln!(
                 "disbatch-bench: {}",
-                disbatch_core::text::redact::redact(&text)
+                disbatch_model::text::redact::redact(&text)
             );
             return ExitCode::FAILURE;
         }

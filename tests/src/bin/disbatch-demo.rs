@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bson::oid::ObjectId;
 use bson::{doc, Document};
-use disbatch_core::config::{Component, Config};
-use disbatch_core::store::Store;
+use disbatch_config::{Component, Config};
+use disbatch_store::Store;
 
 /// The Demo plugin's `commands` for each demo task: output, warnings, a failure, big output.
 const DEMO_COMMANDS: &[&str] = &["a", "ab", "abc", "aa", "*", "a1", "b", "a", "ea", "a"];
@@ -26,7 +26,7 @@ const PATIENCE: Duration = Duration::from_secs(120);
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     // Config errors are printed redacted, as the real binaries print them.
-    disbatch_core::process::logging::exit_status(run().await)
+    disbatch_config::process::logging::exit_status(run().await)
 }
 
 async fn run() -> anyhow::Result<()> {

@@ -1,0 +1,165 @@
+//! A task as the DEN, its runners and the store pass it around: how an attempt ends, its
+//! record and live output, a stream's value as stored, and a work unit to add.
+
+use bson::oid::ObjectId;
+use bson::{Bson, DateTime, Document};
+
+use crate::status;
+
+/// A stream's value as stored on the task: inline text, a GridFS file id, or nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputValue {
+    Null,
+    Text(String),
+    File(ObjectId),
+}
+
+impl From<OutputValue> for Bson {
+    fn from(v: OutputValue) -> Bson {
+        match v {
+            // Disbatch's runner stores a plugin's absent output as null, and Perl tools test
+            // `defined`: an empty stream is stored the same way (GridFS files stay files,
+            // empty or not, as with `gfs: true` in Disbatch).
+            OutputValue::Null => Bson::Null,
+            OutputValue::Text(s) if s.is_empty() => Bson::Null,
+            OutputValue::Text(s) => Bson::String(s),
+            OutputValue::File(id) => Bson::ObjectId(id),
+        }
+    }
+}
+
+/// How an attempt leaves its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskEnd {
+    /// Finished with this status (1 succeeded, ≥ 2 failed).
+    Status(i32),
+    /// Back to queued for another attempt, not before the given time. `keep_key_slot`: it
+    /// keeps its per-key concurrency slot meanwhile, and so its place among its key's tasks
+    /// (an `ordered` queue's); otherwise the slot is free for the key's next task.
+    Retry {
+        not_before: Option<DateTime>,
+        keep_key_slot: bool,
+    },
+    /// Finished with this failed status, and no retry will follow: its queue's `retry`
+    /// policy is out of attempts, or the plugin refused one (`discarded_at` is set).
+    Discarded(i32),
+}
+
+impl TaskEnd {
+    /// This end, a retry keeping its key slot when `keep` (its queue's keys are `ordered`).
+    pub fn keeping_key_slot(self, keep: bool) -> TaskEnd {
+        match self {
+            TaskEnd::Retry { not_before, .. } => TaskEnd::Retry {
+                not_before,
+                keep_key_slot: keep,
+            },
+            other => other,
+        }
+    }
+
+    /// The status the task shows once this end is recorded.
+    pub fn status(self) -> i32 {
+        match self {
+            TaskEnd::Status(s) | TaskEnd::Discarded(s) => s,
+            TaskEnd::Retry { .. } => status::QUEUED,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_inline_output_is_stored_as_null_like_disbatch() {
+        assert_eq!(Bson::from(OutputValue::Text(String::new())), Bson::Null);
+        assert_eq!(Bson::from(OutputValue::Null), Bson::Null);
+        assert_eq!(
+            Bson::from(OutputValue::Text("x".into())),
+            Bson::String("x".into())
+        );
+        let file = ObjectId::new();
+        assert_eq!(Bson::from(OutputValue::File(file)), Bson::ObjectId(file));
+    }
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptEnd {
+    /// succeeded, failed, retry, cancelled, timed_out or discarded (the task had changed hands).
+    pub outcome: &'static str,
+    pub status: Option<i32>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// The plugin's result-file object.
+    pub result: Option<Document>,
+    /// Why it ended so and what follows: a failure's cause, and its retry or discard.
+    pub reason: Option<String>,
+    /// The attempt's task was discarded with it: a failure no retry follows.
+    pub task_discarded: bool,
+    /// Where the result's `output` is when it was too large to keep in `result`.
+    pub output_file: Option<StoredOutput>,
+}
+
+/// A result `output` kept in GridFS, as JSON text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredOutput {
+    pub file: ObjectId,
+    /// The JSON text's length.
+    pub bytes: u64,
+}
+
+/// A result's `output` as an attempt record holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResultOutput {
+    Inline(Bson),
+    /// In GridFS, as JSON text: read with `Store::stream_output_file`.
+    File(StoredOutput),
+}
+
+/// A whole attempt record, written once when the attempt ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    pub id: ObjectId,
+    pub task: ObjectId,
+    pub queue: Option<ObjectId>,
+    pub node: String,
+    /// The runner's process id.
+    pub pid: u32,
+    pub start: DateTime,
+    pub end: AttemptEnd,
+}
+
+/// The most of each stream a live copy holds: its last 64 KiB. Two streams stay far below
+/// the 16 MiB a task document may hold, and a second's worth of most plugins' output.
+pub const LIVE_TAIL: u64 = 64 * 1024;
+
+/// What a live copy holds of one stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveStream {
+    /// The stream's bytes `from..bytes`, as UTF-8 (a character cut by the tail's start is
+    /// left out; one still being written waits for the next copy).
+    pub text: String,
+    /// Where `text` starts: this many bytes of the stream are not kept.
+    pub from: u64,
+    /// How many bytes of the stream `text` reaches.
+    pub bytes: u64,
+}
+
+/// One live copy of a running attempt's output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveOutput {
+    pub attempt: ObjectId,
+    pub stdout: LiveStream,
+    pub stderr: LiveStream,
+}
+
+/// A unit to add: its key, its params (Coordinate's data), and optional scheduling fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unit {
+    pub key: String,
+    pub params: Document,
+    /// Coordinate's priorities are floats: 2.7 is stored and ordered as 2.7.
+    pub priority: Option<f64>,
+    pub not_before: Option<DateTime>,
+}

@@ -1,3 +1,0 @@
-//! MongoDB users and roles for each component.
-
-pub(in crate::store) mod users;

@@ -1,0 +1,3 @@
+//! MongoDB users and roles for each component.
+
+pub(crate) mod users;

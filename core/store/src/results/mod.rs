@@ -1,0 +1,7 @@
+//! What a run leaves: completions, attempt records, GridFS output and live output.
+
+pub(crate) mod attempts;
+pub(crate) mod completions;
+pub(crate) mod finish;
+pub(crate) mod gridfs;
+pub(crate) mod live_output;
