@@ -7,6 +7,7 @@ use clap::Parser;
 use disbatch_config::process::logging::LogFormat;
 use disbatch_config::Component;
 use disbatch_den::claimer::Claimer;
+use disbatch_den::maintenance::chores::{Chores, Settings as ChoreSettings};
 use disbatch_den::metrics::http::serve_metrics;
 use disbatch_den::metrics::DenMetrics;
 use disbatch_den::reload::{runner_setup, Reloader, Settings};
@@ -188,7 +189,15 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
             store.clone(),
             metrics.clone(),
         )),
-        balancer: disbatch_den::maintenance::balancer::Balancer::new(&config.balance),
+        chores: Chores::standard(ChoreSettings {
+            name: name.clone(),
+            interval: config.loop_interval,
+            dead_node_after: config.dead_node_after,
+            counts_reconcile: config.counts_reconcile,
+            stats_interval: config.stats_interval,
+            pruner: disbatch_den::maintenance::pruner::Pruner::new(config.retain),
+            balancer: disbatch_den::maintenance::balancer::Balancer::new(&config.balance),
+        }),
         runtimes: config.runtimes.clone(),
         notifier: if config.change_streams {
             // Ten passes: an idle node's streams cost 0.2 requests/s at the default interval.
@@ -204,10 +213,6 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
         store,
         name,
         interval: config.loop_interval,
-        dead_node_after: config.dead_node_after,
-        counts_reconcile: config.counts_reconcile,
-        stats_interval: config.stats_interval,
-        pruner: disbatch_den::maintenance::pruner::Pruner::new(config.retain),
         metrics,
         reloads: Some(reloads),
     };

@@ -356,3 +356,59 @@ fn metric_names_are_read_from_queries_but_not_from_label_values() {
         ]
     );
 }
+
+/// The book's table of chores (concepts.md, "The chores") names every chore the DEN registers,
+/// in the order a pass runs them, with who runs it and how its period is set.
+#[tokio::test]
+async fn the_book_lists_every_chore_in_the_order_a_pass_runs_them() {
+    use disbatch_den::maintenance::chores::{Chores, Every, Phase, Settings};
+    let chores = Chores::standard(Settings {
+        name: "docs".into(),
+        interval: Duration::from_secs(1),
+        dead_node_after: Duration::from_secs(28),
+        counts_reconcile: Duration::from_secs(600),
+        stats_interval: Duration::from_secs(60),
+        pruner: disbatch_den::maintenance::pruner::Pruner::new(Default::default()),
+        balancer: disbatch_den::maintenance::balancer::Balancer::new(&Default::default()),
+    });
+    let catalog = chores.catalog();
+    let rows = table_rows(&book_page("concepts.md"), "chore");
+    let listed: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            r.cells
+                .first()
+                .and_then(|c| code_spans(c).into_iter().next())
+        })
+        .collect();
+    let registered: Vec<&str> = catalog.iter().map(|c| c.0).collect();
+    assert_eq!(listed, registered, "the book's chores, in order");
+    for ((name, every, leader_only, phase), row) in catalog.iter().zip(&rows) {
+        let (who, how_often) = (&row.cells[1], &row.cells[2]);
+        let expected_who = if *leader_only {
+            "the leader"
+        } else {
+            "every node"
+        };
+        assert_eq!(who, expected_who, "{name}: runs on");
+        let period_ok = match every {
+            Every::Pass => how_often.starts_with("every pass"),
+            Every::AsItSays => how_often.starts_with("as it says"),
+            Every::Period(d) => {
+                let secs = d.as_secs();
+                how_often.starts_with(&format!("{secs} s"))
+                    || how_often.starts_with(&format!("{secs} intervals"))
+                    || (*name == "silent_nodes" && how_often.contains("`dead_node_after_s`"))
+            }
+        };
+        assert!(
+            period_ok,
+            "{name}: {every:?} but the book says {how_often:?}"
+        );
+        assert_eq!(
+            *phase == Phase::AfterClaim,
+            how_often.contains("after claiming"),
+            "{name}: {phase:?}, the book says {how_often:?}"
+        );
+    }
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use disbatch_store::Store;
 
-use crate::maintenance::chore::Chore;
+use crate::maintenance::background::Background;
 
 /// How often the leader looks for queues due (a new queue is counted within this).
 const CHECK_EVERY: Duration = Duration::from_secs(30);
@@ -18,14 +18,14 @@ pub struct CountKeeper {
     /// writers that keep no counts (Perl nodes, hand edits) are corrected within this, and an
     /// idle backlog is read once per period rather than on every console refresh.
     every: Duration,
-    chore: Chore,
+    chore: Background,
 }
 
 impl CountKeeper {
     pub fn new(every: Duration) -> CountKeeper {
         CountKeeper {
             every,
-            chore: Chore::default(),
+            chore: Background::default(),
         }
     }
 

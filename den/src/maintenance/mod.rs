@@ -1,7 +1,8 @@
 //! The fleet's upkeep: the maintenance lease and the chores its holder (or every node) runs.
 
+pub mod background;
 pub mod balancer;
-pub mod chore;
+pub mod chores;
 pub mod continuous;
 pub mod count_keeper;
 pub mod elector;

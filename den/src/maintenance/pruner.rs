@@ -15,7 +15,7 @@ use disbatch_model::Queue;
 use disbatch_store::Result;
 use disbatch_store::{Pruned, Store};
 
-use crate::maintenance::chore::Chore;
+use crate::maintenance::background::Background;
 use crate::metrics::DenMetrics;
 
 /// How often a run starts (when none is running).
@@ -36,7 +36,7 @@ const MIN_PAUSE: Duration = Duration::from_millis(20);
 
 pub struct Pruner {
     default: Retention,
-    chore: Chore,
+    chore: Background,
     /// Queues whose `retain` could not be read, with the reason last logged.
     unreadable: Arc<Mutex<HashMap<ObjectId, String>>>,
     /// Whether this term made sure of the index pruning reads by.
@@ -51,7 +51,7 @@ impl Pruner {
     pub fn new(default: Retention) -> Pruner {
         Pruner {
             default,
-            chore: Chore::default(),
+            chore: Background::default(),
             unreadable: Arc::default(),
             index_made: Arc::default(),
             failed: Arc::default(),

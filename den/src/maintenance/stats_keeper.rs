@@ -8,7 +8,7 @@ use disbatch_model::fleet_time;
 use disbatch_store::Result;
 use disbatch_store::{add_depths, bucket_attempts, StatusGroup, Store};
 
-use crate::maintenance::chore::Chore;
+use crate::maintenance::background::Background;
 
 /// How long after a minute ends it is counted: an attempt that ended in its last moments has
 /// its record written by then (records are written right after the attempt ends).
@@ -21,7 +21,7 @@ pub struct StatsKeeper {
     /// The bucket width (`stats_interval_s`: a minute unless testing).
     width: Duration,
     node: String,
-    chore: Chore,
+    chore: Background,
 }
 
 impl StatsKeeper {
@@ -29,7 +29,7 @@ impl StatsKeeper {
         StatsKeeper {
             width,
             node: node.to_string(),
-            chore: Chore::default(),
+            chore: Background::default(),
         }
     }
 

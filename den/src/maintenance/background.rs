@@ -1,4 +1,4 @@
-//! A background chore of the maintenance leader (the count and stats keepers): at most one
+//! A chore's work in the background (the count and stats keepers, the pruner): at most one
 //! run at a time, each started on a maintenance pass once its period since the last start has
 //! passed, so a slow run never holds up a pass and never overlaps the next.
 
@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 #[derive(Default)]
-pub struct Chore {
+pub struct Background {
     running: Option<JoinHandle<()>>,
     next: Option<Instant>,
 }
 
-impl Chore {
+impl Background {
     /// Starts `run()` when none is running and `every` has passed since the last start; the
     /// first call starts one at once. True when it started one.
     pub fn start_if_due<F>(&mut self, every: Duration, run: impl FnOnce() -> F) -> bool
@@ -47,7 +47,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_chore_runs_once_at_a_time_and_not_before_its_period() {
-        let mut chore = Chore::default();
+        let mut chore = Background::default();
         let (release, released) = tokio::sync::watch::channel(false);
         let slow = move || {
             let mut released = released.clone();
