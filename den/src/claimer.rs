@@ -12,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use crate::claimer::batch::BatchReport;
 use crate::claimer::plan::{node_room, plan_claims, QueueClaims, QueueState};
 use crate::claimer::shares::{share_room, SpecState};
 use bson::oid::ObjectId;
@@ -156,6 +157,29 @@ struct Servable {
     threads: u32,
 }
 
+impl PassReport {
+    /// Counts one batch of `queue` into the pass.
+    fn add_batch(&mut self, queue: ObjectId, batch: &BatchReport) {
+        if batch.claimed == 0 && batch.lost > 0 {
+            // Other nodes took every slot or task it reached for: it is waiting for
+            // a slot as much as one that found none free, and an idle node's pace
+            // (reading every tenth pass, claiming from a stale view in between)
+            // would keep it losing the same race (measured: a node that ran nothing
+            // for 20 s beside two that shared 300 tasks).
+            self.waiting_for_slots = true;
+            tracing::debug!(queue = %queue, lost = batch.lost, "every claim of the batch went to another node");
+        }
+        if batch.held {
+            // Held back, not out of work: read every pass, and at once when a limit
+            // frees.
+            self.waiting_for_slots = true;
+        }
+        self.held_until = earliest(self.held_until, batch.held_until);
+        self.claimed += batch.claimed;
+        self.short_of_tasks = Some(self.short_of_tasks == Some(true) || batch.out_of_tasks);
+    }
+}
+
 impl Claimer {
     pub fn new(
         store: Store,
@@ -238,29 +262,7 @@ impl Claimer {
         read: Reading,
         stopping: &AtomicBool,
     ) -> Result<PassReport> {
-        for exited in executor.take_exited() {
-            self.view.runner_exited(exited.queue, exited.slot);
-            // Queued again behind the window, perhaps; with the tasks stream closed no event
-            // says so.
-            if exited.outcome == "retry" {
-                if let Some(w) = self.windows.get_mut(&exited.queue) {
-                    w.reset();
-                }
-                self.spares.forget(exited.queue);
-                self.empty.forget(exited.queue);
-            }
-            if let Some(at) = exited.retry_at {
-                self.retries_due.note(at, exited.queue);
-            }
-            if let Some(name) = self.queue_names.get(&exited.queue) {
-                self.metrics
-                    .runner_exited(name, exited.ran_for, exited.success);
-                self.metrics.task_finished(name, exited.outcome);
-                if exited.discarded {
-                    self.metrics.task_discarded(name);
-                }
-            }
-        }
+        self.note_exited_runners(executor);
         self.take_due_retries();
         if stopping.load(Ordering::Relaxed) {
             return Ok(PassReport::default());
@@ -294,50 +296,8 @@ impl Claimer {
             report.short_of_tasks = Some(false);
             return Ok(report);
         }
-        let states: Vec<QueueState> = self
-            .servable
-            .iter()
-            .map(|q| QueueState {
-                id: q.queue.id,
-                threads: q.threads,
-                running: self.view.running(q.queue.id),
-                held_slots: self.view.slots(q.queue.id),
-                lane: self.view.lane(q.queue.id, q.threads, &self.node),
-                contested: self.view.contested(q.queue.id),
-            })
-            .collect();
-        let mut plan = plan_claims(&states, room, &mut self.rng);
-        for q in states
-            .iter()
-            .filter(|q| q.threads > 0 && !plan.iter().any(|c| c.queue == q.id))
-        {
-            report.waiting_for_slots = true;
-            tracing::debug!(
-                queue = %q.id,
-                threads = q.threads,
-                running = q.running,
-                held = ?q.held_slots,
-                contested = ?q.contested,
-                lane = ?q.lane,
-                "no slot for this node in the queue"
-            );
-        }
-        let mut specs: Vec<SpecState> = plan
-            .iter()
-            .map(|claims| {
-                let q = self.servable.iter().find(|q| q.queue.id == claims.queue);
-                let spec = q.map(|q| q.queue.spec.clone()).unwrap_or_default();
-                SpecState {
-                    priority: spec.priority,
-                    weight: spec.weight,
-                    cap: q.map_or(0, |q| q.threads),
-                    running: self.view.running(claims.queue),
-                    max_getwork: spec.max_getwork,
-                    paused: spec.paused,
-                    available: claims.wanted > 0,
-                }
-            })
-            .collect();
+        let (mut plan, mut specs, waiting_for_slots) = self.plan_pass(room);
+        report.waiting_for_slots = waiting_for_slots;
         // Per queue, what this pass claimed: max_getwork bounds it, and operators (and the
         // tests) see that it held.
         let mut claimed_here = vec![0u32; plan.len()];
@@ -366,50 +326,24 @@ impl Claimer {
                     continue;
                 };
                 let batch = match self
-                    .claim_or_make(&queue, &mut plan[i], share.min(room), executor)
+                    .claim_share(&queue, &mut plan[i], share.min(room), executor)
                     .await
                 {
-                    Ok(batch) => batch,
-                    // The server refused this queue's read or claim: its own documents are
-                    // at fault, and every other queue goes on.
-                    Err(e) => match e.refusal() {
-                        Some(why) => {
-                            self.metrics.claim_missed(&queue.name, "refused");
-                            self.report_once(format!(
-                                "queue {} ({}): the server refused its claims this pass: {why}",
-                                queue.name, queue.id
-                            ));
-                            specs[i].available = false;
-                            continue;
-                        }
-                        None => {
-                            self.record_pass_claims(&plan, &claimed_here);
-                            return Err(e);
-                        }
-                    },
+                    Ok(Some(batch)) => batch,
+                    Ok(None) => {
+                        specs[i].available = false;
+                        continue;
+                    }
+                    Err(e) => {
+                        self.record_pass_claims(&plan, &claimed_here);
+                        return Err(e);
+                    }
                 };
-                if batch.claimed == 0 && batch.lost > 0 {
-                    // Other nodes took every slot or task it reached for: it is waiting for
-                    // a slot as much as one that found none free, and an idle node's pace
-                    // (reading every tenth pass, claiming from a stale view in between)
-                    // would keep it losing the same race (measured: a node that ran nothing
-                    // for 20 s beside two that shared 300 tasks).
-                    report.waiting_for_slots = true;
-                    tracing::debug!(queue = %queue.id, lost = batch.lost, "every claim of the batch went to another node");
-                }
-                if batch.held {
-                    // Held back, not out of work: read every pass, and at once when a limit
-                    // frees.
-                    report.waiting_for_slots = true;
-                }
-                report.held_until = earliest(report.held_until, batch.held_until);
+                report.add_batch(queue.id, &batch);
                 claimed_here[i] += batch.claimed;
                 plan[i].wanted = plan[i].wanted.saturating_sub(batch.claimed);
                 specs[i].running += batch.claimed;
                 room -= batch.claimed.min(room);
-                report.claimed += batch.claimed;
-                report.short_of_tasks =
-                    Some(report.short_of_tasks == Some(true) || batch.out_of_tasks);
                 if batch.spawn_failed {
                     self.record_pass_claims(&plan, &claimed_here);
                     report.on_node = self.view.on_node;
@@ -435,6 +369,110 @@ impl Claimer {
         report.more = report.claimed >= MAX_PASS_CLAIMS;
         report.short_of_tasks.get_or_insert(false);
         Ok(report)
+    }
+
+    /// Claims `n` tasks of `queue` in one batch; None when the server refused the queue's
+    /// read or claim: its own documents are at fault, and every other queue goes on.
+    async fn claim_share(
+        &mut self,
+        queue: &Queue,
+        claims: &mut QueueClaims,
+        n: u32,
+        executor: &Executor,
+    ) -> Result<Option<BatchReport>> {
+        match self.claim_or_make(queue, claims, n, executor).await {
+            Ok(batch) => Ok(Some(batch)),
+            Err(e) => match e.refusal() {
+                Some(why) => {
+                    self.metrics.claim_missed(&queue.name, "refused");
+                    self.report_once(format!(
+                        "queue {} ({}): the server refused its claims this pass: {why}",
+                        queue.name, queue.id
+                    ));
+                    Ok(None)
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    /// Takes the runners that exited since the last pass: their slots are free, a retry they
+    /// queued is noted, and their ends are counted.
+    fn note_exited_runners(&mut self, executor: &Executor) {
+        for exited in executor.take_exited() {
+            self.view.runner_exited(exited.queue, exited.slot);
+            // Queued again behind the window, perhaps; with the tasks stream closed no event
+            // says so.
+            if exited.outcome == "retry" {
+                if let Some(w) = self.windows.get_mut(&exited.queue) {
+                    w.reset();
+                }
+                self.spares.forget(exited.queue);
+                self.empty.forget(exited.queue);
+            }
+            if let Some(at) = exited.retry_at {
+                self.retries_due.note(at, exited.queue);
+            }
+            if let Some(name) = self.queue_names.get(&exited.queue) {
+                self.metrics
+                    .runner_exited(name, exited.ran_for, exited.success);
+                self.metrics.task_finished(name, exited.outcome);
+                if exited.discarded {
+                    self.metrics.task_discarded(name);
+                }
+            }
+        }
+    }
+
+    /// This pass's plan for `room`: what each queue may claim, the queues' states for sharing
+    /// the room, and whether a queue had no slot for this node.
+    fn plan_pass(&mut self, room: u32) -> (Vec<QueueClaims>, Vec<SpecState>, bool) {
+        let states: Vec<QueueState> = self
+            .servable
+            .iter()
+            .map(|q| QueueState {
+                id: q.queue.id,
+                threads: q.threads,
+                running: self.view.running(q.queue.id),
+                held_slots: self.view.slots(q.queue.id),
+                lane: self.view.lane(q.queue.id, q.threads, &self.node),
+                contested: self.view.contested(q.queue.id),
+            })
+            .collect();
+        let plan = plan_claims(&states, room, &mut self.rng);
+        let mut waiting_for_slots = false;
+        for q in states
+            .iter()
+            .filter(|q| q.threads > 0 && !plan.iter().any(|c| c.queue == q.id))
+        {
+            waiting_for_slots = true;
+            tracing::debug!(
+                queue = %q.id,
+                threads = q.threads,
+                running = q.running,
+                held = ?q.held_slots,
+                contested = ?q.contested,
+                lane = ?q.lane,
+                "no slot for this node in the queue"
+            );
+        }
+        let specs: Vec<SpecState> = plan
+            .iter()
+            .map(|claims| {
+                let q = self.servable.iter().find(|q| q.queue.id == claims.queue);
+                let spec = q.map(|q| q.queue.spec.clone()).unwrap_or_default();
+                SpecState {
+                    priority: spec.priority,
+                    weight: spec.weight,
+                    cap: q.map_or(0, |q| q.threads),
+                    running: self.view.running(claims.queue),
+                    max_getwork: spec.max_getwork,
+                    paused: spec.paused,
+                    available: claims.wanted > 0,
+                }
+            })
+            .collect();
+        (plan, specs, waiting_for_slots)
     }
 
     fn record_pass_claims(&self, plan: &[QueueClaims], claimed: &[u32]) {

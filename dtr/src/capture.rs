@@ -178,16 +178,8 @@ pub(crate) async fn conclude(
     } = outcome;
     // A worker that died or broke the protocol crashed, as a plugin killed by a signal did.
     let crashed = lead.is_some() || matches!(exit, Exit::Signal(_));
-    let mut capped = false;
-    // Why the runner ended the plugin comes first; the exit's own remark follows.
-    let mut lead_note = |why: String| {
-        note = Some(match note.take() {
-            Some(n) => format!("{why}; {n}"),
-            None => why,
-        });
-    };
     if let Some(why) = lead {
-        lead_note(why);
+        put_first(&mut note, why);
         if requeue {
             retry = Some(Duration::ZERO);
         } else {
@@ -195,47 +187,9 @@ pub(crate) async fn conclude(
             retry = None;
         }
     }
-    let end = match (stopped, retry) {
-        (Stopped::TimedOut(_, after), _) => {
-            lead_note(format!("timed out after {} s", after.as_secs_f64()));
-            TaskEnd::Status(status::FAILED)
-        }
-        (Stopped::Cancelled(_), _) => {
-            lead_note("cancelled by an operator while running".to_string());
-            TaskEnd::Status(status::CANCELLED)
-        }
-        (_, Some(_)) if prepared.max_retries.is_some_and(|m| attempts >= m as i64) => {
-            capped = true;
-            let why = format!(
-                "too many retries: attempt {attempts} asked for another, max_retries is {}",
-                prepared.max_retries.unwrap_or(0)
-            );
-            note = Some(match note.take() {
-                Some(n) => format!("{n}; {why}"),
-                None => why,
-            });
-            TaskEnd::Status(status::FAILED)
-        }
-        (_, Some(delay)) if delay > Duration::ZERO => TaskEnd::Retry {
-            not_before: Some(DateTime::from_millis(
-                fleet_time::now().timestamp_millis() + delay.as_millis() as i64,
-            )),
-            keep_key_slot: false,
-        },
-        (_, Some(_)) => TaskEnd::Retry {
-            not_before: None,
-            keep_key_slot: false,
-        },
-        (_, None) => TaskEnd::Status(status),
-    };
-    let failure = match stopped {
-        Stopped::Cancelled(_) => None,
-        // Coordinate's `max_retries` already said no more: a policy does not overrule it.
-        _ if capped => None,
-        Stopped::TimedOut(..) => Some(FailureKind::Timeout),
-        _ if crashed => Some(FailureKind::Crashed),
-        _ => Some(FailureKind::Failed),
-    };
+    let (end, failure) = end_of(
+        stopped, retry, status, crashed, attempts, prepared, &mut note,
+    );
     let (end, followed) = crate::outcome::follow_retry_policy(
         end,
         failure,
@@ -246,58 +200,14 @@ pub(crate) async fn conclude(
         fleet_time::now(),
     );
     let end = end.keeping_key_slot(prepared.ordered_keys);
-    // The attempt's reason: why it ended so (the runner's note) and what follows.
-    let mut reason = match end {
-        TaskEnd::Status(status::SUCCEEDED) => None,
-        TaskEnd::Retry { not_before, .. } if followed.is_none() => Some(match not_before {
-            Some(at) => format!(
-                "the plugin asked for a retry, not before {}",
-                at.try_to_rfc3339_string().unwrap_or_default()
-            ),
-            None => "the plugin asked for a retry".to_string(),
-        }),
-        _ => note.clone(),
-    };
-    if let Some(line) = followed {
-        reason = Some(match reason.take() {
-            Some(r) => format!("{r}; {line}"),
-            None => line.clone(),
-        });
-        note = Some(match note.take() {
-            Some(n) => format!("{n}; {line}"),
-            None => line,
-        });
-    }
-    // Units are read now, so an output that cannot be chained is said in the task's stderr
-    // with its result, which stands. Only a success chains.
-    let output = match (&prepared.then, end == TaskEnd::Status(status::SUCCEEDED)) {
-        (Some(then), true) => {
-            crate::outcome::chained_output(result.as_ref(), spilled_output.as_deref())
-                .unwrap_or_else(|problem| {
-                    let line = format!("chaining to queue {then:?}: {problem}");
-                    note = Some(match note.take() {
-                        Some(n) => format!("{n}; {line}"),
-                        None => line,
-                    });
-                    None
-                })
-        }
-        _ => None,
-    };
-    let chain = match (&prepared.then, output) {
-        (Some(then), Some(output)) => {
-            let chained = disbatch_model::chaining::units_from_output(&output, fleet_time::now());
-            for problem in &chained.problems {
-                let line = format!("chaining to queue {then:?}: {problem}");
-                note = Some(match note.take() {
-                    Some(n) => format!("{n}; {line}"),
-                    None => line,
-                });
-            }
-            Some((then.clone(), chained.units))
-        }
-        _ => None,
-    };
+    let reason = reason_of(&end, followed, &mut note);
+    let chain = chain_of(
+        prepared,
+        end == TaskEnd::Status(status::SUCCEEDED),
+        result.as_ref(),
+        spilled_output.as_deref(),
+        &mut note,
+    );
     if let Some(note) = note {
         append_note(&paths.stderr, &note).await?;
     }
@@ -321,6 +231,133 @@ pub(crate) async fn conclude(
         spool: Some(spool),
     };
     Ok(Ran::Finished(Box::new(done), facts))
+}
+
+/// Puts `why` at the start of the runner's note: why the runner ended the plugin comes
+/// first, the exit's own remark after it.
+fn put_first(note: &mut Option<String>, why: String) {
+    *note = Some(match note.take() {
+        Some(n) => format!("{why}; {n}"),
+        None => why,
+    });
+}
+
+/// The task's end before its retry policy, and the failure the policy judges (None: the
+/// policy does not apply), from how the run stopped and the retry the result asked for.
+fn end_of(
+    stopped: Stopped,
+    retry: Option<Duration>,
+    status: i32,
+    crashed: bool,
+    attempts: i64,
+    prepared: &Prepared,
+    note: &mut Option<String>,
+) -> (TaskEnd, Option<FailureKind>) {
+    let mut capped = false;
+    let end = match (stopped, retry) {
+        (Stopped::TimedOut(_, after), _) => {
+            put_first(note, format!("timed out after {} s", after.as_secs_f64()));
+            TaskEnd::Status(status::FAILED)
+        }
+        (Stopped::Cancelled(_), _) => {
+            put_first(note, "cancelled by an operator while running".to_string());
+            TaskEnd::Status(status::CANCELLED)
+        }
+        (_, Some(_)) if prepared.max_retries.is_some_and(|m| attempts >= m as i64) => {
+            capped = true;
+            let why = format!(
+                "too many retries: attempt {attempts} asked for another, max_retries is {}",
+                prepared.max_retries.unwrap_or(0)
+            );
+            add_line(note, why);
+            TaskEnd::Status(status::FAILED)
+        }
+        (_, Some(delay)) if delay > Duration::ZERO => TaskEnd::Retry {
+            not_before: Some(DateTime::from_millis(
+                fleet_time::now().timestamp_millis() + delay.as_millis() as i64,
+            )),
+            keep_key_slot: false,
+        },
+        (_, Some(_)) => TaskEnd::Retry {
+            not_before: None,
+            keep_key_slot: false,
+        },
+        (_, None) => TaskEnd::Status(status),
+    };
+    let failure = match stopped {
+        Stopped::Cancelled(_) => None,
+        // Coordinate's `max_retries` already said no more: a policy does not overrule it.
+        _ if capped => None,
+        Stopped::TimedOut(..) => Some(FailureKind::Timeout),
+        _ if crashed => Some(FailureKind::Crashed),
+        _ => Some(FailureKind::Failed),
+    };
+    (end, failure)
+}
+
+/// Adds `line` to the end of the runner's note for the task's stderr.
+fn add_line(note: &mut Option<String>, line: String) {
+    *note = Some(match note.take() {
+        Some(n) => format!("{n}; {line}"),
+        None => line,
+    });
+}
+
+/// The attempt's reason: why it ended so (the runner's note) and what follows (`followed`,
+/// the retry policy's line, which the note gets too).
+fn reason_of(end: &TaskEnd, followed: Option<String>, note: &mut Option<String>) -> Option<String> {
+    // The attempt's reason: why it ended so (the runner's note) and what follows.
+    let mut reason = match *end {
+        TaskEnd::Status(status::SUCCEEDED) => None,
+        TaskEnd::Retry { not_before, .. } if followed.is_none() => Some(match not_before {
+            Some(at) => format!(
+                "the plugin asked for a retry, not before {}",
+                at.try_to_rfc3339_string().unwrap_or_default()
+            ),
+            None => "the plugin asked for a retry".to_string(),
+        }),
+        _ => note.clone(),
+    };
+    if let Some(line) = followed {
+        reason = Some(match reason.take() {
+            Some(r) => format!("{r}; {line}"),
+            None => line.clone(),
+        });
+        add_line(note, line);
+    }
+    reason
+}
+
+/// The queue and units a success chains into (`then`), from its result's `output`. Units
+/// are read now, so an output that cannot be chained is said in the task's stderr (`note`)
+/// with its result, which stands. Only a success chains.
+fn chain_of(
+    prepared: &Prepared,
+    succeeded: bool,
+    result: Option<&serde_json::Map<String, serde_json::Value>>,
+    spilled_output: Option<&[u8]>,
+    note: &mut Option<String>,
+) -> Option<(String, Vec<disbatch_model::task::Unit>)> {
+    let output = match (&prepared.then, succeeded) {
+        (Some(then), true) => crate::outcome::chained_output(result, spilled_output)
+            .unwrap_or_else(|problem| {
+                let line = format!("chaining to queue {then:?}: {problem}");
+                add_line(note, line);
+                None
+            }),
+        _ => None,
+    };
+    match (&prepared.then, output) {
+        (Some(then), Some(output)) => {
+            let chained = disbatch_model::chaining::units_from_output(&output, fleet_time::now());
+            for problem in &chained.problems {
+                let line = format!("chaining to queue {then:?}: {problem}");
+                add_line(note, line);
+            }
+            Some((then.clone(), chained.units))
+        }
+        _ => None,
+    }
 }
 
 /// A plugin that could not start: the task fails with the reason as its stderr.

@@ -15,6 +15,7 @@ use super::{
     DEFAULT_LOOP_INTERVAL, MAX_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
 };
 use crate::plugins::PluginTable;
+use crate::PluginUser;
 use disbatch_model::output::GfsMode;
 
 /// Settings that must be JSON objects: serde would also take an array for them, by position.
@@ -201,53 +202,22 @@ impl RawConfig {
         warnings: &mut Vec<String>,
     ) -> Result<Config, Vec<String>> {
         let mut p = Problems::default();
-        let env = |name: &str| std::env::var(name).ok();
-        let mongohost = p.take(
-            super::credentials::mongohost(base, self.mongohost, self.mongohost_file, env).and_then(
-                |m| {
-                    required_string("mongohost", Some(m))
-                        .and_then(|m| super::mongohost::normalise(&m))
-                },
-            ),
+        let (mongohost, auth, database, attributes) = check_connection(
+            (self.mongohost, self.mongohost_file),
+            (self.auth, self.auth_files),
+            self.database,
+            self.attributes,
+            (base, warnings),
+            &mut p,
         );
-        let users = super::Component::ALL.map(super::Component::user);
-        let auth = p
-            .take(super::credentials::auth(
-                base,
-                self.auth,
-                self.auth_files,
-                &users,
-                env,
-            ))
-            .unwrap_or_default();
-        let database = p.take(
-            required_string("database", self.database)
-                .and_then(|d| validate_database_name(&d).map(|()| d)),
+        let plugins = check_plugins(
+            self.plugins.as_ref(),
+            self.plugin_dirs.unwrap_or_default(),
+            self.plugin_env.as_deref().unwrap_or_default(),
+            (self.plugin_user.as_ref(), self.plugin_group.as_ref()),
+            base,
+            &mut p,
         );
-        let attributes = p.take(match self.attributes {
-            None | Some(Value::Null) => Ok(Default::default()),
-            Some(v) => super::attributes::read(&v, base, warnings),
-        });
-        let plugin_dirs: Vec<PathBuf> = self
-            .plugin_dirs
-            .unwrap_or_default()
-            .iter()
-            .map(|d| resolve(base, d))
-            .collect();
-        let plugins = p.take(
-            PluginTable::from_config(self.plugins.as_ref(), plugin_dirs, base)
-                .map_err(|e| format!("key `plugins`: {e}")),
-        );
-        let plugin_env = p.take(
-            crate::plugin_env::PluginEnv::with_extra(
-                self.plugin_env.as_deref().unwrap_or_default(),
-            )
-            .map_err(|e| format!("key `plugin_env`: {e}")),
-        );
-        let plugin_user = p.take(super::plugin_user::from_config(
-            self.plugin_user.as_ref(),
-            self.plugin_group.as_ref(),
-        ));
         let gfs = p.take(match self.gfs {
             None | Some(Value::Null) => Ok(GfsMode::Auto),
             Some(v) => GfsMode::from_config(&v).map_err(|e| format!("key `gfs`: {e}")),
@@ -265,103 +235,43 @@ impl RawConfig {
         if let Some(node) = &self.node {
             p.take(super::validate_node_name(node).map_err(|e| format!("key `node`: {e}")));
         }
-        let loop_interval = p.take(loop_interval(self.loop_interval_ms));
-        let dead_node_after = p.take(dead_node_after(self.dead_node_after_s));
-        let counts_reconcile = p.take(match self.counts_reconcile_s {
-            None => Ok(DEFAULT_COUNTS_RECONCILE),
-            Some(0) => Err("key `counts_reconcile_s`: must be at least 1 s".to_string()),
-            Some(s) => Ok(Duration::from_secs(s.min(7 * 24 * 3600))),
-        });
-        let stats_interval = p.take(stats_interval(self.stats_interval_s));
-        let retain = p.take(retain(self.retain.as_ref()));
+        let timing = check_timing(
+            (self.loop_interval_ms, self.dead_node_after_s),
+            (self.counts_reconcile_s, self.stats_interval_s),
+            self.retain.as_ref(),
+            &mut p,
+        );
         let balance = self.balance.unwrap_or_default();
-        let web = self.web.unwrap_or_default();
-        let tokens = p.take(super::tokens::web_tokens(web.tokens, base, warnings));
-        let web_tls = p.take(web.tls.map(|t| super::tokens::web_tls(t, base)).transpose());
-        let http = p.take(super::web_http::validate(super::web_http::RawHttp {
-            max_connections: web.max_connections,
-            header_timeout_ms: web.header_timeout_ms,
-            idle_timeout_ms: web.idle_timeout_ms,
-            allowed_hosts: web.allowed_hosts,
-            allowed_origins: web.allowed_origins,
-        }));
-        for ns in &web.namespaces {
-            p.take(
-                validate_database_name(ns)
-                    .map_err(|e| e.replace("key `database`", "key `web.namespaces`")),
-            );
-        }
-        let metrics_listen = p.take(
-            self.metrics_listen
-                .as_deref()
-                .map(|a| {
-                    a.trim().parse::<std::net::SocketAddr>().map_err(|_| {
-                        format!(
-                            "key `metrics_listen`: {a:?} is not a socket address; use IP:PORT, e.g. \"127.0.0.1:9101\""
-                        )
-                    })
-                })
-                .transpose(),
+        let web = check_web(
+            self.web.unwrap_or_default(),
+            self.metrics_listen.as_deref(),
+            base,
+            warnings,
+            &mut p,
         );
-        let max_body_bytes = web.max_body_bytes.unwrap_or(WebSettings::DEFAULT_MAX_BODY);
-        if max_body_bytes < 1024 {
-            p.take::<()>(Err("key `web.max_body_bytes`: must be at least 1024".into()));
-        }
-        let log_format = p.take(
-            self.log_format
-                .as_deref()
-                .map(|f| f.parse().map_err(|e| format!("key `log_format`: {e}")))
-                .transpose(),
-        );
-        let log_level = p.take(match self.log_level {
-            Some(l) if l.trim().is_empty() => Err("key `log_level` must not be empty".into()),
-            Some(l) => crate::process::logging::check_level(&l)
-                .map(|()| Some(l))
-                .map_err(|e| format!("key `log_level`: {e}")),
-            None => Ok(None),
-        });
+        let logging = check_logging(self.log_format.as_deref(), self.log_level, &mut p);
         let (
             Some(mongohost),
             Some(database),
             Some((tls, driver)),
-            Some(plugins),
-            Some(plugin_env),
-            Some(plugin_user),
+            Some((plugins, plugin_env, plugin_user)),
             Some(gfs),
             Some(activequeues),
             Some(ignorequeues),
-            Some(loop_interval),
-            Some(dead_node_after),
-            Some(counts_reconcile),
-            Some(stats_interval),
-            Some(retain),
-            Some(tokens),
-            Some(web_tls),
-            Some(http),
-            Some(metrics_listen),
-            Some(log_format),
-            Some(log_level),
+            Some((loop_interval, dead_node_after, counts_reconcile, stats_interval, retain)),
+            Some((web, metrics_listen)),
+            Some((log_format, log_level)),
         ) = (
             mongohost,
             database,
             attributes,
             plugins,
-            plugin_env,
-            plugin_user,
             gfs,
             activequeues,
             ignorequeues,
-            loop_interval,
-            dead_node_after,
-            counts_reconcile,
-            stats_interval,
-            retain,
-            tokens,
-            web_tls,
-            http,
-            metrics_listen,
-            log_format,
-            log_level,
+            timing,
+            web,
+            logging,
         )
         else {
             return Err(p.0);
@@ -369,20 +279,6 @@ impl RawConfig {
         if !p.0.is_empty() {
             return Err(p.0);
         }
-        let web = WebSettings {
-            listen: web.listen,
-            max_body_bytes,
-            live_window: Duration::from_millis(web.live_window_ms.unwrap_or(15_000)),
-            empty_tasks_object: perl_bool::or(web.empty_tasks_object, false),
-            namespaces: web.namespaces,
-            tokens,
-            tls: web_tls,
-            max_connections: http.max_connections,
-            header_timeout: http.header_timeout,
-            idle_timeout: http.idle_timeout,
-            allowed_hosts: http.allowed_hosts,
-            allowed_origins: http.allowed_origins,
-        };
         Ok(Config {
             path: path.to_path_buf(),
             mongohost,
@@ -422,6 +318,183 @@ impl RawConfig {
             log_level,
         })
     }
+}
+
+/// `mongohost` (or `mongohost_file`), `auth` (or `auth_files`), `database` and `attributes`,
+/// in that order; each None when wrong (its problem is in `p`), `auth` empty.
+#[allow(clippy::type_complexity)]
+fn check_connection(
+    mongohost: (Option<String>, Option<String>),
+    auth: (
+        Option<BTreeMap<String, String>>,
+        Option<BTreeMap<String, String>>,
+    ),
+    database: Option<String>,
+    attributes: Option<Value>,
+    (base, warnings): (&Path, &mut Vec<String>),
+    p: &mut Problems,
+) -> (
+    Option<String>,
+    BTreeMap<String, String>,
+    Option<String>,
+    Option<(super::TlsSettings, super::DriverOptions)>,
+) {
+    let env = |name: &str| std::env::var(name).ok();
+    let mongohost = p.take(
+        super::credentials::mongohost(base, mongohost.0, mongohost.1, env).and_then(|m| {
+            required_string("mongohost", Some(m)).and_then(|m| super::mongohost::normalise(&m))
+        }),
+    );
+    let users = super::Component::ALL.map(super::Component::user);
+    let auth = p
+        .take(super::credentials::auth(base, auth.0, auth.1, &users, env))
+        .unwrap_or_default();
+    let database = p.take(
+        required_string("database", database).and_then(|d| validate_database_name(&d).map(|()| d)),
+    );
+    let attributes = p.take(match attributes {
+        None | Some(Value::Null) => Ok(Default::default()),
+        Some(v) => super::attributes::read(&v, base, warnings),
+    });
+    (mongohost, auth, database, attributes)
+}
+
+/// The loop interval, `dead_node_after_s`, the keepers' periods and `retain`, in that order;
+/// None when any is wrong (each problem is in `p`).
+fn check_timing(
+    node_ms: (Option<u64>, Option<u64>),
+    keepers_s: (Option<u64>, Option<u64>),
+    retain_value: Option<&Value>,
+    p: &mut Problems,
+) -> Option<(
+    Duration,
+    Duration,
+    Duration,
+    Duration,
+    disbatch_model::retention::Retention,
+)> {
+    let loop_interval = p.take(loop_interval(node_ms.0));
+    let dead_node_after = p.take(dead_node_after(node_ms.1));
+    let counts_reconcile = p.take(match keepers_s.0 {
+        None => Ok(DEFAULT_COUNTS_RECONCILE),
+        Some(0) => Err("key `counts_reconcile_s`: must be at least 1 s".to_string()),
+        Some(s) => Ok(Duration::from_secs(s.min(7 * 24 * 3600))),
+    });
+    let stats_interval = p.take(stats_interval(keepers_s.1));
+    let retain = p.take(retain(retain_value));
+    Some((
+        loop_interval?,
+        dead_node_after?,
+        counts_reconcile?,
+        stats_interval?,
+        retain?,
+    ))
+}
+
+/// `plugins` (with `plugin_dirs`), `plugin_env`, and `plugin_user` with `plugin_group`, in
+/// that order; None when any is wrong (each problem is in `p`).
+fn check_plugins(
+    table: Option<&Value>,
+    dirs: Vec<String>,
+    extra_env: &[String],
+    user: (Option<&Value>, Option<&Value>),
+    base: &Path,
+    p: &mut Problems,
+) -> Option<(
+    PluginTable,
+    crate::plugin_env::PluginEnv,
+    Option<PluginUser>,
+)> {
+    let plugin_dirs: Vec<PathBuf> = dirs.iter().map(|d| resolve(base, d)).collect();
+    let plugins = p.take(
+        PluginTable::from_config(table, plugin_dirs, base)
+            .map_err(|e| format!("key `plugins`: {e}")),
+    );
+    let plugin_env = p.take(
+        crate::plugin_env::PluginEnv::with_extra(extra_env)
+            .map_err(|e| format!("key `plugin_env`: {e}")),
+    );
+    let plugin_user = p.take(super::plugin_user::from_config(user.0, user.1));
+    Some((plugins?, plugin_env?, plugin_user?))
+}
+
+/// `log_format` and `log_level`; None when either is wrong (each problem is in `p`).
+fn check_logging(
+    format: Option<&str>,
+    level: Option<String>,
+    p: &mut Problems,
+) -> Option<(Option<crate::process::logging::LogFormat>, Option<String>)> {
+    let log_format = p.take(
+        format
+            .map(|f| f.parse().map_err(|e| format!("key `log_format`: {e}")))
+            .transpose(),
+    );
+    let log_level = p.take(match level {
+        Some(l) if l.trim().is_empty() => Err("key `log_level` must not be empty".into()),
+        Some(l) => crate::process::logging::check_level(&l)
+            .map(|()| Some(l))
+            .map_err(|e| format!("key `log_level`: {e}")),
+        None => Ok(None),
+    });
+    Some((log_format?, log_level?))
+}
+
+/// The `web` keys and `metrics_listen`, checked in this order: `web.tokens`, `web.tls`, the
+/// HTTP limits and origins, `web.namespaces`, `metrics_listen`, `web.max_body_bytes`. None
+/// when any is wrong (each problem is in `p`).
+fn check_web(
+    web: RawWeb,
+    metrics_listen: Option<&str>,
+    base: &Path,
+    warnings: &mut Vec<String>,
+    p: &mut Problems,
+) -> Option<(WebSettings, Option<std::net::SocketAddr>)> {
+    let tokens = p.take(super::tokens::web_tokens(web.tokens, base, warnings));
+    let web_tls = p.take(web.tls.map(|t| super::tokens::web_tls(t, base)).transpose());
+    let http = p.take(super::web_http::validate(super::web_http::RawHttp {
+        max_connections: web.max_connections,
+        header_timeout_ms: web.header_timeout_ms,
+        idle_timeout_ms: web.idle_timeout_ms,
+        allowed_hosts: web.allowed_hosts,
+        allowed_origins: web.allowed_origins,
+    }));
+    for ns in &web.namespaces {
+        p.take(
+            validate_database_name(ns)
+                .map_err(|e| e.replace("key `database`", "key `web.namespaces`")),
+        );
+    }
+    let metrics_listen = p.take(
+            metrics_listen
+                .map(|a| {
+                    a.trim().parse::<std::net::SocketAddr>().map_err(|_| {
+                        format!(
+                            "key `metrics_listen`: {a:?} is not a socket address; use IP:PORT, e.g. \"127.0.0.1:9101\""
+                        )
+                    })
+                })
+                .transpose(),
+        );
+    let max_body_bytes = web.max_body_bytes.unwrap_or(WebSettings::DEFAULT_MAX_BODY);
+    if max_body_bytes < 1024 {
+        p.take::<()>(Err("key `web.max_body_bytes`: must be at least 1024".into()));
+    }
+    let (tokens, web_tls, http, metrics_listen) = (tokens?, web_tls?, http?, metrics_listen?);
+    let web = WebSettings {
+        listen: web.listen,
+        max_body_bytes,
+        live_window: Duration::from_millis(web.live_window_ms.unwrap_or(15_000)),
+        empty_tasks_object: perl_bool::or(web.empty_tasks_object, false),
+        namespaces: web.namespaces,
+        tokens,
+        tls: web_tls,
+        max_connections: http.max_connections,
+        header_timeout: http.header_timeout,
+        idle_timeout: http.idle_timeout,
+        allowed_hosts: http.allowed_hosts,
+        allowed_origins: http.allowed_origins,
+    };
+    Some((web, metrics_listen))
 }
 
 /// Problems found so far; `take` keeps checking past one.

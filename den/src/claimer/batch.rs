@@ -15,6 +15,7 @@ use disbatch_store::{
     claim_key, last_signal, Candidates, Pick, PickHolds, PickOutcome, SkipReason,
 };
 
+use super::limits::BeforeRead;
 use super::{earliest, spare, Claimer, MAX_CANDIDATES};
 use crate::runners::executor::Executor;
 
@@ -98,73 +99,10 @@ impl Claimer {
         if also.is_some() {
             self.spares.forget(queue.id);
         }
-        let spares = match keep_spares {
-            true => self.spares.take(queue.id, n),
-            false => None,
-        };
-        let (found, read_at) = match spares {
-            Some((tasks, read_at)) => (
-                Candidates {
-                    tasks,
-                    unreadable: Vec::new(),
-                },
-                read_at,
-            ),
-            None => {
-                let read = match in_id_order {
-                    true => read.clamp(spare::READ_AT_LEAST, MAX_CANDIDATES),
-                    false => read,
-                };
-                let window = self.windows.entry(queue.id).or_default();
-                let read_at = Instant::now();
-                let fleet_read_at = fleet_time::now();
-                let found = match &also {
-                    Some(also) => {
-                        window.reset();
-                        self.store
-                            .claim_candidates_matching(queue.id, queue.sort, read, also)
-                            .await?
-                    }
-                    None => {
-                        let found = self
-                            .store
-                            .claim_candidates(
-                                queue.id,
-                                queue.sort,
-                                read,
-                                lane.nodes() as usize,
-                                window,
-                            )
-                            .await?;
-                        // Empty with no flow limit leaving tasks out: nothing to read until a
-                        // signal. A continuous queue is read to make its next unit. The next
-                        // read is of the head, so tasks queued again behind the window count.
-                        if found.tasks.is_empty()
-                            && found.unreadable.is_empty()
-                            && !queue.spec.continuous
-                        {
-                            window.reset();
-                            self.empty.found_empty(queue.id, read_at, fleet_read_at);
-                        }
-                        found
-                    }
-                };
-                (found, read_at)
-            }
-        };
-        for (id, why) in found.unreadable {
-            let why = format!("its document cannot be decoded: {why}");
-            self.set_unrunnable(id, SkipReason::Undecodable, &why)
-                .await?;
-        }
-        let candidates: Vec<_> = found
-            .tasks
-            .into_iter()
-            .filter(|t| {
-                t.get_object_id(task::ID)
-                    .map_or(true, |id| !self.unrunnable.contains(&id))
-            })
-            .collect();
+        let lane_nodes = lane.nodes() as usize;
+        let (candidates, read_at) = self
+            .candidates(queue, n, read, lane_nodes, keep_spares, also.as_ref())
+            .await?;
         report.ran_dry = candidates.len() < n;
         report.out_of_tasks = report.ran_dry;
         let before = match self.view.perl_nodes_claim() {
@@ -187,7 +125,92 @@ impl Claimer {
                 .collect();
             self.spares.keep(queue.id, own, read_at);
         }
-        let chosen: Vec<(Document, PickHolds)> = match &limits {
+        let picks = self
+            .pick(queue, plan, limits.as_ref(), chosen, &mut report)
+            .await?;
+        if picks.is_empty() {
+            self.metrics.claim_missed(&queue.name, "empty");
+            return Ok(report);
+        }
+        let outcomes = self
+            .store
+            .claim_picks(&self.node, queue.run.lease, &picks)
+            .await?;
+        let mut claimed = self
+            .take_outcomes(queue, plan, picks, outcomes, asked.elapsed(), &mut report)
+            .await?;
+        if let Some((_, before)) = &before {
+            report.claimed -= self
+                .give_back_claims_past_cap(queue, threads, before, &mut claimed)
+                .await?;
+        }
+        self.hand_to_runners(queue, claimed, executor, &mut report)
+            .await?;
+        Ok(report)
+    }
+
+    /// Up to `n` tasks of `queue` to pick from (`read` of them when read afresh), with when
+    /// they were read: the spares of the last read when it kept some, else a read; tasks whose
+    /// documents cannot be decoded are marked unrunnable and left out.
+    async fn candidates(
+        &mut self,
+        queue: &Queue,
+        n: usize,
+        read: usize,
+        lane_nodes: usize,
+        keep_spares: bool,
+        also: Option<&Document>,
+    ) -> Result<(Vec<Document>, Instant)> {
+        let in_id_order = matches!(queue.sort, QueueSort::Fifo | QueueSort::Default);
+        let spares = match keep_spares {
+            true => self.spares.take(queue.id, n),
+            false => None,
+        };
+        let (found, read_at) = match spares {
+            Some((tasks, read_at)) => (
+                Candidates {
+                    tasks,
+                    unreadable: Vec::new(),
+                },
+                read_at,
+            ),
+            None => {
+                let read = match in_id_order {
+                    true => read.clamp(spare::READ_AT_LEAST, MAX_CANDIDATES),
+                    false => read,
+                };
+                let read_at = Instant::now();
+                let found = self.read_candidates(queue, read, lane_nodes, also, read_at);
+                (found.await?, read_at)
+            }
+        };
+        for (id, why) in found.unreadable {
+            let why = format!("its document cannot be decoded: {why}");
+            self.set_unrunnable(id, SkipReason::Undecodable, &why)
+                .await?;
+        }
+        let candidates: Vec<_> = found
+            .tasks
+            .into_iter()
+            .filter(|t| {
+                t.get_object_id(task::ID)
+                    .map_or(true, |id| !self.unrunnable.contains(&id))
+            })
+            .collect();
+        Ok((candidates, read_at))
+    }
+
+    /// The picks of `chosen`: those `limits` allow now (the rest held back, as `report` says),
+    /// each with a slot of the plan and a new attempt.
+    async fn pick(
+        &mut self,
+        queue: &Queue,
+        plan: &mut QueueClaims,
+        limits: Option<&BeforeRead>,
+        chosen: Vec<Document>,
+        report: &mut BatchReport,
+    ) -> Result<Vec<Pick>> {
+        let chosen: Vec<(Document, PickHolds)> = match limits {
             Some(limits) => {
                 let allowed = self.limits_allow(queue, limits, chosen).await?;
                 if allowed.held_back > 0 {
@@ -216,15 +239,55 @@ impl Claimer {
                 })
             })
             .collect();
-        if picks.is_empty() {
-            self.metrics.claim_missed(&queue.name, "empty");
-            return Ok(report);
+        Ok(picks)
+    }
+
+    /// Reads up to `read` candidates of `queue` from the database: those of the partitions and
+    /// keys `also` leaves room for, else from the queue's claim window (`nodes`: how many
+    /// nodes share its lanes). An empty read with nothing left out marks the queue empty.
+    async fn read_candidates(
+        &mut self,
+        queue: &Queue,
+        read: usize,
+        nodes: usize,
+        also: Option<&Document>,
+        read_at: Instant,
+    ) -> Result<Candidates> {
+        let window = self.windows.entry(queue.id).or_default();
+        let fleet_read_at = fleet_time::now();
+        if let Some(also) = also {
+            window.reset();
+            return self
+                .store
+                .claim_candidates_matching(queue.id, queue.sort, read, also)
+                .await;
         }
-        let outcomes = self
+        let found = self
             .store
-            .claim_picks(&self.node, queue.run.lease, &picks)
+            .claim_candidates(queue.id, queue.sort, read, nodes, window)
             .await?;
-        let latency = asked.elapsed();
+        // Empty with no flow limit leaving tasks out: nothing to read until a signal. A
+        // continuous queue is read to make its next unit. The next read is of the head, so
+        // tasks queued again behind the window count.
+        if found.tasks.is_empty() && found.unreadable.is_empty() && !queue.spec.continuous {
+            window.reset();
+            self.empty.found_empty(queue.id, read_at, fleet_read_at);
+        }
+        Ok(found)
+    }
+
+    /// Takes each pick's outcome: a claim is counted and kept, a pick another node took
+    /// first gives its slot back to the plan, a refused one marks its task unrunnable; grants
+    /// of rate limits no claim used are refunded. Returns the claimed tasks with their picks.
+    async fn take_outcomes(
+        &mut self,
+        queue: &Queue,
+        plan: &mut QueueClaims,
+        picks: Vec<Pick>,
+        outcomes: Vec<PickOutcome>,
+        latency: std::time::Duration,
+        report: &mut BatchReport,
+    ) -> Result<Vec<(Box<Document>, Pick)>> {
         let mut claimed = Vec::new();
         let unused: Vec<&PickHolds> = picks
             .iter()
@@ -279,11 +342,18 @@ impl Claimer {
                 }
             }
         }
-        if let Some((_, before)) = &before {
-            report.claimed -= self
-                .give_back_claims_past_cap(queue, threads, before, &mut claimed)
-                .await?;
-        }
+        Ok(claimed)
+    }
+
+    /// Hands the claimed tasks to runners; when one cannot be started, the batch's unstarted
+    /// tasks are given back.
+    async fn hand_to_runners(
+        &mut self,
+        queue: &Queue,
+        claimed: Vec<(Box<Document>, Pick)>,
+        executor: &Executor,
+        report: &mut BatchReport,
+    ) -> Result<()> {
         let relay = executor.relays();
         let mut handoffs = claimed.into_iter().map(|(task, pick)| {
             let handoff = Handoff {
@@ -314,6 +384,6 @@ impl Claimer {
             }
             break;
         }
-        Ok(report)
+        Ok(())
     }
 }
