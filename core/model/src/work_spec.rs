@@ -39,166 +39,184 @@ pub fn spec_load(
             .to_string(),
         _ => return Err("plugin must be a string".into()),
     };
-    let int = |k: &str| -> Result<Option<i64>, String> {
-        match spec.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .filter(|f| f.is_finite())
-                .map(|f| Some(f.trunc() as i64))
-                .ok_or(format!("{k} must be a number")),
-        }
+    let mut f = Fields {
+        spec,
+        set: doc! {queue::NAME: &name, queue::PLUGIN: &plugin},
+        unset: vec![queue::NEXT_CONTINUOUS, queue::NICE, queue::PAUSED_THREADS],
     };
-    let flag = |k: &str| -> Result<Option<bool>, String> {
-        match spec.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(format!("{k} must be true or false")),
-        }
-    };
-    let text = |k: &str| -> Result<Option<String>, String> {
-        match spec.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(format!("{k} must be a string")),
-        }
-    };
-    let mut set = doc! {queue::NAME: &name, queue::PLUGIN: &plugin};
-    let mut unset = vec![queue::NEXT_CONTINUOUS, queue::NICE, queue::PAUSED_THREADS];
-    let mut put =
-        |field: &'static str, value: Option<Bson>, unset: &mut Vec<&'static str>| match value {
-            Some(v) => {
-                set.insert(field, v);
-            }
-            None => unset.push(field),
-        };
-    // Weight comes from `weight`, else 20 − nice, clamped to at least 1 (Coordinate's rule).
-    let weight = match (int("weight")?, int("nice")?) {
-        (Some(w), _) => Some(w.max(1)),
-        (None, Some(n)) => Some((20 - n).max(1)),
-        (None, None) => None,
-    };
-    put(
-        queue::PRIORITY,
-        int("priority")?.map(Bson::Int64),
-        &mut unset,
-    );
-    put(queue::WEIGHT, weight.map(Bson::Int64), &mut unset);
-    put(
-        queue::DISABLED,
-        flag("disabled")?.map(Bson::Boolean),
-        &mut unset,
-    );
-    put(
-        queue::CONTINUOUS,
-        flag("continuous")?.map(Bson::Boolean),
-        &mut unset,
-    );
-    put(
-        queue::INTERVAL,
-        int("interval")?.filter(|i| *i > 0).map(Bson::Int64),
-        &mut unset,
-    );
-    let min_gb = match spec.get("min_gb") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_f64()
-                .filter(|gb| gb.is_finite() && *gb >= 0.0)
-                .ok_or(format!("min_gb must be a number of GB, 0 or more, not {v}"))?,
-        ),
-    };
-    put(queue::MIN_GB, min_gb.map(Bson::Double), &mut unset);
-    put(
-        queue::MAX_GETWORK,
-        int("max_getwork")?.filter(|n| *n > 0).map(Bson::Int64),
-        &mut unset,
-    );
-    put(
-        queue::MAX_RETRIES,
-        int("max_retries")?.filter(|n| *n > 0).map(Bson::Int64),
-        &mut unset,
-    );
-    put(
-        queue::THEN,
-        text("then")?.filter(|t| !t.is_empty()).map(Bson::String),
-        &mut unset,
-    );
-    put(
-        queue::RUNTIME,
-        text("runtime")?.filter(|t| !t.is_empty()).map(Bson::String),
-        &mut unset,
-    );
-    // The run policy is validated here so a bad spec is refused, not a skipped queue later.
-    let seconds = |k: &str| -> Result<Option<f64>, String> {
-        match spec.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or(format!("{k} must be a number of seconds")),
-        }
-    };
-    if let Some(lease) = seconds("lease")? {
-        crate::run_policy::lease_from(Some(lease))?;
-    }
-    put(
-        queue::LEASE,
-        seconds("lease")?.map(Bson::Double),
-        &mut unset,
-    );
-    let on_lost = text("on_lost")?;
-    crate::run_policy::OnLost::parse(on_lost.as_deref())?;
-    // Coordinate makes a unit whose attempt expired available again: a spec's queue does
-    // the same unless it says otherwise (plain Disbatch queues keep `orphan`).
-    let on_lost = on_lost.unwrap_or_else(|| "requeue".into());
-    put(queue::ON_LOST, Some(Bson::String(on_lost)), &mut unset);
-    for key in [queue::TIMEOUT, queue::KILL_GRACE] {
-        let value = seconds(key)?;
-        crate::run_policy::parse_seconds(value, key)?;
-        put(key, value.map(Bson::Double), &mut unset);
-    }
-    // How the plugin runs (plugins/PROTOCOL.md), checked the same way.
-    let worker = text(queue::WORKER)?.filter(|w| !w.is_empty());
-    crate::worker_policy::WorkerMode::parse(worker.as_deref())?;
-    put(queue::WORKER, worker.map(Bson::String), &mut unset);
-    for key in [queue::WORKER_IDLE_S, queue::WORKER_START_S] {
-        let value = seconds(key)?;
-        crate::run_policy::parse_seconds(value, key)?;
-        put(key, value.map(Bson::Double), &mut unset);
-    }
-    for key in [queue::WORKER_MAX_TASKS, queue::WORKER_MAX_RSS_MB] {
-        let value = limit(spec.get(key), key)?;
-        put(key, value.map(Bson::Int64), &mut unset);
-    }
-    // Flow limits (`limits.rs`): stored as given, read back below by the node's own parser.
-    for key in [queue::RATE_LIMIT, queue::CONCURRENCY, queue::UNIQUE] {
-        let value = match spec.get(key) {
-            None | Some(Value::Null) => None,
-            Some(v @ Value::Object(_)) => Some(crate::text::client_json::storable(v, key)?),
-            Some(other) => return Err(format!("{key} must be an object or null, found {other}")),
-        };
-        put(key, value, &mut unset);
-    }
-    let max_running = int("max_running")?.filter(|n| *n > 0);
-    put(queue::MAX_RUNNING, max_running.map(Bson::Int64), &mut unset);
+    f.coordinate_fields()?;
+    f.run_fields()?;
+    let max_running = f.limit_fields()?;
+    let Fields {
+        mut set, mut unset, ..
+    } = f;
     // Cron schedules (`schedule.rs`), checked as the leader reads them.
     let (schedule, no_schedule) = crate::schedule::spec_fields(spec)?;
     set.extend(schedule);
     unset.extend(no_schedule);
-    let threads = int("threads")?
+    let threads = int(spec, "threads")?
         .or(max_running)
         .unwrap_or(DEFAULT_SPEC_THREADS);
     set.insert(queue::THREADS, threads.max(0));
     // Coordinate picks units by priority, then name.
     set.insert(
         queue::SORT,
-        text("sort")?.unwrap_or_else(|| "priority".into()),
+        text(spec, "sort")?.unwrap_or_else(|| "priority".into()),
     );
     let config = crate::text::client_json::storable(&Value::Object(spec.clone()), "spec")?;
     set.insert(queue::CONFIG, config);
     // What a node reads back must be what the spec meant: the node's own reader decides.
     crate::queue::check_queue_fields(&set)?;
     Ok(SpecLoad { name, set, unset })
+}
+
+/// The queue fields a spec sets, and those it leaves unset (removed from the queue).
+struct Fields<'a> {
+    spec: &'a Map<String, Value>,
+    set: Document,
+    unset: Vec<&'static str>,
+}
+
+impl Fields<'_> {
+    fn put(&mut self, field: &'static str, value: Option<Bson>) {
+        match value {
+            Some(v) => {
+                self.set.insert(field, v);
+            }
+            None => self.unset.push(field),
+        }
+    }
+
+    /// Coordinate's own: priority, weight (or nice), disabled, continuous and interval,
+    /// min_gb, max_getwork, max_retries, then and runtime.
+    fn coordinate_fields(&mut self) -> Result<(), String> {
+        let spec = self.spec;
+        // Weight comes from `weight`, else 20 − nice, clamped to at least 1 (Coordinate's rule).
+        let weight = match (int(spec, "weight")?, int(spec, "nice")?) {
+            (Some(w), _) => Some(w.max(1)),
+            (None, Some(n)) => Some((20 - n).max(1)),
+            (None, None) => None,
+        };
+        self.put(queue::PRIORITY, int(spec, "priority")?.map(Bson::Int64));
+        self.put(queue::WEIGHT, weight.map(Bson::Int64));
+        self.put(queue::DISABLED, flag(spec, "disabled")?.map(Bson::Boolean));
+        self.put(
+            queue::CONTINUOUS,
+            flag(spec, "continuous")?.map(Bson::Boolean),
+        );
+        let interval = int(spec, "interval")?.filter(|i| *i > 0);
+        self.put(queue::INTERVAL, interval.map(Bson::Int64));
+        let min_gb = match spec.get("min_gb") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_f64()
+                    .filter(|gb| gb.is_finite() && *gb >= 0.0)
+                    .ok_or(format!("min_gb must be a number of GB, 0 or more, not {v}"))?,
+            ),
+        };
+        self.put(queue::MIN_GB, min_gb.map(Bson::Double));
+        let max_getwork = int(spec, "max_getwork")?.filter(|n| *n > 0);
+        self.put(queue::MAX_GETWORK, max_getwork.map(Bson::Int64));
+        let max_retries = int(spec, "max_retries")?.filter(|n| *n > 0);
+        self.put(queue::MAX_RETRIES, max_retries.map(Bson::Int64));
+        let then = text(spec, "then")?.filter(|t| !t.is_empty());
+        self.put(queue::THEN, then.map(Bson::String));
+        let runtime = text(spec, "runtime")?.filter(|t| !t.is_empty());
+        self.put(queue::RUNTIME, runtime.map(Bson::String));
+        Ok(())
+    }
+
+    /// How a unit runs: its lease, `on_lost`, timeouts, and the persistent worker's settings.
+    /// The run policy is validated here so a bad spec is refused, not a skipped queue later.
+    fn run_fields(&mut self) -> Result<(), String> {
+        let spec = self.spec;
+        if let Some(lease) = seconds(spec, "lease")? {
+            crate::run_policy::lease_from(Some(lease))?;
+        }
+        self.put(queue::LEASE, seconds(spec, "lease")?.map(Bson::Double));
+        let on_lost = text(spec, "on_lost")?;
+        crate::run_policy::OnLost::parse(on_lost.as_deref())?;
+        // Coordinate makes a unit whose attempt expired available again: a spec's queue does
+        // the same unless it says otherwise (plain Disbatch queues keep `orphan`).
+        let on_lost = on_lost.unwrap_or_else(|| "requeue".into());
+        self.put(queue::ON_LOST, Some(Bson::String(on_lost)));
+        for key in [queue::TIMEOUT, queue::KILL_GRACE] {
+            let value = seconds(spec, key)?;
+            crate::run_policy::parse_seconds(value, key)?;
+            self.put(key, value.map(Bson::Double));
+        }
+        // How the plugin runs (plugins/PROTOCOL.md), checked the same way.
+        let worker = text(spec, queue::WORKER)?.filter(|w| !w.is_empty());
+        crate::worker_policy::WorkerMode::parse(worker.as_deref())?;
+        self.put(queue::WORKER, worker.map(Bson::String));
+        for key in [queue::WORKER_IDLE_S, queue::WORKER_START_S] {
+            let value = seconds(spec, key)?;
+            crate::run_policy::parse_seconds(value, key)?;
+            self.put(key, value.map(Bson::Double));
+        }
+        for key in [queue::WORKER_MAX_TASKS, queue::WORKER_MAX_RSS_MB] {
+            let value = limit(spec.get(key), key)?;
+            self.put(key, value.map(Bson::Int64));
+        }
+        Ok(())
+    }
+
+    /// The flow limits (`limits.rs`), stored as given and read back by the node's own parser,
+    /// and `max_running`, which it returns.
+    fn limit_fields(&mut self) -> Result<Option<i64>, String> {
+        let spec = self.spec;
+        for key in [queue::RATE_LIMIT, queue::CONCURRENCY, queue::UNIQUE] {
+            let value = match spec.get(key) {
+                None | Some(Value::Null) => None,
+                Some(v @ Value::Object(_)) => Some(crate::text::client_json::storable(v, key)?),
+                Some(other) => {
+                    return Err(format!("{key} must be an object or null, found {other}"))
+                }
+            };
+            self.put(key, value);
+        }
+        let max_running = int(spec, "max_running")?.filter(|n| *n > 0);
+        self.put(queue::MAX_RUNNING, max_running.map(Bson::Int64));
+        Ok(max_running)
+    }
+}
+
+/// A Coordinate count: a number, its fraction dropped.
+fn int(spec: &Map<String, Value>, k: &str) -> Result<Option<i64>, String> {
+    match spec.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|f| f.is_finite())
+            .map(|f| Some(f.trunc() as i64))
+            .ok_or(format!("{k} must be a number")),
+    }
+}
+
+fn flag(spec: &Map<String, Value>, k: &str) -> Result<Option<bool>, String> {
+    match spec.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(format!("{k} must be true or false")),
+    }
+}
+
+fn text(spec: &Map<String, Value>, k: &str) -> Result<Option<String>, String> {
+    match spec.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(format!("{k} must be a string")),
+    }
+}
+
+fn seconds(spec: &Map<String, Value>, k: &str) -> Result<Option<f64>, String> {
+    match spec.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or(format!("{k} must be a number of seconds")),
+    }
 }
 
 /// A worker limit (`worker_max_tasks`, `worker_max_rss_mb`): a whole number, 0 for no limit.
