@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Parser;
 use disbatch_config::process::logging::LogFormat;
-use disbatch_config::Component;
+use disbatch_config::{Component, Config};
+use disbatch_den::claimer::plugin_check::PluginCheck;
 use disbatch_den::claimer::Claimer;
 use disbatch_den::maintenance::chores::{Chores, Settings as ChoreSettings};
 use disbatch_den::metrics::http::serve_metrics;
@@ -78,36 +79,12 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     }
     let config = started.loaded.config;
     let name = config.node_name(args.node.as_deref())?;
-    if config.plugin_user.is_none() && nix::unistd::geteuid().is_root() {
-        tracing::warn!("disbatchd runs as root and `plugin_user` is not set: plugins run as root; set `plugin_user` to run them as an unprivileged account");
-    }
-    if let Some(user) = &config.plugin_user {
-        let euid = nix::unistd::geteuid();
-        if !euid.is_root() {
-            bail!(
-                "refusing to start: key `plugin_user` of {} runs plugins as {} (uid {}), which needs disbatchd to run as root, and it runs as uid {euid}; start it as root, or remove `plugin_user` to run plugins as this user",
-                config_path.display(),
-                user.name,
-                user.uid
-            );
-        }
-        tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "plugins run as `plugin_user`");
-    }
+    check_plugin_user(&config, &config_path)?;
     match disbatch_config::process::open_files::raise_open_file_limit() {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
     }
-    let runner = check_runner(&default_runner(config.task_runner.as_deref())).map_err(|e| {
-        let from = if config.task_runner.is_some() {
-            format!("key `task_runner` of {}", config_path.display())
-        } else {
-            format!(
-                "the default (no `task_runner` in {})",
-                config_path.display()
-            )
-        };
-        anyhow::anyhow!("refusing to start: {from}: {e}")
-    })?;
+    let runner = runner_of(&config, &config_path)?;
     tracing::info!(node = %name, database = %config.database, runner = %runner.display(), "starting Disbatch execution node");
     let metrics = DenMetrics::new();
     // Unready until the store below is connected and its indexes are ensured.
@@ -115,47 +92,16 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     // Bound before anything else starts, so a taken port stops the node at once.
     let (stopping, stop_seen) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.metrics_listen {
-        let listener = disbatch_serve::bind(&addr.to_string())
-            .await
-            .with_context(|| format!("binding `metrics_listen` {addr}"))?;
-        let bound = listener
-            .local_addr()
-            .context("reading the metrics listener's address")?;
-        tracing::info!(address = %bound, "serving metrics");
-        println!("metrics on http://{bound}");
-        let mut stop_seen = stop_seen;
-        let stopped = async move {
-            // A dropped sender (main returning) stops the listener as well.
-            let _ = stop_seen.wait_for(|stop| *stop).await;
-        };
-        let served = metrics.clone();
-        tokio::spawn(serve_metrics(listener, served, readiness.clone(), stopped));
+        serve_metrics_on(addr, &metrics, &readiness, stop_seen).await?;
     }
 
-    let skipped = metrics.clone();
-    let store = Store::connect(&config, Component::Den)
-        .await?
-        .on_skipped(std::sync::Arc::new(move |collection, reason| {
-            skipped.document_skipped(collection, reason.label())
-        }));
-    store
-        .ensure_indexes()
-        .await
-        .context("ensuring indexes (is the MongoDB server reachable?)")?;
+    let store = connect(&config, &metrics).await?;
     readiness.attach(store.clone());
     disbatch_den::durability::report(&store).await;
     let (runner_config, runner_extra) = runner_setup(&started.value, started.format);
     let settings = Settings::new(&config, &runner_extra);
     let mut plugins = settings.plugins();
-    let names: Vec<String> = config.plugins.names().map(str::to_string).collect();
-    if names.is_empty() {
-        tracing::warn!("no plugins are configured: this node will run no tasks");
-    }
-    for plugin in names {
-        if let Err(e) = plugins.check(&plugin) {
-            tracing::warn!("{e}");
-        }
-    }
+    check_plugins(&config, &mut plugins);
 
     let (filter, runner_env) = (settings.filter(), settings.env());
     let (reloader, reloads) = Reloader::new(
@@ -230,4 +176,95 @@ async fn serve(hardened: Result<(), String>) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Refuses to start when `plugin_user` needs root and this process is not; warns when it runs
+/// plugins as root.
+fn check_plugin_user(config: &Config, config_path: &std::path::Path) -> anyhow::Result<()> {
+    if config.plugin_user.is_none() && nix::unistd::geteuid().is_root() {
+        tracing::warn!("disbatchd runs as root and `plugin_user` is not set: plugins run as root; set `plugin_user` to run them as an unprivileged account");
+    }
+    if let Some(user) = &config.plugin_user {
+        let euid = nix::unistd::geteuid();
+        if !euid.is_root() {
+            bail!(
+                "refusing to start: key `plugin_user` of {} runs plugins as {} (uid {}), which needs disbatchd to run as root, and it runs as uid {euid}; start it as root, or remove `plugin_user` to run plugins as this user",
+                config_path.display(),
+                user.name,
+                user.uid
+            );
+        }
+        tracing::info!(user = %user.name, uid = user.uid, gid = user.gid, "plugins run as `plugin_user`");
+    }
+    Ok(())
+}
+
+/// Serves the metrics (and the probes) on `addr` until `stop_seen` says the node stops: bound
+/// before anything else starts, so a taken port stops the node at once.
+async fn serve_metrics_on(
+    addr: std::net::SocketAddr,
+    metrics: &DenMetrics,
+    readiness: &Readiness,
+    stop_seen: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = disbatch_serve::bind(&addr.to_string())
+        .await
+        .with_context(|| format!("binding `metrics_listen` {addr}"))?;
+    let bound = listener
+        .local_addr()
+        .context("reading the metrics listener's address")?;
+    tracing::info!(address = %bound, "serving metrics");
+    println!("metrics on http://{bound}");
+    let mut stop_seen = stop_seen;
+    let stopped = async move {
+        // A dropped sender (main returning) stops the listener as well.
+        let _ = stop_seen.wait_for(|stop| *stop).await;
+    };
+    let served = metrics.clone();
+    tokio::spawn(serve_metrics(listener, served, readiness.clone(), stopped));
+    Ok(())
+}
+
+/// The store as the DEN's user, counting the documents it skips, with its indexes ensured.
+async fn connect(config: &Config, metrics: &DenMetrics) -> anyhow::Result<Store> {
+    let skipped = metrics.clone();
+    let store = Store::connect(config, Component::Den)
+        .await?
+        .on_skipped(std::sync::Arc::new(move |collection, reason| {
+            skipped.document_skipped(collection, reason.label())
+        }));
+    store
+        .ensure_indexes()
+        .await
+        .context("ensuring indexes (is the MongoDB server reachable?)")?;
+    Ok(store)
+}
+
+/// Warns, at start, about plugins the config names that this host cannot run.
+fn check_plugins(config: &Config, plugins: &mut PluginCheck) {
+    let names: Vec<String> = config.plugins.names().map(str::to_string).collect();
+    if names.is_empty() {
+        tracing::warn!("no plugins are configured: this node will run no tasks");
+    }
+    for plugin in names {
+        if let Err(e) = plugins.check(&plugin) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// The task runner this node starts: `task_runner`, else the one beside disbatchd; refused
+/// when it cannot be executed.
+fn runner_of(config: &Config, config_path: &std::path::Path) -> anyhow::Result<PathBuf> {
+    check_runner(&default_runner(config.task_runner.as_deref())).map_err(|e| {
+        let from = if config.task_runner.is_some() {
+            format!("key `task_runner` of {}", config_path.display())
+        } else {
+            format!(
+                "the default (no `task_runner` in {})",
+                config_path.display()
+            )
+        };
+        anyhow::anyhow!("refusing to start: {from}: {e}")
+    })
 }

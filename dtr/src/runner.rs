@@ -132,42 +132,10 @@ async fn run_attempt(
         config,
         task,
         attempt,
-        attempts,
         node,
         ..
     } = *run;
-    let unable = |reason: String| Finished {
-        task,
-        node: node.to_string(),
-        attempt,
-        end: TaskEnd::Status(status::FAILED),
-        stdout: Captured::from_text("Unable to start"),
-        stderr: Captured::from_text(reason),
-        spool: None,
-    };
-    let prepared = prepare(config, queue, doc, node);
-    // A third of the lease: the node answers long before the task could be recovered.
-    let patience = prepared.as_ref().map_or(DEFAULT_LEASE, |p| p.run.lease) / 3;
-    let ran = match prepared {
-        Err(reason) => {
-            tracing::warn!(task = %task, "{reason}");
-            Ran::Finished(Box::new(unable(reason.clone())), RunFacts::because(reason))
-        }
-        // Coordinate's rule: max_retries N allows N attempts; the next one fails the task.
-        Ok(p) if p.max_retries.is_some_and(|m| attempts > m as i64) => {
-            let reason = format!(
-                "too many retries: attempt {attempts} of a queue with max_retries {}",
-                p.max_retries.unwrap_or(0)
-            );
-            Ran::Finished(Box::new(unable(reason.clone())), RunFacts::because(reason))
-        }
-        Ok(p) => match hosting {
-            Some(h) if p.worker.persistent() => {
-                crate::worker::run::run_in_worker(doc, p, run, h.pool, wake).await?
-            }
-            _ => run_and_capture(doc, p, run, wake).await?,
-        },
-    };
+    let (ran, patience) = run_prepared(run, doc, queue, wake, hosting).await?;
     let queue_id = doc.get_object_id(field::QUEUE).ok();
     let record = |end: AttemptEnd| AttemptRecord {
         id: attempt,
@@ -222,8 +190,81 @@ async fn run_attempt(
         }
         Some(Ack::RecordYourself) | None => {}
     }
+    record_yourself(run, finished, &closing, outcome, &facts).await
+}
+
+/// Prepares the attempt and runs its plugin (in a worker of `hosting` when the queue's
+/// workers are persistent); a task that cannot start fails with the reason. Returns how it
+/// ran, and how long the node may take to answer (a third of the lease).
+async fn run_prepared(
+    run: &Run<'_>,
+    doc: &Document,
+    queue: QueueLookup,
+    wake: Option<Wake>,
+    hosting: Option<Hosting<'_>>,
+) -> Result<(Ran, std::time::Duration)> {
+    let Run {
+        config,
+        task,
+        attempt,
+        attempts,
+        node,
+        ..
+    } = *run;
+    let unable = |reason: String| Finished {
+        task,
+        node: node.to_string(),
+        attempt,
+        end: TaskEnd::Status(status::FAILED),
+        stdout: Captured::from_text("Unable to start"),
+        stderr: Captured::from_text(reason),
+        spool: None,
+    };
+    let prepared = prepare(config, queue, doc, node);
+    // A third of the lease: the node answers long before the task could be recovered.
+    let patience = prepared.as_ref().map_or(DEFAULT_LEASE, |p| p.run.lease) / 3;
+    let ran = match prepared {
+        Err(reason) => {
+            tracing::warn!(task = %task, "{reason}");
+            Ran::Finished(Box::new(unable(reason.clone())), RunFacts::because(reason))
+        }
+        // Coordinate's rule: max_retries N allows N attempts; the next one fails the task.
+        Ok(p) if p.max_retries.is_some_and(|m| attempts > m as i64) => {
+            let reason = format!(
+                "too many retries: attempt {attempts} of a queue with max_retries {}",
+                p.max_retries.unwrap_or(0)
+            );
+            Ran::Finished(Box::new(unable(reason.clone())), RunFacts::because(reason))
+        }
+        Ok(p) => match hosting {
+            Some(h) if p.worker.persistent() => {
+                crate::worker::run::run_in_worker(doc, p, run, h.pool, wake).await?
+            }
+            _ => run_and_capture(doc, p, run, wake).await?,
+        },
+    };
+    Ok((ran, patience))
+}
+
+/// Records the attempt and the result with this runner's own writes (the node did not take
+/// them): the record first, so a record never claims a result the task does not show.
+async fn record_yourself(
+    run: &Run<'_>,
+    finished: Box<Finished>,
+    closing: &AttemptRecord,
+    outcome: &'static str,
+    facts: &RunFacts,
+) -> Result<RunReport> {
+    let Run {
+        store,
+        config,
+        task,
+        attempt,
+        ..
+    } = *run;
+    let end = finished.end;
     let db = store.get().await?;
-    let inserted = with_retries("recording the attempt", || db.insert_attempt(&closing)).await?;
+    let inserted = with_retries("recording the attempt", || db.insert_attempt(closing)).await?;
     let outcome_of_write = match record_result(db, config.gfs, &finished).await {
         Ok(r) => r,
         Err(e) => {
@@ -248,9 +289,9 @@ async fn run_attempt(
         .unwrap_or(false)
     };
     match outcome_of_write {
-        FinishOutcome::Recorded => Ok(recorded(store, task, end, outcome, &facts).await),
+        FinishOutcome::Recorded => Ok(recorded(store, task, end, outcome, facts).await),
         FinishOutcome::NotOurs if stored_by_node().await => {
-            Ok(recorded(store, task, end, outcome, &facts).await)
+            Ok(recorded(store, task, end, outcome, facts).await)
         }
         FinishOutcome::NotOurs | FinishOutcome::TooLarge => {
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");

@@ -230,30 +230,7 @@ impl Executor {
             None => None,
         };
         let answer_fd = answers.as_ref().map(|(r, _)| r.as_raw_fd());
-        // Nothing of this node's reaches the runner, and through it a plugin, but stdio and
-        // the answer pipe: a descriptor some library opened without close-on-exec included.
-        let private = CloexecRanges::above_stderr_except(answer_fd.map(|_| ANSWER_FD));
-        // SAFETY: setsid, dup2, fcntl and close_range are async-signal-safe and touch no
-        // memory of the parent; answer_fd is open (its pipe outlives spawn()).
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                if let Some(fd) = answer_fd {
-                    // dup2 leaves the copy without close-on-exec; the original already at
-                    // ANSWER_FD needs the flag cleared instead.
-                    let kept = if fd == ANSWER_FD {
-                        nix::libc::fcntl(fd, nix::libc::F_SETFD, 0)
-                    } else {
-                        nix::libc::dup2(fd, ANSWER_FD)
-                    };
-                    if kept < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                private.apply()?;
-                Ok(())
-            });
-        }
+        isolate(&mut cmd, answer_fd);
         let mut child = cmd.spawn()?;
         let pid = child.id();
         let stdout = child.stdout.take();
@@ -262,7 +239,7 @@ impl Executor {
         // A handoff already in the pipe is complete: closing our end now gives EOF after it.
         let unwritten = (!prefilled).then_some(handoff_pipe);
         // Resolves to the attempt's outcome when this node stored (or refused) its result.
-        let mut relay = tokio::spawn(async move {
+        let relay = tokio::spawn(async move {
             if let Some(pipe) = unwritten {
                 // Dropping the returned pipe closes it once the handoff is through.
                 if write_blocking(Some(pipe), input).await.is_none() {
@@ -289,9 +266,23 @@ impl Executor {
             };
             live.insert(handoff.attempt, runner);
         }
+        self.watch_runner(child, relay, task, handoff.attempt);
+        tracing::debug!(task = %task, ?pid, "started task runner");
+        Ok(())
+    }
+
+    /// Waits for the runner's exit in the background: a death without a result is recovered
+    /// at once, and the attempt's outcome (relayed, recovered or recorded) ends it here.
+    fn watch_runner(
+        &self,
+        mut child: tokio::process::Child,
+        mut relay: tokio::task::JoinHandle<Option<Outcome>>,
+        task: ObjectId,
+        attempt: ObjectId,
+    ) {
+        let pid = child.id();
         let executor = self.clone();
         let deaths = self.deaths.clone();
-        let attempt = handoff.attempt;
         tokio::spawn(async move {
             let (success, outcome) = match child.wait().await {
                 Ok(status) if status.success() => {
@@ -328,8 +319,6 @@ impl Executor {
             };
             executor.task_ended(task, attempt, success, outcome);
         });
-        tracing::debug!(task = %task, ?pid, "started task runner");
-        Ok(())
     }
 }
 
@@ -498,5 +487,33 @@ pub fn check_runner(runner: &Path) -> Result<PathBuf, String> {
             "task runner {} is not an executable file",
             resolved.display()
         ))
+    }
+}
+
+/// Runs the runner in its own session, with nothing of this node's open but stdio and the
+/// answer pipe (`answer_fd`, moved to `ANSWER_FD`): a descriptor some library opened without
+/// close-on-exec included.
+fn isolate(cmd: &mut Command, answer_fd: Option<std::os::fd::RawFd>) {
+    let private = CloexecRanges::above_stderr_except(answer_fd.map(|_| ANSWER_FD));
+    // SAFETY: setsid, dup2, fcntl and close_range are async-signal-safe and touch no
+    // memory of the parent; answer_fd is open (its pipe outlives spawn()).
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if let Some(fd) = answer_fd {
+                // dup2 leaves the copy without close-on-exec; the original already at
+                // ANSWER_FD needs the flag cleared instead.
+                let kept = if fd == ANSWER_FD {
+                    nix::libc::fcntl(fd, nix::libc::F_SETFD, 0)
+                } else {
+                    nix::libc::dup2(fd, ANSWER_FD)
+                };
+                if kept < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            private.apply()?;
+            Ok(())
+        });
     }
 }
