@@ -26,9 +26,9 @@ impl FromRequestParts<AppState> for Ns {
             return Ok(Ns(state.clone()));
         }
         // Only listed databases: the DCI's credentials must not reach every database.
-        if !state.config.web.namespaces.iter().any(|n| n == ns) {
-            return Err(ApiError::not_found(format!("no namespace {ns}")));
+        match state.in_namespace(ns) {
+            Some(state) => Ok(Ns(state)),
+            None => Err(ApiError::not_found(format!("no namespace {ns}"))),
         }
-        Ok(Ns(state.in_namespace(ns)))
     }
 }

@@ -1,5 +1,6 @@
 //! What every handler shares: one store (one MongoDB client for the process) and the config.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use disbatch_config::Config;
@@ -24,6 +25,10 @@ pub struct Inner {
     pub readiness: Readiness,
     /// The bearer tokens, shared with config reloads (SIGHUP).
     pub access: Arc<Access>,
+    /// The state of each other namespace the config allows (`web.namespaces`), made once: a
+    /// namespace's store keeps what it learned (the indexes it made) from one request to the
+    /// next. Empty in those states themselves.
+    namespaces: HashMap<String, AppState>,
 }
 
 impl AppState {
@@ -36,26 +41,41 @@ impl AppState {
         // Fails only for a wrong definition in observe.rs, which its unit test catches.
         let web_metrics = WebMetrics::new(routes).expect("static metric definitions");
         let access = Arc::new(Access::new(&config.web.tokens));
+        let readiness = Readiness::with_store(store.clone());
+        let counts = SharedCounts::default();
+        let namespaces = config
+            .web
+            .namespaces
+            .iter()
+            .filter(|ns| **ns != config.database)
+            .map(|ns| {
+                let state = AppState(Arc::new(Inner {
+                    store: store.with_database(ns),
+                    config: config.clone(),
+                    counts: counts.clone(),
+                    web_metrics: web_metrics.clone(),
+                    readiness: readiness.clone(),
+                    access: access.clone(),
+                    namespaces: HashMap::new(),
+                }));
+                (ns.clone(), state)
+            })
+            .collect();
         AppState(Arc::new(Inner {
-            readiness: Readiness::with_store(store.clone()),
+            readiness,
             store,
             config,
-            counts: SharedCounts::default(),
+            counts,
             web_metrics,
             access,
+            namespaces,
         }))
     }
 
-    /// The same state on another database of the server (a request's namespace).
-    pub fn in_namespace(&self, database: &str) -> Self {
-        AppState(Arc::new(Inner {
-            store: self.0.store.with_database(database),
-            config: self.0.config.clone(),
-            counts: self.0.counts.clone(),
-            web_metrics: self.0.web_metrics.clone(),
-            readiness: self.0.readiness.clone(),
-            access: self.0.access.clone(),
-        }))
+    /// The state on another database of the server (a request's namespace), when the config
+    /// allows it.
+    pub fn in_namespace(&self, database: &str) -> Option<Self> {
+        self.0.namespaces.get(database).cloned()
     }
 
     /// True when the legacy 4.0 task routes are loaded (`web_extensions` names them).
@@ -76,4 +96,34 @@ pub fn legacy_loaded(config: &Config) -> bool {
         .web_extensions
         .iter()
         .any(|e| e == "Disbatch::Web::Tasks")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A namespace's state, and so its store and what the store learned (the indexes it made),
+    /// is made once, not for every request: the same one each time.
+    #[tokio::test]
+    async fn each_namespace_has_one_state_made_once() {
+        let text = r#"{"mongohost": "127.0.0.1:1", "database": "main",
+            "web": {"namespaces": ["main", "east", "west"]}}"#;
+        let config = disbatch_config::Config::parse(std::path::Path::new("/c.json"), text)
+            .expect("config")
+            .config;
+        let store = Store::connect(&config, disbatch_config::Component::Web)
+            .await
+            .expect("a client is made without connecting");
+        let state = AppState::new(store, config, &[]);
+        let east = state.in_namespace("east").expect("east is allowed");
+        let again = state.in_namespace("east").expect("east is allowed");
+        assert!(Arc::ptr_eq(&east.0, &again.0), "one state for east");
+        let west = state.in_namespace("west").expect("west is allowed");
+        assert!(!Arc::ptr_eq(&east.0, &west.0));
+        assert_eq!(east.store.database_name(), "east");
+        assert_eq!(west.store.database_name(), "west");
+        assert!(state.in_namespace("north").is_none(), "not listed");
+        // The configured database is served by the state itself.
+        assert!(state.in_namespace("main").is_none());
+    }
 }
