@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::fleet::IdleReport;
 use super::proxy::{Counts, Tally};
 use super::stats::Latency;
 
@@ -24,6 +23,23 @@ pub struct RoundTrips {
     pub by_command: BTreeMap<String, f64>,
     /// New connections per task (each runner opens its own).
     pub connections_per_task: f64,
+}
+
+/// What an idle fleet costs: requests and CPU while no task exists.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleReport {
+    pub secs: f64,
+    pub requests_per_sec: f64,
+    pub monitoring_per_sec: f64,
+    /// App requests per second by `process label`.
+    pub by_command_per_sec: BTreeMap<String, f64>,
+    /// Each DEN's CPU use, percent of one core.
+    pub den_cpu_percent: Vec<f64>,
+    /// The server's CPU use over the same window (when it runs on this machine): what an idle
+    /// fleet's change streams and periodic readings cost it.
+    pub server_cpu_percent: Option<f64>,
+    #[serde(skip)]
+    pub(super) counts: Counts,
 }
 
 /// `den` for the DEN's connections, `dtr` for the task runners' (from the driver's `appName`).

@@ -10,12 +10,12 @@ use bson::{doc, Document};
 use disbatch_model::schema::{attempt, queue as qf, task, ATTEMPTS, QUEUES};
 use disbatch_model::status;
 use mongodb::Collection;
-use serde::Serialize;
 use serde_json::json;
 
+use super::accounting::IdleReport;
 use super::contention::TaskEnds;
 use super::procfs::{self, CpuTicks};
-use super::proxy::{Counts, HostUri, Proxy};
+use super::proxy::{HostUri, Proxy};
 use super::stats::Latency;
 use crate::{bin_path, write_config, Den, TestDb};
 
@@ -35,23 +35,6 @@ pub(super) fn local_server_pid(server: &HostUri) -> Option<u32> {
         .and_then(|p| p.parse().ok())
         .filter(|_| local)
         .and_then(procfs::listener_pid)
-}
-
-/// What an idle fleet costs: requests and CPU while no task exists.
-#[derive(Debug, Clone, Serialize)]
-pub struct IdleReport {
-    pub secs: f64,
-    pub requests_per_sec: f64,
-    pub monitoring_per_sec: f64,
-    /// App requests per second by `process label`.
-    pub by_command_per_sec: BTreeMap<String, f64>,
-    /// Each DEN's CPU use, percent of one core.
-    pub den_cpu_percent: Vec<f64>,
-    /// The server's CPU use over the same window (when it runs on this machine): what an idle
-    /// fleet's change streams and periodic readings cost it.
-    pub server_cpu_percent: Option<f64>,
-    #[serde(skip)]
-    pub(super) counts: Counts,
 }
 
 /// Each DEN's metrics URL, as it prints it once listening.

@@ -10,30 +10,13 @@ use bson::{doc, Bson, DateTime, Document};
 use disbatch_model::schema::task;
 use disbatch_model::status;
 use disbatch_store::Store;
-use serde::Serialize;
 
 use super::fleet_scale::ScaleFleet;
 use super::procfs;
+use super::scale_report::{PausedInsertFigures, SETTLED_PERCENT};
 
 /// Tasks per insert: what a client's bulk `POST /tasks` or an ops script sends at once.
 const BATCH: usize = 10_000;
-/// A second whose server CPU is under this (percent of a core) counts as settled.
-pub const SETTLED_PERCENT: f64 = 5.0;
-
-#[derive(Debug, Clone, Serialize)]
-pub struct PausedInsertFigures {
-    /// "store": through the DCI's path (tasks, then their queue's work signal); "direct".
-    pub how: &'static str,
-    pub tasks: usize,
-    pub insert_secs: f64,
-    /// The server's CPU, percent of a core, in each second after the insert ended.
-    pub server_cpu_after: Vec<f64>,
-    /// Requests the proxy forwarded (the DENs' app requests) in each of those seconds.
-    pub requests_after: Vec<f64>,
-    /// Seconds from the insert's end to the start of the first second under
-    /// `SETTLED_PERCENT` (None: the server's CPU is not visible from here, or none was).
-    pub settled_after_secs: Option<f64>,
-}
 
 impl ScaleFleet {
     /// Inserts `n` tasks into the fleet's queue (paused: `threads` 0) in batches, through

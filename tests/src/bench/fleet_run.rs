@@ -10,10 +10,11 @@ use disbatch_model::schema::task;
 use disbatch_model::status;
 use serde::Serialize;
 
+use super::accounting::IdleReport;
 use super::accounting::{first_claim, reply_latencies, round_trips, RoundTrips};
 use super::ceiling::enqueue;
 use super::contention::{ClaimCounts, Contention, TaskEnds};
-use super::fleet::{ticks, Fleet, IdleReport, DRAIN_LIMIT};
+use super::fleet::{ticks, Fleet, DRAIN_LIMIT};
 use super::procfs::{self, RunnerSampler, RunnerSamples};
 use super::stats::Latency;
 

@@ -93,7 +93,7 @@ async fn measure_size(
             p.tasks,
             p.how,
             p.insert_secs,
-            super::fleet_paused::SETTLED_PERCENT,
+            super::scale_report::SETTLED_PERCENT,
             p.settled_after_secs
         ));
         paused_inserts.push(p);

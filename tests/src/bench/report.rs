@@ -5,8 +5,8 @@ use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
+use super::accounting::IdleReport;
 use super::ceiling::{CeilingPoint, ClaimPath};
-use super::fleet::IdleReport;
 use super::fleet_run::RunReport;
 use super::procfs::Machine;
 use super::standalone::{ProxyCost, RunnerReport, ServerInfo};

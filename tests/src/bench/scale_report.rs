@@ -9,6 +9,24 @@ use super::procfs::Machine;
 use super::standalone::ServerInfo;
 use super::stats::Latency;
 
+/// A second whose server CPU is under this (percent of a core) counts as settled.
+pub const SETTLED_PERCENT: f64 = 5.0;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PausedInsertFigures {
+    /// "store": through the DCI's path (tasks, then their queue's work signal); "direct".
+    pub how: &'static str,
+    pub tasks: usize,
+    pub insert_secs: f64,
+    /// The server's CPU, percent of a core, in each second after the insert ended.
+    pub server_cpu_after: Vec<f64>,
+    /// Requests the proxy forwarded (the DENs' app requests) in each of those seconds.
+    pub requests_after: Vec<f64>,
+    /// Seconds from the insert's end to the start of the first second under
+    /// `SETTLED_PERCENT` (None: the server's CPU is not visible from here, or none was).
+    pub settled_after_secs: Option<f64>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleReport {
     pub command: String,
@@ -41,7 +59,7 @@ pub struct SizeReport {
     pub enqueue_to_start_direct: Latency,
     /// Bulk inserts into the paused queue with the fleet idle: through our writers, then
     /// straight into the collection.
-    pub paused_inserts: Vec<super::fleet_paused::PausedInsertFigures>,
+    pub paused_inserts: Vec<PausedInsertFigures>,
     pub backlog: BacklogFigures,
     /// A follower's host dying, then (with 3 nodes or more) the maintenance leader's.
     pub recovery: Vec<RecoveryFigures>,
@@ -298,7 +316,7 @@ fn size_details(out: &mut fmt::Formatter<'_>, s: &SizeReport) -> fmt::Result {
             p.insert_secs,
             cpu.join(", "),
             req.join(", "),
-            super::fleet_paused::SETTLED_PERCENT,
+            SETTLED_PERCENT,
             p.settled_after_secs
                 .map_or("n/a".into(), |s| format!("{s:.1} s"))
         )?;
