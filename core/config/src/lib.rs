@@ -18,6 +18,7 @@ pub use keys::accepted_keys;
 mod mongohost;
 pub use credentials::env_name as auth_env_name;
 pub use mongohost::unusable as mongohost_unusable;
+mod periods;
 mod perl_bool;
 pub mod plugin_env;
 mod plugin_user;

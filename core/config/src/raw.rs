@@ -8,12 +8,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::files::resolve;
+use super::periods::{dead_node_after, loop_interval, retain, stats_interval};
 use super::perl_bool::{self, PerlBool};
 use super::tokens::RawWebTls;
-use super::{
-    BalanceSettings, Config, WebSettings, DEFAULT_COUNTS_RECONCILE, DEFAULT_DEAD_NODE_AFTER,
-    DEFAULT_LOOP_INTERVAL, MAX_LOOP_INTERVAL, MIN_DEAD_NODE_AFTER, MIN_LOOP_INTERVAL,
-};
+use super::{BalanceSettings, Config, WebSettings, DEFAULT_COUNTS_RECONCILE};
 use crate::plugins::PluginTable;
 use crate::PluginUser;
 use disbatch_model::output::GfsMode;
@@ -320,25 +318,27 @@ impl RawConfig {
     }
 }
 
+/// Names and their secrets (`auth`), or the files that hold them (`auth_files`).
+type Named = Option<BTreeMap<String, String>>;
+/// `mongohost`, `auth`, `database`, and TLS and the driver's options from `attributes`.
+type Connection = (
+    Option<String>,
+    BTreeMap<String, String>,
+    Option<String>,
+    Option<Attributes>,
+);
+type Attributes = (super::TlsSettings, super::DriverOptions);
+
 /// `mongohost` (or `mongohost_file`), `auth` (or `auth_files`), `database` and `attributes`,
 /// in that order; each None when wrong (its problem is in `p`), `auth` empty.
-#[allow(clippy::type_complexity)]
 fn check_connection(
     mongohost: (Option<String>, Option<String>),
-    auth: (
-        Option<BTreeMap<String, String>>,
-        Option<BTreeMap<String, String>>,
-    ),
+    auth: (Named, Named),
     database: Option<String>,
     attributes: Option<Value>,
     (base, warnings): (&Path, &mut Vec<String>),
     p: &mut Problems,
-) -> (
-    Option<String>,
-    BTreeMap<String, String>,
-    Option<String>,
-    Option<(super::TlsSettings, super::DriverOptions)>,
-) {
+) -> Connection {
     let env = |name: &str| std::env::var(name).ok();
     let mongohost = p.take(
         super::credentials::mongohost(base, mongohost.0, mongohost.1, env).and_then(|m| {
@@ -507,44 +507,6 @@ impl Problems {
     }
 }
 
-fn loop_interval(ms: Option<u64>) -> Result<Duration, String> {
-    match ms {
-        None => Ok(DEFAULT_LOOP_INTERVAL),
-        Some(ms) if ms < MIN_LOOP_INTERVAL.as_millis() as u64 => Err(format!(
-            "key `loop_interval_ms`: {ms} is below the minimum of {} ms",
-            MIN_LOOP_INTERVAL.as_millis()
-        )),
-        Some(ms) if ms > MAX_LOOP_INTERVAL.as_millis() as u64 => Err(format!(
-            "key `loop_interval_ms`: {ms} is above the maximum of {} ms",
-            MAX_LOOP_INTERVAL.as_millis()
-        )),
-        Some(ms) => Ok(Duration::from_millis(ms)),
-    }
-}
-
-fn dead_node_after(seconds: Option<u64>) -> Result<Duration, String> {
-    match seconds {
-        None => Ok(DEFAULT_DEAD_NODE_AFTER),
-        Some(s) if s < MIN_DEAD_NODE_AFTER.as_secs() => Err(format!(
-            "key `dead_node_after_s`: {s} is below the minimum of {} s (a live node heartbeats every second; a busy one may be late)",
-            MIN_DEAD_NODE_AFTER.as_secs()
-        )),
-        Some(s) => Ok(Duration::from_secs(s.min(365 * 24 * 3600))),
-    }
-}
-
-/// The width of a statistics bucket: a minute, or (for tests, which cannot wait minutes) a
-/// divisor of it, so buckets still tile each minute.
-fn stats_interval(seconds: Option<u64>) -> Result<Duration, String> {
-    match seconds {
-        None => Ok(super::DEFAULT_STATS_INTERVAL),
-        Some(s) if s == 0 || s > 60 || 60 % s != 0 => Err(format!(
-            "key `stats_interval_s`: {s} must divide 60 (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30 or 60)"
-        )),
-        Some(s) => Ok(Duration::from_secs(s)),
-    }
-}
-
 fn required_string(key: &str, value: Option<String>) -> Result<String, String> {
     match value {
         Some(s) if !s.trim().is_empty() => Ok(s),
@@ -588,15 +550,4 @@ fn resolve_command(base: &Path, p: &str) -> PathBuf {
     } else {
         PathBuf::from(p)
     }
-}
-
-/// `retain`: the retention of queues that set none of their own (only the maintenance
-/// leader's applies).
-fn retain(value: Option<&Value>) -> Result<disbatch_model::retention::Retention, String> {
-    let Some(value) = value.filter(|v| !v.is_null()) else {
-        return Ok(Default::default());
-    };
-    let bson = bson::Bson::try_from(value.clone()).map_err(|e| format!("key `retain`: {e}"))?;
-    disbatch_model::retention::Retention::parse(&bson, "retain")
-        .map_err(|e| format!("key `retain`: {e}"))
 }
