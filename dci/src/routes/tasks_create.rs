@@ -73,46 +73,7 @@ pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiRe
             ))
         }
     };
-    if let Some(k) = fields.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(ApiError::bad_request(format!(
-            "unknown field {k:?}: POST /tasks takes {}",
-            KEYS.join(", ")
-        )));
-    }
-    match (fields.contains_key("params"), fields.contains_key("tasks")) {
-        (false, false) => {
-            return Err(ApiError::bad_request(
-                "params is required: a task's params object, or an array of them (or tasks: an array of {params, not_before, delay_s, priority})",
-            ))
-        }
-        (true, true) => {
-            return Err(ApiError::bad_request(
-                "tasks and params cannot both be given: tasks lists each task with its params",
-            ))
-        }
-        (false, true) if fields.contains_key("collection") => {
-            return Err(ApiError::bad_request(
-                "tasks is for tasks given one by one, not tasks made from a collection (which take params as their template)",
-            ))
-        }
-        _ => {}
-    }
-    match (
-        fields.contains_key("collection"),
-        fields.contains_key("filter"),
-    ) {
-        (true, false) => {
-            return Err(ApiError::bad_request(
-                "collection needs filter: a JSON object choosing its documents ({} for all)",
-            ))
-        }
-        (false, true) => {
-            return Err(ApiError::bad_request(
-                "filter needs collection: the collection whose documents make the tasks",
-            ))
-        }
-        _ => {}
-    }
+    check_fields(fields)?;
     let timing = timing(fields).map_err(ApiError::bad_request)?;
     let answer = match fields.get("answer") {
         None => Answer::Disbatch,
@@ -159,41 +120,7 @@ pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiRe
                 .await?
         }
     } else {
-        let collection = match &fields["collection"] {
-            Value::String(s) if !s.is_empty() => s.clone(),
-            _ => {
-                return Err(ApiError::bad_request(
-                    "'collection' required and must be a scalar (string)'",
-                ))
-            }
-        };
-        let filter = match &fields["filter"] {
-            v @ Value::Object(_) => {
-                client_json::query_filter(v, "filter").map_err(ApiError::bad_request)?
-            }
-            _ => return Err(ApiError::bad_request("'filter' must be a JSON object")),
-        };
-        let template = match &fields["params"] {
-            v @ Value::Object(_) => Template(to_document(v, "params")?),
-            _ => return Err(ApiError::bad_request(NOT_ARRAY)),
-        };
-        let created = state
-            .store
-            .insert_tasks_from_collection(queue, &collection, filter, &template, &timing)
-            .await?;
-        if created.ids.is_empty() {
-            if answer == Answer::Ids {
-                return Err(ApiError::bad_request(format!(
-                    "filter: no document of collection {collection:?} matches it, so no task was made"
-                )));
-            }
-            let mut out = envelope::insert_many(&[]);
-            if let Value::Object(m) = &mut out {
-                m.insert("error".into(), Value::String("Unknown error".into()));
-            }
-            return Err(ApiError::bad_request_with(out));
-        }
-        created
+        tasks_from_collection(state, queue, fields, &timing, answer).await?
     };
     let out = match answer {
         Answer::Disbatch => created_reply(&created),
@@ -325,6 +252,97 @@ fn created_reply(created: &Created) -> Value {
         }
     }
     out
+}
+
+/// Refuses a `POST /tasks` whose fields do not go together, naming what is wrong.
+fn check_fields(fields: &Map<String, Value>) -> ApiResult<()> {
+    if let Some(k) = fields.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "unknown field {k:?}: POST /tasks takes {}",
+            KEYS.join(", ")
+        )));
+    }
+    match (fields.contains_key("params"), fields.contains_key("tasks")) {
+        (false, false) => {
+            return Err(ApiError::bad_request(
+                "params is required: a task's params object, or an array of them (or tasks: an array of {params, not_before, delay_s, priority})",
+            ))
+        }
+        (true, true) => {
+            return Err(ApiError::bad_request(
+                "tasks and params cannot both be given: tasks lists each task with its params",
+            ))
+        }
+        (false, true) if fields.contains_key("collection") => {
+            return Err(ApiError::bad_request(
+                "tasks is for tasks given one by one, not tasks made from a collection (which take params as their template)",
+            ))
+        }
+        _ => {}
+    }
+    match (
+        fields.contains_key("collection"),
+        fields.contains_key("filter"),
+    ) {
+        (true, false) => {
+            return Err(ApiError::bad_request(
+                "collection needs filter: a JSON object choosing its documents ({} for all)",
+            ))
+        }
+        (false, true) => {
+            return Err(ApiError::bad_request(
+                "filter needs collection: the collection whose documents make the tasks",
+            ))
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Tasks made from the documents of `collection` that `filter` matches, `params` their
+/// template. None matching is an error: Disbatch's, or for `answer: ids` one that says why.
+async fn tasks_from_collection(
+    state: &AppState,
+    queue: ObjectId,
+    fields: &Map<String, Value>,
+    timing: &Timing,
+    answer: Answer,
+) -> ApiResult<Created> {
+    let collection = match &fields["collection"] {
+        Value::String(s) if !s.is_empty() => s.clone(),
+        _ => {
+            return Err(ApiError::bad_request(
+                "'collection' required and must be a scalar (string)'",
+            ))
+        }
+    };
+    let filter = match &fields["filter"] {
+        v @ Value::Object(_) => {
+            client_json::query_filter(v, "filter").map_err(ApiError::bad_request)?
+        }
+        _ => return Err(ApiError::bad_request("'filter' must be a JSON object")),
+    };
+    let template = match &fields["params"] {
+        v @ Value::Object(_) => Template(to_document(v, "params")?),
+        _ => return Err(ApiError::bad_request(NOT_ARRAY)),
+    };
+    let created = state
+        .store
+        .insert_tasks_from_collection(queue, &collection, filter, &template, timing)
+        .await?;
+    if created.ids.is_empty() {
+        if answer == Answer::Ids {
+            return Err(ApiError::bad_request(format!(
+                "filter: no document of collection {collection:?} matches it, so no task was made"
+            )));
+        }
+        let mut out = envelope::insert_many(&[]);
+        if let Value::Object(m) = &mut out {
+            m.insert("error".into(), Value::String("Unknown error".into()));
+        }
+        return Err(ApiError::bad_request_with(out));
+    }
+    Ok(created)
 }
 
 /// The keys of an entry of `tasks`.

@@ -144,21 +144,7 @@ impl Store {
         why: &str,
         delay: Duration,
     ) -> Result<bool> {
-        let mut filter = doc! {
-            task::ID: t.id,
-            task::STATUS: t.status,
-        };
-        match t.lease_until {
-            Some(until) => filter.insert(task::LEASE_UNTIL, until),
-            None => {
-                filter.insert(task::LEASE_UNTIL, doc! {"$exists": false});
-                filter.insert(
-                    task::MTIME,
-                    doc! {"$eq": t.started.map_or(Bson::Null, Bson::DateTime)},
-                )
-            }
-        };
-        filter.insert(task::ATTEMPT, t.attempt.map_or(Bson::Null, Bson::ObjectId));
+        let filter = recovery_filter(t);
         let now = fleet_time::now();
         // The runner writes its attempt's record when it ends; recovery writes it instead, or
         // overrules one written by a runner that died before its result landed.
@@ -174,66 +160,7 @@ impl Store {
                 end: now,
                 reason: why.to_string(),
             });
-        let mut set = doc! {task::MTIME: now};
-        match how {
-            Recovery::Requeue { .. } => {
-                set.insert(task::STATUS, status::QUEUED);
-                set.insert(task::NODE, Bson::Null);
-                if delay > Duration::ZERO {
-                    set.insert(task::NOT_BEFORE, deadline(delay));
-                }
-            }
-            Recovery::Orphan => {
-                set.insert(task::STATUS, status::ORPHANED);
-            }
-            Recovery::Cancel => {
-                set.insert(task::STATUS, status::CANCELLED);
-            }
-            Recovery::Discard { max_attempts } => {
-                set.insert(task::STATUS, status::FAILED);
-                set.insert(task::COMPLETE, true);
-                set.insert(task::DISCARDED_AT, now);
-                set.insert(
-                    task::STDERR,
-                    format!(
-                        "lost on attempt {} of {max_attempts}: out of attempts, discarded: {why}",
-                        t.attempts
-                    ),
-                );
-            }
-            Recovery::Fail { max_retries } => {
-                set.insert(task::STATUS, status::FAILED);
-                set.insert(task::COMPLETE, true);
-                set.insert(
-                    task::STDERR,
-                    format!(
-                        "too many retries: attempt {} of {max_retries} (max_retries) was lost: {why}",
-                        t.attempts
-                    ),
-                );
-            }
-        }
-        let mut unset = doc! {
-            task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
-            task::LIVE_OUTPUT: "",
-        };
-        // Requeued in an ordered queue, it keeps its key slot as a retry does (its place);
-        // otherwise the slot goes.
-        if !matches!(
-            how,
-            Recovery::Requeue {
-                keep_key_slot: true
-            }
-        ) {
-            unset.insert(task::CONCURRENCY_KEY, "");
-            unset.insert(task::CONCURRENCY_SLOT, "");
-        }
-        let mut update = doc! {"$set": set, "$unset": unset};
-        // In the same write as the move, so that no crash leaves a moved task without either
-        // its lost attempt's record or what that record is to say (`lost_records.rs`).
-        if let Some(lost) = &lost {
-            update.insert("$push", doc! {task::UNRECORDED_ATTEMPTS: lost.entry()});
-        }
+        let update = recovery_update(t, how, why, delay, now, lost.as_ref());
         let to = match how {
             Recovery::Requeue { .. } => StatusGroup::Queued,
             Recovery::Orphan => StatusGroup::Orphaned,
@@ -328,4 +255,97 @@ pub(crate) fn recovery_fields() -> Document {
         task::ATTEMPTS: 1, task::ATTEMPTS_BEFORE_RETRY: 1, task::CANCEL_REQUESTED: 1,
         task::LEASE_UNTIL: 1, task::MTIME: 1,
     }
+}
+
+/// The task as its expired lease found it: a write matches only if nothing moved it since.
+fn recovery_filter(t: &ExpiredTask) -> Document {
+    let mut filter = doc! {
+        task::ID: t.id,
+        task::STATUS: t.status,
+    };
+    match t.lease_until {
+        Some(until) => filter.insert(task::LEASE_UNTIL, until),
+        None => {
+            filter.insert(task::LEASE_UNTIL, doc! {"$exists": false});
+            filter.insert(
+                task::MTIME,
+                doc! {"$eq": t.started.map_or(Bson::Null, Bson::DateTime)},
+            )
+        }
+    };
+    filter.insert(task::ATTEMPT, t.attempt.map_or(Bson::Null, Bson::ObjectId));
+    filter
+}
+
+/// The write that recovers `t` as `how` says, at `now` (the fleet's time), with its lost
+/// attempt's entry (`lost`) pushed in the same write.
+fn recovery_update(
+    t: &ExpiredTask,
+    how: Recovery,
+    why: &str,
+    delay: Duration,
+    now: DateTime,
+    lost: Option<&LostAttempt>,
+) -> Document {
+    let mut set = doc! {task::MTIME: now};
+    match how {
+        Recovery::Requeue { .. } => {
+            set.insert(task::STATUS, status::QUEUED);
+            set.insert(task::NODE, Bson::Null);
+            if delay > Duration::ZERO {
+                set.insert(task::NOT_BEFORE, deadline(delay));
+            }
+        }
+        Recovery::Orphan => {
+            set.insert(task::STATUS, status::ORPHANED);
+        }
+        Recovery::Cancel => {
+            set.insert(task::STATUS, status::CANCELLED);
+        }
+        Recovery::Discard { max_attempts } => {
+            set.insert(task::STATUS, status::FAILED);
+            set.insert(task::COMPLETE, true);
+            set.insert(task::DISCARDED_AT, now);
+            set.insert(
+                task::STDERR,
+                format!(
+                    "lost on attempt {} of {max_attempts}: out of attempts, discarded: {why}",
+                    t.attempts
+                ),
+            );
+        }
+        Recovery::Fail { max_retries } => {
+            set.insert(task::STATUS, status::FAILED);
+            set.insert(task::COMPLETE, true);
+            set.insert(
+                task::STDERR,
+                format!(
+                    "too many retries: attempt {} of {max_retries} (max_retries) was lost: {why}",
+                    t.attempts
+                ),
+            );
+        }
+    }
+    let mut unset = doc! {
+        task::SLOT: "", task::LEASE_UNTIL: "", task::CANCEL_REQUESTED: "",
+        task::LIVE_OUTPUT: "",
+    };
+    // Requeued in an ordered queue, it keeps its key slot as a retry does (its place);
+    // otherwise the slot goes.
+    if !matches!(
+        how,
+        Recovery::Requeue {
+            keep_key_slot: true
+        }
+    ) {
+        unset.insert(task::CONCURRENCY_KEY, "");
+        unset.insert(task::CONCURRENCY_SLOT, "");
+    }
+    let mut update = doc! {"$set": set, "$unset": unset};
+    // In the same write as the move, so that no crash leaves a moved task without either
+    // its lost attempt's record or what that record is to say (`lost_records.rs`).
+    if let Some(lost) = lost {
+        update.insert("$push", doc! {task::UNRECORDED_ATTEMPTS: lost.entry()});
+    }
+    update
 }

@@ -1,7 +1,7 @@
 //! Work units: tasks with a key unique in their queue, added or updated as the caller asks.
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson, DateTime, Document};
 
 use crate::claims::candidates::release_holds;
 use crate::error::{Error, Result};
@@ -12,6 +12,7 @@ use disbatch_model::limits::Unique;
 use disbatch_model::schema::{task, TASKS};
 use disbatch_model::status;
 use disbatch_model::task::Unit;
+use disbatch_model::workflow::OnDependencyFailure;
 
 /// What to do with a key the queue already has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,57 +55,12 @@ impl Store {
         on_conflict: OnConflict,
     ) -> Result<UnitsOutcome> {
         let unique = self.unique_of(queue).await?;
-        let deps: Vec<ObjectId> = {
-            let mut seen = std::collections::HashSet::new();
-            waits
-                .iter()
-                .flat_map(|w| w.depends_on.iter().copied())
-                .filter(|id| seen.insert(*id))
-                .collect()
-        };
-        if !deps.is_empty() {
-            if unique.is_some() {
-                return Err(Error::Invalid(
-                    "depends_on: units of a queue with `unique` cannot wait for others (a duplicate would not wait)".into(),
-                ));
-            }
-            self.check_tasks_exist(&deps, "depends_on").await?;
-            self.ensure_limit_index(crate::LimitIndex::Workflows)
-                .await?;
-            self.mark_dependencies(&deps).await?;
-        }
-        let default_policy = match waits.iter().any(|w| w.on_failure.is_none()) && !deps.is_empty()
-        {
-            true => self.dependency_policy_of(queue).await?,
-            false => Default::default(),
-        };
+        let (deps, default_policy) = self
+            .prepare_dependencies(queue, waits, unique.is_some())
+            .await?;
         let now = fleet_time::now();
         let ids: Vec<ObjectId> = units.iter().map(|_| ObjectId::new()).collect();
-        let mut docs: Vec<Document> = units
-            .iter()
-            .zip(&ids)
-            .enumerate()
-            .map(|(i, (u, id))| {
-                let mut d = doc! {
-                    task::ID: *id, task::QUEUE: queue, task::KEY: &u.key, task::STATUS: status::QUEUED,
-                    task::NODE: Bson::Null, task::PARAMS: u.params.clone(), task::CTIME: now, task::MTIME: now,
-                    task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
-                };
-                if let Some(p) = u.priority {
-                    d.insert(task::PRIORITY, priority_value(p));
-                }
-                if let Some(nb) = u.not_before {
-                    d.insert(task::NOT_BEFORE, nb);
-                }
-                if let Some(w) = waits.get(i).filter(|w| !w.depends_on.is_empty()) {
-                    d.insert(task::STATUS, status::BLOCKED);
-                    d.insert(task::DEPENDS_ON, &w.depends_on);
-                    d.insert(task::WAITING_ON, &w.depends_on);
-                    d.insert(task::ON_DEPENDENCY_FAILURE, w.on_failure.unwrap_or(default_policy).name());
-                }
-                d
-            })
-            .collect();
+        let mut docs = unit_documents(queue, &units, waits, &ids, now, default_policy);
         if let Some(unique) = &unique {
             for (d, u) in docs.iter_mut().zip(&units) {
                 stamp_unique_key(unique, d)
@@ -189,6 +145,42 @@ impl Store {
         // A dependency may have ended before the new units were there to see it.
         self.settle_dependents(&deps).await?;
         Ok(out)
+    }
+
+    /// The tasks `waits` names, each once, after checking they exist and marking them as
+    /// waited for (with the workflows' index made); and the queue's `on_dependency_failure`
+    /// for units that name none. A queue with `unique` takes no waiting units.
+    async fn prepare_dependencies(
+        &self,
+        queue: ObjectId,
+        waits: &[Waits],
+        unique: bool,
+    ) -> Result<(Vec<ObjectId>, OnDependencyFailure)> {
+        let deps: Vec<ObjectId> = {
+            let mut seen = std::collections::HashSet::new();
+            waits
+                .iter()
+                .flat_map(|w| w.depends_on.iter().copied())
+                .filter(|id| seen.insert(*id))
+                .collect()
+        };
+        if !deps.is_empty() {
+            if unique {
+                return Err(Error::Invalid(
+                    "depends_on: units of a queue with `unique` cannot wait for others (a duplicate would not wait)".into(),
+                ));
+            }
+            self.check_tasks_exist(&deps, "depends_on").await?;
+            self.ensure_limit_index(crate::LimitIndex::Workflows)
+                .await?;
+            self.mark_dependencies(&deps).await?;
+        }
+        let default_policy = match waits.iter().any(|w| w.on_failure.is_none()) && !deps.is_empty()
+        {
+            true => self.dependency_policy_of(queue).await?,
+            false => Default::default(),
+        };
+        Ok((deps, default_policy))
     }
 
     async fn unit_exists(&self, queue: ObjectId, key: &str) -> Result<bool> {
@@ -290,4 +282,40 @@ fn priority_value(p: f64) -> Bson {
     } else {
         Bson::Double(p)
     }
+}
+
+/// The new tasks of `units` (with `ids`): queued, or blocked on what `waits` names.
+fn unit_documents(
+    queue: ObjectId,
+    units: &[Unit],
+    waits: &[Waits],
+    ids: &[ObjectId],
+    now: DateTime,
+    default_policy: OnDependencyFailure,
+) -> Vec<Document> {
+    units
+        .iter()
+        .zip(ids)
+        .enumerate()
+        .map(|(i, (u, id))| {
+            let mut d = doc! {
+                task::ID: *id, task::QUEUE: queue, task::KEY: &u.key, task::STATUS: status::QUEUED,
+                task::NODE: Bson::Null, task::PARAMS: u.params.clone(), task::CTIME: now, task::MTIME: now,
+                task::STDOUT: Bson::Null, task::STDERR: Bson::Null,
+            };
+            if let Some(p) = u.priority {
+                d.insert(task::PRIORITY, priority_value(p));
+            }
+            if let Some(nb) = u.not_before {
+                d.insert(task::NOT_BEFORE, nb);
+            }
+            if let Some(w) = waits.get(i).filter(|w| !w.depends_on.is_empty()) {
+                d.insert(task::STATUS, status::BLOCKED);
+                d.insert(task::DEPENDS_ON, &w.depends_on);
+                d.insert(task::WAITING_ON, &w.depends_on);
+                d.insert(task::ON_DEPENDENCY_FAILURE, w.on_failure.unwrap_or(default_policy).name());
+            }
+            d
+        })
+        .collect()
 }
