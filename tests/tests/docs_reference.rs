@@ -412,3 +412,27 @@ async fn the_book_lists_every_chore_in_the_order_a_pass_runs_them() {
         );
     }
 }
+
+/// The development page's code map ("Where to start") names files and folders that exist.
+#[test]
+fn the_code_map_names_paths_that_exist() {
+    let page = book_page("reference/development.md");
+    let rows = table_rows(&page, "to change");
+    assert!(rows.len() >= 10, "the code map has {} rows", rows.len());
+    let mut missing = Vec::new();
+    for row in &rows {
+        let Some(start) = row.cells.get(1) else {
+            continue;
+        };
+        for span in code_spans(start) {
+            let path = span.trim_end_matches('/');
+            if !path.contains('/') {
+                continue;
+            }
+            if !repo_root().join(path).exists() {
+                missing.push(format!("line {}: {span}", row.line));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "paths that do not exist: {missing:?}");
+}
