@@ -33,16 +33,7 @@ impl Executor {
         let queue = handoff
             .queue_id()
             .ok_or_else(|| std::io::Error::other("the claimed task has no queue id"))?;
-        let mut frame = doc! {
-            "task": &handoff.task, "attempt": handoff.attempt, "queue": &handoff.queue, "relay": false,
-        };
-        // The host is long-lived: each handoff brings it the node's latest clock reading.
-        if let Some(anchor) = &handoff.clock {
-            frame.insert(
-                disbatch_model::wire::handoff::CLOCK,
-                disbatch_model::wire::handoff::clock_document(anchor),
-            );
-        }
+        let frame = host_frame(handoff);
         let mut host = self
             .host
             .lock()
@@ -217,5 +208,51 @@ async fn read_ended(executor: &Executor, pid: u32, mut stdout: BufReader<ChildSt
                 return;
             }
         }
+    }
+}
+
+/// The frame that hands a task to the worker host: the handoff a runner would read, in the
+/// same shape, but with the results left to the host (no relay, no live copies). It carries
+/// the node's latest clock reading (the host is long-lived) and, for a rate-limited queue,
+/// when the limit granted the start, at which the attempt's record starts.
+fn host_frame(handoff: &Handoff) -> Document {
+    Handoff {
+        relay: false,
+        live: false,
+        ..handoff.clone()
+    }
+    .to_document()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host reads the frame as a runner reads its handoff: the grant time and the clock
+    /// reach it (the frame once left the grant out, and hosted attempts started at the host's
+    /// "now").
+    #[test]
+    fn a_host_frame_carries_the_grant_and_the_clock() {
+        let granted = bson::DateTime::from_millis(1_700_000_000_123);
+        let handoff = Handoff {
+            task: doc! {"_id": ObjectId::new(), "queue": ObjectId::new(), "params": {}},
+            attempt: ObjectId::new(),
+            queue: doc! {"name": "q", "worker": "persistent"},
+            relay: true,
+            live: true,
+            started_at: Some(granted),
+            clock: Some(disbatch_model::fleet_time::Anchor {
+                server_ms: 1_700_000_000_000,
+                boot_ns: 42,
+            }),
+        };
+        let read = Handoff::from_document(&host_frame(&handoff)).expect("a readable frame");
+        assert_eq!(read.started_at, Some(granted));
+        assert_eq!(read.clock, handoff.clock);
+        assert_eq!(
+            (read.task, read.attempt, read.queue),
+            (handoff.task, handoff.attempt, handoff.queue)
+        );
+        assert!(!read.relay && !read.live, "the host records results itself");
     }
 }

@@ -71,7 +71,9 @@ impl Handoff {
         self.task.get_object_id(task::QUEUE).ok()
     }
 
-    pub fn encode(&self) -> Result<Vec<u8>, String> {
+    /// The handoff as a document: what a runner reads on stdin (`encode`) and a worker host
+    /// reads as a frame, the one shape both decode (`from_document`).
+    pub fn to_document(&self) -> Document {
         let mut d = doc! {
             "task": &self.task, "attempt": self.attempt, "queue": &self.queue, "relay": self.relay,
             "live": self.live,
@@ -82,8 +84,13 @@ impl Handoff {
         if let Some(anchor) = &self.clock {
             d.insert(CLOCK, clock_document(anchor));
         }
+        d
+    }
+
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
-        d.to_writer(&mut out)
+        self.to_document()
+            .to_writer(&mut out)
             .map_err(|e| format!("encoding the handoff: {e}"))?;
         Ok(out)
     }
