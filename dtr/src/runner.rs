@@ -58,7 +58,9 @@ pub async fn run_handed_off(
     link: Option<&mut NodeLink>,
     hosting: Option<Hosting<'_>>,
 ) -> Result<RunReport> {
-    let started = handoff.started_at.unwrap_or_else(DateTime::now);
+    // The fleet's time (the handoff brought the node's reading of it): the record is judged
+    // beside times other hosts wrote, and its end is the fleet's too.
+    let started = handoff.started_at.unwrap_or_else(fleet_time::now);
     let task = handoff.task.get_object_id(field::ID).map_err(|_| {
         disbatch_store::Error::Invalid("the handed-over task has no ObjectId _id".into())
     })?;

@@ -196,6 +196,33 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
         .await
         .expect("count attempts");
     assert_eq!(lost, 0, "attempts that did not succeed");
+    // Each attempt's record is on the server's clock, whichever host ran it: it starts after
+    // its task was made (the test's clock, the server's host) and ends after it starts. Two
+    // processes' readings of the server's clock may differ by a round trip: 2 s of slack,
+    // against the 90 s a host clock would put them off.
+    for id in &ids {
+        let record = db
+            .db
+            .collection::<Document>("attempts")
+            .find_one(doc! {"task": id})
+            .await
+            .expect("read the attempt")
+            .expect("an attempt record");
+        let made = db
+            .task(*id)
+            .await
+            .get_datetime("ctime")
+            .copied()
+            .expect("ctime");
+        let start = record.get_datetime("start").copied().expect("start");
+        let end = record.get_datetime("end").copied().expect("end");
+        let slack = |t: bson::DateTime| t.timestamp_millis() + 2000;
+        assert!(
+            made.timestamp_millis() <= slack(start) && start.timestamp_millis() <= slack(end),
+            "task made at {made}, its attempt on {:?} recorded {start} to {end}",
+            record.get_str("node")
+        );
+    }
     for den in [&normal, &skewed] {
         assert!(
             !den.log_text().contains("recovered a task"),
