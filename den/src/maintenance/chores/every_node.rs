@@ -7,7 +7,7 @@ use std::time::Duration;
 use disbatch_store::Store;
 use futures::future::BoxFuture;
 
-use super::{Chore, Cx, Every, Next, Phase, FANOUT_LIVE_INTERVALS};
+use super::{Chore, Cx, Every, Next, Registered, Spec, FANOUT_LIVE_INTERVALS};
 use crate::maintenance::balancer::Balancer;
 use crate::maintenance::elector::Elector;
 use crate::maintenance::reaper::reap_orphans;
@@ -22,34 +22,32 @@ const LEADER_TRY_INTERVALS: u32 = 5;
 const OWN_ORPHANS_EVERY: Duration = Duration::from_secs(60);
 
 /// The chores before the leader's: a node's own upkeep, then whether it leads.
-pub(super) fn before_leading(interval: Duration) -> Vec<Box<dyn Chore>> {
+pub(super) fn before_leading(interval: Duration) -> Vec<Registered> {
+    let elector = Elector::new(
+        interval * LEADER_LEASE_INTERVALS,
+        interval * LEADER_TRY_INTERVALS,
+    );
     vec![
-        Box::new(OwnOrphans),
-        Box::new(StaleRunners),
-        Box::new(Lead {
-            elector: Elector::new(
-                interval * LEADER_LEASE_INTERVALS,
-                interval * LEADER_TRY_INTERVALS,
-            ),
-        }),
-        Box::new(Stream(StreamNeed::default())),
+        Spec::on_every_node("own_orphans", Every::Period(OWN_ORPHANS_EVERY)).runs(OwnOrphans),
+        Spec::on_every_node("stale_runners", Every::Period(STALE_CHECK_EVERY)).runs(StaleRunners),
+        Spec::on_every_node("lead", Every::Pass).runs(Lead { elector }),
+        Spec::on_every_node("stream", Every::Pass).runs(Stream(StreamNeed::default())),
     ]
 }
 
 /// The chores after the leader's.
-pub(super) fn after_leading(balancer: Balancer) -> Vec<Box<dyn Chore>> {
-    vec![Box::new(CancelRequests), Box::new(Balance(balancer))]
+pub(super) fn after_leading(balancer: Balancer) -> Vec<Registered> {
+    vec![
+        Spec::on_every_node("cancel_requests", Every::Pass).runs(CancelRequests),
+        Spec::on_every_node("balancer", Every::Pass)
+            .after_claim()
+            .runs(Balance(balancer)),
+    ]
 }
 
 struct OwnOrphans;
 
 impl Chore for OwnOrphans {
-    fn name(&self) -> &'static str {
-        "own_orphans"
-    }
-    fn every(&self) -> Every {
-        Every::Period(OWN_ORPHANS_EVERY)
-    }
     fn run<'a, 'b: 'a>(
         &'a mut self,
         cx: &'a mut Cx<'b>,
@@ -65,12 +63,6 @@ impl Chore for OwnOrphans {
 struct StaleRunners;
 
 impl Chore for StaleRunners {
-    fn name(&self) -> &'static str {
-        "stale_runners"
-    }
-    fn every(&self) -> Every {
-        Every::Period(STALE_CHECK_EVERY)
-    }
     fn run<'a, 'b: 'a>(
         &'a mut self,
         cx: &'a mut Cx<'b>,
@@ -92,12 +84,6 @@ struct Lead {
 }
 
 impl Chore for Lead {
-    fn name(&self) -> &'static str {
-        "lead"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
     fn run<'a, 'b: 'a>(
         &'a mut self,
         cx: &'a mut Cx<'b>,
@@ -121,12 +107,6 @@ impl Chore for Lead {
 struct Stream(StreamNeed);
 
 impl Chore for Stream {
-    fn name(&self) -> &'static str {
-        "stream"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
     fn run<'a, 'b: 'a>(
         &'a mut self,
         cx: &'a mut Cx<'b>,
@@ -161,12 +141,6 @@ impl Chore for Stream {
 struct CancelRequests;
 
 impl Chore for CancelRequests {
-    fn name(&self) -> &'static str {
-        "cancel_requests"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
     fn run<'a, 'b: 'a>(
         &'a mut self,
         cx: &'a mut Cx<'b>,
@@ -187,15 +161,6 @@ impl Chore for CancelRequests {
 struct Balance(Balancer);
 
 impl Chore for Balance {
-    fn name(&self) -> &'static str {
-        "balancer"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
-    fn phase(&self) -> Phase {
-        Phase::AfterClaim
-    }
     fn run<'a, 'b: 'a>(
         &'a mut self,
         cx: &'a mut Cx<'b>,

@@ -10,7 +10,7 @@ use disbatch_model::run_policy::MIN_LEASE;
 use disbatch_store::Result;
 use futures::future::BoxFuture;
 
-use super::{Chore, Cx, Every, Next, IDLE_READ_INTERVALS};
+use super::{Chore, Cx, Every, Next, Registered, Spec, IDLE_READ_INTERVALS};
 use crate::maintenance::continuous::{continuous_queues, make_continuous_units};
 use crate::maintenance::count_keeper::CountKeeper;
 use crate::maintenance::outside_inserts::OutsideInserts;
@@ -42,28 +42,38 @@ pub(super) fn chores(
     counts_reconcile: Duration,
     stats_interval: Duration,
     pruner: Pruner,
-) -> Vec<Box<dyn Chore>> {
+) -> Vec<Registered> {
+    let silent_period = silent_nodes_period(dead_node_after);
+    let sweep = Sweep {
+        sweep: DependencySweep::default(),
+        every: interval * SWEEP_INTERVALS,
+    };
     vec![
-        Box::new(Counts(CountKeeper::new(counts_reconcile))),
-        Box::new(Stats(StatsKeeper::new(stats_interval, name))),
-        Box::new(Repair {
-            every: interval * REPAIR_INTERVALS,
-        }),
-        Box::new(Prune(pruner)),
-        Box::new(LeaseRecovery),
-        Box::new(Inserts(OutsideInserts::default())),
-        Box::new(Sweep {
-            sweep: DependencySweep::default(),
-            every: interval * SWEEP_INTERVALS,
-        }),
-        Box::new(ContinuousUnits {
+        Spec::leader("count_keeper", Every::Pass).runs(Counts(CountKeeper::new(counts_reconcile))),
+        Spec::leader("stats_keeper", Every::Pass)
+            .runs(Stats(StatsKeeper::new(stats_interval, name))),
+        Spec::leader("repair", Every::Period(interval * REPAIR_INTERVALS)).runs(Repair),
+        Spec::leader("pruner", Every::Pass).runs(Prune(pruner)),
+        Spec::leader("lease_recovery", Every::AsItSays).runs(LeaseRecovery),
+        Spec::leader("outside_inserts", Every::Pass).runs(Inserts(OutsideInserts::default())),
+        Spec::leader("dependency_sweep", Every::Pass).runs(sweep),
+        Spec::leader("continuous_units", Every::Pass).runs(ContinuousUnits {
             reported: HashSet::new(),
         }),
-        Box::new(Cron(Schedules::new(interval))),
-        Box::new(SilentNodes {
-            dead_after: dead_node_after,
-        }),
+        Spec::leader("schedules", Every::Pass).runs(Cron(Schedules::new(interval))),
+        // Not at start: a fleet restarted together would all look for dead nodes at once.
+        Spec::leader("silent_nodes", Every::Period(silent_period))
+            .first_after(silent_period)
+            .runs(SilentNodes {
+                dead_after: dead_node_after,
+            }),
     ]
+}
+
+/// How often the leader looks for silent nodes: a fraction of the limit, so a dead node's
+/// tasks wait little past it, but never every pass (it reads `nodes`).
+fn silent_nodes_period(dead_node_after: Duration) -> Duration {
+    (dead_node_after / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
 }
 
 fn count_recoveries(metrics: &DenMetrics, report: &ReapReport) {
@@ -78,15 +88,6 @@ fn count_recoveries(metrics: &DenMetrics, report: &ReapReport) {
 struct Counts(CountKeeper);
 
 impl Chore for Counts {
-    fn name(&self) -> &'static str {
-        "count_keeper"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         self.0.tick(cx.store);
         Box::pin(async { Ok(Next::Period) })
@@ -101,15 +102,6 @@ impl Chore for Counts {
 struct Stats(StatsKeeper);
 
 impl Chore for Stats {
-    fn name(&self) -> &'static str {
-        "stats_keeper"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         self.0.tick(cx.store);
         Box::pin(async { Ok(Next::Period) })
@@ -122,20 +114,9 @@ impl Chore for Stats {
 
 /// Writes the attempt records recoveries left unwritten, and removes the rate-limit windows
 /// of partitions gone quiet (one per customer ever seen, else).
-struct Repair {
-    every: Duration,
-}
+struct Repair;
 
 impl Chore for Repair {
-    fn name(&self) -> &'static str {
-        "repair"
-    }
-    fn every(&self) -> Every {
-        Every::Period(self.every)
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         Box::pin(async move {
             let repaired = write_unrecorded_attempts(cx.store).await?;
@@ -153,15 +134,6 @@ impl Chore for Repair {
 struct Prune(Pruner);
 
 impl Chore for Prune {
-    fn name(&self) -> &'static str {
-        "pruner"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         Box::pin(async move {
             let (store, metrics) = (cx.store, cx.metrics);
@@ -179,15 +151,6 @@ impl Chore for Prune {
 struct LeaseRecovery;
 
 impl Chore for LeaseRecovery {
-    fn name(&self) -> &'static str {
-        "lease_recovery"
-    }
-    fn every(&self) -> Every {
-        Every::AsItSays
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         Box::pin(async move {
             let (store, metrics, connected_for) = (cx.store, cx.metrics, cx.connected_for);
@@ -217,15 +180,6 @@ impl Chore for LeaseRecovery {
 struct Inserts(OutsideInserts);
 
 impl Chore for Inserts {
-    fn name(&self) -> &'static str {
-        "outside_inserts"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         Box::pin(async move {
             let (store, metrics) = (cx.store, cx.metrics);
@@ -253,15 +207,6 @@ struct Sweep {
 }
 
 impl Chore for Sweep {
-    fn name(&self) -> &'static str {
-        "dependency_sweep"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         self.sweep.tick(cx.store, cx.metrics, self.every);
         Box::pin(async { Ok(Next::Period) })
@@ -274,15 +219,6 @@ struct ContinuousUnits {
 }
 
 impl Chore for ContinuousUnits {
-    fn name(&self) -> &'static str {
-        "continuous_units"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         Box::pin(async move {
             let store = cx.store;
@@ -307,15 +243,6 @@ impl Chore for ContinuousUnits {
 struct Cron(Schedules);
 
 impl Chore for Cron {
-    fn name(&self) -> &'static str {
-        "schedules"
-    }
-    fn every(&self) -> Every {
-        Every::Pass
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         Box::pin(async move {
             let reading = cx
@@ -336,28 +263,7 @@ struct SilentNodes {
     dead_after: Duration,
 }
 
-impl SilentNodes {
-    /// A fraction of the limit, so a dead node's tasks wait little past it, but never every
-    /// pass (it reads `nodes`).
-    fn period(&self) -> Duration {
-        (self.dead_after / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
-    }
-}
-
 impl Chore for SilentNodes {
-    fn name(&self) -> &'static str {
-        "silent_nodes"
-    }
-    fn every(&self) -> Every {
-        Every::Period(self.period())
-    }
-    fn leader_only(&self) -> bool {
-        true
-    }
-    /// Not at start: a fleet restarted together would all look for dead nodes at once.
-    fn first_due(&self, now: Instant) -> Instant {
-        now + self.period()
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>> {
         Box::pin(async move {
             let report = recover_silent_nodes(cx.store, self.dead_after).await?;

@@ -126,20 +126,61 @@ impl<'a> Cx<'a> {
     }
 }
 
-/// One chore of the node's upkeep.
+/// What the registry knows of a chore besides its work: its name, how often it runs, whether
+/// only the maintenance leader runs it, its phase, and how long after start it is first due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec {
+    pub name: &'static str,
+    pub every: Every,
+    pub leader_only: bool,
+    pub phase: Phase,
+    first_after: Duration,
+}
+
+impl Spec {
+    pub fn on_every_node(name: &'static str, every: Every) -> Spec {
+        Spec {
+            name,
+            every,
+            leader_only: false,
+            phase: Phase::BeforeClaim,
+            first_after: Duration::ZERO,
+        }
+    }
+
+    pub fn leader(name: &'static str, every: Every) -> Spec {
+        Spec {
+            leader_only: true,
+            ..Spec::on_every_node(name, every)
+        }
+    }
+
+    /// Runs after the pass claims, so it never delays a claim.
+    pub fn after_claim(self) -> Spec {
+        Spec {
+            phase: Phase::AfterClaim,
+            ..self
+        }
+    }
+
+    /// First due this long after start, not at the first maintenance pass.
+    pub fn first_after(self, after: Duration) -> Spec {
+        Spec {
+            first_after: after,
+            ..self
+        }
+    }
+
+    pub fn runs(self, chore: impl Chore + 'static) -> Registered {
+        (self, Box::new(chore))
+    }
+}
+
+/// A chore as registered: what it is, and its work.
+pub type Registered = (Spec, Box<dyn Chore>);
+
+/// The work of one chore of the node's upkeep.
 pub trait Chore: Send {
-    fn name(&self) -> &'static str;
-    fn every(&self) -> Every;
-    fn leader_only(&self) -> bool {
-        false
-    }
-    fn phase(&self) -> Phase {
-        Phase::BeforeClaim
-    }
-    /// When its first run is due: the first maintenance pass, unless it says otherwise.
-    fn first_due(&self, now: Instant) -> Instant {
-        now
-    }
     fn run<'a, 'b: 'a>(&'a mut self, cx: &'a mut Cx<'b>) -> BoxFuture<'a, Result<Next>>;
     /// This node does not lead (a leader-only chore): drop what only a leader keeps. True when
     /// the chore is then due at once, should the node lead again.
@@ -153,6 +194,7 @@ pub trait Chore: Send {
 }
 
 struct Entry {
+    spec: Spec,
     chore: Box<dyn Chore>,
     next: Instant,
     stopped: bool,
@@ -175,12 +217,13 @@ pub struct Settings {
 }
 
 impl Chores {
-    pub fn new(chores: Vec<Box<dyn Chore>>) -> Chores {
+    pub fn new(chores: Vec<Registered>) -> Chores {
         let now = Instant::now();
         let entries = chores
             .into_iter()
-            .map(|chore| Entry {
-                next: chore.first_due(now),
+            .map(|(spec, chore)| Entry {
+                next: now + spec.first_after,
+                spec,
                 chore,
                 stopped: false,
             })
@@ -209,17 +252,14 @@ impl Chores {
     pub fn catalog(&self) -> Vec<(&'static str, Every, bool, Phase)> {
         self.entries
             .iter()
-            .map(|e| {
-                let c = &e.chore;
-                (c.name(), c.every(), c.leader_only(), c.phase())
-            })
+            .map(|e| (e.spec.name, e.spec.every, e.spec.leader_only, e.spec.phase))
             .collect()
     }
 
     /// Runs the chores of `phase` that are due, in order; the first failure ends the pass.
     pub async fn run_due(&mut self, phase: Phase, cx: &mut Cx<'_>) -> Result<()> {
-        for e in self.entries.iter_mut().filter(|e| e.chore.phase() == phase) {
-            if e.chore.leader_only() && !cx.leading {
+        for e in self.entries.iter_mut().filter(|e| e.spec.phase == phase) {
+            if e.spec.leader_only && !cx.leading {
                 if !e.stopped && e.chore.stop(cx.metrics) {
                     e.next = Instant::now();
                 }
@@ -232,7 +272,7 @@ impl Chores {
             }
             match e.chore.run(cx).await? {
                 Next::Period => {
-                    if let Every::Period(period) = e.chore.every() {
+                    if let Every::Period(period) = e.spec.every {
                         e.next = Instant::now() + period;
                     }
                 }
@@ -246,7 +286,7 @@ impl Chores {
     /// The node stops: the chores of `phase` drop what they keep (background runs end), then
     /// give back what they hold (the maintenance lease, the balancer's).
     pub async fn stop(&mut self, phase: Phase, store: &Store, node: &str, metrics: &DenMetrics) {
-        let of_phase = |e: &&mut Entry| e.chore.phase() == phase;
+        let of_phase = |e: &&mut Entry| e.spec.phase == phase;
         for e in self.entries.iter_mut().filter(of_phase) {
             e.chore.stop(metrics);
         }
