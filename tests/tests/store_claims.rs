@@ -47,7 +47,7 @@ fn claimed_ids(batch: &[(Pick, PickOutcome)]) -> Vec<ObjectId> {
     batch
         .iter()
         .map(|(_, o)| match o {
-            PickOutcome::Claimed(t) => t.get_object_id("_id").expect("id"),
+            PickOutcome::Claimed(t) => t.id,
             other => panic!("expected claims only, got {other:?}"),
         })
         .collect()
@@ -74,8 +74,8 @@ async fn a_batch_is_claimed_in_order_and_each_task_comes_back_as_stored() {
         let PickOutcome::Claimed(task) = outcome else {
             unreachable!()
         };
-        let stored = db.task(task.get_object_id("_id").expect("id")).await;
-        assert_eq!(**task, stored, "the runner gets the task as stored");
+        let stored = db.task(task.id).await;
+        assert_eq!(task.raw, stored, "the runner gets the task as stored");
         assert_eq!(stored.get_i32("status").ok(), Some(0));
         assert_eq!(stored.get_str("node").ok(), Some("n1"));
         assert_eq!(stored.get_i64("slot").ok(), Some(pick.slot as i64));
@@ -93,8 +93,8 @@ async fn a_batch_is_claimed_in_order_and_each_task_comes_back_as_stored() {
         let PickOutcome::Claimed(task) = outcome else {
             unreachable!()
         };
-        let stored = db.task(task.get_object_id("_id").expect("id")).await;
-        assert_eq!(**task, stored);
+        let stored = db.task(task.id).await;
+        assert_eq!(task.raw, stored);
     }
     let none = claim_batch(&store, queue, &mut window, 4, &mut slot).await;
     assert!(none.is_empty(), "the queue is empty: {none:?}");
@@ -316,7 +316,7 @@ async fn two_claimers_at_once_never_exceed_threads_or_share_a_task() {
                 match outcome {
                     PickOutcome::Claimed(task) => {
                         free.remove(&pick.slot);
-                        mine.push(task.get_object_id("_id").expect("id"));
+                        mine.push(task.id);
                     }
                     PickOutcome::SlotTaken => {
                         free.remove(&pick.slot);

@@ -34,7 +34,7 @@ async fn claim(store: &Store, queue: ObjectId, node: &str, slots: &[u32]) -> Vec
 
 fn claimed(outcome: &PickOutcome) -> &bson::Document {
     match outcome {
-        PickOutcome::Claimed(task) => task,
+        PickOutcome::Claimed(task) => &task.raw,
         other => panic!("expected a claim, got {other:?}"),
     }
 }

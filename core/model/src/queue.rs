@@ -59,6 +59,44 @@ pub fn parse_queue(d: &Document) -> Result<Queue, String> {
     })
 }
 
+/// Readings of the queue document's fields that only some services use, kept beside the
+/// parse so the services never name a field.
+impl Queue {
+    /// When the queue's next continuous unit may be made (`next_continuous`), if set.
+    pub fn next_continuous(&self) -> Option<bson::DateTime> {
+        self.raw.get_datetime(queue::NEXT_CONTINUOUS).ok().copied()
+    }
+
+    /// The queue's `retain` over `default` (`Retention::for_queue`).
+    pub fn retention(
+        &self,
+        default: &crate::retention::Retention,
+    ) -> Result<crate::retention::Retention, String> {
+        crate::retention::Retention::for_queue(&self.raw, queue::RETAIN, default)
+    }
+
+    /// Whether the queue has a `schedule` (readable or not).
+    pub fn has_schedule(&self) -> bool {
+        self.raw.contains_key(queue::SCHEDULE)
+    }
+
+    /// The schedule its last tick was counted under (`schedule_basis`), when a string.
+    pub fn schedule_basis(&self) -> Option<&str> {
+        match self.raw.get(queue::SCHEDULE_BASIS) {
+            Some(Bson::String(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Its schedule's last enqueued tick (`schedule_last`), when a date.
+    pub fn schedule_last(&self) -> Option<bson::DateTime> {
+        match self.raw.get(queue::SCHEDULE_LAST) {
+            Some(Bson::DateTime(last)) => Some(*last),
+            _ => None,
+        }
+    }
+}
+
 /// Checks fields a client is about to write to a queue with the reader every node uses
 /// (`parse_queue`), so the API never stores a value a node would then skip the queue for;
 /// names must also pass `names::check_name`. Err names the field and what is wrong.

@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use bson::{Bson, Document};
 
-use super::status;
-
 /// The longest retention that can be set: a hundred years, in seconds.
 pub const MOST_SECONDS: u64 = 100 * 366 * 24 * 3600;
 
@@ -39,15 +37,6 @@ impl Ended {
             Ended::Succeeded => "succeeded",
             Ended::Failed => "failed",
             Ended::Cancelled => "cancelled",
-        }
-    }
-
-    /// The `status` condition of its tasks (numbers only: a string status is in no state).
-    pub fn status_filter(self) -> Bson {
-        match self {
-            Ended::Succeeded => Bson::Int32(status::SUCCEEDED),
-            Ended::Failed => bson::bson!({"$gte": status::FAILED}),
-            Ended::Cancelled => bson::bson!({"$in": [status::CANCELLED, status::TERMINATED]}),
         }
     }
 }

@@ -163,3 +163,40 @@ pub struct Unit {
     pub priority: Option<f64>,
     pub not_before: Option<DateTime>,
 }
+
+/// A task as its claim returned it, with what every step after the claim keys on decoded
+/// once: a claim only returns tasks with an ObjectId `_id`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedTask {
+    pub id: ObjectId,
+    /// None for a task stored without an ObjectId `queue` (by hand): its runner says so.
+    pub queue: Option<ObjectId>,
+    /// The document as the claim returned it: what the runner is handed, as Disbatch's was.
+    pub raw: Document,
+}
+
+impl ClaimedTask {
+    /// The claimed task in `raw`; None when its `_id` is no ObjectId.
+    pub fn from_document(raw: Document) -> Option<ClaimedTask> {
+        let id = raw.get_object_id(crate::schema::task::ID).ok()?;
+        let queue = raw.get_object_id(crate::schema::task::QUEUE).ok();
+        Some(ClaimedTask { id, queue, raw })
+    }
+}
+
+/// A stored task's id, when it is an ObjectId (claim reads only return such tasks).
+pub fn task_id(task: &Document) -> Option<ObjectId> {
+    task.get_object_id(crate::schema::task::ID).ok()
+}
+
+/// The concurrency key slot a stored task holds (one waiting for its retry keeps it): its key
+/// and slot, when both are readable.
+pub fn held_key_slot(task: &Document) -> Option<(&Bson, u32)> {
+    use crate::schema::task::{CONCURRENCY_KEY, CONCURRENCY_SLOT};
+    let slot = match task.get(CONCURRENCY_SLOT)? {
+        Bson::Int64(s) => u32::try_from(*s).ok()?,
+        Bson::Int32(s) => u32::try_from(*s).ok()?,
+        _ => return None,
+    };
+    Some((task.get(CONCURRENCY_KEY)?, slot))
+}

@@ -36,6 +36,7 @@ pub use access::users::{
     UserAdmin, COMPONENTS,
 };
 pub use claims::batch::{claim_key, Candidates, ClaimWindow, Pick, PickHolds, PickOutcome};
+pub use claims::candidates::Exclusions;
 pub use claims::running::{QueueRunning, RunningSnapshot};
 pub use conn::by_id::{conditional_by_id, WHEN as BY_ID_WHEN};
 pub use conn::decode::{DocumentStream, SkipHook, SkipLedger, SkipReason};
@@ -69,7 +70,9 @@ pub use tasks::counts::{
 pub use tasks::create::Created;
 pub use tasks::create::Template;
 pub use tasks::create::Timing;
-pub use tasks::query::{build_filter, IndexSets, QueryError, TaskQuery, TaskStream};
+pub use tasks::query::{
+    build_filter, search_filter, IndexSets, QueryError, SearchTerms, TaskQuery, TaskStream,
+};
 pub use tasks::retention::{Pruned, RETENTION_INDEX};
 pub use tasks::summary::StateCounts;
 pub use workflows::dependencies::{is_waited_for, Settled, Waits};

@@ -1,8 +1,8 @@
 //! `GET /tasks`' additive filters: status words, time ranges, `limit`, and the bounded scan.
 
-use bson::oid::ObjectId;
-use bson::{DateTime, Document};
-use disbatch_store::failures::{mtime_range, StatusWord, MAX_SCAN_LIMIT};
+use bson::DateTime;
+use disbatch_store::failures::{StatusWord, MAX_SCAN_LIMIT};
+use disbatch_store::SearchTerms;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -10,9 +10,8 @@ use crate::error::ApiError;
 /// The filter terms a search takes beside Disbatch's field equality.
 #[derive(Debug, Default)]
 pub struct Extras {
-    pub terms: Vec<Document>,
-    /// A time range was given: it bounds a search no index serves.
-    pub ranged: bool,
+    /// A time range among them bounds a search no index serves.
+    pub terms: SearchTerms,
     /// `limit` (no dot): the new syntax's bound, at most `MAX_SCAN_LIMIT`. Disbatch's `.limit`
     /// bounds nothing: its Perl CLI always sends one, and Disbatch refused such searches.
     pub limit: Option<i64>,
@@ -36,7 +35,7 @@ pub fn take_extras(fields: &mut Map<String, Value>) -> Result<Extras, ApiError> 
                 }
                 Some(w) => {
                     fields.remove("status");
-                    extras.terms.push(w.term());
+                    extras.terms.status = Some(w);
                 }
                 None => {
                     return Err(ApiError::bad_request(format!(
@@ -60,49 +59,23 @@ pub fn take_extras(fields: &mut Map<String, Value>) -> Result<Extras, ApiError> 
                 })?,
         ),
     };
-    let since = date(fields.remove("since"), "since")?;
-    let until = date(fields.remove("until"), "until")?;
-    if let Some(range) = mtime_range(since, until) {
-        extras.terms.push(range);
-        extras.ranged = true;
-    }
-    // Creation time is in the `_id` itself: a range on it is read through the `_id` index.
-    let mut created = Document::new();
-    if let Some(t) = date(fields.remove("created_since"), "created_since")? {
-        created.insert("$gte", first_id_at(t));
-    }
-    if let Some(t) = date(fields.remove("created_until"), "created_until")? {
-        created.insert("$lt", first_id_at(t));
-    }
-    if !created.is_empty() {
-        extras.terms.push(bson::doc! {"_id": created});
-        extras.ranged = true;
-    }
+    extras.terms.since = date(fields.remove("since"), "since")?;
+    extras.terms.until = date(fields.remove("until"), "until")?;
+    extras.terms.created_since = date(fields.remove("created_since"), "created_since")?;
+    extras.terms.created_until = date(fields.remove("created_until"), "created_until")?;
     Ok(extras)
 }
 
 /// Whether a search filters on nothing but creation time (`_id` ranges): the searches the
 /// `_id` index serves newest first, whatever the size of the history.
 pub fn creation_range_only(fields: &Map<String, Value>, extras: &Extras) -> bool {
-    fields.is_empty()
-        && extras
-            .terms
-            .iter()
-            .all(|t| t.len() == 1 && t.contains_key("_id"))
-}
-
-/// The smallest ObjectId made at `t` (its first four bytes are the creation second).
-fn first_id_at(t: DateTime) -> ObjectId {
-    let secs = u32::try_from(t.timestamp_millis().div_euclid(1000).max(0)).unwrap_or(u32::MAX);
-    let mut bytes = [0u8; 12];
-    bytes[..4].copy_from_slice(&secs.to_be_bytes());
-    ObjectId::from_bytes(bytes)
+    fields.is_empty() && extras.terms.creation_range_only()
 }
 
 /// A search some index does not serve runs only when bounded: a time range, or a `limit`
 /// (a count has no limit, so it needs the range).
 pub fn check_bounded(invalid: &[String], extras: &Extras, count: bool) -> Result<(), String> {
-    if invalid.is_empty() || extras.ranged || (!count && extras.limit.is_some()) {
+    if invalid.is_empty() || extras.terms.ranged() || (!count && extras.limit.is_some()) {
         return Ok(());
     }
     let fields = invalid.join(", ");
@@ -215,8 +188,9 @@ mod tests {
             .unwrap_or_default();
         let e = take_extras(&mut f).expect("extras");
         assert!(f.is_empty());
-        assert!(e.ranged);
-        assert_eq!(e.terms.len(), 2);
+        assert!(e.terms.ranged());
+        assert_eq!(e.terms.status, Some(StatusWord::Failed));
+        assert!(e.terms.since.is_some());
         let mut f = json!({"status": "queued"})
             .as_object()
             .cloned()
@@ -257,7 +231,10 @@ mod tests {
         assert!(check_bounded(&invalid, &limited, false).is_ok());
         assert!(check_bounded(&invalid, &limited, true).is_err());
         let ranged = Extras {
-            ranged: true,
+            terms: SearchTerms {
+                until: Some(DateTime::now()),
+                ..SearchTerms::default()
+            },
             ..Extras::default()
         };
         assert!(check_bounded(&invalid, &ranged, true).is_ok());

@@ -51,7 +51,7 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
             "indexes": sets.0,
         })));
     }
-    let q = disbatch_store::build_filter(&fields).map_err(|e| match e {
+    let q = disbatch_store::search_filter(&fields, &extras.terms).map_err(|e| match e {
         QueryError::NonIndexed { invalid } => {
             ApiError::bad_request(format!("not indexed: {}", invalid.join(", ")))
         }
@@ -62,16 +62,7 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
             ApiError::bad_request(format!("{field} {message}"))
         }
     })?;
-    let is_empty = q.is_empty && extras.terms.is_empty();
-    let filter = if extras.terms.is_empty() {
-        q.filter
-    } else {
-        let mut all = extras.terms;
-        if !q.is_empty {
-            all.push(q.filter);
-        }
-        bson::doc! {"$and": all}
-    };
+    let (filter, is_empty) = (q.filter, q.is_empty);
     if o.count {
         let n = state.store.count_tasks(filter).await?;
         return Ok(json_response(&json!({"count": n}), o.pretty));

@@ -7,12 +7,12 @@ use crate::claimer::plan::{lane_split, QueueClaims};
 use bson::oid::ObjectId;
 use bson::Document;
 use disbatch_model::fleet_time;
-use disbatch_model::schema::task;
+use disbatch_model::task::ClaimedTask;
 use disbatch_model::wire::handoff::Handoff;
 use disbatch_model::{Queue, QueueSort};
 use disbatch_store::Result;
 use disbatch_store::{
-    claim_key, last_signal, Candidates, Pick, PickHolds, PickOutcome, SkipReason,
+    claim_key, last_signal, Candidates, Exclusions, Pick, PickHolds, PickOutcome, SkipReason,
 };
 
 use super::limits::BeforeRead;
@@ -77,14 +77,14 @@ impl Claimer {
             false => None,
         };
         if let Some(limits) = &limits {
-            report.held = limits.also.is_some() || limits.blocked_until.is_some();
+            report.held = limits.left_out.is_some() || limits.blocked_until.is_some();
             report.held_until = limits.blocked_until.or(limits.frees_at);
         }
         if limits.as_ref().is_some_and(|l| l.blocked_until.is_some()) {
             report.ran_dry = true;
             return Ok(report);
         }
-        let also = limits.as_ref().and_then(|l| l.also.clone());
+        let left_out = limits.as_ref().and_then(|l| l.left_out.clone());
         let read = n
             .saturating_mul(lane.spread() as usize)
             .min(MAX_CANDIDATES)
@@ -95,13 +95,13 @@ impl Claimer {
         // be of one that filled up since: read afresh. (Otherwise a spare that cannot start
         // now is held back when the batch asks its limits, as a read one would be.)
         let in_id_order = matches!(queue.sort, QueueSort::Fifo | QueueSort::Default);
-        let keep_spares = in_id_order && also.is_none();
-        if also.is_some() {
+        let keep_spares = in_id_order && left_out.is_none();
+        if left_out.is_some() {
             self.spares.forget(queue.id);
         }
         let lane_nodes = lane.nodes() as usize;
         let (candidates, read_at) = self
-            .candidates(queue, n, read, lane_nodes, keep_spares, also.as_ref())
+            .candidates(queue, n, read, lane_nodes, keep_spares, left_out.as_ref())
             .await?;
         report.ran_dry = candidates.len() < n;
         report.out_of_tasks = report.ran_dry;
@@ -159,14 +159,14 @@ impl Claimer {
         read: usize,
         lane_nodes: usize,
         keep_spares: bool,
-        also: Option<&Document>,
+        left_out: Option<&Exclusions>,
     ) -> Result<(Vec<Document>, Instant)> {
         let in_id_order = matches!(queue.sort, QueueSort::Fifo | QueueSort::Default);
         let spares = match keep_spares {
             true => self.spares.take(queue.id, n),
             false => None,
         };
-        let (found, read_at) = match spares {
+        let (mut found, read_at) = match spares {
             Some((tasks, read_at)) => (
                 Candidates {
                     tasks,
@@ -180,24 +180,16 @@ impl Claimer {
                     false => read,
                 };
                 let read_at = Instant::now();
-                let found = self.read_candidates(queue, read, lane_nodes, also, read_at);
+                let found = self.read_candidates(queue, read, lane_nodes, left_out, read_at);
                 (found.await?, read_at)
             }
         };
-        for (id, why) in found.unreadable {
+        for (id, why) in std::mem::take(&mut found.unreadable) {
             let why = format!("its document cannot be decoded: {why}");
             self.set_unrunnable(id, SkipReason::Undecodable, &why)
                 .await?;
         }
-        let candidates: Vec<_> = found
-            .tasks
-            .into_iter()
-            .filter(|t| {
-                t.get_object_id(task::ID)
-                    .map_or(true, |id| !self.unrunnable.contains(&id))
-            })
-            .collect();
-        Ok((candidates, read_at))
+        Ok((found.without(&self.unrunnable).tasks, read_at))
     }
 
     /// The picks of `chosen`: those `limits` allow now (the rest held back, as `report` says),
@@ -243,23 +235,23 @@ impl Claimer {
     }
 
     /// Reads up to `read` candidates of `queue` from the database: those of the partitions and
-    /// keys `also` leaves room for, else from the queue's claim window (`nodes`: how many
+    /// keys `left_out` leaves room for, else from the queue's claim window (`nodes`: how many
     /// nodes share its lanes). An empty read with nothing left out marks the queue empty.
     async fn read_candidates(
         &mut self,
         queue: &Queue,
         read: usize,
         nodes: usize,
-        also: Option<&Document>,
+        left_out: Option<&Exclusions>,
         read_at: Instant,
     ) -> Result<Candidates> {
         let window = self.windows.entry(queue.id).or_default();
         let fleet_read_at = fleet_time::now();
-        if let Some(also) = also {
+        if let Some(left_out) = left_out {
             window.reset();
             return self
                 .store
-                .claim_candidates_matching(queue.id, queue.sort, read, also)
+                .claim_candidates_matching(queue.id, queue.sort, read, left_out)
                 .await;
         }
         let found = self
@@ -287,7 +279,7 @@ impl Claimer {
         outcomes: Vec<PickOutcome>,
         latency: std::time::Duration,
         report: &mut BatchReport,
-    ) -> Result<Vec<(Box<Document>, Pick)>> {
+    ) -> Result<Vec<(Box<ClaimedTask>, Pick)>> {
         let mut claimed = Vec::new();
         let unused: Vec<&PickHolds> = picks
             .iter()
@@ -334,7 +326,7 @@ impl Claimer {
                 PickOutcome::Refused(why) => {
                     self.metrics.claim_missed(&queue.name, "refused");
                     plan.slots.push(pick.slot);
-                    if let Ok(id) = pick.task.get_object_id(task::ID) {
+                    if let Some(id) = pick.task_id() {
                         let why = format!("the server refused to claim it: {why}");
                         self.set_unrunnable(id, SkipReason::UpdateRefused, &why)
                             .await?;
@@ -350,14 +342,14 @@ impl Claimer {
     async fn hand_to_runners(
         &mut self,
         queue: &Queue,
-        claimed: Vec<(Box<Document>, Pick)>,
+        claimed: Vec<(Box<ClaimedTask>, Pick)>,
         executor: &Executor,
         report: &mut BatchReport,
     ) -> Result<()> {
         let relay = executor.relays();
         let mut handoffs = claimed.into_iter().map(|(task, pick)| {
             let handoff = Handoff {
-                task: *task,
+                task: task.raw,
                 attempt: pick.attempt,
                 queue: queue.raw.clone(),
                 relay,

@@ -8,8 +8,7 @@
 
 use crate::claimer::plan::{slot_bound_beside, QueueClaims};
 use bson::oid::ObjectId;
-use bson::Document;
-use disbatch_model::schema::task;
+use disbatch_model::task::ClaimedTask;
 use disbatch_model::Queue;
 use disbatch_store::Result;
 use disbatch_store::{Pick, QueueRunning};
@@ -50,16 +49,13 @@ impl Claimer {
         queue: &Queue,
         threads: u32,
         before: &QueueRunning,
-        claimed: &mut Vec<(Box<Document>, Pick)>,
+        claimed: &mut Vec<(Box<ClaimedTask>, Pick)>,
     ) -> Result<u32> {
         if claimed.is_empty() {
             return Ok(0);
         }
         let after = self.store.queue_running(queue.id).await?;
-        let ours: Vec<ObjectId> = claimed
-            .iter()
-            .filter_map(|(t, _)| t.get_object_id(task::ID).ok())
-            .collect();
+        let ours: Vec<ObjectId> = claimed.iter().map(|(t, _)| t.id).collect();
         let excess = claims_past_cap(threads, before, &after, &ours);
         if excess == 0 {
             return Ok(0);
@@ -67,12 +63,9 @@ impl Claimer {
         let arrived = arrivals(before, &after, &ours);
         let mut given_back = 0;
         for (task, pick) in claimed.split_off(claimed.len() - excess) {
-            let Ok(id) = task.get_object_id(task::ID) else {
-                continue;
-            };
             if self
                 .store
-                .give_back_attempt(id, pick.attempt, &task)
+                .give_back_attempt(task.id, pick.attempt, &task.raw)
                 .await?
             {
                 given_back += 1;

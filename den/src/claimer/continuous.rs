@@ -15,7 +15,6 @@ use std::time::Instant;
 use crate::claimer::plan::QueueClaims;
 use bson::oid::ObjectId;
 use disbatch_model::fleet_time;
-use disbatch_model::schema::queue as queue_field;
 use disbatch_model::Queue;
 use disbatch_store::Result;
 
@@ -152,9 +151,8 @@ impl Claimer {
         }
         // The reading's next turn: ahead of now, asking is a write the filter refuses.
         queue
-            .raw
-            .get_datetime(queue_field::NEXT_CONTINUOUS)
-            .map_or(true, |next| *next <= fleet_time::now())
+            .next_continuous()
+            .is_none_or(|next| next <= fleet_time::now())
     }
 }
 

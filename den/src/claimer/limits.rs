@@ -6,12 +6,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, Document};
+use bson::{Bson, Document};
 use disbatch_model::limits::{key_value, Concurrency, RateLimit};
-use disbatch_model::schema::task;
+use disbatch_model::task::{held_key_slot, task_id};
 use disbatch_model::Queue;
 use disbatch_store::Result;
-use disbatch_store::{key_text, Grant, HeldKeys, LimitIndex, PickHolds, SkipReason};
+use disbatch_store::{key_text, Exclusions, Grant, HeldKeys, LimitIndex, PickHolds, SkipReason};
 
 use rand::Rng;
 
@@ -84,8 +84,8 @@ impl LimitViews {
 
 /// A limited queue's state before its read.
 pub(super) struct BeforeRead {
-    /// What the read must also match; None when nothing is excluded (read as usual).
-    pub(super) also: Option<Document>,
+    /// What the read leaves out; None when nothing is (read as usual).
+    pub(super) left_out: Option<Exclusions>,
     pub(super) held: Option<HeldKeys>,
     /// Nothing can start before then (a rate limit without partitions whose window is full).
     pub(super) blocked_until: Option<Instant>,
@@ -164,14 +164,14 @@ impl Claimer {
             false => windows.reserves.expire(Instant::now()),
         };
         windows.prune();
-        let mut also = Vec::new();
+        let mut left_out = Exclusions::default();
         let mut blocked_until = None;
         if let Some(rate) = &queue.limits.rate {
             match &rate.partition {
                 None => blocked_until = windows.earliest(),
                 Some(path) if !windows.full.is_empty() => {
                     let full: Vec<Bson> = windows.full.values().map(|(v, _)| v.clone()).collect();
-                    also.push(doc! {path: {"$nin": full}});
+                    left_out.full_partitions = Some((path.clone(), full));
                 }
                 Some(_) => {}
             }
@@ -192,16 +192,12 @@ impl Claimer {
             };
             let full = keys.full_keys(c.max);
             if !full.is_empty() {
-                // A task waiting for its retry holds its key's slot: it is the one to run.
-                also.push(doc! {"$or": [
-                    {&c.key: {"$nin": full}},
-                    {task::CONCURRENCY_SLOT: {"$exists": true}},
-                ]});
+                left_out.full_keys = Some((c.key.clone(), full));
             }
             held = Some(keys);
         }
         Ok(BeforeRead {
-            also: (!also.is_empty()).then(|| doc! {"$and": also}),
+            left_out: (!left_out.is_empty()).then_some(left_out),
             held,
             blocked_until,
             frees_at: self
@@ -260,7 +256,7 @@ impl Claimer {
             match key_value(&t, &c.key) {
                 Ok(key) => keyed.push((t, holds, key)),
                 Err(why) => {
-                    if let Ok(id) = t.get_object_id(task::ID) {
+                    if let Some(id) = task_id(&t) {
                         let why = format!("its queue's concurrency key: {why}");
                         self.set_unrunnable(id, SkipReason::BadLimitKey, &why)
                             .await?;
@@ -291,18 +287,16 @@ impl Claimer {
         for (t, mut holds, key) in keyed {
             let text = key_text(&key);
             if let Some(oldest) = &oldest {
-                let first = t.get_object_id(task::ID).ok() == oldest.get(&text).copied();
+                let first = task_id(&t) == oldest.get(&text).copied();
                 // One per key and batch: the next one is the oldest only once this one runs.
                 if !first || taken.contains_key(&text) {
                     by_order += 1;
                     continue;
                 }
             }
-            let own = match (t.get(task::CONCURRENCY_KEY), t.get(task::CONCURRENCY_SLOT)) {
-                (Some(k), Some(Bson::Int64(s))) if key_text(k) == text => u32::try_from(*s).ok(),
-                (Some(k), Some(Bson::Int32(s))) if key_text(k) == text => u32::try_from(*s).ok(),
-                _ => None,
-            };
+            let own = held_key_slot(&t)
+                .filter(|(k, _)| key_text(k) == text)
+                .map(|(_, slot)| slot);
             let mine = taken.entry(text).or_default();
             let from = self.rng.random_range(0..c.max.max(1));
             let slot = own.or_else(|| held.free_slot(&key, c.max, mine, from));
@@ -340,7 +334,7 @@ impl Claimer {
             let value = match value {
                 Ok(v) => v,
                 Err(why) => {
-                    if let Ok(id) = t.get_object_id(task::ID) {
+                    if let Some(id) = task_id(&t) {
                         let why = format!("its queue's rate-limit partition: {why}");
                         self.set_unrunnable(id, SkipReason::BadLimitKey, &why)
                             .await?;

@@ -10,7 +10,6 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use disbatch_model::fleet_time;
 use disbatch_model::retention::{Ended, Retention};
-use disbatch_model::schema::queue as field;
 use disbatch_model::Queue;
 use disbatch_store::Result;
 use disbatch_store::{Pruned, Store};
@@ -113,7 +112,7 @@ impl Pruner {
             .unreadable
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        match Retention::for_queue(&q.raw, field::RETAIN, &self.default) {
+        match q.retention(&self.default) {
             Ok(r) => {
                 unreadable.remove(&q.id);
                 Some((q.id, q.name.clone(), r))

@@ -4,10 +4,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use bson::Bson;
 use disbatch_model::fleet_time;
 use disbatch_model::schedule::{self, Plan, Schedule};
-use disbatch_model::schema::queue as field;
 use disbatch_model::Queue;
 use disbatch_store::Result;
 use disbatch_store::{parse_queue, Store};
@@ -59,7 +57,7 @@ impl Schedules {
         reading: Option<&[Queue]>,
         metrics: &DenMetrics,
     ) -> Result<()> {
-        let none = |qs: &[Queue]| !qs.iter().any(|q| q.raw.contains_key(field::SCHEDULE));
+        let none = |qs: &[Queue]| !qs.iter().any(Queue::has_schedule);
         let started = fleet_time::now();
         if reading.is_some_and(none) && self.skipped.is_empty() {
             self.last_pass = Some(started);
@@ -114,12 +112,11 @@ impl Schedules {
         };
         let now = fleet_time::now();
         let basis = schedule.basis();
-        let counted =
-            matches!(q.raw.get(field::SCHEDULE_BASIS), Some(Bson::String(b)) if *b == basis);
-        let last = match q.raw.get(field::SCHEDULE_LAST) {
-            Some(Bson::DateTime(last)) if counted => schedule::from_bson(*last),
-            _ => None,
-        };
+        let counted = q.schedule_basis() == Some(basis.as_str());
+        let last = q
+            .schedule_last()
+            .filter(|_| counted)
+            .and_then(schedule::from_bson);
         let (Some(last), Some(chrono_now)) = (last, schedule::from_bson(now)) else {
             // New, changed, or its record unreadable: it starts from now, owing nothing before.
             if store.start_schedule(q.id, &basis, now, counted).await? {

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::{Moved, StatusGroup, Store, BULK_WRITE_MISSING};
 use disbatch_model::fleet_time;
 use disbatch_model::schema::{task, TASKS};
+use disbatch_model::task::ClaimedTask;
 use disbatch_model::{status, QueueSort};
 
 /// How many claimable tasks ahead a window reaches per node claiming from the queue: read
@@ -87,7 +88,7 @@ pub struct PickHolds {
 #[derive(Debug, Clone, PartialEq)]
 pub enum PickOutcome {
     /// The task as it now stands: running on this node as the pick's attempt.
-    Claimed(Box<Document>),
+    Claimed(Box<ClaimedTask>),
     /// Another node claimed it first, or it changed since it was read.
     Lost,
     /// Another node holds the slot.
@@ -97,6 +98,30 @@ pub enum PickOutcome {
     /// The server refused this task's claim itself (with its reason): it holds something
     /// the server cannot update, and will refuse it again.
     Refused(String),
+}
+
+/// A claim's outcome for the task document it returned: candidates are read by ObjectId
+/// `_id` (`claimable`), so one without is a task changed since, not claimed.
+fn claimed(doc: Document) -> PickOutcome {
+    ClaimedTask::from_document(doc).map_or(PickOutcome::Lost, |t| PickOutcome::Claimed(Box::new(t)))
+}
+
+impl Pick {
+    /// The picked task's id (candidates are read by ObjectId `_id`).
+    pub fn task_id(&self) -> Option<ObjectId> {
+        self.task.get_object_id(task::ID).ok()
+    }
+}
+
+impl Candidates {
+    /// Leaves out the tasks in `skip` (those found unrunnable before).
+    pub fn without(mut self, skip: &std::collections::HashSet<ObjectId>) -> Candidates {
+        self.tasks.retain(|t| {
+            t.get_object_id(task::ID)
+                .map_or(true, |id| !skip.contains(&id))
+        });
+        self
+    }
 }
 
 /// A queue's next claimable tasks as read, and the ones among them that could not be decoded
@@ -237,11 +262,9 @@ impl Store {
                         Ok(PickOutcome::Lost)
                     }
                     Ok(Some(raw)) => Ok(match disbatch_model::text::raw_doc::from_raw(&raw) {
-                        Ok(doc) => PickOutcome::Claimed(Box::new(doc)),
+                        Ok(doc) => claimed(doc),
                         // Read and decoded a moment ago; keep what was read, with the claim.
-                        Err(_) => {
-                            PickOutcome::Claimed(Box::new(claimed_document(&pick.task, &set)))
-                        }
+                        Err(_) => claimed(claimed_document(&pick.task, &set)),
                     }),
                     Ok(None) => Ok(PickOutcome::Lost),
                     Err(e) if crate::driver_error::is_duplicate_key(&e) => {
@@ -299,7 +322,7 @@ impl Store {
             };
             outcomes[idx] = Some(match (ok, r.get_i32("code").unwrap_or(0)) {
                 (true, _) if crate::count_value(applied) == 1 => {
-                    PickOutcome::Claimed(Box::new(claimed_document(&pick.task, set)))
+                    claimed(claimed_document(&pick.task, set))
                 }
                 (true, _) => PickOutcome::Lost,
                 (false, 11000) => duplicate_outcome(r.get_str("errmsg").unwrap_or("")),
@@ -332,7 +355,7 @@ impl Store {
                         .iter()
                         .find(|d| d.get_object_id(task::ATTEMPT).ok() == Some(pick.attempt));
                     *outcome = Some(match doc {
-                        Some(d) => PickOutcome::Claimed(Box::new(d.clone())),
+                        Some(d) => claimed(d.clone()),
                         None => PickOutcome::Lost,
                     });
                 }

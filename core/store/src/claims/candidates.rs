@@ -10,19 +10,51 @@ use disbatch_model::fleet_time;
 use disbatch_model::schema::{task, TASKS};
 use disbatch_model::{status, QueueSort};
 
+/// What a limited queue's claims leave out now, as the claimer's view of its limits has it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Exclusions {
+    /// The rate limit's partition path, and the partitions whose window is full.
+    pub full_partitions: Option<(String, Vec<Bson>)>,
+    /// The concurrency key's path, and the keys at their max. A task waiting for its retry
+    /// holds its key's slot: it is the one to run, and is never left out.
+    pub full_keys: Option<(String, Vec<Bson>)>,
+}
+
+impl Exclusions {
+    pub fn is_empty(&self) -> bool {
+        self.full_partitions.is_none() && self.full_keys.is_none()
+    }
+
+    /// The filter term a claim read matches besides the queue's claimable tasks.
+    fn term(&self) -> Document {
+        let mut all = Vec::new();
+        if let Some((path, full)) = &self.full_partitions {
+            all.push(doc! {path: {"$nin": full}});
+        }
+        if let Some((key, full)) = &self.full_keys {
+            all.push(doc! {"$or": [
+                {key: {"$nin": full}},
+                {task::CONCURRENCY_SLOT: {"$exists": true}},
+            ]});
+        }
+        doc! {"$and": all}
+    }
+}
+
 impl Store {
-    /// Reads up to `limit` claimable tasks of `queue` that also match `also` (what a queue's
-    /// flow limits leave claimable now), in the queue's claim order, from its head: no
-    /// window, since what `also` excludes changes from one read to the next.
+    /// Reads up to `limit` claimable tasks of `queue` but those `left_out` (what a queue's
+    /// flow limits leave out now), in the queue's claim order, from its head: no window,
+    /// since what is left out changes from one read to the next.
     pub async fn claim_candidates_matching(
         &self,
         queue: ObjectId,
         sort: QueueSort,
         limit: usize,
-        also: &Document,
+        left_out: &Exclusions,
     ) -> Result<Candidates> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.read_claim_bands(queue, sort, limit, Some(also)).await
+        let also = left_out.term();
+        self.read_claim_bands(queue, sort, limit, Some(&also)).await
     }
 
     /// Reads up to `limit` claimable tasks of `queue` in its claim order, band after band

@@ -1,11 +1,12 @@
 //! Task search for the API: Disbatch's "indexed prefixes only" rule, read from live indexes.
 
 use bson::oid::ObjectId;
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::failures::{mtime_range, StatusWord};
 use crate::Store;
 use disbatch_model::schema::{task, TASKS};
 
@@ -93,6 +94,81 @@ impl IndexSets {
         }
         build_filter(params)
     }
+}
+
+/// What a task search filters on beside Disbatch's field equality: a status word, an `mtime`
+/// range and a creation range, each bound optional.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SearchTerms {
+    pub status: Option<StatusWord>,
+    pub since: Option<DateTime>,
+    pub until: Option<DateTime>,
+    pub created_since: Option<DateTime>,
+    pub created_until: Option<DateTime>,
+}
+
+impl SearchTerms {
+    pub fn is_empty(&self) -> bool {
+        *self == SearchTerms::default()
+    }
+
+    /// A time range (of change or of creation) bounds the search.
+    pub fn ranged(&self) -> bool {
+        self.since.is_some()
+            || self.until.is_some()
+            || self.created_since.is_some()
+            || self.created_until.is_some()
+    }
+
+    /// Nothing but creation time, which the `_id` index serves newest first whatever the
+    /// size of the history.
+    pub fn creation_range_only(&self) -> bool {
+        self.status.is_none() && self.since.is_none() && self.until.is_none()
+    }
+
+    fn terms(&self) -> Vec<Document> {
+        let mut terms: Vec<Document> = self.status.map(StatusWord::term).into_iter().collect();
+        terms.extend(mtime_range(self.since, self.until));
+        // Creation time is in the `_id` itself: a range on it is read through the `_id` index.
+        let mut created = Document::new();
+        if let Some(t) = self.created_since {
+            created.insert("$gte", first_id_at(t));
+        }
+        if let Some(t) = self.created_until {
+            created.insert("$lt", first_id_at(t));
+        }
+        if !created.is_empty() {
+            terms.push(doc! {task::ID: created});
+        }
+        terms
+    }
+}
+
+/// The smallest ObjectId made at `t` (its first four bytes are the creation second).
+fn first_id_at(t: DateTime) -> ObjectId {
+    let secs = u32::try_from(t.timestamp_millis().div_euclid(1000).max(0)).unwrap_or(u32::MAX);
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&secs.to_be_bytes());
+    ObjectId::from_bytes(bytes)
+}
+
+/// The filter of a search: the fields' equality (`build_filter`) and every term of `terms`.
+pub fn search_filter(
+    params: &serde_json::Map<String, Value>,
+    terms: &SearchTerms,
+) -> Result<TaskQuery, QueryError> {
+    let q = build_filter(params)?;
+    let mut all = terms.terms();
+    if all.is_empty() {
+        return Ok(q);
+    }
+    if !q.is_empty {
+        all.push(q.filter);
+    }
+    Ok(TaskQuery {
+        filter: doc! {"$and": all},
+        is_empty: false,
+    })
 }
 
 /// The filter of API parameters, whether or not an index serves it: the caller bounds it.

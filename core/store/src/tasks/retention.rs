@@ -22,6 +22,15 @@ pub const RETENTION_INDEX: &str = "queue_1_status_1_mtime_1";
 /// attempt record (read through Disbatch's `{filename, metadata.task_id}` index).
 const OUTPUT_FILENAMES: [&str; 3] = ["stdout", "stderr", "result"];
 
+/// The `status` condition of `state`'s tasks (numbers only: a string status is in no state).
+fn status_filter(state: Ended) -> Bson {
+    match state {
+        Ended::Succeeded => Bson::Int32(status::SUCCEEDED),
+        Ended::Failed => bson::bson!({"$gte": status::FAILED}),
+        Ended::Cancelled => bson::bson!({"$in": [status::CANCELLED, status::TERMINATED]}),
+    }
+}
+
 /// What one call deleted.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Pruned {
@@ -44,8 +53,8 @@ fn parts(state: Ended) -> Vec<(Bson, StatusGroup, Option<bool>)> {
     match state {
         Ended::Succeeded => vec![(Bson::Int32(status::SUCCEEDED), StatusGroup::Succeeded, None)],
         Ended::Failed => vec![
-            (state.status_filter(), StatusGroup::Failed, Some(true)),
-            (state.status_filter(), StatusGroup::Failed, Some(false)),
+            (status_filter(state), StatusGroup::Failed, Some(true)),
+            (status_filter(state), StatusGroup::Failed, Some(false)),
         ],
         Ended::Cancelled => vec![
             (Bson::Int32(status::CANCELLED), StatusGroup::Cancelled, None),
