@@ -200,3 +200,13 @@ pub fn held_key_slot(task: &Document) -> Option<(&Bson, u32)> {
     };
     Some((task.get(CONCURRENCY_KEY)?, slot))
 }
+
+/// A stored task's status code, read from any number type (ops write doubles by hand).
+pub fn status_code(task: &Document) -> Option<i64> {
+    match task.get(crate::schema::task::STATUS)? {
+        Bson::Int32(n) => Some(i64::from(*n)),
+        Bson::Int64(n) => Some(*n),
+        Bson::Double(n) => Some(*n as i64),
+        _ => None,
+    }
+}

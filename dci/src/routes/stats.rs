@@ -9,7 +9,7 @@ use axum::response::Response;
 use bson::oid::ObjectId;
 use bson::{Bson, Document};
 use disbatch_model::fleet_time;
-use disbatch_model::schema::{queue as queue_field, stats};
+use disbatch_model::schema::stats;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -77,18 +77,7 @@ pub async fn get(Ns(state): Ns, RawQuery(query): RawQuery) -> ApiResult<Response
     let from = fleet_time::now()
         .timestamp_millis()
         .saturating_sub(window_ms);
-    let names: Arc<HashMap<ObjectId, String>> = Arc::new(
-        state
-            .store
-            .queue_documents()
-            .await?
-            .iter()
-            .filter_map(|d| {
-                let id = d.get_object_id(queue_field::ID).ok()?;
-                Some((id, d.get_str(queue_field::NAME).ok()?.to_string()))
-            })
-            .collect(),
-    );
+    let names: Arc<HashMap<ObjectId, String>> = Arc::new(state.store.queue_names_by_id().await?);
     let mut measured = state
         .store
         .stream_stats((from, None), queue, true, 0)

@@ -6,7 +6,6 @@ use axum::extract::RawQuery;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use bson::Bson;
-use disbatch_model::fleet_time;
 use disbatch_store::ControlOutcome;
 use futures::StreamExt;
 
@@ -29,7 +28,9 @@ pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> A
         return Err(ApiError::not_found(format!("no task with id {id}")));
     };
     let mut value = render::document(&task, Dates::Text);
-    if let (Some(held), serde_json::Value::Object(m)) = (held(&state, &task).await?, &mut value) {
+    if let (Some(held), serde_json::Value::Object(m)) =
+        (state.store.why_held(&task).await?, &mut value)
+    {
         m.insert(
             "held".into(),
             render::document(&held.to_document(), Dates::Text),
@@ -42,30 +43,6 @@ pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> A
         return Ok(Html(task_page(&value)).into_response());
     }
     Ok(json_response(&value, true))
-}
-
-/// Why a queued task waits on its queue's flow limits now (`held`), or None: not queued,
-/// no limit holding claims, or a queue that cannot be read (a node skips it anyway).
-async fn held(
-    state: &crate::state::AppState,
-    task: &bson::Document,
-) -> ApiResult<Option<disbatch_model::held::Held>> {
-    use disbatch_model::schema::task as field;
-    use disbatch_store::StatusGroup;
-    let queued = StatusGroup::of(task.get(field::STATUS)) == StatusGroup::Queued;
-    let Ok(queue) = task.get_object_id(field::QUEUE) else {
-        return Ok(None);
-    };
-    if !queued {
-        return Ok(None);
-    }
-    let limits = match state.store.queue_by_id(queue).await {
-        Ok(Some(q)) => q.limits,
-        Ok(None) | Err(disbatch_store::Error::BadDocument { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let now = fleet_time::now();
-    Ok(state.store.task_held(task, &limits, now).await?)
 }
 
 /// Disbatch's HTML view of a task: its JSON, pretty, in a `<pre>`. Stored text (params, queue
@@ -225,12 +202,7 @@ impl OutputState {
 
 fn output_state(task: &bson::Document) -> OutputState {
     use disbatch_model::status;
-    let code = match task.get(disbatch_model::schema::task::STATUS) {
-        Some(Bson::Int32(n)) => Some(*n as i64),
-        Some(Bson::Int64(n)) => Some(*n),
-        Some(Bson::Double(n)) => Some(*n as i64),
-        _ => None,
-    };
+    let code = disbatch_model::task::status_code(task);
     match code {
         Some(s) if s == status::RUNNING as i64 => OutputState::Live,
         Some(s)

@@ -63,7 +63,7 @@ pub struct KeyBudget {
 impl Store {
     /// Why queued task `t` of a queue with `limits` is held back now, or None (it is not
     /// queued and claimable, or no limit stops it). A few reads by index.
-    pub async fn task_held(
+    pub(crate) async fn task_held(
         &self,
         t: &Document,
         limits: &FlowLimits,

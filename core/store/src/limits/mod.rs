@@ -3,3 +3,31 @@
 pub(crate) mod flow_view;
 pub(crate) mod key_slots;
 pub(crate) mod rate_limits;
+
+use bson::Document;
+use disbatch_model::held::Held;
+use disbatch_model::schema::task;
+
+use crate::error::{Error, Result};
+use crate::{StatusGroup, Store};
+
+impl Store {
+    /// Why task `t` waits on its queue's flow limits now, or None: not queued, no limit
+    /// holding claims, or a queue that cannot be read (a node skips it anyway).
+    pub async fn why_held(&self, t: &Document) -> Result<Option<Held>> {
+        let queued = StatusGroup::of(t.get(task::STATUS)) == StatusGroup::Queued;
+        let Ok(queue) = t.get_object_id(task::QUEUE) else {
+            return Ok(None);
+        };
+        if !queued {
+            return Ok(None);
+        }
+        let limits = match self.queue_by_id(queue).await {
+            Ok(Some(q)) => q.limits,
+            Ok(None) | Err(Error::BadDocument { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        self.task_held(t, &limits, disbatch_model::fleet_time::now())
+            .await
+    }
+}

@@ -212,6 +212,19 @@ impl Store {
             .filter_map(|d| d.get_str(queue::NAME).ok().map(str::to_string))
             .collect())
     }
+
+    /// Each queue's name by its id (queues with a string name and an ObjectId `_id`).
+    pub async fn queue_names_by_id(&self) -> Result<std::collections::HashMap<ObjectId, String>> {
+        Ok(self
+            .queue_documents()
+            .await?
+            .iter()
+            .filter_map(|d| {
+                let id = d.get_object_id(queue::ID).ok()?;
+                Some((id, d.get_str(queue::NAME).ok()?.to_string()))
+            })
+            .collect())
+    }
 }
 
 impl Store {
