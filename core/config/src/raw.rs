@@ -216,20 +216,12 @@ impl RawConfig {
             base,
             &mut p,
         );
-        let gfs = p.take(match self.gfs {
-            None | Some(Value::Null) => Ok(GfsMode::Auto),
-            Some(v) => GfsMode::from_config(&v).map_err(|e| format!("key `gfs`: {e}")),
-        });
-        let activequeues = p.take(queue_ids("activequeues", self.activequeues));
-        let ignorequeues = p.take(queue_ids("ignorequeues", self.ignorequeues));
-        if let (Some(active), Some(ignore)) = (&activequeues, &ignorequeues) {
-            if !active.is_empty() && !ignore.is_empty() {
-                warnings.push(
-                    "both `activequeues` and `ignorequeues` are set: only `activequeues` is used"
-                        .into(),
-                );
-            }
-        }
+        let (gfs, activequeues, ignorequeues) = check_task_keys(
+            self.gfs,
+            (self.activequeues, self.ignorequeues),
+            warnings,
+            &mut p,
+        );
         if let Some(node) = &self.node {
             p.take(super::validate_node_name(node).map_err(|e| format!("key `node`: {e}")));
         }
@@ -316,6 +308,32 @@ impl RawConfig {
             log_level,
         })
     }
+}
+
+/// `gfs`, `activequeues` and `ignorequeues`: how output is stored and which queues a node
+/// serves; each None when unreadable (the problem is in `p`).
+#[allow(clippy::type_complexity)]
+fn check_task_keys(
+    gfs: Option<Value>,
+    (active, ignore): (Option<Vec<String>>, Option<Vec<String>>),
+    warnings: &mut Vec<String>,
+    p: &mut Problems,
+) -> (Option<GfsMode>, Option<Vec<String>>, Option<Vec<String>>) {
+    let gfs = p.take(match gfs {
+        None | Some(Value::Null) => Ok(GfsMode::Auto),
+        Some(v) => GfsMode::from_config(&v).map_err(|e| format!("key `gfs`: {e}")),
+    });
+    let activequeues = p.take(queue_ids("activequeues", active));
+    let ignorequeues = p.take(queue_ids("ignorequeues", ignore));
+    if let (Some(active), Some(ignore)) = (&activequeues, &ignorequeues) {
+        if !active.is_empty() && !ignore.is_empty() {
+            warnings.push(
+                "both `activequeues` and `ignorequeues` are set: only `activequeues` is used"
+                    .into(),
+            );
+        }
+    }
+    (gfs, activequeues, ignorequeues)
 }
 
 /// Names and their secrets (`auth`), or the files that hold them (`auth_files`).

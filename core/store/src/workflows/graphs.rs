@@ -88,6 +88,44 @@ pub struct WholeCancel {
 /// Counts by status group, named as the API names them.
 pub type StatusCounts = BTreeMap<&'static str, u64>;
 
+/// The tasks `t` depends on, in the graph (`ids` by request index) and outside it, once each.
+/// Made again where needed rather than kept: a graph's lists are most of its size.
+fn deps_of(t: &GraphTask, ids: &[ObjectId]) -> Vec<ObjectId> {
+    let mut deps: Vec<ObjectId> = t
+        .waits_for
+        .iter()
+        .filter_map(|&j| ids.get(j).copied())
+        .collect();
+    deps.extend(t.existing.iter().copied());
+    let mut seen = HashSet::with_capacity(deps.len());
+    deps.retain(|d| seen.insert(*d));
+    deps
+}
+
+/// Which of `tasks` another task of the graph waits for; Err when one depends on more than
+/// `MAX_WORKFLOW_TASKS` tasks.
+fn waited_for(tasks: &[GraphTask], ids: &[ObjectId]) -> Result<Vec<bool>> {
+    let mut waited_for = vec![false; tasks.len()];
+    for t in tasks {
+        for &i in &t.waits_for {
+            if let Some(w) = waited_for.get_mut(i) {
+                *w = true;
+            }
+        }
+    }
+    if let Some((t, n)) = tasks
+        .iter()
+        .map(|t| (t, deps_of(t, ids).len()))
+        .find(|(_, n)| *n > MAX_WORKFLOW_TASKS)
+    {
+        return Err(Error::Invalid(format!(
+            "task {:?} depends on at most {MAX_WORKFLOW_TASKS} tasks, not {n}",
+            t.name
+        )));
+    }
+    Ok(waited_for)
+}
+
 impl Store {
     /// Stores a checked graph (`workflow::check_graph`) and returns its id and its tasks' ids,
     /// in request order.
@@ -116,35 +154,8 @@ impl Store {
         }
         let graph = ObjectId::new();
         let ids: Vec<ObjectId> = tasks.iter().map(|_| ObjectId::new()).collect();
-        let mut waited_for = vec![false; tasks.len()];
-        for t in tasks {
-            for &i in &t.waits_for {
-                if let Some(w) = waited_for.get_mut(i) {
-                    *w = true;
-                }
-            }
-        }
-        let deps_of = |t: &GraphTask| -> Vec<ObjectId> {
-            let mut deps: Vec<ObjectId> = t
-                .waits_for
-                .iter()
-                .filter_map(|&j| ids.get(j).copied())
-                .collect();
-            deps.extend(t.existing.iter().copied());
-            let mut seen = HashSet::with_capacity(deps.len());
-            deps.retain(|d| seen.insert(*d));
-            deps
-        };
-        if let Some((t, n)) = tasks
-            .iter()
-            .map(|t| (t, deps_of(t).len()))
-            .find(|(_, n)| *n > MAX_WORKFLOW_TASKS)
-        {
-            return Err(Error::Invalid(format!(
-                "task {:?} depends on at most {MAX_WORKFLOW_TASKS} tasks, not {n}",
-                t.name
-            )));
-        }
+        let waited_for = waited_for(tasks, &ids)?;
+        let deps_of = |t: &GraphTask| deps_of(t, &ids);
         let now = fleet_time::now();
         let mut roots: BTreeMap<ObjectId, Vec<ObjectId>> = BTreeMap::new();
         self.mark_dependencies(&existing).await?;
