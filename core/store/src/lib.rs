@@ -50,6 +50,7 @@ pub use disbatch_model::task::{
 pub use limits::flow_view::{KeyBudget, PartitionUse, QueueFlow, RateBudget, HELD_SCAN};
 pub use limits::key_slots::{key_text, HeldKeys, LimitIndex};
 pub use limits::rate_limits::Grant;
+pub use nodes::views::{NodeView, LIVE_INTERVALS};
 pub use nodes::{Heartbeat, HeartbeatReply, LiveFleet, LiveNode, NodeLimit};
 pub use queues::signals::{last_signal, CreatedSince, Queued, SIGNAL_SPACING};
 pub use queues::views::QueueCounts;

@@ -4,10 +4,7 @@ use std::time::Duration;
 
 use axum::response::Response;
 use bson::{Bson, Document};
-use disbatch_config::MAX_LOOP_INTERVAL;
-use disbatch_model::fleet_time;
-use disbatch_model::schema::node as field;
-use disbatch_store::WriteCounts;
+use disbatch_store::{NodeView, WriteCounts, LIVE_INTERVALS};
 use serde_json::{json, Value};
 
 use crate::envelope;
@@ -28,41 +25,12 @@ fn node_json(d: &Document, running: u64, web_window: Duration) -> Value {
         if let Some(ts) = ts {
             map.insert("timestamp".into(), render::date(ts, Dates::Millis));
         }
-        map.insert("live".into(), Value::Bool(is_live(d, web_window)));
+        map.insert("live".into(), Value::Bool(NodeView(d).is_live(web_window)));
         map.insert("running".into(), Value::from(running));
         // Keep the key order canonical after the inserts.
         map.sort_keys();
     }
     v
-}
-
-/// A node is live while its last heartbeat is younger than the longer of
-/// `web.live_window_ms` and this many of its own loop intervals, as its document records
-/// them: a node whose interval exceeds the window is not dead between two beats.
-const LIVE_INTERVALS: u32 = 3;
-
-/// How long after its last heartbeat node `d` still counts as live: `web_window`, or more for
-/// a node that says it heartbeats less often (read up to the longest interval a node may have).
-fn live_window(d: &Document, web_window: Duration) -> Duration {
-    let interval_ms = match d.get(field::INTERVAL_MS) {
-        Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
-        Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
-        _ => 0,
-    };
-    let interval = Duration::from_millis(interval_ms).min(MAX_LOOP_INTERVAL);
-    web_window.max(interval * LIVE_INTERVALS)
-}
-
-/// Whether a node heartbeated within its live window: what `live` says and `DELETE` refuses on.
-fn is_live(d: &Document, web_window: Duration) -> bool {
-    let window = i64::try_from(live_window(d, web_window).as_millis()).unwrap_or(i64::MAX);
-    // Saturating: ops can store any date, even i64::MIN milliseconds.
-    let age = d.get_datetime(field::TIMESTAMP).ok().map(|t| {
-        fleet_time::now()
-            .timestamp_millis()
-            .saturating_sub(t.timestamp_millis())
-    });
-    age.is_some_and(|a| a <= window)
 }
 
 pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
@@ -72,7 +40,7 @@ pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
     let out: Vec<Value> = nodes
         .iter()
         .map(|d| {
-            let name = d.get_str("node").unwrap_or_default();
+            let name = NodeView(d).name();
             node_json(d, running.get(name).copied().unwrap_or(0), window)
         })
         .collect();
@@ -89,7 +57,7 @@ async fn find(state: &AppState, ident: &str) -> ApiResult<Document> {
 
 pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let d = find(&state, &ident).await?;
-    let name = d.get_str("node").unwrap_or_default().to_string();
+    let name = NodeView(&d).name().to_string();
     let running = state.store.running_per_node().await?;
     let window = state.config.web.live_window;
     Ok(json_response(
@@ -123,9 +91,9 @@ pub async fn set_maxthreads(
     disbatch_model::parse_limit(Some(&value))
         .map_err(|e| ApiError::bad_request(format!("maxthreads: {e}")))?;
     let node = find(&state, &ident).await?;
-    let id = node
-        .get_object_id("_id")
-        .map_err(|_| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
+    let id = NodeView(&node)
+        .id()
+        .ok_or_else(|| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
     let counts = state.store.set_node_maxthreads(id, value).await?;
     Ok(json_response(&envelope::update(&counts), false))
 }
@@ -137,11 +105,12 @@ pub async fn set_maxthreads(
 /// forgetting it would strand them.
 pub async fn forget(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let node = find(&state, &ident).await?;
-    let name = node.get_str(field::NODE).unwrap_or_default().to_string();
-    let window = live_window(&node, state.config.web.live_window);
-    let id = node
-        .get_object_id(field::ID)
-        .map_err(|_| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
+    let view = NodeView(&node);
+    let name = view.name().to_string();
+    let window = view.live_window(state.config.web.live_window);
+    let id = view
+        .id()
+        .ok_or_else(|| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
     let refuse = |why: String| {
         Err(ApiError::conflict(format!(
             "node {ident} was not forgotten: {why}"
@@ -158,7 +127,7 @@ pub async fn forget(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Respo
             window.as_millis()
         )
     };
-    if is_live(&node, state.config.web.live_window) {
+    if view.is_live(state.config.web.live_window) {
         return refuse(live(""));
     }
     let held = state.store.tasks_held_by(&name).await?;

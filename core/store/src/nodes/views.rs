@@ -1,14 +1,16 @@
 //! Node queries for the DCI: listing nodes with their running counts, setting `maxthreads`.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
 use crate::error::{Error, Result};
 use crate::{Store, WriteCounts};
+use disbatch_config::MAX_LOOP_INTERVAL;
 use disbatch_model::schema::{node, task, NODES, TASKS};
-use disbatch_model::status;
+use disbatch_model::{fleet_time, status};
 
 impl Store {
     /// Every node document, sorted by name.
@@ -81,5 +83,51 @@ impl Store {
             .await
             .map(WriteCounts::from)
             .map_err(|e| Error::mongo(format!("setting maxthreads of node {id}"), e))
+    }
+}
+
+/// A node is live while its last heartbeat is younger than the longer of the API's live
+/// window and this many of its own loop intervals, as its document records them: a node
+/// whose interval exceeds the window is not dead between two beats.
+pub const LIVE_INTERVALS: u32 = 3;
+
+/// What the API judges a node document by: its name, id and liveness.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeView<'a>(pub &'a Document);
+
+impl<'a> NodeView<'a> {
+    /// Its name; empty when not a string.
+    pub fn name(&self) -> &'a str {
+        self.0.get_str(node::NODE).unwrap_or_default()
+    }
+
+    pub fn id(&self) -> Option<ObjectId> {
+        self.0.get_object_id(node::ID).ok()
+    }
+
+    /// How long after its last heartbeat it still counts as live: `web_window`, or more for a
+    /// node that says it heartbeats less often (read up to the longest interval a node may
+    /// have).
+    pub fn live_window(&self, web_window: Duration) -> Duration {
+        let interval_ms = match self.0.get(node::INTERVAL_MS) {
+            Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
+            Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
+            _ => 0,
+        };
+        let interval = Duration::from_millis(interval_ms).min(MAX_LOOP_INTERVAL);
+        web_window.max(interval * LIVE_INTERVALS)
+    }
+
+    /// Whether it heartbeated within its live window: what `GET /nodes` says and `DELETE`
+    /// refuses on.
+    pub fn is_live(&self, web_window: Duration) -> bool {
+        let window = i64::try_from(self.live_window(web_window).as_millis()).unwrap_or(i64::MAX);
+        // Saturating: ops can store any date, even i64::MIN milliseconds.
+        let age = self.0.get_datetime(node::TIMESTAMP).ok().map(|t| {
+            fleet_time::now()
+                .timestamp_millis()
+                .saturating_sub(t.timestamp_millis())
+        });
+        age.is_some_and(|a| a <= window)
     }
 }
