@@ -7,7 +7,7 @@ use bson::doc;
 use disbatch_tests::{wait_for, write_config, Den};
 use serde_json::json;
 
-use crate::mongo_users::{auth_db, create_users, has, passwords, privileges, text, ROOT_PASSWORD};
+use super::mongo_users::{auth_db, create_users, has, passwords, privileges, text, ROOT_PASSWORD};
 
 /// A `disbatchd` role made before the leader's stream on the database (`changeStream` on
 /// `queues` alone): the leader says so, watches queues, its probe signals a task another

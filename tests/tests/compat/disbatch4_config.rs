@@ -15,7 +15,7 @@ use mongodb::options::{ClientOptions, Credential, Tls, TlsOptions};
 use mongodb::Client;
 use serde_json::json;
 
-const EXAMPLE: &str = include_str!("../fixtures/disbatch4-config.json-example");
+const EXAMPLE: &str = include_str!("../../fixtures/disbatch4-config.json-example");
 const EXAMPLE_MONGOHOST: &str = r#""mongohost": "mongodb://127.0.0.1:27017","#;
 const EXAMPLE_DATABASE: &str = r#""database": "disbatch_test","#;
 const EXAMPLE_CA_FILE: &str = "/etc/ssl/certs/ca-bundle.crt";
