@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_tests::claim_order::{replay, requeued_from, Recording};
-use disbatch_tests::perl_peer::PerlDen;
+use disbatch_tests::peers::perl_den::PerlDen;
 use disbatch_tests::{read_lines, write_config, Den, TestDb};
 use futures::TryStreamExt;
 use serde_json::json;
@@ -17,7 +17,7 @@ const DEMO: &str = "Disbatch::Plugin::Demo";
 
 #[tokio::test]
 async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_is_recovered() {
-    if !disbatch_tests::perl_peer::available("mixed_fleet") {
+    if !disbatch_tests::peers::perl_den::available("mixed_fleet") {
         return;
     }
     let db = TestDb::new("mixed_fleet").await;

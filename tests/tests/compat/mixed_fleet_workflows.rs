@@ -12,7 +12,7 @@ use bson::doc;
 use bson::oid::ObjectId;
 use bson::Document;
 use disbatch_tests::claim_order::Recording;
-use disbatch_tests::perl_peer::PerlDen;
+use disbatch_tests::peers::perl_den::PerlDen;
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use serde_json::json;
 
@@ -20,7 +20,7 @@ const DEMO: &str = "Disbatch::Plugin::Demo";
 
 #[tokio::test]
 async fn a_perl_node_never_starts_a_waiting_task_and_its_ends_release_dependents() {
-    if !disbatch_tests::perl_peer::available("mixed_fleet_workflows") {
+    if !disbatch_tests::peers::perl_den::available("mixed_fleet_workflows") {
         return;
     }
     let db = TestDb::new("mixed_workflows").await;

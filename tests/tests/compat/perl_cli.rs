@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use disbatch_tests::perl::{disbatch_json, said, PerlCli};
+use disbatch_tests::peers::perl_cli::{disbatch_json, said, PerlCli};
 use disbatch_tests::{write_config, Dci, Den, TestDb};
 use serde_json::{json, Value};
 

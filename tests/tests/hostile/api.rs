@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::hostile::requests::{
+    framing_requests, junk_body, junk_headers, junk_value, request, BAD_QUERIES, JUNK_PATH, KEYS,
+    TEN_MB,
+};
 use disbatch_tests::hostile::{
     crashes, enc, fill, nested_json, openapi_responses, openapi_routes, path_params, raw_http,
     raw_http_then_eof, LoggedDci,
-};
-use disbatch_tests::hostile_requests::{
-    framing_requests, junk_body, junk_headers, junk_value, request, BAD_QUERIES, JUNK_PATH, KEYS,
-    TEN_MB,
 };
 use disbatch_tests::{write_config, TestDb};
 use rand::rngs::StdRng;

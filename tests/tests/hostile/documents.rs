@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::hostile::corpus::{
+    insert_corpus, queue_problems, task_problems, Inserted, QueueExpect, TaskExpect,
+};
 use disbatch_tests::hostile::{
     check_get, crashes, den_survives, enc, fill, get_request, nested, openapi_routes, path_params,
     raw_http, wait_done, with_invalid_utf8, LoggedDci,
-};
-use disbatch_tests::hostile_corpus::{
-    insert_corpus, queue_problems, task_problems, Inserted, QueueExpect, TaskExpect,
 };
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;

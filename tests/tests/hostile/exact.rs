@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_tests::hostile::requests::request;
 use disbatch_tests::hostile::{crashes, raw_http, LoggedDci};
-use disbatch_tests::hostile_requests::request;
 use disbatch_tests::{write_config, TestDb};
 use serde_json::{json, Value};
 

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use disbatch_tests::flood::{
+use disbatch_tests::hostile::flood::{
     describe_sockets, flood_idle, flood_slowloris, held_connections, join_all, kept_alive,
     listener_count, ms, open_fds, open_idle, raise_open_file_limit, rss_kib, timed_get,
     watch_closes, Lifetime, ListenerCount,
@@ -315,7 +315,7 @@ async fn an_https_dci_bounds_handshakes_and_allows_its_certificate_names_as_host
             .expect("probe");
         assert_eq!(answered.status().as_u16(), 200, "probe");
         let accepted = Instant::now();
-        let closed = disbatch_tests::flood::closed_at(s, HANDSHAKE + SLACK * 2).await;
+        let closed = disbatch_tests::hostile::flood::closed_at(s, HANDSHAKE + SLACK * 2).await;
         let lifetime = closed.map(|at| (at - accepted, at - connecting));
         // Upper bound on the shortest the server can have held it, lower bound on the longest.
         assert!(

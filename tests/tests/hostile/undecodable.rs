@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use disbatch_tests::corrupting_proxy::{CorruptingProxy, MARKER};
+use disbatch_tests::faults::corrupting_proxy::{CorruptingProxy, MARKER};
 use disbatch_tests::hostile::{crashes, get_request, raw_http, wait_done, LoggedDci};
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::{json, Value};

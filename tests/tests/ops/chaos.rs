@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use disbatch_tests::chaos::{run_chaos, ChaosOptions};
+use disbatch_tests::faults::chaos::{run_chaos, ChaosOptions};
 
 #[tokio::test]
 async fn tasks_survive_killed_nodes_runners_and_a_server_restart() {

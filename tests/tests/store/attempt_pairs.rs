@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
-use disbatch_tests::cutting_proxy::{After, CuttingProxy};
+use disbatch_tests::faults::cutting_proxy::{After, CuttingProxy};
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;

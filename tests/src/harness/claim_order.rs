@@ -88,7 +88,7 @@ impl Recording {
     /// Every change up to now, the markers among them (find them with `position`).
     pub async fn finish(mut self) -> Vec<Change> {
         let end = self.write_marker(true).await;
-        let wait = crate::scaled(Duration::from_secs(60));
+        let wait = super::scaled(Duration::from_secs(60));
         let changes = tokio::time::timeout(wait, &mut self.recorder)
             .await
             .unwrap_or_else(|_| {
@@ -423,9 +423,9 @@ pub fn claim_like_perl(
 /// Waits until each of `dens` has read `n` nodes serving queue `queue` (its name) with room
 /// (`disbatch_den_sharers`): from then on each lays out its lane among all of them, so a
 /// queue opened now is divided from its first claim.
-pub async fn wait_sharers(dens: &[&crate::Den], queue: &str, n: usize) {
+pub async fn wait_sharers(dens: &[&super::Den], queue: &str, n: usize) {
     let sample = format!("disbatch_den_sharers{{queue=\"{queue}\"}}");
-    crate::wait_for(
+    super::wait_for(
         &format!("{} nodes to read {n} sharers of {queue}", dens.len()),
         Duration::from_secs(60),
         || {

@@ -5,7 +5,7 @@ use rand::seq::IndexedRandom;
 use rand::Rng;
 use serde_json::json;
 
-use crate::hostile::nested_json;
+use super::nested_json;
 
 /// The size of the largest bodies sent.
 pub const TEN_MB: usize = 10 * 1024 * 1024;

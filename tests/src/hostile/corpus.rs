@@ -4,8 +4,8 @@ use bson::oid::ObjectId;
 use bson::spec::BinarySubtype;
 use bson::{doc, Binary, Bson, DateTime, Document};
 
-use crate::hostile::nested;
-use crate::TestDb;
+use super::nested;
+use crate::harness::TestDb;
 
 /// What a DEN should make of a malformed queue.
 #[derive(Debug, Clone, Copy, PartialEq)]

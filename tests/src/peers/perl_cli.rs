@@ -32,17 +32,17 @@ const MODULES: &[&str] = &[
 ];
 
 impl PerlCli {
-    /// None (after saying why) when the peer is not here (`perl_peer::available`) or perl is
+    /// None (after saying why) when the peer is not here (`perl_den::available`) or perl is
     /// not installed.
     pub fn find(url: &str) -> Option<PerlCli> {
-        if !crate::perl_peer::available("perl_cli") {
+        if !super::perl_den::available("perl_cli") {
             return None;
         }
         if Command::new("perl").arg("-e1").status().is_err() {
             eprintln!("SKIPPED perl_cli: perl is not installed, so Disbatch's Perl CLI cannot run");
             return None;
         }
-        let dir = crate::perl_peer::peer_dir();
+        let dir = super::perl_den::peer_dir();
         assert!(
             dir.join("bin/disbatch").is_file(),
             "Disbatch's Perl CLI is not at {} (DISBATCH_PERL_PEER names the peer's folder)",

@@ -1,5 +1,9 @@
 //! Hostile-input helpers: a DCI with its log kept, OpenAPI routes, raw HTTP/1.1, odd BSON.
 
+pub mod corpus;
+pub mod flood;
+pub mod requests;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,7 +15,7 @@ use bson::{doc, Bson, Document};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{bin_path, write_config, Den, TestDb};
+use crate::harness::{bin_path, write_config, Den, TestDb};
 
 /// What a process's log must never contain: Rust's panic and stack-overflow reports.
 pub const CRASH_MARKERS: [&str; 2] = ["panicked", "overflowed its stack"];
@@ -324,9 +328,9 @@ pub fn with_invalid_utf8(d: &Document, marker: &str) -> bson::RawDocumentBuf {
 /// `timeout` is when to give up, scaled by `DISBATCH_TEST_SLOWDOWN`.
 pub async fn wait_done(db: &TestDb, den: &mut Den, ids: &[ObjectId], timeout: Duration) {
     let filter = doc! {"_id": {"$in": ids.to_vec()}, "complete": true};
-    let timeout = crate::scaled(timeout);
+    let timeout = crate::harness::scaled(timeout);
     let deadline = std::time::Instant::now() + timeout;
-    let mut backoff = crate::Backoff::new();
+    let mut backoff = crate::harness::Backoff::new();
     loop {
         if db.count(filter.clone()).await as usize == ids.len() {
             return;

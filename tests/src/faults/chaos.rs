@@ -14,8 +14,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::restartable::RestartableServer;
-use crate::{write_config, Den, TestDb};
+use crate::harness::restartable::RestartableServer;
+use crate::harness::{write_config, Den, TestDb};
 
 /// The shape of one run.
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
 
-use crate::TestDb;
+use crate::harness::TestDb;
 
 /// Where the Perl peer is: `DISBATCH_PERL_PEER`, else `shared/peers/disbatch4-perl` beside
 /// the clone or any folder above it. None when it is not there.

@@ -282,8 +282,8 @@ pub async fn join_all<T: 'static>(mut set: JoinSet<T>) -> Vec<T> {
 /// answer took (status 0: no answer, the connection was closed).
 pub async fn timed_get(addr: SocketAddr, path: &str) -> (u16, Duration) {
     let started = Instant::now();
-    let request = crate::hostile::get_request(path);
-    let status = crate::hostile::raw_http(addr, &request, Duration::from_secs(30))
+    let request = super::get_request(path);
+    let status = super::raw_http(addr, &request, Duration::from_secs(30))
         .await
         .map_or(0, |r| r.status);
     (status, started.elapsed())
@@ -351,8 +351,8 @@ pub struct ListenerCount {
 /// Scrapes `addr`'s `/metrics` (on a new connection, which takes a slot like any other) for
 /// the connection gauges of its listener `listener` (`web`, `metrics`).
 pub async fn listener_count(addr: SocketAddr, listener: &str) -> ListenerCount {
-    let request = crate::hostile::get_request("/metrics");
-    let response = crate::hostile::raw_http(addr, &request, Duration::from_secs(30))
+    let request = super::get_request("/metrics");
+    let response = super::raw_http(addr, &request, Duration::from_secs(30))
         .await
         .expect("GET /metrics");
     assert_eq!(response.status, 200, "GET /metrics");

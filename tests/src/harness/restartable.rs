@@ -66,7 +66,7 @@ impl RestartableServer {
         let port = listener.local_addr().expect("addr").port();
         drop(listener);
         RestartableServer {
-            bin: crate::server::server_binary(),
+            bin: super::server::server_binary(),
             port,
             data: tempfile::tempdir().expect("data dir").keep(),
             child: None,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
-use crate::bin_path;
+use super::bin_path;
 
 /// A browser session; chromedriver is stopped when dropped.
 pub struct Browser {
@@ -252,7 +252,7 @@ impl Browser {
     /// Kills chromedriver and the Chromium it started: after a panic no session was closed,
     /// and Chromium's processes would outlive the test.
     fn kill_all(&mut self) {
-        for pid in crate::cleanup::descendants_of(self.driver.id() as i32) {
+        for pid in super::cleanup::descendants_of(self.driver.id() as i32) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,

@@ -8,7 +8,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
-use crate::{bin_path, demo_plugin, echo_plugin, TestDb};
+use super::{bin_path, demo_plugin, echo_plugin, TestDb};
 
 /// Writes a node config for `db` into the test's directory. `extra` keys override defaults.
 pub fn write_config(db: &TestDb, file: &str, extra: Value) -> PathBuf {
@@ -121,7 +121,7 @@ impl Den {
     /// read), or its process has exited (a test of a node that refuses to start). Panics
     /// with the log if neither happens within 60 s (scaled by `DISBATCH_TEST_SLOWDOWN`).
     pub fn wait_ready(&mut self) {
-        let timeout = crate::scaled(Duration::from_secs(60));
+        let timeout = super::scaled(Duration::from_secs(60));
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_millis(5);
         loop {
@@ -162,7 +162,7 @@ impl Den {
     /// The address of its metrics listener (it prints `metrics on http://ADDR`), once it has.
     pub async fn metrics_url(&self) -> String {
         let mut url = String::new();
-        crate::wait_for("the metrics line", Duration::from_secs(30), || {
+        super::wait_for("the metrics line", Duration::from_secs(30), || {
             // This run's line: a restarted node appends a new address to the same log.
             let found = self
                 .own_log()
@@ -214,7 +214,7 @@ impl Den {
     pub async fn wait_queue_reads(&self, n: u32) {
         let from = self.queue_reads().await;
         let want = from + f64::from(n);
-        crate::wait_for(
+        super::wait_for(
             &format!("{n} more queue reads by node {}", self.node),
             Duration::from_secs(60),
             || {
@@ -238,7 +238,7 @@ impl Den {
         let mut child = self.child.take()?;
         let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
         // Above the node's own 10 s grace for a pass in flight (STOPPING_PASS_GRACE).
-        let deadline = Instant::now() + crate::scaled(Duration::from_secs(30));
+        let deadline = Instant::now() + super::scaled(Duration::from_secs(30));
         loop {
             if let Ok(Some(status)) = child.try_wait() {
                 return status.code();

@@ -6,7 +6,7 @@ use bson::{doc, Bson, DateTime, Document};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::{Dci, TestDb};
+use super::{Dci, TestDb};
 
 /// An id as the API writes it (`{"$oid": hex}`).
 pub fn oid(id: ObjectId) -> Value {

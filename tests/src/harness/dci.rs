@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::bin_path;
+use super::bin_path;
 
 /// A running `disbatch-web`; killed when dropped.
 pub struct Dci {
