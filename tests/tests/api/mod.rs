@@ -6,6 +6,7 @@ mod console;
 mod console_actions;
 mod control;
 mod enqueue;
+mod finding_failures;
 mod finding_tasks;
 mod misc;
 mod namespaces;

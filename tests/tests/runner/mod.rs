@@ -4,6 +4,8 @@ mod dtr_direct;
 mod gridfs_output;
 mod live_output;
 mod live_output_bytes;
+mod live_output_views;
+mod persistent_worker_hosts;
 mod persistent_workers;
 mod plugin_contract;
 mod result_refusals;

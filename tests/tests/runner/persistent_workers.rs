@@ -1,7 +1,8 @@
 //! Persistent workers (`worker: "persistent"`, plugins/PROTOCOL.md) with a real node, its
 //! worker host and echo in worker mode: tasks run in few long-lived processes and keep every
 //! promise of a process task — attempt records, output inline and in GridFS, timeouts, cancel,
-//! lease loss — while a worker's death, hang or recycling touches only its own task.
+//! lease loss — while a worker's death, hang or recycling touches only its own task (a node or
+//! worker host killed outright: `persistent_worker_hosts.rs`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -9,10 +10,15 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
-use disbatch_tests::{read_lines, wait_for, write_config, Backoff, Dci, Den, TestDb};
+use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
 use serde_json::json;
 
-async fn persistent_queue(db: &TestDb, name: &str, threads: i32, set: Document) -> ObjectId {
+pub(super) async fn persistent_queue(
+    db: &TestDb,
+    name: &str,
+    threads: i32,
+    set: Document,
+) -> ObjectId {
     let queue = db.insert_queue(name, "echo", threads).await;
     let mut fields = doc! {"worker": "persistent"};
     fields.extend(set);
@@ -25,14 +31,14 @@ async fn persistent_queue(db: &TestDb, name: &str, threads: i32, set: Document) 
 }
 
 /// The worker pid a task printed (`print_pid`).
-fn pid_of(task: &Document) -> Option<u32> {
+pub(super) fn pid_of(task: &Document) -> Option<u32> {
     task.get_str("stdout")
         .ok()?
         .lines()
         .find_map(|l| l.strip_prefix("pid ")?.trim().parse().ok())
 }
 
-fn alive(pid: u32) -> bool {
+pub(super) fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .unwrap_or_default()
@@ -41,14 +47,14 @@ fn alive(pid: u32) -> bool {
 
 /// Params of a task that appends its id to `runs` once it runs in a worker, then waits until
 /// the test creates `gate` (a gate never opened: a task that ends only when stopped).
-fn held(runs: &Path, gate: &Path, mut more: Document) -> bson::Bson {
+pub(super) fn held(runs: &Path, gate: &Path, mut more: Document) -> bson::Bson {
     more.insert("append_to", runs.to_string_lossy().to_string());
     more.insert("hold_until", gate.to_string_lossy().to_string());
     more.into()
 }
 
 /// Waits until `n` tasks have started in their workers (their lines in `runs`).
-async fn wait_started(runs: &Path, n: usize) {
+pub(super) async fn wait_started(runs: &Path, n: usize) {
     wait_for("the held tasks to start", Duration::from_secs(60), || {
         let started = read_lines(runs).len() >= n;
         async move { started }
@@ -57,7 +63,7 @@ async fn wait_started(runs: &Path, n: usize) {
 }
 
 /// The last attempt's outcome, once closed.
-async fn closed_outcome(db: &TestDb, id: ObjectId) -> String {
+pub(super) async fn closed_outcome(db: &TestDb, id: ObjectId) -> String {
     let records = db.closed_attempts(id, 1).await;
     let last = records.last().and_then(|a| a.get_str("outcome").ok());
     last.unwrap_or_default().to_string()
@@ -472,144 +478,4 @@ async fn output_over_16_mib_from_a_worker_goes_to_gridfs() {
     assert!(stdout.len() < 200, "{}", stdout.len());
     drop(den);
     db.drop().await;
-}
-
-/// The pid the node reports for the process running `task` (its worker host).
-async fn host_pid_of(db: &TestDb, node: &str, task: ObjectId) -> u32 {
-    let deadline = Instant::now() + disbatch_tests::scaled(Duration::from_secs(60));
-    let mut backoff = Backoff::new();
-    loop {
-        let n = db.node(node).await;
-        let pid = n.get_array("runners").ok().and_then(|runners| {
-            runners.iter().find_map(|r| {
-                let r = r.as_document()?;
-                (r.get_object_id("task").ok() == Some(task)).then(|| r.get_i64("pid").ok())?
-            })
-        });
-        if let Some(pid) = pid {
-            return pid as u32;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the node never reported task {task}'s host"
-        );
-        backoff.wait().await;
-    }
-}
-
-#[tokio::test]
-async fn a_node_killed_outright_leaves_its_host_to_finish_and_record_then_no_worker_is_left() {
-    let db = TestDb::new("pw_den_restart").await;
-    let config = write_config(&db, "node.json", json!({}));
-    let queue = persistent_queue(&db, "q", 2, doc! {}).await;
-    // Both held in their workers until their node is dead.
-    let (runs, gate) = (db.path("runs.txt"), db.path("gate"));
-    let ids = db
-        .insert_tasks(
-            queue,
-            vec![
-                held(&runs, &gate, doc! {"n": 0, "print_pid": true}),
-                held(&runs, &gate, doc! {"n": 1, "print_pid": true}),
-            ],
-        )
-        .await;
-    let mut den = Den::start(&config, "n1");
-    wait_started(&runs, 2).await;
-    let host = host_pid_of(&db, "n1", ids[0]).await;
-    assert!(alive(host), "host {host}");
-    den.kill_hard();
-    let running = db
-        .count(doc! {"_id": {"$in": ids.clone()}, "status": 0})
-        .await;
-    assert_eq!(running, 2, "both ran when their node died");
-    std::fs::write(&gate, "").expect("open the gate");
-    // Nobody is left to hand it tasks: the host drains, recording both results itself.
-    db.wait_complete(&ids, Duration::from_secs(60)).await;
-    let mut workers = Vec::new();
-    for id in &ids {
-        let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
-        assert_eq!(closed_outcome(&db, *id).await, "succeeded");
-        workers.push(pid_of(&task).expect("pid"));
-    }
-    wait_for(
-        "the host and its workers to exit",
-        Duration::from_secs(30),
-        || {
-            let all: Vec<u32> = workers.iter().copied().chain([host]).collect();
-            async move { all.iter().all(|p| !alive(*p)) }
-        },
-    )
-    .await;
-    // A new node starts a new host for new tasks.
-    let den = Den::start(&config, "n1");
-    let more = db
-        .insert_tasks(queue, vec![doc! {"n": 2, "print_pid": true}.into()])
-        .await;
-    db.wait_complete(&more, Duration::from_secs(30)).await;
-    let task = db.task(more[0]).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
-    assert!(!workers.contains(&pid_of(&task).expect("pid")));
-    drop(den);
-    db.drop().await;
-}
-
-#[tokio::test]
-async fn a_host_killed_outright_takes_its_workers_with_it_and_its_tasks_are_recovered() {
-    let db = TestDb::new("pw_host_kill").await;
-    let config = write_config(&db, "node.json", json!({}));
-    let queue = persistent_queue(&db, "q", 1, doc! {"on_lost": "requeue", "max_retries": 3}).await;
-    // Sleeps only on its first attempt: the requeued attempt runs through.
-    let ids = db
-        .insert_tasks(
-            queue,
-            vec![doc! {"print_pid": true, "sleep_first_ms": 60_000}.into()],
-        )
-        .await;
-    let den = Den::start(&config, "n1");
-    let host = host_pid_of(&db, "n1", ids[0]).await;
-    // The worker is the host's only child.
-    let worker = wait_child_of(host).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(host as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill the host");
-    wait_for(
-        "the worker to die with its host",
-        Duration::from_secs(30),
-        || async move { !alive(worker) },
-    )
-    .await;
-    db.wait_complete(&ids, Duration::from_secs(60)).await;
-    let task = db.task(ids[0]).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
-    let attempts = db.closed_attempts(ids[0], 2).await;
-    let outcomes: Vec<&str> = attempts
-        .iter()
-        .filter_map(|a| a.get_str("outcome").ok())
-        .collect();
-    assert_eq!(outcomes, ["lost", "succeeded"], "{attempts:?}");
-    assert!(
-        den.log_text().contains("worker host exited holding tasks"),
-        "{}",
-        den.log_text()
-    );
-    drop(den);
-    db.drop().await;
-}
-
-/// The first child process of `parent`, once it has one.
-async fn wait_child_of(parent: u32) -> u32 {
-    let mut child = None;
-    wait_for("a child process", Duration::from_secs(30), || {
-        let path = format!("/proc/{parent}/task/{parent}/children");
-        child = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse().ok()));
-        let found = child.is_some();
-        async move { found }
-    })
-    .await;
-    child.unwrap_or(0)
 }

@@ -4,5 +4,6 @@ mod batches;
 mod chaining;
 mod dependencies;
 mod long_waits;
+mod schedule_ticks;
 mod schedules;
 mod schedules_dst;
