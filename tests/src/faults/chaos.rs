@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
+use disbatch_model::status;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::rngs::StdRng;
@@ -282,7 +283,7 @@ async fn random_runner(db: &TestDb, rng: &mut StdRng) -> Option<(ObjectId, Objec
     }
     let (task, pid) = runners[rng.random_range(0..runners.len())];
     let doc = db.tasks().find_one(doc! {"_id": task}).await.ok()??;
-    if doc.get_i32("status").ok() != Some(0) {
+    if doc.get_i32("status").ok() != Some(status::RUNNING) {
         return None;
     }
     Some((
@@ -301,7 +302,7 @@ async fn track_recoveries(db: &TestDb, killed: &mut Vec<KilledRunner>, report: &
             continue;
         };
         let same = task.get_object_id("attempt").ok() == Some(k.attempt)
-            && task.get_i32("status").ok() == Some(0);
+            && task.get_i32("status").ok() == Some(status::RUNNING);
         if same {
             still.push(k);
         } else {
@@ -351,7 +352,7 @@ async fn check_end_state(db: &TestDb, ids: &[ObjectId], report: &mut ChaosReport
             ));
         }
         match task.get_i32("status").ok() {
-            Some(1) => {
+            Some(status::SUCCEEDED) => {
                 report.succeeded += 1;
                 let winners: Vec<&Document> = records
                     .iter()
@@ -365,7 +366,7 @@ async fn check_end_state(db: &TestDb, ids: &[ObjectId], report: &mut ChaosReport
                     ));
                 }
             }
-            Some(-6) => report.orphaned += 1,
+            Some(status::ORPHANED) => report.orphaned += 1,
             other => report
                 .problems
                 .push(format!("task {id}: not terminal, status {other:?}")),

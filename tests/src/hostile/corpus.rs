@@ -3,6 +3,7 @@
 use bson::oid::ObjectId;
 use bson::spec::BinarySubtype;
 use bson::{doc, Binary, Bson, DateTime, Document};
+use disbatch_model::status;
 
 use super::nested;
 use crate::harness::TestDb;
@@ -343,7 +344,8 @@ pub async fn task_problems(db: &TestDb, c: &Inserted, log: &str) -> Vec<String> 
                         && l.contains("update_refused")
                         && l.contains(&id.to_hex())
                 });
-                let ok = status == Bson::Int32(1) || (status == Bson::Int32(-2) && reported);
+                let ok = status == Bson::Int32(status::SUCCEEDED)
+                    || (status == Bson::Int32(status::QUEUED) && reported);
                 if !ok {
                     problems.push(format!(
                         "task {}: status {status}, reported as refused: {reported}",
@@ -377,10 +379,11 @@ pub async fn queue_problems(db: &TestDb, c: &Inserted, log: &str) -> Vec<String>
         let name = d.get_str("name").unwrap_or_default();
         let wrong = match case.expect {
             QueueExpect::Skip(reason) => {
-                status != -2 || !skips.iter().any(|l| l.contains(reason) && l.contains(name))
+                status != status::QUEUED
+                    || !skips.iter().any(|l| l.contains(reason) && l.contains(name))
             }
-            QueueExpect::Runs => status != 1,
-            QueueExpect::Paused => status != -2 || !skips.is_empty(),
+            QueueExpect::Runs => status != status::SUCCEEDED,
+            QueueExpect::Paused => status != status::QUEUED || !skips.is_empty(),
         };
         if wrong {
             problems.push(format!(

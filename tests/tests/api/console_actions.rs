@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::api::{delete_result, update_result};
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use reqwest::Method;
@@ -103,7 +104,7 @@ async fn attempts_are_listed_oldest_first_with_every_field() {
         Value::Null,
         "a retry records no status: {body}"
     );
-    assert_eq!(list[1]["status"], json!(2), "{body}");
+    assert_eq!(list[1]["status"], json!(status::FAILED), "{body}");
 
     // A task without attempts, a malformed id and an unknown one.
     let (s, none) = dci.get(&format!("/tasks/{}/attempts", idle.to_hex())).await;
@@ -246,8 +247,27 @@ async fn queue_cancel_cancels_what_waits_and_counts_show_every_status_apart() {
         }
         v
     };
-    assert_eq!(after, [-5, -5, -5, -1, 0, 1, 2, 3, -3, -5, -6, -6]);
-    assert_eq!(db.task(untouched).await.get_i32("status").ok(), Some(-2));
+    assert_eq!(
+        after,
+        [
+            status::CANCELLED,
+            status::CANCELLED,
+            status::CANCELLED,
+            status::CLAIMED,
+            status::RUNNING,
+            status::SUCCEEDED,
+            status::FAILED,
+            3,
+            status::TERMINATED,
+            status::CANCELLED,
+            status::ORPHANED,
+            status::ORPHANED,
+        ]
+    );
+    assert_eq!(
+        db.task(untouched).await.get_i32("status").ok(),
+        Some(status::QUEUED)
+    );
     let (_, q) = dci.get("/queues/q").await;
     assert_eq!(q["by_status"]["cancelled"], json!(4), "{q}");
     assert_eq!(q["by_status"]["queued"], json!(0), "{q}");
@@ -258,9 +278,18 @@ async fn queue_cancel_cancels_what_waits_and_counts_show_every_status_apart() {
         .post("/queues/q/retry", json!({"status": "failed"}))
         .await;
     assert_eq!((s, body), (200, update_result(2, 2)));
-    assert_eq!(db.task(ids[6]).await.get_i32("status").ok(), Some(-2));
-    assert_eq!(db.task(ids[7]).await.get_i32("status").ok(), Some(-2));
-    assert_eq!(db.task(ids[5]).await.get_i32("status").ok(), Some(1));
+    assert_eq!(
+        db.task(ids[6]).await.get_i32("status").ok(),
+        Some(status::QUEUED)
+    );
+    assert_eq!(
+        db.task(ids[7]).await.get_i32("status").ok(),
+        Some(status::QUEUED)
+    );
+    assert_eq!(
+        db.task(ids[5]).await.get_i32("status").ok(),
+        Some(status::SUCCEEDED)
+    );
     let (_, q) = dci.get("/queues/q").await;
     assert_eq!(
         (&q["by_status"]["failed"], &q["by_status"]["queued"]),
@@ -394,7 +423,10 @@ async fn reading_attempts_needs_read_and_the_bulk_actions_need_operate() {
         );
         assert_eq!(call(method.clone(), path.clone(), None).await.0, 401);
     }
-    assert_eq!(db.task(task).await.get_i32("status").ok(), Some(-2));
+    assert_eq!(
+        db.task(task).await.get_i32("status").ok(),
+        Some(status::QUEUED)
+    );
     let (s, body) = call(Method::POST, "/queues/q/cancel".into(), Some(OPERATE)).await;
     assert_eq!((s, body), (200, update_result(1, 1)));
     let (s, body) = call(Method::DELETE, "/nodes/old".into(), Some(OPERATE)).await;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::api::{delete_result, error, update_result};
 use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
 use reqwest::Method;
@@ -90,23 +91,32 @@ async fn queued_and_blocked_tasks_are_cancelled_others_conflict() {
         let (code, body) = dci.post(&cancel(ids[i]), json!({})).await;
         assert_eq!((code, body), (200, update_result(1, 1)));
         let t = db.task(ids[i]).await;
-        assert_eq!(t.get_i32("status").ok(), Some(-5), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::CANCELLED), "{t}");
         assert!(t.get_datetime("mtime").expect("mtime").timestamp_millis() >= before);
     }
     // Running: the request is accepted (202) and left for the task's runner to carry out.
     let (code, body) = dci.post(&cancel(ids[2]), json!({})).await;
     assert_eq!((code, body), (202, update_result(1, 1)));
     let t = db.task(ids[2]).await;
-    assert_eq!(t.get_i32("status").ok(), Some(0), "still running: {t}");
+    assert_eq!(
+        t.get_i32("status").ok(),
+        Some(status::RUNNING),
+        "still running: {t}"
+    );
     assert!(t.get_datetime("cancel_requested").is_ok(), "{t}");
     // Claimed but not started: cancelled at once, its slot freed.
     db.set_task(ids[3], doc! {"slot": 0_i64}).await;
     let (code, body) = dci.post(&cancel(ids[3]), json!({})).await;
     assert_eq!((code, body), (200, update_result(1, 1)));
     let t = db.task(ids[3]).await;
-    assert_eq!(t.get_i32("status").ok(), Some(-5), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::CANCELLED), "{t}");
     assert!(t.get("slot").is_none(), "{t}");
-    for (i, s) in [(4, 1), (5, 2), (6, -5), (7, -6)] {
+    for (i, s) in [
+        (4, status::SUCCEEDED),
+        (5, status::FAILED),
+        (6, status::CANCELLED),
+        (7, status::ORPHANED),
+    ] {
         let (code, body) = dci.post(&cancel(ids[i]), json!({})).await;
         assert_eq!(code, 409, "status {s}: {body}");
         let text = body["error"].as_str().expect("error");
@@ -152,7 +162,7 @@ async fn finished_orphaned_cancelled_and_terminated_tasks_are_requeued() {
         let (code, body) = dci.post(&retry(*id), json!({})).await;
         assert_eq!((code, body), (200, update_result(1, 1)));
         let t = db.task(*id).await;
-        assert_eq!(t.get_i32("status").ok(), Some(-2), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::QUEUED), "{t}");
         for field in ["node", "stdout", "stderr"] {
             assert_eq!(t.get(field), Some(&Bson::Null), "{field}: {t}");
         }
@@ -175,7 +185,7 @@ async fn finished_orphaned_cancelled_and_terminated_tasks_are_requeued() {
         .expect("find")
         .is_some());
 
-    for (i, s) in [(6, -2), (7, -4)] {
+    for (i, s) in [(6, status::QUEUED), (7, status::BLOCKED)] {
         let (code, body) = dci.post(&retry(ids[i]), json!({})).await;
         assert_eq!(code, 409, "status {s}: {body}");
         assert!(
@@ -186,7 +196,7 @@ async fn finished_orphaned_cancelled_and_terminated_tasks_are_requeued() {
         );
         assert_eq!(status(&db, ids[i]).await, s);
     }
-    for (i, s) in [(8, 0), (9, -1)] {
+    for (i, s) in [(8, status::RUNNING), (9, status::CLAIMED)] {
         let (code, body) = dci.post(&retry(ids[i]), json!({})).await;
         let text = format!(
             "task {} is running (status {s}); it cannot be retried yet",
@@ -237,7 +247,7 @@ async fn a_retried_failure_runs_again_on_a_den() {
     db.wait_complete(&[id], Duration::from_secs(30)).await;
     den.stop();
     let t = db.task(id).await;
-    assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::FAILED), "{t}");
     assert!(
         t.get_str("stderr").is_ok_and(|e| e.starts_with("failed")),
         "{t}"
@@ -247,7 +257,7 @@ async fn a_retried_failure_runs_again_on_a_den() {
     let (code, body) = dci.post(&format!("/tasks/{hex}/retry"), json!({})).await;
     assert_eq!((code, body), (200, update_result(1, 1)));
     let t = db.task(id).await;
-    assert_eq!(t.get_i32("status").ok(), Some(-2), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::QUEUED), "{t}");
     assert_eq!(t.get("node"), Some(&Bson::Null));
     assert!(t.get("complete").is_none(), "{t}");
     let (_, listed) = dci.get("/queues/echo").await;
@@ -261,7 +271,7 @@ async fn a_retried_failure_runs_again_on_a_den() {
     let t = db.task(id).await;
     assert_eq!(
         (t.get_i32("status").ok(), t.get_str("node").ok()),
-        (Some(2), Some("n1")),
+        (Some(status::FAILED), Some("n1")),
         "{t}"
     );
     assert_eq!(
@@ -313,7 +323,7 @@ async fn a_running_task_cannot_be_retried_or_deleted() {
 
     std::fs::write(&gate, "").expect("open the gate");
     db.wait_complete(&[id], Duration::from_secs(60)).await;
-    assert_eq!(status(&db, id).await, 1);
+    assert_eq!(status(&db, id).await, status::SUCCEEDED);
     let (code, body) = dci
         .send(Method::DELETE, &format!("/tasks/{hex}"), json!({}))
         .await;
@@ -365,7 +375,7 @@ async fn deleting_a_task_removes_it_and_its_output_files() {
         assert_eq!((code, body), (200, delete_result(1)), "task {i}");
     }
     assert_eq!(files_of(&db, ids[1]).await, (0, 0));
-    for (i, s) in [(4, 0), (5, -1)] {
+    for (i, s) in [(4, status::RUNNING), (5, status::CLAIMED)] {
         let (code, body) = dci.send(Method::DELETE, &path(ids[i]), json!({})).await;
         let text = format!(
             "task {} is running (status {s}); it cannot be deleted yet",

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use serde_json::{json, Value};
 
@@ -172,7 +173,7 @@ async fn delays_and_priorities_are_stored_and_a_delayed_task_is_not_claimed() {
     let task = db.task(delayed).await;
     assert_eq!(
         task.get_i32("status").ok(),
-        Some(-2),
+        Some(status::QUEUED),
         "still queued: {task}"
     );
     assert!(

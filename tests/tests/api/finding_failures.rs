@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, DateTime};
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Browser, Dci, TestDb};
 use serde_json::{json, Value};
 
@@ -94,9 +95,16 @@ async fn failures_view_lists_names_reasons_and_retries() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).ends_with("Requeued 2 tasks\n"), "{}", stdout(&o));
     for id in [f.discarded, f.failed3] {
-        assert_eq!(db.task(id).await.get_i32("status").ok(), Some(-2), "{id}");
+        assert_eq!(
+            db.task(id).await.get_i32("status").ok(),
+            Some(status::QUEUED),
+            "{id}"
+        );
     }
-    assert_eq!(db.task(f.failed_old).await.get_i32("status").ok(), Some(2));
+    assert_eq!(
+        db.task(f.failed_old).await.get_i32("status").ok(),
+        Some(status::FAILED)
+    );
     assert!(
         !db.task(f.discarded).await.contains_key("discarded_at"),
         "a discarded task retried by hand is no longer given up on"
@@ -113,7 +121,7 @@ async fn failures_view_lists_names_reasons_and_retries() {
         format!("Discarded task {}\n", f.failed_old.to_hex())
     );
     let t = db.task(f.failed_old).await;
-    assert_eq!(t.get_i32("status").ok(), Some(2));
+    assert_eq!(t.get_i32("status").ok(), Some(status::FAILED));
     assert!(t.get_datetime("discarded_at").is_ok(), "{t}");
     let o = dci.cli(&["discard", &f.failed_old.to_hex()]);
     assert!(stdout(&o).contains("already discarded"), "{}", stdout(&o));
@@ -199,7 +207,16 @@ async fn failed_means_every_status_from_2_in_links_and_queue_retry() {
             out
         }
     };
-    assert_eq!(statuses(&db).await, [-2, -2, -2, 1, -2]);
+    assert_eq!(
+        statuses(&db).await,
+        [
+            status::QUEUED,
+            status::QUEUED,
+            status::QUEUED,
+            status::SUCCEEDED,
+            status::QUEUED
+        ]
+    );
     // Explicit codes are taken as given (Disbatch's way).
     db.set_task(t[0], ended(3, "n1", now, false)).await;
     db.set_task(t[1], ended(2, "n1", now, false)).await;
@@ -207,7 +224,16 @@ async fn failed_means_every_status_from_2_in_links_and_queue_retry() {
         .post("/queues/mixed/retry", json!({"status": [2]}))
         .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(statuses(&db).await, [3, -2, -2, 1, -2]);
+    assert_eq!(
+        statuses(&db).await,
+        [
+            3,
+            status::QUEUED,
+            status::QUEUED,
+            status::SUCCEEDED,
+            status::QUEUED
+        ]
+    );
     drop(dci);
     db.drop().await;
 }
@@ -277,7 +303,7 @@ async fn console_failures_page_and_failed_link() {
     wait_for(
         "the retried task queued",
         Duration::from_secs(20),
-        || async { db.task(f.failed3).await.get_i32("status").ok() == Some(-2) },
+        || async { db.task(f.failed3).await.get_i32("status").ok() == Some(status::QUEUED) },
     )
     .await;
     b.wait_text("#failures-msg", "retry message", |t| {
@@ -298,7 +324,7 @@ async fn console_failures_page_and_failed_link() {
     .await;
     let t = db.task(f.other_failed).await;
     assert!(
-        t.get_datetime("discarded_at").is_ok() && t.get_i32("status").ok() == Some(2),
+        t.get_datetime("discarded_at").is_ok() && t.get_i32("status").ok() == Some(status::FAILED),
         "{t}"
     );
     assert!(

@@ -2,6 +2,7 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
+use disbatch_model::status;
 use disbatch_tests::api::{assert_sorted_keys, error, update_result};
 use disbatch_tests::api_calls::raw_json;
 use disbatch_tests::{write_config, Dci, TestDb};
@@ -415,7 +416,7 @@ async fn a_queue_retry_requeues_the_chosen_statuses() {
     assert_eq!((status, body), (200, update_result(3, 3)));
     for i in [0, 1, 8] {
         let t = db.task(ids[i]).await;
-        assert_eq!(t.get_i32("status").ok(), Some(-2), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::QUEUED), "{t}");
         assert_eq!(t.get("node"), Some(&Bson::Null), "{t}");
         assert_eq!(t.get("stdout"), Some(&Bson::Null), "{t}");
         assert_eq!(t.get("stderr"), Some(&Bson::Null), "{t}");
@@ -424,7 +425,7 @@ async fn a_queue_retry_requeues_the_chosen_statuses() {
     assert_eq!(status_of(2).await, 1, "succeeded tasks stay");
     assert_eq!(
         db.task(foreign).await.get_i32("status").ok(),
-        Some(2),
+        Some(status::FAILED),
         "other queues untouched"
     );
 
@@ -513,7 +514,11 @@ async fn a_queue_retry_of_many_codes_is_one_write_and_longer_lists_are_refused()
     );
     for (id, s) in ids.iter().zip(statuses) {
         let now = db.task(*id).await.get_i32("status").expect("status");
-        let expected = if s == 1 || s == 600 { s } else { -2 };
+        let expected = if s == status::SUCCEEDED || s == 600 {
+            s
+        } else {
+            status::QUEUED
+        };
         assert_eq!(now, expected, "task with status {s}");
     }
 

@@ -3,6 +3,7 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::api::error;
 use disbatch_tests::api_calls::{inserted, oid, parse, raw, six_tasks};
 use disbatch_tests::{write_config, Dci, TestDb};
@@ -41,7 +42,7 @@ async fn tasks_are_created_one_many_or_from_a_collection() {
     assert_eq!(one.len(), 1);
     let t = db.task(one[0]).await;
     assert_eq!(t.get_object_id("queue").ok(), Some(queue), "{t}");
-    assert_eq!(t.get_i32("status").ok(), Some(-2), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::QUEUED), "{t}");
     for field in ["node", "stdout", "stderr"] {
         assert_eq!(t.get(field), Some(&Bson::Null), "{field}: {t}");
     }
@@ -96,7 +97,7 @@ async fn tasks_are_created_one_many_or_from_a_collection() {
     let mut params = Vec::new();
     for id in &from {
         let t = db.task(*id).await;
-        assert_eq!(t.get_i32("status").ok(), Some(-2));
+        assert_eq!(t.get_i32("status").ok(), Some(status::QUEUED));
         params.push(t.get_document("params").expect("params").clone());
     }
     params.sort_by_key(|p| p.get_str("user").unwrap_or_default().to_string());
@@ -241,7 +242,7 @@ async fn one_task_is_pretty_json_or_html_and_unknown_ids_are_404() {
     let task = parse(&text);
     assert_eq!(task["_id"], oid(id));
     assert_eq!(task["queue"], oid(f.queue));
-    assert_eq!(task["status"], 1);
+    assert_eq!(task["status"], status::SUCCEEDED);
     assert_eq!(task["node"], "n1");
     assert_eq!(task["params"], json!({"i": 1}));
     assert_eq!(task["stdout"], "hello\n");

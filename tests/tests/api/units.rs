@@ -1,6 +1,7 @@
 //! Work units through the API: keys unique per queue, reject or update, busy units untouched.
 
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{write_config, Dci, TestDb};
 use serde_json::{json, Value};
 
@@ -45,7 +46,7 @@ async fn keys_are_unique_per_queue_and_conflicts_are_rejected_or_updated() {
         .await
         .expect("find")
         .expect("c");
-    assert_eq!(c.get_i32("status").ok(), Some(-2));
+    assert_eq!(c.get_i32("status").ok(), Some(status::QUEUED));
     assert!(c.get_datetime("not_before").is_ok(), "{c}");
     assert_eq!(
         db.tasks()
@@ -100,7 +101,7 @@ async fn keys_are_unique_per_queue_and_conflicts_are_rejected_or_updated() {
     assert_eq!(keys(&out, "busy"), ["b"]);
     assert_eq!(keys(&out, "inserted"), ["e"]);
     let a: Document = db.tasks().find_one(unit("a")).await.expect("f").expect("a");
-    assert_eq!(a.get_i32("status").ok(), Some(-2));
+    assert_eq!(a.get_i32("status").ok(), Some(status::QUEUED));
     assert_eq!(
         a.get_document("params")
             .ok()
@@ -109,7 +110,7 @@ async fn keys_are_unique_per_queue_and_conflicts_are_rejected_or_updated() {
     );
     assert_eq!(a.get("stdout"), Some(&bson::Bson::Null));
     let b: Document = db.tasks().find_one(unit("b")).await.expect("f").expect("b");
-    assert_eq!(b.get_i32("status").ok(), Some(0));
+    assert_eq!(b.get_i32("status").ok(), Some(status::RUNNING));
     assert!(
         b.get_document("params")
             .ok()

@@ -6,6 +6,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
+use disbatch_model::status;
 use disbatch_tests::{write_config, Dci, Den, TestDb};
 use serde_json::json;
 
@@ -56,7 +57,7 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
     assert!(task.contains("verbs-node"), "{task}");
     let raw = ok(&dci.cli(&["--json", "task", &id]));
     let raw: serde_json::Value = serde_json::from_str(&raw).expect("--json is JSON");
-    assert_eq!(raw["status"], json!(1));
+    assert_eq!(raw["status"], json!(status::SUCCEEDED));
 
     // The tasks table, and JSON on request.
     let table = ok(&dci.cli(&["tasks", r#"{"queue":"q"}"#]));

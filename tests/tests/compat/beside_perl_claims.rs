@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
+use disbatch_model::status;
 use disbatch_tests::claim_order::{claim_like_perl, record_changes, replay};
 use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
 use futures::TryStreamExt;
@@ -107,7 +108,7 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
         .iter()
         .filter(|t| t.get_str("node").is_ok_and(|n| n.starts_with("rust-")))
     {
-        assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
         assert_eq!(
             t.get_i32("attempts").ok(),
             Some(1),

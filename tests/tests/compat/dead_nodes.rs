@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
@@ -81,12 +82,16 @@ async fn a_silent_nodes_lease_less_tasks_follow_on_lost_and_others_are_left_alon
     wait_for(
         "the started task orphaned",
         Duration::from_secs(30),
-        || async { db.task(ids[1]).await.get_i32("status").ok() == Some(-6) },
+        || async { db.task(ids[1]).await.get_i32("status").ok() == Some(status::ORPHANED) },
     )
     .await;
     for (i, what) in [(0, "the claim that never started"), (2, "the requeued run")] {
         let t = db.task(ids[i]).await;
-        assert_eq!(t.get_i32("status").ok(), Some(1), "{what} ran again: {t}");
+        assert_eq!(
+            t.get_i32("status").ok(),
+            Some(status::SUCCEEDED),
+            "{what} ran again: {t}"
+        );
         assert_eq!(t.get_str("node").ok(), Some("rust-1"), "{t}");
     }
     // Still untouched at the next check for silent nodes. Those checks come every
@@ -97,7 +102,11 @@ async fn a_silent_nodes_lease_less_tasks_follow_on_lost_and_others_are_left_alon
     den.wait_queue_reads(2).await;
     for (i, what) in [(3, "a live node's run"), (4, "a leased run")] {
         let t = db.task(ids[i]).await;
-        assert_eq!(t.get_i32("status").ok(), Some(0), "{what} left alone: {t}");
+        assert_eq!(
+            t.get_i32("status").ok(),
+            Some(status::RUNNING),
+            "{what} left alone: {t}"
+        );
         assert_eq!(
             t.get_str("node").ok(),
             Some(if i == 3 { "perl-live" } else { "perl-dead" })

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::claim_order::{replay, requeued_from, Recording};
 use disbatch_tests::peers::perl_den::PerlDen;
 use disbatch_tests::{read_lines, write_config, Den, TestDb};
@@ -73,7 +74,7 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
         .expect("tasks");
     let mut by_node = std::collections::BTreeMap::<String, usize>::new();
     for t in &tasks {
-        assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
         *by_node
             .entry(t.get_str("node").unwrap_or("?").to_string())
             .or_default() += 1;
@@ -153,7 +154,7 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
     assert!(!recovered.is_empty(), "the Perl host died holding tasks");
     for id in &lossy_ids {
         let t = db.task(*id).await;
-        assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
     }
     for id in &recovered {
         let t = db.task(*id).await;

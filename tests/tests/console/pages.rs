@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bson::doc;
 use bson::oid::ObjectId;
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, TestDb};
 use serde_json::json;
 
@@ -152,7 +153,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     wait_for(
         "the task to be cancelled",
         Duration::from_secs(30),
-        || async { db.task(victim).await.get_i32("status").ok() == Some(-5) },
+        || async { db.task(victim).await.get_i32("status").ok() == Some(status::CANCELLED) },
     )
     .await;
     b.screenshot("tasks").await;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, Launch, TestDb};
 use fantoccini::Locator;
 use serde_json::{json, Value};
@@ -156,7 +157,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     let den = Den::start(&config, "n1");
     db.wait_complete(&[flaky], Duration::from_secs(30)).await;
     db.wait_complete(&failing, Duration::from_secs(30)).await;
-    assert_eq!(status(&db, flaky).await, Some(2), "timed out");
+    assert_eq!(status(&db, flaky).await, Some(status::FAILED), "timed out");
 
     let b = Browser::start(1280, 900).await;
     b.record_csp_violations().await;
@@ -184,7 +185,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
 
     // 2. Cancel a running task from its page, after confirming.
     wait_for("the sleeper to run", Duration::from_secs(20), || async {
-        status(&db, sleeper).await == Some(0)
+        status(&db, sleeper).await == Some(status::RUNNING)
     })
     .await;
     b.open(&format!("{}/#/task/{}", dci.url, sleeper.to_hex()), "task")
@@ -203,7 +204,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
     assert_eq!(
         status(&db, sleeper).await,
-        Some(0),
+        Some(status::RUNNING),
         "declined: still running"
     );
     b.find("#task-cancel").await.click().await.expect("cancel");
@@ -217,7 +218,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     wait_for(
         "the running task to be cancelled",
         Duration::from_secs(20),
-        || async { status(&db, sleeper).await == Some(-5) },
+        || async { status(&db, sleeper).await == Some(status::CANCELLED) },
     )
     .await;
     b.wait_text("#task-status", "cancelled", |t| t.contains("cancelled"))
@@ -255,7 +256,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     .await;
     assert_eq!(cell(&b, "bulk", "failed").await.trim(), "0");
     for id in &failing {
-        assert_eq!(status(&db, *id).await, Some(-2));
+        assert_eq!(status(&db, *id).await, Some(status::QUEUED));
     }
     b.screenshot("queues-after-retry").await;
 
@@ -273,7 +274,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     )
     .await;
     for id in &failing {
-        assert_eq!(status(&db, *id).await, Some(-5));
+        assert_eq!(status(&db, *id).await, Some(status::CANCELLED));
     }
     let plugin = b.find("tr[data-queue=\"bulk\"] select.plugin").await;
     let other = b
@@ -361,7 +362,7 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         .await[0];
     let den = Den::start(&config, "n1");
     wait_for("the sleeper to run", Duration::from_secs(20), || async {
-        status(&db, sleeper).await == Some(0)
+        status(&db, sleeper).await == Some(status::RUNNING)
     })
     .await;
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bson::doc;
+use disbatch_model::status;
 use disbatch_tests::{read_lines, write_config, Den, TestDb};
 use futures::StreamExt;
 use serde_json::json;
@@ -30,7 +31,7 @@ async fn every_run_leaves_an_attempt_record() {
     assert_eq!(a.get_str("outcome").ok(), Some("succeeded"), "{a}");
     assert_eq!(a.get_str("node").ok(), Some("n1"));
     assert_eq!(a.get_i32("exit_code").ok(), Some(0));
-    assert_eq!(a.get_i32("status").ok(), Some(1));
+    assert_eq!(a.get_i32("status").ok(), Some(status::SUCCEEDED));
     assert!(a.get_i64("pid").is_ok_and(|p| p > 0));
     assert!(a.get_datetime("end").ok() >= a.get_datetime("start").ok());
     drop(den);
@@ -56,7 +57,7 @@ async fn a_result_can_ask_for_retries_until_max_retries_fails_the_task() {
     let den = Den::start(&config, "n1");
     db.wait_complete(&[id], Duration::from_secs(60)).await;
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+    assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
     assert!(
         task.get_str("stderr")
             .unwrap_or("")
@@ -107,7 +108,7 @@ async fn a_retry_with_a_delay_waits_before_running_again() {
         .expect("the change stream ended")
         .expect("a change event");
         if let Some(update) = event.update_description {
-            if update.updated_fields.get_i32("status").ok() == Some(-2) {
+            if update.updated_fields.get_i32("status").ok() == Some(status::QUEUED) {
                 break update;
             }
         }

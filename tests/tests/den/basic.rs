@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bson::{doc, Bson};
+use disbatch_model::status;
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::json;
 
@@ -21,7 +22,7 @@ async fn twenty_tasks_succeed_with_their_stdout() {
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     for id in &ids {
         let t = db.task(*id).await;
-        assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
         assert_eq!(
             t.get_str("stdout").ok(),
             Some("This is command 'a' for apple.\n"),
@@ -74,12 +75,12 @@ async fn failures_record_status_two_with_stderr() {
     .await;
 
     let t = db.task(failing).await;
-    assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::FAILED), "{t}");
     let stderr = t.get_str("stderr").unwrap_or_default();
     assert!(stderr.contains("'c' for cherry"), "{stderr}");
 
     let t = db.task(exits).await;
-    assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::FAILED), "{t}");
     let stderr = t.get_str("stderr").unwrap_or_default();
     assert!(
         stderr.starts_with("went wrong") && stderr.contains("exited with code 3"),
@@ -87,7 +88,7 @@ async fn failures_record_status_two_with_stderr() {
     );
 
     let t = db.task(aborts).await;
-    assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::FAILED), "{t}");
     assert!(
         t.get_str("stderr").unwrap_or_default().contains("SIGABRT"),
         "{t}"
@@ -96,12 +97,12 @@ async fn failures_record_status_two_with_stderr() {
     let t = db.task(result_wins).await;
     assert_eq!(
         t.get_i32("status").ok(),
-        Some(1),
+        Some(status::SUCCEEDED),
         "positive status in the result file wins: {t}"
     );
 
     let t = db.task(bad_utf8).await;
-    assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
     assert!(
         t.get_str("stdout")
             .unwrap_or_default()
@@ -134,23 +135,26 @@ async fn unrunnable_tasks_fail_clearly_and_other_queues_keep_running() {
         .await;
 
     let t = db.task(not_object).await;
-    assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::FAILED), "{t}");
     assert!(
         t.get_str("stderr")
             .unwrap_or_default()
             .contains("params must be an object"),
         "{t}"
     );
-    assert_eq!(db.task(fine).await.get_i32("status").ok(), Some(1));
+    assert_eq!(
+        db.task(fine).await.get_i32("status").ok(),
+        Some(status::SUCCEEDED)
+    );
     assert_eq!(
         db.task(ok_string).await.get_i32("status").ok(),
-        Some(1),
+        Some(status::SUCCEEDED),
         "threads \"2\" is accepted"
     );
     // Queues this node cannot serve are skipped, their tasks untouched.
     for id in [skipped_a, skipped_b] {
         let t = db.task(id).await;
-        assert_eq!(t.get_i32("status").ok(), Some(-2), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::QUEUED), "{t}");
         assert_eq!(t.get("node"), Some(&Bson::Null));
     }
     assert!(den.is_running());

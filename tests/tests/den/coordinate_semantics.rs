@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -205,7 +206,9 @@ async fn kill_runner_and_time_recovery(
     let mut backoff = disbatch_tests::Backoff::new();
     loop {
         let t = db.task(task).await;
-        if t.get_object_id("attempt").ok() != attempt || t.get_i32("status").ok() != Some(0) {
+        if t.get_object_id("attempt").ok() != attempt
+            || t.get_i32("status").ok() != Some(status::RUNNING)
+        {
             return killed.elapsed();
         }
         assert!(
@@ -236,7 +239,7 @@ async fn a_killed_runner_is_recovered_at_once_and_lost_attempts_use_up_retries()
     wait_for(
         "the first attempt to run",
         Duration::from_secs(60),
-        || async { db.task(task).await.get_i32("status").ok() == Some(0) },
+        || async { db.task(task).await.get_i32("status").ok() == Some(status::RUNNING) },
     )
     .await;
     let mut killed = 0;
@@ -245,7 +248,11 @@ async fn a_killed_runner_is_recovered_at_once_and_lost_attempts_use_up_retries()
     // the lost attempt's reason below (a lease recovery says "its lease passed").
     println!("runner-kill recovery (first kill, requeued): {first:?}");
     let t = db.task(task).await;
-    assert_eq!(t.get_i32("status").ok(), Some(-2), "queued again: {t}");
+    assert_eq!(
+        t.get_i32("status").ok(),
+        Some(status::QUEUED),
+        "queued again: {t}"
+    );
     assert!(
         t.get_datetime("not_before").is_ok(),
         "claimable again after a pause, so a runner that always dies cannot spin: {t}"
@@ -265,14 +272,15 @@ async fn a_killed_runner_is_recovered_at_once_and_lost_attempts_use_up_retries()
         Duration::from_secs(60),
         || async {
             let t = db.task(task).await;
-            t.get_i32("status").ok() == Some(0) && t.get_i32("attempts").ok() == Some(2)
+            t.get_i32("status").ok() == Some(status::RUNNING)
+                && t.get_i32("attempts").ok() == Some(2)
         },
     )
     .await;
     let second = kill_runner_and_time_recovery(&db, "n1", task, &mut killed).await;
     println!("runner-kill recovery (second kill, failed): {second:?}");
     let t = db.task(task).await;
-    assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::FAILED), "{t}");
     let stderr = t.get_str("stderr").unwrap_or_default();
     assert!(
         stderr.starts_with("too many retries: attempt 2 of 2 (max_retries) was lost")
@@ -313,7 +321,7 @@ async fn retries_used_up_by_an_expired_lease_fail_the_unit() {
     db.wait_complete(&[spent, room], Duration::from_secs(60))
         .await;
     let t = db.task(spent).await;
-    assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::FAILED), "{t}");
     let stderr = t.get_str("stderr").unwrap_or_default();
     assert!(
         stderr.starts_with("too many retries: attempt 3 of 3 (max_retries) was lost")
@@ -323,7 +331,7 @@ async fn retries_used_up_by_an_expired_lease_fail_the_unit() {
     let t = db.task(room).await;
     assert_eq!(
         t.get_i32("status").ok(),
-        Some(1),
+        Some(status::SUCCEEDED),
         "a lost attempt with retries left runs again: {t}"
     );
     drop(den);

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use bson::doc;
+use disbatch_model::status;
 use disbatch_tests::bench::proxy::{HostUri, Proxy};
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
@@ -118,7 +119,7 @@ async fn an_empty_queue_beside_a_busy_one_is_not_read_each_pass_and_still_finds_
     disbatch_tests::wait_for(
         "the task queued again by hand to run",
         Duration::from_secs(120),
-        || async { db.task(direct[0]).await.get_i32("status").ok() == Some(1) },
+        || async { db.task(direct[0]).await.get_i32("status").ok() == Some(status::SUCCEEDED) },
     )
     .await;
     drop((dci, den));

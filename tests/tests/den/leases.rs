@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{read_lines, wait_for, write_config, Backoff, Den, TestDb};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -106,13 +107,17 @@ async fn a_runner_killed_outright_is_recovered_by_another_node_and_requeued() {
 
     let n2 = Den::start(&config, "n2");
     wait_for("recovery", Duration::from_secs(60), || async {
-        db.task(id).await.get_i32("status").ok() != Some(0)
+        db.task(id).await.get_i32("status").ok() != Some(status::RUNNING)
     })
     .await;
     let recovered_after = killed.elapsed();
     db.wait_complete(&[id], Duration::from_secs(60)).await;
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     assert_eq!(task.get_str("node").ok(), Some("n2"), "{task}");
     assert_eq!(task.get_i32("attempts").ok(), Some(2), "{task}");
     assert!(
@@ -159,7 +164,7 @@ async fn a_lost_task_is_orphaned_by_default_and_frees_its_slot() {
     wait_for(
         "the task to be orphaned",
         Duration::from_secs(60),
-        || async { db.task(id).await.get_i32("status").ok() == Some(-6) },
+        || async { db.task(id).await.get_i32("status").ok() == Some(status::ORPHANED) },
     )
     .await;
     let task = db.task(id).await;
@@ -177,7 +182,10 @@ async fn a_lost_task_is_orphaned_by_default_and_frees_its_slot() {
     // threads is 1: the next task runs only if the lost one's slot was freed.
     let next = db.insert_tasks(queue, vec![doc! {}.into()]).await;
     db.wait_complete(&next, Duration::from_secs(30)).await;
-    assert_eq!(db.task(id).await.get_i32("status").ok(), Some(-6));
+    assert_eq!(
+        db.task(id).await.get_i32("status").ok(),
+        Some(status::ORPHANED)
+    );
     drop(den);
     db.drop().await;
 }
@@ -248,7 +256,11 @@ async fn a_paused_runner_that_lost_its_lease_cannot_overwrite_the_next_attempt()
     )
     .await;
     let after = db.task(id).await;
-    assert_eq!(after.get_i32("status").ok(), Some(1), "{after}");
+    assert_eq!(
+        after.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{after}"
+    );
     assert_eq!(after.get_object_id("attempt").ok(), Some(second));
     assert_eq!(after.get_str("stdout").ok(), Some(stdout.as_str()));
     let records = db.closed_attempts(id, 2).await;

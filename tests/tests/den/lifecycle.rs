@@ -5,6 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::{bin_path, read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
@@ -107,19 +108,26 @@ async fn sigterm_gives_back_claimed_tasks_and_leaves_running_ones_running() {
     .await;
     assert_eq!(den.stop(), Some(0), "clean exit on SIGTERM");
     let given_back = db.task(claimed).await;
-    assert_eq!(given_back.get_i32("status").ok(), Some(-2), "{given_back}");
+    assert_eq!(
+        given_back.get_i32("status").ok(),
+        Some(status::QUEUED),
+        "{given_back}"
+    );
     assert_eq!(given_back.get("node"), Some(&Bson::Null));
     assert!(den.log_text().contains("gave back claimed tasks"));
     let still = db.task(running).await;
     assert_eq!(
         still.get_i32("status").ok(),
-        Some(0),
+        Some(status::RUNNING),
         "left running: {still}"
     );
     // The runner lives in its own session: it finishes although its node is gone.
     open(&gate);
     db.wait_complete(&[running], Duration::from_secs(60)).await;
-    assert_eq!(db.task(running).await.get_i32("status").ok(), Some(1));
+    assert_eq!(
+        db.task(running).await.get_i32("status").ok(),
+        Some(status::SUCCEEDED)
+    );
     db.drop().await;
 }
 
@@ -178,7 +186,11 @@ async fn a_killed_and_restarted_den_completes_a_running_task_exactly_once() {
     db.wait_complete(&[id], Duration::from_secs(60)).await;
     restarted.wait_queue_reads(3).await;
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     assert_eq!(read_lines(&runs).len(), 1, "the plugin ran exactly once");
     drop(restarted);
     db.drop().await;
@@ -236,20 +248,23 @@ async fn stale_claims_become_orphaned_and_fresh_ones_are_left_alone() {
         db.count(doc! {"status": -6}).await == 2
     })
     .await;
-    assert_eq!(db.task(ids[0]).await.get_i32("status").ok(), Some(-6));
+    assert_eq!(
+        db.task(ids[0]).await.get_i32("status").ok(),
+        Some(status::ORPHANED)
+    );
     assert_eq!(
         db.task(ids[1]).await.get_i32("status").ok(),
-        Some(-6),
+        Some(status::ORPHANED),
         "legacy epoch mtime"
     );
     assert_eq!(
         db.task(ids[2]).await.get_i32("status").ok(),
-        Some(-1),
+        Some(status::CLAIMED),
         "fresh claim kept"
     );
     assert_eq!(
         db.task(ids[3]).await.get_i32("status").ok(),
-        Some(-1),
+        Some(status::CLAIMED),
         "another node's claim kept"
     );
     drop(den);

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
@@ -85,7 +86,7 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
     wait_for(
         "the leader to recover the task",
         Duration::from_secs(30),
-        || async { db.task(first_task).await.get_i32("status").ok() == Some(-6) },
+        || async { db.task(first_task).await.get_i32("status").ok() == Some(status::ORPHANED) },
     )
     .await;
     let recovered_by = |den: &Den| {
@@ -148,7 +149,7 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
     wait_for(
         "the new leader to recover the task",
         Duration::from_secs(30),
-        || async { db.task(second_task).await.get_i32("status").ok() == Some(-6) },
+        || async { db.task(second_task).await.get_i32("status").ok() == Some(status::ORPHANED) },
     )
     .await;
     let new_leader = dens.iter().find(|d| d.node == second).expect("new leader");

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
+use disbatch_model::status;
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::json;
 
@@ -62,7 +63,11 @@ async fn a_task_that_fails_twice_then_succeeds_is_retried_with_growing_waits() {
     let den = Den::start(&config, "n1");
     db.wait_complete(&[id], Duration::from_secs(90)).await;
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     assert_eq!(task.get_i32("attempts").ok(), Some(3), "{task}");
     assert!(task.get("discarded_at").is_none(), "{task}");
     let a = db.closed_attempts(id, 3).await;
@@ -135,7 +140,7 @@ async fn a_task_out_of_attempts_or_refusing_a_retry_is_discarded_and_a_disbatch_
         .await;
 
     let task = db.task(spent).await;
-    assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+    assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
     assert_eq!(task.get_i32("attempts").ok(), Some(2), "{task}");
     assert!(task.get_datetime("discarded_at").is_ok(), "{task}");
     assert!(
@@ -151,14 +156,14 @@ async fn a_task_out_of_attempts_or_refusing_a_retry_is_discarded_and_a_disbatch_
     assert!(reason(&a[1]).contains("out of attempts"), "{}", a[1]);
 
     let task = db.task(refused).await;
-    assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+    assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
     assert_eq!(task.get_i32("attempts").ok(), Some(1), "{task}");
     assert!(task.get_datetime("discarded_at").is_ok(), "{task}");
     let a = db.closed_attempts(refused, 1).await;
     assert!(reason(&a[0]).contains("refused a retry"), "{}", a[0]);
 
     let task = db.task(failed).await;
-    assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+    assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
     assert_eq!(task.get_i32("attempts").ok(), Some(1), "{task}");
     assert!(task.get("discarded_at").is_none(), "{task}");
     let a = db.closed_attempts(failed, 1).await;
@@ -166,7 +171,10 @@ async fn a_task_out_of_attempts_or_refusing_a_retry_is_discarded_and_a_disbatch_
     assert!(a[0].get("task_discarded").is_none(), "{}", a[0]);
     assert!(reason(&a[0]).contains("code 5"), "{}", a[0]);
 
-    assert_eq!(db.task(stays).await.get_i32("status").ok(), Some(-2));
+    assert_eq!(
+        db.task(stays).await.get_i32("status").ok(),
+        Some(status::QUEUED)
+    );
     assert_eq!(den.metric("disbatch_den_queues_skipped").await, 1.0);
     assert!(
         den.log_text()
@@ -292,7 +300,11 @@ async fn a_policy_retries_only_the_failures_it_names() {
         .await;
 
     let task = db.task(crashed).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     let a = db.closed_attempts(crashed, 2).await;
     assert!(reason(&a[0]).contains("signal 9"), "{}", a[0]);
     assert!(
@@ -303,12 +315,16 @@ async fn a_policy_retries_only_the_failures_it_names() {
 
     // Not named by `on`: failed as without a policy, not discarded.
     let task = db.task(failed).await;
-    assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+    assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
     assert_eq!(task.get_i32("attempts").ok(), Some(1), "{task}");
     assert!(task.get("discarded_at").is_none(), "{task}");
 
     let task = db.task(timed_out).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     let a = db.closed_attempts(timed_out, 2).await;
     assert_eq!(a[0].get_str("outcome").ok(), Some("timed_out"), "{}", a[0]);
     assert!(
@@ -341,7 +357,7 @@ async fn a_lost_attempt_is_retried_then_discarded_when_the_policy_names_lost() {
     let den = Den::start(&config, "n1");
     db.wait_complete(&[id], Duration::from_secs(120)).await;
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+    assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
     assert_eq!(task.get_i32("attempts").ok(), Some(2), "{task}");
     assert!(task.get_datetime("discarded_at").is_ok(), "{task}");
     assert!(

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{read_lines, wait_for, write_config, Backoff, Dci, Den, TestDb};
 use serde_json::json;
 
@@ -67,7 +68,7 @@ async fn a_plugin_past_its_queue_timeout_is_stopped_and_the_task_fails() {
     let took = started.elapsed();
     for (id, signal) in ids.iter().zip([15, 9]) {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+        assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
         let stderr = task.get_str("stderr").unwrap_or("");
         assert!(
             stderr.contains("[disbatch] timed out after 1 s"),
@@ -104,7 +105,7 @@ async fn cancelling_a_running_task_stops_its_plugin_within_seconds() {
         .await;
     assert_eq!(code, 202, "{body}");
     wait_for("the cancel to land", Duration::from_secs(60), || async {
-        db.task(id).await.get_i32("status").ok() == Some(-5)
+        db.task(id).await.get_i32("status").ok() == Some(status::CANCELLED)
     })
     .await;
     let latency = asked.elapsed();

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
 use futures::StreamExt;
 use serde_json::json;
@@ -114,7 +115,7 @@ async fn paused_queues_are_skipped_until_resumed() {
     den.wait_queue_reads(3).await;
     assert_eq!(
         db.task(ids[0]).await.get_i32("status").ok(),
-        Some(-2),
+        Some(status::QUEUED),
         "a disabled queue runs nothing"
     );
     db.set_queue(queue, doc! {"disabled": false}).await;
@@ -192,7 +193,7 @@ async fn delayed_tasks_wait_for_not_before_and_priority_sort_orders_by_priority_
     den.wait_queue_reads(3).await;
     assert_eq!(
         db.task(ids[3]).await.get_i32("status").ok(),
-        Some(-2),
+        Some(status::QUEUED),
         "not before its time"
     );
     db.set_task(ids[3], doc! {"not_before": bson::DateTime::now()})
@@ -290,7 +291,7 @@ async fn a_continuous_queue_gets_exactly_one_unit_per_interval_across_two_nodes(
     // A new unit only once the last is done: at most one is not.
     let finished = made
         .iter()
-        .filter(|t| t.get_i32("status").ok() == Some(1))
+        .filter(|t| t.get_i32("status").ok() == Some(status::SUCCEEDED))
         .count();
     assert!(
         finished + 1 >= made.len(),
@@ -319,7 +320,10 @@ async fn a_node_serves_only_its_runtimes_and_queues_within_its_memory() {
     db.wait_complete(&ran, Duration::from_secs(30)).await;
     den.wait_queue_reads(3).await;
     for id in skipped {
-        assert_eq!(db.task(id).await.get_i32("status").ok(), Some(-2));
+        assert_eq!(
+            db.task(id).await.get_i32("status").ok(),
+            Some(status::QUEUED)
+        );
     }
     let log = den.log_text();
     assert!(

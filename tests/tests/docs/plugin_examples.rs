@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bson::{doc, Bson};
+use disbatch_model::status;
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::json;
 
@@ -68,7 +69,11 @@ async fn greets_and_refuses(db: TestDb, plugin: PathBuf) {
 
     for (id, name) in good.iter().zip(names) {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(
+            task.get_i32("status").ok(),
+            Some(status::SUCCEEDED),
+            "{task}"
+        );
         assert_eq!(
             task.get_str("stdout").ok(),
             Some(format!("Hello, {name}!\n").as_str()),
@@ -89,7 +94,7 @@ async fn greets_and_refuses(db: TestDb, plugin: PathBuf) {
     }
     for id in &bad {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+        assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
         assert_eq!(task.get("stdout"), Some(&Bson::Null), "no output: {task}");
         assert_eq!(
             task.get_str("stderr").ok(),

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use bson::{doc, Bson};
+use disbatch_model::status;
 use disbatch_tests::hostile::crashes;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
@@ -40,7 +41,11 @@ async fn output_that_cannot_be_stored_is_reported_on_the_task_and_the_rest_is_ch
     .await;
 
     let map_task = db.task(ids[0]).await;
-    assert_eq!(map_task.get_i32("status"), Ok(1), "the result stands");
+    assert_eq!(
+        map_task.get_i32("status"),
+        Ok(status::SUCCEEDED),
+        "the result stands"
+    );
     let stderr = map_task.get_str("stderr").unwrap_or_default();
     assert!(
         stderr.contains(r#"chaining to queue "next": unit "bad" not chained: output.bad.n is not a valid Extended JSON value"#),
@@ -51,7 +56,7 @@ async fn output_that_cannot_be_stored_is_reported_on_the_task_and_the_rest_is_ch
     assert!(db.unit(next, "bad").await.is_none());
 
     let list_task = db.task(ids[1]).await;
-    assert_eq!(list_task.get_i32("status"), Ok(1));
+    assert_eq!(list_task.get_i32("status"), Ok(status::SUCCEEDED));
     let stderr = list_task.get_str("stderr").unwrap_or_default();
     for said in [
         r#"unit "undef" not chained: output[1][1].u: BSON type undefined"#,
@@ -95,7 +100,11 @@ async fn a_map_output_with_a_value_that_is_not_an_object_says_why_nothing_was_ch
     db.wait_complete(&ids, Duration::from_secs(30)).await;
 
     let task = db.task(ids[0]).await;
-    assert_eq!(task.get_i32("status"), Ok(1), "the result stands");
+    assert_eq!(
+        task.get_i32("status"),
+        Ok(status::SUCCEEDED),
+        "the result stands"
+    );
     let stderr = task.get_str("stderr").unwrap_or_default();
     assert!(
         stderr.contains(r#"chaining to queue "next": output not chained: a map chains only when every value is an object (the unit's params), and "bad" is a number, "worse" is a string"#),

@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::hostile::{crashes, nested_json, wait_done};
 use disbatch_tests::{bin_path, server_uri, write_config, Den, TestDb};
 use serde_json::{json, Value};
@@ -461,7 +462,7 @@ async fn queues_whose_plugin_names_escape_the_plugin_dirs_are_refused() {
         let t = db.task(*task).await;
         assert_eq!(
             t.get_i32("status"),
-            Ok(-2),
+            Ok(status::QUEUED),
             "{name}: the task was touched: {t}"
         );
         assert!(
@@ -492,7 +493,11 @@ async fn queues_whose_plugin_names_escape_the_plugin_dirs_are_refused() {
         let text = String::from_utf8_lossy(&out.stderr);
         assert!(crashes(&text).is_empty(), "{name}: {text}");
         let t = db.task(*task).await;
-        assert_eq!(t.get_i32("status"), Ok(2), "{name}: {t}\n{text}");
+        assert_eq!(
+            t.get_i32("status"),
+            Ok(status::FAILED),
+            "{name}: {t}\n{text}"
+        );
         let stderr = t.get_str("stderr").unwrap_or_default();
         assert!(stderr.contains("is not valid"), "{name}: stderr {stderr:?}");
     }

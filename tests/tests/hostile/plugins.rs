@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_config::plugin_env::PluginEnv;
+use disbatch_model::status;
 use disbatch_tests::{bin_path, write_config, Den, TestDb};
 use serde_json::{json, Value};
 
@@ -257,7 +258,7 @@ async fn a_plugin_of_a_same_user_node_reads_no_environment_and_inherits_no_descr
     println!("same-user node, spy findings: {found:#?}");
     assert_eq!(
         task.get_i32("status"),
-        Ok(1),
+        Ok(status::SUCCEEDED),
         "{task}\nDEN log:\n{}",
         den.log_text()
     );
@@ -319,7 +320,7 @@ async fn a_plugin_run_as_plugin_user_reads_no_config_and_follows_no_link_into_th
     println!("plugin_user node, spy findings: {found:#?}");
     assert_eq!(
         task.get_i32("status"),
-        Ok(1),
+        Ok(status::SUCCEEDED),
         "{task}\nDEN log:\n{}",
         den.log_text()
     );
@@ -353,7 +354,7 @@ async fn a_plugin_run_as_plugin_user_reads_no_config_and_follows_no_link_into_th
         task.get_str("stdout").unwrap_or_default(),
         task.get_str("stderr").unwrap_or_default(),
     );
-    assert_eq!(task.get_i32("status"), Ok(2), "{task}");
+    assert_eq!(task.get_i32("status"), Ok(status::FAILED), "{task}");
     assert!(
         stderr.contains("DISBATCH_RESULT file ignored: it is a symbolic link"),
         "{stderr}"
@@ -441,7 +442,7 @@ async fn plugin_user_without_root_is_refused_by_the_node_and_the_runner() {
         .await
         .expect("the runner finishes");
     let t = db.task(task).await;
-    assert_eq!(t.get_i32("status"), Ok(2), "{t}\n{text}");
+    assert_eq!(t.get_i32("status"), Ok(status::FAILED), "{t}\n{text}");
     assert_eq!(t.get_str("stdout"), Ok("Unable to start"), "{t}");
     let stderr = t.get_str("stderr").unwrap_or_default();
     assert!(
@@ -521,7 +522,10 @@ exit 0"#,
     let task = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
     let den = Den::start(&config, "n1");
     db.wait_complete(&[task], Duration::from_secs(60)).await;
-    assert_eq!(db.task(task).await.get_i32("status").ok(), Some(1));
+    assert_eq!(
+        db.task(task).await.get_i32("status").ok(),
+        Some(status::SUCCEEDED)
+    );
     let pid = |name: &str| -> u32 {
         std::fs::read_to_string(dir.join(name))
             .expect("the pid file")

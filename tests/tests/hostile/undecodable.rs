@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use bson::{doc, Bson};
+use disbatch_model::status;
 use disbatch_tests::faults::corrupting_proxy::{CorruptingProxy, MARKER};
 use disbatch_tests::hostile::{crashes, get_request, raw_http, wait_done, LoggedDci};
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
@@ -40,7 +41,7 @@ async fn undecodable_documents_are_skipped_or_failed_and_the_rest_runs() {
         Duration::from_secs(30),
         || {
             let db = &db;
-            async move { db.task(bad_task).await.get_i32("status") == Ok(2) }
+            async move { db.task(bad_task).await.get_i32("status") == Ok(status::FAILED) }
         },
     )
     .await;
@@ -54,7 +55,7 @@ async fn undecodable_documents_are_skipped_or_failed_and_the_rest_runs() {
     // The queue that cannot be read is never served: its task waits through three more
     // readings of the queues.
     den.wait_queue_reads(3).await;
-    assert_eq!(db.task(waiting).await.get_i32("status"), Ok(-2));
+    assert_eq!(db.task(waiting).await.get_i32("status"), Ok(status::QUEUED));
 
     let log = den.log_text();
     let lines = |id: &str| {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bson::doc;
 use bson::oid::ObjectId;
+use disbatch_model::status;
 use disbatch_tests::bench::procfs;
 use disbatch_tests::{scaled, wait_for, write_config, Den, TestDb};
 use serde_json::json;
@@ -83,14 +84,22 @@ async fn a_done_line_far_over_the_result_limit_fails_its_task_and_the_host_stays
     println!("worker host peak RSS: {} MiB", peak_kib / 1024);
     let big_task = db.task(ids[0]).await;
     let stderr = big_task.get_str("stderr").unwrap_or("");
-    assert_eq!(big_task.get_i32("status").ok(), Some(2), "{stderr}");
+    assert_eq!(
+        big_task.get_i32("status").ok(),
+        Some(status::FAILED),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("worker protocol error: a line longer than")
             && stderr.contains("16 MiB result limit"),
         "the reason names the cap: {stderr}"
     );
     let near_task = db.task(ids[1]).await;
-    assert_eq!(near_task.get_i32("status").ok(), Some(1), "{near_task}");
+    assert_eq!(
+        near_task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{near_task}"
+    );
     let attempts = db.closed_attempts(ids[1], 1).await;
     let result = attempts.last().and_then(|a| a.get_document("result").ok());
     assert!(
@@ -117,7 +126,7 @@ async fn a_worker_that_cannot_start_forges_no_line_in_the_node_log() {
     db.wait_complete(&ids, scaled(Duration::from_secs(60)))
         .await;
     let task = db.task(ids[0]).await;
-    assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+    assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
     wait_for(
         "the host to log the failed start",
         scaled(Duration::from_secs(30)),
@@ -186,7 +195,11 @@ read line <&3"#,
         .await;
     for id in first.iter().chain(&second) {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(
+            task.get_i32("status").ok(),
+            Some(status::SUCCEEDED),
+            "{task}"
+        );
         assert_eq!(task.get_str("stdout").ok(), Some("task ran\n"), "{task}");
     }
     drop(den);
@@ -228,7 +241,11 @@ async fn a_sixteen_mb_result_of_empty_arrays_is_bounded_before_it_is_built() {
     // Another member that big is refused by its shape, with the reason.
     let refused = db.task(ids[0]).await;
     let stderr = refused.get_str("stderr").unwrap_or("");
-    assert_eq!(refused.get_i32("status").ok(), Some(2), "{stderr}");
+    assert_eq!(
+        refused.get_i32("status").ok(),
+        Some(status::FAILED),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("more than 200000 JSON values (by member \"a\")"),
         "{stderr}"
@@ -237,7 +254,7 @@ async fn a_sixteen_mb_result_of_empty_arrays_is_bounded_before_it_is_built() {
     let kept = db.task(ids[1]).await;
     assert_eq!(
         kept.get_i32("status").ok(),
-        Some(1),
+        Some(status::SUCCEEDED),
         "{:?}",
         kept.get_str("stderr")
     );

@@ -4,6 +4,7 @@
 
 use bson::doc;
 use bson::oid::ObjectId;
+use disbatch_model::status;
 use disbatch_tests::bench::procfs::peak_rss_kib;
 use disbatch_tests::{write_config, Dci, TestDb};
 use serde_json::{json, Value};
@@ -176,14 +177,20 @@ async fn a_deep_cancel_cascade_runs_after_the_answer() {
         .post(&format!("/tasks/{}/cancel", root.to_hex()), json!({}))
         .await;
     assert_eq!(s, 200, "{body}");
-    assert_eq!(db.task(root).await.get_i32("status").ok(), Some(-5));
+    assert_eq!(
+        db.task(root).await.get_i32("status").ok(),
+        Some(status::CANCELLED)
+    );
     // Answered with the root cancelled and the cascade still at its start: an answer after
     // the cascade would find the last level cancelled here.
-    assert_eq!(db.task(last).await.get_i32("status").ok(), Some(-4));
+    assert_eq!(
+        db.task(last).await.get_i32("status").ok(),
+        Some(status::BLOCKED)
+    );
     disbatch_tests::wait_for(
         "the whole chain cancelled",
         std::time::Duration::from_secs(300),
-        || async { db.task(last).await.get_i32("status").ok() == Some(-5) },
+        || async { db.task(last).await.get_i32("status").ok() == Some(status::CANCELLED) },
     )
     .await;
     assert_eq!(db.count(doc! {"status": -5}).await, LEVELS as u64);

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::claim_order::wait_sharers;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use futures::TryStreamExt;
@@ -388,7 +389,7 @@ async fn a_retry_waiting_in_an_unordered_queue_frees_its_key_for_the_next_task()
     let waiting = db.task(ids[0]).await;
     assert_eq!(
         waiting.get_i32("status").ok(),
-        Some(-2),
+        Some(status::QUEUED),
         "waiting for its retry: {waiting}"
     );
     assert!(waiting.get_datetime("not_before").is_ok(), "{waiting}");
@@ -396,7 +397,10 @@ async fn a_retry_waiting_in_an_unordered_queue_frees_its_key_for_the_next_task()
         waiting.get("concurrency_slot").is_none() && waiting.get("concurrency_key").is_none(),
         "its key slot was let go: {waiting}"
     );
-    assert_eq!(db.task(ids[1]).await.get_i32("status").ok(), Some(1));
+    assert_eq!(
+        db.task(ids[1]).await.get_i32("status").ok(),
+        Some(status::SUCCEEDED)
+    );
     drop(den);
     db.drop().await;
 }
@@ -440,7 +444,7 @@ async fn a_retry_keeps_its_place_and_a_dead_nodes_key_slot_comes_back() {
     let first = db.task(ids[0]).await;
     assert_eq!(
         first.get_i32("status").ok(),
-        Some(2),
+        Some(status::FAILED),
         "retried, then failed: {first}"
     );
     assert_eq!(first.get_i32("attempts").ok(), Some(2), "{first}");
@@ -460,11 +464,15 @@ async fn a_retry_keeps_its_place_and_a_dead_nodes_key_slot_comes_back() {
     );
     assert_eq!(
         second.get_i32("status").ok(),
-        Some(-6),
+        Some(status::ORPHANED),
         "orphaned: {second}"
     );
     let third = db.task(ids[2]).await;
-    assert_eq!(third.get_i32("status").ok(), Some(1), "{third}");
+    assert_eq!(
+        third.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{third}"
+    );
     let runs = attempts(&db, queue).await;
     let order: Vec<ObjectId> = runs.iter().map(|r| r.0).collect();
     assert_eq!(
@@ -516,7 +524,7 @@ async fn a_cancelled_or_timed_out_task_gives_its_key_slot_back() {
     let second = db.task(ids[1]).await;
     assert_eq!(
         second.get_i32("status").ok(),
-        Some(-2),
+        Some(status::QUEUED),
         "its key is busy: {second}"
     );
     let store = db.den_store().await;
@@ -530,7 +538,14 @@ async fn a_cancelled_or_timed_out_task_gives_its_key_slot_back() {
         .map(|t| t.get_i32("status").ok())
         .collect();
     // Cancelled, failed by its timeout, succeeded: each in turn, the key's slot passed on.
-    assert_eq!(statuses, [Some(-5), Some(2), Some(1)]);
+    assert_eq!(
+        statuses,
+        [
+            Some(status::CANCELLED),
+            Some(status::FAILED),
+            Some(status::SUCCEEDED)
+        ]
+    );
     let runs = attempts(&db, queue).await;
     let order: Vec<ObjectId> = runs.iter().map(|r| r.0).collect();
     assert_eq!(order, ids, "{runs:?}");

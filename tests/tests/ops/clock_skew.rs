@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::claim_order::wait_sharers;
 use disbatch_tests::restartable::libfaketime;
 use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
@@ -186,7 +187,7 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
     assert_eq!(tasks.len(), 6, "{lines:?}");
     for id in &ids {
         let t = db.task(*id).await;
-        assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
         assert_eq!(t.get_i32("attempts").ok(), Some(1), "one attempt: {t}");
     }
     let lost = db

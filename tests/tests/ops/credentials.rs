@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use bson::doc;
+use disbatch_model::status;
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::{json, Value};
 
@@ -32,7 +33,7 @@ async fn runs_a_task(db: &TestDb, den: &Den) {
         .expect("task");
     assert_eq!(
         task.get_i32("status").ok(),
-        Some(1),
+        Some(status::SUCCEEDED),
         "{task} {}",
         den.log_text()
     );

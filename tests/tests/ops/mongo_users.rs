@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{bin_path, start_auth_server, wait_for, write_config, Dci, Den, TestDb};
 use mongodb::options::{ClientOptions, Credential};
 use mongodb::{Client, Database};
@@ -308,7 +309,11 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         .expect("id");
     db.wait_complete(&[first], Duration::from_secs(30)).await;
     let done = db.task(first).await;
-    assert_eq!(done.get_i32("status").ok(), Some(1), "{done}");
+    assert_eq!(
+        done.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{done}"
+    );
     // The runner wrote the output to GridFS and an attempt record.
     assert!(
         done.get_object_id("stdout").is_ok(),
@@ -406,7 +411,10 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         .expect("id");
     let (status, body) = dci.post(&format!("/tasks/{held}/cancel"), json!({})).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(db.task(held).await.get_i32("status").ok(), Some(-5));
+    assert_eq!(
+        db.task(held).await.get_i32("status").ok(),
+        Some(status::CANCELLED)
+    );
     let (status, body) = dci.post("/nodes/n1", json!({"maxthreads": 5})).await;
     assert_eq!(status, 200, "{body}");
     // A dead node is forgotten by the DCI as its own user.

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bson::doc;
+use disbatch_model::status;
 use disbatch_tests::restartable::RestartableServer;
 use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
@@ -84,7 +85,11 @@ async fn a_server_outage_mid_run_loses_no_result_and_runs_nothing_twice() {
     db.wait_complete(&all, Duration::from_secs(90)).await;
     for id in &all {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(
+            task.get_i32("status").ok(),
+            Some(status::SUCCEEDED),
+            "{task}"
+        );
         assert_eq!(task.get_i32("attempts").ok(), Some(1), "ran once: {task}");
     }
     let lines = read_lines(&runs);

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use disbatch_config::Config;
+use disbatch_model::status;
 use disbatch_tests::{bin_path, Dci, Den, Launch, TestDb};
 use futures::TryStreamExt;
 
@@ -500,7 +501,7 @@ async fn unpacked_node_runs_a_task_queued_with_the_unpacked_cli_and_dci() {
     let task = db.task(ids[0]).await;
     assert_eq!(
         task.get_i32("status").ok(),
-        Some(1),
+        Some(status::SUCCEEDED),
         "{task}\n{}",
         den.log_text()
     );

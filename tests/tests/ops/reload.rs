@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bson::doc;
+use disbatch_model::status;
 use disbatch_tests::{echo_plugin, read_lines, wait_for, write_config, Dci, Den, Launch, TestDb};
 use serde_json::json;
 
@@ -62,20 +63,28 @@ async fn a_reload_adds_a_plugin_without_touching_the_running_task() {
     let held = db.task(long).await;
     assert_eq!(
         held.get_i32("status").ok(),
-        Some(0),
+        Some(status::RUNNING),
         "still running: {held}"
     );
     std::fs::write(&gate, "").expect("open the gate");
     db.wait_complete(&[long], Duration::from_secs(60)).await;
     let long = db.task(long).await;
-    assert_eq!(long.get_i32("status").ok(), Some(1), "{long}");
+    assert_eq!(
+        long.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{long}"
+    );
     // The echo plugin writes its params back: the whole run, not cut short.
     assert!(
         long.get_str("stdout").unwrap_or_default().contains("slept"),
         "{long}"
     );
     let next = db.task(next).await;
-    assert_eq!(next.get_i32("status").ok(), Some(1), "{next}");
+    assert_eq!(
+        next.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{next}"
+    );
     assert_eq!(
         db.attempts(long.get_object_id("_id").expect("id"))
             .await
@@ -127,7 +136,11 @@ async fn an_invalid_config_is_refused_and_the_old_one_kept() {
         .await;
     db.wait_complete(&second, Duration::from_secs(60)).await;
     let task = db.task(second[0]).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     assert!(den.is_running());
     drop(den);
     db.drop().await;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use futures::TryStreamExt;
 use serde_json::{json, Value};
@@ -99,7 +100,7 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
         "the lost task's recovery and its attempt record",
         Duration::from_secs(30),
         || async {
-            db.task(lost).await.get_i32("status").ok() == Some(-6)
+            db.task(lost).await.get_i32("status").ok() == Some(status::ORPHANED)
                 && db
                     .db
                     .collection::<Document>("attempts")

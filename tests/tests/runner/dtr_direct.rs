@@ -5,6 +5,7 @@ use std::process::Command;
 
 use bson::oid::ObjectId;
 use bson::{doc, DateTime};
+use disbatch_model::status;
 use disbatch_tests::{bin_path, write_config, TestDb};
 use serde_json::json;
 
@@ -57,7 +58,7 @@ async fn missing_or_non_executable_plugins_fail_the_task_with_a_clear_stderr() {
             String::from_utf8_lossy(&out.stderr)
         );
         let task = db.task(id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+        assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
         assert_eq!(task.get_str("stdout").ok(), Some("Unable to start"));
         let stderr = task.get_str("stderr").unwrap_or_default();
         assert!(
@@ -71,7 +72,7 @@ async fn missing_or_non_executable_plugins_fail_the_task_with_a_clear_stderr() {
     claim_by_hand(&db, id, "n1").await;
     assert!(run_dtr(&config, id, "n1").status.success());
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(2));
+    assert_eq!(task.get_i32("status").ok(), Some(status::FAILED));
     assert!(
         task.get_str("stderr")
             .unwrap_or_default()
@@ -92,7 +93,11 @@ async fn a_runner_leaves_tasks_it_does_not_own_alone() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not claimed by this node"));
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(-1), "untouched: {task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::CLAIMED),
+        "untouched: {task}"
+    );
     assert_eq!(task.get_str("node").ok(), Some("other-node"));
 
     let out = Command::new(bin_path("disbatch-task-runner"))

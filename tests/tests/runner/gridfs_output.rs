@@ -5,6 +5,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_config::{Component, Config};
+use disbatch_model::status;
 use disbatch_store::Store;
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::json;
@@ -130,7 +131,7 @@ async fn run_cases(test: &str, gfs: serde_json::Value, cases: &[(&str, Stored, S
         let task = db.task(*id).await;
         assert_eq!(
             task.get_i32("status").ok(),
-            Some(1),
+            Some(status::SUCCEEDED),
             "{commands}: {:?}",
             task.get("stderr")
         );
@@ -217,7 +218,7 @@ async fn off_mode_keeps_output_inline_and_replaces_what_cannot_fit() {
     let too_big = db.task(ids[1]).await;
     assert_eq!(
         too_big.get_i32("status").ok(),
-        Some(1),
+        Some(status::SUCCEEDED),
         "the task still finishes"
     );
     let out = too_big.get_str("stdout").unwrap_or_default();

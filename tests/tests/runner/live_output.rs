@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
+use disbatch_model::status;
 use disbatch_store::{FinishOutcome, LiveOutput, LiveStream, LiveWrite, OutputValue, TaskEnd};
 use disbatch_tests::{scaled, write_config, Backoff, Dci, Den, TestDb};
 use serde_json::json;
@@ -85,7 +86,11 @@ pub(super) fn open(gate: &Path) {
 
 pub(super) async fn assert_running(db: &TestDb, id: ObjectId, what: &str) {
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(0), "{what}: {task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::RUNNING),
+        "{what}: {task}"
+    );
 }
 
 /// What the route showed while the task ran: every live answer, the highest line seen, and
@@ -302,7 +307,11 @@ async fn live_output_goes_through_the_node_and_its_runners_never_connect() {
     assert_eq!(copies("dropped"), 0.0, "{text}");
     for id in &ids {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(
+            task.get_i32("status").ok(),
+            Some(status::SUCCEEDED),
+            "{task}"
+        );
         assert_eq!(task.get("live_output"), None, "{task}");
     }
     drop(den);
@@ -348,7 +357,11 @@ async fn a_runner_whose_node_stops_writes_its_live_output_itself() {
     );
     db.wait_complete(&ids, Duration::from_secs(30)).await;
     let task = db.task(ids[0]).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     assert_eq!(printed_lines(&String::from_utf8_lossy(&last.body)).len(), 6);
     db.drop().await;
 }
@@ -497,7 +510,7 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
         .expect("recover");
     assert!(recovered);
     let task = db.task(lost).await;
-    assert_eq!(task.get_i32("status").ok(), Some(-2));
+    assert_eq!(task.get_i32("status").ok(), Some(status::QUEUED));
     assert_eq!(task.get("live_output"), None, "unset by recovery");
 
     // A document near 16 MiB: the server refuses the copy, and nothing else changes.

@@ -5,6 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use bson::Document;
+use disbatch_model::status;
 use disbatch_store::LIVE_TAIL;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
@@ -51,7 +52,7 @@ async fn invalid_bytes_in_live_output_keep_the_copy_within_its_limit_and_shown()
     let task = db.task(ids[0]).await;
     assert_eq!(
         task.get_i32("status").ok(),
-        Some(0),
+        Some(status::RUNNING),
         "still running: {task}"
     );
     let text = live_stdout(&task).unwrap_or_default();

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::doc;
+use disbatch_model::status;
 use disbatch_tests::{
     bin_path, scaled, wait_for, write_config, Backoff, Browser, Dci, Den, TestDb,
 };
@@ -100,7 +101,11 @@ async fn cli_follow_prints_the_output_as_it_comes_and_exits_when_the_task_ends()
     reader.join().expect("reader");
     let printed = printed.lock().expect("printed").clone();
     let task = db.task(ids[0]).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     assert_eq!(
         String::from_utf8_lossy(&printed),
         task.get_str("stdout").expect("inline stdout"),
@@ -151,7 +156,11 @@ async fn the_task_page_tails_a_running_tasks_output() {
         "appended: {earlier:?} then {later:?}"
     );
     let running = db.task(ids[0]).await;
-    assert_eq!(running.get_i32("status").ok(), Some(0), "still running");
+    assert_eq!(
+        running.get_i32("status").ok(),
+        Some(status::RUNNING),
+        "still running"
+    );
     assert!(running.get_document("live_output").is_ok(), "{running}");
     // What the page polls: a terse search, which leaves the live copy's text out.
     let (code, found) = dci
@@ -246,7 +255,11 @@ async fn live_output_cpu_per_task() {
     );
     for id in &ids {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(
+            task.get_i32("status").ok(),
+            Some(status::SUCCEEDED),
+            "{task}"
+        );
         assert_eq!(task.get("live_output"), None);
     }
     drop(den);

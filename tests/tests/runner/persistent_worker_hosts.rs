@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bson::doc;
 use bson::oid::ObjectId;
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Backoff, Den, TestDb};
 use serde_json::json;
 
@@ -66,7 +67,11 @@ async fn a_node_killed_outright_leaves_its_host_to_finish_and_record_then_no_wor
     let mut workers = Vec::new();
     for id in &ids {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(
+            task.get_i32("status").ok(),
+            Some(status::SUCCEEDED),
+            "{task}"
+        );
         assert_eq!(closed_outcome(&db, *id).await, "succeeded");
         workers.push(pid_of(&task).expect("pid"));
     }
@@ -86,7 +91,11 @@ async fn a_node_killed_outright_leaves_its_host_to_finish_and_record_then_no_wor
         .await;
     db.wait_complete(&more, Duration::from_secs(30)).await;
     let task = db.task(more[0]).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     assert!(!workers.contains(&pid_of(&task).expect("pid")));
     drop(den);
     db.drop().await;
@@ -121,7 +130,11 @@ async fn a_host_killed_outright_takes_its_workers_with_it_and_its_tasks_are_reco
     .await;
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     let task = db.task(ids[0]).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     let attempts = db.closed_attempts(ids[0], 2).await;
     let outcomes: Vec<&str> = attempts
         .iter()

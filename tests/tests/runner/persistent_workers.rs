@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
 use serde_json::json;
 
@@ -162,7 +163,11 @@ async fn workers_are_replaced_after_worker_max_tasks_and_stopped_when_idle() {
     let mut by_pid: BTreeMap<u32, usize> = BTreeMap::new();
     for id in &ids {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+        assert_eq!(
+            task.get_i32("status").ok(),
+            Some(status::SUCCEEDED),
+            "{task}"
+        );
         *by_pid.entry(pid_of(&task).expect("pid")).or_default() += 1;
     }
     println!("tasks by worker: {by_pid:?}");
@@ -224,9 +229,24 @@ async fn a_worker_that_dies_mid_task_fails_only_that_task_and_is_replaced() {
         db.task(ids[1]).await,
         db.task(ids[2]).await,
     ];
-    assert_eq!(tasks[0].get_i32("status").ok(), Some(1), "{}", tasks[0]);
-    assert_eq!(tasks[1].get_i32("status").ok(), Some(2), "{}", tasks[1]);
-    assert_eq!(tasks[2].get_i32("status").ok(), Some(1), "{}", tasks[2]);
+    assert_eq!(
+        tasks[0].get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{}",
+        tasks[0]
+    );
+    assert_eq!(
+        tasks[1].get_i32("status").ok(),
+        Some(status::FAILED),
+        "{}",
+        tasks[1]
+    );
+    assert_eq!(
+        tasks[2].get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{}",
+        tasks[2]
+    );
     let stderr = tasks[1].get_str("stderr").unwrap_or("");
     assert!(
         stderr.contains("the worker running this task died"),
@@ -263,7 +283,7 @@ async fn on_lost_requeue_gives_the_task_of_a_dead_worker_another_attempt() {
     let den = Den::start(&config, "n1");
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     let task = db.task(ids[0]).await;
-    assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+    assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
     let attempts = db.closed_attempts(ids[0], 2).await;
     let outcomes: Vec<&str> = attempts
         .iter()
@@ -305,7 +325,7 @@ async fn a_hung_worker_is_stopped_at_the_queue_timeout_and_the_next_task_gets_a_
         started.elapsed()
     );
     let hung = db.task(ids[0]).await;
-    assert_eq!(hung.get_i32("status").ok(), Some(2), "{hung}");
+    assert_eq!(hung.get_i32("status").ok(), Some(status::FAILED), "{hung}");
     assert!(
         hung.get_str("stderr")
             .unwrap_or("")
@@ -320,7 +340,11 @@ async fn a_hung_worker_is_stopped_at_the_queue_timeout_and_the_next_task_gets_a_
         "TERM ignored, then KILL: {attempt}"
     );
     let next = db.task(ids[1]).await;
-    assert_eq!(next.get_i32("status").ok(), Some(1), "{next}");
+    assert_eq!(
+        next.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{next}"
+    );
     let hung_pid = pid_of(&hung).expect("pid");
     assert_ne!(Some(hung_pid), pid_of(&next));
     assert!(!alive(hung_pid));
@@ -347,7 +371,7 @@ async fn cancelling_a_task_in_a_worker_stops_that_worker_within_seconds() {
         .await;
     assert_eq!(code, 202, "{body}");
     wait_for("the cancel to land", Duration::from_secs(60), || async {
-        db.task(id).await.get_i32("status").ok() == Some(-5)
+        db.task(id).await.get_i32("status").ok() == Some(status::CANCELLED)
     })
     .await;
     let latency = asked.elapsed();
@@ -428,7 +452,10 @@ async fn a_worker_whose_task_lost_its_lease_is_stopped_and_its_result_discarded(
     // The queue goes on with a fresh worker.
     let next = db.insert_tasks(queue, vec![doc! {"n": 1}.into()]).await;
     db.wait_complete(&next, Duration::from_secs(30)).await;
-    assert_eq!(db.task(next[0]).await.get_i32("status").ok(), Some(1));
+    assert_eq!(
+        db.task(next[0]).await.get_i32("status").ok(),
+        Some(status::SUCCEEDED)
+    );
     drop(den);
     db.drop().await;
 }
@@ -451,7 +478,11 @@ async fn output_over_16_mib_from_a_worker_goes_to_gridfs() {
     let den = Den::start(&config, "n1");
     db.wait_complete(&ids, Duration::from_secs(120)).await;
     let big = db.task(ids[0]).await;
-    assert_eq!(big.get_i32("status").ok(), Some(1), "status");
+    assert_eq!(
+        big.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "status"
+    );
     let file = big
         .get_object_id("stdout")
         .expect("stdout is a GridFS file id");
@@ -469,7 +500,7 @@ async fn output_over_16_mib_from_a_worker_goes_to_gridfs() {
         .unwrap_or(0);
     assert!(length > 16 * 1024 * 1024, "{meta}");
     let small = db.task(ids[1]).await;
-    assert_eq!(small.get_i32("status").ok(), Some(1));
+    assert_eq!(small.get_i32("status").ok(), Some(status::SUCCEEDED));
     let stdout = small.get_str("stdout").expect("inline stdout");
     assert!(
         stdout.starts_with("{\"print_pid\":true,\"n\":2}"),

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bson::{doc, Binary, Document};
 use disbatch_config::{Component, Config};
+use disbatch_model::status;
 use disbatch_store::Store;
 use disbatch_tests::{write_config, Den, TestDb};
 use serde_json::{json, Value};
@@ -28,7 +29,11 @@ async fn a_plugin_gets_the_task_on_stdin_and_disbatch_variables() {
     let den = Den::start(&config, "n1");
     db.wait_complete(&[id], Duration::from_secs(30)).await;
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
 
     let stdin: Value =
         serde_json::from_str(task.get_str("stdout").unwrap_or_default()).expect("stdin was JSON");
@@ -37,7 +42,7 @@ async fn a_plugin_gets_the_task_on_stdin_and_disbatch_variables() {
     assert_eq!(stdin["params"], json!({"user": "ashley", "n": 7}));
     assert_eq!(
         stdin["status"],
-        json!(0),
+        json!(status::RUNNING),
         "the plugin sees the task running"
     );
 
@@ -83,7 +88,7 @@ async fn lifo_queues_run_newest_first_and_activequeues_limit_a_node() {
     den.wait_queue_reads(3).await;
     assert_eq!(
         db.task(untouched).await.get_i32("status").ok(),
-        Some(-2),
+        Some(status::QUEUED),
         "not in activequeues"
     );
     drop(den);

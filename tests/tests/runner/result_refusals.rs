@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson};
+use disbatch_model::status;
 use disbatch_tests::cleanup::descendants_of;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
@@ -59,7 +60,7 @@ done"#,
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     for id in &ids {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+        assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
         let stderr = task.get_str("stderr").unwrap_or_default();
         assert!(
             stderr.contains("the database cannot store it: result.output: field name")
@@ -107,7 +108,11 @@ async fn a_status_that_is_not_a_positive_whole_number_fails_the_task() {
     db.wait_complete(&ids, Duration::from_secs(60)).await;
     for (id, status) in ids.iter().zip(&refused) {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(2), "{status}: {task}");
+        assert_eq!(
+            task.get_i32("status").ok(),
+            Some(status::FAILED),
+            "{status}: {task}"
+        );
         let stderr = task.get_str("stderr").unwrap_or_default();
         assert!(
             stderr.contains("\"status\" must be a whole number from 1 (succeeded)"),
@@ -115,7 +120,10 @@ async fn a_status_that_is_not_a_positive_whole_number_fails_the_task() {
         );
     }
     let kept: Vec<Option<i32>> = statuses(&db, &ids[refused.len()..]).await;
-    assert_eq!(kept, [Some(7), Some(1), Some(2)]);
+    assert_eq!(
+        kept,
+        [Some(7), Some(status::SUCCEEDED), Some(status::FAILED)]
+    );
     drop(den);
     db.drop().await;
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
+use disbatch_model::status;
 use disbatch_model::wire::relay::{Ack, Completion};
 use disbatch_store::{AttemptEnd, AttemptRecord, FinishOutcome, OutputValue, Store, TaskEnd};
 use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
@@ -123,21 +124,25 @@ async fn batch_answers(db: &TestDb, store: &Store) {
     );
 
     let t = db.task(ours).await;
-    assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
     assert_eq!(
         t.get_str("stdout").ok(),
         Some(format!("out of {ours}").as_str())
     );
     assert_eq!(t.get_bool("complete").ok(), Some(true));
     let t = db.task(closed).await;
-    assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
     let t = db.task(taken).await;
-    assert_eq!(t.get_i32("status").ok(), Some(0), "untouched: {t}");
+    assert_eq!(
+        t.get_i32("status").ok(),
+        Some(status::RUNNING),
+        "untouched: {t}"
+    );
     assert_eq!(t.get("stdout"), Some(&Bson::Null));
     let t = db.task(retried).await;
     assert_eq!(
         (t.get_i32("status").ok(), t.get("node")),
-        (Some(-2), Some(&Bson::Null)),
+        (Some(status::QUEUED), Some(&Bson::Null)),
         "{t}"
     );
 
@@ -217,7 +222,7 @@ async fn a_result_its_runner_stored_meanwhile_keeps_the_record_the_node_wrote() 
         let t = db.task(id).await;
         assert_eq!(
             (t.get_i32("status").ok(), t.get_object_id("attempt").ok()),
-            (Some(1), Some(attempt)),
+            (Some(status::SUCCEEDED), Some(attempt)),
             "{t}"
         );
         let outcomes: Vec<String> = db
@@ -261,7 +266,7 @@ async fn a_node_stores_its_runners_results_and_answers_each() {
         let attempts = db.closed_attempts(*id, 1).await;
         assert_eq!(attempts.len(), 1, "{attempts:?}");
         if i < 12 {
-            assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+            assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
             // The echo plugin prints its params.
             assert_eq!(
                 t.get_str("stdout").ok(),
@@ -270,7 +275,7 @@ async fn a_node_stores_its_runners_results_and_answers_each() {
             );
             assert_eq!(attempts[0].get_str("outcome").ok(), Some("succeeded"));
         } else {
-            assert_eq!(t.get_i32("status").ok(), Some(2), "{t}");
+            assert_eq!(t.get_i32("status").ok(), Some(status::FAILED), "{t}");
             assert!(t.get_str("stderr").unwrap_or("").contains("broke"), "{t}");
             assert_eq!(attempts[0].get_str("outcome").ok(), Some("failed"));
             assert_eq!(attempts[0].get_i32("exit_code").ok(), Some(3));
@@ -329,7 +334,7 @@ async fn a_runner_whose_node_is_gone_stores_its_own_result() {
     std::fs::write(&gate, "").expect("open the gate");
     db.wait_complete(&[id], Duration::from_secs(60)).await;
     let t = db.task(id).await;
-    assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
     assert!(
         t.get_str("stdout").unwrap_or("").contains("hold_until"),
         "{t}"
@@ -377,7 +382,7 @@ async fn a_runner_that_reads_stdin_to_its_end_still_runs_and_relays() {
     db.wait_complete(&ids, Duration::from_secs(30)).await;
     for id in &ids {
         let t = db.task(*id).await;
-        assert_eq!(t.get_i32("status").ok(), Some(1), "{t}");
+        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
         assert_eq!(db.closed_attempts(*id, 1).await.len(), 1);
     }
     let log = den.log_text();

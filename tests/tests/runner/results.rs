@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bson::doc;
 use bson::oid::ObjectId;
+use disbatch_model::status;
 use disbatch_tests::{write_config, Browser, Dci, Den, TestDb};
 use serde_json::{json, Value};
 
@@ -130,7 +131,7 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
     assert_eq!(status, 200, "{task}");
     assert_eq!(task["output"]["greeted"], json!("Ada"), "{task}");
     assert_eq!(task["output_attempt"], json!(last), "{task}");
-    assert_eq!(task["status"], json!(1));
+    assert_eq!(task["status"], json!(status::SUCCEEDED));
     assert!(task.get("output_omitted").is_none(), "{task}");
     let (_, failed) = dci.get(&format!("/tasks/{}", f.failing.to_hex())).await;
     assert_eq!(failed["output"], json!({"why": "no"}), "{failed}");
@@ -336,7 +337,11 @@ async fn an_output_too_large_for_its_record_is_kept_in_gridfs_and_read_back_whol
     let den = Den::start(&config, "n1");
     db.wait_complete(&[id], Duration::from_secs(120)).await;
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
 
     let record = db
         .db
@@ -454,7 +459,11 @@ async fn a_sixteen_mb_result_file_of_empty_arrays_is_refused_in_bounded_memory()
     db.wait_complete(&[task], Duration::from_secs(120)).await;
     let done = db.task(task).await;
     let stderr = done.get_str("stderr").unwrap_or("").to_string();
-    assert_eq!(done.get_i32("status").ok(), Some(2), "{stderr}");
+    assert_eq!(
+        done.get_i32("status").ok(),
+        Some(status::FAILED),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("more than 200000 JSON values (by member \"a\")"),
         "{stderr}"

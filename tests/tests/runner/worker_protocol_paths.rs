@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{echo_plugin, scaled, wait_for, write_config, Backoff, Den, TestDb};
 use serde_json::json;
 
@@ -67,7 +68,7 @@ async fn a_worker_that_breaks_the_protocol_or_never_says_ready_fails_its_task_wi
     ];
     for (id, needle) in ids.iter().zip(expect) {
         let task = db.task(*id).await;
-        assert_eq!(task.get_i32("status").ok(), Some(2), "{task}");
+        assert_eq!(task.get_i32("status").ok(), Some(status::FAILED), "{task}");
         let stderr = task.get_str("stderr").unwrap_or("");
         assert!(
             stderr.contains(needle),
@@ -213,7 +214,11 @@ async fn run_alone(db: &TestDb, den: &Den, queue: ObjectId, params: Document) ->
     db.wait_complete(&[id], Duration::from_secs(60)).await;
     heard_ended(den, db.count(doc! {"queue": queue, "complete": true}).await).await;
     let task = db.task(id).await;
-    assert_eq!(task.get_i32("status").ok(), Some(1), "{task}");
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::SUCCEEDED),
+        "{task}"
+    );
     task
 }
 
@@ -274,7 +279,7 @@ async fn live_until(db: &TestDb, id: ObjectId, want: &str, seen: &mut Vec<String
             if text.contains(want) {
                 assert_eq!(
                     task.get_i32("status").ok(),
-                    Some(0),
+                    Some(status::RUNNING),
                     "{want:?} live: {task}"
                 );
                 return;

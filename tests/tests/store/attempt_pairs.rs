@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
+use disbatch_model::status;
 use disbatch_tests::faults::cutting_proxy::{After, CuttingProxy};
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use nix::sys::signal::{kill, Signal};
@@ -121,7 +122,7 @@ async fn history(db: &TestDb, task: ObjectId) -> Vec<(ObjectId, String)> {
 async fn assert_history_complete(db: &TestDb, task: ObjectId, lost: ObjectId) {
     db.wait_complete(&[task], Duration::from_secs(60)).await;
     let t = db.task(task).await;
-    assert_eq!(t.get_i32("status").ok(), Some(1), "{t:?}");
+    assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t:?}");
     let attempts = t.get_i32("attempts").expect("attempts") as usize;
     assert_eq!(
         attempts, 2,
@@ -167,7 +168,7 @@ async fn a_node_killed_between_recovering_a_task_and_recording_its_lost_attempt(
     let moved = db.task(task).await;
     assert_eq!(
         moved.get_i32("status").ok(),
-        Some(-2),
+        Some(status::QUEUED),
         "requeued: {moved:?}\n{cut:?}"
     );
     assert!(

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_model::QueueSort;
 use disbatch_store::{ClaimWindow, Pick, PickOutcome, Store};
 use disbatch_tests::TestDb;
@@ -76,7 +77,7 @@ async fn a_batch_is_claimed_in_order_and_each_task_comes_back_as_stored() {
         };
         let stored = db.task(task.get_object_id("_id").expect("id")).await;
         assert_eq!(**task, stored, "the runner gets the task as stored");
-        assert_eq!(stored.get_i32("status").ok(), Some(0));
+        assert_eq!(stored.get_i32("status").ok(), Some(status::RUNNING));
         assert_eq!(stored.get_str("node").ok(), Some("n1"));
         assert_eq!(stored.get_i64("slot").ok(), Some(pick.slot as i64));
         assert_eq!(stored.get_object_id("attempt").ok(), Some(pick.attempt));
@@ -154,7 +155,11 @@ async fn a_task_changed_since_it_was_read_is_not_claimed_blind() {
     assert_eq!(outcomes[2], PickOutcome::Lost, "deleted");
     assert!(matches!(outcomes[3], PickOutcome::Claimed(_)));
     let edited = db.task(ids[0]).await;
-    assert_eq!(edited.get_i32("status").ok(), Some(-2), "still queued");
+    assert_eq!(
+        edited.get_i32("status").ok(),
+        Some(status::QUEUED),
+        "still queued"
+    );
     assert_eq!(edited.get_document("params").ok(), Some(&doc! {"n": 100}));
     assert_eq!(db.task(ids[1]).await.get_str("node").ok(), Some("n2"));
     db.drop().await;
@@ -245,7 +250,10 @@ async fn claims_through_a_window_miss_nothing_and_skip_what_is_not_claimable() {
         expected.iter().copied().collect::<HashSet<_>>(),
         "every claimable task, legacy `node: -1` ones included"
     );
-    assert_eq!(db.task(not_due).await.get_i32("status").ok(), Some(-2));
+    assert_eq!(
+        db.task(not_due).await.get_i32("status").ok(),
+        Some(status::QUEUED)
+    );
     let untouched = db
         .count(doc! {"_id": {"$in": never.clone()}, "status": -2, "node": Bson::Null})
         .await;

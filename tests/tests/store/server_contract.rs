@@ -6,6 +6,7 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
+use disbatch_model::status;
 use disbatch_store::{conditional_by_id, BY_ID_WHEN as WHEN};
 use disbatch_tests::TestDb;
 
@@ -134,7 +135,7 @@ async fn a_pipeline_write_whose_conditions_hold_is_reported_modified_with_its_fi
         .expect("insert");
     assert_eq!(claim(&db, id, mtime).await, (1, 1));
     let t = task(&db, id).await;
-    assert_eq!(t.get_i32("status"), Ok(0));
+    assert_eq!(t.get_i32("status"), Ok(status::RUNNING));
     assert_eq!(t.get_str("node"), Ok("n1"));
     assert_eq!(t.get_i32("slot"), Ok(3));
     assert_eq!(

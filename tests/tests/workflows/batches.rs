@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
 use serde_json::{json, Value};
 
@@ -81,11 +82,15 @@ async fn a_batch_callback_runs_exactly_once_when_its_last_two_members_end_togeth
             2,
             "rep {rep}: the last two members run on two nodes"
         );
-        assert_eq!(status(&db, callback).await, Some(-4), "rep {rep}: waiting");
+        assert_eq!(
+            status(&db, callback).await,
+            Some(status::BLOCKED),
+            "rep {rep}: waiting"
+        );
         // Both end together: one gate.
         std::fs::write(&gate, "").expect("open the gate");
         wait_for("the callback to end", Duration::from_secs(60), || async {
-            status(&db, callback).await == Some(1)
+            status(&db, callback).await == Some(status::SUCCEEDED)
         })
         .await;
         callbacks.push(callback);
@@ -129,7 +134,7 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
     let batch = out["batch"].as_str().expect("batch").to_string();
     let callback = oid(&out["callback"]);
     wait_for("the callback to end", Duration::from_secs(60), || async {
-        status(&db, callback).await == Some(1)
+        status(&db, callback).await == Some(status::SUCCEEDED)
     })
     .await;
     let params = db
@@ -215,7 +220,7 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
     .await;
     assert_eq!(
         status(&db, held_callback).await,
-        Some(-5),
+        Some(status::CANCELLED),
         "the callback is cancelled"
     );
     assert!(db.attempts(held_callback).await.is_empty(), "and never ran");
@@ -352,8 +357,8 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
         .post(&format!("/batches/{}/cancel", doomed.to_hex()), json!({}))
         .await;
     assert_eq!((s, &out["cancelled"]), (200, &json!(2)), "{out}");
-    assert_eq!(status(&db, doomed_member).await, Some(-5));
-    assert_eq!(status(&db, doomed_callback).await, Some(-5));
+    assert_eq!(status(&db, doomed_member).await, Some(status::CANCELLED));
+    assert_eq!(status(&db, doomed_callback).await, Some(status::CANCELLED));
     for k in 10..20 {
         let (s, out) = dci.post("/batches", batch(json!({"healthy": k}))).await;
         assert_eq!(s, 200, "{out}");
@@ -368,7 +373,7 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
         Duration::from_secs(120),
         || async {
             for id in &ran {
-                if status(&db, *id).await != Some(1) {
+                if status(&db, *id).await != Some(status::SUCCEEDED) {
                     return false;
                 }
             }
@@ -379,7 +384,7 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
     wait_for(
         "the grown callback failed",
         Duration::from_secs(60),
-        || async { status(&db, grown).await == Some(2) },
+        || async { status(&db, grown).await == Some(status::FAILED) },
     )
     .await;
     let task = db.task(grown).await;

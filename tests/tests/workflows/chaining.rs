@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bson::doc;
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
@@ -36,7 +37,7 @@ async fn succeeded_output_chains_into_the_then_queue_in_every_form() {
 
     let m1 = db.unit(next, "m1").await.expect("m1");
     assert_eq!(m1.get_document("params").ok(), Some(&doc! {"x": 1}));
-    assert_eq!(m1.get_i32("status").ok(), Some(-2));
+    assert_eq!(m1.get_i32("status").ok(), Some(status::QUEUED));
     assert!(db.unit(next, "m2").await.is_some());
     assert!(db.unit(next, "l1").await.is_some());
     let l2 = db.unit(next, "l2").await.expect("l2");
@@ -95,7 +96,7 @@ async fn chaining_updates_existing_units_and_tolerates_a_missing_then_queue() {
             db.unit(next, "k")
                 .await
                 .and_then(|u| u.get_i32("status").ok())
-                == Some(-2)
+                == Some(status::QUEUED)
         },
     )
     .await;
@@ -103,7 +104,7 @@ async fn chaining_updates_existing_units_and_tolerates_a_missing_then_queue() {
     assert_eq!(k.get_document("params").ok(), Some(&doc! {"new": true}));
     assert_eq!(
         db.task(b[0]).await.get_i32("status").ok(),
-        Some(1),
+        Some(status::SUCCEEDED),
         "a missing then queue never fails the task"
     );
     // The runner chains after its result is stored: the line may come a moment later.

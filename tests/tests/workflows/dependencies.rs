@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
+use disbatch_model::status;
 use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
 use serde_json::{json, Value};
 
@@ -128,7 +129,7 @@ async fn graph_on_three_dens(test: &str, kill_one: bool) {
         wait_for(
             "the diamond's top to end",
             Duration::from_secs(120),
-            || async { db.task(top).await.get_i32("status") == Ok(1) },
+            || async { db.task(top).await.get_i32("status") == Ok(status::SUCCEEDED) },
         )
         .await;
         dens[1].kill_hard();
@@ -224,7 +225,7 @@ async fn a_failure_cancels_what_waits_on_it_with_the_reason_unless_it_runs_anywa
         .await;
     assert_eq!(s, 200, "{made}");
     let late = oid(&made["MongoDB::InsertManyResult"]["inserted"][0]["_id"]);
-    assert_eq!(status(&db.task(late).await), -5);
+    assert_eq!(status(&db.task(late).await), status::CANCELLED);
     let (s, made) = dci
         .post(
             "/tasks",
@@ -235,7 +236,7 @@ async fn a_failure_cancels_what_waits_on_it_with_the_reason_unless_it_runs_anywa
     let runs_anyway = oid(&made["MongoDB::InsertManyResult"]["inserted"][0]["_id"]);
     db.wait_complete(&[runs_anyway], Duration::from_secs(60))
         .await;
-    assert_eq!(status(&db.task(runs_anyway).await), 1);
+    assert_eq!(status(&db.task(runs_anyway).await), status::SUCCEEDED);
     // A queue's default policy applies where the task names none.
     db.insert_queue("lenient", "echo", 4).await;
     let (s, q) = dci.get("/queues/lenient").await;
@@ -314,7 +315,7 @@ async fn a_waiting_task_is_blocked_until_its_dependency_succeeds_and_units_can_w
     assert_eq!(again["busy"], json!(["u"]), "{again}");
     for waiting in [second, unit] {
         let t = db.task(waiting).await;
-        assert_eq!(t.get_i32("status"), Ok(-4), "{t}");
+        assert_eq!(t.get_i32("status"), Ok(status::BLOCKED), "{t}");
         assert!(t.get_array("waiting_on").is_ok_and(|w| w.len() == 1), "{t}");
     }
     std::fs::write(&gate, "").expect("open the gate");
@@ -322,7 +323,7 @@ async fn a_waiting_task_is_blocked_until_its_dependency_succeeds_and_units_can_w
         .await;
     for t in [second, unit] {
         let t = db.task(t).await;
-        assert_eq!(t.get_i32("status"), Ok(1), "{t}");
+        assert_eq!(t.get_i32("status"), Ok(status::SUCCEEDED), "{t}");
         assert!(
             t.get("waiting_on").is_none(),
             "released tasks wait on nothing: {t}"
@@ -538,7 +539,10 @@ async fn a_task_others_wait_on_cannot_be_deleted_until_its_end_is_settled() {
         );
         assert!(db.task(id).await.get_i32("status").is_ok(), "still stored");
     }
-    assert_eq!(db.task(dependent).await.get_i32("status").ok(), Some(-4));
+    assert_eq!(
+        db.task(dependent).await.get_i32("status").ok(),
+        Some(status::BLOCKED)
+    );
     // Cancelled, its dependents are settled by their policy; then it goes.
     for id in [dependency, member] {
         let (s, out) = dci
@@ -551,8 +555,8 @@ async fn a_task_others_wait_on_cannot_be_deleted_until_its_end_is_settled() {
         "the dependents settled",
         Duration::from_secs(60),
         || async {
-            db.task(dependent).await.get_i32("status").ok() == Some(-5)
-                && db.task(callback).await.get_i32("status").ok() == Some(-2)
+            db.task(dependent).await.get_i32("status").ok() == Some(status::CANCELLED)
+                && db.task(callback).await.get_i32("status").ok() == Some(status::QUEUED)
         },
     )
     .await;
@@ -586,7 +590,10 @@ async fn a_task_others_wait_on_cannot_be_deleted_until_its_end_is_settled() {
         )
         .await;
     assert_eq!(s, 200, "{out}");
-    assert_eq!(db.task(released).await.get_i32("status").ok(), Some(-2));
+    assert_eq!(
+        db.task(released).await.get_i32("status").ok(),
+        Some(status::QUEUED)
+    );
     drop(dci);
     db.drop().await;
 }

@@ -5,6 +5,7 @@
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_model::workflow::OnDependencyFailure;
 use disbatch_store::{BatchTask, Settled, Store, Waits};
 use disbatch_tests::TestDb;
@@ -91,12 +92,12 @@ async fn a_long_fan_in_is_released_once_and_only_after_its_last_dependency_by_ra
     end(&db, most, 1).await;
     let first = settle_racing(&settlers, most).await;
     assert_eq!(first.released, 1, "only the short waiter: {first:?}");
-    assert_eq!(db.task(short).await.get_i32("status"), Ok(-2));
+    assert_eq!(db.task(short).await.get_i32("status"), Ok(status::QUEUED));
     let m = db.task(merge).await;
     let waits = m.get_array("waiting_on").map(|a| a.len());
     assert_eq!(
         m.get_i32("status"),
-        Ok(-4),
+        Ok(status::BLOCKED),
         "still waiting ({waits:?} left)"
     );
     let left: Vec<ObjectId> = m
@@ -116,7 +117,7 @@ async fn a_long_fan_in_is_released_once_and_only_after_its_last_dependency_by_ra
     let second = settle_racing(&settlers, &[*last]).await;
     assert_eq!(second.released, 1, "released exactly once: {second:?}");
     let m = db.task(merge).await;
-    assert_eq!(m.get_i32("status"), Ok(-2));
+    assert_eq!(m.get_i32("status"), Ok(status::QUEUED));
     assert!(
         m.get("waiting_on").is_none(),
         "released: nothing left to wait on"
@@ -160,7 +161,7 @@ async fn a_failure_deep_in_a_long_list_cancels_the_waiter_naming_that_dependency
     let s = settle_racing(&settlers, &[other, failing]).await;
     assert_eq!(s.cancelled, 1, "{s:?}");
     let c = db.task(cancelled).await;
-    assert_eq!(c.get_i32("status"), Ok(-5), "cancelled");
+    assert_eq!(c.get_i32("status"), Ok(status::CANCELLED), "cancelled");
     let reason = c.get_str("cancel_reason").unwrap_or_default().to_string();
     assert!(
         reason.contains(&failing.to_hex())
@@ -171,12 +172,12 @@ async fn a_failure_deep_in_a_long_list_cancels_the_waiter_naming_that_dependency
     // "run" keeps waiting for the rest, then runs.
     let rest: Vec<ObjectId> = deps.iter().copied().filter(|d| *d != failing).collect();
     let r = db.task(runs).await;
-    assert_eq!(r.get_i32("status"), Ok(-4));
+    assert_eq!(r.get_i32("status"), Ok(status::BLOCKED));
     assert_eq!(r.get_array("waiting_on").map(|a| a.len()), Ok(LONG - 1));
     end(&db, &rest, 1).await;
     let s = settle_racing(&settlers, &rest).await;
     assert_eq!(s.released, 1, "{s:?}");
-    assert_eq!(db.task(runs).await.get_i32("status"), Ok(-2));
+    assert_eq!(db.task(runs).await.get_i32("status"), Ok(status::QUEUED));
 }
 
 #[tokio::test]
@@ -207,7 +208,11 @@ async fn a_big_batch_releases_its_callback_once_with_the_outcome_when_settlers_r
     let s = settle_racing(&settlers, &batch.members).await;
     assert_eq!((s.callbacks, s.released), (1, 1), "{s:?}");
     let t = db.task(cb).await;
-    assert_eq!(t.get_i32("status"), Ok(-2), "the callback is queued");
+    assert_eq!(
+        t.get_i32("status"),
+        Ok(status::QUEUED),
+        "the callback is queued"
+    );
     let outcome = t
         .get_document("params")
         .and_then(|p| p.get_document("batch"))
@@ -256,14 +261,18 @@ async fn waits_written_by_hand_in_odd_shapes_never_stop_the_others_from_being_re
         s.released, 2,
         "the lone id's task and the untouched one: {s:?}"
     );
-    assert_eq!(db.task(ids[0]).await.get_i32("status"), Ok(-2));
-    assert_eq!(db.task(ids[3]).await.get_i32("status"), Ok(-2));
+    assert_eq!(db.task(ids[0]).await.get_i32("status"), Ok(status::QUEUED));
+    assert_eq!(db.task(ids[3]).await.get_i32("status"), Ok(status::QUEUED));
     let odd = db.task(ids[1]).await;
-    assert_eq!(odd.get_i32("status"), Ok(-4), "waits on what never ends");
+    assert_eq!(
+        odd.get_i32("status"),
+        Ok(status::BLOCKED),
+        "waits on what never ends"
+    );
     assert_eq!(
         odd.get_array("waiting_on").map(|a| a.len()),
         Ok(1),
         "the ended id is counted off, the odd value stays"
     );
-    assert_eq!(db.task(ids[2]).await.get_i32("status"), Ok(-4));
+    assert_eq!(db.task(ids[2]).await.get_i32("status"), Ok(status::BLOCKED));
 }
