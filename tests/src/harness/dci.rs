@@ -123,6 +123,12 @@ impl Dci {
         response(self.http.get(self.at(path)).send().await).await
     }
 
+    /// The HTTP status of `GET path` with a bearer token.
+    pub async fn status_with_token(&self, path: &str, token: &str) -> u16 {
+        let sent = self.http.get(self.at(path)).bearer_auth(token).send().await;
+        sent.expect("request").status().as_u16()
+    }
+
     /// A request with a JSON body, returning (status, JSON body).
     pub async fn send(
         &self,

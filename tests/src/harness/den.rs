@@ -179,13 +179,7 @@ impl Den {
 
     /// Its metrics as exposed (`GET /metrics`).
     pub async fn scrape(&self) -> String {
-        let url = self.metrics_url().await;
-        reqwest::get(format!("{url}/metrics"))
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics text")
+        super::scrape(&self.metrics_url().await).await
     }
 
     /// The value of one sample of its metrics (`name{labels}` exactly as exposed), 0 when absent.

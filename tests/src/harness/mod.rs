@@ -9,6 +9,8 @@ pub mod cleanup;
 mod dci;
 mod den;
 pub mod docs;
+pub mod fleet;
+pub mod procs;
 pub mod restartable;
 mod server;
 
@@ -23,6 +25,8 @@ use mongodb::{Client, Collection, Database};
 pub use browser::{screenshot_dir, Browser};
 pub use dci::{Dci, Launch};
 pub use den::{write_config, Den};
+pub use fleet::{leader, leader_lease, runner_of, wait_leader, wait_runner_of};
+pub use procs::{alive, pid_of, processes_of_attempt, running_process};
 pub use server::{server_uri, start_auth_server, start_tls_auth_server, ServerTls};
 
 /// Where cargo put the workspace binaries: beside this executable, or one level up from
@@ -147,6 +151,11 @@ impl TestDb {
             .expect("connect");
         store.ensure_indexes().await.expect("indexes");
         store
+    }
+
+    /// A task's status code (`disbatch_model::status`), None when it has none.
+    pub async fn task_status(&self, id: ObjectId) -> Option<i32> {
+        self.task(id).await.get_i32("status").ok()
     }
 
     /// A task as stored, decoded byte for byte (Extended-JSON-shaped values stay documents).
@@ -353,6 +362,25 @@ where
         );
         backoff.wait().await;
     }
+}
+
+/// Waits up to 30 s until `log` holds `needle` at least `times` times.
+pub async fn wait_for_log(what: &str, log: impl Fn() -> String, needle: &str, times: usize) {
+    wait_for(what, Duration::from_secs(30), || {
+        let found = log().matches(needle).count() >= times;
+        async move { found }
+    })
+    .await;
+}
+
+/// The text of `GET {base}/metrics`.
+pub async fn scrape(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text")
 }
 
 /// A wait's deadline, stretched by `DISBATCH_TEST_SLOWDOWN` (a factor, default 1) for slow

@@ -428,3 +428,36 @@ pub fn is_json(body: &[u8]) -> bool {
     de.disable_recursion_limit();
     Value::deserialize(&mut de).is_ok() && de.end().is_ok()
 }
+
+/// A collection's documents in `_id` order.
+pub async fn documents(c: mongodb::Collection<Document>) -> Vec<Document> {
+    let mut cursor = c.find(doc! {}).sort(doc! {"_id": 1}).await.expect("find");
+    let mut out = Vec::new();
+    while cursor.advance().await.expect("cursor") {
+        out.push(Document::try_from(cursor.current()).expect("document"));
+    }
+    out
+}
+
+/// The queues', tasks' and nodes' documents in `_id` order: the work a bad request must leave
+/// as it was.
+pub async fn snapshot_of_work(db: &TestDb) -> Vec<(String, Vec<Document>)> {
+    let mut out = Vec::new();
+    for name in ["queues", "tasks", "nodes"] {
+        let docs = documents(db.db.collection::<Document>(name)).await;
+        out.push((name.to_string(), docs));
+    }
+    out
+}
+
+/// Every collection's documents: what "nothing changed" compares.
+pub async fn snapshot(db: &TestDb) -> Vec<(String, Vec<Document>)> {
+    let mut names = db.db.list_collection_names().await.expect("collections");
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let docs = documents(db.db.collection::<Document>(&name)).await;
+        out.push((name, docs));
+    }
+    out
+}

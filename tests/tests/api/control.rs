@@ -10,10 +10,6 @@ use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
 use reqwest::Method;
 use serde_json::json;
 
-async fn status(db: &TestDb, id: ObjectId) -> i32 {
-    db.task(id).await.get_i32("status").expect("status")
-}
-
 /// Tasks with the given statuses in a paused queue.
 async fn tasks_with(db: &TestDb, statuses: &[i32]) -> Vec<ObjectId> {
     let queue = db.insert_queue("paused", "echo", 0).await;
@@ -124,7 +120,11 @@ async fn queued_and_blocked_tasks_are_cancelled_others_conflict() {
             text.contains(&ids[i].to_hex()) && text.contains(&format!("status {s}")),
             "{text}"
         );
-        assert_eq!(status(&db, ids[i]).await, s, "unchanged");
+        assert_eq!(
+            db.task_status(ids[i]).await.expect("status"),
+            s,
+            "unchanged"
+        );
     }
 
     let unknown = ObjectId::new().to_hex();
@@ -194,7 +194,7 @@ async fn finished_orphaned_cancelled_and_terminated_tasks_are_requeued() {
                 .is_some_and(|e| e.contains(&format!("status {s}"))),
             "{body}"
         );
-        assert_eq!(status(&db, ids[i]).await, s);
+        assert_eq!(db.task_status(ids[i]).await.expect("status"), s);
     }
     for (i, s) in [(8, status::RUNNING), (9, status::CLAIMED)] {
         let (code, body) = dci.post(&retry(ids[i]), json!({})).await;
@@ -203,7 +203,7 @@ async fn finished_orphaned_cancelled_and_terminated_tasks_are_requeued() {
             ids[i].to_hex()
         );
         assert_eq!((code, body), (409, error(&text)));
-        assert_eq!(status(&db, ids[i]).await, s);
+        assert_eq!(db.task_status(ids[i]).await.expect("status"), s);
     }
     // A task retried once is queued now, so a second retry conflicts.
     let (code, _) = dci.post(&retry(ids[0]), json!({})).await;
@@ -323,7 +323,7 @@ async fn a_running_task_cannot_be_retried_or_deleted() {
 
     std::fs::write(&gate, "").expect("open the gate");
     db.wait_complete(&[id], Duration::from_secs(60)).await;
-    assert_eq!(status(&db, id).await, status::SUCCEEDED);
+    assert_eq!(db.task_status(id).await.expect("status"), status::SUCCEEDED);
     let (code, body) = dci
         .send(Method::DELETE, &format!("/tasks/{hex}"), json!({}))
         .await;

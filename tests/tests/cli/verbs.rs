@@ -20,7 +20,7 @@ fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn status(out: &Output) -> Option<i32> {
+fn exit_code(out: &Output) -> Option<i32> {
     out.status.code()
 }
 
@@ -87,7 +87,7 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
     // Pause, units while paused (none can be claimed), resume.
     assert!(ok(&dci.cli(&["pause", "q"])).contains("Paused queue q"));
     let again = dci.cli(&["pause", "q"]);
-    assert_eq!(status(&again), Some(4), "a conflict exits 4: {again:?}");
+    assert_eq!(exit_code(&again), Some(4), "a conflict exits 4: {again:?}");
     let units = ok(&dci.cli(&[
         "units",
         "q",
@@ -148,16 +148,24 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
 
     // Exit statuses by class.
     let missing = dci.cli(&["task", &ObjectId::new().to_hex()]);
-    assert_eq!(status(&missing), Some(3), "not found exits 3: {missing:?}");
+    assert_eq!(
+        exit_code(&missing),
+        Some(3),
+        "not found exits 3: {missing:?}"
+    );
     let missing = dci.cli(&["attempts", &ObjectId::new().to_hex()]);
-    assert_eq!(status(&missing), Some(3), "not found exits 3: {missing:?}");
+    assert_eq!(
+        exit_code(&missing),
+        Some(3),
+        "not found exits 3: {missing:?}"
+    );
     let odd = dci.cli(&["update-queue", "q", "threads"]);
-    assert_eq!(status(&odd), Some(2), "usage exits 2: {odd:?}");
+    assert_eq!(exit_code(&odd), Some(2), "usage exits 2: {odd:?}");
     let bad_json = dci.cli(&["create-tasks", "q", "{bad"]);
-    assert_eq!(status(&bad_json), Some(2), "usage exits 2: {bad_json:?}");
+    assert_eq!(exit_code(&bad_json), Some(2), "usage exits 2: {bad_json:?}");
     let refused = dci.cli(&["update-queue", "q", "threads", "-1"]);
     assert_eq!(
-        status(&refused),
+        exit_code(&refused),
         Some(2),
         "a request the server rejects exits 2: {refused:?}"
     );
@@ -166,12 +174,12 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
         .output()
         .expect("run disbatch");
     assert_eq!(
-        status(&unreachable),
+        exit_code(&unreachable),
         Some(5),
         "unreachable exits 5: {unreachable:?}"
     );
     let usage = dci.cli(&["no-such-verb"]);
-    assert_eq!(status(&usage), Some(2));
+    assert_eq!(exit_code(&usage), Some(2));
     // Disbatch's body names no queue (the Perl CLI prints it as it is); ours says which.
     for args in [
         &["create-task", "nosuchq", "a=1"][..],
@@ -183,7 +191,7 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
             said.contains("queue not found: \"nosuchq\""),
             "{args:?}: {said}"
         );
-        assert_eq!(status(&out), Some(2), "{args:?}");
+        assert_eq!(exit_code(&out), Some(2), "{args:?}");
     }
 
     // The task's attempts.
@@ -218,7 +226,7 @@ fn a_mistyped_option_is_suggested_without_a_usage_line_that_requires_it() {
             .args(args)
             .output()
             .expect("run disbatch");
-        assert_eq!(status(&out), Some(2), "usage exits 2: {out:?}");
+        assert_eq!(exit_code(&out), Some(2), "usage exits 2: {out:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let top = run(&["--ur", "http://x:1", "queues"]);

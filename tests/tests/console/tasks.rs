@@ -7,16 +7,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, Launch, TestDb};
 use fantoccini::Locator;
 use serde_json::{json, Value};
-
-async fn status(db: &TestDb, id: ObjectId) -> Option<i32> {
-    db.task(id).await.get_i32("status").ok()
-}
 
 /// The outcomes the attempts table shows, in order.
 async fn shown_outcomes(b: &Browser) -> Vec<String> {
@@ -157,7 +152,11 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     let den = Den::start(&config, "n1");
     db.wait_complete(&[flaky], Duration::from_secs(30)).await;
     db.wait_complete(&failing, Duration::from_secs(30)).await;
-    assert_eq!(status(&db, flaky).await, Some(status::FAILED), "timed out");
+    assert_eq!(
+        db.task_status(flaky).await,
+        Some(status::FAILED),
+        "timed out"
+    );
 
     let b = Browser::start(1280, 900).await;
     b.record_csp_violations().await;
@@ -185,7 +184,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
 
     // 2. Cancel a running task from its page, after confirming.
     wait_for("the sleeper to run", Duration::from_secs(20), || async {
-        status(&db, sleeper).await == Some(status::RUNNING)
+        db.task_status(sleeper).await == Some(status::RUNNING)
     })
     .await;
     b.open(&format!("{}/#/task/{}", dci.url, sleeper.to_hex()), "task")
@@ -203,7 +202,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     let sent = requests(&dci_log, before_decline);
     assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
     assert_eq!(
-        status(&db, sleeper).await,
+        db.task_status(sleeper).await,
         Some(status::RUNNING),
         "declined: still running"
     );
@@ -218,7 +217,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     wait_for(
         "the running task to be cancelled",
         Duration::from_secs(20),
-        || async { status(&db, sleeper).await == Some(status::CANCELLED) },
+        || async { db.task_status(sleeper).await == Some(status::CANCELLED) },
     )
     .await;
     b.wait_text("#task-status", "cancelled", |t| t.contains("cancelled"))
@@ -256,7 +255,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     .await;
     assert_eq!(cell(&b, "bulk", "failed").await.trim(), "0");
     for id in &failing {
-        assert_eq!(status(&db, *id).await, Some(status::QUEUED));
+        assert_eq!(db.task_status(*id).await, Some(status::QUEUED));
     }
     b.screenshot("queues-after-retry").await;
 
@@ -274,7 +273,7 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     )
     .await;
     for id in &failing {
-        assert_eq!(status(&db, *id).await, Some(status::CANCELLED));
+        assert_eq!(db.task_status(*id).await, Some(status::CANCELLED));
     }
     let plugin = b.find("tr[data-queue=\"bulk\"] select.plugin").await;
     let other = b
@@ -362,7 +361,7 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         .await[0];
     let den = Den::start(&config, "n1");
     wait_for("the sleeper to run", Duration::from_secs(20), || async {
-        status(&db, sleeper).await == Some(status::RUNNING)
+        db.task_status(sleeper).await == Some(status::RUNNING)
     })
     .await;
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
+use disbatch_tests::processes_of_attempt;
 use disbatch_tests::{read_lines, wait_for, write_config, Backoff, Den, TestDb};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -41,21 +42,6 @@ async fn running_attempt(db: &TestDb, id: ObjectId) -> (Pid, ObjectId) {
         found = pid.map(|p| (Pid::from_raw(p as i32), attempt));
     }
     found.expect("found")
-}
-
-/// Processes whose environment names this attempt: its plugin, while it lives.
-fn processes_of_attempt(attempt: ObjectId) -> Vec<u32> {
-    let needle = format!("DISBATCH_ATTEMPT={}", attempt.to_hex());
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
-        })
-        .collect()
 }
 
 /// Whether a process has exited: gone, or a zombie left for its parent to reap.

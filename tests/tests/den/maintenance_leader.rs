@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
 use disbatch_model::status;
+use disbatch_tests::wait_leader;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
@@ -19,35 +20,6 @@ async fn lease(db: &TestDb) -> Option<(String, i64)> {
         .expect("lease")?;
     let owner = lease.get_str("owner").ok()?.to_string();
     Some((owner, lease.get_datetime("until").ok()?.timestamp_millis()))
-}
-
-async fn leader(db: &TestDb) -> Option<String> {
-    let lease = db
-        .db
-        .collection::<Document>("leases")
-        .find_one(doc! {"_id": "maintenance"})
-        .await
-        .expect("lease")?;
-    let until = lease.get_datetime("until").ok()?;
-    (until.timestamp_millis() > DateTime::now().timestamp_millis())
-        .then(|| lease.get_str("owner").ok().map(str::to_string))
-        .flatten()
-}
-
-async fn wait_leader(db: &TestDb, not: Option<&str>) -> String {
-    let found = std::cell::RefCell::new(None);
-    wait_for(
-        "a new maintenance leader",
-        Duration::from_secs(30),
-        || async {
-            let l = leader(db).await.filter(|l| Some(l.as_str()) != not);
-            let some = l.is_some();
-            *found.borrow_mut() = l;
-            some
-        },
-    )
-    .await;
-    found.into_inner().expect("a leader")
 }
 
 /// The maintenance lease at 100 ms passes: 15 intervals (den/src/node.rs).
@@ -81,7 +53,7 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
         .iter()
         .map(|n| Den::start(&config, n))
         .collect();
-    let first = wait_leader(&db, None).await;
+    let first = wait_leader(&db, None, Duration::from_secs(30)).await;
     let first_task = lost_task(&db, queue).await;
     wait_for(
         "the leader to recover the task",
@@ -134,7 +106,7 @@ async fn one_node_leads_maintenance_and_another_takes_over_when_it_dies() {
         ahead <= LEASE_MS,
         "the lease reaches {ahead} ms ahead, longer than {LEASE_MS} ms"
     );
-    let second = wait_leader(&db, Some(&first)).await;
+    let second = wait_leader(&db, Some(&first), Duration::from_secs(30)).await;
     println!(
         "maintenance leader {first} killed; {second} leads after {:?}",
         killed.elapsed()

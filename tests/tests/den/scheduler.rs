@@ -16,8 +16,8 @@ async fn cap_node(db: &TestDb, node: &str, maxthreads: i32) {
         .expect("node doc");
 }
 
-async fn running(db: &TestDb, queue: bson::oid::ObjectId) -> u64 {
-    db.count(doc! {"queue": queue, "status": {"$in": [-1, 0]}})
+async fn claimed_or_running(db: &TestDb, queue: bson::oid::ObjectId) -> u64 {
+    db.count(doc! {"queue": queue, "status": {"$in": [status::CLAIMED, status::RUNNING]}})
         .await
 }
 
@@ -144,10 +144,13 @@ async fn weights_split_a_node_between_queues_of_equal_priority() {
     }
     let den = Den::start(&config, "n1");
     wait_for("the node to fill", Duration::from_secs(60), || async {
-        running(&db, light).await + running(&db, heavy).await == 11
+        claimed_or_running(&db, light).await + claimed_or_running(&db, heavy).await == 11
     })
     .await;
-    let (l, h) = (running(&db, light).await, running(&db, heavy).await);
+    let (l, h) = (
+        claimed_or_running(&db, light).await,
+        claimed_or_running(&db, heavy).await,
+    );
     assert!(
         (1..=3).contains(&l) && h >= 8,
         "weights 1 : 10 over 11 slots gave {l} : {h}"

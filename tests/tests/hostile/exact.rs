@@ -6,6 +6,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_tests::hostile::requests::request;
+use disbatch_tests::hostile::snapshot_of_work;
 use disbatch_tests::hostile::{crashes, raw_http, LoggedDci};
 use disbatch_tests::{write_config, TestDb};
 use serde_json::{json, Value};
@@ -276,25 +277,6 @@ fn cases(queue: ObjectId) -> Vec<Case> {
     out
 }
 
-async fn snapshot(db: &TestDb) -> Vec<(String, Vec<Document>)> {
-    let mut out = Vec::new();
-    for name in ["queues", "tasks", "nodes"] {
-        let mut cursor = db
-            .db
-            .collection::<Document>(name)
-            .find(doc! {})
-            .sort(doc! {"_id": 1})
-            .await
-            .expect("find");
-        let mut docs = Vec::new();
-        while cursor.advance().await.expect("advance") {
-            docs.push(cursor.deserialize_current().expect("document"));
-        }
-        out.push((name.to_string(), docs));
-    }
-    out
-}
-
 #[tokio::test]
 async fn known_bad_requests_get_exactly_their_status_and_change_nothing() {
     let db = TestDb::new("hostile_exact").await;
@@ -314,7 +296,7 @@ async fn known_bad_requests_get_exactly_their_status_and_change_nothing() {
         json!({"web_extensions": {"Disbatch::Web::Tasks": null}, "web": {"max_body_bytes": 200_000}}),
     );
     let mut dci = LoggedDci::start(&config, &db.path("dci.log"));
-    let before = snapshot(&db).await;
+    let before = snapshot_of_work(&db).await;
 
     let mut all = cases(queue);
     all.push(case(
@@ -375,7 +357,7 @@ async fn known_bad_requests_get_exactly_their_status_and_change_nothing() {
         failures.join("\n")
     );
     assert_eq!(
-        snapshot(&db).await,
+        snapshot_of_work(&db).await,
         before,
         "a refused request changed the database"
     );

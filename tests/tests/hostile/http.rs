@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
+use disbatch_tests::hostile::snapshot;
 use disbatch_tests::hostile::{fill, openapi_routes, raw_http, LoggedDci, RawResponse};
 use disbatch_tests::{write_config, TestDb};
 use serde_json::{json, Value};
@@ -44,28 +45,6 @@ fn error_of(r: &RawResponse) -> String {
     );
     let v: Value = serde_json::from_slice(&r.body).expect("JSON body");
     v["error"].as_str().unwrap_or_default().to_string()
-}
-
-/// Every document of a collection, sorted by `_id`.
-async fn collect_docs(c: mongodb::Collection<Document>) -> Vec<Document> {
-    let mut cursor = c.find(doc! {}).sort(doc! {"_id": 1}).await.expect("find");
-    let mut out = Vec::new();
-    while cursor.advance().await.expect("cursor") {
-        out.push(Document::try_from(cursor.current()).expect("document"));
-    }
-    out
-}
-
-/// Every collection's documents: what "nothing changed" compares.
-async fn snapshot(db: &TestDb) -> Vec<(String, Vec<Document>)> {
-    let mut names = db.db.list_collection_names().await.expect("collections");
-    names.sort();
-    let mut out = Vec::new();
-    for name in names {
-        let docs = collect_docs(db.db.collection::<Document>(&name)).await;
-        out.push((name, docs));
-    }
-    out
 }
 
 struct Site {

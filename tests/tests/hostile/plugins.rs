@@ -12,6 +12,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_config::plugin_env::PluginEnv;
 use disbatch_model::status;
+use disbatch_tests::running_process;
 use disbatch_tests::{bin_path, write_config, Den, TestDb};
 use serde_json::{json, Value};
 
@@ -491,13 +492,6 @@ async fn run_as_nobody(program: &Path, args: &[&str]) -> Result<(Option<i32>, St
     ))
 }
 
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
-    })
-}
-
 /// What a plugin leaves running when it exits normally dies with its run: a background job
 /// in its process group, and a daemon in a session of its own, which would otherwise write
 /// into files and outputs that are no longer its own.
@@ -535,7 +529,7 @@ exit 0"#,
     };
     let (job, daemon) = (pid("job"), pid("daemon"));
     disbatch_tests::wait_for("the leftovers gone", Duration::from_secs(30), || async {
-        !running(job) && !running(daemon)
+        !running_process(job) && !running_process(daemon)
     })
     .await;
     drop(den);

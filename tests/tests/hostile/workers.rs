@@ -2,12 +2,13 @@
 //! stderr that forges lines in the node's log, a grandchild left behind to write into later
 //! tasks. The host must fail the task, stay small, log escaped text and leave no process.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bson::doc;
 use bson::oid::ObjectId;
 use disbatch_model::status;
+use disbatch_tests::alive;
 use disbatch_tests::bench::procfs;
 use disbatch_tests::{scaled, wait_for, write_config, Den, TestDb};
 use serde_json::json;
@@ -33,13 +34,6 @@ fn worker_host(den: &Den) -> Option<u32> {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"--worker-host"))
         })
-}
-
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
 }
 
 /// The start of a worker's script: says ready, reads one task and finds its attempt.

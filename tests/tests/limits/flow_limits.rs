@@ -9,32 +9,11 @@ use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
 use disbatch_tests::claim_order::wait_sharers;
+use disbatch_tests::wait_runner_of;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use futures::TryStreamExt;
 use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use serde_json::json;
-
-/// The pid of `node`'s runner of `task`, from the node's heartbeat.
-async fn runner_of(db: &TestDb, node: &str, task: ObjectId) -> Pid {
-    let found = || async {
-        let n = db.node(node).await;
-        n.get_array("runners").ok().and_then(|runners| {
-            runners.iter().find_map(|r| {
-                let r = r.as_document()?;
-                let pid = r.get_i64("pid").ok().and_then(|p| i32::try_from(p).ok())?;
-                (r.get_object_id("task").ok() == Some(task) && pid > 0).then_some(pid)
-            })
-        })
-    };
-    wait_for(
-        "the runner on the heartbeat",
-        Duration::from_secs(60),
-        || async { found().await.is_some() },
-    )
-    .await;
-    Pid::from_raw(found().await.expect("a runner's pid"))
-}
 
 /// Every attempt record of `queue`: (task, start ms, end ms), by start.
 async fn attempts(db: &TestDb, queue: ObjectId) -> Vec<(ObjectId, i64, i64)> {
@@ -449,7 +428,7 @@ async fn a_retry_keeps_its_place_and_a_dead_nodes_key_slot_comes_back() {
     );
     assert_eq!(first.get_i32("attempts").ok(), Some(2), "{first}");
     // The node and its runner die: only recovery can give the key slot back.
-    let runner = runner_of(&db, "n1", ids[1]).await;
+    let runner = wait_runner_of(&db, "n1", ids[1]).await;
     n1.kill_hard();
     kill(runner, Signal::SIGKILL).expect("kill the runner");
     let n2 = Den::start(&config, "n2");

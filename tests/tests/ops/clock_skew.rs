@@ -41,7 +41,7 @@ async fn server_ms(db: &TestDb) -> i64 {
 }
 
 /// The maintenance lease's owner while it runs, on the server's clock.
-async fn leader(db: &TestDb) -> Option<String> {
+async fn leader_on_server_clock(db: &TestDb) -> Option<String> {
     let lease = db
         .db
         .collection::<Document>("leases")
@@ -53,11 +53,11 @@ async fn leader(db: &TestDb) -> Option<String> {
     (until > server_ms(db).await).then_some(owner)
 }
 
-async fn wait_leader(db: &TestDb, node: &str) {
+async fn wait_until_leader(db: &TestDb, node: &str) {
     wait_for(
         &format!("{node} to lead the maintenance"),
         Duration::from_secs(60),
-        || async { leader(db).await.as_deref() == Some(node) },
+        || async { leader_on_server_clock(db).await.as_deref() == Some(node) },
     )
     .await;
 }
@@ -120,7 +120,7 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
     db.set_queue(queue, doc! {"lease": 3.0, "on_lost": "requeue"})
         .await;
     let normal = Den::start(&config, "normal");
-    wait_leader(&db, "normal").await;
+    wait_until_leader(&db, "normal").await;
     let skewed = start_node(&config, "skewed", &skewed_host(&lib, shift_s));
 
     // The skew is seen: the gauge and the node document say it, within a second.
@@ -242,7 +242,7 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
             "{node} ran {share:.2} of the tasks: {by_node:?}"
         );
     }
-    assert_eq!(leader(&db).await.as_deref(), Some("normal"));
+    assert_eq!(leader_on_server_clock(&db).await.as_deref(), Some("normal"));
     assert!(
         !skewed
             .log_text()
@@ -282,7 +282,7 @@ async fn cron_led_from_a_skewed_host(shift_s: i64) {
     let config = write_config(&db, "node.json", json!({"loop_interval_ms": 100}));
     let queue = db.insert_queue("cron", "echo", 1).await;
     let node = start_node(&config, "skewed", &skewed_host(&lib, shift_s));
-    wait_leader(&db, "skewed").await;
+    wait_until_leader(&db, "skewed").await;
     db.set_queue(queue, doc! {"schedule": "*/2 * * * * *"})
         .await;
 
@@ -426,11 +426,11 @@ async fn a_leader_that_was_suspended_resumes_as_a_follower() {
     let db = TestDb::new("clock_suspend").await;
     let config = write_config(&db, "node.json", json!({}));
     let first = Den::start(&config, "first");
-    wait_leader(&db, "first").await;
+    wait_until_leader(&db, "first").await;
     let second = Den::start(&config, "second");
     kill(first.pid(), Signal::SIGSTOP).expect("SIGSTOP");
     let resumed = scopeguard_continue(first.pid());
-    wait_leader(&db, "second").await;
+    wait_until_leader(&db, "second").await;
     drop(resumed);
     // The resumed node gives the lead up at its next try, and never takes it back.
     wait_for(
@@ -444,7 +444,7 @@ async fn a_leader_that_was_suspended_resumes_as_a_follower() {
     )
     .await;
     first.wait_queue_reads(20).await;
-    assert_eq!(leader(&db).await.as_deref(), Some("second"));
+    assert_eq!(leader_on_server_clock(&db).await.as_deref(), Some("second"));
     assert_eq!(
         first
             .log_text()

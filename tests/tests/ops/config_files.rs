@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use disbatch_tests::bench::procfs;
+use disbatch_tests::wait_for_log;
 use disbatch_tests::{wait_for, write_config, Dci, Den, Launch, TestDb};
 use serde_json::json;
 
@@ -19,14 +20,6 @@ fn mkfifo(path: &Path) {
 
 fn log_of(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
-}
-
-async fn wait_for_log(what: &str, log: impl Fn() -> String, needle: &str, times: usize) {
-    wait_for(what, Duration::from_secs(30), || {
-        let found = log().matches(needle).count() >= times;
-        async move { found }
-    })
-    .await;
 }
 
 fn web_config(db: &TestDb, tokens: serde_json::Value) -> PathBuf {
@@ -42,11 +35,6 @@ fn launch_dci(config: &Path, log: &Path) -> Dci {
             ..Launch::default()
         },
     )
-}
-
-async fn status(dci: &Dci, path: &str, token: &str) -> u16 {
-    let sent = dci.http.get(dci.at(path)).bearer_auth(token).send().await;
-    sent.expect("request").status().as_u16()
 }
 
 #[tokio::test]
@@ -68,9 +56,9 @@ async fn a_fifo_token_file_is_refused_on_reload_and_healthz_still_answers() {
         text.contains("web.tokens[1].token_file") && text.contains("not a regular file but a FIFO"),
         "the refusal names the key and why: {text}"
     );
-    assert_eq!(status(&dci, "/healthz", TOKEN).await, 200);
+    assert_eq!(dci.status_with_token("/healthz", TOKEN).await, 200);
     assert_eq!(
-        status(&dci, "/queues", TOKEN).await,
+        dci.status_with_token("/queues", TOKEN).await,
         200,
         "the old tokens stay"
     );
@@ -141,12 +129,12 @@ async fn deleting_a_token_file_revokes_its_token_on_reload() {
     let config = web_config(&db, only);
     let log = db.path("dci.log");
     let mut dci = launch_dci(&config, &log);
-    assert_eq!(status(&dci, "/queues", TOKEN).await, 200);
+    assert_eq!(dci.status_with_token("/queues", TOKEN).await, 200);
     std::fs::remove_file(&file).expect("delete the token file");
     dci.hangup();
     wait_for_log("the refusal", || log_of(&log), "config reload refused", 1).await;
     assert_eq!(
-        status(&dci, "/queues", TOKEN).await,
+        dci.status_with_token("/queues", TOKEN).await,
         401,
         "the token of the deleted file is refused"
     );

@@ -31,7 +31,7 @@ fn n(code: i32) -> Option<Bson> {
 }
 
 /// GET /metrics: status, content type and body, with an optional bearer token.
-async fn scrape(dci: &Dci, token: Option<&str>) -> (u16, String, String) {
+async fn get_metrics(dci: &Dci, token: Option<&str>) -> (u16, String, String) {
     let mut request = dci.http.get(dci.at("/metrics"));
     if let Some(token) = token {
         request = request.bearer_auth(token);
@@ -79,7 +79,7 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
     db.insert_node("stale", Duration::from_secs(3600)).await;
 
     let dci = Dci::start(&config);
-    let (status, kind, text) = scrape(&dci, None).await;
+    let (status, kind, text) = get_metrics(&dci, None).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(kind, "text/plain; version=0.0.4");
     let e = checked(&text);
@@ -191,7 +191,7 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
         "a scrape showing the change",
         Duration::from_secs(30),
         || {
-            let scraped = scrape(&dci, None);
+            let scraped = get_metrics(&dci, None);
             let last = &last;
             async move {
                 let text = scraped.await.2;
@@ -236,7 +236,7 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
 async fn an_empty_database_reports_up_and_zeros() {
     let db = TestDb::new("metrics_empty").await;
     let dci = Dci::start(&write_config(&db, "web.json", json!({})));
-    let (status, _, text) = scrape(&dci, None).await;
+    let (status, _, text) = get_metrics(&dci, None).await;
     assert_eq!(status, 200, "{text}");
     let e = checked(&text);
     for (name, value) in [
@@ -267,16 +267,16 @@ async fn with_tokens_a_scraper_needs_a_bearer_token() {
     );
     db.insert_queue("q", "echo", 1).await;
     let dci = Dci::start(&config);
-    let (status, _, text) = scrape(&dci, None).await;
+    let (status, _, text) = get_metrics(&dci, None).await;
     assert_eq!(status, 401, "{text}");
     assert!(
         !text.contains("disbatch_"),
         "no figures without a token: {text}"
     );
-    let (status, _, text) = scrape(&dci, Some("not-a-token-0123456789abc")).await;
+    let (status, _, text) = get_metrics(&dci, Some("not-a-token-0123456789abc")).await;
     assert_eq!(status, 401, "{text}");
     for token in [READ, ADMIN] {
-        let (status, kind, text) = scrape(&dci, Some(token)).await;
+        let (status, kind, text) = get_metrics(&dci, Some(token)).await;
         assert_eq!(status, 200, "{text}");
         assert_eq!(kind, "text/plain; version=0.0.4");
         let e = checked(&text);
@@ -295,7 +295,7 @@ async fn a_database_outage_is_reported_as_up_zero_not_as_a_failed_scrape() {
     let db = TestDb::on(server.uri(), "metrics_outage").await;
     db.insert_queue("q", "echo", 1).await;
     let dci = Dci::start(&write_config(&db, "web.json", json!({})));
-    let (_, _, text) = scrape(&dci, None).await;
+    let (_, _, text) = get_metrics(&dci, None).await;
     assert_eq!(
         checked(&text).value("disbatch_up", &[]),
         Some(1.0),
@@ -303,7 +303,7 @@ async fn a_database_outage_is_reported_as_up_zero_not_as_a_failed_scrape() {
     );
 
     server.kill();
-    let (status, kind, text) = scrape(&dci, None).await;
+    let (status, kind, text) = get_metrics(&dci, None).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(kind, "text/plain; version=0.0.4");
     let e = checked(&text);
@@ -316,7 +316,7 @@ async fn a_database_outage_is_reported_as_up_zero_not_as_a_failed_scrape() {
 
     server.restart();
     wait_for("the figures to return", Duration::from_secs(60), || async {
-        let (_, _, text) = scrape(&dci, None).await;
+        let (_, _, text) = get_metrics(&dci, None).await;
         exposition::check(&text)
             .ok()
             .and_then(|e| e.value("disbatch_queue_threads", &[("queue", "q")]))

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bson::doc;
 use disbatch_model::status;
+use disbatch_tests::processes_of_attempt;
 use disbatch_tests::restartable::RestartableServer;
 use disbatch_tests::{read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
@@ -110,20 +111,4 @@ async fn a_server_outage_mid_run_loses_no_result_and_runs_nothing_twice() {
     den.stop();
     drop(db);
     drop(server);
-}
-
-/// Processes whose environment names this attempt: its plugin, while it lives (a zombie
-/// shows no environment).
-fn processes_of_attempt(attempt: bson::oid::ObjectId) -> Vec<u32> {
-    let needle = format!("DISBATCH_ATTEMPT={}", attempt.to_hex());
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
-        })
-        .collect()
 }

@@ -6,21 +6,9 @@ use std::time::Duration;
 
 use bson::doc;
 use disbatch_model::status;
+use disbatch_tests::wait_for_log;
 use disbatch_tests::{echo_plugin, read_lines, wait_for, write_config, Dci, Den, Launch, TestDb};
 use serde_json::json;
-
-/// How many times `needle` occurs in a log.
-fn occurrences(log: &str, needle: &str) -> usize {
-    log.matches(needle).count()
-}
-
-async fn wait_for_log(what: &str, log: impl Fn() -> String, needle: &str, times: usize) {
-    wait_for(what, Duration::from_secs(30), || {
-        let found = occurrences(&log(), needle) >= times;
-        async move { found }
-    })
-    .await;
-}
 
 #[tokio::test]
 async fn a_reload_adds_a_plugin_without_touching_the_running_task() {
@@ -153,17 +141,6 @@ fn web_config(db: &TestDb, tokens: serde_json::Value) -> std::path::PathBuf {
     write_config(db, "web.json", json!({"web": {"tokens": tokens}}))
 }
 
-async fn status(dci: &Dci, token: &str) -> u16 {
-    dci.http
-        .get(dci.at("/queues"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("request")
-        .status()
-        .as_u16()
-}
-
 fn log_of(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
@@ -182,8 +159,8 @@ async fn disbatch_web_reloads_its_tokens_and_refuses_a_bad_config() {
             ..Launch::default()
         },
     );
-    assert_eq!(status(&dci, OLD).await, 200);
-    assert_eq!(status(&dci, NEW).await, 401);
+    assert_eq!(dci.status_with_token("/queues", OLD).await, 200);
+    assert_eq!(dci.status_with_token("/queues", NEW).await, 401);
 
     std::fs::write(db.path("new.token"), format!("{NEW}\n")).expect("token file");
     let both = json!([{"name": "old", "role": "read", "token": OLD},
@@ -191,8 +168,8 @@ async fn disbatch_web_reloads_its_tokens_and_refuses_a_bad_config() {
     web_config(&db, both);
     dci.hangup();
     wait_for_log("the reload", || log_of(&log), "config reloaded", 1).await;
-    assert_eq!(status(&dci, NEW).await, 200);
-    assert_eq!(status(&dci, OLD).await, 200);
+    assert_eq!(dci.status_with_token("/queues", NEW).await, 200);
+    assert_eq!(dci.status_with_token("/queues", OLD).await, 200);
 
     // A token too short to accept: the whole config is refused, the tokens stay.
     let bad = json!([{"name": "old", "role": "read", "token": "short"}]);
@@ -206,8 +183,8 @@ async fn disbatch_web_reloads_its_tokens_and_refuses_a_bad_config() {
         "a token never reaches the log: {text}"
     );
     assert!(dci.is_running());
-    assert_eq!(status(&dci, OLD).await, 200);
-    assert_eq!(status(&dci, NEW).await, 200);
+    assert_eq!(dci.status_with_token("/queues", OLD).await, 200);
+    assert_eq!(dci.status_with_token("/queues", NEW).await, 200);
 
     // A key that needs a restart is named, and the rest still applies.
     let listen = json!({"web": {"tokens": old, "listen": "127.0.0.1:1"}});
@@ -216,8 +193,12 @@ async fn disbatch_web_reloads_its_tokens_and_refuses_a_bad_config() {
     wait_for_log("the second reload", || log_of(&log), "config reloaded", 2).await;
     let text = log_of(&log);
     assert!(text.contains("web.listen"), "{text}");
-    assert_eq!(status(&dci, NEW).await, 401, "the removed token is refused");
-    assert_eq!(status(&dci, OLD).await, 200);
+    assert_eq!(
+        dci.status_with_token("/queues", NEW).await,
+        401,
+        "the removed token is refused"
+    );
+    assert_eq!(dci.status_with_token("/queues", OLD).await, 200);
     drop(dci);
     db.drop().await;
 }

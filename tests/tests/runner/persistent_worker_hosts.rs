@@ -9,9 +9,8 @@ use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Backoff, Den, TestDb};
 use serde_json::json;
 
-use super::persistent_workers::{
-    alive, closed_outcome, held, persistent_queue, pid_of, wait_started,
-};
+use super::persistent_workers::{closed_outcome, held, persistent_queue, wait_started};
+use disbatch_tests::{alive, pid_of};
 
 /// The pid the node reports for the process running `task` (its worker host).
 async fn host_pid_of(db: &TestDb, node: &str, task: ObjectId) -> u32 {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
+use disbatch_tests::{alive, pid_of};
 use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
 use serde_json::json;
 
@@ -29,21 +30,6 @@ pub(super) async fn persistent_queue(
         .await
         .expect("queue");
     queue
-}
-
-/// The worker pid a task printed (`print_pid`).
-pub(super) fn pid_of(task: &Document) -> Option<u32> {
-    task.get_str("stdout")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("pid ")?.trim().parse().ok())
-}
-
-pub(super) fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
 }
 
 /// Params of a task that appends its id to `runs` once it runs in a worker, then waits until

@@ -9,6 +9,7 @@ use bson::{doc, Bson, DateTime};
 use disbatch_model::status;
 use disbatch_model::wire::relay::{Ack, Completion};
 use disbatch_store::{AttemptEnd, AttemptRecord, FinishOutcome, OutputValue, Store, TaskEnd};
+use disbatch_tests::scrape;
 use disbatch_tests::{exposition, read_lines, wait_for, write_config, Den, TestDb};
 use serde_json::json;
 
@@ -47,11 +48,11 @@ fn completion(
 }
 
 /// A task running as `attempt` on n1, as a claim leaves it.
-async fn running(db: &TestDb, queue: ObjectId, attempt: ObjectId) -> ObjectId {
+async fn insert_running(db: &TestDb, queue: ObjectId, attempt: ObjectId) -> ObjectId {
     let id = db.insert_tasks(queue, vec![doc! {}.into()]).await[0];
     db.set_task(
         id,
-        doc! {"status": 0, "node": "n1", "attempt": attempt, "attempts": 1},
+        doc! {"status": status::RUNNING, "node": "n1", "attempt": attempt, "attempts": 1},
     )
     .await;
     id
@@ -92,17 +93,17 @@ async fn batch_answers(db: &TestDb, store: &Store) {
         ObjectId::new(),
         ObjectId::new(),
     );
-    let ours = running(db, queue, a1).await;
+    let ours = insert_running(db, queue, a1).await;
     // Recovered and started again elsewhere: another attempt owns it now.
-    let taken = running(db, queue, ObjectId::new()).await;
+    let taken = insert_running(db, queue, ObjectId::new()).await;
     // Recovery already closed this attempt's record; the task still runs as it.
-    let closed = running(db, queue, a3).await;
+    let closed = insert_running(db, queue, a3).await;
     db.db
         .collection::<bson::Document>("attempts")
         .insert_one(doc! {"_id": a3, "task": closed, "outcome": "lost"})
         .await
         .expect("lost record");
-    let retried = running(db, queue, a4).await;
+    let retried = insert_running(db, queue, a4).await;
     let batch = vec![
         completion(ours, a1, TaskEnd::Status(1), "succeeded"),
         completion(taken, a2, TaskEnd::Status(2), "failed"),
@@ -204,7 +205,7 @@ async fn a_result_its_runner_stored_meanwhile_keeps_the_record_the_node_wrote() 
     let queue = db.insert_queue("q", "echo", 4).await;
     for store in [bulk.clone(), bulk.without_bulk_write()] {
         let attempt = ObjectId::new();
-        let id = running(&db, queue, attempt).await;
+        let id = insert_running(&db, queue, attempt).await;
         let finished = store
             .finish_task(
                 id,
@@ -240,15 +241,6 @@ async fn a_result_its_runner_stored_meanwhile_keeps_the_record_the_node_wrote() 
         assert_eq!(acks, vec![Ack::Recorded], "the task shows this result");
     }
     db.drop().await;
-}
-
-async fn scrape(base: &str) -> String {
-    reqwest::get(format!("{base}/metrics"))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body")
 }
 
 #[tokio::test]

@@ -9,15 +9,9 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
+use disbatch_tests::pid_of;
 use disbatch_tests::{echo_plugin, scaled, wait_for, write_config, Backoff, Den, TestDb};
 use serde_json::json;
-
-fn pid_of(task: &Document) -> Option<u32> {
-    task.get_str("stdout")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("pid ")?.trim().parse().ok())
-}
 
 async fn outcomes(db: &TestDb, id: ObjectId, count: usize) -> Vec<String> {
     db.closed_attempts(id, count)

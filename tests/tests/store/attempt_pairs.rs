@@ -8,6 +8,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_model::status;
 use disbatch_tests::faults::cutting_proxy::{After, CuttingProxy};
+use disbatch_tests::runner_of;
 use disbatch_tests::{wait_for, write_config, Den, TestDb};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -76,7 +77,7 @@ async fn one_task_running(
     wait_for(
         "the task's runner in the node's heartbeat",
         Duration::from_secs(60),
-        || async { runner_of(db, task).await.is_some() },
+        || async { runner_of(db, "pairs1", task).await.is_some() },
     )
     .await;
     wait_for("the task's plugin to start", Duration::from_secs(60), || {
@@ -84,23 +85,10 @@ async fn one_task_running(
         async move { std::fs::read_to_string(&started).is_ok_and(|s| s.contains(&task.to_hex())) }
     })
     .await;
-    let pid = runner_of(db, task).await.expect("listed a moment ago");
-    (den, task, pid)
-}
-
-/// The pid of the runner the node's heartbeat lists for `task`.
-async fn runner_of(db: &TestDb, task: ObjectId) -> Option<Pid> {
-    let node = db
-        .db
-        .collection::<Document>("nodes")
-        .find_one(doc! {"node": "pairs1"})
+    let pid = runner_of(db, "pairs1", task)
         .await
-        .ok()??;
-    node.get_array("runners").ok()?.iter().find_map(|r| {
-        let r = r.as_document()?;
-        let pid = r.get_i64("pid").ok()?;
-        (r.get_object_id("task").ok()? == task).then(|| Pid::from_raw(pid as i32))
-    })
+        .expect("listed a moment ago");
+    (den, task, pid)
 }
 
 /// The task's attempts as its records tell them, oldest first: (attempt, outcome).

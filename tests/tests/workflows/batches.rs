@@ -15,10 +15,6 @@ fn oid(v: &Value) -> ObjectId {
     ObjectId::parse_str(v.as_str().expect("a hex id")).expect("object id")
 }
 
-async fn status(db: &TestDb, id: ObjectId) -> Option<i32> {
-    db.task(id).await.get_i32("status").ok()
-}
-
 /// Gives each node room for one task at a time, and waits until each has read it back.
 async fn one_task_per_node(dci: &Dci, dens: &[&Den]) {
     for den in dens {
@@ -83,14 +79,14 @@ async fn a_batch_callback_runs_exactly_once_when_its_last_two_members_end_togeth
             "rep {rep}: the last two members run on two nodes"
         );
         assert_eq!(
-            status(&db, callback).await,
+            db.task_status(callback).await,
             Some(status::BLOCKED),
             "rep {rep}: waiting"
         );
         // Both end together: one gate.
         std::fs::write(&gate, "").expect("open the gate");
         wait_for("the callback to end", Duration::from_secs(60), || async {
-            status(&db, callback).await == Some(status::SUCCEEDED)
+            db.task_status(callback).await == Some(status::SUCCEEDED)
         })
         .await;
         callbacks.push(callback);
@@ -134,7 +130,7 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
     let batch = out["batch"].as_str().expect("batch").to_string();
     let callback = oid(&out["callback"]);
     wait_for("the callback to end", Duration::from_secs(60), || async {
-        status(&db, callback).await == Some(status::SUCCEEDED)
+        db.task_status(callback).await == Some(status::SUCCEEDED)
     })
     .await;
     let params = db
@@ -219,7 +215,7 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
     })
     .await;
     assert_eq!(
-        status(&db, held_callback).await,
+        db.task_status(held_callback).await,
         Some(status::CANCELLED),
         "the callback is cancelled"
     );
@@ -357,8 +353,11 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
         .post(&format!("/batches/{}/cancel", doomed.to_hex()), json!({}))
         .await;
     assert_eq!((s, &out["cancelled"]), (200, &json!(2)), "{out}");
-    assert_eq!(status(&db, doomed_member).await, Some(status::CANCELLED));
-    assert_eq!(status(&db, doomed_callback).await, Some(status::CANCELLED));
+    assert_eq!(db.task_status(doomed_member).await, Some(status::CANCELLED));
+    assert_eq!(
+        db.task_status(doomed_callback).await,
+        Some(status::CANCELLED)
+    );
     for k in 10..20 {
         let (s, out) = dci.post("/batches", batch(json!({"healthy": k}))).await;
         assert_eq!(s, 200, "{out}");
@@ -373,7 +372,7 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
         Duration::from_secs(120),
         || async {
             for id in &ran {
-                if status(&db, *id).await != Some(status::SUCCEEDED) {
+                if db.task_status(*id).await != Some(status::SUCCEEDED) {
                     return false;
                 }
             }
@@ -384,7 +383,7 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
     wait_for(
         "the grown callback failed",
         Duration::from_secs(60),
-        || async { status(&db, grown).await == Some(status::FAILED) },
+        || async { db.task_status(grown).await == Some(status::FAILED) },
     )
     .await;
     let task = db.task(grown).await;

@@ -8,7 +8,8 @@ use bson::{doc, Bson};
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use serde_json::json;
 
-use super::schedules::{leader_lease, now_ms, queue_named, scheduled, settled, wait_leader};
+use super::schedules::{now_ms, queue_named, scheduled, settled};
+use disbatch_tests::{leader_lease, wait_leader};
 
 /// The scenario's length, and how often the maintenance leader is killed within it.
 const RUN: Duration = Duration::from_secs(120);
@@ -33,7 +34,7 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
     let mut dens: Vec<Den> = (1..=3)
         .map(|i| Den::start(&config, &format!("n{i}")))
         .collect();
-    wait_leader(&db, None).await;
+    wait_leader(&db, None, Duration::from_secs(60)).await;
     let set_at = now_ms();
     db.set_queue(
         queue,
@@ -57,7 +58,7 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
     let mut left: Vec<i64> = Vec::new();
     for round in 1..=(RUN.as_secs() / KILL_EVERY.as_secs()) - 1 {
         tokio::time::sleep_until((began + KILL_EVERY * round as u32).into()).await;
-        let leading = wait_leader(&db, None).await;
+        let leading = wait_leader(&db, None, Duration::from_secs(60)).await;
         // Killed only once it has led: a tick enqueued since it was seen leading.
         let since = gaps.last().map_or(first, |g| g.1);
         wait_for(
@@ -94,7 +95,7 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
         left.push(until.get() - killed);
         // The fleet keeps three nodes (two while this one starts).
         dens.push(Den::start(&config, &format!("r{round}")));
-        let next = wait_leader(&db, Some(&leading)).await;
+        let next = wait_leader(&db, Some(&leading), Duration::from_secs(60)).await;
         let seen = now_ms();
         println!(
             "round {round}: killed leader {leading} with {} ms of its lease left; {next} leads {} ms later",

@@ -1,11 +1,9 @@
 //! Cron schedules on queues: the API refuses bad ones, and scheduled queues show their next tick
 //! (the ticks the maintenance leader enqueues: `schedule_ticks.rs`).
 
-use std::time::Duration;
-
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
-use disbatch_tests::{wait_for, write_config, Browser, Dci, TestDb};
+use disbatch_tests::{write_config, Browser, Dci, TestDb};
 use futures::TryStreamExt;
 use serde_json::{json, Value};
 
@@ -59,36 +57,6 @@ pub(super) async fn scheduled(db: &TestDb, queue: ObjectId) -> Vec<(i64, Option<
 
 pub(super) fn now_ms() -> i64 {
     DateTime::now().timestamp_millis()
-}
-
-/// The maintenance leader while its lease runs, and when that lease ends (ms).
-pub(super) async fn leader_lease(db: &TestDb) -> Option<(String, i64)> {
-    let lease = db
-        .db
-        .collection::<Document>("leases")
-        .find_one(doc! {"_id": "maintenance"})
-        .await
-        .expect("lease")?;
-    let until = lease.get_datetime("until").ok()?.timestamp_millis();
-    let owner = lease.get_str("owner").ok()?.to_string();
-    (until > now_ms()).then_some((owner, until))
-}
-
-/// The maintenance leader while its lease runs.
-async fn leader(db: &TestDb) -> Option<String> {
-    leader_lease(db).await.map(|(owner, _)| owner)
-}
-
-pub(super) async fn wait_leader(db: &TestDb, not: Option<&str>) -> String {
-    let found = std::cell::RefCell::new(None);
-    wait_for("a maintenance leader", Duration::from_secs(60), || async {
-        let l = leader(db).await.filter(|l| Some(l.as_str()) != not);
-        let some = l.is_some();
-        *found.borrow_mut() = l;
-        some
-    })
-    .await;
-    found.into_inner().expect("a leader")
 }
 
 fn error_text(body: &Value) -> String {
