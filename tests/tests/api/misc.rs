@@ -1,5 +1,5 @@
 //! `disbatch-web` black-box: info, plugins, balance, monitoring, request parsing, limits and
-//! failures (legacy routes and the OpenAPI document: `api_routes.rs`).
+//! failures (legacy routes and the OpenAPI document: `routes.rs`).
 
 use std::time::Duration;
 

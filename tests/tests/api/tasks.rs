@@ -1,5 +1,5 @@
-//! `disbatch-web` black-box: creating tasks and reading one (searches: `api_task_search.rs`;
-//! output streams: `api_task_output.rs`).
+//! `disbatch-web` black-box: creating tasks and reading one (searches: `task_search.rs`;
+//! output streams: `task_output.rs`).
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
