@@ -10,6 +10,7 @@ mod maintenance_leader;
 mod metrics;
 mod retention;
 mod retry_policies;
+mod retry_policy_api;
 mod run_control;
 mod scheduler;
 mod two_nodes;
