@@ -29,6 +29,14 @@ pub use fleet::{leader, leader_lease, runner_of, wait_leader, wait_runner_of};
 pub use procs::{alive, pid_of, processes_of_attempt, running_process};
 pub use server::{server_uri, start_auth_server, start_tls_auth_server, ServerTls};
 
+/// The statuses of a task that has not ended, in code order: blocked, queued, claimed, running.
+pub const NOT_ENDED: [i32; 4] = [
+    disbatch_model::status::BLOCKED,
+    disbatch_model::status::QUEUED,
+    disbatch_model::status::CLAIMED,
+    disbatch_model::status::RUNNING,
+];
+
 /// Where cargo put the workspace binaries: beside this executable, or one level up from
 /// `deps/` for test executables.
 pub fn bin_path(name: &str) -> PathBuf {

@@ -10,6 +10,7 @@ use bson::{doc, Bson, Document};
 use disbatch_client::{
     enqueue_in, server_now, Client, DirectOptions, Error, GraphTask, NewTask, Timing,
 };
+use disbatch_model::status;
 use disbatch_tests::{scaled, wait_for, write_config, Dci, Den, TestDb};
 use serde_json::json;
 
@@ -231,7 +232,7 @@ async fn the_rust_client_enqueues_inside_a_transaction_that_aborts_or_commits() 
     let passes = f.den.passes().await;
     s.commit_transaction().await.expect("commit");
     wait_for("the committed task to start", scaled(WAIT), || async {
-        f.db.count(doc! {"_id": committed, "status": {"$ne": -2}})
+        f.db.count(doc! {"_id": committed, "status": {"$ne": status::QUEUED}})
             .await
             == 1
     })

@@ -181,7 +181,7 @@ async fn wait_for_perl_claims(db: &TestDb, queue: ObjectId, node: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let n = db
-            .count(doc! {"queue": queue, "node": node, "status": {"$in": [-1, 0]}})
+            .count(doc! {"queue": queue, "node": node, "status": {"$in": [status::CLAIMED, status::RUNNING]}})
             .await;
         if n > 0 {
             return;
@@ -200,7 +200,7 @@ async fn wait_ended(db: &TestDb, ids: &[ObjectId], timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
         let open = db
-            .count(doc! {"_id": {"$in": ids.to_vec()}, "status": {"$in": [-2, -1, 0]}})
+            .count(doc! {"_id": {"$in": ids.to_vec()}, "status": {"$in": [status::QUEUED, status::CLAIMED, status::RUNNING]}})
             .await;
         if open == 0 {
             return;

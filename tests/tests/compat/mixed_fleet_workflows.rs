@@ -13,7 +13,7 @@ use bson::oid::ObjectId;
 use bson::Document;
 use disbatch_tests::claim_order::Recording;
 use disbatch_tests::peers::perl_den::PerlDen;
-use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
+use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb, NOT_ENDED};
 use serde_json::json;
 
 const DEMO: &str = "Disbatch::Plugin::Demo";
@@ -95,7 +95,7 @@ async fn a_perl_node_never_starts_a_waiting_task_and_its_ends_release_dependents
     )
     .await;
     std::fs::write(&gate, b"open").expect("open the gate");
-    let live = doc! {"_id": {"$in": all.clone()}, "status": {"$in": [-4, -2, -1, 0]}};
+    let live = doc! {"_id": {"$in": all.clone()}, "status": {"$in": NOT_ENDED.to_vec()}};
     wait_for("the graph to end", Duration::from_secs(240), || async {
         db.count(live.clone()).await == 0
     })

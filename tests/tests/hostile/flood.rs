@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use disbatch_model::status;
 use disbatch_tests::hostile::flood::{
     describe_sockets, flood_idle, flood_slowloris, held_connections, join_all, kept_alive,
     listener_count, ms, open_fds, open_idle, raise_open_file_limit, rss_kib, timed_get,
@@ -226,7 +227,7 @@ async fn a_den_runs_tasks_and_answers_scrapes_while_its_metrics_port_is_flooded(
     let (status, scrape) = timed_get(addr, "/metrics").await;
     assert_eq!(status, 200, "a scrape during the flood was not answered");
     let failed = db
-        .count(bson::doc! {"_id": {"$in": &ids}, "status": {"$ne": 1}})
+        .count(bson::doc! {"_id": {"$in": &ids}, "status": {"$ne": status::SUCCEEDED}})
         .await;
     assert_eq!(failed, 0, "tasks failed: {:?}", db.status_histogram().await);
     let count = listener_count(addr, "metrics").await;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::claim_order::{
     holdings, position, slot_shares, wait_sharers, while_queued, Recording, Step,
 };
@@ -73,7 +74,7 @@ async fn three_nodes_share_a_capped_queue() {
 /// Tasks of `queue` each node holds (claimed or running) now.
 async fn holding(db: &TestDb, queue: ObjectId) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
-    let filter = doc! {"queue": queue, "status": {"$in": [-1, 0]}};
+    let filter = doc! {"queue": queue, "status": {"$in": [status::CLAIMED, status::RUNNING]}};
     let mut cursor = db.tasks().find(filter).await.expect("find");
     while let Some(t) = cursor.try_next().await.expect("next") {
         *out.entry(t.get_str("node").unwrap_or("?").to_string())

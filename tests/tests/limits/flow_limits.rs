@@ -185,7 +185,7 @@ async fn partitions_have_their_own_budgets_and_a_noisy_one_slows_no_other() {
     let customer_of: HashMap<ObjectId, String> = {
         let tasks: Vec<Document> = db
             .tasks()
-            .find(doc! {"queue": queue, "status": {"$ne": -2}})
+            .find(doc! {"queue": queue, "status": {"$ne": status::QUEUED}})
             .projection(doc! {"params.customer": 1})
             .await
             .expect("tasks")

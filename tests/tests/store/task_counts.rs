@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
+use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use futures::TryStreamExt;
 use reqwest::Method;
@@ -105,7 +106,9 @@ async fn writes_keep_the_counts_without_a_recount() {
         .await;
     assert_eq!(status, 200, "{body}");
     wait_for("every task to end", Duration::from_secs(60), || async {
-        db.count(doc! {"queue": queue, "status": {"$lt": 1}}).await == 0
+        db.count(doc! {"queue": queue, "status": {"$lt": status::SUCCEEDED}})
+            .await
+            == 0
     })
     .await;
     // Paused again: retry two failed ones (they stay queued), delete a third.
@@ -113,7 +116,7 @@ async fn writes_keep_the_counts_without_a_recount() {
     let failed: Vec<ObjectId> = {
         let mut c = db
             .tasks()
-            .find(doc! {"queue": queue, "status": {"$gte": 2}})
+            .find(doc! {"queue": queue, "status": {"$gte": status::FAILED}})
             .await
             .expect("find");
         let mut ids = Vec::new();

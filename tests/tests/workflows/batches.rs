@@ -8,7 +8,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
-use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
+use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb, NOT_ENDED};
 use serde_json::{json, Value};
 
 fn oid(v: &Value) -> ObjectId {
@@ -209,7 +209,7 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
         .await;
     assert_eq!(s, 200, "{cancelled}");
     let all: Vec<ObjectId> = members.iter().copied().chain([held_callback]).collect();
-    let live = doc! {"_id": {"$in": all}, "status": {"$in": [-4, -2, -1, 0]}};
+    let live = doc! {"_id": {"$in": all}, "status": {"$in": NOT_ENDED.to_vec()}};
     wait_for("the batch to end", Duration::from_secs(60), || async {
         db.count(live.clone()).await == 0
     })

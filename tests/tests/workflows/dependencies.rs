@@ -9,7 +9,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
 use disbatch_model::status;
-use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb};
+use disbatch_tests::{read_lines, wait_for, write_config, Dci, Den, TestDb, NOT_ENDED};
 use serde_json::{json, Value};
 
 fn oid(v: &Value) -> ObjectId {
@@ -44,7 +44,7 @@ fn fifty_task_graph(queue: &str, params: &Value) -> (Vec<Value>, Vec<(String, Ve
 /// Waits until none of `ids` is queued, claimed, running or blocked (cancelled tasks are not
 /// `complete`).
 pub async fn wait_ended(db: &TestDb, ids: &[ObjectId]) {
-    let live = doc! {"_id": {"$in": ids.to_vec()}, "status": {"$in": [-4, -2, -1, 0]}};
+    let live = doc! {"_id": {"$in": ids.to_vec()}, "status": {"$in": NOT_ENDED.to_vec()}};
     wait_for("the tasks to end", Duration::from_secs(120), || async {
         db.count(live.clone()).await == 0
     })
