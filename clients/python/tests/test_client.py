@@ -1,4 +1,4 @@
-"""The Python client against a real DCI, DEN and database, set up by tests/tests/clients.rs.
+"""The Python client against a real DCI, DEN and database, set up by tests/tests/api/clients.rs.
 
 The Rust test starts the fleet (queues `work`, which runs and writes `{"task": id}` as its
 output; `hold` and `uq`, unique on `params.id`, with no threads) and passes it in
@@ -20,7 +20,7 @@ WAIT_S = 90.0 * float(os.environ.get("DISBATCH_TEST_SLOWDOWN", "1"))
 def env(name: str) -> str:
     value = os.environ.get(name)
     if not value:
-        raise RuntimeError(f"{name} is not set: run this suite through tests/tests/clients.rs")
+        raise RuntimeError(f"{name} is not set: run this suite through tests/tests/api/clients.rs")
     return value
 
 

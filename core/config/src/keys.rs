@@ -1,5 +1,5 @@
 //! Every key the config reader accepts, as dotted paths, read off the reader's own types so the
-//! book's config reference can be checked against it (tests/tests/docs_reference.rs).
+//! book's config reference can be checked against it (tests/tests/docs/reference.rs).
 
 use std::cell::RefCell;
 use std::fmt;

@@ -4,7 +4,7 @@ use bson::oid::ObjectId;
 use bson::Document;
 use disbatch_store::GraphTask;
 
-use crate::TestDb;
+use crate::harness::TestDb;
 
 /// Stores a graph of `n` tasks (at least 3) on `queue` through the DCI's own path: a root,
 /// `n - 2` tasks waiting on it, and a merge waiting on all of those.

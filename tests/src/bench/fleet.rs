@@ -17,7 +17,7 @@ use super::contention::TaskEnds;
 use super::procfs::{self, CpuTicks};
 use super::proxy::{HostUri, Proxy};
 use super::stats::Latency;
-use crate::{bin_path, write_config, Den, TestDb};
+use crate::harness::{bin_path, write_config, Den, TestDb};
 
 /// How long a fleet may take to go quiet after a run: at 100 000 queued tasks SecantusDB
 /// takes tens of seconds per claim with four nodes asking at once (60 s was not enough).

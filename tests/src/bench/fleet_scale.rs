@@ -21,13 +21,13 @@ use super::proxy::{HostUri, Proxy};
 use super::scale_report::{IdleFigures, ScaleReport, SizeReport};
 use super::stats::Latency;
 use super::{progress, standalone, BenchOptions};
-use crate::{bin_path, echo_plugin, write_config, Den, TestDb};
+use crate::harness::{bin_path, echo_plugin, write_config, Den, TestDb};
 
 /// Measures each fleet size of `o.fleet` in turn, each within `o.size_secs`; a size that fails
 /// or runs out of time ends the run, and the report says why.
 pub async fn run(o: &BenchOptions, command: String) -> anyhow::Result<ScaleReport> {
     progress("fleet mode: starting");
-    let uri = o.uri.clone().unwrap_or_else(crate::server_uri);
+    let uri = o.uri.clone().unwrap_or_else(crate::harness::server_uri);
     let server = HostUri::parse(&uri).map_err(anyhow::Error::msg)?;
     let info = standalone::server_info(&uri, &server).await?;
     progress(&format!("server {} version {}", info.host, info.version));

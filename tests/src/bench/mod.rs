@@ -322,7 +322,7 @@ pub async fn run(o: &BenchOptions, command: String) -> anyhow::Result<Report> {
 /// Runs every measurement of `o` and judges the targets.
 pub async fn run_bench(o: &BenchOptions, command: String) -> anyhow::Result<BenchReport> {
     progress("starting");
-    let uri = o.uri.clone().unwrap_or_else(crate::server_uri);
+    let uri = o.uri.clone().unwrap_or_else(crate::harness::server_uri);
     let server = HostUri::parse(&uri).map_err(anyhow::Error::msg)?;
     let info = standalone::server_info(&uri, &server).await?;
     progress(&format!("server {} version {}", info.host, info.version));

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::proxy::{HostUri, Proxy};
 use super::stats::Latency;
-use crate::{bin_path, write_config, TestDb};
+use crate::harness::{bin_path, write_config, TestDb};
 
 const NODE: &str = "bench-solo";
 

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use disbatch_tests::chaos::{run_chaos, ChaosOptions};
+use disbatch_tests::faults::chaos::{run_chaos, ChaosOptions};
 
 fn main() -> ExitCode {
     let mut opts = ChaosOptions {

@@ -20,7 +20,7 @@
 //! no change to the document … nModified can be less than n", the `update` command's output,
 //! the same per operation in `bulkWrite`'s). A server that counted a pipeline that left the
 //! document as it was as modified would make a claim lost to another node look won: the
-//! server-contract test (`tests/tests/server_contract.rs`) fails on such a server, and
+//! server-contract test (`tests/tests/store/server_contract.rs`) fails on such a server, and
 //! the book says so (`docs/src/operating/mongodb.md`).
 
 use bson::{doc, Bson, Document};

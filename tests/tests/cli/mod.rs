@@ -1,0 +1,6 @@
+//! The `disbatch` CLI against a real DCI and DEN.
+
+mod commands;
+mod specs;
+mod verbs;
+mod workflows;
