@@ -12,7 +12,7 @@ use disbatch_store::{Error, Result};
 
 use crate::attempt::{Ran, Run, RunFacts};
 use crate::outcome::Exit;
-use crate::outcome::{decide, Outcome};
+use crate::outcome::{decide, Verdict};
 use crate::plugin_process::{start_plugin, PluginCall};
 use crate::prepare::Prepared;
 use crate::record::{Captured, Finished, Spool};
@@ -155,7 +155,7 @@ pub(crate) async fn conclude(
         | Stopped::LeaseLost(e) => e,
     };
     // A long result is parsed off this thread, which in a worker host serves every worker.
-    let mut outcome = match result {
+    let mut verdict = match result {
         Some(bytes) if bytes.len() > PARSED_IN_PLACE => {
             tokio::task::spawn_blocking(move || decide(exit, Some(&bytes)))
                 .await
@@ -165,9 +165,9 @@ pub(crate) async fn conclude(
     };
     if let Some(why) = refused {
         tracing::warn!(task = %task, "the plugin's result is ignored: {why}");
-        outcome.refuse_result(&why);
+        verdict.refuse_result(&why);
     }
-    let Outcome {
+    let Verdict {
         mut status,
         mut note,
         mut retry,
@@ -175,7 +175,7 @@ pub(crate) async fn conclude(
         result,
         record,
         spilled_output,
-    } = outcome;
+    } = verdict;
     // A worker that died or broke the protocol crashed, as a plugin killed by a signal did.
     let crashed = lead.is_some() || matches!(exit, Exit::Signal(_));
     if let Some(why) = lead {

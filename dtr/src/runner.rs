@@ -9,6 +9,7 @@ use disbatch_model::output::{plan_output, GfsMode, Placement};
 use disbatch_model::run_policy::DEFAULT_LEASE;
 use disbatch_model::schema::task as field;
 use disbatch_model::status;
+use disbatch_model::task::Outcome;
 use disbatch_model::wire::handoff::Handoff;
 use disbatch_model::wire::relay::{Ack, Completion, MAX_RELAYED_OUTPUT};
 use disbatch_store::Result;
@@ -39,7 +40,7 @@ pub struct Hosting<'a> {
 pub enum RunReport {
     /// The result was recorded: a final status, or requeued for a retry; and the attempt's
     /// outcome as its record names it.
-    Recorded(TaskEnd, &'static str),
+    Recorded(TaskEnd, Outcome),
     /// The task was not claimed by this node any more (given back, reaped): nothing was run.
     NotClaimed,
     /// The plugin ran but the task had changed hands; the result was discarded.
@@ -152,7 +153,7 @@ async fn run_attempt(
         Ran::Finished(f, facts) => (f, facts),
         Ran::LeaseLost(facts) => {
             // Recovery has already recorded this attempt as lost; this only fills a gap.
-            let discarded = record(attempt_end("discarded", None, &facts));
+            let discarded = record(attempt_end(Outcome::Discarded, None, &facts));
             let _ = with_retries("recording the attempt", || async {
                 store.get().await?.insert_attempt(&discarded).await
             })
@@ -166,11 +167,11 @@ async fn run_attempt(
     }
     let end = finished.end;
     let outcome = match (end, facts.stopped) {
-        (_, Some(Stopped::TimedOut(..))) => "timed_out",
-        (_, Some(Stopped::Cancelled(_))) => "cancelled",
-        (TaskEnd::Status(status::SUCCEEDED), _) => "succeeded",
-        (TaskEnd::Status(_) | TaskEnd::Discarded(_), _) => "failed",
-        (TaskEnd::Retry { .. }, _) => "retry",
+        (_, Some(Stopped::TimedOut(..))) => Outcome::TimedOut,
+        (_, Some(Stopped::Cancelled(_))) => Outcome::Cancelled,
+        (TaskEnd::Status(status::SUCCEEDED), _) => Outcome::Succeeded,
+        (TaskEnd::Status(_) | TaskEnd::Discarded(_), _) => Outcome::Failed,
+        (TaskEnd::Retry { .. }, _) => Outcome::Retry,
     };
     let final_status = match end {
         TaskEnd::Status(s) | TaskEnd::Discarded(s) => Some(s),
@@ -254,7 +255,7 @@ async fn record_yourself(
     run: &Run<'_>,
     finished: Box<Finished>,
     closing: &AttemptRecord,
-    outcome: &'static str,
+    outcome: Outcome,
     facts: &RunFacts,
 ) -> Result<RunReport> {
     let Run {
@@ -299,7 +300,11 @@ async fn record_yourself(
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
             if inserted {
                 if let Err(e) = with_retries("updating the attempt", || {
-                    db.change_attempt_outcome(attempt, outcome, "discarded")
+                    db.change_attempt_outcome(
+                        attempt,
+                        outcome.as_str(),
+                        Outcome::Discarded.as_str(),
+                    )
                 })
                 .await
                 {
@@ -334,7 +339,7 @@ async fn recorded(
     store: &LazyStore,
     task: ObjectId,
     end: TaskEnd,
-    outcome: &'static str,
+    outcome: Outcome,
     facts: &RunFacts,
 ) -> RunReport {
     tracing::info!(task = %task, ?end, "task finished");
@@ -349,7 +354,7 @@ async fn recorded(
     RunReport::Recorded(end, outcome)
 }
 
-fn attempt_end(outcome: &'static str, status: Option<i32>, facts: &RunFacts) -> AttemptEnd {
+fn attempt_end(outcome: Outcome, status: Option<i32>, facts: &RunFacts) -> AttemptEnd {
     AttemptEnd {
         outcome,
         status,
