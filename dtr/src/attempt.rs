@@ -11,6 +11,7 @@ use crate::node_link::LiveRelay;
 use crate::outcome::Exit;
 use crate::record::Finished;
 use crate::supervisor::Stopped;
+use crate::worker::Pool;
 
 /// How the plugin process ended and what its result file said, for the attempt record.
 #[derive(Debug, Default)]
@@ -58,4 +59,7 @@ pub(crate) struct Run<'a> {
     pub node: &'a str,
     /// Live output copies go to the node (the handoff said it takes them).
     pub live_relay: Option<&'a LiveRelay>,
+    /// The persistent workers a worker host lends its attempts; None: plugins run as
+    /// processes of their own.
+    pub workers: Option<&'a Pool>,
 }

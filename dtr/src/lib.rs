@@ -10,6 +10,7 @@ pub mod plugin_process;
 pub mod prepare;
 pub mod record;
 pub mod runner;
+pub mod sink;
 pub mod spool;
 pub mod supervisor;
 pub mod worker;

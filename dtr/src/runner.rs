@@ -20,20 +20,12 @@ use disbatch_store::{
 use crate::attempt::{Ran, Run, RunFacts};
 use crate::capture::run_and_capture;
 use crate::connection::LazyStore;
-use crate::node_link::NodeLink;
 use crate::outcome::Exit;
 use crate::prepare::{prepare, QueueLookup};
 use crate::record::{record_result, with_retries, Captured, Finished};
+use crate::sink::ResultSink;
 use crate::supervisor::{Stopped, Wake};
-use crate::worker::batch::BatchWriter;
 use crate::worker::Pool;
-
-/// What a worker host lends the runs it holds: its workers, and its batched result writes.
-#[derive(Clone, Copy)]
-pub struct Hosting<'a> {
-    pub pool: &'a Pool,
-    pub batch: &'a BatchWriter,
-}
 
 /// What became of the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,16 +40,17 @@ pub enum RunReport {
 }
 
 /// Runs a task its node claimed and handed over (the common case): no database round trip
-/// before the plugin starts. With `link` the node stores the attempt record and the result
-/// (in batches, on its own connections); without, they are this runner's only writes.
+/// before the plugin starts. `sink` stores the attempt record and the result first (the
+/// node, the worker host's batches), else they are this runner's only writes; a worker host
+/// lends persistent queues' tasks its `workers`.
 pub async fn run_handed_off(
     config: &Config,
     store: &LazyStore,
     handoff: Handoff,
     node: &str,
     wake: Option<Wake>,
-    link: Option<&mut NodeLink>,
-    hosting: Option<Hosting<'_>>,
+    sink: ResultSink<'_>,
+    workers: Option<&Pool>,
 ) -> Result<RunReport> {
     // The fleet's time (the handoff brought the node's reading of it): the record is judged
     // beside times other hosts wrote, and its end is the fleet's too.
@@ -66,10 +59,7 @@ pub async fn run_handed_off(
         disbatch_store::Error::Invalid("the handed-over task has no ObjectId _id".into())
     })?;
     let queue: QueueLookup = Ok(parse_queue(&handoff.queue).ok());
-    let relay = link
-        .as_ref()
-        .filter(|_| handoff.live)
-        .map(|l| l.live_relay());
+    let relay = sink.live_relay(handoff.live);
     let run = Run {
         store,
         config,
@@ -78,8 +68,9 @@ pub async fn run_handed_off(
         attempts: attempts_started(&handoff.task),
         node,
         live_relay: relay.as_ref(),
+        workers,
     };
-    run_attempt(&run, &handoff.task, queue, started, wake, link, hosting).await
+    run_attempt(&run, &handoff.task, queue, started, wake, sink).await
 }
 
 /// Starts a task this node claimed (`-1`) as a new attempt and runs it: for a runner started
@@ -117,8 +108,9 @@ pub async fn run_task(
         attempts: attempts_started(&doc),
         node,
         live_relay: None,
+        workers: None,
     };
-    run_attempt(&run, &doc, queue, started, wake, None, None).await
+    run_attempt(&run, &doc, queue, started, wake, ResultSink::Direct).await
 }
 
 async fn run_attempt(
@@ -127,8 +119,7 @@ async fn run_attempt(
     queue: QueueLookup,
     started: DateTime,
     wake: Option<Wake>,
-    link: Option<&mut NodeLink>,
-    hosting: Option<Hosting<'_>>,
+    sink: ResultSink<'_>,
 ) -> Result<RunReport> {
     let Run {
         store,
@@ -138,7 +129,7 @@ async fn run_attempt(
         node,
         ..
     } = *run;
-    let (ran, patience) = run_prepared(run, doc, queue, wake, hosting).await?;
+    let (ran, patience) = run_prepared(run, doc, queue, wake).await?;
     let queue_id = doc.get_object_id(field::QUEUE).ok();
     let record = |end: AttemptEnd| AttemptRecord {
         id: attempt,
@@ -180,31 +171,25 @@ async fn run_attempt(
     // The attempt record goes first: if this runner dies before the result lands, recovery
     // marks the record lost, so a record never claims a result the task does not show.
     let closing = record(attempt_end(outcome, final_status, &facts));
-    let relayed = match (link, hosting, relayable(&finished, &closing, config.gfs)) {
-        (Some(link), _, Some(completion)) => Some(link.report(&completion, patience).await),
-        (None, Some(h), Some(completion)) => Some(h.batch.report(completion).await),
-        _ => None,
-    };
-    match relayed {
-        Some(Ack::Recorded) => return Ok(recorded(store, task, end, outcome, &facts).await),
-        Some(Ack::NotOurs) => {
+    let completion = relayable(&finished, &closing, config.gfs);
+    match sink.offer(completion, patience).await {
+        Ack::Recorded => Ok(recorded(store, task, end, outcome, &facts).await),
+        Ack::NotOurs => {
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
-            return Ok(RunReport::Discarded);
+            Ok(RunReport::Discarded)
         }
-        Some(Ack::RecordYourself) | None => {}
+        Ack::RecordYourself => record_yourself(run, finished, &closing, outcome, &facts).await,
     }
-    record_yourself(run, finished, &closing, outcome, &facts).await
 }
 
-/// Prepares the attempt and runs its plugin (in a worker of `hosting` when the queue's
-/// workers are persistent); a task that cannot start fails with the reason. Returns how it
-/// ran, and how long the node may take to answer (a third of the lease).
+/// Prepares the attempt and runs its plugin (in a lent worker when the queue's workers are
+/// persistent and the run has `workers`); a task that cannot start fails with the reason.
+/// Returns how it ran, and how long the node may take to answer (a third of the lease).
 async fn run_prepared(
     run: &Run<'_>,
     doc: &Document,
     queue: QueueLookup,
     wake: Option<Wake>,
-    hosting: Option<Hosting<'_>>,
 ) -> Result<(Ran, std::time::Duration)> {
     let Run {
         config,
@@ -239,9 +224,9 @@ async fn run_prepared(
             );
             Ran::Finished(Box::new(unable(reason.clone())), RunFacts::because(reason))
         }
-        Ok(p) => match hosting {
-            Some(h) if p.worker.persistent() => {
-                crate::worker::run::run_in_worker(doc, p, run, h.pool, wake).await?
+        Ok(p) => match run.workers {
+            Some(pool) if p.worker.persistent() => {
+                crate::worker::run::run_in_worker(doc, p, run, pool, wake).await?
             }
             _ => run_and_capture(doc, p, run, wake).await?,
         },

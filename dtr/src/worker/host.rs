@@ -22,7 +22,8 @@ use super::batch::BatchWriter;
 use super::node_pipe;
 use super::Pool;
 use crate::connection::LazyStore;
-use crate::runner::{run_handed_off, Hosting, RunReport};
+use crate::runner::{run_handed_off, RunReport};
+use crate::sink::ResultSink;
 use crate::supervisor::Wake;
 
 /// The node's frames are read through a buffer this large: a burst of handoffs in one read.
@@ -182,15 +183,14 @@ async fn run_one(
     if let Ok(mut w) = wakes.lock() {
         w.insert(task, wake_tx);
     }
-    let hosting = Hosting { pool, batch };
     let report = run_handed_off(
         config,
         store,
         handoff,
         node,
         Some(Wake::Channel(wake_rx)),
-        None,
-        Some(hosting),
+        ResultSink::Host(batch),
+        Some(pool),
     )
     .await;
     if let Ok(mut w) = wakes.lock() {
