@@ -1,5 +1,5 @@
-//! One attempt as the runner carries it: what it runs as (`Run`), what became of it (`Ran`),
-//! and the facts its record keeps (`RunFacts`).
+//! One attempt as the runner carries it: what it runs as (`Run`), how its plugin ended
+//! (`Ending`), what became of it (`Ran`), and the facts its record keeps (`RunFacts`).
 
 use bson::oid::ObjectId;
 use bson::Document;
@@ -62,4 +62,18 @@ pub(crate) struct Run<'a> {
     /// The persistent workers a worker host lends its attempts; None: plugins run as
     /// processes of their own.
     pub workers: Option<&'a Pool>,
+}
+
+/// How a run ended, as its supervisor saw it.
+pub(crate) struct Ending {
+    pub stopped: Stopped,
+    /// What the plugin gave as its result (the result file, a worker's `done`).
+    pub result: Option<Vec<u8>>,
+    /// Why the result was not trusted, when it was not.
+    pub refused: Option<String>,
+    /// The supervisor's own account, when the plugin did not end as plugins should (a
+    /// worker that died or broke the protocol): it leads the task's stderr note.
+    pub lead: Option<String>,
+    /// The queue's `on_lost: requeue` applies: the task goes back to the queue.
+    pub requeue: bool,
 }

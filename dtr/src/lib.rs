@@ -1,8 +1,9 @@
 //! The task runner: starts one claimed task, runs its plugin, and records the result.
 
 mod attempt;
-mod capture;
+mod conclude;
 pub mod connection;
+mod launch;
 pub mod live;
 pub mod node_link;
 pub mod outcome;

@@ -18,13 +18,14 @@ use disbatch_store::{
 };
 
 use crate::attempt::{Ran, Run, RunFacts};
-use crate::capture::run_and_capture;
 use crate::connection::LazyStore;
+use crate::launch::{run_plugin, NewProcess};
 use crate::outcome::Exit;
 use crate::prepare::{prepare, QueueLookup};
 use crate::record::{record_result, with_retries, Captured, Finished};
 use crate::sink::ResultSink;
 use crate::supervisor::{Stopped, Wake};
+use crate::worker::launch::LendWorker;
 use crate::worker::Pool;
 
 /// What became of the task.
@@ -226,9 +227,9 @@ async fn run_prepared(
         }
         Ok(p) => match run.workers {
             Some(pool) if p.worker.persistent() => {
-                crate::worker::run::run_in_worker(doc, p, run, pool, wake).await?
+                run_plugin(LendWorker(pool), doc, p, run, wake).await?
             }
-            _ => run_and_capture(doc, p, run, wake).await?,
+            _ => run_plugin(NewProcess, doc, p, run, wake).await?,
         },
     };
     Ok((ran, patience))
