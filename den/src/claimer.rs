@@ -404,7 +404,7 @@ impl Claimer {
             self.view.runner_exited(exited.queue, exited.slot);
             // Queued again behind the window, perhaps; with the tasks stream closed no event
             // says so.
-            if exited.outcome == "retry" {
+            if exited.outcome == Some(disbatch_model::task::Outcome::Retry) {
                 if let Some(w) = self.windows.get_mut(&exited.queue) {
                     w.reset();
                 }

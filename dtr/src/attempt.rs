@@ -1,5 +1,5 @@
-//! One attempt as the runner carries it: what it runs as (`Run`), what became of it (`Ran`),
-//! and the facts its record keeps (`RunFacts`).
+//! One attempt as the runner carries it: what it runs as (`Run`), how its plugin ended
+//! (`Ending`), what became of it (`Ran`), and the facts its record keeps (`RunFacts`).
 
 use bson::oid::ObjectId;
 use bson::Document;
@@ -11,6 +11,7 @@ use crate::node_link::LiveRelay;
 use crate::outcome::Exit;
 use crate::record::Finished;
 use crate::supervisor::Stopped;
+use crate::worker::Pool;
 
 /// How the plugin process ended and what its result file said, for the attempt record.
 #[derive(Debug, Default)]
@@ -58,4 +59,21 @@ pub(crate) struct Run<'a> {
     pub node: &'a str,
     /// Live output copies go to the node (the handoff said it takes them).
     pub live_relay: Option<&'a LiveRelay>,
+    /// The persistent workers a worker host lends its attempts; None: plugins run as
+    /// processes of their own.
+    pub workers: Option<&'a Pool>,
+}
+
+/// How a run ended, as its supervisor saw it.
+pub(crate) struct Ending {
+    pub stopped: Stopped,
+    /// What the plugin gave as its result (the result file, a worker's `done`).
+    pub result: Option<Vec<u8>>,
+    /// Why the result was not trusted, when it was not.
+    pub refused: Option<String>,
+    /// The supervisor's own account, when the plugin did not end as plugins should (a
+    /// worker that died or broke the protocol): it leads the task's stderr note.
+    pub lead: Option<String>,
+    /// The queue's `on_lost: requeue` applies: the task goes back to the queue.
+    pub requeue: bool,
 }

@@ -1,8 +1,9 @@
 //! The task runner: starts one claimed task, runs its plugin, and records the result.
 
 mod attempt;
-mod capture;
+mod conclude;
 pub mod connection;
+mod launch;
 pub mod live;
 pub mod node_link;
 pub mod outcome;
@@ -10,6 +11,7 @@ pub mod plugin_process;
 pub mod prepare;
 pub mod record;
 pub mod runner;
+pub mod sink;
 pub mod spool;
 pub mod supervisor;
 pub mod worker;

@@ -9,6 +9,7 @@ use disbatch_config::Config;
 use disbatch_dtr::connection::LazyStore;
 use disbatch_dtr::node_link::{read_handoff, NodeLink};
 use disbatch_dtr::runner::{run_handed_off, run_task};
+use disbatch_dtr::sink::ResultSink;
 use disbatch_dtr::supervisor::Wake;
 use disbatch_model::output::GfsMode;
 use tokio::signal::unix::{signal, SignalKind};
@@ -108,8 +109,12 @@ async fn run(
         } else {
             None
         };
+        let sink = match link.as_mut() {
+            Some(link) => ResultSink::Node(link),
+            None => ResultSink::Direct,
+        };
         let wake = Some(Wake::Signal(wake));
-        run_handed_off(&config, &store, handoff, &node, wake, link.as_mut(), None).await?
+        run_handed_off(&config, &store, handoff, &node, wake, sink, None).await?
     } else {
         run_task(&config, &store, task, &node, Some(Wake::Signal(wake))).await?
     };

@@ -149,3 +149,23 @@ impl NodeLink {
         }
     }
 }
+
+#[cfg(test)]
+impl NodeLink {
+    /// A link whose frames arrive on the returned receiver (each one written at once) and
+    /// whose answers are read from `answers`.
+    pub(crate) fn over(answers: std::fs::File) -> (NodeLink, mpsc::Receiver<Document>) {
+        let (frames, mut pending) = mpsc::channel::<Outgoing>(PENDING_FRAMES);
+        let (sent, received) = mpsc::channel(PENDING_FRAMES);
+        tokio::spawn(async move {
+            while let Some(out) = pending.recv().await {
+                let _ = sent.send(out.frame).await;
+                if let Some(w) = out.written {
+                    let _ = w.send(Ok(()));
+                }
+            }
+        });
+        let answers = tokio::fs::File::from_std(answers);
+        (NodeLink { frames, answers }, received)
+    }
+}

@@ -46,9 +46,10 @@ impl From<ExitStatus> for Exit {
     }
 }
 
-/// The final status, any note the runner adds to stderr, and a requested retry.
+/// The plugin's exit and result judged: the final status, any note the runner adds to
+/// stderr, and a requested retry.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
+pub struct Verdict {
     pub status: i32,
     pub note: Option<String>,
     /// The plugin asked to run again after this delay (`{"retry": true, "delay": s}`).
@@ -65,7 +66,7 @@ pub struct Outcome {
     pub spilled_output: Option<Vec<u8>>,
 }
 
-impl Outcome {
+impl Verdict {
     /// The result file could not be trusted (a link, not a regular file, too large): it is
     /// ignored and the task fails, saying why, as for a result file that is not JSON.
     pub fn refuse_result(&mut self, reason: &str) {
@@ -87,7 +88,7 @@ impl Outcome {
 /// result file wins, and `"retry": true` asks for another attempt. A result file that is not
 /// a JSON object, or one the database cannot store, or a bad `status` or `delay`, fails the
 /// task, with the reason.
-pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
+pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Verdict {
     let mut notes = Vec::new();
     let mut status = match exit {
         Exit::Code(0) => status::SUCCEEDED,
@@ -127,7 +128,7 @@ pub fn decide(exit: Exit, result_file: Option<&[u8]>) -> Outcome {
     }
     // The exit code or signal is worth saying even when the result file decided the status.
     let note = (!notes.is_empty()).then(|| notes.join("; "));
-    Outcome {
+    Verdict {
         status,
         note,
         retry,

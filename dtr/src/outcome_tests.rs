@@ -6,7 +6,7 @@ use super::*;
 fn exit_codes_map_to_disbatch_statuses() {
     assert_eq!(
         decide(Exit::Code(0), None),
-        Outcome {
+        Verdict {
             status: 1,
             note: None,
             retry: None,

@@ -23,14 +23,10 @@ use crate::spool::{create_output, SpoolPaths};
 pub struct PluginCall<'a> {
     pub executable: &'a Path,
     pub task_json: Vec<u8>,
-    pub task_id: String,
-    /// The attempt's id, its fencing token: a plugin can tag side effects with it.
-    pub attempt: String,
-    pub queue_name: String,
-    pub queue_id: String,
-    /// The queue's `config` as JSON, when it has one.
-    pub queue_config: Option<String>,
-    pub node: String,
+    /// The `DISBATCH_*` variables naming its attempt, task, queue and node
+    /// (`launch::plugin_env`); the attempt's id is its fencing token, which a plugin can tag
+    /// side effects with.
+    pub vars: Vec<(&'static str, String)>,
     /// Which of the runner's environment variables the plugin may see.
     pub env: &'a PluginEnv,
     /// The account the plugin runs as (`plugin_user`); None: the runner's own.
@@ -67,11 +63,7 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
             .env("USER", &user.name)
             .env("LOGNAME", &user.name);
     }
-    cmd.env("DISBATCH_TASK_ID", &call.task_id)
-        .env("DISBATCH_ATTEMPT", &call.attempt)
-        .env("DISBATCH_QUEUE", &call.queue_name)
-        .env("DISBATCH_QUEUE_ID", &call.queue_id)
-        .env("DISBATCH_NODE", &call.node)
+    cmd.envs(call.vars)
         .env("DISBATCH_RESULT", &paths.result)
         .stdin(Stdio::piped())
         .stdout(create_output(&paths.stdout)?)
@@ -100,9 +92,6 @@ pub fn start_plugin(call: PluginCall<'_>, spool: &Path) -> std::io::Result<Plugi
             private.apply()?;
             Ok(())
         });
-    }
-    if let Some(config) = &call.queue_config {
-        cmd.env("DISBATCH_QUEUE_CONFIG", config);
     }
     // This runner runs one plugin and then exits: as the subreaper of its descendants, it
     // adopts what the plugin leaves behind even in a session of its own, to kill at its end.

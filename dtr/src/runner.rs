@@ -9,6 +9,7 @@ use disbatch_model::output::{plan_output, GfsMode, Placement};
 use disbatch_model::run_policy::DEFAULT_LEASE;
 use disbatch_model::schema::task as field;
 use disbatch_model::status;
+use disbatch_model::task::Outcome;
 use disbatch_model::wire::handoff::Handoff;
 use disbatch_model::wire::relay::{Ack, Completion, MAX_RELAYED_OUTPUT};
 use disbatch_store::Result;
@@ -17,29 +18,22 @@ use disbatch_store::{
 };
 
 use crate::attempt::{Ran, Run, RunFacts};
-use crate::capture::run_and_capture;
 use crate::connection::LazyStore;
-use crate::node_link::NodeLink;
+use crate::launch::{run_plugin, NewProcess};
 use crate::outcome::Exit;
 use crate::prepare::{prepare, QueueLookup};
 use crate::record::{record_result, with_retries, Captured, Finished};
+use crate::sink::ResultSink;
 use crate::supervisor::{Stopped, Wake};
-use crate::worker::batch::BatchWriter;
+use crate::worker::launch::LendWorker;
 use crate::worker::Pool;
-
-/// What a worker host lends the runs it holds: its workers, and its batched result writes.
-#[derive(Clone, Copy)]
-pub struct Hosting<'a> {
-    pub pool: &'a Pool,
-    pub batch: &'a BatchWriter,
-}
 
 /// What became of the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunReport {
     /// The result was recorded: a final status, or requeued for a retry; and the attempt's
     /// outcome as its record names it.
-    Recorded(TaskEnd, &'static str),
+    Recorded(TaskEnd, Outcome),
     /// The task was not claimed by this node any more (given back, reaped): nothing was run.
     NotClaimed,
     /// The plugin ran but the task had changed hands; the result was discarded.
@@ -47,16 +41,17 @@ pub enum RunReport {
 }
 
 /// Runs a task its node claimed and handed over (the common case): no database round trip
-/// before the plugin starts. With `link` the node stores the attempt record and the result
-/// (in batches, on its own connections); without, they are this runner's only writes.
+/// before the plugin starts. `sink` stores the attempt record and the result first (the
+/// node, the worker host's batches), else they are this runner's only writes; a worker host
+/// lends persistent queues' tasks its `workers`.
 pub async fn run_handed_off(
     config: &Config,
     store: &LazyStore,
     handoff: Handoff,
     node: &str,
     wake: Option<Wake>,
-    link: Option<&mut NodeLink>,
-    hosting: Option<Hosting<'_>>,
+    sink: ResultSink<'_>,
+    workers: Option<&Pool>,
 ) -> Result<RunReport> {
     // The fleet's time (the handoff brought the node's reading of it): the record is judged
     // beside times other hosts wrote, and its end is the fleet's too.
@@ -65,10 +60,7 @@ pub async fn run_handed_off(
         disbatch_store::Error::Invalid("the handed-over task has no ObjectId _id".into())
     })?;
     let queue: QueueLookup = Ok(parse_queue(&handoff.queue).ok());
-    let relay = link
-        .as_ref()
-        .filter(|_| handoff.live)
-        .map(|l| l.live_relay());
+    let relay = sink.live_relay(handoff.live);
     let run = Run {
         store,
         config,
@@ -77,8 +69,9 @@ pub async fn run_handed_off(
         attempts: attempts_started(&handoff.task),
         node,
         live_relay: relay.as_ref(),
+        workers,
     };
-    run_attempt(&run, &handoff.task, queue, started, wake, link, hosting).await
+    run_attempt(&run, &handoff.task, queue, started, wake, sink).await
 }
 
 /// Starts a task this node claimed (`-1`) as a new attempt and runs it: for a runner started
@@ -116,8 +109,9 @@ pub async fn run_task(
         attempts: attempts_started(&doc),
         node,
         live_relay: None,
+        workers: None,
     };
-    run_attempt(&run, &doc, queue, started, wake, None, None).await
+    run_attempt(&run, &doc, queue, started, wake, ResultSink::Direct).await
 }
 
 async fn run_attempt(
@@ -126,8 +120,7 @@ async fn run_attempt(
     queue: QueueLookup,
     started: DateTime,
     wake: Option<Wake>,
-    link: Option<&mut NodeLink>,
-    hosting: Option<Hosting<'_>>,
+    sink: ResultSink<'_>,
 ) -> Result<RunReport> {
     let Run {
         store,
@@ -137,7 +130,7 @@ async fn run_attempt(
         node,
         ..
     } = *run;
-    let (ran, patience) = run_prepared(run, doc, queue, wake, hosting).await?;
+    let (ran, patience) = run_prepared(run, doc, queue, wake).await?;
     let queue_id = doc.get_object_id(field::QUEUE).ok();
     let record = |end: AttemptEnd| AttemptRecord {
         id: attempt,
@@ -152,7 +145,7 @@ async fn run_attempt(
         Ran::Finished(f, facts) => (f, facts),
         Ran::LeaseLost(facts) => {
             // Recovery has already recorded this attempt as lost; this only fills a gap.
-            let discarded = record(attempt_end("discarded", None, &facts));
+            let discarded = record(attempt_end(Outcome::Discarded, None, &facts));
             let _ = with_retries("recording the attempt", || async {
                 store.get().await?.insert_attempt(&discarded).await
             })
@@ -166,11 +159,11 @@ async fn run_attempt(
     }
     let end = finished.end;
     let outcome = match (end, facts.stopped) {
-        (_, Some(Stopped::TimedOut(..))) => "timed_out",
-        (_, Some(Stopped::Cancelled(_))) => "cancelled",
-        (TaskEnd::Status(status::SUCCEEDED), _) => "succeeded",
-        (TaskEnd::Status(_) | TaskEnd::Discarded(_), _) => "failed",
-        (TaskEnd::Retry { .. }, _) => "retry",
+        (_, Some(Stopped::TimedOut(..))) => Outcome::TimedOut,
+        (_, Some(Stopped::Cancelled(_))) => Outcome::Cancelled,
+        (TaskEnd::Status(status::SUCCEEDED), _) => Outcome::Succeeded,
+        (TaskEnd::Status(_) | TaskEnd::Discarded(_), _) => Outcome::Failed,
+        (TaskEnd::Retry { .. }, _) => Outcome::Retry,
     };
     let final_status = match end {
         TaskEnd::Status(s) | TaskEnd::Discarded(s) => Some(s),
@@ -179,31 +172,25 @@ async fn run_attempt(
     // The attempt record goes first: if this runner dies before the result lands, recovery
     // marks the record lost, so a record never claims a result the task does not show.
     let closing = record(attempt_end(outcome, final_status, &facts));
-    let relayed = match (link, hosting, relayable(&finished, &closing, config.gfs)) {
-        (Some(link), _, Some(completion)) => Some(link.report(&completion, patience).await),
-        (None, Some(h), Some(completion)) => Some(h.batch.report(completion).await),
-        _ => None,
-    };
-    match relayed {
-        Some(Ack::Recorded) => return Ok(recorded(store, task, end, outcome, &facts).await),
-        Some(Ack::NotOurs) => {
+    let completion = relayable(&finished, &closing, config.gfs);
+    match sink.offer(completion, patience).await {
+        Ack::Recorded => Ok(recorded(store, task, end, outcome, &facts).await),
+        Ack::NotOurs => {
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
-            return Ok(RunReport::Discarded);
+            Ok(RunReport::Discarded)
         }
-        Some(Ack::RecordYourself) | None => {}
+        Ack::RecordYourself => record_yourself(run, finished, &closing, outcome, &facts).await,
     }
-    record_yourself(run, finished, &closing, outcome, &facts).await
 }
 
-/// Prepares the attempt and runs its plugin (in a worker of `hosting` when the queue's
-/// workers are persistent); a task that cannot start fails with the reason. Returns how it
-/// ran, and how long the node may take to answer (a third of the lease).
+/// Prepares the attempt and runs its plugin (in a lent worker when the queue's workers are
+/// persistent and the run has `workers`); a task that cannot start fails with the reason.
+/// Returns how it ran, and how long the node may take to answer (a third of the lease).
 async fn run_prepared(
     run: &Run<'_>,
     doc: &Document,
     queue: QueueLookup,
     wake: Option<Wake>,
-    hosting: Option<Hosting<'_>>,
 ) -> Result<(Ran, std::time::Duration)> {
     let Run {
         config,
@@ -238,11 +225,11 @@ async fn run_prepared(
             );
             Ran::Finished(Box::new(unable(reason.clone())), RunFacts::because(reason))
         }
-        Ok(p) => match hosting {
-            Some(h) if p.worker.persistent() => {
-                crate::worker::run::run_in_worker(doc, p, run, h.pool, wake).await?
+        Ok(p) => match run.workers {
+            Some(pool) if p.worker.persistent() => {
+                run_plugin(LendWorker(pool), doc, p, run, wake).await?
             }
-            _ => run_and_capture(doc, p, run, wake).await?,
+            _ => run_plugin(NewProcess, doc, p, run, wake).await?,
         },
     };
     Ok((ran, patience))
@@ -254,7 +241,7 @@ async fn record_yourself(
     run: &Run<'_>,
     finished: Box<Finished>,
     closing: &AttemptRecord,
-    outcome: &'static str,
+    outcome: Outcome,
     facts: &RunFacts,
 ) -> Result<RunReport> {
     let Run {
@@ -299,7 +286,11 @@ async fn record_yourself(
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
             if inserted {
                 if let Err(e) = with_retries("updating the attempt", || {
-                    db.change_attempt_outcome(attempt, outcome, "discarded")
+                    db.change_attempt_outcome(
+                        attempt,
+                        outcome.as_str(),
+                        Outcome::Discarded.as_str(),
+                    )
                 })
                 .await
                 {
@@ -334,7 +325,7 @@ async fn recorded(
     store: &LazyStore,
     task: ObjectId,
     end: TaskEnd,
-    outcome: &'static str,
+    outcome: Outcome,
     facts: &RunFacts,
 ) -> RunReport {
     tracing::info!(task = %task, ?end, "task finished");
@@ -349,7 +340,7 @@ async fn recorded(
     RunReport::Recorded(end, outcome)
 }
 
-fn attempt_end(outcome: &'static str, status: Option<i32>, facts: &RunFacts) -> AttemptEnd {
+fn attempt_end(outcome: Outcome, status: Option<i32>, facts: &RunFacts) -> AttemptEnd {
     AttemptEnd {
         outcome,
         status,

@@ -51,6 +51,18 @@ pub enum Stopped {
     LeaseLost(Exit),
 }
 
+impl Stopped {
+    /// How the plugin's process (or its worker) exited, however it was stopped.
+    pub fn exit(self) -> Exit {
+        match self {
+            Stopped::Exited(e)
+            | Stopped::TimedOut(e, _)
+            | Stopped::Cancelled(e)
+            | Stopped::LeaseLost(e) => e,
+        }
+    }
+}
+
 /// What the lease keeper learned from the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LeaseNews {

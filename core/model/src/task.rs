@@ -81,13 +81,114 @@ mod tests {
         let file = ObjectId::new();
         assert_eq!(Bson::from(OutputValue::File(file)), Bson::ObjectId(file));
     }
+
+    #[test]
+    fn an_outcome_is_spelt_alike_as_text_bson_and_serde() {
+        let names = [
+            "succeeded",
+            "failed",
+            "retry",
+            "cancelled",
+            "timed_out",
+            "discarded",
+            "lost",
+        ];
+        assert_eq!(Outcome::ALL.map(Outcome::as_str), names);
+        for o in Outcome::ALL {
+            assert_eq!(Outcome::parse(o.as_str()), Some(o));
+            assert_eq!(o.as_str().parse::<Outcome>(), Ok(o));
+            assert_eq!(Bson::from(o), Bson::String(o.as_str().into()));
+            assert_eq!(bson::to_bson(&o).ok(), Some(Bson::from(o)));
+            assert_eq!(bson::from_bson::<Outcome>(Bson::from(o)).ok(), Some(o));
+            assert_eq!(o.to_string(), o.as_str());
+        }
+        assert_eq!(Outcome::parse("exploded"), None);
+        assert_eq!(Outcome::parse("running"), None);
+        assert!("Succeeded".parse::<Outcome>().is_err());
+        assert_eq!(Outcome::label(None), "unknown");
+        assert_eq!(Outcome::label(Some(Outcome::TimedOut)), "timed_out");
+    }
+}
+
+/// How an attempt ended, as its record's `outcome`, the runner's completion frame, the worker
+/// host's report and the DEN's metric label spell it: one list, so none of them can name an
+/// outcome the others do not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    Retry,
+    Cancelled,
+    TimedOut,
+    /// The task had changed hands: the result was not recorded.
+    Discarded,
+    /// Its lease passed and another node recovered the task (recovery writes it).
+    Lost,
+}
+
+impl Outcome {
+    /// Every outcome, in the order the DEN's metrics list them.
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Succeeded,
+        Outcome::Failed,
+        Outcome::Retry,
+        Outcome::Cancelled,
+        Outcome::TimedOut,
+        Outcome::Discarded,
+        Outcome::Lost,
+    ];
+
+    /// What a report says of an attempt whose outcome its sender could not learn.
+    pub const UNKNOWN: &'static str = "unknown";
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Retry => "retry",
+            Outcome::Cancelled => "cancelled",
+            Outcome::TimedOut => "timed_out",
+            Outcome::Discarded => "discarded",
+            Outcome::Lost => "lost",
+        }
+    }
+
+    /// The outcome `name` spells; None for any other text (a newer version's, a hand edit).
+    pub fn parse(name: &str) -> Option<Outcome> {
+        Outcome::ALL.into_iter().find(|o| o.as_str() == name)
+    }
+
+    /// `outcome`'s name, or `unknown` when it was not learned.
+    pub fn label(outcome: Option<Outcome>) -> &'static str {
+        outcome.map_or(Outcome::UNKNOWN, Outcome::as_str)
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Outcome {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Outcome, String> {
+        Outcome::parse(name).ok_or_else(|| format!("unknown outcome {name:?}"))
+    }
+}
+
+impl From<Outcome> for Bson {
+    fn from(o: Outcome) -> Bson {
+        Bson::String(o.as_str().to_string())
+    }
 }
 
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttemptEnd {
-    /// succeeded, failed, retry, cancelled, timed_out or discarded (the task had changed hands).
-    pub outcome: &'static str,
+    pub outcome: Outcome,
     pub status: Option<i32>,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,

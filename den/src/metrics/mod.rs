@@ -9,6 +9,7 @@ pub mod http;
 use std::sync::Arc;
 use std::time::Duration;
 
+use disbatch_model::task::Outcome;
 use disbatch_model::text::printable::metric_label;
 use prometheus::{Encoder, IntCounterVec, TextEncoder};
 
@@ -32,28 +33,18 @@ const DEPENDENCY_SETTLEMENTS: [&str; 6] = [
 ];
 const RESULT_ANSWERS: &[&str] = &["recorded", "not_ours", "record_yourself"];
 const LIVE_COPY_RESULTS: &[&str] = &["written", "not_written", "dropped"];
-/// How a task runner's attempt ended, as its attempt record (collection `attempts`) says,
-/// plus `unknown` when this node could not learn it; every runner exit is one of these.
-pub const TASK_OUTCOMES: &[&str] = &[
-    "succeeded",
-    "failed",
-    "retry",
-    "cancelled",
-    "timed_out",
-    "discarded",
-    "lost",
-    "unknown",
-];
 /// Results stored per batch: one when the node is quiet, tens under load.
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
-/// `outcome` as its `TASK_OUTCOMES` label: a stored value outside the list is `unknown`.
-pub fn outcome_label(outcome: &str) -> &'static str {
-    TASK_OUTCOMES
-        .iter()
-        .find(|o| **o == outcome)
-        .copied()
-        .unwrap_or("unknown")
+/// The `outcome` labels of `disbatch_den_tasks_finished_total`: how a task runner's attempt
+/// ended, as its attempt record (collection `attempts`) says, plus `unknown` when this node
+/// could not learn it; every runner exit is one of these.
+fn task_outcome_labels() -> impl Iterator<Item = &'static str> {
+    Outcome::ALL
+        .map(Some)
+        .into_iter()
+        .chain([None])
+        .map(Outcome::label)
 }
 
 /// The node's metrics; clones share them. Recording is a hash lookup under a read lock and an
@@ -136,7 +127,7 @@ impl DenMetrics {
         inc(&self.inner.runners_started, &[queue]);
         // A queue's outcomes start at 0 with its first runner, so a rate of failures works
         // before the first failure.
-        for outcome in TASK_OUTCOMES {
+        for outcome in task_outcome_labels() {
             let _ = self
                 .inner
                 .tasks_finished
@@ -167,8 +158,9 @@ impl DenMetrics {
         }
     }
 
-    /// A runner's attempt ended with `outcome`, one of `TASK_OUTCOMES`.
-    pub fn task_finished(&self, queue: &str, outcome: &'static str) {
+    /// A runner's attempt ended with `outcome`; None: this node could not learn how.
+    pub fn task_finished(&self, queue: &str, outcome: Option<Outcome>) {
+        let outcome = Outcome::label(outcome);
         inc(&self.inner.tasks_finished, &[&metric_label(queue), outcome]);
     }
 

@@ -45,7 +45,7 @@ fn every_call_shows_in_its_family() {
     m.runner_started("q1");
     m.runner_started("q1");
     m.runner_exited("q1", Duration::from_secs(2), true);
-    m.task_finished("q1", "failed");
+    m.task_finished("q1", Some(disbatch_model::task::Outcome::Failed));
     m.db_error("claim");
     m.recovered("requeue");
     m.schedule_ticks("q1", "enqueued", 2);

@@ -17,12 +17,12 @@ use disbatch_store::TaskEnd;
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::Notify;
 
-use crate::metrics::outcome_label;
 use crate::runners::completer::Completer;
-pub use crate::runners::live::{Exited, Outcome};
+pub use crate::runners::live::{Exited, LearnedEnd};
 use crate::runners::live::{HostHandle, Live};
 use crate::runners::releaser::Releaser;
 use crate::runners::runner_deaths::RunnerDeaths;
+use disbatch_model::task::Outcome;
 
 /// What an empty pipe takes without blocking on Linux (its default capacity).
 const PIPE_CAPACITY: usize = 64 * 1024;
@@ -276,7 +276,7 @@ impl Executor {
     fn watch_runner(
         &self,
         mut child: tokio::process::Child,
-        mut relay: tokio::task::JoinHandle<Option<Outcome>>,
+        mut relay: tokio::task::JoinHandle<Option<LearnedEnd>>,
         task: ObjectId,
         attempt: ObjectId,
     ) {
@@ -314,8 +314,8 @@ impl Executor {
                 (None, Some(deaths)) => deaths
                     .recorded_outcome(attempt)
                     .await
-                    .unwrap_or(Outcome::UNKNOWN),
-                (None, None) => Outcome::UNKNOWN,
+                    .unwrap_or(LearnedEnd::UNKNOWN),
+                (None, None) => LearnedEnd::UNKNOWN,
             };
             executor.task_ended(task, attempt, success, outcome);
         });
@@ -330,7 +330,7 @@ impl Executor {
         task: ObjectId,
         attempt: ObjectId,
         success: bool,
-        outcome: Outcome,
+        learned: LearnedEnd,
     ) {
         let waited_for = self.waited_for.lock().is_ok_and(|mut w| w.remove(&attempt));
         if let (true, Some(releaser)) = (waited_for, &self.releaser) {
@@ -344,9 +344,9 @@ impl Executor {
                 slot: runner.slot,
                 ran_for: runner.started.elapsed(),
                 success,
-                outcome: outcome.label,
-                discarded: outcome.task_discarded,
-                retry_at: outcome.retry_at,
+                outcome: learned.outcome,
+                discarded: learned.task_discarded,
+                retry_at: learned.retry_at,
             });
         }
         self.runner_exited.notify_one();
@@ -379,7 +379,7 @@ async fn relay_result(
     completer: &Completer,
     answers: PipeWriter,
     mut stdout: ChildStdout,
-) -> Option<Outcome> {
+) -> Option<LearnedEnd> {
     // Live output copies (when the handoff said `live`) come first, then the completion.
     let frame = loop {
         let frame = match read_frame(&mut stdout).await {
@@ -406,8 +406,8 @@ async fn relay_result(
     let mut outcome = None;
     let ack = match Completion::decode(&frame) {
         Ok(c) if c.task() == task => {
-            let recorded = Outcome {
-                label: outcome_label(c.record.end.outcome),
+            let recorded = LearnedEnd {
+                outcome: Some(c.record.end.outcome),
                 task_discarded: c.record.end.task_discarded,
                 retry_at: match c.end {
                     TaskEnd::Retry { not_before, .. } => not_before,
@@ -417,7 +417,7 @@ async fn relay_result(
             let ack = completer.store_result(c).await;
             outcome = match ack {
                 Ack::Recorded => Some(recorded),
-                Ack::NotOurs => Some(Outcome::plain("discarded")),
+                Ack::NotOurs => Some(LearnedEnd::plain(Outcome::Discarded)),
                 Ack::RecordYourself => None,
             };
             ack

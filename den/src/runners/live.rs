@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
 use bson::Document;
+use disbatch_model::task::Outcome;
 use tokio::sync::mpsc;
 
 /// A runner this process started (or a task handed to its worker host), while it lives.
@@ -29,8 +30,8 @@ pub struct Exited {
     pub ran_for: Duration,
     /// The runner process exited 0 (it recorded a result, which may be a failure).
     pub success: bool,
-    /// How the attempt ended, one of `metrics::TASK_OUTCOMES`.
-    pub outcome: &'static str,
+    /// How the attempt ended; None: this node could not learn it.
+    pub outcome: Option<Outcome>,
     /// The attempt's end discarded its task (its retry policy out of attempts).
     pub discarded: bool,
     /// The attempt queued a retry claimable from this time (the fleet's), as far as the node
@@ -40,21 +41,25 @@ pub struct Exited {
 
 /// How an attempt ended, as its node learned it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome {
-    /// One of `metrics::TASK_OUTCOMES`.
-    pub label: &'static str,
+pub struct LearnedEnd {
+    /// None: the node could not learn it (its metric label is `unknown`).
+    pub outcome: Option<Outcome>,
     /// The attempt's end discarded its task (its retry policy out of attempts).
     pub task_discarded: bool,
     /// The attempt queued a retry claimable from this time.
     pub retry_at: Option<bson::DateTime>,
 }
 
-impl Outcome {
-    pub const UNKNOWN: Outcome = Outcome::plain("unknown");
+impl LearnedEnd {
+    pub const UNKNOWN: LearnedEnd = LearnedEnd {
+        outcome: None,
+        task_discarded: false,
+        retry_at: None,
+    };
 
-    pub const fn plain(label: &'static str) -> Outcome {
-        Outcome {
-            label,
+    pub const fn plain(outcome: Outcome) -> LearnedEnd {
+        LearnedEnd {
+            outcome: Some(outcome),
             task_discarded: false,
             retry_at: None,
         }

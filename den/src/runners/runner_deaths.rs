@@ -8,8 +8,9 @@ use disbatch_store::Store;
 use tokio::task::JoinHandle;
 
 use crate::maintenance::reaper::{recover_runner_death, recovery_label};
-use crate::metrics::{outcome_label, DenMetrics};
-use crate::runners::live::Outcome;
+use crate::metrics::DenMetrics;
+use crate::runners::live::LearnedEnd;
+use disbatch_model::task::Outcome;
 
 /// How long a dead runner's result relay may still be storing a result it handed over
 /// before dying; past it the task is left to its lease, never recovered over a result.
@@ -45,8 +46,8 @@ impl RunnerDeaths {
         task: ObjectId,
         attempt: ObjectId,
         exit: &str,
-        relay: Option<JoinHandle<Option<Outcome>>>,
-    ) -> Option<Outcome> {
+        relay: Option<JoinHandle<Option<LearnedEnd>>>,
+    ) -> Option<LearnedEnd> {
         if let Some(relay) = relay {
             match tokio::time::timeout(RELAY_GRACE, relay).await {
                 Err(_) => {
@@ -60,7 +61,7 @@ impl RunnerDeaths {
         match recover_runner_death(&self.store, task, attempt, exit).await {
             Ok(Some(how)) => {
                 self.metrics.recovered(recovery_label(how));
-                Some(Outcome::plain("lost"))
+                Some(LearnedEnd::plain(Outcome::Lost))
             }
             Ok(None) => None,
             Err(e) => {
@@ -74,10 +75,10 @@ impl RunnerDeaths {
     /// The outcome recorded for `attempt` by a runner that stored its own result (too much
     /// output to relay, or this node could not store it): one read by `_id`, at most
     /// `OUTCOME_READ`.
-    pub async fn recorded_outcome(&self, attempt: ObjectId) -> Option<Outcome> {
+    pub async fn recorded_outcome(&self, attempt: ObjectId) -> Option<LearnedEnd> {
         match tokio::time::timeout(OUTCOME_READ, self.store.attempt_outcome(attempt)).await {
-            Ok(Ok(outcome)) => outcome.map(|(o, task_discarded)| Outcome {
-                label: outcome_label(&o),
+            Ok(Ok(outcome)) => outcome.map(|(o, task_discarded)| LearnedEnd {
+                outcome: Outcome::parse(&o),
                 task_discarded,
                 // A runner that stored its own result: the leader's probe signals its retry.
                 retry_at: None,

@@ -16,9 +16,9 @@ use tokio::io::BufReader;
 use tokio::process::{ChildStdout, Command};
 use tokio::sync::mpsc;
 
-use crate::metrics::outcome_label;
 use crate::runners::executor::Executor;
-use crate::runners::live::{HostHandle, Live, Outcome};
+use crate::runners::live::{HostHandle, LearnedEnd, Live};
+use disbatch_model::task::Outcome;
 
 /// At most this many frames to the host in one write.
 const FRAMES_PER_WRITE: usize = 64;
@@ -177,7 +177,7 @@ impl Executor {
                 }
                 None => None,
             };
-            self.task_ended(task, attempt, false, outcome.unwrap_or(Outcome::UNKNOWN));
+            self.task_ended(task, attempt, false, outcome.unwrap_or(LearnedEnd::UNKNOWN));
         }
     }
 }
@@ -195,8 +195,8 @@ async fn read_ended(executor: &Executor, pid: u32, mut stdout: BufReader<ChildSt
                     );
                     continue;
                 };
-                let outcome = Outcome {
-                    label: outcome_label(d.get_str("outcome").unwrap_or("unknown")),
+                let outcome = LearnedEnd {
+                    outcome: d.get_str("outcome").ok().and_then(Outcome::parse),
                     task_discarded: d.get_bool("task_discarded").unwrap_or(false),
                     retry_at: d.get_datetime("retry_at").ok().copied(),
                 };

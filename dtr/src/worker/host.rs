@@ -11,6 +11,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_config::Config;
+use disbatch_model::task::Outcome;
 use disbatch_model::wire::handoff::{host_frame, Handoff};
 use disbatch_model::wire::relay::{read_frame, write_frames};
 use tokio::io::BufReader;
@@ -21,7 +22,8 @@ use super::batch::BatchWriter;
 use super::node_pipe;
 use super::Pool;
 use crate::connection::LazyStore;
-use crate::runner::{run_handed_off, Hosting, RunReport};
+use crate::runner::{run_handed_off, RunReport};
+use crate::sink::ResultSink;
 use crate::supervisor::Wake;
 
 /// The node's frames are read through a buffer this large: a burst of handoffs in one read.
@@ -181,15 +183,14 @@ async fn run_one(
     if let Ok(mut w) = wakes.lock() {
         w.insert(task, wake_tx);
     }
-    let hosting = Hosting { pool, batch };
     let report = run_handed_off(
         config,
         store,
         handoff,
         node,
         Some(Wake::Channel(wake_rx)),
-        None,
-        Some(hosting),
+        ResultSink::Host(batch),
+        Some(pool),
     )
     .await;
     if let Ok(mut w) = wakes.lock() {
@@ -202,17 +203,17 @@ async fn run_one(
         _ => None,
     };
     let outcome = match report {
-        Ok(RunReport::Recorded(_, outcome)) => outcome,
-        Ok(RunReport::Discarded) => "discarded",
-        Ok(RunReport::NotClaimed) => "discarded",
+        Ok(RunReport::Recorded(_, outcome)) => Some(outcome),
+        Ok(RunReport::Discarded) => Some(Outcome::Discarded),
+        Ok(RunReport::NotClaimed) => Some(Outcome::Discarded),
         Err(e) => {
             // The lease passes and recovery applies `on_lost`, as for a runner that failed.
             tracing::error!(task = %task, error = %e, "worker host: could not run or record the task");
-            "unknown"
+            None
         }
     };
     let _ = ended.send(doc! {
-        host_frame::ENDED: task, "attempt": attempt, "outcome": outcome,
+        host_frame::ENDED: task, "attempt": attempt, "outcome": Outcome::label(outcome),
         "task_discarded": task_discarded,
         "retry_at": retry_at.map_or(bson::Bson::Null, bson::Bson::DateTime),
     });

@@ -3,10 +3,10 @@
 
 pub mod batch;
 pub mod host;
+pub(crate) mod launch;
 pub mod message;
 mod node_pipe;
 pub mod pool;
 pub mod process;
-pub mod run;
 
 pub use pool::{Lent, Pool};

@@ -64,6 +64,69 @@ fn reopen(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// The worker's command: the plugin's allowed environment and user, the protocol's variable,
+/// its output appended to `out` and `err`, and `channel` as its descriptor 3.
+fn command(
+    executable: &Path,
+    config: &Config,
+    out: File,
+    err: File,
+    channel: &std::os::unix::net::UnixStream,
+) -> Command {
+    let user = config.plugin_user.as_ref();
+    let mut cmd = Command::new(executable);
+    cmd.env_clear();
+    for (name, value) in std::env::vars_os() {
+        if name
+            .to_str()
+            .is_some_and(|n| plugin_may_see(&config.plugin_env, n))
+        {
+            cmd.env(name, value);
+        }
+    }
+    if let Some(user) = user {
+        cmd.env("HOME", &user.home)
+            .env("USER", &user.name)
+            .env("LOGNAME", &user.name);
+    }
+    cmd.env(PROTOCOL_ENV, PROTOCOL_VERSION.to_string())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .kill_on_drop(true);
+    let identity = user.map(Identity::of);
+    let host = std::process::id();
+    let channel = channel.as_raw_fd();
+    let private = CloexecRanges::above_stderr_except(Some(3));
+    // SAFETY: setgroups, setgid, setuid, prctl, getppid, dup2, fcntl and close_range are
+    // async-signal-safe; everything they use was made before the fork and is only read.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(identity) = &identity {
+                identity.assume()?;
+            }
+            // A host killed outright takes its workers with it: no orphan worker.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            if libc::getppid() as u32 != host {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // The channel is descriptor 3; dup2 leaves the copy without close-on-exec.
+            let kept = if channel == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(channel, 3)
+            };
+            if kept < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            private.apply()?;
+            Ok(())
+        });
+    }
+    cmd
+}
+
 impl Worker {
     /// Starts `executable` as a worker of the node's `config` and waits up to `start` for its
     /// `ready`. Err: why it could not start, for the task's stderr.
@@ -92,57 +155,7 @@ impl Worker {
         let err = append_file(&paths.stderr).map_err(|e| io("creating stderr", e))?;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| io("creating the worker's channel", e))?;
-        let mut cmd = Command::new(executable);
-        cmd.env_clear();
-        for (name, value) in std::env::vars_os() {
-            if name
-                .to_str()
-                .is_some_and(|n| plugin_may_see(&config.plugin_env, n))
-            {
-                cmd.env(name, value);
-            }
-        }
-        if let Some(user) = user {
-            cmd.env("HOME", &user.home)
-                .env("USER", &user.name)
-                .env("LOGNAME", &user.name);
-        }
-        cmd.env(PROTOCOL_ENV, PROTOCOL_VERSION.to_string())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .kill_on_drop(true);
-        let identity = user.map(Identity::of);
-        let host = std::process::id();
-        let channel = theirs.as_raw_fd();
-        let private = CloexecRanges::above_stderr_except(Some(3));
-        // SAFETY: setgroups, setgid, setuid, prctl, getppid, dup2, fcntl and close_range are
-        // async-signal-safe; everything they use was made before the fork and is only read.
-        unsafe {
-            cmd.pre_exec(move || {
-                if let Some(identity) = &identity {
-                    identity.assume()?;
-                }
-                // A host killed outright takes its workers with it: no orphan worker.
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-                if libc::getppid() as u32 != host {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                // The channel is descriptor 3; dup2 leaves the copy without close-on-exec.
-                let kept = if channel == 3 {
-                    libc::fcntl(3, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(channel, 3)
-                };
-                if kept < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                private.apply()?;
-                Ok(())
-            });
-        }
-        let child = cmd
+        let child = command(executable, config, out, err, &theirs)
             .spawn()
             .map_err(|e| format!("could not start plugin {}: {e}", executable.display()))?;
         drop(theirs);
@@ -152,7 +165,7 @@ impl Worker {
             tokio::net::UnixStream::from_std(ours).map_err(|e| io("setting up the channel", e))?;
         let (read, write) = stream.into_split();
         let pid = child.id().unwrap_or(0);
-        let mut worker = Worker {
+        let worker = Worker {
             group: child.id().map(|id| Pid::from_raw(id as i32)),
             child,
             reader: BufReader::new(read),
@@ -168,23 +181,28 @@ impl Worker {
             ended: None,
             dead: false,
         };
-        let why = match tokio::time::timeout(start, worker.read_message()).await {
+        worker.until_ready(start, grace).await
+    }
+
+    /// Waits up to `start` for the new worker's `ready`; one that does not say it is stopped.
+    async fn until_ready(mut self, start: Duration, grace: Duration) -> Result<Worker, String> {
+        let why = match tokio::time::timeout(start, self.read_message()).await {
             Err(_) => format!(
                 "the worker did not say ready within {} s",
                 start.as_secs_f64()
             ),
             Ok(Ok(Some(m))) => match m.ready(PROTOCOL_VERSION as u64) {
-                Ok(()) => return Ok(worker),
+                Ok(()) => return Ok(self),
                 Err(why) => why,
             },
             Ok(Ok(None)) => "the worker exited before it said ready".to_string(),
             Ok(Err(e)) => format!("the worker's first message cannot be read: {e}"),
         };
-        let exit = worker.stop(grace).await;
-        let tail = worker.stderr_tail().await;
+        let exit = self.stop(grace).await;
+        let tail = self.stderr_tail().await;
         Err(format!(
             "could not start worker {}: {why} ({}){tail}",
-            executable.display(),
+            self.executable.display(),
             describe(exit)
         ))
     }

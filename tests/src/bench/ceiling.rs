@@ -355,7 +355,7 @@ fn succeeded(pick: &Pick, queue: ObjectId, node: &str) -> Option<Completion> {
             pid: std::process::id(),
             start: DateTime::now(),
             end: AttemptEnd {
-                outcome: "succeeded",
+                outcome: disbatch_model::task::Outcome::Succeeded,
                 status: Some(status::SUCCEEDED),
                 exit_code: None,
                 signal: None,

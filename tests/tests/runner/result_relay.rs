@@ -28,7 +28,7 @@ fn completion(
             pid: 7,
             start: DateTime::now(),
             end: AttemptEnd {
-                outcome,
+                outcome: outcome.parse().expect("an outcome"),
                 status: match end {
                     TaskEnd::Status(s) | TaskEnd::Discarded(s) => Some(s),
                     TaskEnd::Retry { .. } => None,

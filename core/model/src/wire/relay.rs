@@ -8,7 +8,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::fleet_time;
 use crate::task::TaskEnd;
-use crate::task::{AttemptEnd, AttemptRecord, LiveOutput, LiveStream, StoredOutput, LIVE_TAIL};
+use crate::task::{
+    AttemptEnd, AttemptRecord, LiveOutput, LiveStream, Outcome, StoredOutput, LIVE_TAIL,
+};
 
 /// The runner's descriptor for the node's answers (stdin closes after the handoff).
 pub const ANSWER_FD: i32 = 3;
@@ -42,17 +44,6 @@ pub enum Ack {
     /// records the result itself, as it would without a node.
     RecordYourself,
 }
-
-/// The outcomes an attempt record may carry; decoding maps a name back to one of them.
-const OUTCOMES: [&str; 7] = [
-    "succeeded",
-    "failed",
-    "retry",
-    "cancelled",
-    "timed_out",
-    "discarded",
-    "lost",
-];
 
 impl Completion {
     pub fn task(&self) -> ObjectId {
@@ -107,9 +98,7 @@ impl Completion {
                 .map_err(|_| format!("completion: no `{k}` string"))
         };
         let outcome = d.get_str("outcome").unwrap_or_default();
-        let outcome = OUTCOMES
-            .into_iter()
-            .find(|o| *o == outcome)
+        let outcome = Outcome::parse(outcome)
             .ok_or_else(|| format!("completion: unknown outcome {outcome:?}"))?;
         let end = if d.get_bool("retry").unwrap_or(false) {
             TaskEnd::Retry {
@@ -330,7 +319,7 @@ mod tests {
                 pid: 4242,
                 start: DateTime::from_millis(1_700_000_000_123),
                 end: AttemptEnd {
-                    outcome: "retry",
+                    outcome: Outcome::Retry,
                     status: None,
                     exit_code: Some(75),
                     signal: None,

@@ -62,7 +62,7 @@ mod tests {
 
     use super::*;
     use crate::task::TaskEnd;
-    use crate::task::{AttemptEnd, AttemptRecord};
+    use crate::task::{AttemptEnd, AttemptRecord, Outcome};
 
     fn completion(pid: u32) -> Completion {
         Completion {
@@ -74,7 +74,7 @@ mod tests {
                 pid,
                 start: DateTime::now(),
                 end: AttemptEnd {
-                    outcome: "succeeded",
+                    outcome: Outcome::Succeeded,
                     status: Some(1),
                     exit_code: Some(0),
                     signal: None,

@@ -67,8 +67,12 @@ impl Store {
                     stored_by_runner[i] = true;
                     continue;
                 }
-                self.change_attempt_outcome(c.record.id, c.record.end.outcome, "discarded")
-                    .await?;
+                self.change_attempt_outcome(
+                    c.record.id,
+                    c.record.end.outcome.as_str(),
+                    "discarded",
+                )
+                .await?;
             }
         }
         let moves: Vec<crate::Moved> = batch

@@ -1,103 +1,23 @@
-//! Runs the prepared plugin as a process under its supervisor, and turns how a run ended
-//! (a process's or a worker's) into the task's end and captured output.
+//! Turns how a run ended (a process's or a worker's) into the task's end, its retry or
+//! chaining, and its captured output with the runner's notes.
 
 use std::time::Duration;
 
-use bson::{Bson, DateTime, Document};
+use bson::oid::ObjectId;
+use bson::DateTime;
 use disbatch_model::fleet_time;
 use disbatch_model::retry_policy::FailureKind;
 use disbatch_model::status;
 use disbatch_store::TaskEnd;
 use disbatch_store::{Error, Result};
 
-use crate::attempt::{Ran, Run, RunFacts};
+use crate::attempt::{Ending, Ran, Run, RunFacts};
 use crate::outcome::Exit;
-use crate::outcome::{decide, Outcome};
-use crate::plugin_process::{start_plugin, PluginCall};
+use crate::outcome::{decide, Verdict};
 use crate::prepare::Prepared;
 use crate::record::{Captured, Finished, Spool};
-use crate::spool::{read_result, ResultFile, SpoolPaths};
-use crate::supervisor::{supervise, Stopped, Wake};
-
-pub(crate) async fn run_and_capture(
-    doc: &Document,
-    prepared: Prepared,
-    run: &Run<'_>,
-    wake: Option<Wake>,
-) -> Result<Ran> {
-    let Run {
-        store,
-        config,
-        task,
-        attempt,
-        node,
-        ..
-    } = *run;
-    let spool = tempfile::Builder::new()
-        .prefix(&format!("disbatch-task-{task}-"))
-        .tempdir()
-        .map_err(|e| Error::io("creating the output spool directory", e))?;
-    let task_json = serde_json::to_vec(&Bson::Document(doc.clone()).into_relaxed_extjson())
-        .map_err(|e| Error::Invalid(format!("encoding task {task} as JSON: {e}")))?;
-    let call = PluginCall {
-        executable: &prepared.executable,
-        task_json,
-        task_id: task.to_hex(),
-        attempt: attempt.to_hex(),
-        queue_name: prepared.queue_name.clone(),
-        queue_id: prepared.queue_id.to_hex(),
-        queue_config: prepared.config_json.clone(),
-        node: node.to_string(),
-        env: &config.plugin_env,
-        user: config.plugin_user.as_ref(),
-    };
-    let mut plugin = match start_plugin(call, spool.path()) {
-        Ok(p) => p,
-        Err(e) => {
-            let reason = format!(
-                "could not start plugin {}: {e}",
-                prepared.executable.display()
-            );
-            return Ok(unable_to_start(run, reason));
-        }
-    };
-    // The output so far, for watching, beside the plugin; stopped before the result is
-    // recorded (whose write unsets the copy), so it never outlives the run.
-    let doc_len = bson::to_vec(doc).map_or(u64::MAX, |v| v.len() as u64);
-    let live = crate::live::has_room(doc_len).then(|| {
-        let paths = plugin.paths.clone();
-        let relay = run.live_relay.cloned();
-        tokio::spawn(crate::live::keep_live(
-            store.clone(),
-            relay,
-            task,
-            attempt,
-            paths,
-        ))
-    });
-    let stopped = supervise(store, task, attempt, prepared.run, &mut plugin, wake).await;
-    if let Some(live) = live {
-        live.abort();
-    }
-    let stopped = stopped.map_err(|e| Error::io("waiting for the plugin", e))?;
-    let paths = plugin.paths.clone();
-    if let Stopped::LeaseLost(e) = stopped {
-        return Ok(Ran::LeaseLost(lease_lost(e, stopped)));
-    }
-    let (result, refused) = match read_result(&paths.result).await {
-        ResultFile::Missing => (None, None),
-        ResultFile::Written(bytes) => (Some(bytes), None),
-        ResultFile::Refused(why) => (None, Some(why)),
-    };
-    let ending = Ending {
-        stopped,
-        result,
-        refused,
-        lead: None,
-        requeue: false,
-    };
-    conclude(run, &prepared, ending, &paths, Spool::Dir(spool)).await
-}
+use crate::spool::SpoolPaths;
+use crate::supervisor::Stopped;
 
 /// The facts of a run whose task was recovered elsewhere meanwhile.
 pub(crate) fn lease_lost(exit: Exit, stopped: Stopped) -> RunFacts {
@@ -106,20 +26,6 @@ pub(crate) fn lease_lost(exit: Exit, stopped: Stopped) -> RunFacts {
         stopped: Some(stopped),
         ..RunFacts::default()
     }
-}
-
-/// How a run ended, as its supervisor saw it.
-pub(crate) struct Ending {
-    pub stopped: Stopped,
-    /// What the plugin gave as its result (the result file, a worker's `done`).
-    pub result: Option<Vec<u8>>,
-    /// Why the result was not trusted, when it was not.
-    pub refused: Option<String>,
-    /// The supervisor's own account, when the plugin did not end as plugins should (a
-    /// worker that died or broke the protocol): it leads the task's stderr note.
-    pub lead: Option<String>,
-    /// The queue's `on_lost: requeue` applies: the task goes back to the queue.
-    pub requeue: bool,
 }
 
 /// Results longer than this are judged off the runtime's thread.
@@ -148,26 +54,8 @@ pub(crate) async fn conclude(
         lead,
         requeue,
     } = ending;
-    let exit = match stopped {
-        Stopped::Exited(e)
-        | Stopped::TimedOut(e, _)
-        | Stopped::Cancelled(e)
-        | Stopped::LeaseLost(e) => e,
-    };
-    // A long result is parsed off this thread, which in a worker host serves every worker.
-    let mut outcome = match result {
-        Some(bytes) if bytes.len() > PARSED_IN_PLACE => {
-            tokio::task::spawn_blocking(move || decide(exit, Some(&bytes)))
-                .await
-                .map_err(|e| Error::io("judging the result", std::io::Error::other(e)))?
-        }
-        result => decide(exit, result.as_deref()),
-    };
-    if let Some(why) = refused {
-        tracing::warn!(task = %task, "the plugin's result is ignored: {why}");
-        outcome.refuse_result(&why);
-    }
-    let Outcome {
+    let exit = stopped.exit();
+    let Verdict {
         mut status,
         mut note,
         mut retry,
@@ -175,7 +63,7 @@ pub(crate) async fn conclude(
         result,
         record,
         spilled_output,
-    } = outcome;
+    } = judge(exit, result, refused, task).await?;
     // A worker that died or broke the protocol crashed, as a plugin killed by a signal did.
     let crashed = lead.is_some() || matches!(exit, Exit::Signal(_));
     if let Some(why) = lead {
@@ -231,6 +119,30 @@ pub(crate) async fn conclude(
         spool: Some(spool),
     };
     Ok(Ran::Finished(Box::new(done), facts))
+}
+
+/// The plugin's exit and its result judged; a result the runner refused (`refused`: why)
+/// fails the task.
+async fn judge(
+    exit: Exit,
+    result: Option<Vec<u8>>,
+    refused: Option<String>,
+    task: ObjectId,
+) -> Result<Verdict> {
+    // A long result is parsed off this thread, which in a worker host serves every worker.
+    let mut verdict = match result {
+        Some(bytes) if bytes.len() > PARSED_IN_PLACE => {
+            tokio::task::spawn_blocking(move || decide(exit, Some(&bytes)))
+                .await
+                .map_err(|e| Error::io("judging the result", std::io::Error::other(e)))?
+        }
+        result => decide(exit, result.as_deref()),
+    };
+    if let Some(why) = refused {
+        tracing::warn!(task = %task, "the plugin's result is ignored: {why}");
+        verdict.refuse_result(&why);
+    }
+    Ok(verdict)
 }
 
 /// Puts `why` at the start of the runner's note: why the runner ended the plugin comes
