@@ -101,7 +101,7 @@ async fn run(
             disbatch_model::fleet_time::adopt(anchor);
         }
         anyhow::ensure!(
-            handoff.task_id() == Some(task),
+            handoff.task_id() == task,
             "the handoff on stdin is for another task than --task {given}"
         );
         let mut link = if handoff.relay {

@@ -2,10 +2,10 @@
 //! `params` — or the reason the task cannot run, which becomes its stderr.
 
 use bson::oid::ObjectId;
-use bson::{Bson, Document};
+use bson::Bson;
 use disbatch_config::Config;
 use disbatch_model::run_policy::RunPolicy;
-use disbatch_model::schema::task as field;
+use disbatch_model::task::ClaimedTask;
 use disbatch_model::worker_policy::WorkerPolicy;
 use disbatch_model::Queue;
 
@@ -29,16 +29,13 @@ pub type QueueLookup = Result<Option<Queue>, String>;
 pub fn prepare(
     config: &Config,
     queue: QueueLookup,
-    doc: &Document,
+    claimed: &ClaimedTask,
     node: &str,
 ) -> Result<Prepared, String> {
-    let task = doc
-        .get_object_id(field::ID)
-        .map(|i| i.to_hex())
-        .unwrap_or_default();
-    let queue_id = doc
-        .get_object_id(field::QUEUE)
-        .map_err(|_| format!("task {task} has no valid queue id"))?;
+    let task = claimed.id.to_hex();
+    let queue_id = claimed
+        .queue
+        .ok_or_else(|| format!("task {task} has no valid queue id"))?;
     let queue = queue
         .map_err(|e| format!("could not read queue {queue_id} of task {task}: {e}"))?
         .ok_or_else(|| {
@@ -56,10 +53,7 @@ pub fn prepare(
         .plugins
         .resolve(&plugin)
         .map_err(|e| format!("cannot run task {task} on node {node}: {e}"))?;
-    match doc
-        .get(field::PARAMS)
-        .or_else(|| doc.get(field::LEGACY_PARAMS))
-    {
+    match claimed.params() {
         Some(Bson::Document(_)) => {}
         Some(other) => {
             return Err(format!(

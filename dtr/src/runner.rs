@@ -7,8 +7,8 @@ use disbatch_config::Config;
 use disbatch_model::fleet_time;
 use disbatch_model::output::{plan_output, GfsMode, Placement};
 use disbatch_model::run_policy::DEFAULT_LEASE;
-use disbatch_model::schema::task as field;
 use disbatch_model::status;
+use disbatch_model::task::ClaimedTask;
 use disbatch_model::task::Outcome;
 use disbatch_model::wire::handoff::Handoff;
 use disbatch_model::wire::relay::{Ack, Completion, MAX_RELAYED_OUTPUT};
@@ -56,9 +56,7 @@ pub async fn run_handed_off(
     // The fleet's time (the handoff brought the node's reading of it): the record is judged
     // beside times other hosts wrote, and its end is the fleet's too.
     let started = handoff.started_at.unwrap_or_else(fleet_time::now);
-    let task = handoff.task.get_object_id(field::ID).map_err(|_| {
-        disbatch_store::Error::Invalid("the handed-over task has no ObjectId _id".into())
-    })?;
+    let task = handoff.task.id;
     let queue: QueueLookup = Ok(parse_queue(&handoff.queue).ok());
     let relay = sink.live_relay(handoff.live);
     let run = Run {
@@ -66,7 +64,7 @@ pub async fn run_handed_off(
         config,
         task,
         attempt: handoff.attempt,
-        attempts: attempts_started(&handoff.task),
+        attempts: attempts_started(&handoff.task.raw),
         node,
         live_relay: relay.as_ref(),
         workers,
@@ -93,30 +91,36 @@ pub async fn run_task(
         tracing::info!(task = %task, node, "task is not claimed by this node; nothing to run");
         return Ok(RunReport::NotClaimed);
     };
-    let queue: QueueLookup = match doc.get_object_id(field::QUEUE) {
-        Ok(q) => with_retries("reading the queue", || async {
+    // Read by its `_id`, which is `task`: a claimed task.
+    let Some(claimed) = ClaimedTask::from_document(doc) else {
+        return Err(disbatch_store::Error::Invalid(format!(
+            "task {task} was read back without its ObjectId _id"
+        )));
+    };
+    let queue: QueueLookup = match claimed.queue {
+        Some(q) => with_retries("reading the queue", || async {
             store.get().await?.queue_by_id(q).await
         })
         .await
         .map_err(|e| e.to_string()),
-        Err(_) => Ok(None),
+        None => Ok(None),
     };
     let run = Run {
         store,
         config,
         task,
         attempt,
-        attempts: attempts_started(&doc),
+        attempts: attempts_started(&claimed.raw),
         node,
         live_relay: None,
         workers: None,
     };
-    run_attempt(&run, &doc, queue, started, wake, ResultSink::Direct).await
+    run_attempt(&run, &claimed, queue, started, wake, ResultSink::Direct).await
 }
 
 async fn run_attempt(
     run: &Run<'_>,
-    doc: &Document,
+    claimed: &ClaimedTask,
     queue: QueueLookup,
     started: DateTime,
     wake: Option<Wake>,
@@ -130,8 +134,8 @@ async fn run_attempt(
         node,
         ..
     } = *run;
-    let (ran, patience) = run_prepared(run, doc, queue, wake).await?;
-    let queue_id = doc.get_object_id(field::QUEUE).ok();
+    let (ran, patience) = run_prepared(run, claimed, queue, wake).await?;
+    let queue_id = claimed.queue;
     let record = |end: AttemptEnd| AttemptRecord {
         id: attempt,
         task,
@@ -188,7 +192,7 @@ async fn run_attempt(
 /// Returns how it ran, and how long the node may take to answer (a third of the lease).
 async fn run_prepared(
     run: &Run<'_>,
-    doc: &Document,
+    claimed: &ClaimedTask,
     queue: QueueLookup,
     wake: Option<Wake>,
 ) -> Result<(Ran, std::time::Duration)> {
@@ -209,7 +213,7 @@ async fn run_prepared(
         stderr: Captured::from_text(reason),
         spool: None,
     };
-    let prepared = prepare(config, queue, doc, node);
+    let prepared = prepare(config, queue, claimed, node);
     // A third of the lease: the node answers long before the task could be recovered.
     let patience = prepared.as_ref().map_or(DEFAULT_LEASE, |p| p.run.lease) / 3;
     let ran = match prepared {
@@ -227,9 +231,9 @@ async fn run_prepared(
         }
         Ok(p) => match run.workers {
             Some(pool) if p.worker.persistent() => {
-                run_plugin(LendWorker(pool), doc, p, run, wake).await?
+                run_plugin(LendWorker(pool), &claimed.raw, p, run, wake).await?
             }
-            _ => run_plugin(NewProcess, doc, p, run, wake).await?,
+            _ => run_plugin(NewProcess, &claimed.raw, p, run, wake).await?,
         },
     };
     Ok((ran, patience))

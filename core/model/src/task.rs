@@ -283,6 +283,12 @@ impl ClaimedTask {
         let queue = raw.get_object_id(crate::schema::task::QUEUE).ok();
         Some(ClaimedTask { id, queue, raw })
     }
+
+    /// Its `params`, or Disbatch's older `parameters` when it has no `params`.
+    pub fn params(&self) -> Option<&Bson> {
+        use crate::schema::task::{LEGACY_PARAMS, PARAMS};
+        self.raw.get(PARAMS).or_else(|| self.raw.get(LEGACY_PARAMS))
+    }
 }
 
 /// A stored task's id, when it is an ObjectId (claim reads only return such tasks).

@@ -349,7 +349,7 @@ impl Claimer {
         let relay = executor.relays();
         let mut handoffs = claimed.into_iter().map(|(task, pick)| {
             let handoff = Handoff {
-                task: task.raw,
+                task: *task,
                 attempt: pick.attempt,
                 queue: queue.raw.clone(),
                 relay,
@@ -364,14 +364,12 @@ impl Claimer {
                 self.metrics.runner_started(&queue.name);
                 continue;
             };
-            tracing::error!(task = ?handoff.task_id(), error = %e, "could not start the task runner; giving the batch's unstarted tasks back");
+            tracing::error!(task = %handoff.task_id(), error = %e, "could not start the task runner; giving the batch's unstarted tasks back");
             report.spawn_failed = true;
             for (handoff, slot) in std::iter::once((handoff, slot)).chain(handoffs) {
-                if let Some(id) = handoff.task_id() {
-                    self.store
-                        .give_back_attempt(id, handoff.attempt, &handoff.task)
-                        .await?;
-                }
+                self.store
+                    .give_back_attempt(handoff.task_id(), handoff.attempt, &handoff.task.raw)
+                    .await?;
                 self.view.runner_exited(queue.id, Some(slot));
             }
             break;

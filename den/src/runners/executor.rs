@@ -91,7 +91,7 @@ impl Executor {
 
     /// Notes a task being started that others wait for.
     pub(crate) fn note_waited_for(&self, handoff: &Handoff) {
-        if self.releaser.is_none() || !disbatch_store::is_waited_for(&handoff.task) {
+        if self.releaser.is_none() || !disbatch_store::is_waited_for(&handoff.task.raw) {
             return;
         }
         if let Ok(mut w) = self.waited_for.lock() {
@@ -193,9 +193,7 @@ impl Executor {
         if disbatch_store::runs_persistent(&handoff.queue) {
             return self.hand_to_host(handoff, slot);
         }
-        let task = handoff
-            .task_id()
-            .ok_or_else(|| std::io::Error::other("the claimed task has no ObjectId _id"))?;
+        let task = handoff.task_id();
         let queue = handoff
             .queue_id()
             .ok_or_else(|| std::io::Error::other("the claimed task has no queue id"))?;

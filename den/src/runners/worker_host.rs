@@ -9,7 +9,7 @@ use std::process::Stdio;
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_config::process::isolation::CloexecRanges;
-use disbatch_model::wire::handoff::host_frame::{ENDED, WAKE};
+use disbatch_model::wire::handoff::host_frame::{self, WAKE};
 use disbatch_model::wire::handoff::Handoff;
 use disbatch_model::wire::relay::{read_frame, write_frames};
 use tokio::io::BufReader;
@@ -18,7 +18,6 @@ use tokio::sync::mpsc;
 
 use crate::runners::executor::Executor;
 use crate::runners::live::{HostHandle, LearnedEnd, Live};
-use disbatch_model::task::Outcome;
 
 /// At most this many frames to the host in one write.
 const FRAMES_PER_WRITE: usize = 64;
@@ -27,9 +26,7 @@ impl Executor {
     /// Hands a claimed task of a persistent queue to this node's worker host, starting one
     /// first if there is none (or it died).
     pub(crate) fn hand_to_host(&self, handoff: &Handoff, slot: Option<u32>) -> std::io::Result<()> {
-        let task = handoff
-            .task_id()
-            .ok_or_else(|| std::io::Error::other("the claimed task has no ObjectId _id"))?;
+        let task = handoff.task_id();
         let queue = handoff
             .queue_id()
             .ok_or_else(|| std::io::Error::other("the claimed task has no queue id"))?;
@@ -187,8 +184,7 @@ async fn read_ended(executor: &Executor, pid: u32, mut stdout: BufReader<ChildSt
     loop {
         match read_frame(&mut stdout).await {
             Ok(Some(d)) => {
-                let (Ok(task), Ok(attempt)) = (d.get_object_id(ENDED), d.get_object_id("attempt"))
-                else {
+                let Some(ended) = host_frame::Ended::from_document(&d) else {
                     tracing::warn!(
                         host = pid,
                         "an unreadable report from the worker host was skipped"
@@ -196,11 +192,11 @@ async fn read_ended(executor: &Executor, pid: u32, mut stdout: BufReader<ChildSt
                     continue;
                 };
                 let outcome = LearnedEnd {
-                    outcome: d.get_str("outcome").ok().and_then(Outcome::parse),
-                    task_discarded: d.get_bool("task_discarded").unwrap_or(false),
-                    retry_at: d.get_datetime("retry_at").ok().copied(),
+                    outcome: ended.outcome,
+                    task_discarded: ended.task_discarded,
+                    retry_at: ended.retry_at,
                 };
-                executor.task_ended(task, attempt, true, outcome);
+                executor.task_ended(ended.task, ended.attempt, true, outcome);
             }
             Ok(None) => return,
             Err(e) => {
@@ -235,7 +231,10 @@ mod tests {
     fn a_host_frame_carries_the_grant_and_the_clock() {
         let granted = bson::DateTime::from_millis(1_700_000_000_123);
         let handoff = Handoff {
-            task: doc! {"_id": ObjectId::new(), "queue": ObjectId::new(), "params": {}},
+            task: disbatch_model::task::ClaimedTask::from_document(
+                doc! {"_id": ObjectId::new(), "queue": ObjectId::new(), "params": {}},
+            )
+            .expect("a claimed task"),
             attempt: ObjectId::new(),
             queue: doc! {"name": "q", "worker": "persistent"},
             relay: true,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::oid::ObjectId;
-use bson::{doc, Document};
+use bson::Document;
 use disbatch_config::Config;
 use disbatch_model::task::Outcome;
 use disbatch_model::wire::handoff::{host_frame, Handoff};
@@ -174,10 +174,7 @@ async fn run_one(
     wakes: &Wakes,
     ended: &mpsc::UnboundedSender<Document>,
 ) {
-    let Some(task) = handoff.task_id() else {
-        tracing::warn!("worker host: a handoff without a task id was skipped");
-        return;
-    };
+    let task = handoff.task_id();
     let attempt = handoff.attempt;
     let (wake_tx, wake_rx) = mpsc::channel(1);
     if let Ok(mut w) = wakes.lock() {
@@ -212,11 +209,14 @@ async fn run_one(
             None
         }
     };
-    let _ = ended.send(doc! {
-        host_frame::ENDED: task, "attempt": attempt, "outcome": Outcome::label(outcome),
-        "task_discarded": task_discarded,
-        "retry_at": retry_at.map_or(bson::Bson::Null, bson::Bson::DateTime),
-    });
+    let report = host_frame::Ended {
+        task,
+        attempt,
+        outcome,
+        task_discarded,
+        retry_at,
+    };
+    let _ = ended.send(report.to_document());
 }
 
 /// Writes ended tasks to the node, those ended together in one write; a node that is gone is

@@ -6,7 +6,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Document};
 
 use crate::fleet_time::Anchor;
-use crate::schema::task;
+use crate::task::ClaimedTask;
 
 /// The handoff's field for the node's reading of the server's clock (`clock_document`).
 pub const CLOCK: &str = "clock";
@@ -20,13 +20,50 @@ pub mod host_frame {
     /// Host → node, `{"ended": <task id>, "attempt": <id>, "outcome": <name>}`: the task is
     /// over and its result written (or given up); its slot is free.
     pub const ENDED: &str = "ended";
+
+    use bson::oid::ObjectId;
+    use bson::{doc, Bson, DateTime, Document};
+
+    use crate::task::Outcome;
+
+    /// An `ended` report: the one shape the host writes and the node reads.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Ended {
+        pub task: ObjectId,
+        pub attempt: ObjectId,
+        /// None when the host could not learn it (written as `unknown`).
+        pub outcome: Option<Outcome>,
+        pub task_discarded: bool,
+        pub retry_at: Option<DateTime>,
+    }
+
+    impl Ended {
+        pub fn to_document(&self) -> Document {
+            doc! {
+                ENDED: self.task, "attempt": self.attempt, "outcome": Outcome::label(self.outcome),
+                "task_discarded": self.task_discarded,
+                "retry_at": self.retry_at.map_or(Bson::Null, Bson::DateTime),
+            }
+        }
+
+        /// The report in `d`; None when it names no task or attempt (a wake or other frame).
+        pub fn from_document(d: &Document) -> Option<Ended> {
+            Some(Ended {
+                task: d.get_object_id(ENDED).ok()?,
+                attempt: d.get_object_id("attempt").ok()?,
+                outcome: d.get_str("outcome").ok().and_then(Outcome::parse),
+                task_discarded: d.get_bool("task_discarded").unwrap_or(false),
+                retry_at: d.get_datetime("retry_at").ok().copied(),
+            })
+        }
+    }
 }
 
 /// A claimed task ready to run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Handoff {
-    /// The task document as the claim returned it.
-    pub task: Document,
+    /// The task as the claim returned it.
+    pub task: ClaimedTask,
     /// The attempt the claim started: the runner's fencing token.
     pub attempt: ObjectId,
     /// The queue document as the node read it.
@@ -62,20 +99,19 @@ pub fn clock_of(frame: &Document) -> Option<Anchor> {
 }
 
 impl Handoff {
-    /// The task's id; a claimed task always has an ObjectId one (claims skip others).
-    pub fn task_id(&self) -> Option<ObjectId> {
-        self.task.get_object_id(task::ID).ok()
+    pub fn task_id(&self) -> ObjectId {
+        self.task.id
     }
 
     pub fn queue_id(&self) -> Option<ObjectId> {
-        self.task.get_object_id(task::QUEUE).ok()
+        self.task.queue
     }
 
     /// The handoff as a document: what a runner reads on stdin (`encode`) and a worker host
     /// reads as a frame, the one shape both decode (`from_document`).
     pub fn to_document(&self) -> Document {
         let mut d = doc! {
-            "task": &self.task, "attempt": self.attempt, "queue": &self.queue, "relay": self.relay,
+            "task": &self.task.raw, "attempt": self.attempt, "queue": &self.queue, "relay": self.relay,
             "live": self.live,
         };
         if let Some(at) = self.started_at {
@@ -107,12 +143,16 @@ impl Handoff {
                 .cloned()
                 .map_err(|_| format!("the handoff has no `{k}` document"))
         };
+        let (task, queue) = (field("task")?, field("queue")?);
+        let attempt = d
+            .get_object_id("attempt")
+            .map_err(|_| "the handoff has no `attempt` id".to_string())?;
         Ok(Handoff {
-            task: field("task")?,
-            queue: field("queue")?,
-            attempt: d
-                .get_object_id("attempt")
-                .map_err(|_| "the handoff has no `attempt` id".to_string())?,
+            // Claims only return tasks with an ObjectId `_id` (`ClaimedTask`).
+            task: ClaimedTask::from_document(task)
+                .ok_or("the handoff's task has no ObjectId `_id`")?,
+            queue,
+            attempt,
             relay: d.get_bool("relay").unwrap_or(false),
             live: d.get_bool("live").unwrap_or(false),
             started_at: d.get_datetime("started_at").ok().copied(),
@@ -129,7 +169,7 @@ mod tests {
     fn a_handoff_round_trips_exactly() {
         let h = Handoff {
             started_at: None,
-            task: doc! {"_id": ObjectId::new(), "params": {"n": 1_i64, "when": bson::DateTime::now()}},
+            task: ClaimedTask::from_document(doc! {"_id": ObjectId::new(), "params": {"n": 1_i64, "when": bson::DateTime::now()}}).unwrap(),
             attempt: ObjectId::new(),
             queue: doc! {"name": "q", "threads": 3},
             relay: true,
@@ -155,6 +195,27 @@ mod tests {
     }
 
     #[test]
+    fn an_ended_report_round_trips_and_an_unknown_outcome_stays_unknown() {
+        use host_frame::Ended;
+        let ended = Ended {
+            task: ObjectId::new(),
+            attempt: ObjectId::new(),
+            outcome: Some(crate::task::Outcome::Retry),
+            task_discarded: false,
+            retry_at: Some(bson::DateTime::from_millis(1_700_000_000_000)),
+        };
+        assert_eq!(Ended::from_document(&ended.to_document()), Some(ended.clone()));
+        let unknown = Ended {
+            outcome: None,
+            ..ended
+        };
+        let d = unknown.to_document();
+        assert_eq!(d.get_str("outcome"), Ok("unknown"));
+        assert_eq!(Ended::from_document(&d), Some(unknown));
+        assert_eq!(Ended::from_document(&doc! {"wake": ObjectId::new()}), None);
+    }
+
+    #[test]
     fn garbage_is_a_clear_error() {
         assert!(Handoff::decode(b"not bson")
             .unwrap_err()
@@ -163,5 +224,11 @@ mod tests {
         let mut bytes = Vec::new();
         no_attempt.to_writer(&mut bytes).unwrap();
         assert!(Handoff::decode(&bytes).unwrap_err().contains("attempt"));
+        let no_task_id = doc! {"task": {"_id": "t1"}, "queue": {}, "attempt": ObjectId::new()};
+        let mut bytes = Vec::new();
+        no_task_id.to_writer(&mut bytes).unwrap();
+        assert!(Handoff::decode(&bytes)
+            .unwrap_err()
+            .contains("task has no ObjectId"));
     }
 }
