@@ -290,11 +290,7 @@ async fn record_yourself(
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
             if inserted {
                 if let Err(e) = with_retries("updating the attempt", || {
-                    db.change_attempt_outcome(
-                        attempt,
-                        outcome.as_str(),
-                        Outcome::Discarded.as_str(),
-                    )
+                    db.change_attempt_outcome(attempt, outcome, Outcome::Discarded)
                 })
                 .await
                 {

@@ -78,7 +78,7 @@ impl RunnerDeaths {
     pub async fn recorded_outcome(&self, attempt: ObjectId) -> Option<LearnedEnd> {
         match tokio::time::timeout(OUTCOME_READ, self.store.attempt_outcome(attempt)).await {
             Ok(Ok(outcome)) => outcome.map(|(o, task_discarded)| LearnedEnd {
-                outcome: Outcome::parse(&o),
+                outcome: o,
                 task_discarded,
                 // A runner that stored its own result: the leader's probe signals its retry.
                 retry_at: None,

@@ -204,7 +204,10 @@ mod tests {
             task_discarded: false,
             retry_at: Some(bson::DateTime::from_millis(1_700_000_000_000)),
         };
-        assert_eq!(Ended::from_document(&ended.to_document()), Some(ended.clone()));
+        assert_eq!(
+            Ended::from_document(&ended.to_document()),
+            Some(ended.clone())
+        );
         let unknown = Ended {
             outcome: None,
             ..ended

@@ -12,6 +12,7 @@ use bson::{doc, Bson, DateTime, Document};
 use crate::error::{Error, Result};
 use crate::Store;
 use disbatch_model::schema::{attempt, task, unrecorded, unrecorded_field, ATTEMPTS, TASKS};
+use disbatch_model::task::Outcome;
 
 /// Tasks read per look for unwritten records; the rest wait for the next look.
 const REPAIR_PER_PASS: i64 = 500;
@@ -82,7 +83,7 @@ impl Store {
                 doc! {attempt::ID: a},
                 doc! {
                     "$set": {
-                        attempt::OUTCOME: "lost", attempt::END: lost.end,
+                        attempt::OUTCOME: Outcome::Lost.as_str(), attempt::END: lost.end,
                         attempt::REASON: &lost.reason,
                     },
                     "$setOnInsert": {

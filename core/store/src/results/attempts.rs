@@ -8,10 +8,7 @@ use crate::error::{Error, Result};
 use crate::Store;
 use disbatch_model::fleet_time;
 use disbatch_model::schema::{attempt, ATTEMPTS};
-use disbatch_model::task::{AttemptRecord, ResultOutput, StoredOutput};
-
-/// The `outcome` of an attempt whose task succeeded.
-const SUCCEEDED: &str = "succeeded";
+use disbatch_model::task::{AttemptRecord, Outcome, ResultOutput, StoredOutput};
 
 /// Attempt records per batch of a listing: the fields listed are small, but a hand-edited
 /// record's may not be.
@@ -44,23 +41,23 @@ impl Store {
     pub async fn change_attempt_outcome(
         &self,
         id: ObjectId,
-        from: &str,
-        to: &'static str,
+        from: Outcome,
+        to: Outcome,
     ) -> Result<()> {
         self.collection(ATTEMPTS)
             .update_one(
-                doc! {attempt::ID: id, attempt::OUTCOME: from},
-                doc! {"$set": {attempt::OUTCOME: to}},
+                doc! {attempt::ID: id, attempt::OUTCOME: from.as_str()},
+                doc! {"$set": {attempt::OUTCOME: to.as_str()}},
             )
             .await
             .map(|_| ())
             .map_err(|e| Error::mongo(format!("updating attempt {id}"), e))
     }
 
-    /// The outcome an ended attempt's record carries, and whether its task was discarded
-    /// with it; None while it has no record (the record is written when the attempt ends).
-    /// One read by `_id`, of those fields only.
-    pub async fn attempt_outcome(&self, id: ObjectId) -> Result<Option<(String, bool)>> {
+    /// The outcome an ended attempt's record carries (None for one no runner writes), and
+    /// whether its task was discarded with it; None while it has no record (the record is
+    /// written when the attempt ends). One read by `_id`, of those fields only.
+    pub async fn attempt_outcome(&self, id: ObjectId) -> Result<Option<(Option<Outcome>, bool)>> {
         let found = self
             .collection(ATTEMPTS)
             .find_one(doc! {attempt::ID: id})
@@ -68,7 +65,7 @@ impl Store {
             .await
             .map_err(|e| Error::mongo(format!("reading attempt {id}"), e))?;
         Ok(found.and_then(|d| {
-            let outcome = d.get_str(attempt::OUTCOME).ok()?.to_string();
+            let outcome = Outcome::parse(d.get_str(attempt::OUTCOME).ok()?);
             Some((
                 outcome,
                 d.get_bool(attempt::TASK_DISCARDED).unwrap_or(false),
@@ -167,7 +164,7 @@ impl Store {
         let found = self
             .newest_attempt(
                 task,
-                doc! {attempt::TASK: task, attempt::OUTCOME: SUCCEEDED},
+                doc! {attempt::TASK: task, attempt::OUTCOME: Outcome::Succeeded.as_str()},
             )
             .await?;
         Ok(found.map(|n| (n.id, n.output)))

@@ -69,8 +69,8 @@ impl Store {
                 }
                 self.change_attempt_outcome(
                     c.record.id,
-                    c.record.end.outcome.as_str(),
-                    "discarded",
+                    c.record.end.outcome,
+                    disbatch_model::task::Outcome::Discarded,
                 )
                 .await?;
             }

@@ -13,6 +13,7 @@ use super::conn::decode::DocumentStream;
 use super::Store;
 use crate::error::{Error, Result};
 use disbatch_model::schema::{attempt, stats, ATTEMPTS, STATS_MINUTELY};
+use disbatch_model::task::Outcome;
 
 /// Buckets per batch of a read: a bucket holds a line per node, and a week of them must not
 /// sit in memory at once (the server's own batches reach 16 MiB).
@@ -41,13 +42,13 @@ pub struct Outcomes {
 
 impl Outcomes {
     fn add(&mut self, outcome: &str) {
-        match outcome {
-            "succeeded" => self.succeeded += 1,
+        match Outcome::parse(outcome) {
+            Some(Outcome::Succeeded) => self.succeeded += 1,
             // A retry is a failed attempt whose task will run again.
-            "failed" | "retry" | "timed_out" => self.failed += 1,
-            "lost" => self.lost += 1,
-            "cancelled" => self.cancelled += 1,
-            _ => self.other += 1,
+            Some(Outcome::Failed | Outcome::Retry | Outcome::TimedOut) => self.failed += 1,
+            Some(Outcome::Lost) => self.lost += 1,
+            Some(Outcome::Cancelled) => self.cancelled += 1,
+            Some(Outcome::Discarded) | None => self.other += 1,
         }
     }
 }
@@ -111,7 +112,10 @@ pub fn bucket_attempts(attempts: &[EndedAttempt], minute_ms: i64, width_ms: i64)
             let acc = by_queue.entry(key).or_default();
             acc.outcomes.add(&a.outcome);
             // A lost attempt's end is when recovery noticed, not when it stopped running.
-            if let Some(d) = a.duration_ms.filter(|d| *d >= 0 && a.outcome != "lost") {
+            if let Some(d) = a
+                .duration_ms
+                .filter(|d| *d >= 0 && a.outcome != Outcome::Lost.as_str())
+            {
                 acc.durations.push(d);
             }
             if let Some(node) = &a.node {
