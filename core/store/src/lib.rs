@@ -14,6 +14,7 @@ mod nodes;
 mod queues;
 mod recovery;
 mod results;
+mod state;
 mod stats;
 mod tasks;
 mod workflows;
@@ -23,8 +24,7 @@ pub use conn::durability;
 pub use conn::driver_options::mongohost_problem;
 pub use error::{Error, Result};
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bson::Document;
@@ -93,16 +93,7 @@ use disbatch_model::schema;
 pub struct Store {
     client: Client,
     db: Database,
-    /// Whether the server takes `bulkWrite` (BULK_WRITE_*), learnt on first use.
-    bulk_write: Arc<AtomicU8>,
-    /// Documents reads had to leave out.
-    skips: SkipLedger,
-    /// Count changes noted by writes and not yet written.
-    counts: tasks::counts::CountLedger,
-    /// Work signals wanted and being written, per queue.
-    signals: queues::signals::SignalLedger,
-    /// Which flow-limit indexes this process has made sure of (`limits::key_slots::LimitIndex`).
-    limit_indexes: Arc<limits::key_slots::LimitIndexes>,
+    state: state::State,
 }
 
 const BULK_WRITE_UNKNOWN: u8 = 0;
@@ -135,11 +126,7 @@ impl Store {
         Ok(Store {
             client,
             db,
-            bulk_write: Arc::new(AtomicU8::new(BULK_WRITE_UNKNOWN)),
-            skips: SkipLedger::default(),
-            counts: Default::default(),
-            signals: Default::default(),
-            limit_indexes: Default::default(),
+            state: state::State::default(),
         })
     }
 
@@ -148,11 +135,7 @@ impl Store {
         Store {
             client: self.client.clone(),
             db: self.client.database(name),
-            bulk_write: self.bulk_write.clone(),
-            skips: self.skips.clone(),
-            counts: Default::default(),
-            signals: Default::default(),
-            limit_indexes: Default::default(),
+            state: self.state.for_another_database(),
         }
     }
 
@@ -213,7 +196,11 @@ impl Store {
         let reply = match self.client.database("admin").run_command(command).await {
             Ok(reply) => reply,
             Err(e) if bulk_write_missing(&e) => {
-                if self.bulk_write.swap(BULK_WRITE_MISSING, Ordering::Relaxed) != BULK_WRITE_MISSING
+                if self
+                    .state
+                    .bulk_write
+                    .swap(BULK_WRITE_MISSING, Ordering::Relaxed)
+                    != BULK_WRITE_MISSING
                 {
                     tracing::info!(error = %e, "no bulkWrite on this server: claims and results use older commands");
                 }
@@ -221,7 +208,9 @@ impl Store {
             }
             Err(e) => return Err(Error::mongo(context, e)),
         };
-        self.bulk_write.store(BULK_WRITE_WORKS, Ordering::Relaxed);
+        self.state
+            .bulk_write
+            .store(BULK_WRITE_WORKS, Ordering::Relaxed);
         warn_write_concern_error(&reply, context);
         Ok(Some(
             reply

@@ -238,7 +238,7 @@ impl Store {
                 (still_as_read(&p.task), update, set)
             })
             .collect();
-        if picks.len() > 1 && self.bulk_write.load(Ordering::Relaxed) != BULK_WRITE_MISSING {
+        if picks.len() > 1 && self.state.bulk_write.load(Ordering::Relaxed) != BULK_WRITE_MISSING {
             if let Some(outcomes) = self.claim_in_bulk_write(picks, &writes).await? {
                 return Ok(outcomes);
             }

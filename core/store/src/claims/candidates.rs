@@ -137,7 +137,7 @@ impl Store {
         reason: crate::SkipReason,
         why: &str,
     ) -> Result<bool> {
-        self.skips.skipped(TASKS, &id.to_hex(), reason, why);
+        self.state.skips.skipped(TASKS, &id.to_hex(), reason, why);
         let update = doc! {
             "$set": {
                 task::STATUS: status::FAILED,

@@ -105,13 +105,13 @@ impl Store {
     /// Calls `hook` for every document a read of this store (and its clones made after)
     /// leaves out.
     pub fn on_skipped(mut self, hook: SkipHook) -> Store {
-        self.skips.hook = Some(hook);
+        self.state.skips.hook = Some(hook);
         self
     }
 
     /// What this store's reads left out so far.
     pub fn skipped_documents(&self) -> Vec<(&'static str, SkipReason, u64)> {
-        self.skips.counts()
+        self.state.skips.counts()
     }
 
     /// A collection read as raw bytes, for decoding one document at a time.
@@ -186,7 +186,8 @@ impl Store {
             Ok(d) => Some(d),
             Err(why) => {
                 let id = raw_doc::id_text(raw);
-                self.skips
+                self.state
+                    .skips
                     .skipped(collection, &id, SkipReason::Undecodable, &why);
                 None
             }
@@ -203,7 +204,8 @@ impl Store {
         let Some(raw) = raw else { return Ok(None) };
         raw_doc::from_raw(&raw).map(Some).map_err(|message| {
             let id = raw_doc::id_text(&raw);
-            self.skips
+            self.state
+                .skips
                 .skipped(collection, &id, SkipReason::Undecodable, &message);
             Error::BadDocument {
                 collection,

@@ -87,7 +87,7 @@ impl Store {
     /// holding a key slot, a task holding a unique key): once per process and database, then
     /// free. Creating an index that exists is a no-op on the server.
     pub async fn ensure_limit_index(&self, which: LimitIndex) -> Result<()> {
-        let made = &self.limit_indexes.0[which as usize];
+        let made = &self.state.limit_indexes.0[which as usize];
         if made.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -114,7 +114,7 @@ impl Store {
     /// `listIndexes` a call, then, once seen, free. A role without `listIndexes` (made
     /// before this version) answers false until this process sees such a task.
     pub async fn workflows_in_use(&self) -> Result<bool> {
-        let made = &self.limit_indexes.0[LimitIndex::Workflows as usize];
+        let made = &self.state.limit_indexes.0[LimitIndex::Workflows as usize];
         if made.load(Ordering::Relaxed) {
             return Ok(true);
         }
@@ -135,7 +135,7 @@ impl Store {
 
     /// This process has seen a task others wait for: workflows are in use here.
     pub fn note_workflows_in_use(&self) {
-        self.limit_indexes.0[LimitIndex::Workflows as usize].store(true, Ordering::Relaxed);
+        self.state.limit_indexes.0[LimitIndex::Workflows as usize].store(true, Ordering::Relaxed);
     }
 
     /// The key slots held by `queue`'s claimed and running tasks. Not those of tasks waiting

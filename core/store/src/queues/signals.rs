@@ -130,7 +130,7 @@ impl Store {
     /// for another's. A failed signal is logged: the tasks are stored, and the leader's probe
     /// or the nodes' own readings find them later.
     pub async fn signal_queued(&self, queue: ObjectId, kind: Queued) {
-        if self.signals.note(queue, kind) {
+        if self.state.signals.note(queue, kind) {
             self.write_signals(queue).await;
         }
     }
@@ -153,7 +153,7 @@ impl Store {
 
     /// Writes what is noted for `queue`; false (and the turn ended) when nothing was.
     async fn write_noted(&self, queue: ObjectId) -> bool {
-        let kinds = self.signals.next(queue);
+        let kinds = self.state.signals.next(queue);
         if kinds.is_empty() {
             return false;
         }

@@ -175,7 +175,8 @@ impl Store {
                 Some(why) => {
                     let id = t.id.to_hex();
                     let why = format!("the server refused to recover it: {why}");
-                    self.skips
+                    self.state
+                        .skips
                         .skipped(TASKS, &id, crate::SkipReason::UpdateRefused, &why);
                     return Ok(false);
                 }

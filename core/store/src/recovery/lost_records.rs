@@ -163,7 +163,7 @@ impl Store {
                     Err(e) => match crate::driver_error::refusal(&e) {
                         // This entry alone (written by hand, say): reported once, and the
                         // others are written all the same.
-                        Some(why) => self.skips.skipped(
+                        Some(why) => self.state.skips.skipped(
                             TASKS,
                             &id.to_hex(),
                             crate::SkipReason::UpdateRefused,

@@ -37,7 +37,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let now = fleet_time::now();
-        let bulk = match self.bulk_write.load(Ordering::Relaxed) {
+        let bulk = match self.state.bulk_write.load(Ordering::Relaxed) {
             BULK_WRITE_MISSING => None,
             _ => self.record_in_bulk_writes(batch, now).await?,
         };
@@ -96,7 +96,7 @@ impl Store {
 
     /// Whether results went out in `bulkWrite` commands; None until the first batch.
     pub fn uses_bulk_write(&self) -> Option<bool> {
-        match self.bulk_write.load(Ordering::Relaxed) {
+        match self.state.bulk_write.load(Ordering::Relaxed) {
             BULK_WRITE_WORKS => Some(true),
             BULK_WRITE_MISSING => Some(false),
             _ => None,
@@ -105,10 +105,9 @@ impl Store {
 
     /// A store that never tries `bulkWrite`, as on a server before MongoDB 8.0 (for tests).
     pub fn without_bulk_write(&self) -> Store {
-        Store {
-            bulk_write: std::sync::Arc::new(AtomicU8::new(BULK_WRITE_MISSING)),
-            ..self.clone()
-        }
+        let mut store = self.clone();
+        store.state.bulk_write = std::sync::Arc::new(AtomicU8::new(BULK_WRITE_MISSING));
+        store
     }
 
     /// Each completion's record insert and task update, in that order, in ordered

@@ -186,7 +186,7 @@ impl Store {
     /// writes what is left. A busy DEN then makes one count write per queue per period, not
     /// one per claim batch and one per result batch.
     pub fn defer_count_writes(&self) {
-        self.counts.deferred.store(true, Ordering::Relaxed);
+        self.state.counts.deferred.store(true, Ordering::Relaxed);
     }
 
     /// Notes that tasks moved, and writes the changes at once (one update per queue) unless
@@ -200,14 +200,16 @@ impl Store {
         for m in moves {
             let n = i64::try_from(m.n).unwrap_or(i64::MAX);
             if let Some(g) = m.from {
-                self.counts.note(m.queue, g, -n);
+                self.state.counts.note(m.queue, g, -n);
             }
             if let Some(g) = m.to {
-                self.counts.note(m.queue, g, n);
+                self.state.counts.note(m.queue, g, n);
             }
-            self.counts.note_slot(m.queue, DISCARDED_SLOT, m.discarded);
+            self.state
+                .counts
+                .note_slot(m.queue, DISCARDED_SLOT, m.discarded);
         }
-        if self.counts.deferred.load(Ordering::Relaxed) {
+        if self.state.counts.deferred.load(Ordering::Relaxed) {
             return;
         }
         if let Err(e) = self.flush_counts().await {
@@ -218,7 +220,7 @@ impl Store {
     /// Writes the noted count changes. A queue without a counts document gets none: its
     /// counts are not kept yet, and its first reconcile counts everything.
     pub async fn flush_counts(&self) -> Result<()> {
-        let pending = self.counts.take();
+        let pending = self.state.counts.take();
         let coll = self.collection(TASK_COUNTS);
         let writes = pending.into_iter().filter_map(|(queue, deltas)| {
             let mut inc = Document::new();
