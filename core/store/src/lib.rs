@@ -63,6 +63,7 @@ pub use results::gridfs::OutputFileInfo;
 pub use results::gridfs::OutputStream;
 pub use results::live_output::{live_stream, terse_live_output, LiveWrite};
 pub use stats::metrics::{CountsReading, FleetMetrics, QueueMetrics, StatusGroup};
+pub use stats::stored::{StoredBucket, StoredNode};
 pub use stats::{add_depths, bucket_attempts, p95, Bucket, EndedAttempt, NodeCounts, Outcomes};
 pub use tasks::control::{is_retryable, ControlOutcome};
 pub use tasks::counts::{

@@ -7,9 +7,8 @@ use axum::extract::RawQuery;
 use axum::http::HeaderValue;
 use axum::response::Response;
 use bson::oid::ObjectId;
-use bson::{Bson, Document};
 use disbatch_model::fleet_time;
-use disbatch_model::schema::stats;
+use disbatch_store::StoredBucket;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -84,8 +83,9 @@ pub async fn get(Ns(state): Ns, RawQuery(query): RawQuery) -> ApiResult<Response
         .await?;
     let mut fit = Fit::default();
     while let Some(d) = measured.next().await.transpose()? {
-        let size = json_len(&bucket_json(&d, &names));
-        if !fit.add(minute_ms(&d), size) {
+        let b = StoredBucket::read(&d);
+        let size = json_len(&bucket_json(&b, &names));
+        if !fit.add(minute_ms(&b), size) {
             break;
         }
     }
@@ -98,7 +98,10 @@ pub async fn get(Ns(state): Ns, RawQuery(query): RawQuery) -> ApiResult<Response
                 .store
                 .stream_stats((kept.oldest, Some(kept.newest)), queue, false, kept.buckets)
                 .await?
-                .map(move |d| d.map(|d| bucket_json(&d, &names)).map_err(ApiError::from));
+                .map(move |d| {
+                    d.map(|d| bucket_json(&StoredBucket::read(&d), &names))
+                        .map_err(ApiError::from)
+                });
             json_stream::array_response(rows, false)
         }
     };
@@ -110,9 +113,8 @@ pub async fn get(Ns(state): Ns, RawQuery(query): RawQuery) -> ApiResult<Response
     Ok(response)
 }
 
-fn minute_ms(d: &Document) -> i64 {
-    d.get_datetime(stats::MINUTE)
-        .map_or(i64::MIN, |t| t.timestamp_millis())
+fn minute_ms(b: &StoredBucket) -> i64 {
+    b.minute_ms.unwrap_or(i64::MIN)
 }
 
 /// The length of a value's compact JSON, as the answer sends it.
@@ -184,51 +186,28 @@ impl Fit {
     }
 }
 
-/// One stored bucket as the API shows it; fields a hand edit broke read as 0 or null.
-fn bucket_json(d: &Document, names: &HashMap<ObjectId, String>) -> Value {
-    let count = |doc: &Document, k: &str| match doc.get(k) {
-        Some(Bson::Int64(n)) => (*n).max(0),
-        Some(Bson::Int32(n)) => i64::from(*n).max(0),
-        _ => 0,
-    };
-    let maybe_count = |k: &str| match d.get(k) {
-        Some(Bson::Int64(_) | Bson::Int32(_)) => json!(count(d, k)),
-        _ => Value::Null,
-    };
-    let ms = |k: &str| match d.get(k) {
-        Some(Bson::Double(x)) if x.is_finite() => json!(x),
-        _ => Value::Null,
-    };
-    let queue_id = d.get_object_id(stats::QUEUE).ok();
-    let nodes: Vec<Value> = d
-        .get_array(stats::NODES)
-        .map(|a| a.as_slice())
-        .unwrap_or_default()
+/// One stored bucket as the API shows it; fields a hand edit broke read as 0 or null
+/// (`StoredBucket::read`).
+fn bucket_json(b: &StoredBucket, names: &HashMap<ObjectId, String>) -> Value {
+    let nodes: Vec<Value> = b
+        .nodes
         .iter()
-        .filter_map(|n| {
-            let n = n.as_document()?;
-            Some(json!({
-                "node": n.get_str(stats::NODE).ok()?,
-                "succeeded": count(n, stats::SUCCEEDED),
-                "failed": count(n, stats::FAILED),
-                "lost": count(n, stats::LOST),
-            }))
-        })
+        .map(|n| json!({"node": n.node, "succeeded": n.succeeded, "failed": n.failed, "lost": n.lost}))
         .collect();
     json!({
-        "minute": d.get_datetime(stats::MINUTE).map(|t| t.timestamp_millis().div_euclid(1000)).unwrap_or(0),
+        "minute": b.minute_ms.map(|t| t.div_euclid(1000)).unwrap_or(0),
         // A deleted queue's buckets keep its id as their name.
-        "queue": queue_id.map(|id| names.get(&id).cloned().unwrap_or_else(|| id.to_hex())),
-        "queue_id": queue_id.map(|id| id.to_hex()),
-        "succeeded": count(d, stats::SUCCEEDED),
-        "failed": count(d, stats::FAILED),
-        "lost": count(d, stats::LOST),
-        "cancelled": count(d, stats::CANCELLED),
-        "other": count(d, stats::OTHER),
-        "queued": maybe_count(stats::QUEUED),
-        "running": maybe_count(stats::RUNNING),
-        "mean_ms": ms(stats::MEAN_MS),
-        "p95_ms": ms(stats::P95_MS),
+        "queue": b.queue.map(|id| names.get(&id).cloned().unwrap_or_else(|| id.to_hex())),
+        "queue_id": b.queue.map(|id| id.to_hex()),
+        "succeeded": b.succeeded,
+        "failed": b.failed,
+        "lost": b.lost,
+        "cancelled": b.cancelled,
+        "other": b.other,
+        "queued": b.queued,
+        "running": b.running,
+        "mean_ms": b.mean_ms,
+        "p95_ms": b.p95_ms,
         "nodes": nodes,
     })
 }
@@ -307,7 +286,7 @@ mod tests {
     #[test]
     fn a_broken_bucket_reads_as_zeros_and_nulls() {
         let d = bson::doc! {"minute": "soon", "succeeded": "many", "queued": -3_i64, "mean_ms": f64::NAN, "nodes": [{"node": 1}, {"node": "n", "failed": 2}]};
-        let v = bucket_json(&d, &HashMap::new());
+        let v = bucket_json(&StoredBucket::read(&d), &HashMap::new());
         assert_eq!(v["minute"], 0);
         assert_eq!(v["succeeded"], 0);
         assert_eq!(v["queued"], 0);

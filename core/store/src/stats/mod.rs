@@ -3,6 +3,7 @@
 //! counts read for the metrics endpoints.
 
 pub(crate) mod metrics;
+pub(crate) mod stored;
 
 use std::collections::BTreeMap;
 
