@@ -51,7 +51,7 @@ impl SharedCounts {
                 return Ok(r.value.clone());
             }
         }
-        let value = Arc::new(store.counts_reading().await?);
+        let value = Arc::new(store.stats().counts_reading().await?);
         self.reads.fetch_add(1, Ordering::Relaxed);
         *current = Some(Reading {
             at: Instant::now(),

@@ -495,6 +495,7 @@ impl Claimer {
         }
         self.unrunnable.insert(id);
         self.store
+            .claims()
             .fail_unrunnable_task(id, &self.node, reason, why)
             .await?;
         Ok(())

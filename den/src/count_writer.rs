@@ -12,7 +12,7 @@ impl CountWriter {
     /// Switches `store` (and every clone of it) to deferred count writes and starts writing
     /// them every `DEFERRED_COUNTS_MAX_AGE`.
     pub fn start(store: Store) -> CountWriter {
-        store.defer_count_writes();
+        store.tasks().defer_count_writes();
         CountWriter(tokio::spawn(async move {
             let mut every = tokio::time::interval(DEFERRED_COUNTS_MAX_AGE);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -20,7 +20,7 @@ impl CountWriter {
                 every.tick().await;
                 // Failed changes are lost, not retried: the reconcile repairs the counts, and
                 // a retry could write a change twice when only the reply was lost.
-                if let Err(e) = store.flush_counts().await {
+                if let Err(e) = store.tasks().flush_counts().await {
                     tracing::warn!(error = %e, "could not write task counts; the maintenance leader's reconcile will repair them");
                 }
             }

@@ -87,7 +87,7 @@ pub async fn keep_live(
             relay = None;
         }
         let wrote = match store.get().await {
-            Ok(db) => db.write_live_output(task, &copy).await,
+            Ok(db) => db.results().write_live_output(task, &copy).await,
             Err(e) => Err(e),
         };
         match wrote {

@@ -138,7 +138,7 @@ pub async fn record_result(store: &Store, gfs: GfsMode, done: &Finished) -> Resu
         )
         .await?;
         let outcome = with_retries("recording the result", || {
-            store.finish_task(
+            store.results().finish_task(
                 done.task,
                 &done.node,
                 done.attempt,
@@ -191,13 +191,19 @@ async fn output_value(
             let info = with_retries("writing output to GridFS", || async {
                 match captured {
                     Captured::Text(s) => {
-                        store.write_output_file(done.task, name, s.as_bytes()).await
+                        store
+                            .results()
+                            .write_output_file(done.task, name, s.as_bytes())
+                            .await
                     }
                     Captured::File { path, .. } => {
                         let file = crate::spool::open_read(path)
                             .await
                             .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-                        store.write_output_file(done.task, name, file).await
+                        store
+                            .results()
+                            .write_output_file(done.task, name, file)
+                            .await
                     }
                 }
             })

@@ -84,7 +84,12 @@ pub async fn run_task(
     let attempt = ObjectId::new();
     let started = fleet_time::now();
     let Some(doc) = with_retries("starting the task", || async {
-        store.get().await?.start_task(task, node, attempt).await
+        store
+            .get()
+            .await?
+            .tasks()
+            .start_task(task, node, attempt)
+            .await
     })
     .await?
     else {
@@ -99,7 +104,7 @@ pub async fn run_task(
     };
     let queue: QueueLookup = match claimed.queue {
         Some(q) => with_retries("reading the queue", || async {
-            store.get().await?.queue_by_id(q).await
+            store.get().await?.queues().queue_by_id(q).await
         })
         .await
         .map_err(|e| e.to_string()),
@@ -151,7 +156,12 @@ async fn run_attempt(
             // Recovery has already recorded this attempt as lost; this only fills a gap.
             let discarded = record(attempt_end(Outcome::Discarded, None, &facts));
             let _ = with_retries("recording the attempt", || async {
-                store.get().await?.insert_attempt(&discarded).await
+                store
+                    .get()
+                    .await?
+                    .results()
+                    .insert_attempt(&discarded)
+                    .await
             })
             .await;
             return Ok(RunReport::Discarded);
@@ -257,7 +267,10 @@ async fn record_yourself(
     } = *run;
     let end = finished.end;
     let db = store.get().await?;
-    let inserted = with_retries("recording the attempt", || db.insert_attempt(closing)).await?;
+    let inserted = with_retries("recording the attempt", || {
+        db.results().insert_attempt(closing)
+    })
+    .await?;
     let outcome_of_write = match record_result(db, config.gfs, &finished).await {
         Ok(r) => r,
         Err(e) => {
@@ -276,7 +289,7 @@ async fn record_yourself(
         // runner's own write landed and only its reply was lost (a server restart), so the
         // retry found the task ended.
         with_retries("reading the task back", || {
-            db.task_shows_result(task, attempt, end)
+            db.results().task_shows_result(task, attempt, end)
         })
         .await
         .unwrap_or(false)
@@ -290,7 +303,8 @@ async fn record_yourself(
             tracing::warn!(task = %task, "task changed hands while it ran; its result was discarded");
             if inserted {
                 if let Err(e) = with_retries("updating the attempt", || {
-                    db.change_attempt_outcome(attempt, outcome, Outcome::Discarded)
+                    db.results()
+                        .change_attempt_outcome(attempt, outcome, Outcome::Discarded)
                 })
                 .await
                 {
@@ -368,7 +382,7 @@ async fn store_result_output(
 ) -> Result<StoredOutput> {
     let db = store.get().await?;
     with_retries("writing the result's output to GridFS", || {
-        db.write_result_output(task, json)
+        db.results().write_result_output(task, json)
     })
     .await
 }
@@ -385,7 +399,7 @@ async fn chain_output(
     if units.is_empty() {
         return;
     }
-    let target = match store.find_queue(then).await {
+    let target = match store.queues().find_queue(then).await {
         Ok(Some(q)) => q.get_object_id("_id").ok(),
         Ok(None) => None,
         Err(e) => {
@@ -398,7 +412,9 @@ async fn chain_output(
         return;
     };
     match with_retries("chaining output", || {
-        store.add_units(target, units.to_vec(), OnConflict::Update)
+        store
+            .workflows()
+            .add_units(target, units.to_vec(), OnConflict::Update)
     })
     .await
     {

@@ -136,7 +136,7 @@ async fn keep_lease(
             Some(()) = recv(&mut wake) => {}
         }
         let renewed = match store.get().await {
-            Ok(db) => db.renew_lease(task, attempt, lease).await,
+            Ok(db) => db.recovery().renew_lease(task, attempt, lease).await,
             Err(e) => Err(e),
         };
         match renewed {

@@ -136,6 +136,7 @@ impl Store {
             .map_err(|e| Error::mongo("listing failures", e))?;
         let tasks = self.read_all(TASKS, cursor, "listing failures").await?;
         let names: HashMap<ObjectId, String> = self
+            .queues()
             .queue_documents()
             .await?
             .iter()

@@ -1,6 +1,39 @@
 //! disbatch-store: the one place that talks to MongoDB (connection, indexes and every query of
 //! the schema), its errors (`error`, `driver_error`), and the only crate that links mongodb.
 //! Above disbatch-config and disbatch-model.
+//!
+//! A `Store` is the connection (connect, ping, indexes, the server's clock and facts, the skip
+//! ledger); each domain's queries hang off its handle: `store.tasks()`, `.claims()`,
+//! `.limits()`, `.results()`, `.recovery()`, `.queues()`, `.nodes()`, `.workflows()` and
+//! `.stats()`, one per folder of this crate.
+
+/// Declares a domain handle: a borrow of the store, copied freely, whose methods are one
+/// domain's queries (`store.tasks().get_task(..)`), so the surface reads by domain as River's
+/// driver does. It derefs to the store for the helpers every domain shares.
+macro_rules! domain_handle {
+    ($(#[$doc:meta])* $handle:ident, $accessor:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug)]
+        pub struct $handle<'s> {
+            store: &'s crate::Store,
+        }
+
+        impl crate::Store {
+            $(#[$doc])*
+            pub fn $accessor(&self) -> $handle<'_> {
+                $handle { store: self }
+            }
+        }
+
+        impl std::ops::Deref for $handle<'_> {
+            type Target = crate::Store;
+
+            fn deref(&self) -> &crate::Store {
+                self.store
+            }
+        }
+    };
+}
 
 pub mod driver_error;
 pub mod error;
@@ -19,7 +52,16 @@ mod stats;
 mod tasks;
 mod workflows;
 
+pub use claims::ClaimStore;
 pub use conn::durability;
+pub use limits::LimitStore;
+pub use nodes::NodeStore;
+pub use queues::QueueStore;
+pub use recovery::RecoveryStore;
+pub use results::ResultStore;
+pub use stats::StatsStore;
+pub use tasks::TaskStore;
+pub use workflows::WorkflowStore;
 
 pub use conn::driver_options::mongohost_problem;
 pub use error::{Error, Result};
@@ -145,7 +187,7 @@ impl Store {
     /// makes the driver panic in a worker thread. It does not wait for cursors still open
     /// elsewhere (a change stream's task may never drop its own), and gives up after 5 s.
     pub async fn shutdown(self) {
-        if let Err(e) = self.flush_counts().await {
+        if let Err(e) = self.tasks().flush_counts().await {
             tracing::warn!(error = %e, "could not write the last task counts; the maintenance leader's reconcile will repair them");
         }
         let closing = self.client.shutdown().immediate(true);

@@ -42,7 +42,7 @@ const FIELDS: [&str; 12] = [
 /// bounds `result::Room` keeps.
 pub async fn list(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
     let oid = object_id("task", &id)?;
-    if !state.store.task_exists(oid).await? {
+    if !state.store.tasks().task_exists(oid).await? {
         return Err(ApiError::not_found(format!("no task with id {id}")));
     }
     let mut fields = FIELDS.to_vec();
@@ -53,6 +53,7 @@ pub async fn list(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> 
     ]);
     let (mut records, truncated) = state
         .store
+        .results()
         .recent_attempts(oid, MAX_ATTEMPTS, &fields)
         .await?;
     let mut room = Room::default();

@@ -12,8 +12,10 @@ use crate::params::Params;
 use crate::render::{self, json_response, Dates};
 
 pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
-    let (doc, names) =
-        futures::try_join!(state.store.balance_document(), state.store.queue_names())?;
+    let (doc, names) = futures::try_join!(
+        state.store.queues().balance_document(),
+        state.store.queues().queue_names()
+    )?;
     let b = &state.config.balance;
     let mut out = match doc {
         Some(mut d) => {
@@ -48,10 +50,10 @@ pub async fn set(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
         Some(body) => body,
         None => Value::Object(p.given_keeping_null(&["disabled"])),
     };
-    let names = state.store.queue_names().await?;
+    let names = state.store.queues().queue_names().await?;
     match validate_balance(&body, &names, fleet_time::now().timestamp_millis() / 1000) {
         Ok(set) => {
-            state.store.set_balance(set).await?;
+            state.store.queues().set_balance(set).await?;
             Ok(json_response(
                 &json!({"status": "success: queuebalance modified"}),
                 false,

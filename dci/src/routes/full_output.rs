@@ -63,7 +63,12 @@ pub async fn text(
             "[output not included: this answer already holds {MAX_ANSWER_BYTES} bytes of output; {whole}]"
         ));
     }
-    let (mut bytes, more) = match state.store.read_output_prefix(file, granted).await {
+    let (mut bytes, more) = match state
+        .store
+        .results()
+        .read_output_prefix(file, granted)
+        .await
+    {
         Ok(read) => read,
         Err(e) => {
             budget.give_back(granted);

@@ -52,7 +52,7 @@ pub async fn search(Ns(state): Ns, params: Params) -> ApiResult<Response> {
             .map_or(default, |v| v.as_bool().unwrap_or(v.as_i64() == Some(1)))
     };
     if flag("count", false) {
-        let n = state.store.count_tasks(filter).await?;
+        let n = state.store.tasks().count_tasks(filter).await?;
         return Ok(json_response(&json!({"count": n}), flag("pretty", false)));
     }
     let count_option = |k: &str, default: i64| match options.get(k) {
@@ -73,7 +73,11 @@ pub async fn search(Ns(state): Ns, params: Params) -> ApiResult<Response> {
         epoch: true,
         ..Options::default()
     };
-    let docs = state.store.find_tasks(filter, None, skip, limit).await?;
+    let docs = state
+        .store
+        .tasks()
+        .find_tasks(filter, None, skip, limit)
+        .await?;
     let mut out = Vec::with_capacity(docs.len());
     let budget = full_output::Budget::default();
     for d in docs {

@@ -22,6 +22,7 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
         let reading = state.counts.get(&state.store).await?;
         state
             .store
+            .stats()
             .fleet_metrics(&reading, state.config.web.live_window)
             .await
     };

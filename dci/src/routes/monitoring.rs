@@ -20,7 +20,7 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
         ));
     }
     let now = fleet_time::now().timestamp_millis() / 1000;
-    let disbatch = match state.store.list_nodes().await {
+    let disbatch = match state.store.nodes().list_nodes().await {
         Err(e) => {
             json!({"status": "CRITICAL", "message": format!("Could not get current Disbatch nodes: {}", e.short())})
         }
@@ -52,7 +52,7 @@ pub async fn get(Ns(state): Ns) -> ApiResult<Response> {
     let queuebalance = if !state.config.balance.enabled {
         json!({"status": "OK", "message": "queuebalance disabled"})
     } else {
-        match state.store.balance_document().await {
+        match state.store.queues().balance_document().await {
             Err(e) => {
                 json!({"status": "CRITICAL", "message": format!("Could not get balance document: {}", e.short())})
             }

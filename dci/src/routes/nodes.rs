@@ -34,8 +34,10 @@ fn node_json(d: &Document, running: u64, web_window: Duration) -> Value {
 }
 
 pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
-    let (nodes, running) =
-        futures::try_join!(state.store.list_nodes(), state.store.running_per_node())?;
+    let (nodes, running) = futures::try_join!(
+        state.store.nodes().list_nodes(),
+        state.store.nodes().running_per_node()
+    )?;
     let window = state.config.web.live_window;
     let out: Vec<Value> = nodes
         .iter()
@@ -50,6 +52,7 @@ pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
 async fn find(state: &AppState, ident: &str) -> ApiResult<Document> {
     state
         .store
+        .nodes()
         .find_node(ident)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no node {ident}")))
@@ -58,7 +61,7 @@ async fn find(state: &AppState, ident: &str) -> ApiResult<Document> {
 pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let d = find(&state, &ident).await?;
     let name = NodeView(&d).name().to_string();
-    let running = state.store.running_per_node().await?;
+    let running = state.store.nodes().running_per_node().await?;
     let window = state.config.web.live_window;
     Ok(json_response(
         &node_json(&d, running.get(&name).copied().unwrap_or(0), window),
@@ -94,7 +97,7 @@ pub async fn set_maxthreads(
     let id = NodeView(&node)
         .id()
         .ok_or_else(|| ApiError::bad_request(format!("node {ident} has no ObjectId _id")))?;
-    let counts = state.store.set_node_maxthreads(id, value).await?;
+    let counts = state.store.nodes().set_node_maxthreads(id, value).await?;
     Ok(json_response(&envelope::update(&counts), false))
 }
 
@@ -130,13 +133,13 @@ pub async fn forget(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Respo
     if view.is_live(state.config.web.live_window) {
         return refuse(live(""));
     }
-    let held = state.store.tasks_held_by(&name).await?;
+    let held = state.store.nodes().tasks_held_by(&name).await?;
     if held > 0 {
         return refuse(format!(
             "it still holds {held} claimed or running task(s); recovery needs its document to take them back"
         ));
     }
-    if !state.store.forget_node(id, window).await? {
+    if !state.store.nodes().forget_node(id, window).await? {
         return refuse(live("; it came back meanwhile"));
     }
     let counts = WriteCounts {

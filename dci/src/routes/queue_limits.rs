@@ -72,7 +72,11 @@ pub async fn refuse_beside_perl(
     if asked.is_empty() || force {
         return Ok(());
     }
-    let fleet = state.store.live_nodes(state.config.web.live_window).await?;
+    let fleet = state
+        .store
+        .nodes()
+        .live_nodes(state.config.web.live_window)
+        .await?;
     if fleet.others.is_empty() {
         return Ok(());
     }

@@ -30,8 +30,8 @@ async fn queue_json(state: &AppState, d: &Document) -> ApiResult<Value> {
         .map_err(|_| ApiError::bad_request("queue without an ObjectId _id"))?;
     let ids = [id];
     let (counts, retrying) = futures::try_join!(
-        state.store.queue_counts(id),
-        state.store.retrying_counts(&ids)
+        state.store.queues().queue_counts(id),
+        state.store.tasks().retrying_counts(&ids)
     )?;
     let retrying = retrying.get(&id).copied().unwrap_or(0);
     Ok(queue_row(id, d, counts, retrying))
@@ -101,6 +101,7 @@ pub async fn list(Ns(state): Ns) -> ApiResult<Response> {
 async fn find(state: &AppState, ident: &str) -> ApiResult<Document> {
     state
         .store
+        .queues()
         .find_queue(ident)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no queue {ident}")))
@@ -124,7 +125,7 @@ pub async fn resolve_queue(state: &AppState, q: &Value) -> ApiResult<ObjectId> {
             .to_string(),
         other => other.to_string(),
     };
-    let found = state.store.find_queue(&ident).await?;
+    let found = state.store.queues().find_queue(&ident).await?;
     found
         .and_then(|d| d.get_object_id("_id").ok())
         .ok_or_else(|| ApiError::bad_request("queue not found"))
@@ -141,7 +142,7 @@ pub async fn get(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response
     ) {
         (Ok(id), Ok(limits)) => {
             let now = fleet_time::now();
-            let flow = state.store.queue_flow(id, &limits, now).await?;
+            let flow = state.store.limits().queue_flow(id, &limits, now).await?;
             flow.map(|f| queue_limits::flow_json(&f, &limits))
         }
         // A node skips such a queue; its reason is what there is to show.
@@ -259,7 +260,11 @@ pub async fn create_queue(
     }
     check_queue_fields(&fields).map_err(ApiError::bad_request)?;
     queue_limits::refuse_beside_perl(state, name, &fields, queue_limits::force(p)?).await?;
-    let id = state.store.insert_queue_document(fields.clone()).await?;
+    let id = state
+        .store
+        .queues()
+        .insert_queue_document(fields.clone())
+        .await?;
     Ok((id, fields))
 }
 
@@ -365,20 +370,20 @@ pub async fn update(
     queue_schedule::also_unset(&mut unset);
     let id = find_id(&state, &ident).await?;
     queue_limits::refuse_beside_perl(&state, &ident, &set, force).await?;
-    let counts = state.store.update_queue(id, set, &unset).await?;
+    let counts = state.store.queues().update_queue(id, set, &unset).await?;
     Ok(json_response(&envelope::update(&counts), false))
 }
 
 pub async fn delete(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = find_id(&state, &ident).await?;
-    let counts = state.store.delete_queue(id).await?;
+    let counts = state.store.queues().delete_queue(id).await?;
     Ok(json_response(&envelope::delete(&counts), false))
 }
 
 /// `POST /queues/:queue/pause`: threads to 0, remembering the old value for resume.
 pub async fn pause(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = find_id(&state, &ident).await?;
-    if !state.store.pause_queue(id).await? {
+    if !state.store.queues().pause_queue(id).await? {
         return Err(ApiError::conflict(format!(
             "queue {ident} is already paused or has no threads to pause"
         )));
@@ -394,7 +399,7 @@ pub async fn pause(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Respon
 /// `POST /queues/:queue/resume`: restores the threads a pause set aside.
 pub async fn resume(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = find_id(&state, &ident).await?;
-    if !state.store.resume_queue(id).await? {
+    if !state.store.queues().resume_queue(id).await? {
         return Err(ApiError::conflict(format!("queue {ident} is not paused")));
     }
     let counts = WriteCounts {
@@ -419,16 +424,17 @@ pub async fn retry(
     let p = params.given();
     if p.get("status").and_then(Value::as_str) == Some("failed") {
         let id = find_id(&state, &ident).await?;
-        let counts = state.store.retry_queue_failed(id).await?;
+        let counts = state.store.tasks().retry_queue_failed(id).await?;
         return Ok(json_response(&envelope::update(&counts), false));
     }
     // No status: the failed group (every status >= 2, as the counts count it) and orphaned,
     // where Disbatch took 2 and -6 and left a plugin's 3 behind. Listed codes are as given.
     if p.get("status").is_none() {
         let id = find_id(&state, &ident).await?;
-        let mut counts = state.store.retry_queue_failed(id).await?;
+        let mut counts = state.store.tasks().retry_queue_failed(id).await?;
         let orphaned = state
             .store
+            .tasks()
             .retry_queue(id, &[disbatch_model::status::ORPHANED])
             .await?;
         counts.matched += orphaned.matched;
@@ -463,7 +469,7 @@ pub async fn retry(
         )));
     }
     let id = find_id(&state, &ident).await?;
-    let counts = state.store.retry_queue(id, &statuses).await?;
+    let counts = state.store.tasks().retry_queue(id, &statuses).await?;
     Ok(json_response(&envelope::update(&counts), false))
 }
 
@@ -480,6 +486,6 @@ fn status_code(v: &Value) -> Option<i32> {
 /// Disbatch's update envelope: `modified_count` is how many were cancelled.
 pub async fn cancel(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = find_id(&state, &ident).await?;
-    let counts = state.store.cancel_queue(id).await?;
+    let counts = state.store.tasks().cancel_queue(id).await?;
     Ok(json_response(&envelope::update(&counts), false))
 }

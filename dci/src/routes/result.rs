@@ -85,7 +85,7 @@ pub async fn add_to_task(
     task: ObjectId,
     answer: &mut Map<String, Value>,
 ) -> ApiResult<()> {
-    let found = match state.store.latest_output(task).await {
+    let found = match state.store.results().latest_output(task).await {
         Ok(found) => found,
         // A hand-edited record (an `_id` that is no ObjectId) costs the output, not the task.
         Err(e @ disbatch_store::Error::BadDocument { .. }) => {
@@ -126,11 +126,11 @@ pub async fn get(
             wanted = Some(object_id("attempt", &v)?);
         }
     }
-    if !state.store.task_exists(task).await? {
+    if !state.store.tasks().task_exists(task).await? {
         return Err(ApiError::not_found(format!("no task with id {id}")));
     }
     let (attempt, output) = match wanted {
-        Some(attempt) => match state.store.attempt_output(task, attempt).await? {
+        Some(attempt) => match state.store.results().attempt_output(task, attempt).await? {
             Some(output) => (attempt, output),
             None => {
                 return Err(ApiError::not_found(format!(
@@ -138,7 +138,7 @@ pub async fn get(
                 )))
             }
         },
-        None => match state.store.last_success_output(task).await? {
+        None => match state.store.results().last_success_output(task).await? {
             Some(found) => found,
             None => {
                 return Err(ApiError::not_found(format!(
@@ -169,13 +169,13 @@ async fn stored_output(
     task: ObjectId,
     o: StoredOutput,
 ) -> ApiResult<Response> {
-    if let Some(problem) = state.store.unreadable_chunk(o.file).await? {
+    if let Some(problem) = state.store.results().unreadable_chunk(o.file).await? {
         return Err(ApiError::conflict(format!(
             "the result of task {task} cannot be read: GridFS file {}: {problem}",
             o.file
         )));
     }
-    let chunks = state.store.stream_output_file(o.file).await?;
+    let chunks = state.store.results().stream_output_file(o.file).await?;
     let headers = [(header::CONTENT_TYPE, "application/json")];
     Ok((headers, Body::from_stream(chunks)).into_response())
 }

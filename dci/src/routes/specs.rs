@@ -64,7 +64,7 @@ pub async fn load(Ns(state): Ns, p: Params) -> ApiResult<Response> {
     // reload that resets `threads` or `sort` says so (and a dry run says it without writing).
     let mut changes = Map::new();
     for load in &loads {
-        if let Some(existing) = state.store.find_queue(&load.name).await? {
+        if let Some(existing) = state.store.queues().find_queue(&load.name).await? {
             changes.insert(
                 load.name.clone(),
                 Value::Array(spec_changes(&existing, load)),
@@ -77,7 +77,7 @@ pub async fn load(Ns(state): Ns, p: Params) -> ApiResult<Response> {
         let made = if dry_run {
             !exists
         } else {
-            state.store.upsert_spec_queue(load).await?
+            state.store.queues().upsert_spec_queue(load).await?
         };
         if made {
             created.push(load.name.clone());

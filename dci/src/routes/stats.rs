@@ -76,9 +76,11 @@ pub async fn get(Ns(state): Ns, RawQuery(query): RawQuery) -> ApiResult<Response
     let from = fleet_time::now()
         .timestamp_millis()
         .saturating_sub(window_ms);
-    let names: Arc<HashMap<ObjectId, String>> = Arc::new(state.store.queue_names_by_id().await?);
+    let names: Arc<HashMap<ObjectId, String>> =
+        Arc::new(state.store.queues().queue_names_by_id().await?);
     let mut measured = state
         .store
+        .stats()
         .stream_stats((from, None), queue, true, 0)
         .await?;
     let mut fit = Fit::default();
@@ -96,6 +98,7 @@ pub async fn get(Ns(state): Ns, RawQuery(query): RawQuery) -> ApiResult<Response
         Some(kept) => {
             let rows = state
                 .store
+                .stats()
                 .stream_stats((kept.oldest, Some(kept.newest)), queue, false, kept.buckets)
                 .await?
                 .map(move |d| {

@@ -19,7 +19,7 @@ use crate::request::{object_id, wants_html};
 pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
     let html = wants_html(&headers);
     let oid = object_id("task", &id)?;
-    let Some(task) = state.store.get_task(oid).await? else {
+    let Some(task) = state.store.tasks().get_task(oid).await? else {
         if html {
             return Ok(
                 (StatusCode::NOT_FOUND, Html(page("Document(s) not found."))).into_response(),
@@ -29,7 +29,7 @@ pub async fn get(Ns(state): Ns, Path(id): Path<String>, headers: HeaderMap) -> A
     };
     let mut value = render::document(&task, Dates::Text);
     if let (Some(held), serde_json::Value::Object(m)) =
-        (state.store.why_held(&task).await?, &mut value)
+        (state.store.limits().why_held(&task).await?, &mut value)
     {
         m.insert(
             "held".into(),
@@ -123,6 +123,7 @@ async fn output(
     let oid = object_id("task", &id)?;
     let task = state
         .store
+        .tasks()
         .get_task(oid)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no task with id {id}")))?;
@@ -141,13 +142,14 @@ async fn output(
         }
         Some(Bson::ObjectId(file)) => {
             // Once streaming starts the status is sent; a corrupt chunk is refused before.
-            if let Some(problem) = state.store.unreadable_chunk(*file).await? {
+            if let Some(problem) = state.store.results().unreadable_chunk(*file).await? {
                 return Err(ApiError::conflict(format!(
                     "the {stream} of task {id} cannot be read: GridFS file {file}: {problem}"
                 )));
             }
             let total = state
                 .store
+                .results()
                 .output_file(*file)
                 .await?
                 .and_then(|f| match f.get("length") {
@@ -156,7 +158,7 @@ async fn output(
                     _ => None,
                 })
                 .unwrap_or(0);
-            let chunks = state.store.stream_output_file(*file).await?;
+            let chunks = state.store.results().stream_output_file(*file).await?;
             (total, Body::from_stream(slice_stream(chunks, range)))
         }
         _ => (0, Body::empty()),
@@ -305,22 +307,38 @@ fn control_result(
 }
 
 pub async fn cancel(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
-    let outcome = state.store.cancel_task(object_id("task", &id)?).await?;
+    let outcome = state
+        .store
+        .tasks()
+        .cancel_task(object_id("task", &id)?)
+        .await?;
     control_result(&id, "cancelled", outcome, false)
 }
 
 pub async fn retry(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
-    let outcome = state.store.retry_task(object_id("task", &id)?).await?;
+    let outcome = state
+        .store
+        .tasks()
+        .retry_task(object_id("task", &id)?)
+        .await?;
     control_result(&id, "retried", outcome, false)
 }
 
 pub async fn discard(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
-    let outcome = state.store.discard_task(object_id("task", &id)?).await?;
+    let outcome = state
+        .store
+        .tasks()
+        .discard_task(object_id("task", &id)?)
+        .await?;
     control_result(&id, "discarded", outcome, false)
 }
 
 pub async fn delete(Ns(state): Ns, Path(id): Path<String>) -> ApiResult<Response> {
-    let outcome = state.store.delete_task(object_id("task", &id)?).await?;
+    let outcome = state
+        .store
+        .tasks()
+        .delete_task(object_id("task", &id)?)
+        .await?;
     control_result(&id, "deleted", outcome, true)
 }
 

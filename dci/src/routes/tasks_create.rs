@@ -112,10 +112,15 @@ pub async fn create_from(state: &AppState, fields: &Map<String, Value>) -> ApiRe
             }
         };
         if waits.depends_on.is_empty() {
-            state.store.create_tasks_at(queue, params, &timings).await?
+            state
+                .store
+                .tasks()
+                .create_tasks_at(queue, params, &timings)
+                .await?
         } else {
             state
                 .store
+                .workflows()
                 .create_waiting_tasks_at(queue, params, &waits, &timings)
                 .await?
         }
@@ -328,6 +333,7 @@ async fn tasks_from_collection(
     };
     let created = state
         .store
+        .tasks()
         .insert_tasks_from_collection(queue, &collection, filter, &template, timing)
         .await?;
     if created.ids.is_empty() {

@@ -38,7 +38,7 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
         ));
     }
     let limit = extras.limit.or(o.limit).unwrap_or(0);
-    let sets = state.store.task_index_sets().await?;
+    let sets = state.store.tasks().task_index_sets().await?;
     let invalid = sets.non_indexed(&fields);
     // Disbatch's refusal body is kept for its Perl CLI; `hint` says what would run instead.
     if let Err(hint) = task_filters::check_bounded(&invalid, &extras, o.count) {
@@ -64,7 +64,7 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
     })?;
     let (filter, is_empty) = (q.filter, q.is_empty);
     if o.count {
-        let n = state.store.count_tasks(filter).await?;
+        let n = state.store.tasks().count_tasks(filter).await?;
         return Ok(json_response(&json!({"count": n}), o.pretty));
     }
     if is_empty && limit == 0 {
@@ -79,6 +79,7 @@ pub async fn search(Ns(state): Ns, mut p: Params) -> ApiResult<Response> {
     // shapes Disbatch's clients rely on stay: `{}` or `[]` for none, an object for `.limit=1`.
     let mut docs = state
         .store
+        .tasks()
         .stream_tasks(filter, o.fields.clone(), o.skip, limit, o.newest)
         .await?;
     let Some(first) = docs.next().await.transpose()? else {

@@ -52,6 +52,7 @@ pub async fn add(Ns(state): Ns, Path(ident): Path<String>, p: Params) -> ApiResu
     let queue = find_id(&state, &ident).await?;
     let out = state
         .store
+        .workflows()
         .add_waiting_units(queue, units, &waits, on_conflict)
         .await?;
     let inserted: Vec<Value> = out

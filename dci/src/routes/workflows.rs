@@ -202,7 +202,7 @@ pub async fn create_graph(Ns(state): Ns, GraphBody(items): GraphBody) -> ApiResu
             name: node.name,
         });
     }
-    let (graph, ids) = state.store.create_graph(&tasks).await?;
+    let (graph, ids) = state.store.workflows().create_graph(&tasks).await?;
     let by_name: Map<String, Value> = tasks
         .iter()
         .zip(&ids)
@@ -290,6 +290,7 @@ pub async fn create_batch(Ns(state): Ns, p: Params) -> ApiResult<Response> {
     };
     let made = state
         .store
+        .workflows()
         .create_batch(&members, callback.as_ref())
         .await?;
     let ids: Vec<Value> = made
@@ -360,10 +361,10 @@ fn summary_json(s: &WorkflowSummary) -> Map<String, Value> {
 /// whole, however many ask at once.
 pub async fn get_graph(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = workflow_id(&ident, "graph")?;
-    let Some((summary, counts)) = state.store.graph_view(id).await? else {
+    let Some((summary, counts)) = state.store.workflows().graph_view(id).await? else {
         return Err(ApiError::not_found(format!("no graph {ident}")));
     };
-    let tasks = state.store.graph_tasks(id).await?;
+    let tasks = state.store.workflows().graph_tasks(id).await?;
     let mut out = summary_json(&summary);
     out.insert(
         "state".into(),
@@ -379,7 +380,8 @@ pub async fn get_graph(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Re
 /// `GET /batches/:id`: the batch, its members' counts, its first members and its callback.
 pub async fn get_batch(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = workflow_id(&ident, "batch")?;
-    let Some((summary, counts, members, callback)) = state.store.batch_view(id).await? else {
+    let Some((summary, counts, members, callback)) = state.store.workflows().batch_view(id).await?
+    else {
         return Err(ApiError::not_found(format!("no batch {ident}")));
     };
     let mut out = summary_json(&summary);
@@ -448,20 +450,28 @@ fn list_limit(p: &Params) -> i64 {
 
 /// `GET /graphs`: the newest graphs (`.limit`, at most 1 000).
 pub async fn list_graphs(Ns(state): Ns, p: Params) -> ApiResult<Response> {
-    let rows = state.store.list_workflows(false, list_limit(&p)).await?;
+    let rows = state
+        .store
+        .workflows()
+        .list_workflows(false, list_limit(&p))
+        .await?;
     Ok(json_response(&listed(rows, false), false))
 }
 
 /// `GET /batches`: the newest batches (`.limit`, at most 1 000).
 pub async fn list_batches(Ns(state): Ns, p: Params) -> ApiResult<Response> {
-    let rows = state.store.list_workflows(true, list_limit(&p)).await?;
+    let rows = state
+        .store
+        .workflows()
+        .list_workflows(true, list_limit(&p))
+        .await?;
     Ok(json_response(&listed(rows, true), false))
 }
 
 /// `POST /graphs/:id/cancel`.
 pub async fn cancel_graph(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = workflow_id(&ident, "graph")?;
-    let Some(done) = state.store.cancel_graph(id).await? else {
+    let Some(done) = state.store.workflows().cancel_graph(id).await? else {
         return Err(ApiError::not_found(format!("no graph {ident}")));
     };
     Ok(json_response(
@@ -473,7 +483,7 @@ pub async fn cancel_graph(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult
 /// `POST /batches/:id/cancel`: its members and its callback.
 pub async fn cancel_batch(Ns(state): Ns, Path(ident): Path<String>) -> ApiResult<Response> {
     let id = workflow_id(&ident, "batch")?;
-    let Some(done) = state.store.cancel_batch(id).await? else {
+    let Some(done) = state.store.workflows().cancel_batch(id).await? else {
         return Err(ApiError::not_found(format!("no batch {ident}")));
     };
     Ok(json_response(

@@ -134,6 +134,7 @@ impl Claimer {
         }
         let outcomes = self
             .store
+            .claims()
             .claim_picks(&self.node, queue.run.lease, &picks)
             .await?;
         let mut claimed = self
@@ -251,11 +252,13 @@ impl Claimer {
             window.reset();
             return self
                 .store
+                .claims()
                 .claim_candidates_matching(queue.id, queue.sort, read, left_out)
                 .await;
         }
         let found = self
             .store
+            .claims()
             .claim_candidates(queue.id, queue.sort, read, nodes, window)
             .await?;
         // Empty with no flow limit leaving tasks out: nothing to read until a signal. A
@@ -368,6 +371,7 @@ impl Claimer {
             report.spawn_failed = true;
             for (handoff, slot) in std::iter::once((handoff, slot)).chain(handoffs) {
                 self.store
+                    .claims()
                     .give_back_attempt(handoff.task_id(), handoff.attempt, &handoff.task.raw)
                     .await?;
                 self.view.runner_exited(queue.id, Some(slot));

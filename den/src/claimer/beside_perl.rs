@@ -26,7 +26,7 @@ impl Claimer {
         plan: &mut QueueClaims,
         n: usize,
     ) -> Result<(usize, QueueRunning)> {
-        let now = self.store.queue_running(queue.id).await?;
+        let now = self.store.claims().queue_running(queue.id).await?;
         let threads = self
             .servable
             .iter()
@@ -54,7 +54,7 @@ impl Claimer {
         if claimed.is_empty() {
             return Ok(0);
         }
-        let after = self.store.queue_running(queue.id).await?;
+        let after = self.store.claims().queue_running(queue.id).await?;
         let ours: Vec<ObjectId> = claimed.iter().map(|(t, _)| t.id).collect();
         let excess = claims_past_cap(threads, before, &after, &ours);
         if excess == 0 {
@@ -65,6 +65,7 @@ impl Claimer {
         for (task, pick) in claimed.split_off(claimed.len() - excess) {
             if self
                 .store
+                .claims()
                 .give_back_attempt(task.id, pick.attempt, &task.raw)
                 .await?
             {

@@ -131,7 +131,10 @@ impl Claimer {
             }
         }
         for (partition, at, n) in grants {
-            self.store.refund_starts(queue.id, partition, at, n).await?;
+            self.store
+                .limits()
+                .refund_starts(queue.id, partition, at, n)
+                .await?;
         }
         Ok(())
     }
@@ -145,6 +148,7 @@ impl Claimer {
         self.metrics.limit_held(&queue.name, "unused_ahead", n);
         let refunds = futures::future::join_all(leftovers.iter().map(|l| {
             self.store
+                .limits()
                 .refund_starts(queue.id, &l.partition, l.granted_at, l.n)
         }))
         .await;
@@ -182,8 +186,11 @@ impl Claimer {
             let keys = match self.limits.fresh_keys(queue.id, c.max) {
                 Some(keys) => keys,
                 None => {
-                    self.store.ensure_limit_index(LimitIndex::KeySlots).await?;
-                    let keys = self.store.held_key_slots(queue.id).await?;
+                    self.store
+                        .limits()
+                        .ensure_limit_index(LimitIndex::KeySlots)
+                        .await?;
+                    let keys = self.store.limits().held_key_slots(queue.id).await?;
                     self.limits
                         .keys
                         .insert(queue.id, (keys.clone(), Instant::now()));
@@ -275,6 +282,7 @@ impl Claimer {
                 }
                 Some(
                     self.store
+                        .limits()
                         .oldest_queued_by_key(queue.id, &c.key, &keys)
                         .await?,
                 )
@@ -376,6 +384,7 @@ impl Claimer {
         let sent = Instant::now();
         let grants = futures::future::join_all(asks.iter().map(|(partition, _, list, ahead)| {
             self.store
+                .limits()
                 .grant_starts(queue.id, partition, rate, list.len() as u32, *ahead)
         }))
         .await;

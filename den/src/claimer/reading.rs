@@ -35,7 +35,7 @@ impl Claimer {
 
     /// Reads the queues and the running counts again.
     pub(super) async fn refresh(&mut self, executor_live: u32) -> Result<()> {
-        let (queues, problems) = self.store.list_queues().await?;
+        let (queues, problems) = self.store.queues().list_queues().await?;
         self.all_queues = (Instant::now(), queues.clone());
         for problem in problems {
             self.report_once(problem);
@@ -49,7 +49,11 @@ impl Claimer {
         self.limits.retain(&servable);
         self.turns.retain(&servable);
         let ids: Vec<ObjectId> = self.servable.iter().map(|q| q.queue.id).collect();
-        let snapshot = self.store.running_snapshot(&self.node, &ids).await?;
+        let snapshot = self
+            .store
+            .claims()
+            .running_snapshot(&self.node, &ids)
+            .await?;
         self.view.read(snapshot, executor_live);
         // Every live node that serves a queue and has room gets a lane of its slots, not only
         // those seen holding its tasks: otherwise the node that frees a slot refills it before
@@ -63,7 +67,7 @@ impl Claimer {
             return Ok(());
         }
         self.sharers_read_at = Some(Instant::now());
-        let fleet = self.store.live_nodes(SHARER_MAX_AGE).await?;
+        let fleet = self.store.nodes().live_nodes(SHARER_MAX_AGE).await?;
         if !fleet.others.is_empty() {
             // A Perl node claims from the moment it runs; a reading may not show it yet.
             self.view.perl_nodes_live();

@@ -164,7 +164,10 @@ impl Balancer {
         // interval, not on every one-second pass.
         self.last_attempt = Some(now);
 
-        let ours = store.take_balance_lease(node, now, self.lease).await?;
+        let ours = store
+            .queues()
+            .take_balance_lease(node, now, self.lease)
+            .await?;
         if ours != self.holding {
             if ours {
                 tracing::info!(node, "this node now runs QueueBalance");
@@ -183,6 +186,7 @@ impl Balancer {
             Err(e) => {
                 let message = format!("QueueBalance: {e}");
                 if let Err(write) = store
+                    .queues()
                     .record_balance_status(Health::Critical.as_str(), &message, now_secs)
                     .await
                 {
@@ -192,6 +196,7 @@ impl Balancer {
             }
         };
         store
+            .queues()
             .record_balance_status(run.health.as_str(), &run.message, now_secs)
             .await?;
         Ok(BalanceReport::Ran(run))
@@ -204,7 +209,7 @@ impl Balancer {
         if !self.holding {
             return;
         }
-        if let Err(e) = store.release_balance_lease(node).await {
+        if let Err(e) = store.queues().release_balance_lease(node).await {
             tracing::warn!(error = %e, "could not release the QueueBalance lease; it expires by itself");
         }
     }
@@ -224,7 +229,7 @@ impl Balancer {
     /// The work of a pass as lease holder; returns the status to record.
     async fn balance(&self, store: &Store, now_secs: i64) -> Result<BalanceRun> {
         let pretend = self.settings.pretend;
-        let document = store.balance_document().await?;
+        let document = store.queues().balance_document().await?;
         let plan = match parse_balance_document(document.as_ref()) {
             Ok(plan) => plan,
             Err(reason) => {
@@ -244,7 +249,10 @@ impl Balancer {
                 ));
             }
             if !pretend {
-                store.clear_expired_balance_disabled(now_secs).await?;
+                store
+                    .queues()
+                    .clear_expired_balance_disabled(now_secs)
+                    .await?;
                 tracing::info!("QueueBalance is no longer disabled");
             }
         }
@@ -265,7 +273,7 @@ impl Balancer {
             ));
         };
 
-        let states = store.balance_queue_states(&names).await?;
+        let states = store.queues().balance_queue_states(&names).await?;
         let by_name: BTreeMap<&str, &QueueState> =
             states.iter().map(|s| (s.name.as_str(), s)).collect();
         let unknown: Vec<&str> = names
@@ -306,7 +314,7 @@ impl Balancer {
             if state.threads == Some(to) {
                 continue;
             }
-            if !pretend && !store.set_balanced_threads(&state.id, to).await? {
+            if !pretend && !store.queues().set_balanced_threads(&state.id, to).await? {
                 // Paused or deleted since it was read: the next pass sees it as it is.
                 continue;
             }

@@ -75,10 +75,14 @@ pub enum Turn {
 /// ones: claimer/continuous.rs); the turn, taken in the database, keeps that to one task per
 /// interval across the fleet.
 pub async fn take_turn(store: &Store, q: &ContinuousQueue) -> Result<Turn> {
-    if store.has_live_task(q.id).await? {
+    if store.tasks().has_live_task(q.id).await? {
         return Ok(Turn::Live);
     }
-    if !store.take_continuous_turn(q.id, q.interval).await? {
+    if !store
+        .queues()
+        .take_continuous_turn(q.id, q.interval)
+        .await?
+    {
         return Ok(Turn::NotYours);
     }
     let unit = Unit {
@@ -88,6 +92,7 @@ pub async fn take_turn(store: &Store, q: &ContinuousQueue) -> Result<Turn> {
         not_before: None,
     };
     let out = store
+        .workflows()
         .add_units(q.id, vec![unit], OnConflict::Reject)
         .await?;
     Ok(Turn::Made(out.inserted.len() as u32))

@@ -46,7 +46,7 @@ impl CountKeeper {
 
 /// One reconcile of every queue due, with what it found in the log.
 async fn reconcile(store: Store, every: Duration) {
-    match store.reconcile_task_counts(every, GRACE).await {
+    match store.tasks().reconcile_task_counts(every, GRACE).await {
         Ok(r) if r.corrected > 0 => tracing::info!(
             queues = r.corrected,
             tasks = r.drift,

@@ -63,6 +63,7 @@ impl Elector {
     async fn try_lease(&mut self, store: &Store, node: &str, live_within: Duration) {
         if fleet_time::is_off() {
             match store
+                .nodes()
                 .live_node_with_sane_clock(node, live_within, fleet_time::SKEW_BOUND)
                 .await
             {
@@ -89,6 +90,7 @@ impl Elector {
         // Counted from before the request: the lease in the database ends later.
         let taken_at = fleet_time::now();
         match store
+            .nodes()
             .take_maintenance_lease(node, taken_at, self.lease)
             .await
         {
@@ -115,7 +117,7 @@ impl Elector {
     /// effort.
     pub async fn release(&mut self, store: &Store, node: &str) {
         if self.leads_until.take().is_some() {
-            if let Err(e) = store.release_maintenance_lease(node).await {
+            if let Err(e) = store.nodes().release_maintenance_lease(node).await {
                 tracing::warn!(error = %e, "could not release the maintenance lease; it lapses by itself");
             }
         }

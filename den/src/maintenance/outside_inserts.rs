@@ -73,7 +73,7 @@ impl OutsideInserts {
             (after, _) => {
                 let after = after
                     .unwrap_or_else(|| id_at(now.checked_sub(LOOK_BACK).unwrap_or(UNIX_EPOCH)));
-                let created = store.created_since(after).await?;
+                let created = store.queues().created_since(after).await?;
                 let newest = created.iter().map(|c| c.newest).max().unwrap_or(after);
                 let ceiling = id_at(now + AHEAD);
                 self.after = Some(newest.min(ceiling).max(after));
@@ -90,12 +90,12 @@ impl OutsideInserts {
         }
         self.delayed_recheck_in = self.delayed_recheck_in.saturating_sub(1);
         if self.delayed.is_none() && inserts_watched {
-            self.delayed = Some(store.any_delayed_after(&open, due_after).await?);
+            self.delayed = Some(store.queues().any_delayed_after(&open, due_after).await?);
             self.delayed_recheck_in = DELAYED_RECHECK;
         }
         let due = match self.delayed {
             Some(false) => Vec::new(),
-            _ => store.came_due(&open, due_after, until).await?,
+            _ => store.queues().came_due(&open, due_after, until).await?,
         };
         self.due_until = Some(until.max(due_after));
         let mut signalled = HashSet::new();
@@ -107,7 +107,7 @@ impl OutsideInserts {
         for (queue, n) in found {
             if open.contains(&queue) && signalled.insert(queue) {
                 tracing::debug!(%queue, tasks = n, "signalling tasks queued or come due since the last probe");
-                store.signal_queued(queue, Queued::New).await;
+                store.queues().signal_queued(queue, Queued::New).await;
                 metrics.outside_insert_signalled();
             }
         }

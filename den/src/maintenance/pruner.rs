@@ -136,7 +136,7 @@ async fn prune(
 ) -> Result<()> {
     let made = *index_made.lock().unwrap_or_else(PoisonError::into_inner);
     if !made {
-        store.ensure_retention_index().await?;
+        store.tasks().ensure_retention_index().await?;
         *index_made.lock().unwrap_or_else(PoisonError::into_inner) = true;
     }
     let mut budget = MOST_PER_RUN;
@@ -152,7 +152,10 @@ async fn prune(
             while budget > 0 {
                 let limit = BATCH.min(usize::try_from(budget).unwrap_or(BATCH));
                 let batch_started = std::time::Instant::now();
-                let pruned = store.prune_ended(*queue, state, before, limit).await?;
+                let pruned = store
+                    .tasks()
+                    .prune_ended(*queue, state, before, limit)
+                    .await?;
                 let took = batch_started.elapsed();
                 metrics.tasks_pruned(name, state.as_str(), pruned.tasks);
                 budget = budget.saturating_sub(pruned.tasks);

@@ -140,7 +140,7 @@ impl Policies {
         if let Some(p) = self.0.get(&q) {
             return Ok(*p);
         }
-        let queue = match store.queue_by_id(q).await {
+        let queue = match store.queues().queue_by_id(q).await {
             Ok(queue) => queue,
             // Reported where it was read; its tasks are recovered by the defaults.
             Err(disbatch_store::Error::BadDocument { .. }) => None,
@@ -159,7 +159,7 @@ impl Policies {
 /// Disbatch's orphan rule for this node's own lease-less claims (made by older versions):
 /// still claimed after 5 minutes, they will not start. Returns how many were orphaned.
 pub async fn reap_orphans(store: &Store, node: &str) -> Result<u64> {
-    let orphaned = store.reap_orphans(node, ORPHAN_AGE).await?;
+    let orphaned = store.recovery().reap_orphans(node, ORPHAN_AGE).await?;
     if orphaned > 0 {
         tracing::warn!(
             tasks = orphaned,
@@ -185,6 +185,7 @@ pub async fn recover_expired_leases(
     let now = disbatch_store::deadline(Duration::ZERO);
     let horizon = disbatch_store::deadline(shortest_lease);
     let ending = store
+        .recovery()
         .leases_ending_before(horizon, RECOVER_PER_PASS)
         .await?;
     let (expired, later): (Vec<_>, Vec<_>) = ending
@@ -216,7 +217,11 @@ pub async fn recover_expired_leases(
         let from = t.node.as_deref().unwrap_or("?");
         let why = format!("its lease passed on node {from}");
         let wait = retry_wait(t, policy.as_ref());
-        if !store.recover_task_after(t, how, &why, wait).await? {
+        if !store
+            .recovery()
+            .recover_task_after(t, how, &why, wait)
+            .await?
+        {
             continue; // renewed, finished or recovered by another node meanwhile
         }
         let late_ms = t.lease_until.map_or(0, |until| {
@@ -237,7 +242,7 @@ pub async fn recover_expired_leases(
 /// died between moving the task and writing the record; the leader's job). Returns how many
 /// records it wrote or corrected.
 pub async fn write_unrecorded_attempts(store: &Store) -> Result<u64> {
-    let written = store.write_unrecorded_attempts().await?;
+    let written = store.recovery().write_unrecorded_attempts().await?;
     for lost in &written {
         tracing::warn!(
             task = %lost.task, attempt = %lost.attempt, from_node = lost.node.as_deref().unwrap_or("?"),
@@ -254,12 +259,16 @@ pub async fn write_unrecorded_attempts(store: &Store) -> Result<u64> {
 /// lease recovery.
 pub async fn recover_silent_nodes(store: &Store, silent_for: Duration) -> Result<ReapReport> {
     let mut report = ReapReport::default();
-    let nodes = store.silent_nodes(silent_for).await?;
+    let nodes = store.recovery().silent_nodes(silent_for).await?;
     if nodes.is_empty() {
         return Ok(report);
     }
     let mut policies = Policies::default();
-    for t in store.lease_less_tasks_of(&nodes, RECOVER_PER_PASS).await? {
+    for t in store
+        .recovery()
+        .lease_less_tasks_of(&nodes, RECOVER_PER_PASS)
+        .await?
+    {
         let policy = policies.of(store, t.queue).await?;
         let how = recovery_for(&t, policy.as_ref());
         let from = t.node.as_deref().unwrap_or("?");
@@ -268,7 +277,11 @@ pub async fn recover_silent_nodes(store: &Store, silent_for: Duration) -> Result
             silent_for.as_secs()
         );
         let wait = retry_wait(&t, policy.as_ref());
-        if !store.recover_task_after(&t, how, &why, wait).await? {
+        if !store
+            .recovery()
+            .recover_task_after(&t, how, &why, wait)
+            .await?
+        {
             continue;
         }
         tracing::warn!(
@@ -299,7 +312,7 @@ pub async fn recover_runner_death(
     attempt: ObjectId,
     exit: &str,
 ) -> Result<Option<Recovery>> {
-    let Some(t) = store.running_attempt(task, attempt).await? else {
+    let Some(t) = store.recovery().running_attempt(task, attempt).await? else {
         return Ok(None);
     };
     let policy = Policies::default().of(store, t.queue).await?;
@@ -307,6 +320,7 @@ pub async fn recover_runner_death(
     let from = t.node.as_deref().unwrap_or("?");
     let why = format!("its task runner on node {from} exited without a result ({exit})");
     if !store
+        .recovery()
         .recover_task_after(
             &t,
             how,

@@ -77,7 +77,7 @@ impl Schedules {
             None => self.grace,
         };
         let mut seen = HashSet::new();
-        for d in store.scheduled_queues().await? {
+        for d in store.queues().scheduled_queues().await? {
             // A queue without an ObjectId `_id` is reported by the queue reading already.
             let Ok(q) = parse_queue(&d) else { continue };
             seen.insert(q.id);
@@ -119,7 +119,11 @@ impl Schedules {
             .and_then(schedule::from_bson);
         let (Some(last), Some(chrono_now)) = (last, schedule::from_bson(now)) else {
             // New, changed, or its record unreadable: it starts from now, owing nothing before.
-            if store.start_schedule(q.id, &basis, now, counted).await? {
+            if store
+                .queues()
+                .start_schedule(q.id, &basis, now, counted)
+                .await?
+            {
                 tracing::info!(queue = %q.id, name = %q.name, schedule = %basis, "schedule started: ticks from now on are enqueued");
             }
             return Ok(None);
@@ -140,6 +144,7 @@ impl Schedules {
             self.enqueue(store, q, &schedule, &plan, metrics).await?;
         }
         store
+            .queues()
             .settle_schedule(q.id, &basis, schedule::to_bson(through))
             .await?;
         Ok(None)
@@ -154,12 +159,13 @@ impl Schedules {
         metrics: &DenMetrics,
     ) -> Result<()> {
         if !plan.due.is_empty() && !self.index_made {
-            store.ensure_schedule_index().await?;
+            store.queues().ensure_schedule_index().await?;
             self.index_made = true;
         }
         for due in &plan.due {
             let tick = schedule::to_bson(due.tick);
             let made = store
+                .queues()
                 .insert_scheduled_task(q.id, tick, &schedule.params, due.missed)
                 .await?;
             let outcome = match (made, due.missed) {

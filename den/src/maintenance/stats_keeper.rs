@@ -71,25 +71,28 @@ pub fn minutes_due(now_ms: i64, written_until: Option<i64>, width_ms: i64) -> Ve
 async fn keep(store: &Store, width: Duration, node: &str) -> Result<()> {
     let width_ms = i64::try_from(width.as_millis()).unwrap_or(60_000).max(1);
     let now_ms = fleet_time::now().timestamp_millis();
-    let due = minutes_due(now_ms, store.stats_written_until().await?, width_ms);
+    let due = minutes_due(now_ms, store.stats().stats_written_until().await?, width_ms);
     let Some(&latest) = due.last() else {
         return Ok(());
     };
     for minute in due {
-        let attempts = store.ended_attempts(minute, minute + width_ms).await?;
+        let attempts = store
+            .stats()
+            .ended_attempts(minute, minute + width_ms)
+            .await?;
         let mut buckets = bucket_attempts(&attempts, minute, width_ms);
         // Depth is known only now: only the minute just ended gets it.
         if minute == latest {
             add_depths(&mut buckets, &depths(store).await?);
         }
-        store.write_stats(&buckets, node).await?;
+        store.stats().write_stats(&buckets, node).await?;
     }
     Ok(())
 }
 
 /// Every queue's `(queued, running)` now, running counting claimed tasks too.
 async fn depths(store: &Store) -> Result<BTreeMap<bson::oid::ObjectId, (u64, u64)>> {
-    let reading = store.counts_reading().await?;
+    let reading = store.stats().counts_reading().await?;
     Ok(reading
         .groups
         .iter()

@@ -157,6 +157,7 @@ impl Node {
             NodeLimit::Invalid(_) => Some(0),
         };
         self.store
+            .nodes()
             .heartbeat(&Heartbeat {
                 node: &self.name,
                 pid: std::process::id(),
@@ -176,7 +177,12 @@ impl Node {
     async fn shut_down(&mut self) {
         tracing::info!(node = %self.name, "stopping: no more claims");
         for attempt in 1..=3 {
-            match self.store.give_back_claimed(&self.name, None).await {
+            match self
+                .store
+                .recovery()
+                .give_back_claimed(&self.name, None)
+                .await
+            {
                 Ok(n) => {
                     if n > 0 {
                         tracing::info!(tasks = n, "gave back claimed tasks that had not started");

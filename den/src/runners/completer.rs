@@ -66,7 +66,7 @@ impl Completer {
 
 /// Stores one batch of runners' results and counts the answers.
 async fn store_batch(store: Store, completions: Vec<Completion>, metrics: DenMetrics) -> Vec<Ack> {
-    let acks = match store.record_completions(&completions).await {
+    let acks = match store.results().record_completions(&completions).await {
         Ok(acks) => acks,
         Err(e) => {
             // Each runner then writes its own, with its own patience through an outage.
@@ -98,7 +98,7 @@ async fn write_live_copies(
         if superseded > 0 {
             metrics.live_copies("dropped", superseded);
         }
-        match store.write_live_outputs(&newest).await {
+        match store.results().write_live_outputs(&newest).await {
             Ok(written) => {
                 let written = written.min(newest.len() as u64);
                 metrics.live_copies("written", written);

@@ -52,7 +52,7 @@ impl Releaser {
     /// This node claimed a task others wait for: workflows are in use, and its sweep (as
     /// leader) runs even where its role cannot list indexes.
     pub fn saw_waited_for(&self) {
-        self.store.note_workflows_in_use();
+        self.store.limits().note_workflows_in_use();
     }
 
     /// A task others wait for has ended here (its result is stored): settle it soon. Never
@@ -96,7 +96,7 @@ async fn settle_ended(
             }
         }
         last = Some(tokio::time::Instant::now());
-        match store.settle_dependents(&batch).await {
+        match store.workflows().settle_dependents(&batch).await {
             Ok(settled) => {
                 metrics.dependencies_settled(&settled);
                 gap = gap_after(&settled);
@@ -175,7 +175,7 @@ impl DependencySweep {
         }
         let (store, metrics) = (store.clone(), metrics.clone());
         self.running = Some(tokio::spawn(async move {
-            match store.settle_ended_dependencies().await {
+            match store.workflows().settle_ended_dependencies().await {
                 Ok(settled) => metrics.dependencies_settled(&settled),
                 Err(e) => {
                     metrics.db_error("settle_ended_dependencies");

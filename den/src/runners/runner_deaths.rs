@@ -76,7 +76,9 @@ impl RunnerDeaths {
     /// output to relay, or this node could not store it): one read by `_id`, at most
     /// `OUTCOME_READ`.
     pub async fn recorded_outcome(&self, attempt: ObjectId) -> Option<LearnedEnd> {
-        match tokio::time::timeout(OUTCOME_READ, self.store.attempt_outcome(attempt)).await {
+        match tokio::time::timeout(OUTCOME_READ, self.store.results().attempt_outcome(attempt))
+            .await
+        {
             Ok(Ok(outcome)) => outcome.map(|(o, task_discarded)| LearnedEnd {
                 outcome: o,
                 task_discarded,
@@ -107,7 +109,7 @@ pub async fn kill_stale_runners(
     runners: Vec<(ObjectId, ObjectId, u32)>,
 ) -> disbatch_store::Result<usize> {
     let attempts: Vec<ObjectId> = runners.iter().map(|(_, a, _)| *a).collect();
-    let lost = store.lost_attempts(&attempts).await?;
+    let lost = store.results().lost_attempts(&attempts).await?;
     let mut killed = 0;
     for (task, attempt, pid) in runners.into_iter().filter(|(_, a, _)| lost.contains(a)) {
         if pid <= 1 {

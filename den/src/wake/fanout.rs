@@ -85,6 +85,7 @@ impl Fanout {
         let queues: Vec<ObjectId> = pending.queues.into_iter().collect();
         match self
             .store
+            .nodes()
             .signal_nodes(&self.leader, &queues, pending.all, self.live_within)
             .await
         {
@@ -151,6 +152,9 @@ impl StreamNeed {
         if self.busy_passes < BUSY_PASSES_BEFORE_CLOSING {
             return Ok(true);
         }
-        store.others_wait_for_work(leader, live_within).await
+        store
+            .nodes()
+            .others_wait_for_work(leader, live_within)
+            .await
     }
 }

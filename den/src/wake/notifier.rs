@@ -219,7 +219,7 @@ async fn keep_watching(
         if wanted.wait_for(|w| *w).await.is_err() {
             return;
         }
-        match store.watch_work(await_time).await {
+        match store.queues().watch_work(await_time).await {
             Ok(stream) => {
                 if !stream.sees_inserts {
                     tracing::warn!("watching queues only: this user may not watch the database (grant `changeStream` on it: see the book's operating/mongodb.md, Roles and privileges), so tasks other writers insert are found by a probe on each of the leader's passes");

@@ -27,7 +27,7 @@ impl BatchWriter {
 
 async fn store_batch(store: LazyStore, completions: Vec<Completion>) -> Vec<Ack> {
     let acks = match store.get().await {
-        Ok(db) => db.record_completions(&completions).await,
+        Ok(db) => db.results().record_completions(&completions).await,
         Err(e) => Err(e),
     };
     acks.unwrap_or_else(|e| {

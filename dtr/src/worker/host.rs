@@ -122,7 +122,7 @@ pub async fn serve(config: Config, store: LazyStore, node: String) -> u64 {
     pool.drain().await;
     counts.abort();
     if let Ok(db) = store.get().await {
-        if let Err(e) = db.flush_counts().await {
+        if let Err(e) = db.tasks().flush_counts().await {
             tracing::warn!(error = %e, "worker host: could not write the last task counts; the reconcile repairs them");
         }
     }
@@ -150,13 +150,13 @@ async fn write_counts(store: LazyStore) {
             }
         }
     };
-    db.defer_count_writes();
+    db.tasks().defer_count_writes();
     let mut every = tokio::time::interval(disbatch_store::DEFERRED_COUNTS_MAX_AGE);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
         // Lost, not retried, as the node's count writer does: the reconcile repairs counts.
-        if let Err(e) = db.flush_counts().await {
+        if let Err(e) = db.tasks().flush_counts().await {
             tracing::warn!(error = %e, "worker host: could not write task counts");
         }
     }

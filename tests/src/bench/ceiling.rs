@@ -107,7 +107,7 @@ pub async fn measure(
         .and_then(|h| super::fleet::local_server_pid(&h));
     // The node and its worker host write task counts every 250 ms, not with each batch.
     let deferred = store_for(uri, &name).await?;
-    deferred.defer_count_writes();
+    deferred.tasks().defer_count_writes();
     let scratch = Scratch {
         coll,
         store,
@@ -282,7 +282,7 @@ async fn claim_run(
                         .is_some()),
                     Some(store) => {
                         let candidates = store
-                            .claim_candidates(queue, QueueSort::Fifo, want, 1, &mut window)
+                            .claims().claim_candidates(queue, QueueSort::Fifo, want, 1, &mut window)
                             .await?;
                         let picks: Vec<Pick> = candidates
                             .tasks
@@ -295,7 +295,7 @@ async fn claim_run(
                             })
                             .collect();
                         let outcomes = store
-                            .claim_picks(&node, Duration::from_secs(60), &picks)
+                            .claims().claim_picks(&node, Duration::from_secs(60), &picks)
                             .await?;
                         let claimed: Vec<Completion> = picks
                             .iter()
@@ -304,7 +304,7 @@ async fn claim_run(
                             .filter_map(|(p, _)| succeeded(p, queue, &node))
                             .collect();
                         if cycle && !claimed.is_empty() {
-                            store.record_completions(&claimed).await?;
+                            store.results().record_completions(&claimed).await?;
                         }
                         claimed.len()
                     }

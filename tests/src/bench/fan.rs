@@ -22,6 +22,6 @@ pub async fn enqueue_fan(db: &TestDb, queue: ObjectId, n: usize) -> anyhow::Resu
     let mut tasks = vec![task("root".into(), vec![])];
     tasks.extend((1..n - 1).map(|i| task(format!("t{i}"), vec![0])));
     tasks.push(task("merge".into(), (1..n - 1).collect()));
-    store.create_graph(&tasks).await?;
+    store.workflows().create_graph(&tasks).await?;
     Ok(())
 }

@@ -290,6 +290,7 @@ impl Fleet {
         for _ in 0..n {
             tick.tick().await;
             store
+                .tasks()
                 .insert_tasks(self.queue, vec![doc! {}])
                 .await
                 .context("enqueueing a latency probe")?;

@@ -37,6 +37,7 @@ impl ScaleFleet {
             match store {
                 Some(store) => {
                     store
+                        .tasks()
                         .insert_tasks(self.queue, params)
                         .await
                         .context("inserting through the store")?;

@@ -380,6 +380,7 @@ impl ScaleFleet {
             tick.tick().await;
             let id = match store {
                 Some(store) => store
+                    .tasks()
                     .insert_tasks(self.queue, vec![doc! {}])
                     .await
                     .context("enqueueing a probe")?

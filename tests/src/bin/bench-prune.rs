@@ -108,6 +108,7 @@ async fn run(o: &Options, prune: bool, round: usize) -> anyhow::Result<Run> {
     if prune {
         db.den_store()
             .await
+            .tasks()
             .ensure_retention_index()
             .await
             .context("creating the retention index")?;

@@ -49,10 +49,12 @@ async fn demo(store: &Store, dens: &[String]) -> anyhow::Result<()> {
     let pid = std::process::id();
     let demo_name = format!("demo-{pid}");
     let demo_queue = store
+        .queues()
         .create_queue(&demo_name, "Disbatch::Plugin::Demo", Some(3), Some("fifo"))
         .await?;
     let fleet_name = format!("demo-fleet-{pid}");
     let fleet_queue = store
+        .queues()
         .create_queue(&fleet_name, "echo", Some(FLEET_THREADS), Some("fifo"))
         .await?;
     if !dens.is_empty() {
@@ -69,7 +71,7 @@ async fn demo(store: &Store, dens: &[String]) -> anyhow::Result<()> {
         .iter()
         .map(|c| doc! {"commands": *c, "user1": "ashley@example.com"})
         .collect();
-    let mut ids = store.insert_tasks(demo_queue, params).await?;
+    let mut ids = store.tasks().insert_tasks(demo_queue, params).await?;
     println!(
         "created queue {demo_name} ({demo_queue}) with threads 3 and {} tasks",
         ids.len()
@@ -77,7 +79,7 @@ async fn demo(store: &Store, dens: &[String]) -> anyhow::Result<()> {
     let params = (0..FLEET_TASKS)
         .map(|i| doc! {"text": format!("fleet task {i}"), "sleep_ms": FLEET_TASK_MS as i64})
         .collect();
-    let fleet_ids = store.insert_tasks(fleet_queue, params).await?;
+    let fleet_ids = store.tasks().insert_tasks(fleet_queue, params).await?;
     println!(
         "created queue {fleet_name} ({fleet_queue}) with threads {FLEET_THREADS} and {} tasks of {FLEET_TASK_MS} ms",
         fleet_ids.len()
@@ -146,7 +148,7 @@ async fn wait_for_tasks(store: &Store, ids: &[ObjectId]) -> anyhow::Result<Vec<D
     while started.elapsed() < PATIENCE {
         done.clear();
         for id in ids {
-            match store.get_task(*id).await? {
+            match store.tasks().get_task(*id).await? {
                 Some(t) if t.get_bool("complete").unwrap_or(false) => done.push(t),
                 _ => {}
             }

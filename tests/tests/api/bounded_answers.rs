@@ -192,14 +192,17 @@ async fn full_outputs_are_cut_per_output_and_per_answer() {
         .await;
     let store = db.den_store().await;
     let big = store
+        .results()
         .write_output_file(ids[0], "stdout", "e".repeat(BIG).as_bytes())
         .await
         .expect("write the big output");
     let medium = store
+        .results()
         .write_output_file(ids[1], "stdout", "m".repeat(MEDIUM).as_bytes())
         .await
         .expect("write a medium output");
     let small = store
+        .results()
         .write_output_file(ids[0], "stderr", &b"oops"[..])
         .await
         .expect("write a small output");

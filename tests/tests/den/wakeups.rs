@@ -92,6 +92,7 @@ async fn queue_one(db: &TestDb, store: &Store, den: &Den, queue: ObjectId, n: us
     let queued = Instant::now();
     // The DCI's path: the tasks, then their queue's work signal.
     let id = store
+        .tasks()
         .insert_tasks(queue, vec![held(&started, &gate)])
         .await
         .expect("insert through the store")[0];
@@ -285,6 +286,7 @@ async fn a_follower_holds_no_stream_and_starts_work_on_the_busy_leaders_mark() {
     // Held until the end: the leader has more claimable tasks than room throughout.
     let gate = db.path("backlog-gate").to_string_lossy().to_string();
     let backlog = store
+        .tasks()
         .insert_tasks(busy, (0..20).map(|_| doc! {"hold_until": &gate}).collect())
         .await
         .expect("insert through the store");
@@ -302,6 +304,7 @@ async fn a_follower_holds_no_stream_and_starts_work_on_the_busy_leaders_mark() {
         let marks_before = marked().await;
         let queued = Instant::now();
         let id = store
+            .tasks()
             .insert_tasks(queue, vec![doc! {"n": n}])
             .await
             .expect("insert through the store")[0];
@@ -349,6 +352,7 @@ async fn a_busy_leader_holds_the_stream_only_while_some_node_waits_for_work() {
     // More held tasks than room: the leader is full, never short of tasks, until the gate.
     let gate = db.path("backlog-gate").to_string_lossy().to_string();
     let backlog = store
+        .tasks()
         .insert_tasks(busy, (0..6).map(|_| doc! {"hold_until": &gate}).collect())
         .await
         .expect("insert through the store");
@@ -375,6 +379,7 @@ async fn a_busy_leader_holds_the_stream_only_while_some_node_waits_for_work() {
         .metric("disbatch_den_wakeups_total{source=\"leader_signal\"}")
         .await;
     let id = store
+        .tasks()
         .insert_tasks(queue, vec![doc! {}])
         .await
         .expect("insert through the store")[0];

@@ -360,7 +360,7 @@ async fn paused_queues_keep_their_pause() {
     let b = db.insert_queue("b", "echo", 1).await;
     add_tasks(&db, a, -2, 5).await;
     add_tasks(&db, b, -2, 5).await;
-    assert!(store.pause_queue(a).await.expect("pause"));
+    assert!(store.queues().pause_queue(a).await.expect("pause"));
     set_balance_document(
         &db,
         doc! {"max_tasks": {"* 00:00": 6}, "queues": [["a", "b"]]},

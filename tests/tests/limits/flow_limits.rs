@@ -507,7 +507,7 @@ async fn a_cancelled_or_timed_out_task_gives_its_key_slot_back() {
         "its key is busy: {second}"
     );
     let store = db.den_store().await;
-    store.cancel_task(ids[0]).await.expect("cancel");
+    store.tasks().cancel_task(ids[0]).await.expect("cancel");
     db.wait_complete(&ids, Duration::from_secs(120)).await;
     drop(n1);
     std::fs::write(&gate, "").expect("open the gate");

@@ -27,6 +27,7 @@ async fn grant(
     ahead: u32,
 ) -> (u32, u32, i64) {
     match store
+        .limits()
         .grant_starts(queue, &Bson::Null, limit, asked, ahead)
         .await
         .expect("grant")
@@ -135,6 +136,7 @@ async fn a_refund_reaches_the_entry_its_grant_joined_when_entries_overlap() {
     let (first, newest) = (before[0], before[1]);
     assert_eq!(first.0, first_at, "{before:?}");
     store
+        .limits()
         .refund_starts(queue, &Bson::Null, DateTime::from_millis(last_at), 1)
         .await
         .expect("refund");
@@ -142,6 +144,7 @@ async fn a_refund_reaches_the_entry_its_grant_joined_when_entries_overlap() {
     assert_eq!(after[0], first, "the older entry spanning it is untouched");
     assert_eq!(after[1].2, newest.2 - 1, "the newest one gives it back");
     store
+        .limits()
         .refund_starts(queue, &Bson::Null, DateTime::from_millis(first_at), 3)
         .await
         .expect("refund");

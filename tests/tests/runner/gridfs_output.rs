@@ -36,13 +36,18 @@ async fn stored(
             Stored::Inline(s.len())
         }
         Some(Bson::ObjectId(id)) => {
-            let bytes = store.read_output_file(*id).await.expect("read GridFS");
+            let bytes = store
+                .results()
+                .read_output_file(*id)
+                .await
+                .expect("read GridFS");
             assert!(
                 bytes == expected,
                 "{field} GridFS content differs ({} bytes)",
                 bytes.len()
             );
             let file = store
+                .results()
                 .output_file(*id)
                 .await
                 .expect("files doc")

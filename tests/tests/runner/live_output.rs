@@ -394,7 +394,11 @@ async fn large_live_output_keeps_its_last_64_kib_and_gridfs_output_is_unchanged(
     };
     assert_eq!(task.get("live_output"), None);
     let store = db.den_store().await;
-    let stored = store.read_output_file(*file).await.expect("read GridFS");
+    let stored = store
+        .results()
+        .read_output_file(*file)
+        .await
+        .expect("read GridFS");
     assert_eq!(last.state, "final");
     assert_eq!(last.body, stored, "the route serves the stored file");
     assert_eq!(printed_lines(&String::from_utf8_lossy(&stored)).len(), 8);
@@ -437,12 +441,14 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
         stderr: LiveStream::default(),
     };
     let stale = store
+        .results()
         .write_live_output(id, &copy(ObjectId::new()))
         .await
         .expect("write");
     assert_eq!(stale, LiveWrite::NotOurs);
     assert_eq!(db.task(id).await.get("live_output"), None);
     let ours = store
+        .results()
         .write_live_output(id, &copy(attempt))
         .await
         .expect("write");
@@ -459,6 +465,7 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
     );
 
     let finished = store
+        .results()
         .finish_task(
             id,
             "n1",
@@ -474,6 +481,7 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
     assert_eq!(task.get("live_output"), None, "unset with the result");
     assert_eq!(task.get_str("stdout").ok(), Some("so far\nand the rest\n"));
     let late = store
+        .results()
         .write_live_output(id, &copy(attempt))
         .await
         .expect("write");
@@ -491,14 +499,18 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
         })
         .await
         .expect("insert lost");
-    let wrote = store.write_live_output(lost, &copy(lost_attempt)).await;
+    let wrote = store
+        .results()
+        .write_live_output(lost, &copy(lost_attempt))
+        .await;
     assert_eq!(wrote.expect("write"), LiveWrite::Written);
-    let expired = store.expired_leases(10).await.expect("expired");
+    let expired = store.recovery().expired_leases(10).await.expect("expired");
     let t = expired
         .iter()
         .find(|t| t.id == lost)
         .expect("the lost task");
     let recovered = store
+        .recovery()
         .recover_task(
             t,
             disbatch_store::Recovery::Requeue {
@@ -525,7 +537,11 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
     let mut huge = copy(big_attempt);
     huge.stdout.text = "y".repeat(64 * 1024);
     huge.stderr.text = "z".repeat(64 * 1024);
-    let refused = store.write_live_output(big, &huge).await.expect("write");
+    let refused = store
+        .results()
+        .write_live_output(big, &huge)
+        .await
+        .expect("write");
     assert_eq!(refused, LiveWrite::TooLarge);
     db.drop().await;
 }

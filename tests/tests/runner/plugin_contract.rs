@@ -118,7 +118,7 @@ async fn gridfs_reader_accepts_binary_chunks_from_standard_writers() {
         .await
         .expect("chunks");
     assert_eq!(
-        store.read_output_file(file).await.expect("read"),
+        store.results().read_output_file(file).await.expect("read"),
         b"hello world!"
     );
     db.drop().await;

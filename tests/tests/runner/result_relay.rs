@@ -71,7 +71,7 @@ async fn a_batch_stores_each_result_or_says_why_not_in_one_bulk_write() {
         .expect("hello");
     // bulkWrite came with wire version 25 (MongoDB 8.0); SecantusDB has it too.
     let has_bulk_write = hello.get_i32("maxWireVersion").unwrap_or(0) >= 25;
-    assert_eq!(store.uses_bulk_write(), Some(has_bulk_write));
+    assert_eq!(store.results().uses_bulk_write(), Some(has_bulk_write));
     db.drop().await;
 }
 
@@ -79,9 +79,9 @@ async fn a_batch_stores_each_result_or_says_why_not_in_one_bulk_write() {
 #[tokio::test]
 async fn a_batch_stores_each_result_or_says_why_not_in_two_writes() {
     let db = TestDb::new("relay_batch2").await;
-    let store = db.den_store().await.without_bulk_write();
+    let store = db.den_store().await.results().without_bulk_write();
     batch_answers(&db, &store).await;
-    assert_eq!(store.uses_bulk_write(), Some(false));
+    assert_eq!(store.results().uses_bulk_write(), Some(false));
     db.drop().await;
 }
 
@@ -118,7 +118,11 @@ async fn batch_answers(db: &TestDb, store: &Store) {
             "retry",
         ),
     ];
-    let acks = store.record_completions(&batch).await.expect("batch");
+    let acks = store
+        .results()
+        .record_completions(&batch)
+        .await
+        .expect("batch");
     assert_eq!(
         acks,
         vec![Ack::Recorded, Ack::NotOurs, Ack::Recorded, Ack::Recorded]
@@ -168,18 +172,25 @@ async fn batch_answers(db: &TestDb, store: &Store) {
 
     // Stored twice (a runner whose answer was lost stores it again): nothing changes.
     assert!(store
+        .results()
         .task_shows_result(ours, a1, TaskEnd::Status(1))
         .await
         .expect("read"));
     assert!(!store
+        .results()
         .task_shows_result(ours, a1, TaskEnd::Status(2))
         .await
         .expect("read"));
     assert!(!store
+        .results()
         .task_shows_result(taken, a2, TaskEnd::Status(2))
         .await
         .expect("read"));
-    let again = store.record_completions(&batch[..1]).await.expect("again");
+    let again = store
+        .results()
+        .record_completions(&batch[..1])
+        .await
+        .expect("again");
     assert_eq!(again, vec![Ack::NotOurs]);
     assert_eq!(
         outcome(db.attempts(ours).await),
@@ -187,6 +198,7 @@ async fn batch_answers(db: &TestDb, store: &Store) {
         "a stored result is never marked discarded"
     );
     assert!(store
+        .results()
         .record_completions(&[])
         .await
         .expect("empty")
@@ -203,10 +215,11 @@ async fn a_result_its_runner_stored_meanwhile_keeps_the_record_the_node_wrote() 
     let db = TestDb::new("relay_both_store").await;
     let bulk = db.den_store().await;
     let queue = db.insert_queue("q", "echo", 4).await;
-    for store in [bulk.clone(), bulk.without_bulk_write()] {
+    for store in [bulk.clone(), bulk.results().without_bulk_write()] {
         let attempt = ObjectId::new();
         let id = insert_running(&db, queue, attempt).await;
         let finished = store
+            .results()
             .finish_task(
                 id,
                 "n1",
@@ -219,7 +232,11 @@ async fn a_result_its_runner_stored_meanwhile_keeps_the_record_the_node_wrote() 
             .expect("runner's write");
         assert_eq!(finished, FinishOutcome::Recorded);
         let c = completion(id, attempt, TaskEnd::Status(1), "succeeded");
-        let acks = store.record_completions(&[c]).await.expect("batch");
+        let acks = store
+            .results()
+            .record_completions(&[c])
+            .await
+            .expect("batch");
         let t = db.task(id).await;
         assert_eq!(
             (t.get_i32("status").ok(), t.get_object_id("attempt").ok()),
@@ -236,7 +253,7 @@ async fn a_result_its_runner_stored_meanwhile_keeps_the_record_the_node_wrote() 
             outcomes,
             ["succeeded"],
             "bulk_write: {:?}",
-            store.uses_bulk_write()
+            store.results().uses_bulk_write()
         );
         assert_eq!(acks, vec![Ack::Recorded], "the task shows this result");
     }

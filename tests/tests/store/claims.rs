@@ -20,6 +20,7 @@ async fn claim_batch(
     next_slot: &mut u32,
 ) -> Vec<(Pick, PickOutcome)> {
     let candidates = store
+        .claims()
         .claim_candidates(queue, QueueSort::Fifo, n, 1, window)
         .await
         .expect("read candidates")
@@ -37,6 +38,7 @@ async fn claim_batch(
         })
         .collect();
     let outcomes = store
+        .claims()
         .claim_picks("n1", Duration::from_secs(60), &picks)
         .await
         .expect("claim");
@@ -70,7 +72,11 @@ async fn a_batch_is_claimed_in_order_and_each_task_comes_back_as_stored() {
     let (mut window, mut slot) = (ClaimWindow::default(), 0);
     let batch = claim_batch(&store, queue, &mut window, 6, &mut slot).await;
     assert_eq!(claimed_ids(&batch), ids[..6], "oldest first");
-    assert_eq!(store.uses_bulk_write(), Some(true), "one bulkWrite here");
+    assert_eq!(
+        store.results().uses_bulk_write(),
+        Some(true),
+        "one bulkWrite here"
+    );
     for (pick, outcome) in &batch {
         let PickOutcome::Claimed(task) = outcome else {
             unreachable!()
@@ -87,7 +93,7 @@ async fn a_batch_is_claimed_in_order_and_each_task_comes_back_as_stored() {
     assert_eq!(db.task(ids[0]).await.get_i32("attempts").ok(), Some(1));
 
     // A server without bulkWrite: one findOneAndUpdate per pick, the same result.
-    let older = store.without_bulk_write();
+    let older = store.results().without_bulk_write();
     let batch = claim_batch(&older, queue, &mut window, 8, &mut slot).await;
     assert_eq!(claimed_ids(&batch), ids[6..], "the rest, in order");
     for (_, outcome) in &batch {
@@ -111,6 +117,7 @@ async fn a_task_changed_since_it_was_read_is_not_claimed_blind() {
         .insert_tasks(queue, (0..4).map(|i| doc! {"n": i}.into()).collect())
         .await;
     let candidates = store
+        .claims()
         .claim_candidates(queue, QueueSort::Fifo, 4, 1, &mut ClaimWindow::default())
         .await
         .expect("read")
@@ -147,6 +154,7 @@ async fn a_task_changed_since_it_was_read_is_not_claimed_blind() {
         })
         .collect();
     let outcomes = store
+        .claims()
         .claim_picks("n1", Duration::from_secs(60), &picks)
         .await
         .expect("claim");
@@ -218,6 +226,7 @@ async fn claims_through_a_window_miss_nothing_and_skip_what_is_not_claimable() {
     let claimed = db.task(given_back).await;
     let attempt = claimed.get_object_id("attempt").expect("attempt");
     assert!(store
+        .claims()
         .give_back_attempt(given_back, attempt, &claimed)
         .await
         .expect("give back"));
@@ -301,6 +310,7 @@ async fn two_claimers_at_once_never_exceed_threads_or_share_a_task() {
             slots.rotate_left(by);
             slots.truncate(5);
             let candidates = store
+                .claims()
                 .claim_candidates(queue, QueueSort::Fifo, slots.len() * 2, 2, &mut window)
                 .await
                 .expect("read")
@@ -317,6 +327,7 @@ async fn two_claimers_at_once_never_exceed_threads_or_share_a_task() {
                 })
                 .collect();
             let outcomes = store
+                .claims()
                 .claim_picks(node, Duration::from_secs(60), &picks)
                 .await
                 .expect("claim");

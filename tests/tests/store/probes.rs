@@ -45,6 +45,7 @@ async fn came_due_counts_queued_tasks_whose_delay_ended_in_the_window_per_probed
     ]);
     db.tasks().insert_many(docs).await.expect("insert");
     let due: BTreeMap<ObjectId, u64> = store
+        .queues()
         .came_due(&[a, b], at(now, -1000), now)
         .await
         .expect("came_due")
@@ -52,11 +53,13 @@ async fn came_due_counts_queued_tasks_whose_delay_ended_in_the_window_per_probed
         .collect();
     assert_eq!(due, BTreeMap::from([(a, 2), (b, 2)]));
     assert!(store
+        .queues()
         .came_due(&[a, b], now, now)
         .await
         .expect("empty window")
         .is_empty());
     assert!(store
+        .queues()
         .came_due(&[], at(now, -1000), now)
         .await
         .expect("no queue")
@@ -84,7 +87,11 @@ async fn created_since_reads_only_tasks_made_after_the_bound() {
         .collect();
     let newest_a = new[1].get_object_id("_id").expect("id");
     db.tasks().insert_many(new).await.expect("insert new");
-    let mut seen = store.created_since(bound).await.expect("created_since");
+    let mut seen = store
+        .queues()
+        .created_since(bound)
+        .await
+        .expect("created_since");
     seen.sort_by_key(|c| c.queue != a);
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(
@@ -109,6 +116,7 @@ async fn any_delayed_after_sees_only_the_probed_queues_delays_past_the_bound() {
         let store = store.clone();
         async move {
             store
+                .queues()
                 .any_delayed_after(&queues, after)
                 .await
                 .expect("any_delayed_after")
@@ -157,12 +165,17 @@ async fn leases_ending_before_a_horizon_come_earliest_first_and_only_while_held(
         .collect();
     db.tasks().insert_many(docs).await.expect("insert");
     let ending = store
+        .recovery()
         .leases_ending_before(at(now, 10_000), 100)
         .await
         .expect("leases_ending_before");
     let seen: Vec<ObjectId> = ending.iter().map(|t| t.id).collect();
     assert_eq!(seen, vec![ids[4], ids[1], ids[0]]);
-    let expired = store.expired_leases(100).await.expect("expired_leases");
+    let expired = store
+        .recovery()
+        .expired_leases(100)
+        .await
+        .expect("expired_leases");
     assert_eq!(
         expired.iter().map(|t| t.id).collect::<Vec<_>>(),
         vec![ids[4], ids[1]]

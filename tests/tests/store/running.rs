@@ -29,6 +29,7 @@ async fn the_running_snapshot_counts_listed_queues_and_all_of_this_nodes_tasks()
     }
 
     let snap = store
+        .claims()
         .running_snapshot("n1", &[listed])
         .await
         .expect("snapshot");
@@ -54,11 +55,16 @@ async fn the_running_snapshot_counts_listed_queues_and_all_of_this_nodes_tasks()
     // The unlisted queue shows up only through n1's own task there.
     assert_eq!(snap.per_queue.get(&other), Some(&1));
 
-    let none = store.running_snapshot("n3", &[]).await.expect("snapshot");
+    let none = store
+        .claims()
+        .running_snapshot("n3", &[])
+        .await
+        .expect("snapshot");
     assert_eq!(none.on_node, 0);
     assert!(none.per_queue.is_empty(), "{none:?}");
 
     let all = store
+        .claims()
         .running_snapshot("n3", &[listed, other])
         .await
         .expect("snapshot");

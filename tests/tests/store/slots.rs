@@ -12,6 +12,7 @@ use disbatch_tests::TestDb;
 async fn claim(store: &Store, queue: ObjectId, node: &str, slots: &[u32]) -> Vec<PickOutcome> {
     let mut window = ClaimWindow::default();
     let candidates = store
+        .claims()
         .claim_candidates(queue, QueueSort::Fifo, slots.len(), 1, &mut window)
         .await
         .expect("read candidates")
@@ -27,6 +28,7 @@ async fn claim(store: &Store, queue: ObjectId, node: &str, slots: &[u32]) -> Vec
         })
         .collect();
     store
+        .claims()
         .claim_picks(node, Duration::from_secs(30), &picks)
         .await
         .expect("claim")
@@ -65,7 +67,7 @@ async fn a_slot_can_be_held_by_one_task_only_until_it_is_freed() {
 
     // Finishing frees the slot for the next claim; only the current attempt may finish.
     let finish = |attempt| {
-        store.finish_task(
+        store.results().finish_task(
             first_id,
             "n1",
             attempt,
@@ -131,20 +133,23 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
     assert_eq!(names("rate_limits").await, ["_id_", "queue_1_until_1"]);
     // The flow limits' own indexes come with the first queue that uses them, not before.
     store
+        .limits()
         .ensure_limit_index(LimitIndex::KeySlots)
         .await
         .expect("key slots");
     store
+        .limits()
         .ensure_limit_index(LimitIndex::Unique)
         .await
         .expect("unique");
     // So do workflows' (the first waiting task, graph or batch), and settling knows it.
-    assert!(!store.workflows_in_use().await.expect("listed"));
+    assert!(!store.limits().workflows_in_use().await.expect("listed"));
     store
+        .limits()
         .ensure_limit_index(LimitIndex::Workflows)
         .await
         .expect("workflows");
-    assert!(store.workflows_in_use().await.expect("listed"));
+    assert!(store.limits().workflows_in_use().await.expect("listed"));
     let tasks = names("tasks").await;
     for name in [
         "queue_1_concurrency_key_1_concurrency_slot_1",
@@ -164,10 +169,12 @@ async fn ensure_indexes_creates_disbatch_indexes_exactly_plus_the_slot_index() {
     );
     // Unique where Disbatch makes them unique: a second queue named "q" is refused.
     store
+        .queues()
         .create_queue("q", "echo", None, None)
         .await
         .expect("first");
     assert!(store
+        .queues()
         .create_queue("q", "echo", None, None)
         .await
         .expect_err("dup")

@@ -279,19 +279,28 @@ async fn deferred_counts_are_written_on_flush_and_at_shutdown() {
     let store = db.den_store().await;
     let queue = db.insert_queue("q", "echo", 0).await;
     store
+        .tasks()
         .reconcile_task_counts(Duration::from_secs(600), Duration::ZERO)
         .await
         .expect("first reconcile");
     assert_eq!(kept_queued(&db, queue).await, 0);
     // As a DEN does: writes only note their count changes, written on the writer's timer.
-    store.defer_count_writes();
+    store.tasks().defer_count_writes();
     let tasks = |n: usize| (0..n).map(|i| doc! {"i": i as i64}).collect::<Vec<_>>();
-    store.insert_tasks(queue, tasks(5)).await.expect("insert");
+    store
+        .tasks()
+        .insert_tasks(queue, tasks(5))
+        .await
+        .expect("insert");
     assert_eq!(kept_queued(&db, queue).await, 0, "not written yet");
-    store.flush_counts().await.expect("flush");
+    store.tasks().flush_counts().await.expect("flush");
     assert_eq!(kept_queued(&db, queue).await, 5);
     // What is still noted when the process stops is written by its shutdown.
-    store.insert_tasks(queue, tasks(3)).await.expect("insert");
+    store
+        .tasks()
+        .insert_tasks(queue, tasks(3))
+        .await
+        .expect("insert");
     assert_eq!(kept_queued(&db, queue).await, 5);
     store.shutdown().await;
     assert_eq!(kept_queued(&db, queue).await, 8);

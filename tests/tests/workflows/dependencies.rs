@@ -468,6 +468,7 @@ async fn ten_thousand_dependents_of_one_task_are_released_in_one_settle() {
     // Paused: nothing runs, the test ends the dependency itself.
     let queue = db.insert_queue("fan", "echo", 0).await;
     let root = store
+        .tasks()
         .create_tasks(queue, vec![doc! {"root": true}])
         .await
         .expect("root")
@@ -478,6 +479,7 @@ async fn ten_thousand_dependents_of_one_task_are_released_in_one_settle() {
     };
     let params: Vec<Document> = (0..10_000).map(|i| doc! {"i": i}).collect();
     let made = store
+        .workflows()
         .create_waiting_tasks(queue, params, &waits)
         .await
         .expect("dependents");
@@ -485,13 +487,18 @@ async fn ten_thousand_dependents_of_one_task_are_released_in_one_settle() {
     assert_eq!(db.count(doc! {"queue": queue, "status": -4}).await, 10_000);
     db.set_task(root, doc! {"status": 1, "complete": true})
         .await;
-    let settled = store.settle_dependents(&[root]).await.expect("settle");
+    let settled = store
+        .workflows()
+        .settle_dependents(&[root])
+        .await
+        .expect("settle");
     assert_eq!(settled.released, 10_000, "{settled:?}");
     assert_eq!(settled.settled, 1);
     assert_eq!(db.count(doc! {"queue": queue, "status": -2}).await, 10_000);
     assert_eq!(db.count(doc! {"waiting_on": {"$exists": true}}).await, 0);
     // Settling again finds nothing to do: a repeated settle changes nothing.
     let again = store
+        .workflows()
         .settle_dependents(&[root])
         .await
         .expect("settle again");

@@ -15,7 +15,12 @@ const LONG: usize = 300;
 
 async fn paused_tasks(store: &Store, queue: ObjectId, n: usize) -> Vec<ObjectId> {
     let params: Vec<Document> = (0..n).map(|i| doc! {"i": i as i64}).collect();
-    store.create_tasks(queue, params).await.expect("tasks").ids
+    store
+        .tasks()
+        .create_tasks(queue, params)
+        .await
+        .expect("tasks")
+        .ids
 }
 
 async fn end(db: &TestDb, ids: &[ObjectId], status: i32) {
@@ -40,7 +45,13 @@ async fn settle_racing(stores: &[Store], ids: &[ObjectId]) -> Settled {
         async move {
             let mut done = Settled::default();
             for part in mine.chunks(37 + k * 11) {
-                done.add(store.settle_dependents(part).await.expect("settle"));
+                done.add(
+                    store
+                        .workflows()
+                        .settle_dependents(part)
+                        .await
+                        .expect("settle"),
+                );
             }
             done
         }
@@ -73,6 +84,7 @@ async fn a_long_fan_in_is_released_once_and_only_after_its_last_dependency_by_ra
         on_failure: None,
     };
     let merge = store
+        .workflows()
         .create_waiting_tasks(merge_q, vec![doc! {"merge": true}], &waits)
         .await
         .expect("merge")
@@ -83,6 +95,7 @@ async fn a_long_fan_in_is_released_once_and_only_after_its_last_dependency_by_ra
         on_failure: None,
     };
     let short = store
+        .workflows()
         .create_waiting_tasks(merge_q, vec![doc! {"short": true}], &pair)
         .await
         .expect("short waiter")
@@ -146,11 +159,13 @@ async fn a_failure_deep_in_a_long_list_cancels_the_waiter_naming_that_dependency
         on_failure: Some(OnDependencyFailure::Run),
     };
     let cancelled = store
+        .workflows()
         .create_waiting_tasks(held, vec![doc! {"policy": "cancel"}], &cancel)
         .await
         .expect("cancelling waiter")
         .ids[0];
     let runs = store
+        .workflows()
         .create_waiting_tasks(held, vec![doc! {"policy": "run"}], &run)
         .await
         .expect("running waiter")
@@ -198,6 +213,7 @@ async fn a_big_batch_releases_its_callback_once_with_the_outcome_when_settlers_r
         params: doc! {"report": true},
     };
     let batch = store
+        .workflows()
         .create_batch(&members, Some(&callback))
         .await
         .expect("batch");
@@ -241,6 +257,7 @@ async fn waits_written_by_hand_in_odd_shapes_never_stop_the_others_from_being_re
     };
     let params: Vec<Document> = (0..4).map(|i| doc! {"i": i}).collect();
     let ids = store
+        .workflows()
         .create_waiting_tasks(held, params, &waits)
         .await
         .expect("waiting tasks")
@@ -256,7 +273,11 @@ async fn waits_written_by_hand_in_odd_shapes_never_stop_the_others_from_being_re
     )
     .await;
     end(&db, &[dep], 1).await;
-    let s = store.settle_dependents(&[dep]).await.expect("settle");
+    let s = store
+        .workflows()
+        .settle_dependents(&[dep])
+        .await
+        .expect("settle");
     assert_eq!(
         s.released, 2,
         "the lone id's task and the untouched one: {s:?}"

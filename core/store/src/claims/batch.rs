@@ -1,6 +1,7 @@
 //! Batched claims: a queue's next claimable tasks read in its claim order, then claimed by
 //! `_id` together (one `bulkWrite`), each as a running attempt holding its own queue slot.
 
+use crate::ClaimStore;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -141,12 +142,12 @@ pub fn claim_key(task: &Document) -> u64 {
     })
 }
 
-impl Store {
+impl ClaimStore<'_> {
     /// Reads up to `limit` claimable tasks of `queue`, in the queue's claim order. Queues
     /// claimed in `_id` order (fifo, default) are read within `window`, which reaches as far
     /// ahead for each of the `claimers` (nodes claiming from the queue) as for one alone.
     pub async fn claim_candidates(
-        &self,
+        self,
         queue: ObjectId,
         sort: QueueSort,
         limit: usize,
@@ -183,7 +184,7 @@ impl Store {
     /// queue's `threads`, whichever node asks. One `bulkWrite` on MongoDB 8.0+, otherwise one
     /// `findOneAndUpdate` per pick.
     pub async fn claim_picks(
-        &self,
+        self,
         node: &str,
         lease: Duration,
         picks: &[Pick],
@@ -207,7 +208,9 @@ impl Store {
         }
         Ok(outcomes)
     }
+}
 
+impl Store {
     async fn claim_picks_uncounted(
         &self,
         node: &str,

@@ -1,6 +1,7 @@
 //! What claims share: which tasks are claimable, in which order, reading them past what a
 //! queue's flow limits hold, and giving a claim back.
 
+use crate::ClaimStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
@@ -41,12 +42,12 @@ impl Exclusions {
     }
 }
 
-impl Store {
+impl ClaimStore<'_> {
     /// Reads up to `limit` claimable tasks of `queue` but those `left_out` (what a queue's
     /// flow limits leave out now), in the queue's claim order, from its head: no window,
     /// since what is left out changes from one read to the next.
     pub async fn claim_candidates_matching(
-        &self,
+        self,
         queue: ObjectId,
         sort: QueueSort,
         limit: usize,
@@ -57,6 +58,72 @@ impl Store {
         self.read_claim_bands(queue, sort, limit, Some(&also)).await
     }
 
+    /// Puts a task claimed by `claim_picks` back in the queue before its runner started, as
+    /// it was: no slot, lease or `attempt`, and `attempts` one less, or gone when the claim
+    /// was its first (`claimed` is the document the claim returned), so a Perl node that
+    /// claims it next finds it as it would have. Conditional on the attempt, so it never
+    /// undoes a later claim.
+    pub async fn give_back_attempt(
+        self,
+        id: ObjectId,
+        attempt: ObjectId,
+        claimed: &Document,
+    ) -> Result<bool> {
+        let first = crate::count_value(claimed.get(task::ATTEMPTS)) <= 1;
+        let mut unset = release_holds(&[task::LEASE_UNTIL, task::ATTEMPT]);
+        let mut update = doc! {
+            "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: fleet_time::now()},
+        };
+        if first {
+            unset.insert(task::ATTEMPTS, "");
+        } else {
+            update.insert("$inc", doc! {task::ATTEMPTS: -1});
+        }
+        update.insert("$unset", unset);
+        self.update_one_counted(
+            doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status::RUNNING},
+            update,
+            Some(StatusGroup::Queued),
+        )
+        .await
+        .map_err(|e| Error::mongo(format!("giving back task {id}"), e))
+    }
+
+    /// Fails a queued task no runner can be handed — its document cannot be decoded, or the
+    /// server refuses to claim it — with the reason in its stderr, and reports it skipped
+    /// (logged once, counted). False when it is no longer queued, or when the server refuses
+    /// this write too (a value it cannot update): the caller then leaves the task alone.
+    pub async fn fail_unrunnable_task(
+        self,
+        id: ObjectId,
+        node: &str,
+        reason: crate::SkipReason,
+        why: &str,
+    ) -> Result<bool> {
+        self.state.skips.skipped(TASKS, &id.to_hex(), reason, why);
+        let update = doc! {
+            "$set": {
+                task::STATUS: status::FAILED,
+                task::NODE: node,
+                task::STDERR: format!("disbatch: this task cannot be run: {why}"),
+                task::MTIME: fleet_time::now(),
+                task::COMPLETE: true,
+            },
+            "$unset": release_holds(&[task::LEASE_UNTIL]),
+        };
+        let filter = doc! {task::ID: id, task::STATUS: status::QUEUED};
+        match self
+            .update_one_counted(filter, update, Some(StatusGroup::Failed))
+            .await
+        {
+            Ok(done) => Ok(done),
+            Err(e) if crate::driver_error::refusal(&e).is_some() => Ok(false),
+            Err(e) => Err(Error::mongo(format!("failing task {id}"), e)),
+        }
+    }
+}
+
+impl Store {
     /// Reads up to `limit` claimable tasks of `queue` in its claim order, band after band
     /// (`claim_reads`), each read matching `also` as well when given.
     pub(crate) async fn read_claim_bands(
@@ -93,70 +160,6 @@ impl Store {
             found.unreadable.extend(read.candidates.unreadable);
         }
         Ok(found)
-    }
-
-    /// Puts a task claimed by `claim_picks` back in the queue before its runner started, as
-    /// it was: no slot, lease or `attempt`, and `attempts` one less, or gone when the claim
-    /// was its first (`claimed` is the document the claim returned), so a Perl node that
-    /// claims it next finds it as it would have. Conditional on the attempt, so it never
-    /// undoes a later claim.
-    pub async fn give_back_attempt(
-        &self,
-        id: ObjectId,
-        attempt: ObjectId,
-        claimed: &Document,
-    ) -> Result<bool> {
-        let first = crate::count_value(claimed.get(task::ATTEMPTS)) <= 1;
-        let mut unset = release_holds(&[task::LEASE_UNTIL, task::ATTEMPT]);
-        let mut update = doc! {
-            "$set": {task::NODE: Bson::Null, task::STATUS: status::QUEUED, task::MTIME: fleet_time::now()},
-        };
-        if first {
-            unset.insert(task::ATTEMPTS, "");
-        } else {
-            update.insert("$inc", doc! {task::ATTEMPTS: -1});
-        }
-        update.insert("$unset", unset);
-        self.update_one_counted(
-            doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status::RUNNING},
-            update,
-            Some(StatusGroup::Queued),
-        )
-        .await
-        .map_err(|e| Error::mongo(format!("giving back task {id}"), e))
-    }
-
-    /// Fails a queued task no runner can be handed — its document cannot be decoded, or the
-    /// server refuses to claim it — with the reason in its stderr, and reports it skipped
-    /// (logged once, counted). False when it is no longer queued, or when the server refuses
-    /// this write too (a value it cannot update): the caller then leaves the task alone.
-    pub async fn fail_unrunnable_task(
-        &self,
-        id: ObjectId,
-        node: &str,
-        reason: crate::SkipReason,
-        why: &str,
-    ) -> Result<bool> {
-        self.state.skips.skipped(TASKS, &id.to_hex(), reason, why);
-        let update = doc! {
-            "$set": {
-                task::STATUS: status::FAILED,
-                task::NODE: node,
-                task::STDERR: format!("disbatch: this task cannot be run: {why}"),
-                task::MTIME: fleet_time::now(),
-                task::COMPLETE: true,
-            },
-            "$unset": release_holds(&[task::LEASE_UNTIL]),
-        };
-        let filter = doc! {task::ID: id, task::STATUS: status::QUEUED};
-        match self
-            .update_one_counted(filter, update, Some(StatusGroup::Failed))
-            .await
-        {
-            Ok(done) => Ok(done),
-            Err(e) if crate::driver_error::refusal(&e).is_some() => Ok(false),
-            Err(e) => Err(Error::mongo(format!("failing task {id}"), e)),
-        }
     }
 }
 

@@ -1,12 +1,12 @@
 //! What is claimed and running now: per queue and on this node, with the slots held.
 
+use crate::ClaimStore;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
 use crate::error::Result;
-use crate::Store;
 use disbatch_model::schema::{task, TASKS};
 use disbatch_model::status;
 
@@ -38,10 +38,10 @@ pub struct QueueRunning {
 
 const RUNNING: [i32; 2] = [status::CLAIMED, status::RUNNING];
 
-impl Store {
+impl ClaimStore<'_> {
     /// Counts claimed and running tasks per queue and on `node`, with the slots they hold.
     pub async fn running_snapshot(
-        &self,
+        self,
         node: &str,
         queues: &[ObjectId],
     ) -> Result<RunningSnapshot> {
@@ -95,7 +95,7 @@ impl Store {
     /// Reads one queue's claimed and running tasks now: for a queue Perl nodes also claim
     /// from, whose claims no slot index refuses, a node must count them as they stand just
     /// before it claims, or it may be the one to push the queue past `threads`.
-    pub async fn queue_running(&self, queue: ObjectId) -> Result<QueueRunning> {
+    pub async fn queue_running(self, queue: ObjectId) -> Result<QueueRunning> {
         let pipeline = vec![
             doc! {"$match": {task::QUEUE: queue, task::STATUS: {"$in": RUNNING.to_vec()}}},
             doc! {"$group": {

@@ -1,6 +1,7 @@
 //! Reads that show a queue's flow limits at work: why a queued task is held back, and a
 //! queue's budget now (starts used and left, keys at their max, held tasks by limit).
 
+use crate::LimitStore;
 use std::collections::HashMap;
 
 use bson::oid::ObjectId;
@@ -60,6 +61,53 @@ pub struct KeyBudget {
     pub at_max: Vec<(Bson, u64)>,
 }
 
+impl LimitStore<'_> {
+    /// A queue's budget and held tasks now; None (and no read) for a queue whose claims no
+    /// limit holds. Bounded reads: the live windows, the key slots held, the oldest
+    /// `HELD_SCAN` claimable tasks and their partitions' windows.
+    pub async fn queue_flow(
+        self,
+        queue: ObjectId,
+        limits: &FlowLimits,
+        now: DateTime,
+    ) -> Result<Option<QueueFlow>> {
+        if !limits.limits_claims() {
+            return Ok(None);
+        }
+        let now_ms = now.timestamp_millis();
+        let mut state = FlowState {
+            now_ms,
+            ..Default::default()
+        };
+        let rate = match &limits.rate {
+            Some(r) => {
+                let budget = self.rate_budget(queue, r, now).await?;
+                state.live_partitions = budget.live_partitions;
+                state.next_partition_free_ms =
+                    budget.next_partition_free.map(|d| d.timestamp_millis());
+                Some(budget)
+            }
+            None => None,
+        };
+        let concurrency = match &limits.concurrency {
+            Some(c) => {
+                let held_keys = self.key_holders(queue).await?;
+                let budget = key_budget(&held_keys, c.max);
+                state.holders = held_keys.iter().map(|(k, n)| (key_text(k), *n)).collect();
+                Some(budget)
+            }
+            None => None,
+        };
+        let held = self.held_counts(queue, limits, &mut state, now).await?;
+        Ok(Some(QueueFlow {
+            now,
+            rate,
+            concurrency,
+            held,
+        }))
+    }
+}
+
 impl Store {
     /// Why queued task `t` of a queue with `limits` is held back now, or None (it is not
     /// queued and claimable, or no limit stops it). A few reads by index.
@@ -109,51 +157,6 @@ impl Store {
             }
         }
         Ok(held::held(limits, &facts, &state))
-    }
-
-    /// A queue's budget and held tasks now; None (and no read) for a queue whose claims no
-    /// limit holds. Bounded reads: the live windows, the key slots held, the oldest
-    /// `HELD_SCAN` claimable tasks and their partitions' windows.
-    pub async fn queue_flow(
-        &self,
-        queue: ObjectId,
-        limits: &FlowLimits,
-        now: DateTime,
-    ) -> Result<Option<QueueFlow>> {
-        if !limits.limits_claims() {
-            return Ok(None);
-        }
-        let now_ms = now.timestamp_millis();
-        let mut state = FlowState {
-            now_ms,
-            ..Default::default()
-        };
-        let rate = match &limits.rate {
-            Some(r) => {
-                let budget = self.rate_budget(queue, r, now).await?;
-                state.live_partitions = budget.live_partitions;
-                state.next_partition_free_ms =
-                    budget.next_partition_free.map(|d| d.timestamp_millis());
-                Some(budget)
-            }
-            None => None,
-        };
-        let concurrency = match &limits.concurrency {
-            Some(c) => {
-                let held_keys = self.key_holders(queue).await?;
-                let budget = key_budget(&held_keys, c.max);
-                state.holders = held_keys.iter().map(|(k, n)| (key_text(k), *n)).collect();
-                Some(budget)
-            }
-            None => None,
-        };
-        let held = self.held_counts(queue, limits, &mut state, now).await?;
-        Ok(Some(QueueFlow {
-            now,
-            rate,
-            concurrency,
-            held,
-        }))
     }
 
     /// The `_id` of an older queued task of `queue` whose `path` holds `key`.

@@ -1,6 +1,7 @@
 //! Per-key concurrency as the database holds it: which key slots a queue's running tasks hold,
 //! and, for an `ordered` queue, the oldest queued task of each key (the only one that may start).
 
+use crate::LimitStore;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -9,7 +10,6 @@ use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
 use crate::error::{Error, Result};
-use crate::Store;
 use disbatch_model::schema::{task, TASKS};
 use disbatch_model::status;
 
@@ -82,11 +82,11 @@ pub enum LimitIndex {
 #[derive(Debug, Default)]
 pub struct LimitIndexes([AtomicBool; 3]);
 
-impl Store {
+impl LimitStore<'_> {
     /// Makes sure the limit's index exists before the first write that relies on it (a claim
     /// holding a key slot, a task holding a unique key): once per process and database, then
     /// free. Creating an index that exists is a no-op on the server.
-    pub async fn ensure_limit_index(&self, which: LimitIndex) -> Result<()> {
+    pub async fn ensure_limit_index(self, which: LimitIndex) -> Result<()> {
         let made = &self.state.limit_indexes.0[which as usize];
         if made.load(Ordering::Relaxed) {
             return Ok(());
@@ -113,7 +113,7 @@ impl Store {
     /// for. Until then the leader's sweep has nothing to settle and no index to read by: one
     /// `listIndexes` a call, then, once seen, free. A role without `listIndexes` (made
     /// before this version) answers false until this process sees such a task.
-    pub async fn workflows_in_use(&self) -> Result<bool> {
+    pub async fn workflows_in_use(self) -> Result<bool> {
         let made = &self.state.limit_indexes.0[LimitIndex::Workflows as usize];
         if made.load(Ordering::Relaxed) {
             return Ok(true);
@@ -134,7 +134,7 @@ impl Store {
     }
 
     /// This process has seen a task others wait for: workflows are in use here.
-    pub fn note_workflows_in_use(&self) {
+    pub fn note_workflows_in_use(self) {
         self.state.limit_indexes.0[LimitIndex::Workflows as usize].store(true, Ordering::Relaxed);
     }
 
@@ -142,7 +142,7 @@ impl Store {
     /// for a retry (whose slots the key index keeps from other claims anyway): a read by
     /// status takes the `{queue, status}` index, where one for the slot field (`$exists`) had
     /// SecantusDB read every task of the queue (0.9 against 11.5 ms at 1 000 queued).
-    pub async fn held_key_slots(&self, queue: ObjectId) -> Result<HeldKeys> {
+    pub async fn held_key_slots(self, queue: ObjectId) -> Result<HeldKeys> {
         let context = format!("reading the key slots of queue {queue}");
         let running = [status::CLAIMED, status::RUNNING];
         let mut cursor = self
@@ -173,7 +173,7 @@ impl Store {
     /// For each of `keys`, the `_id` of the oldest queued task of `queue` whose `path` holds
     /// it, delayed or not: in an ordered queue only that one may start.
     pub async fn oldest_queued_by_key(
-        &self,
+        self,
         queue: ObjectId,
         path: &str,
         keys: &[Bson],

@@ -15,6 +15,7 @@
 //! counted at the end of its horizon, after every start it allows, so the bound holds for
 //! the starts as they happen; a near-full window grants only what is asked, for now.
 
+use crate::LimitStore;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
@@ -22,7 +23,6 @@ use bson::{doc, Bson, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use crate::error::{Error, Result};
-use crate::Store;
 use disbatch_model::fleet_time;
 use disbatch_model::limits::RateLimit;
 use disbatch_model::schema::rate::{FIRST, OPEN};
@@ -51,11 +51,11 @@ pub enum Grant {
     TooManyPartitions { live: u64 },
 }
 
-impl Store {
+impl LimitStore<'_> {
     /// Asks the window of `queue`'s `partition` for up to `asked` starts under `limit`, and
     /// up to `ahead` more for later claims if the window has room to spare.
     pub async fn grant_starts(
-        &self,
+        self,
         queue: ObjectId,
         partition: &Bson,
         limit: &RateLimit,
@@ -114,7 +114,7 @@ impl Store {
     /// That entry is the newest one begun at or before `at` (an entry takes grants only while
     /// it is the newest); a grant whose entry already left the window has nothing to give back.
     pub async fn refund_starts(
-        &self,
+        self,
         queue: ObjectId,
         partition: &Bson,
         at: DateTime,
@@ -132,7 +132,7 @@ impl Store {
     }
 
     /// How many partitions of `queue` have starts in their window.
-    pub async fn live_partitions(&self, queue: ObjectId) -> Result<u64> {
+    pub async fn live_partitions(self, queue: ObjectId) -> Result<u64> {
         self.raw(RATE_LIMITS)
             .count_documents(doc! {rate::QUEUE: queue, rate::UNTIL: {"$gt": fleet_time::now()}})
             .await
@@ -141,7 +141,7 @@ impl Store {
 
     /// Removes windows whose last grant left them a while ago (a partition per customer would
     /// otherwise leave one document per customer ever seen). Returns how many.
-    pub async fn remove_expired_rate_windows(&self) -> Result<u64> {
+    pub async fn remove_expired_rate_windows(self) -> Result<u64> {
         let before = DateTime::from_millis(
             fleet_time::now()
                 .timestamp_millis()

@@ -1,18 +1,18 @@
 //! The maintenance lease: which node of the fleet runs recovery and continuous units.
 
+use crate::NodeStore;
 use std::time::Duration;
 
 use bson::DateTime;
 
 use crate::error::Result;
-use crate::Store;
 use disbatch_model::schema::MAINTENANCE_LEASE;
 
-impl Store {
+impl NodeStore<'_> {
     /// Takes or renews the maintenance lease for `owner` until `now + duration`; false while
     /// another node holds it unexpired. One update either way (see `take_lease`).
     pub async fn take_maintenance_lease(
-        &self,
+        self,
         owner: &str,
         now: DateTime,
         duration: Duration,
@@ -23,7 +23,7 @@ impl Store {
 
     /// Lets the maintenance lease lapse now if `owner` holds it: a stopping leader hands over
     /// at the next node's try instead of a whole lease later.
-    pub async fn release_maintenance_lease(&self, owner: &str) -> Result<bool> {
+    pub async fn release_maintenance_lease(self, owner: &str) -> Result<bool> {
         self.release_lease(MAINTENANCE_LEASE, owner).await
     }
 }

@@ -2,13 +2,18 @@
 //! the work signal the maintenance leader left for it; the leader's fan-out of those signals;
 //! in its files, the maintenance lease and the API's views.
 
+domain_handle!(
+    /// Nodes: heartbeats, the maintenance lease, the fleet's live nodes and the API's views of them.
+    NodeStore,
+    nodes
+);
+
 pub(crate) mod leader;
 pub(crate) mod views;
 
 use bson::doc;
 use mongodb::options::ReturnDocument;
 
-use super::Store;
 use crate::error::{Error, Result};
 use disbatch_model::fleet_time;
 use disbatch_model::parse_limit;
@@ -72,11 +77,11 @@ pub enum NodeLimit {
     Invalid(String),
 }
 
-impl Store {
+impl NodeStore<'_> {
     /// Upserts the node document with `$set` of our own fields only, so a `maxthreads` that
     /// ops set is never overwritten, and in the same round trip returns the node's limit and
     /// takes the leader's work signal (the document as it was: this write removes it).
-    pub async fn heartbeat(&self, beat: &Heartbeat<'_>) -> Result<HeartbeatReply> {
+    pub async fn heartbeat(self, beat: &Heartbeat<'_>) -> Result<HeartbeatReply> {
         let now = fleet_time::now();
         let before = self
             .raw(NODES)
@@ -136,7 +141,7 @@ impl Store {
     /// alone, so signals between two of its heartbeats cost one write in all. Returns how
     /// many nodes were marked.
     pub async fn signal_nodes(
-        &self,
+        self,
         leader: &str,
         queues: &[bson::oid::ObjectId],
         all: bool,
@@ -165,12 +170,12 @@ impl Store {
     }
 }
 
-impl Store {
+impl NodeStore<'_> {
     /// Whether a live node of ours other than `leader` (heartbeat within `max_age`) said at
     /// its last heartbeat that it waits for work. One indexless read of `nodes`, a document
     /// per node; made by a busy leader once per maintenance pass.
     pub async fn others_wait_for_work(
-        &self,
+        self,
         leader: &str,
         max_age: std::time::Duration,
     ) -> Result<bool> {
@@ -192,7 +197,7 @@ impl Store {
     /// lead to while this node's clock is off. Nodes that do not report an offset (Perl
     /// nodes, older versions) never count.
     pub async fn live_node_with_sane_clock(
-        &self,
+        self,
         me: &str,
         max_age: std::time::Duration,
         bound: std::time::Duration,
@@ -214,7 +219,7 @@ impl Store {
     /// The nodes that heartbeat at most `max_age` ago: ours wrote `serves` and `serves_at`
     /// then; any other with a fresh `timestamp` is a Perl node (it says nothing, claims
     /// outside the slots, and does not refresh `serves_at` on a document it takes over).
-    pub async fn live_nodes(&self, max_age: std::time::Duration) -> Result<LiveFleet> {
+    pub async fn live_nodes(self, max_age: std::time::Duration) -> Result<LiveFleet> {
         let since = super::recovery::leases::ago(max_age);
         let context = "reading live nodes";
         let cursor = self

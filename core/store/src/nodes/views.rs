@@ -1,5 +1,6 @@
 //! Node queries for the DCI: listing nodes with their running counts, setting `maxthreads`.
 
+use crate::NodeStore;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -7,14 +8,14 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
 use crate::error::{Error, Result};
-use crate::{Store, WriteCounts};
+use crate::WriteCounts;
 use disbatch_config::MAX_LOOP_INTERVAL;
 use disbatch_model::schema::{node, task, NODES, TASKS};
 use disbatch_model::{fleet_time, status};
 
-impl Store {
+impl NodeStore<'_> {
     /// Every node document, sorted by name.
-    pub async fn list_nodes(&self) -> Result<Vec<Document>> {
+    pub async fn list_nodes(self) -> Result<Vec<Document>> {
         let cursor = self
             .raw(NODES)
             .find(doc! {})
@@ -24,12 +25,12 @@ impl Store {
         self.read_all(NODES, cursor, "listing nodes").await
     }
 
-    pub async fn find_node(&self, ident: &str) -> Result<Option<Document>> {
+    pub async fn find_node(self, ident: &str) -> Result<Option<Document>> {
         self.find_by_id_or_name(NODES, node::NODE, ident).await
     }
 
     /// Claimed or running tasks per node name.
-    pub async fn running_per_node(&self) -> Result<HashMap<String, u64>> {
+    pub async fn running_per_node(self) -> Result<HashMap<String, u64>> {
         let pipeline = vec![
             doc! {"$match": {task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}}},
             doc! {"$group": {"_id": format!("${}", task::NODE), "n": {"$sum": 1}}},
@@ -49,7 +50,7 @@ impl Store {
     /// Deletes node `id`'s document unless it heartbeated within `live` (checked in the same
     /// write, so a node that comes back meanwhile is kept). A node's name is reused by the
     /// next heartbeat of a node with that name, which writes a fresh document.
-    pub async fn forget_node(&self, id: ObjectId, live: std::time::Duration) -> Result<bool> {
+    pub async fn forget_node(self, id: ObjectId, live: std::time::Duration) -> Result<bool> {
         let filter = doc! {
             node::ID: id,
             "$or": [
@@ -66,7 +67,7 @@ impl Store {
     }
 
     /// Claimed or running tasks held by node `name` (index node+status+queue).
-    pub async fn tasks_held_by(&self, name: &str) -> Result<u64> {
+    pub async fn tasks_held_by(self, name: &str) -> Result<u64> {
         self.collection(TASKS)
             .count_documents(doc! {
                 task::NODE: name,
@@ -77,7 +78,7 @@ impl Store {
     }
 
     /// Sets (or with `Bson::Null`, clears the limit of) a node's `maxthreads`.
-    pub async fn set_node_maxthreads(&self, id: ObjectId, value: Bson) -> Result<WriteCounts> {
+    pub async fn set_node_maxthreads(self, id: ObjectId, value: Bson) -> Result<WriteCounts> {
         self.collection(NODES)
             .update_one(doc! {"_id": id}, doc! {"$set": {node::MAXTHREADS: value}})
             .await

@@ -1,13 +1,13 @@
 //! The single QueueBalance document: read and upsert (validation lives with its callers).
 
+use crate::QueueStore;
 use bson::{doc, Document};
 
 use crate::error::{Error, Result};
-use crate::Store;
 use disbatch_model::schema::BALANCE;
 
-impl Store {
-    pub async fn balance_document(&self) -> Result<Option<Document>> {
+impl QueueStore<'_> {
+    pub async fn balance_document(self) -> Result<Option<Document>> {
         let found = self
             .raw(BALANCE)
             .find_one(doc! {})
@@ -17,7 +17,7 @@ impl Store {
     }
 
     /// `$set` into the one balance document, creating it if needed, as Disbatch does.
-    pub async fn set_balance(&self, set: Document) -> Result<()> {
+    pub async fn set_balance(self, set: Document) -> Result<()> {
         self.collection(BALANCE)
             .update_one(doc! {}, doc! {"$set": set})
             .upsert(true)

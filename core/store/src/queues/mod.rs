@@ -1,6 +1,12 @@
 //! Queues: reading queue documents (parsed by `model::queue`) and writing them; in its files, the API's
 //! views, work signals, change streams, schedules and the balancer's lease.
 
+domain_handle!(
+    /// Queues: their documents, work signals, change streams, schedules and the balancer's lease.
+    QueueStore,
+    queues
+);
+
 pub(crate) mod balance;
 pub(crate) mod balance_lease;
 pub(crate) mod schedules;
@@ -11,17 +17,16 @@ pub(crate) mod watch;
 use bson::oid::ObjectId;
 use bson::{doc, Bson};
 
-use super::Store;
 use crate::error::{Error, Result};
 use disbatch_model::fleet_time;
 use disbatch_model::queue::parse_queue;
 use disbatch_model::schema::{queue, QUEUES};
 use disbatch_model::Queue;
 
-impl Store {
+impl QueueStore<'_> {
     /// All queues in natural order. A document without an ObjectId `_id` or that cannot be
     /// decoded is reported, not fatal: the others are served.
-    pub async fn list_queues(&self) -> Result<(Vec<Queue>, Vec<String>)> {
+    pub async fn list_queues(self) -> Result<(Vec<Queue>, Vec<String>)> {
         let cursor = self
             .raw(QUEUES)
             .find(doc! {})
@@ -38,7 +43,7 @@ impl Store {
         Ok((queues, problems))
     }
 
-    pub async fn queue_by_id(&self, id: ObjectId) -> Result<Option<Queue>> {
+    pub async fn queue_by_id(self, id: ObjectId) -> Result<Option<Queue>> {
         let found = self
             .raw(QUEUES)
             .find_one(doc! {queue::ID: id})
@@ -55,11 +60,11 @@ impl Store {
     }
 }
 
-impl Store {
+impl QueueStore<'_> {
     /// Creates a queue document in Disbatch's shape; a duplicate name is refused by the
     /// unique index (call `ensure_indexes` first).
     pub async fn create_queue(
-        &self,
+        self,
         name: &str,
         plugin: &str,
         threads: Option<u32>,
@@ -81,11 +86,11 @@ impl Store {
     }
 }
 
-impl Store {
+impl QueueStore<'_> {
     /// Takes the turn to make a continuous queue's next synthetic task: true for exactly one
     /// caller per interval, however many nodes ask (the database decides).
     pub async fn take_continuous_turn(
-        &self,
+        self,
         id: ObjectId,
         interval: std::time::Duration,
     ) -> Result<bool> {

@@ -1,19 +1,20 @@
 //! Cron schedules in the database: the scheduled queues, one task per tick (unique per queue
 //! and tick), and each queue's record of the newest tick settled.
 
+use crate::QueueStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
-use crate::{Moved, StatusGroup, Store};
+use crate::{Moved, StatusGroup};
 use disbatch_model::fleet_time;
 use disbatch_model::schema::{queue, task, QUEUES, TASKS};
 use disbatch_model::status;
 
-impl Store {
+impl QueueStore<'_> {
     /// Makes sure the schedules' unique index exists (`indexes::schedule_index`): the leader
     /// calls it before its first scheduled task. Creating an index that exists is a no-op.
-    pub async fn ensure_schedule_index(&self) -> Result<()> {
+    pub async fn ensure_schedule_index(self) -> Result<()> {
         self.collection(TASKS)
             .create_index(crate::conn::indexes::schedule_index())
             .await
@@ -23,7 +24,7 @@ impl Store {
 
     /// The queue documents with a `schedule`, read now (not from a reading that may predate a
     /// pause or the leader's last settled tick). Undecodable ones are reported and left out.
-    pub async fn scheduled_queues(&self) -> Result<Vec<Document>> {
+    pub async fn scheduled_queues(self) -> Result<Vec<Document>> {
         let context = "listing the scheduled queues";
         let cursor = self
             .raw(QUEUES)
@@ -38,7 +39,7 @@ impl Store {
     /// already counts for `basis` (another leader started it) or is gone. `unreadable`: it
     /// counts for `basis` but its `schedule_last` is not a date (edited by hand), restarted too.
     pub async fn start_schedule(
-        &self,
+        self,
         id: ObjectId,
         basis: &str,
         now: DateTime,
@@ -60,12 +61,7 @@ impl Store {
 
     /// Moves the queue's newest settled tick forward to `through` (never back: two leaders
     /// may settle out of order), if it still counts for `basis`.
-    pub async fn settle_schedule(
-        &self,
-        id: ObjectId,
-        basis: &str,
-        through: DateTime,
-    ) -> Result<()> {
+    pub async fn settle_schedule(self, id: ObjectId, basis: &str, through: DateTime) -> Result<()> {
         self.collection(QUEUES)
             .update_one(
                 doc! {queue::ID: id, queue::SCHEDULE_BASIS: basis},
@@ -80,7 +76,7 @@ impl Store {
     /// (and, for the one task standing for missed ticks, how many). False when the queue has
     /// that tick's task already: the unique index refused it, whoever made the first.
     pub async fn insert_scheduled_task(
-        &self,
+        self,
         id: ObjectId,
         tick: DateTime,
         params: &Document,

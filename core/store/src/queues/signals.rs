@@ -7,6 +7,7 @@
 //! Writers that send no signal (ops by hand, Perl tools, Disbatch 4's DCI) are found by the
 //! maintenance leader's probe (`newest_queued`), which signals for them.
 
+use crate::QueueStore;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -123,18 +124,50 @@ pub fn last_signal(queue: &Document) -> Option<DateTime> {
         .max()
 }
 
-impl Store {
+impl QueueStore<'_> {
     /// Tells the nodes watching queues that tasks were queued in `queue`. The first signal is
     /// written before this returns; those that come while it is being written are written
     /// after it, at most every `SIGNAL_SPACING`, by a task of their own, so no caller waits
     /// for another's. A failed signal is logged: the tasks are stored, and the leader's probe
     /// or the nodes' own readings find them later.
-    pub async fn signal_queued(&self, queue: ObjectId, kind: Queued) {
+    pub async fn signal_queued(self, queue: ObjectId, kind: Queued) {
         if self.state.signals.note(queue, kind) {
             self.write_signals(queue).await;
         }
     }
 
+    /// Per queue, the tasks whose `_id` is an ObjectId greater than `after`: the greatest such
+    /// `_id` and how many of them are queued. One range read of the `_id` index whose work
+    /// grows with the tasks created since `after` (SecantusDB reads every one of them even
+    /// for a `limit`), so the leader that calls it each pass reads each new task once, however
+    /// large the backlog behind it and however many nodes there are.
+    pub async fn created_since(self, after: ObjectId) -> Result<Vec<CreatedSince>> {
+        let pipeline = vec![
+            doc! {"$match": {task::ID: {"$gt": after}}},
+            doc! {"$group": {
+                "_id": format!("${}", task::QUEUE),
+                "newest": {"$max": format!("${}", task::ID)},
+                "queued": {"$sum": {"$cond": [{"$eq": [format!("${}", task::STATUS), status::QUEUED]}, 1, 0]}},
+            }},
+        ];
+        let context = "reading the tasks created since the last probe";
+        Ok(self
+            .aggregate_all(TASKS, pipeline, context)
+            .await?
+            .into_iter()
+            .filter_map(|g| {
+                Some(CreatedSince {
+                    // Tasks whose queue is no ObjectId belong to no queue a node serves.
+                    queue: g.get_object_id("_id").ok()?,
+                    newest: g.get_object_id("newest").ok()?,
+                    queued: crate::count_value(g.get("queued")),
+                })
+            })
+            .collect())
+    }
+}
+
+impl Store {
     /// Writes `queue`'s noted signal, then hands those noted meanwhile to a task of its own.
     async fn write_signals(&self, queue: ObjectId) {
         if !self.write_noted(queue).await {
@@ -175,42 +208,12 @@ impl Store {
         }
         true
     }
-
-    /// Per queue, the tasks whose `_id` is an ObjectId greater than `after`: the greatest such
-    /// `_id` and how many of them are queued. One range read of the `_id` index whose work
-    /// grows with the tasks created since `after` (SecantusDB reads every one of them even
-    /// for a `limit`), so the leader that calls it each pass reads each new task once, however
-    /// large the backlog behind it and however many nodes there are.
-    pub async fn created_since(&self, after: ObjectId) -> Result<Vec<CreatedSince>> {
-        let pipeline = vec![
-            doc! {"$match": {task::ID: {"$gt": after}}},
-            doc! {"$group": {
-                "_id": format!("${}", task::QUEUE),
-                "newest": {"$max": format!("${}", task::ID)},
-                "queued": {"$sum": {"$cond": [{"$eq": [format!("${}", task::STATUS), status::QUEUED]}, 1, 0]}},
-            }},
-        ];
-        let context = "reading the tasks created since the last probe";
-        Ok(self
-            .aggregate_all(TASKS, pipeline, context)
-            .await?
-            .into_iter()
-            .filter_map(|g| {
-                Some(CreatedSince {
-                    // Tasks whose queue is no ObjectId belong to no queue a node serves.
-                    queue: g.get_object_id("_id").ok()?,
-                    newest: g.get_object_id("newest").ok()?,
-                    queued: crate::count_value(g.get("queued")),
-                })
-            })
-            .collect())
-    }
 }
 
 /// Most delayed tasks one probe reads: past it, every queue probed is taken as having some.
 const MOST_CAME_DUE: i64 = 10_000;
 
-impl Store {
+impl QueueStore<'_> {
     /// Per queue of `queues`, how many queued tasks came due in `(after, until]` (their
     /// `not_before` passed then): one range of the `{queue, not_before}` index per queue, in
     /// one request. Nothing is written when a delay ends, so the leader signals these too.
@@ -221,7 +224,7 @@ impl Store {
     /// of the leader's passes: measured as the server's cost per task doubling at depth
     /// 100 000). Past `MOST_CAME_DUE` tasks every probed queue counts as having some.
     pub async fn came_due(
-        &self,
+        self,
         queues: &[ObjectId],
         after: DateTime,
         until: DateTime,
@@ -256,11 +259,11 @@ impl Store {
     }
 }
 
-impl Store {
+impl QueueStore<'_> {
     /// Whether any task of `queues` has a `not_before` after `after` (due since, or still
     /// delayed): one range of the `{queue, not_before}` index per queue, stopping at the
     /// first. While none has, the leader need not look for tasks coming due.
-    pub async fn any_delayed_after(&self, queues: &[ObjectId], after: DateTime) -> Result<bool> {
+    pub async fn any_delayed_after(self, queues: &[ObjectId], after: DateTime) -> Result<bool> {
         if queues.is_empty() {
             return Ok(false);
         }

@@ -1,10 +1,11 @@
 //! Queue queries for the DCI: raw documents with their task counts, create, update, delete.
 
+use crate::QueueStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
 use crate::error::{Error, Result};
-use crate::{GroupCounts, StatusGroup, Store, WriteCounts};
+use crate::{GroupCounts, StatusGroup, WriteCounts};
 use disbatch_model::schema::{queue, task, QUEUES, TASKS};
 
 /// A write refused because another queue has `name` (the only unique index of queues besides
@@ -63,9 +64,9 @@ impl From<GroupCounts> for QueueCounts {
     }
 }
 
-impl Store {
+impl QueueStore<'_> {
     /// Every queue document, in natural order.
-    pub async fn queue_documents(&self) -> Result<Vec<Document>> {
+    pub async fn queue_documents(self) -> Result<Vec<Document>> {
         let cursor = self
             .raw(QUEUES)
             .find(doc! {})
@@ -74,13 +75,13 @@ impl Store {
         self.read_all(QUEUES, cursor, "listing queues").await
     }
 
-    pub async fn find_queue(&self, ident: &str) -> Result<Option<Document>> {
+    pub async fn find_queue(self, ident: &str) -> Result<Option<Document>> {
         self.find_by_id_or_name(QUEUES, queue::NAME, ident).await
     }
 
     /// A queue's counts, from the kept counts (see `task_counts`).
-    pub async fn queue_counts(&self, id: ObjectId) -> Result<QueueCounts> {
-        let groups = self.task_counts(&[id]).await?;
+    pub async fn queue_counts(self, id: ObjectId) -> Result<QueueCounts> {
+        let groups = self.tasks().task_counts(&[id]).await?;
         Ok(QueueCounts::from(
             groups.get(&id).copied().unwrap_or_default(),
         ))
@@ -89,7 +90,7 @@ impl Store {
     /// How many of the queue's tasks were discarded by its retry policy, counting at most
     /// `cap` (then `cap`): a range of the partial `{queue, discarded_at}` index, read as ids.
     /// A `find`, not a count: SecantusDB plans an aggregate's `$match` as a collection scan.
-    pub async fn discarded_count(&self, queue: ObjectId, cap: i64) -> Result<u64> {
+    pub async fn discarded_count(self, queue: ObjectId, cap: i64) -> Result<u64> {
         use futures::TryStreamExt;
         let context = format!("counting the discarded tasks of queue {queue}");
         let mut cursor = self
@@ -116,7 +117,7 @@ impl Store {
     }
 
     /// Inserts a queue document built by the caller from validated input.
-    pub async fn insert_queue_document(&self, fields: Document) -> Result<ObjectId> {
+    pub async fn insert_queue_document(self, fields: Document) -> Result<ObjectId> {
         let id = ObjectId::new();
         let name = fields.get_str(queue::NAME).unwrap_or_default().to_string();
         let mut d = doc! {queue::ID: id};
@@ -129,7 +130,7 @@ impl Store {
 
     /// Sets `set` and removes the fields `unset` (a limit sent as null) on queue `id`.
     pub async fn update_queue(
-        &self,
+        self,
         id: ObjectId,
         set: Document,
         unset: &[&str],
@@ -159,7 +160,7 @@ impl Store {
     }
 
     /// Deletes the queue document only; its tasks stay, as in Disbatch.
-    pub async fn delete_queue(&self, id: ObjectId) -> Result<WriteCounts> {
+    pub async fn delete_queue(self, id: ObjectId) -> Result<WriteCounts> {
         self.collection(QUEUES)
             .delete_one(doc! {queue::ID: id})
             .await
@@ -169,7 +170,7 @@ impl Store {
 
     /// Pauses a running queue: `threads` to 0, the old value kept in `paused_threads`.
     /// Returns false when the queue is already paused or has no threads to pause.
-    pub async fn pause_queue(&self, id: ObjectId) -> Result<bool> {
+    pub async fn pause_queue(self, id: ObjectId) -> Result<bool> {
         let filter = doc! {
             queue::ID: id,
             queue::PAUSED_THREADS: {"$exists": false},
@@ -188,7 +189,7 @@ impl Store {
     }
 
     /// Restores the `threads` a pause kept; false when the queue is not paused.
-    pub async fn resume_queue(&self, id: ObjectId) -> Result<bool> {
+    pub async fn resume_queue(self, id: ObjectId) -> Result<bool> {
         let update = vec![
             doc! {"$set": {queue::THREADS: format!("${}", queue::PAUSED_THREADS)}},
             doc! {"$unset": queue::PAUSED_THREADS},
@@ -204,7 +205,7 @@ impl Store {
     }
 
     /// Queue names, for balance validation.
-    pub async fn queue_names(&self) -> Result<Vec<String>> {
+    pub async fn queue_names(self) -> Result<Vec<String>> {
         Ok(self
             .queue_documents()
             .await?
@@ -214,7 +215,7 @@ impl Store {
     }
 
     /// Each queue's name by its id (queues with a string name and an ObjectId `_id`).
-    pub async fn queue_names_by_id(&self) -> Result<std::collections::HashMap<ObjectId, String>> {
+    pub async fn queue_names_by_id(self) -> Result<std::collections::HashMap<ObjectId, String>> {
         Ok(self
             .queue_documents()
             .await?
@@ -227,10 +228,10 @@ impl Store {
     }
 }
 
-impl Store {
+impl QueueStore<'_> {
     /// Creates or redefines the queue of a work spec by name; true when it was created.
     pub async fn upsert_spec_queue(
-        &self,
+        self,
         load: &disbatch_model::work_spec::SpecLoad,
     ) -> Result<bool> {
         let mut update = doc! {"$set": load.set.clone()};

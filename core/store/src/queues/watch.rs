@@ -5,12 +5,13 @@
 //! One stream on the database, not one per collection: the server reads its whole log once
 //! per open stream.
 
+use crate::QueueStore;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use mongodb::change_stream::event::{ChangeStreamEvent, OperationType};
 
 use crate::error::{Error, Result};
-use crate::{StatusGroup, Store};
+use crate::StatusGroup;
 use bson::{doc, Document};
 use disbatch_model::schema::{queue, task, QUEUES, TASKS};
 
@@ -58,14 +59,14 @@ pub struct WorkStream {
     pub sees_inserts: bool,
 }
 
-impl Store {
+impl QueueStore<'_> {
     /// Opens the fleet's stream (queue changes and task inserts); fails at once when the
     /// server has none (a standalone mongod), so the caller can fall back to polling. A user
     /// refused a stream on the database (code 13) gets one on `queues` alone.
     /// `await_time` is how long the server holds each `getMore` open without events: an event
     /// still arrives at once, so a long one costs no latency, and it sets what an idle stream
     /// costs (one request per wait).
-    pub async fn watch_work(&self, await_time: std::time::Duration) -> Result<WorkStream> {
+    pub async fn watch_work(self, await_time: std::time::Duration) -> Result<WorkStream> {
         let context = "watching queues and task inserts";
         let opened = self
             .db

@@ -1,6 +1,7 @@
 //! Task leases: renewal by the runner, recovery of tasks whose lease passed, and the
 //! cancel requests a runner must notice.
 
+use crate::RecoveryStore;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
@@ -8,7 +9,7 @@ use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
 use crate::recovery::lost_records::LostAttempt;
-use crate::{StatusGroup, Store};
+use crate::StatusGroup;
 use disbatch_model::fleet_time;
 use disbatch_model::schema::{task, TASKS};
 use disbatch_model::status;
@@ -68,11 +69,11 @@ pub fn deadline(lease: Duration) -> DateTime {
     disbatch_model::fleet_time::after(lease)
 }
 
-impl Store {
+impl RecoveryStore<'_> {
     /// Moves the lease of `id` forward while it still runs as `attempt`, and reports whether
     /// an operator asked to cancel it.
     pub async fn renew_lease(
-        &self,
+        self,
         id: ObjectId,
         attempt: ObjectId,
         lease: Duration,
@@ -96,14 +97,14 @@ impl Store {
 
     /// Claimed or running tasks, on any node, whose lease passed before now; at most `limit`,
     /// longest expired first.
-    pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredTask>> {
+    pub async fn expired_leases(self, limit: i64) -> Result<Vec<ExpiredTask>> {
         self.leases_ending_before(fleet_time::now(), limit).await
     }
 
     /// Claimed or running tasks, on any node, whose lease ends before `horizon`; at most
     /// `limit`, earliest end first: the expired ones, then when the next may expire.
     pub async fn leases_ending_before(
-        &self,
+        self,
         horizon: DateTime,
         limit: i64,
     ) -> Result<Vec<ExpiredTask>> {
@@ -132,13 +133,13 @@ impl Store {
     /// Recovers one lost task, unless it changed since it was read (renewed, finished, or
     /// recovered by another node). Returns whether this call recovered it; the attempt it
     /// lost is closed as `lost`, with `why` (how it was lost) as its reason.
-    pub async fn recover_task(&self, t: &ExpiredTask, how: Recovery, why: &str) -> Result<bool> {
+    pub async fn recover_task(self, t: &ExpiredTask, how: Recovery, why: &str) -> Result<bool> {
         self.recover_task_after(t, how, why, Duration::ZERO).await
     }
 
     /// `recover_task`, with a requeued task claimable again only after `delay`.
     pub async fn recover_task_after(
-        &self,
+        self,
         t: &ExpiredTask,
         how: Recovery,
         why: &str,
@@ -207,7 +208,7 @@ impl Store {
     }
 
     /// Running tasks on `node` that an operator asked to cancel.
-    pub async fn cancel_requests(&self, node: &str) -> Result<Vec<ObjectId>> {
+    pub async fn cancel_requests(self, node: &str) -> Result<Vec<ObjectId>> {
         let cursor = self
             .raw(TASKS)
             .find(doc! {

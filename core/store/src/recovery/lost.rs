@@ -1,6 +1,7 @@
 //! Tasks whose runner is known gone without a lease running out: a runner its own node saw
 //! exit without a result, and the lease-less claims of a node that stopped heartbeating.
 
+use crate::RecoveryStore;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
@@ -8,16 +9,15 @@ use bson::{doc, Bson};
 
 use crate::error::{Error, Result};
 use crate::recovery::leases::{expired_task, recovery_fields, ExpiredTask};
-use crate::Store;
 use disbatch_model::schema::{node, task, NODES, TASKS};
 use disbatch_model::status;
 
-impl Store {
+impl RecoveryStore<'_> {
     /// The task `id` if it is still claimed or running as `attempt`: its runner is gone, so
     /// nothing else will end this attempt. None once a result landed (the runner stored it,
     /// or handed it to its node) or the task moved on.
     pub async fn running_attempt(
-        &self,
+        self,
         id: ObjectId,
         attempt: ObjectId,
     ) -> Result<Option<ExpiredTask>> {
@@ -40,7 +40,7 @@ impl Store {
     /// Nodes whose last heartbeat (`timestamp`) is older than `age`: Perl and Rust nodes
     /// both write it every second, so such a node is gone. Documents whose timestamp is no
     /// date (written by hand) say nothing and are left out.
-    pub async fn silent_nodes(&self, age: Duration) -> Result<Vec<String>> {
+    pub async fn silent_nodes(self, age: Duration) -> Result<Vec<String>> {
         let cursor = self
             .raw(NODES)
             .find(doc! {node::TIMESTAMP: {"$lt": crate::recovery::leases::ago(age)}})
@@ -59,7 +59,7 @@ impl Store {
     /// Claimed or running tasks without a lease (claimed by a Perl node, which keeps none)
     /// held by one of `nodes`; at most `limit`.
     pub async fn lease_less_tasks_of(
-        &self,
+        self,
         nodes: &[String],
         limit: i64,
     ) -> Result<Vec<ExpiredTask>> {

@@ -6,6 +6,7 @@
 //! writes the record later. Every write here is idempotent (an upsert by the attempt's id
 //! with the same values, a removal by the attempt's id), so both may happen, in any order.
 
+use crate::RecoveryStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
@@ -65,72 +66,21 @@ impl LostAttempt {
     }
 }
 
-impl Store {
+impl RecoveryStore<'_> {
     /// Writes a lost attempt's record, or overrules the one a runner that died before its
     /// result landed had written, then removes the task's entry for it. Returns whether the
     /// record was missing or said otherwise (this call changed it).
-    pub async fn write_lost_record(&self, lost: &LostAttempt) -> Result<bool> {
+    pub async fn write_lost_record(self, lost: &LostAttempt) -> Result<bool> {
         self.lost_record_write(lost)
             .await
             .map_err(|e| Error::mongo(format!("closing lost attempt {}", lost.attempt), e))
-    }
-
-    async fn lost_record_write(&self, lost: &LostAttempt) -> mongodb::error::Result<bool> {
-        let a = lost.attempt;
-        let result = self
-            .collection(ATTEMPTS)
-            .update_one(
-                doc! {attempt::ID: a},
-                doc! {
-                    "$set": {
-                        attempt::OUTCOME: Outcome::Lost.as_str(), attempt::END: lost.end,
-                        attempt::REASON: &lost.reason,
-                    },
-                    "$setOnInsert": {
-                        attempt::TASK: lost.task,
-                        attempt::QUEUE: lost.queue.map_or(Bson::Null, Bson::ObjectId),
-                        attempt::NODE: lost.node.clone().map_or(Bson::Null, Bson::String),
-                        attempt::START: lost.start.map_or(Bson::Null, Bson::DateTime),
-                    },
-                },
-            )
-            .upsert(true)
-            .await?;
-        let changed = result.upserted_id.is_some() || result.modified_count > 0;
-        self.forget_unrecorded(lost.task, a).await?;
-        Ok(changed)
-    }
-
-    /// Removes the task's entry for `attempt`: the whole field when it is the only one (the
-    /// usual case, so the sparse index forgets the task), else just that entry.
-    async fn forget_unrecorded(&self, id: ObjectId, a: ObjectId) -> mongodb::error::Result<()> {
-        let only = self
-            .collection(TASKS)
-            .update_one(
-                doc! {
-                    task::ID: id,
-                    task::UNRECORDED_ATTEMPTS: {"$size": 1},
-                    unrecorded_field(unrecorded::ATTEMPT): a,
-                },
-                doc! {"$unset": {task::UNRECORDED_ATTEMPTS: ""}},
-            )
-            .await?;
-        if only.matched_count == 0 {
-            self.collection(TASKS)
-                .update_one(
-                    doc! {task::ID: id},
-                    doc! {"$pull": {task::UNRECORDED_ATTEMPTS: {unrecorded::ATTEMPT: a}}},
-                )
-                .await?;
-        }
-        Ok(())
     }
 
     /// The maintenance leader's look for lost attempts whose record a recovery left unwritten
     /// (its node or the server died between its two writes): writes each record and clears
     /// its entry. Returns the attempts whose record this call wrote or corrected; an entry
     /// whose record was already right (the recovery was only slower) is just cleared.
-    pub async fn write_unrecorded_attempts(&self) -> Result<Vec<LostAttempt>> {
+    pub async fn write_unrecorded_attempts(self) -> Result<Vec<LostAttempt>> {
         let context = "finding lost attempts without a record";
         let cursor = self
             .raw(TASKS)
@@ -183,6 +133,59 @@ impl Store {
             }
         }
         Ok(written)
+    }
+}
+
+impl Store {
+    async fn lost_record_write(&self, lost: &LostAttempt) -> mongodb::error::Result<bool> {
+        let a = lost.attempt;
+        let result = self
+            .collection(ATTEMPTS)
+            .update_one(
+                doc! {attempt::ID: a},
+                doc! {
+                    "$set": {
+                        attempt::OUTCOME: Outcome::Lost.as_str(), attempt::END: lost.end,
+                        attempt::REASON: &lost.reason,
+                    },
+                    "$setOnInsert": {
+                        attempt::TASK: lost.task,
+                        attempt::QUEUE: lost.queue.map_or(Bson::Null, Bson::ObjectId),
+                        attempt::NODE: lost.node.clone().map_or(Bson::Null, Bson::String),
+                        attempt::START: lost.start.map_or(Bson::Null, Bson::DateTime),
+                    },
+                },
+            )
+            .upsert(true)
+            .await?;
+        let changed = result.upserted_id.is_some() || result.modified_count > 0;
+        self.forget_unrecorded(lost.task, a).await?;
+        Ok(changed)
+    }
+
+    /// Removes the task's entry for `attempt`: the whole field when it is the only one (the
+    /// usual case, so the sparse index forgets the task), else just that entry.
+    async fn forget_unrecorded(&self, id: ObjectId, a: ObjectId) -> mongodb::error::Result<()> {
+        let only = self
+            .collection(TASKS)
+            .update_one(
+                doc! {
+                    task::ID: id,
+                    task::UNRECORDED_ATTEMPTS: {"$size": 1},
+                    unrecorded_field(unrecorded::ATTEMPT): a,
+                },
+                doc! {"$unset": {task::UNRECORDED_ATTEMPTS: ""}},
+            )
+            .await?;
+        if only.matched_count == 0 {
+            self.collection(TASKS)
+                .update_one(
+                    doc! {task::ID: id},
+                    doc! {"$pull": {task::UNRECORDED_ATTEMPTS: {unrecorded::ATTEMPT: a}}},
+                )
+                .await?;
+        }
+        Ok(())
     }
 }
 

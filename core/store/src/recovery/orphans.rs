@@ -1,5 +1,6 @@
 //! Claims a node took but never started: orphaned after Disbatch's age, or given back.
 
+use crate::RecoveryStore;
 use std::time::Duration;
 
 use bson::oid::ObjectId;
@@ -7,16 +8,16 @@ use bson::{doc, Bson, DateTime};
 
 use crate::claims::candidates::release_holds;
 use crate::error::{Error, Result};
-use crate::{StatusGroup, Store};
+use crate::StatusGroup;
 use disbatch_model::fleet_time;
 use disbatch_model::schema::task;
 use disbatch_model::status;
 
-impl Store {
+impl RecoveryStore<'_> {
     /// Disbatch's orphan rule: tasks this node claimed but never started, older than `age`,
     /// become orphaned (-6). Handles BSON-date and legacy epoch-seconds `mtime`. Claims with a
     /// lease are left to lease recovery, which requeues them sooner.
-    pub async fn reap_orphans(&self, node: &str, age: Duration) -> Result<u64> {
+    pub async fn reap_orphans(self, node: &str, age: Duration) -> Result<u64> {
         let cutoff_ms = fleet_time::now().timestamp_millis() - age.as_millis() as i64;
         let update = doc! {
             "$set": {task::STATUS: status::ORPHANED, task::MTIME: fleet_time::now()},
@@ -45,7 +46,7 @@ impl Store {
 
     /// Returns tasks claimed by `node` but not yet started to the queue (on shutdown, or
     /// `only` one task whose runner could not be spawned).
-    pub async fn give_back_claimed(&self, node: &str, only: Option<ObjectId>) -> Result<u64> {
+    pub async fn give_back_claimed(self, node: &str, only: Option<ObjectId>) -> Result<u64> {
         let mut filter = doc! {task::NODE: node, task::STATUS: status::CLAIMED};
         if let Some(id) = only {
             filter.insert(task::ID, id);

@@ -1,5 +1,6 @@
 //! Attempt records: one per run of a task, written when it starts and when it ends.
 
+use crate::ResultStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
@@ -21,10 +22,10 @@ struct Newest {
     output: Option<ResultOutput>,
 }
 
-impl Store {
+impl ResultStore<'_> {
     /// Writes an ended attempt's record in one round trip. Returns false when a record already
     /// exists: recovery closed the attempt as lost, so its result will not count either.
-    pub async fn insert_attempt(&self, r: &AttemptRecord) -> Result<bool> {
+    pub async fn insert_attempt(self, r: &AttemptRecord) -> Result<bool> {
         let record = attempt_document(r);
         match self.collection(ATTEMPTS).insert_one(record).await {
             Ok(_) => Ok(true),
@@ -39,7 +40,7 @@ impl Store {
     /// Changes an attempt's outcome from `from` to `to`; a record recovery marked `lost`
     /// stays lost.
     pub async fn change_attempt_outcome(
-        &self,
+        self,
         id: ObjectId,
         from: Outcome,
         to: Outcome,
@@ -57,7 +58,7 @@ impl Store {
     /// The outcome an ended attempt's record carries (None for one no runner writes), and
     /// whether its task was discarded with it; None while it has no record (the record is
     /// written when the attempt ends). One read by `_id`, of those fields only.
-    pub async fn attempt_outcome(&self, id: ObjectId) -> Result<Option<(Option<Outcome>, bool)>> {
+    pub async fn attempt_outcome(self, id: ObjectId) -> Result<Option<(Option<Outcome>, bool)>> {
         let found = self
             .collection(ATTEMPTS)
             .find_one(doc! {attempt::ID: id})
@@ -75,7 +76,7 @@ impl Store {
 
     /// Of `ids`, the attempts closed as lost: their tasks were recovered (their lease passed,
     /// their node was taken for dead), whatever their runners still think.
-    pub async fn lost_attempts(&self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
+    pub async fn lost_attempts(self, ids: &[ObjectId]) -> Result<Vec<ObjectId>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -99,7 +100,7 @@ impl Store {
     /// the caller takes them; and whether older ones were left out. Counted first (index
     /// `{task, start}`), so the answer's header can say so before the first record is sent.
     pub async fn recent_attempts(
-        &self,
+        self,
         task: ObjectId,
         limit: usize,
         fields: &[&str],
@@ -134,7 +135,7 @@ impl Store {
     /// Only the output and the id are read: one read for outputs kept inline and one for
     /// those kept in GridFS, each a range of the `{task, start}` index (an `$or` of both
     /// may be answered by reading every attempt).
-    pub async fn latest_output(&self, task: ObjectId) -> Result<Option<(ObjectId, ResultOutput)>> {
+    pub async fn latest_output(self, task: ObjectId) -> Result<Option<(ObjectId, ResultOutput)>> {
         let (inline, file) = futures::try_join!(
             self.newest_attempt(
                 task,
@@ -158,7 +159,7 @@ impl Store {
 
     /// The task's newest succeeded attempt: its id and its `output`, None when it wrote none.
     pub async fn last_success_output(
-        &self,
+        self,
         task: ObjectId,
     ) -> Result<Option<(ObjectId, Option<ResultOutput>)>> {
         let found = self
@@ -173,7 +174,7 @@ impl Store {
     /// The `output` of attempt `id` of `task`: None when the task has no such attempt,
     /// Some(None) when that attempt wrote none.
     pub async fn attempt_output(
-        &self,
+        self,
         task: ObjectId,
         id: ObjectId,
     ) -> Result<Option<Option<ResultOutput>>> {
@@ -182,7 +183,9 @@ impl Store {
             .await?;
         Ok(found.map(|n| n.output))
     }
+}
 
+impl Store {
     /// The newest attempt matching `filter` (index `{task, start}`): its id, start and
     /// result's `output`, the only fields read.
     async fn newest_attempt(&self, task: ObjectId, filter: Document) -> Result<Option<Newest>> {

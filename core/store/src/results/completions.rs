@@ -1,6 +1,7 @@
 //! Results a node records for its runners: many ended attempts in two round trips, the
 //! attempt records in one `insert`, then the fenced task results in one `update`.
 
+use crate::ResultStore;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -27,12 +28,12 @@ struct Progress {
     unknown: Vec<usize>,
 }
 
-impl Store {
+impl ResultStore<'_> {
     /// Records ended attempts as their runners would, one answer per completion, in order.
     /// The attempt records go first, so a record never claims a result its task does not
     /// show. One `bulkWrite` round trip on MongoDB 8.0+ (two, `insert` then `update`, before).
     /// Err means nothing can be said of any of them: their runners record their own.
-    pub async fn record_completions(&self, batch: &[Completion]) -> Result<Vec<Ack>> {
+    pub async fn record_completions(self, batch: &[Completion]) -> Result<Vec<Ack>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -95,7 +96,7 @@ impl Store {
     }
 
     /// Whether results went out in `bulkWrite` commands; None until the first batch.
-    pub fn uses_bulk_write(&self) -> Option<bool> {
+    pub fn uses_bulk_write(self) -> Option<bool> {
         match self.state.bulk_write.load(Ordering::Relaxed) {
             BULK_WRITE_WORKS => Some(true),
             BULK_WRITE_MISSING => Some(false),
@@ -104,12 +105,31 @@ impl Store {
     }
 
     /// A store that never tries `bulkWrite`, as on a server before MongoDB 8.0 (for tests).
-    pub fn without_bulk_write(&self) -> Store {
-        let mut store = self.clone();
+    pub fn without_bulk_write(self) -> Store {
+        let mut store = self.store.clone();
         store.state.bulk_write = std::sync::Arc::new(AtomicU8::new(BULK_WRITE_MISSING));
         store
     }
 
+    /// Whether the task shows `attempt` ended as `end`: a runner whose node stored its
+    /// result, but whose answer never arrived, finds out here.
+    pub async fn task_shows_result(
+        self,
+        id: ObjectId,
+        attempt: ObjectId,
+        end: TaskEnd,
+    ) -> Result<bool> {
+        let status = end.status();
+        self.raw(TASKS)
+            .find_one(doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status})
+            .projection(doc! {task::ID: 1})
+            .await
+            .map(|d| d.is_some())
+            .map_err(|e| Error::mongo(format!("reading task {id}"), e))
+    }
+}
+
+impl Store {
     /// Each completion's record insert and task update, in that order, in ordered
     /// `bulkWrite` commands: per-operation results, one round trip for the batch. An error
     /// stops an ordered command, so the rest goes again after the failed operation. None:
@@ -250,23 +270,6 @@ impl Store {
             inserted,
             unknown,
         })
-    }
-
-    /// Whether the task shows `attempt` ended as `end`: a runner whose node stored its
-    /// result, but whose answer never arrived, finds out here.
-    pub async fn task_shows_result(
-        &self,
-        id: ObjectId,
-        attempt: ObjectId,
-        end: TaskEnd,
-    ) -> Result<bool> {
-        let status = end.status();
-        self.raw(TASKS)
-            .find_one(doc! {task::ID: id, task::ATTEMPT: attempt, task::STATUS: status})
-            .projection(doc! {task::ID: 1})
-            .await
-            .map(|d| d.is_some())
-            .map_err(|e| Error::mongo(format!("reading task {id}"), e))
     }
 
     /// Inserts the records unordered; returns which this call inserted. A record that already

@@ -1,10 +1,11 @@
 //! Recording one attempt's result on its task: the fenced write, and where the task goes.
 
+use crate::ResultStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
 use crate::error::{Error, Result};
-use crate::{StatusGroup, Store};
+use crate::StatusGroup;
 use disbatch_model::fleet_time;
 use disbatch_model::schema::task;
 use disbatch_model::status;
@@ -25,14 +26,14 @@ pub(crate) fn end_group(end: TaskEnd) -> StatusGroup {
     crate::group_of(end.status())
 }
 
-impl Store {
+impl ResultStore<'_> {
     /// Records a result in one write: outputs, `mtime`, the slot and lease freed, and either a
     /// final status with `complete: true` or, for a retry, back to queued (after `not_before`).
     /// Conditional on the task still running on `node` as `attempt`: once recovery has taken
     /// a task from an attempt, that attempt's result never lands, so a task and its attempt
     /// records always agree.
     pub async fn finish_task(
-        &self,
+        self,
         id: ObjectId,
         node: &str,
         attempt: ObjectId,

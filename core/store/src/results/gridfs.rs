@@ -1,5 +1,6 @@
 //! Task output in GridFS bucket `tasks`, in Disbatch's format: string chunks, `metadata.task_id`.
 
+use crate::ResultStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
@@ -29,11 +30,11 @@ pub struct OutputFileInfo {
 /// beside `stdout` and `stderr`.
 const RESULT_FILENAME: &str = "result";
 
-impl Store {
+impl ResultStore<'_> {
     /// Writes a result's `output` (JSON text) too large for its attempt record to a GridFS
     /// file of `task_id`, so it goes with its task like its stdout.
     pub async fn write_result_output(
-        &self,
+        self,
         task_id: ObjectId,
         json: &[u8],
     ) -> Result<crate::StoredOutput> {
@@ -50,7 +51,7 @@ impl Store {
     /// Bytes that are not UTF-8 are replaced (BSON strings must be UTF-8). Chunks are written
     /// before the files document, so readers never see a partial file.
     pub async fn write_output_file<R: AsyncRead + Unpin>(
-        &self,
+        self,
         task_id: ObjectId,
         filename: &str,
         mut reader: R,
@@ -83,6 +84,88 @@ impl Store {
         Ok(OutputFileInfo { id, length })
     }
 
+    /// Reads a whole output file. Accepts string chunks (Disbatch) and binary chunks (any
+    /// standard GridFS writer).
+    pub async fn read_output_file(self, id: ObjectId) -> Result<Vec<u8>> {
+        Ok(self.read_output_prefix(id, usize::MAX).await?.0)
+    }
+
+    /// The first `max_bytes` of an output file (the first chunks only are read), and whether
+    /// it holds more. Chunks as `read_output_file` takes them.
+    pub async fn read_output_prefix(
+        self,
+        id: ObjectId,
+        max_bytes: usize,
+    ) -> Result<(Vec<u8>, bool)> {
+        let context = || format!("reading GridFS file {id}");
+        let chunks = self.raw(CHUNKS);
+        let mut find = chunks
+            .find(doc! {chunk::FILES_ID: id})
+            .sort(doc! {chunk::N: 1});
+        // Small batches: a reader that stops early must not have fetched 16 MiB of chunks.
+        if let Ok(batch) = u32::try_from(max_bytes / CHUNK_SIZE + 2) {
+            find = find.batch_size(batch);
+        }
+        let mut cursor = find.await.map_err(|e| Error::mongo(context(), e))?;
+        let mut out = Vec::new();
+        while let Some(raw) = cursor
+            .try_next()
+            .await
+            .map_err(|e| Error::mongo(context(), e))?
+        {
+            if out.len() >= max_bytes {
+                return Ok((out, true));
+            }
+            let Some(c) = self.decode_one(CHUNKS, Some(raw))? else {
+                continue;
+            };
+            let data = chunk_data(&c)?;
+            let room = max_bytes - out.len();
+            out.extend_from_slice(&data[..data.len().min(room)]);
+            if data.len() > room {
+                return Ok((out, true));
+            }
+        }
+        Ok((out, false))
+    }
+
+    /// Describes the first chunk of an output file that holds neither text nor binary data
+    /// (edited by hand or corrupt), so a reader can refuse it before streaming anything.
+    pub async fn unreadable_chunk(self, id: ObjectId) -> Result<Option<String>> {
+        let found = self
+            .raw(CHUNKS)
+            .find_one(doc! {
+                chunk::FILES_ID: id,
+                chunk::DATA: {"$not": {"$type": ["string", "binData"]}},
+            })
+            .projection(doc! {chunk::N: 1, chunk::DATA: 1})
+            .await
+            .map_err(|e| Error::mongo(format!("checking GridFS file {id}"), e))?;
+        let found = match self.decode_one(CHUNKS, found) {
+            Ok(found) => found,
+            Err(e) => return Ok(Some(e.to_string())),
+        };
+        Ok(found.map(|c| {
+            let n = c.get(chunk::N).map_or("?".to_string(), |n| n.to_string());
+            let data = c
+                .get(chunk::DATA)
+                .map_or("nothing".to_string(), |d| format!("{:?}", d.element_type()));
+            format!("chunk {n} holds {data}, not text or binary data")
+        }))
+    }
+
+    /// The files document of a stored output, if it exists.
+    pub async fn output_file(self, id: ObjectId) -> Result<Option<Document>> {
+        let found = self
+            .raw(FILES)
+            .find_one(doc! {file::ID: id})
+            .await
+            .map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
+        self.decode_one(FILES, found)
+    }
+}
+
+impl Store {
     async fn write_chunks<R: AsyncRead + Unpin>(
         &self,
         id: ObjectId,
@@ -147,86 +230,6 @@ impl Store {
             tracing::warn!(file = %id, error = %e, "could not remove the chunks of a failed GridFS upload");
         }
     }
-
-    /// Reads a whole output file. Accepts string chunks (Disbatch) and binary chunks (any
-    /// standard GridFS writer).
-    pub async fn read_output_file(&self, id: ObjectId) -> Result<Vec<u8>> {
-        Ok(self.read_output_prefix(id, usize::MAX).await?.0)
-    }
-
-    /// The first `max_bytes` of an output file (the first chunks only are read), and whether
-    /// it holds more. Chunks as `read_output_file` takes them.
-    pub async fn read_output_prefix(
-        &self,
-        id: ObjectId,
-        max_bytes: usize,
-    ) -> Result<(Vec<u8>, bool)> {
-        let context = || format!("reading GridFS file {id}");
-        let chunks = self.raw(CHUNKS);
-        let mut find = chunks
-            .find(doc! {chunk::FILES_ID: id})
-            .sort(doc! {chunk::N: 1});
-        // Small batches: a reader that stops early must not have fetched 16 MiB of chunks.
-        if let Ok(batch) = u32::try_from(max_bytes / CHUNK_SIZE + 2) {
-            find = find.batch_size(batch);
-        }
-        let mut cursor = find.await.map_err(|e| Error::mongo(context(), e))?;
-        let mut out = Vec::new();
-        while let Some(raw) = cursor
-            .try_next()
-            .await
-            .map_err(|e| Error::mongo(context(), e))?
-        {
-            if out.len() >= max_bytes {
-                return Ok((out, true));
-            }
-            let Some(c) = self.decode_one(CHUNKS, Some(raw))? else {
-                continue;
-            };
-            let data = chunk_data(&c)?;
-            let room = max_bytes - out.len();
-            out.extend_from_slice(&data[..data.len().min(room)]);
-            if data.len() > room {
-                return Ok((out, true));
-            }
-        }
-        Ok((out, false))
-    }
-
-    /// Describes the first chunk of an output file that holds neither text nor binary data
-    /// (edited by hand or corrupt), so a reader can refuse it before streaming anything.
-    pub async fn unreadable_chunk(&self, id: ObjectId) -> Result<Option<String>> {
-        let found = self
-            .raw(CHUNKS)
-            .find_one(doc! {
-                chunk::FILES_ID: id,
-                chunk::DATA: {"$not": {"$type": ["string", "binData"]}},
-            })
-            .projection(doc! {chunk::N: 1, chunk::DATA: 1})
-            .await
-            .map_err(|e| Error::mongo(format!("checking GridFS file {id}"), e))?;
-        let found = match self.decode_one(CHUNKS, found) {
-            Ok(found) => found,
-            Err(e) => return Ok(Some(e.to_string())),
-        };
-        Ok(found.map(|c| {
-            let n = c.get(chunk::N).map_or("?".to_string(), |n| n.to_string());
-            let data = c
-                .get(chunk::DATA)
-                .map_or("nothing".to_string(), |d| format!("{:?}", d.element_type()));
-            format!("chunk {n} holds {data}, not text or binary data")
-        }))
-    }
-
-    /// The files document of a stored output, if it exists.
-    pub async fn output_file(&self, id: ObjectId) -> Result<Option<Document>> {
-        let found = self
-            .raw(FILES)
-            .find_one(doc! {file::ID: id})
-            .await
-            .map_err(|e| Error::mongo(format!("reading GridFS file {id}"), e))?;
-        self.decode_one(FILES, found)
-    }
 }
 
 /// A chunk's bytes: string chunks (Disbatch) or binary ones (any standard GridFS writer).
@@ -260,9 +263,9 @@ fn chunk_doc(files_id: ObjectId, n: i32, data: String) -> Document {
 pub type OutputStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<Vec<u8>>> + Send + 'static>>;
 
-impl Store {
+impl ResultStore<'_> {
     /// Streams a GridFS output file without loading it whole (string or binary chunks).
-    pub async fn stream_output_file(&self, id: ObjectId) -> Result<OutputStream> {
+    pub async fn stream_output_file(self, id: ObjectId) -> Result<OutputStream> {
         let cursor = self
             .raw(CHUNKS)
             .find(doc! {chunk::FILES_ID: id})

@@ -3,11 +3,11 @@
 //! It is a bounded copy for watching (the last `LIVE_TAIL` bytes of each stream); the
 //! output itself is stored only at the end, exactly as Disbatch stores it.
 
+use crate::ResultStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 
 use crate::error::{Error, Result};
-use crate::Store;
 use disbatch_model::fleet_time;
 use disbatch_model::schema::{live, task, TASKS};
 use disbatch_model::status;
@@ -31,11 +31,11 @@ fn stream_doc(s: &LiveStream) -> Document {
     }
 }
 
-impl Store {
+impl ResultStore<'_> {
     /// Replaces the task's live copy while it still runs as `live.attempt`: a runner whose
     /// attempt was recovered, or whose result is recorded, never writes one again.
     pub async fn write_live_output(
-        &self,
+        self,
         task_id: ObjectId,
         live: &LiveOutput,
     ) -> Result<LiveWrite> {
@@ -55,7 +55,7 @@ impl Store {
     /// `write_live_output` fences it, in as few `update` commands as their size allows.
     /// Copies are for watching: one the server refuses (its task would pass 16 MiB) or whose
     /// attempt is over is simply not written. Returns how many were written.
-    pub async fn write_live_outputs(&self, copies: &[(ObjectId, LiveOutput)]) -> Result<u64> {
+    pub async fn write_live_outputs(self, copies: &[(ObjectId, LiveOutput)]) -> Result<u64> {
         let statements: Vec<(usize, Document)> = copies
             .iter()
             .enumerate()

@@ -1,5 +1,6 @@
 //! What `GET /metrics` reports: tasks per queue and status group, queue threads, node liveness.
 
+use crate::StatsStore;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
 
 use crate::error::{Error, Result};
-use crate::{GroupCounts, Store};
+use crate::GroupCounts;
 use disbatch_model::fleet_time;
 use disbatch_model::schema::{node, queue, NODES};
 use disbatch_model::{parse_limit, status};
@@ -143,19 +144,19 @@ impl CountsReading {
     }
 }
 
-impl Store {
+impl StatsStore<'_> {
     /// Queue documents, then their counts (kept counts, live claimed and running, delayed):
     /// a handful of reads whatever the number of tasks.
-    pub async fn counts_reading(&self) -> Result<CountsReading> {
-        let queues = self.queue_documents().await?;
+    pub async fn counts_reading(self) -> Result<CountsReading> {
+        let queues = self.queues().queue_documents().await?;
         let ids: Vec<ObjectId> = queues
             .iter()
             .filter_map(|d| d.get_object_id(queue::ID).ok())
             .collect();
         let (groups, delayed, retrying) = futures::try_join!(
-            self.task_counts(&ids),
+            self.tasks().task_counts(&ids),
             self.delayed_counts(&ids),
-            self.retrying_counts(&ids)
+            self.tasks().retrying_counts(&ids)
         )?;
         Ok(CountsReading {
             queues,
@@ -168,7 +169,7 @@ impl Store {
     /// The metrics of a reading, with two node counts read now. Tasks of deleted queues are
     /// not reported: no queue carries them.
     pub async fn fleet_metrics(
-        &self,
+        self,
         reading: &CountsReading,
         live_window: Duration,
     ) -> Result<FleetMetrics> {

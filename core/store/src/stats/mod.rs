@@ -2,6 +2,12 @@
 //! node, written once per minute and queue, and read back for charts; `metrics`, the fleet's
 //! counts read for the metrics endpoints.
 
+domain_handle!(
+    /// Statistics: per-minute buckets written and read, and the fleet's metrics.
+    StatsStore,
+    stats
+);
+
 pub(crate) mod metrics;
 pub(crate) mod stored;
 
@@ -11,7 +17,6 @@ use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
 use super::conn::decode::DocumentStream;
-use super::Store;
 use crate::error::{Error, Result};
 use disbatch_model::schema::{attempt, stats, ATTEMPTS, STATS_MINUTELY};
 use disbatch_model::task::Outcome;
@@ -213,9 +218,9 @@ impl Bucket {
     }
 }
 
-impl Store {
+impl StatsStore<'_> {
     /// The start of the last minute the keeper finished (its fleet bucket), in milliseconds.
-    pub async fn stats_written_until(&self) -> Result<Option<i64>> {
+    pub async fn stats_written_until(self) -> Result<Option<i64>> {
         let last = self
             .collection(STATS_MINUTELY)
             .find_one(doc! {stats::QUEUE: Bson::Null})
@@ -231,7 +236,7 @@ impl Store {
     }
 
     /// The attempts whose record ended in `[from_ms, to_ms)`; undecodable records are left out.
-    pub async fn ended_attempts(&self, from_ms: i64, to_ms: i64) -> Result<Vec<EndedAttempt>> {
+    pub async fn ended_attempts(self, from_ms: i64, to_ms: i64) -> Result<Vec<EndedAttempt>> {
         let context = "reading ended attempts for statistics";
         let cursor = self
             .raw(ATTEMPTS)
@@ -250,7 +255,7 @@ impl Store {
 
     /// Writes a minute's buckets, each only if its minute and queue have none yet: whichever
     /// leader writes a bucket first, it is never written again.
-    pub async fn write_stats(&self, buckets: &[Bucket], writer: &str) -> Result<()> {
+    pub async fn write_stats(self, buckets: &[Bucket], writer: &str) -> Result<()> {
         let coll = self.collection(STATS_MINUTELY);
         for b in buckets {
             let filter = doc! {
@@ -276,7 +281,7 @@ impl Store {
     /// `limit` (0: no limit), one at a time as the caller takes them, with the fields the API
     /// shows only.
     pub async fn stream_stats(
-        &self,
+        self,
         minutes: (i64, Option<i64>),
         queue: Option<ObjectId>,
         newest_first: bool,

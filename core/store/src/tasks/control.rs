@@ -1,6 +1,7 @@
 //! Operator actions on tasks: cancel, retry (one or a queue's), discard, delete with its output
 //! files.
 
+use crate::TaskStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
 
@@ -33,10 +34,10 @@ pub fn is_retryable(s: i64) -> bool {
         || s == status::TERMINATED as i64
 }
 
-impl Store {
+impl TaskStore<'_> {
     /// Queued, blocked or claimed-but-unstarted → cancelled at once (a claimed task's runner
     /// then finds nothing to start); running → a cancel request its runner acts on.
-    pub async fn cancel_task(&self, id: ObjectId) -> Result<ControlOutcome> {
+    pub async fn cancel_task(self, id: ObjectId) -> Result<ControlOutcome> {
         let waiting = [status::QUEUED, status::BLOCKED, status::CLAIMED];
         let filter = doc! {task::ID: id, task::STATUS: {"$in": waiting.to_vec()}};
         let update = doc! {
@@ -51,7 +52,7 @@ impl Store {
             // What waits on it follows its policy now, not at the leader's next sweep; but
             // after the answer, as a cascade down a long chain takes a while.
             if self.is_marked_waited_for(id).await? {
-                self.settle_dependents_later(vec![id]);
+                self.workflows().settle_dependents_later(vec![id]);
             }
             return Ok(ControlOutcome::Done(one_changed()));
         }
@@ -70,7 +71,7 @@ impl Store {
 
     /// A finished, orphaned, cancelled or terminated task back to queued, output cleared.
     /// Its GridFS files are kept: they still carry `metadata.task_id`.
-    pub async fn retry_task(&self, id: ObjectId) -> Result<ControlOutcome> {
+    pub async fn retry_task(self, id: ObjectId) -> Result<ControlOutcome> {
         let filter = doc! {task::ID: id, "$or": retryable_filter()};
         self.control_one(id, filter, requeue_update(), "retrying")
             .await
@@ -80,7 +81,7 @@ impl Store {
     /// marks one out of attempts, so it is listed and counted with them and no longer among
     /// the failures still to look at. Its status and output stay; a retry clears the mark.
     /// Already discarded is done, with nothing modified.
-    pub async fn discard_task(&self, id: ObjectId) -> Result<ControlOutcome> {
+    pub async fn discard_task(self, id: ObjectId) -> Result<ControlOutcome> {
         let failed = doc! {task::ID: id, task::STATUS: {"$gte": status::FAILED}};
         let mut filter = failed.clone();
         filter.insert(task::DISCARDED_AT, doc! {"$exists": false});
@@ -112,7 +113,7 @@ impl Store {
     /// Requeues every task of `queue` whose status is one of `statuses`: one write per
     /// status group they fall in (at most five: succeeded, failed, terminated, cancelled,
     /// orphaned), so each write's count says which group its tasks left.
-    pub async fn retry_queue(&self, queue: ObjectId, statuses: &[i32]) -> Result<WriteCounts> {
+    pub async fn retry_queue(self, queue: ObjectId, statuses: &[i32]) -> Result<WriteCounts> {
         let mut by_group: Vec<(StatusGroup, Vec<i32>)> = Vec::new();
         for s in statuses {
             let group = crate::group_of(*s);
@@ -132,6 +133,87 @@ impl Store {
         Ok(total)
     }
 
+    /// Requeues every failed task of `queue`: status 2 and the plugin-defined codes above it,
+    /// all that Disbatch counts as failed (numbers only: a string status is no failure code).
+    pub async fn retry_queue_failed(self, queue: ObjectId) -> Result<WriteCounts> {
+        let failed = doc! {task::QUEUE: queue, task::STATUS: {"$gte": status::FAILED}};
+        self.requeue_counted(queue, failed, StatusGroup::Failed)
+            .await
+    }
+
+    /// Cancels every task of `queue` that waits to run: queued (-2) and blocked (-4), the
+    /// statuses `cancel_task` cancels at once. Claimed and running tasks are left alone: they
+    /// are cancelled one by one (a running one is stopped by its node).
+    pub async fn cancel_queue(self, queue: ObjectId) -> Result<WriteCounts> {
+        // One write per status, so each one's count says which group its tasks left.
+        let mut total = WriteCounts::default();
+        for s in [status::QUEUED, status::BLOCKED] {
+            let r = self
+                .collection(TASKS)
+                .update_many(
+                    doc! {task::QUEUE: queue, task::STATUS: s},
+                    doc! {
+                        "$set": {task::STATUS: status::CANCELLED, task::MTIME: fleet_time::now()},
+                        "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON]),
+                    },
+                )
+                .await
+                .map_err(|e| Error::mongo(format!("cancelling tasks of queue {queue}"), e))?;
+            let moved = crate::Moved {
+                n: r.modified_count,
+                ..crate::Moved::new(
+                    queue,
+                    Some(crate::group_of(s)),
+                    Some(StatusGroup::Cancelled),
+                )
+            };
+            self.count_moves(&[moved]).await;
+            total.matched += r.matched_count;
+            total.modified += r.modified_count;
+        }
+        Ok(total)
+    }
+
+    /// Deletes a task that is not claimed or running, then its output files.
+    ///
+    /// Never a task others wait on: its `has_dependents` mark is set before any dependent is
+    /// stored and cleared once its end is settled, so the delete's own filter decides. An
+    /// ended task whose end is still to be settled is settled first.
+    pub async fn delete_task(self, id: ObjectId) -> Result<ControlOutcome> {
+        let mut deleted = self.delete_unwaited(id).await?;
+        if deleted.is_none() && self.is_marked_waited_for(id).await? {
+            // Settling skips a task still live, which stays marked.
+            self.workflows().settle_dependents(&[id]).await?;
+            deleted = self.delete_unwaited(id).await?;
+            if deleted.is_none() && self.is_marked_waited_for(id).await? {
+                let waiting = self
+                    .collection(TASKS)
+                    .count_documents(doc! {task::WAITING_ON: id, task::STATUS: status::BLOCKED})
+                    .await
+                    .map_err(|e| Error::mongo(format!("counting what waits on task {id}"), e))?;
+                return Ok(ControlOutcome::WaitedOn(waiting));
+            }
+        }
+        let Some(deleted) = deleted else {
+            return self.why_not(id).await;
+        };
+        if let Ok(queue) = deleted.get_object_id(task::QUEUE) {
+            let from = StatusGroup::of(deleted.get(task::STATUS));
+            let moved = crate::Moved {
+                discarded: -i64::from(deleted.contains_key(task::DISCARDED_AT)),
+                ..crate::Moved::new(queue, Some(from), None)
+            };
+            self.count_moves(&[moved]).await;
+        }
+        self.delete_task_files(id).await?;
+        Ok(ControlOutcome::Done(WriteCounts {
+            deleted: 1,
+            ..Default::default()
+        }))
+    }
+}
+
+impl Store {
     /// Requeues the tasks of `queue` that match `filter` (all in status group `from`) and
     /// counts them: discarded ones, if any (one read of the partial `{queue, discarded_at}`
     /// index says), first in a write of their own, so that the count of discarded tasks
@@ -173,85 +255,6 @@ impl Store {
             total.modified += r.modified_count;
         }
         Ok(total)
-    }
-
-    /// Requeues every failed task of `queue`: status 2 and the plugin-defined codes above it,
-    /// all that Disbatch counts as failed (numbers only: a string status is no failure code).
-    pub async fn retry_queue_failed(&self, queue: ObjectId) -> Result<WriteCounts> {
-        let failed = doc! {task::QUEUE: queue, task::STATUS: {"$gte": status::FAILED}};
-        self.requeue_counted(queue, failed, StatusGroup::Failed)
-            .await
-    }
-
-    /// Cancels every task of `queue` that waits to run: queued (-2) and blocked (-4), the
-    /// statuses `cancel_task` cancels at once. Claimed and running tasks are left alone: they
-    /// are cancelled one by one (a running one is stopped by its node).
-    pub async fn cancel_queue(&self, queue: ObjectId) -> Result<WriteCounts> {
-        // One write per status, so each one's count says which group its tasks left.
-        let mut total = WriteCounts::default();
-        for s in [status::QUEUED, status::BLOCKED] {
-            let r = self
-                .collection(TASKS)
-                .update_many(
-                    doc! {task::QUEUE: queue, task::STATUS: s},
-                    doc! {
-                        "$set": {task::STATUS: status::CANCELLED, task::MTIME: fleet_time::now()},
-                        "$unset": release_holds(&[task::LEASE_UNTIL, task::WAITING_ON]),
-                    },
-                )
-                .await
-                .map_err(|e| Error::mongo(format!("cancelling tasks of queue {queue}"), e))?;
-            let moved = crate::Moved {
-                n: r.modified_count,
-                ..crate::Moved::new(
-                    queue,
-                    Some(crate::group_of(s)),
-                    Some(StatusGroup::Cancelled),
-                )
-            };
-            self.count_moves(&[moved]).await;
-            total.matched += r.matched_count;
-            total.modified += r.modified_count;
-        }
-        Ok(total)
-    }
-
-    /// Deletes a task that is not claimed or running, then its output files.
-    ///
-    /// Never a task others wait on: its `has_dependents` mark is set before any dependent is
-    /// stored and cleared once its end is settled, so the delete's own filter decides. An
-    /// ended task whose end is still to be settled is settled first.
-    pub async fn delete_task(&self, id: ObjectId) -> Result<ControlOutcome> {
-        let mut deleted = self.delete_unwaited(id).await?;
-        if deleted.is_none() && self.is_marked_waited_for(id).await? {
-            // Settling skips a task still live, which stays marked.
-            self.settle_dependents(&[id]).await?;
-            deleted = self.delete_unwaited(id).await?;
-            if deleted.is_none() && self.is_marked_waited_for(id).await? {
-                let waiting = self
-                    .collection(TASKS)
-                    .count_documents(doc! {task::WAITING_ON: id, task::STATUS: status::BLOCKED})
-                    .await
-                    .map_err(|e| Error::mongo(format!("counting what waits on task {id}"), e))?;
-                return Ok(ControlOutcome::WaitedOn(waiting));
-            }
-        }
-        let Some(deleted) = deleted else {
-            return self.why_not(id).await;
-        };
-        if let Ok(queue) = deleted.get_object_id(task::QUEUE) {
-            let from = StatusGroup::of(deleted.get(task::STATUS));
-            let moved = crate::Moved {
-                discarded: -i64::from(deleted.contains_key(task::DISCARDED_AT)),
-                ..crate::Moved::new(queue, Some(from), None)
-            };
-            self.count_moves(&[moved]).await;
-        }
-        self.delete_task_files(id).await?;
-        Ok(ControlOutcome::Done(WriteCounts {
-            deleted: 1,
-            ..Default::default()
-        }))
     }
 
     /// Deletes task `id` unless it runs or is marked as waited for.
@@ -313,7 +316,7 @@ impl Store {
     }
 
     async fn why_not(&self, id: ObjectId) -> Result<ControlOutcome> {
-        Ok(match self.get_task(id).await? {
+        Ok(match self.tasks().get_task(id).await? {
             None => ControlOutcome::NotFound,
             Some(t) => {
                 ControlOutcome::WrongStatus(t.get(task::STATUS).cloned().unwrap_or(Bson::Null))

@@ -14,6 +14,7 @@
 //! queue, so counting costs a busy node a few requests a second rather than two per batch.
 //! Meanwhile a claimed task may show both as claimed (counted live) and still as queued.
 
+use crate::TaskStore;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -180,46 +181,18 @@ pub struct ReconcileReport {
 /// leaves that queue for next time.
 pub const DEFERRED_COUNTS_MAX_AGE: Duration = Duration::from_millis(250);
 
-impl Store {
+impl TaskStore<'_> {
     /// From now on this store (and its clones) only notes count changes; the caller writes
     /// them with `flush_counts` at least every `DEFERRED_COUNTS_MAX_AGE`, and `shutdown`
     /// writes what is left. A busy DEN then makes one count write per queue per period, not
     /// one per claim batch and one per result batch.
-    pub fn defer_count_writes(&self) {
+    pub fn defer_count_writes(self) {
         self.state.counts.deferred.store(true, Ordering::Relaxed);
-    }
-
-    /// Notes that tasks moved, and writes the changes at once (one update per queue) unless
-    /// writes are deferred; tasks that became queued are signalled to the nodes at once. A failed count write is logged, not returned: the task writes it
-    /// follows have happened, and the reconcile repairs the counts.
-    pub(crate) async fn count_moves(&self, moves: &[Moved]) {
-        // Tasks moved into the queued group wake the nodes now, whatever happens to the counts.
-        for (queue, kind) in crate::queues::signals::signals_of(moves) {
-            self.signal_queued(queue, kind).await;
-        }
-        for m in moves {
-            let n = i64::try_from(m.n).unwrap_or(i64::MAX);
-            if let Some(g) = m.from {
-                self.state.counts.note(m.queue, g, -n);
-            }
-            if let Some(g) = m.to {
-                self.state.counts.note(m.queue, g, n);
-            }
-            self.state
-                .counts
-                .note_slot(m.queue, DISCARDED_SLOT, m.discarded);
-        }
-        if self.state.counts.deferred.load(Ordering::Relaxed) {
-            return;
-        }
-        if let Err(e) = self.flush_counts().await {
-            tracing::warn!(error = %e, "could not write task counts; the maintenance leader's reconcile will repair them");
-        }
     }
 
     /// Writes the noted count changes. A queue without a counts document gets none: its
     /// counts are not kept yet, and its first reconcile counts everything.
-    pub async fn flush_counts(&self) -> Result<()> {
+    pub async fn flush_counts(self) -> Result<()> {
         let pending = self.state.counts.take();
         let coll = self.collection(TASK_COUNTS);
         let writes = pending.into_iter().filter_map(|(queue, deltas)| {
@@ -250,7 +223,7 @@ impl Store {
     /// claimed and running counted live, and a count of the tasks for queues not yet
     /// reconciled. One read of the kept counts and one per queue, none of them reading a
     /// queue's backlog once it is counted.
-    pub async fn task_counts(&self, queues: &[ObjectId]) -> Result<HashMap<ObjectId, GroupCounts>> {
+    pub async fn task_counts(self, queues: &[ObjectId]) -> Result<HashMap<ObjectId, GroupCounts>> {
         let kept = self.kept_counts(queues).await?;
         let live = [status::CLAIMED, status::RUNNING];
         let rest = self
@@ -274,10 +247,148 @@ impl Store {
         // Until its first reconcile a queue's discarded tasks are counted too, through the
         // partial `{queue, discarded_at}` index.
         for q in uncounted {
-            let n = self.discarded_count(q, i64::MAX).await?;
+            let n = self.queues().discarded_count(q, i64::MAX).await?;
             out.entry(q).or_default().add_discarded(n);
         }
         Ok(out)
+    }
+
+    /// Replaces the kept counts of every queue due (never reconciled, or not for `every`)
+    /// with a fresh count of its tasks, unless counts were written for it while its tasks
+    /// were counted or during `grace` after (a write's count follows the write itself).
+    pub async fn reconcile_task_counts(
+        self,
+        every: Duration,
+        grace: Duration,
+    ) -> Result<ReconcileReport> {
+        let queue_ids = self.queue_ids().await?;
+        let what = "reading task counts";
+        let cursor = self
+            .raw(TASK_COUNTS)
+            .find(doc! {})
+            .await
+            .map_err(|e| Error::mongo(what, e))?;
+        let docs: HashMap<ObjectId, Document> = self
+            .read_all(TASK_COUNTS, cursor, what)
+            .await?
+            .into_iter()
+            .filter_map(|d| Some((d.get_object_id(counts::ID).ok()?, d)))
+            .collect();
+        let due_before = DateTime::from_millis(
+            fleet_time::now()
+                .timestamp_millis()
+                .saturating_sub(i64::try_from(every.as_millis()).unwrap_or(i64::MAX)),
+        );
+        let mut due = Vec::new();
+        for q in queue_ids {
+            match docs.get(&q) {
+                Some(d) => {
+                    let recent = d
+                        .get_datetime(counts::RECONCILED_AT)
+                        .is_ok_and(|t| *t > due_before);
+                    if !recent {
+                        due.push((
+                            q,
+                            d.get(counts::SEQ).cloned().unwrap_or(Bson::Null),
+                            Some(d.clone()),
+                        ));
+                    }
+                }
+                None => {
+                    // From now on writes count this queue's moves (on top of nothing yet).
+                    let fresh = doc! {counts::ID: q, counts::SEQ: 0_i64};
+                    match self.collection(TASK_COUNTS).insert_one(fresh).await {
+                        Ok(_) => due.push((q, Bson::Int64(0), None)),
+                        Err(e) if crate::driver_error::is_duplicate_key(&e) => {}
+                        Err(e) => return Err(Error::mongo("creating task counts", e)),
+                    }
+                }
+            }
+        }
+        let mut scans = Vec::with_capacity(due.len());
+        for (q, seq, old) in due {
+            // One queue at a time: a reconcile is background work and must not crowd out claims.
+            let mut fresh = self
+                .per_queue(&[q], |q| doc! {task::QUEUE: q})
+                .await?
+                .remove(&q)
+                .unwrap_or_default();
+            fresh.add_discarded(self.queues().discarded_count(q, i64::MAX).await?);
+            scans.push((q, seq, old, fresh));
+        }
+        if !scans.is_empty() {
+            tokio::time::sleep(grace).await;
+        }
+        let mut report = ReconcileReport::default();
+        for (q, seq, old, fresh) in scans {
+            let mut set = doc! {counts::RECONCILED_AT: fleet_time::now()};
+            let mut drift = 0u64;
+            let kept = StatusGroup::ALL
+                .into_iter()
+                .filter(|g| is_kept(*g))
+                .map(|g| (g.as_str(), fresh.get(g)))
+                .chain([(counts::DISCARDED, fresh.discarded())]);
+            for (field, n) in kept {
+                set.insert(field, i64::try_from(n).unwrap_or(i64::MAX));
+                if let Some(old) = &old {
+                    let was = match old.get(field) {
+                        Some(Bson::Int64(v)) => *v,
+                        Some(Bson::Int32(v)) => i64::from(*v),
+                        _ => 0,
+                    };
+                    drift += was.abs_diff(i64::try_from(n).unwrap_or(i64::MAX));
+                }
+            }
+            let written = self
+                .collection(TASK_COUNTS)
+                .update_one(doc! {counts::ID: q, counts::SEQ: seq}, doc! {"$set": set})
+                .await
+                .map_err(|e| Error::mongo(format!("reconciling task counts of queue {q}"), e))?;
+            if written.matched_count == 1 {
+                report.reconciled += 1;
+                if drift > 0
+                    && old
+                        .as_ref()
+                        .is_some_and(|d| d.contains_key(counts::RECONCILED_AT))
+                {
+                    report.corrected += 1;
+                    report.drift += drift;
+                }
+            } else {
+                report.busy += 1;
+            }
+        }
+        Ok(report)
+    }
+}
+
+impl Store {
+    /// Notes that tasks moved, and writes the changes at once (one update per queue) unless
+    /// writes are deferred; tasks that became queued are signalled to the nodes at once. A failed count write is logged, not returned: the task writes it
+    /// follows have happened, and the reconcile repairs the counts.
+    pub(crate) async fn count_moves(&self, moves: &[Moved]) {
+        // Tasks moved into the queued group wake the nodes now, whatever happens to the counts.
+        for (queue, kind) in crate::queues::signals::signals_of(moves) {
+            self.queues().signal_queued(queue, kind).await;
+        }
+        for m in moves {
+            let n = i64::try_from(m.n).unwrap_or(i64::MAX);
+            if let Some(g) = m.from {
+                self.state.counts.note(m.queue, g, -n);
+            }
+            if let Some(g) = m.to {
+                self.state.counts.note(m.queue, g, n);
+            }
+            self.state
+                .counts
+                .note_slot(m.queue, DISCARDED_SLOT, m.discarded);
+        }
+        if self.state.counts.deferred.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = self.tasks().flush_counts().await {
+            tracing::warn!(error = %e, "could not write task counts; the maintenance leader's reconcile will repair them");
+        }
     }
 
     /// For each queue, its tasks matching `filter(queue)` by group. One aggregation per queue,
@@ -343,114 +454,6 @@ impl Store {
             );
         }
         Ok((queue, out))
-    }
-
-    /// Replaces the kept counts of every queue due (never reconciled, or not for `every`)
-    /// with a fresh count of its tasks, unless counts were written for it while its tasks
-    /// were counted or during `grace` after (a write's count follows the write itself).
-    pub async fn reconcile_task_counts(
-        &self,
-        every: Duration,
-        grace: Duration,
-    ) -> Result<ReconcileReport> {
-        let queue_ids = self.queue_ids().await?;
-        let what = "reading task counts";
-        let cursor = self
-            .raw(TASK_COUNTS)
-            .find(doc! {})
-            .await
-            .map_err(|e| Error::mongo(what, e))?;
-        let docs: HashMap<ObjectId, Document> = self
-            .read_all(TASK_COUNTS, cursor, what)
-            .await?
-            .into_iter()
-            .filter_map(|d| Some((d.get_object_id(counts::ID).ok()?, d)))
-            .collect();
-        let due_before = DateTime::from_millis(
-            fleet_time::now()
-                .timestamp_millis()
-                .saturating_sub(i64::try_from(every.as_millis()).unwrap_or(i64::MAX)),
-        );
-        let mut due = Vec::new();
-        for q in queue_ids {
-            match docs.get(&q) {
-                Some(d) => {
-                    let recent = d
-                        .get_datetime(counts::RECONCILED_AT)
-                        .is_ok_and(|t| *t > due_before);
-                    if !recent {
-                        due.push((
-                            q,
-                            d.get(counts::SEQ).cloned().unwrap_or(Bson::Null),
-                            Some(d.clone()),
-                        ));
-                    }
-                }
-                None => {
-                    // From now on writes count this queue's moves (on top of nothing yet).
-                    let fresh = doc! {counts::ID: q, counts::SEQ: 0_i64};
-                    match self.collection(TASK_COUNTS).insert_one(fresh).await {
-                        Ok(_) => due.push((q, Bson::Int64(0), None)),
-                        Err(e) if crate::driver_error::is_duplicate_key(&e) => {}
-                        Err(e) => return Err(Error::mongo("creating task counts", e)),
-                    }
-                }
-            }
-        }
-        let mut scans = Vec::with_capacity(due.len());
-        for (q, seq, old) in due {
-            // One queue at a time: a reconcile is background work and must not crowd out claims.
-            let mut fresh = self
-                .per_queue(&[q], |q| doc! {task::QUEUE: q})
-                .await?
-                .remove(&q)
-                .unwrap_or_default();
-            fresh.add_discarded(self.discarded_count(q, i64::MAX).await?);
-            scans.push((q, seq, old, fresh));
-        }
-        if !scans.is_empty() {
-            tokio::time::sleep(grace).await;
-        }
-        let mut report = ReconcileReport::default();
-        for (q, seq, old, fresh) in scans {
-            let mut set = doc! {counts::RECONCILED_AT: fleet_time::now()};
-            let mut drift = 0u64;
-            let kept = StatusGroup::ALL
-                .into_iter()
-                .filter(|g| is_kept(*g))
-                .map(|g| (g.as_str(), fresh.get(g)))
-                .chain([(counts::DISCARDED, fresh.discarded())]);
-            for (field, n) in kept {
-                set.insert(field, i64::try_from(n).unwrap_or(i64::MAX));
-                if let Some(old) = &old {
-                    let was = match old.get(field) {
-                        Some(Bson::Int64(v)) => *v,
-                        Some(Bson::Int32(v)) => i64::from(*v),
-                        _ => 0,
-                    };
-                    drift += was.abs_diff(i64::try_from(n).unwrap_or(i64::MAX));
-                }
-            }
-            let written = self
-                .collection(TASK_COUNTS)
-                .update_one(doc! {counts::ID: q, counts::SEQ: seq}, doc! {"$set": set})
-                .await
-                .map_err(|e| Error::mongo(format!("reconciling task counts of queue {q}"), e))?;
-            if written.matched_count == 1 {
-                report.reconciled += 1;
-                if drift > 0
-                    && old
-                        .as_ref()
-                        .is_some_and(|d| d.contains_key(counts::RECONCILED_AT))
-                {
-                    report.corrected += 1;
-                    report.drift += drift;
-                }
-            } else {
-                report.busy += 1;
-            }
-        }
-        Ok(report)
     }
 
     async fn queue_ids(&self) -> Result<Vec<ObjectId>> {

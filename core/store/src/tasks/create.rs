@@ -1,5 +1,6 @@
 //! Creating tasks in bulk: from params lists, and from another collection through a template.
 
+use crate::TaskStore;
 use std::collections::HashSet;
 
 use bson::oid::ObjectId;
@@ -7,7 +8,6 @@ use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
 use crate::error::{Error, Result};
-use crate::Store;
 use disbatch_model::schema::task;
 
 /// Tasks inserted per round trip when creating from a collection: bounded memory however
@@ -113,11 +113,11 @@ impl Created {
     }
 }
 
-impl Store {
+impl TaskStore<'_> {
     /// Inserts one task per document of `collection` matching `filter`: per matching document
     /// its task, new or (for a queue with `unique`) the existing one it duplicates.
     pub async fn insert_tasks_from_collection(
-        &self,
+        self,
         queue: ObjectId,
         collection: &str,
         filter: Document,

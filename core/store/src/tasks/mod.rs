@@ -1,6 +1,12 @@
 //! Tasks: storing, starting and finishing them, reaping and giving back; in its files, their
 //! creation, unique keys, queries, operator control, counts, summaries and retention.
 
+domain_handle!(
+    /// Tasks: creating, starting, querying, controlling, counting and pruning them.
+    TaskStore,
+    tasks
+);
+
 pub(crate) mod control;
 pub(crate) mod counts;
 pub(crate) mod create;
@@ -21,11 +27,11 @@ use disbatch_model::fleet_time;
 use disbatch_model::schema::{task, TASKS};
 use disbatch_model::status;
 
-impl Store {
+impl TaskStore<'_> {
     /// Moves a task claimed by `node` to running as attempt `attempt` (its fencing token,
     /// counted in `attempts`) and returns it; None if it is no longer ours.
     pub async fn start_task(
-        &self,
+        self,
         id: ObjectId,
         node: &str,
         attempt: ObjectId,
@@ -49,7 +55,7 @@ impl Store {
     /// input its task: the new one, or for a queue with `unique` the existing one it
     /// duplicates (`create_tasks` says which).
     pub async fn insert_tasks(
-        &self,
+        self,
         queue: ObjectId,
         params: Vec<Document>,
     ) -> Result<Vec<ObjectId>> {
@@ -57,13 +63,13 @@ impl Store {
     }
 
     /// `insert_tasks`, saying which inputs were duplicates of existing tasks (`unique`).
-    pub async fn create_tasks(&self, queue: ObjectId, params: Vec<Document>) -> Result<Created> {
+    pub async fn create_tasks(self, queue: ObjectId, params: Vec<Document>) -> Result<Created> {
         self.create_tasks_at(queue, params, &[]).await
     }
 
     /// `create_tasks`, task `i` with `timings[i]`'s fields (none past the list's end).
     pub async fn create_tasks_at(
-        &self,
+        self,
         queue: ObjectId,
         params: Vec<Document>,
         timings: &[Timing],
@@ -76,6 +82,45 @@ impl Store {
         self.create_labelled(queue, params, timings, &label).await
     }
 
+    /// True when a queue has a task claimable now or one claimed or running (Coordinate's
+    /// "available or pending"), which keeps a continuous queue from getting a new one.
+    pub async fn has_live_task(self, queue: ObjectId) -> Result<bool> {
+        let filter = doc! {
+            task::QUEUE: queue,
+            "$or": [
+                {task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}},
+                {task::STATUS: status::QUEUED, "$or": [{task::NOT_BEFORE: Bson::Null}, {task::NOT_BEFORE: {"$lte": fleet_time::now()}}]},
+            ],
+        };
+        self.raw(TASKS)
+            .find_one(filter)
+            .projection(doc! {task::ID: 1})
+            .await
+            .map(|d| d.is_some())
+            .map_err(|e| Error::mongo(format!("looking for live tasks of queue {queue}"), e))
+    }
+
+    /// Whether task `id` exists: one read by `_id` of that field only.
+    pub async fn task_exists(self, id: ObjectId) -> Result<bool> {
+        self.raw(TASKS)
+            .find_one(doc! {task::ID: id})
+            .projection(doc! {task::ID: 1})
+            .await
+            .map(|found| found.is_some())
+            .map_err(|e| Error::mongo(format!("reading task {id}"), e))
+    }
+
+    pub async fn get_task(self, id: ObjectId) -> Result<Option<Document>> {
+        let found = self
+            .raw(TASKS)
+            .find_one(doc! {task::ID: id})
+            .await
+            .map_err(|e| Error::mongo(format!("reading task {id}"), e))?;
+        self.decode_one(TASKS, found)
+    }
+}
+
+impl Store {
     /// `create_tasks`, naming input `i` as `label(i)` in errors.
     pub(crate) async fn create_labelled(
         &self,
@@ -158,42 +203,5 @@ impl Store {
             ..super::Moved::new(queue, None, Some(StatusGroup::Queued))
         };
         self.count_moves(&[created]).await;
-    }
-
-    /// True when a queue has a task claimable now or one claimed or running (Coordinate's
-    /// "available or pending"), which keeps a continuous queue from getting a new one.
-    pub async fn has_live_task(&self, queue: ObjectId) -> Result<bool> {
-        let filter = doc! {
-            task::QUEUE: queue,
-            "$or": [
-                {task::STATUS: {"$in": [status::CLAIMED, status::RUNNING]}},
-                {task::STATUS: status::QUEUED, "$or": [{task::NOT_BEFORE: Bson::Null}, {task::NOT_BEFORE: {"$lte": fleet_time::now()}}]},
-            ],
-        };
-        self.raw(TASKS)
-            .find_one(filter)
-            .projection(doc! {task::ID: 1})
-            .await
-            .map(|d| d.is_some())
-            .map_err(|e| Error::mongo(format!("looking for live tasks of queue {queue}"), e))
-    }
-
-    /// Whether task `id` exists: one read by `_id` of that field only.
-    pub async fn task_exists(&self, id: ObjectId) -> Result<bool> {
-        self.raw(TASKS)
-            .find_one(doc! {task::ID: id})
-            .projection(doc! {task::ID: 1})
-            .await
-            .map(|found| found.is_some())
-            .map_err(|e| Error::mongo(format!("reading task {id}"), e))
-    }
-
-    pub async fn get_task(&self, id: ObjectId) -> Result<Option<Document>> {
-        let found = self
-            .raw(TASKS)
-            .find_one(doc! {task::ID: id})
-            .await
-            .map_err(|e| Error::mongo(format!("reading task {id}"), e))?;
-        self.decode_one(TASKS, found)
     }
 }

@@ -1,5 +1,6 @@
 //! Task search for the API: Disbatch's "indexed prefixes only" rule, read from live indexes.
 
+use crate::TaskStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
@@ -7,7 +8,6 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::failures::{mtime_range, StatusWord};
-use crate::Store;
 use disbatch_model::schema::{task, TASKS};
 
 /// The field lists of the `tasks` indexes, `_id` spelled `id`, prefixes of others dropped.
@@ -276,9 +276,9 @@ const STREAM_BATCH: u32 = 256;
 pub type TaskStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<Document>> + Send + 'static>>;
 
-impl Store {
+impl TaskStore<'_> {
     /// The live index sets of `tasks`, which decide what the API may search.
-    pub async fn task_index_sets(&self) -> Result<IndexSets> {
+    pub async fn task_index_sets(self) -> Result<IndexSets> {
         let indexes: Vec<mongodb::IndexModel> = self
             .collection(TASKS)
             .list_indexes()
@@ -301,7 +301,7 @@ impl Store {
     }
 
     pub async fn find_tasks(
-        &self,
+        self,
         filter: Document,
         projection: Option<Document>,
         skip: u64,
@@ -327,7 +327,7 @@ impl Store {
     /// many tasks match. An undecodable document is
     /// left out and reported, as in every read.
     pub async fn stream_tasks(
-        &self,
+        self,
         filter: Document,
         projection: Option<Document>,
         skip: u64,
@@ -346,7 +346,7 @@ impl Store {
         let cursor = action
             .await
             .map_err(|e| Error::mongo("searching tasks", e))?;
-        let store = self.clone();
+        let store = self.store.clone();
         let docs = futures::StreamExt::filter_map(cursor, move |raw| {
             let decoded = match raw {
                 Ok(raw) => store.decode_or_skip(TASKS, &raw).map(Ok),
@@ -357,7 +357,7 @@ impl Store {
         Ok(Box::pin(docs))
     }
 
-    pub async fn count_tasks(&self, filter: Document) -> Result<u64> {
+    pub async fn count_tasks(self, filter: Document) -> Result<u64> {
         self.collection(TASKS)
             .count_documents(filter)
             .await

@@ -2,6 +2,7 @@
 //! output, in bounded batches, never one that others still wait on, and counted out of
 //! `task_counts`.
 
+use crate::TaskStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
@@ -67,8 +68,8 @@ fn parts(state: Ended) -> Vec<(Bson, StatusGroup, Option<bool>)> {
     }
 }
 
-impl Store {
-    pub async fn ensure_retention_index(&self) -> Result<()> {
+impl TaskStore<'_> {
+    pub async fn ensure_retention_index(self) -> Result<()> {
         let model = IndexModel::builder()
             .keys(doc! {task::QUEUE: 1, task::STATUS: 1, task::MTIME: 1})
             .options(
@@ -89,7 +90,7 @@ impl Store {
     /// its end is settled. Attempts and files go first: a call cut short leaves tasks without
     /// their history, which the next call deletes, never history without its task.
     pub async fn prune_ended(
-        &self,
+        self,
         queue: ObjectId,
         state: Ended,
         before: DateTime,
@@ -117,7 +118,9 @@ impl Store {
         }
         Ok(total)
     }
+}
 
+impl Store {
     async fn prune_part(
         &self,
         queue: ObjectId,

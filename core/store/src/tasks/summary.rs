@@ -1,5 +1,6 @@
 //! Counts per queue in Coordinate's unit states (available, delayed, pending, finished, failed).
 
+use crate::TaskStore;
 use std::collections::HashMap;
 
 use bson::doc;
@@ -40,6 +41,24 @@ impl StateCounts {
     }
 }
 
+impl TaskStore<'_> {
+    /// Of the delayed tasks, those waiting out a retry's backoff: they ran before (they
+    /// carry an `attempt`), as Oban's "retryable" and Sidekiq's retry set. Read as
+    /// `delayed_counts` is, through the `{queue, not_before}` index.
+    pub async fn retrying_counts(self, queues: &[ObjectId]) -> Result<HashMap<ObjectId, u64>> {
+        let now = fleet_time::now();
+        let waiting = self
+            .per_queue(queues, |q| {
+                doc! {task::QUEUE: q, task::NOT_BEFORE: {"$gt": now}, task::ATTEMPT: {"$exists": true}}
+            })
+            .await?;
+        Ok(waiting
+            .into_iter()
+            .map(|(q, c)| (q, c.get(StatusGroup::Queued)))
+            .collect())
+    }
+}
+
 impl Store {
     /// Queued tasks whose `not_before` is still ahead, per queue, read through the
     /// `{queue, not_before}` index, which holds only tasks that have one.
@@ -57,22 +76,6 @@ impl Store {
             )
             .await?;
         Ok(ahead
-            .into_iter()
-            .map(|(q, c)| (q, c.get(StatusGroup::Queued)))
-            .collect())
-    }
-
-    /// Of the delayed tasks, those waiting out a retry's backoff: they ran before (they
-    /// carry an `attempt`), as Oban's "retryable" and Sidekiq's retry set. Read as
-    /// `delayed_counts` is, through the `{queue, not_before}` index.
-    pub async fn retrying_counts(&self, queues: &[ObjectId]) -> Result<HashMap<ObjectId, u64>> {
-        let now = fleet_time::now();
-        let waiting = self
-            .per_queue(queues, |q| {
-                doc! {task::QUEUE: q, task::NOT_BEFORE: {"$gt": now}, task::ATTEMPT: {"$exists": true}}
-            })
-            .await?;
-        Ok(waiting
             .into_iter()
             .map(|(q, c)| (q, c.get(StatusGroup::Queued)))
             .collect())

@@ -72,7 +72,9 @@ impl Store {
         let unique =
             unique_setting(&d).map_err(|m| Error::Invalid(format!("queue {queue_id}: {m}")))?;
         if unique.is_some() {
-            self.ensure_limit_index(crate::LimitIndex::Unique).await?;
+            self.limits()
+                .ensure_limit_index(crate::LimitIndex::Unique)
+                .await?;
         }
         Ok(unique)
     }

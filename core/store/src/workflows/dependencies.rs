@@ -8,6 +8,7 @@
 //! same end, and a waiting task still starts exactly once, never before its last dependency
 //! ended. Work is by index (`waiting_on`, `has_dependents`), in rounds of `CHUNK` dependents.
 
+use crate::WorkflowStore;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bson::oid::ObjectId;
@@ -107,11 +108,11 @@ fn ended(group: StatusGroup) -> bool {
     )
 }
 
-impl Store {
+impl WorkflowStore<'_> {
     /// Inserts tasks that wait for `waits.depends_on` (blocked until all have ended). Each
     /// named task must exist. A dependency that has already ended counts at once.
     pub async fn create_waiting_tasks(
-        &self,
+        self,
         queue: ObjectId,
         params: Vec<Document>,
         waits: &Waits,
@@ -123,7 +124,7 @@ impl Store {
     /// `create_waiting_tasks`, task `i` with `timings[i]`'s fields. `not_before` is a time, not a
     /// delay from the release: a task released after it may be claimed at once.
     pub async fn create_waiting_tasks_at(
-        &self,
+        self,
         queue: ObjectId,
         params: Vec<Document>,
         waits: &Waits,
@@ -133,7 +134,7 @@ impl Store {
         let mut seen = HashSet::new();
         deps.retain(|d| seen.insert(*d));
         if deps.is_empty() {
-            return self.create_tasks_at(queue, params, timings).await;
+            return self.tasks().create_tasks_at(queue, params, timings).await;
         }
         if deps.len() > MAX_WORKFLOW_TASKS {
             return Err(Error::Invalid(format!(
@@ -147,7 +148,9 @@ impl Store {
             ));
         }
         self.check_tasks_exist(&deps, "depends_on").await?;
-        self.ensure_limit_index(LimitIndex::Workflows).await?;
+        self.limits()
+            .ensure_limit_index(LimitIndex::Workflows)
+            .await?;
         let on_failure = match waits.on_failure {
             Some(p) => p,
             None => self.dependency_policy_of(queue).await?,
@@ -192,7 +195,7 @@ impl Store {
 
     /// A queue's default `on_dependency_failure`: "cancel" unless it says "run" (a value
     /// that is neither, written by hand, reads as "cancel", the safe side).
-    pub async fn dependency_policy_of(&self, queue: ObjectId) -> Result<OnDependencyFailure> {
+    pub async fn dependency_policy_of(self, queue: ObjectId) -> Result<OnDependencyFailure> {
         let found = self
             .raw(QUEUES)
             .find_one(doc! {queue_field::ID: queue})
@@ -206,6 +209,77 @@ impl Store {
         Ok(policy.unwrap_or_default())
     }
 
+    /// Settles what waits for `ids`, those of them that have ended: pulls them from their
+    /// dependents' `waiting_on`, cancels the dependents a failure cancels (and onwards),
+    /// releases the dependents left waiting on nothing. Tasks of `ids` still live are skipped.
+    pub async fn settle_dependents(self, ids: &[ObjectId]) -> Result<Settled> {
+        let mut out = Settled::default();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        // A cascade of cancellations can name more than a round's worth: every write below
+        // names its tasks by `$in`, so each goes in rounds of `CHUNK`, like the dependents.
+        let mut round: Vec<ObjectId> = ids.to_vec();
+        while !round.is_empty() {
+            let mut next = Vec::new();
+            for part in round.chunks(CHUNK as usize) {
+                next.extend(self.settle_round(part, &mut out).await?);
+            }
+            round = next;
+        }
+        Ok(out)
+    }
+
+    /// `settle_dependents` on a task of its own, for a caller that answers first: a cancel
+    /// cascading down a chain takes a few round trips per level. What it leaves undone (its
+    /// process stopped) the maintenance leader's sweep finds by the ended tasks' marks.
+    pub fn settle_dependents_later(self, ids: Vec<ObjectId>) {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.workflows().settle_dependents(&ids).await {
+                tracing::warn!(error = %e, "could not settle what waits on a cancelled task; the leader's sweep will");
+            }
+        });
+    }
+
+    /// The maintenance leader's catch-all: ended tasks still marked as waited for (ended by a
+    /// Perl node, by hand, or by a node that died before settling), settled in rounds.
+    pub async fn settle_ended_dependencies(self) -> Result<Settled> {
+        let mut out = Settled::default();
+        if !self.limits().workflows_in_use().await? {
+            return Ok(out);
+        }
+        for _ in 0..SWEEP_ROUNDS {
+            let mut ids = Vec::new();
+            let mut cursor = self
+                .raw(TASKS)
+                .find(doc! {task::HAS_DEPENDENTS: true, task::STATUS: {"$nin": LIVE.to_vec()}})
+                .projection(doc! {task::ID: 1})
+                .limit(SWEEP)
+                .await
+                .map_err(|e| Error::mongo("looking for ended tasks others wait for", e))?;
+            while let Some(d) = cursor
+                .try_next()
+                .await
+                .map_err(|e| Error::mongo("looking for ended tasks others wait for", e))?
+            {
+                if let Some(Some(id)) = d.get(task::ID).ok().flatten().map(|v| v.as_object_id()) {
+                    ids.push(id);
+                }
+            }
+            let full = ids.len() as i64 == SWEEP;
+            if !ids.is_empty() {
+                out.add(self.settle_dependents(&ids).await?);
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Store {
     /// Refuses ids of tasks that do not exist, naming up to five of them.
     pub(crate) async fn check_tasks_exist(&self, ids: &[ObjectId], field: &str) -> Result<()> {
         let mut found: HashSet<ObjectId> = HashSet::with_capacity(ids.len());
@@ -274,39 +348,6 @@ impl Store {
             .map_err(|e| Error::mongo("marking the tasks others wait for", e))
     }
 
-    /// Settles what waits for `ids`, those of them that have ended: pulls them from their
-    /// dependents' `waiting_on`, cancels the dependents a failure cancels (and onwards),
-    /// releases the dependents left waiting on nothing. Tasks of `ids` still live are skipped.
-    pub async fn settle_dependents(&self, ids: &[ObjectId]) -> Result<Settled> {
-        let mut out = Settled::default();
-        if ids.is_empty() {
-            return Ok(out);
-        }
-        // A cascade of cancellations can name more than a round's worth: every write below
-        // names its tasks by `$in`, so each goes in rounds of `CHUNK`, like the dependents.
-        let mut round: Vec<ObjectId> = ids.to_vec();
-        while !round.is_empty() {
-            let mut next = Vec::new();
-            for part in round.chunks(CHUNK as usize) {
-                next.extend(self.settle_round(part, &mut out).await?);
-            }
-            round = next;
-        }
-        Ok(out)
-    }
-
-    /// `settle_dependents` on a task of its own, for a caller that answers first: a cancel
-    /// cascading down a chain takes a few round trips per level. What it leaves undone (its
-    /// process stopped) the maintenance leader's sweep finds by the ended tasks' marks.
-    pub fn settle_dependents_later(&self, ids: Vec<ObjectId>) {
-        let store = self.clone();
-        tokio::spawn(async move {
-            if let Err(e) = store.settle_dependents(&ids).await {
-                tracing::warn!(error = %e, "could not settle what waits on a cancelled task; the leader's sweep will");
-            }
-        });
-    }
-
     /// Settles the ended tasks of `ids` (at most `CHUNK`); returns the dependents it cancelled,
     /// which have ended too and may have dependents of their own.
     async fn settle_round(&self, ids: &[ObjectId], out: &mut Settled) -> Result<Vec<ObjectId>> {
@@ -330,42 +371,6 @@ impl Store {
             .map_err(|e| Error::mongo("clearing settled tasks' marks", e))?;
         out.settled += all.len() as u64;
         Ok(cancelled)
-    }
-
-    /// The maintenance leader's catch-all: ended tasks still marked as waited for (ended by a
-    /// Perl node, by hand, or by a node that died before settling), settled in rounds.
-    pub async fn settle_ended_dependencies(&self) -> Result<Settled> {
-        let mut out = Settled::default();
-        if !self.workflows_in_use().await? {
-            return Ok(out);
-        }
-        for _ in 0..SWEEP_ROUNDS {
-            let mut ids = Vec::new();
-            let mut cursor = self
-                .raw(TASKS)
-                .find(doc! {task::HAS_DEPENDENTS: true, task::STATUS: {"$nin": LIVE.to_vec()}})
-                .projection(doc! {task::ID: 1})
-                .limit(SWEEP)
-                .await
-                .map_err(|e| Error::mongo("looking for ended tasks others wait for", e))?;
-            while let Some(d) = cursor
-                .try_next()
-                .await
-                .map_err(|e| Error::mongo("looking for ended tasks others wait for", e))?
-            {
-                if let Some(Some(id)) = d.get(task::ID).ok().flatten().map(|v| v.as_object_id()) {
-                    ids.push(id);
-                }
-            }
-            let full = ids.len() as i64 == SWEEP;
-            if !ids.is_empty() {
-                out.add(self.settle_dependents(&ids).await?);
-            }
-            if !full {
-                break;
-            }
-        }
-        Ok(out)
     }
 
     /// Of `ids`, those that have ended, each with the reason its dependents are cancelled for

@@ -6,6 +6,7 @@
 //! A batch's callback is inserted before its members, waiting on all of them under the "run"
 //! policy: the settler that pulls the last member releases it, once (`store::dependencies`).
 
+use crate::WorkflowStore;
 use std::collections::{BTreeMap, HashSet};
 
 use bson::oid::ObjectId;
@@ -126,10 +127,10 @@ fn waited_for(tasks: &[GraphTask], ids: &[ObjectId]) -> Result<Vec<bool>> {
     Ok(waited_for)
 }
 
-impl Store {
+impl WorkflowStore<'_> {
     /// Stores a checked graph (`workflow::check_graph`) and returns its id and its tasks' ids,
     /// in request order.
-    pub async fn create_graph(&self, tasks: &[GraphTask]) -> Result<(ObjectId, Vec<ObjectId>)> {
+    pub async fn create_graph(self, tasks: &[GraphTask]) -> Result<(ObjectId, Vec<ObjectId>)> {
         if tasks.is_empty() || tasks.len() > MAX_WORKFLOW_TASKS {
             return Err(Error::Invalid(format!(
                 "a graph holds 1 to {MAX_WORKFLOW_TASKS} tasks, not {}",
@@ -147,7 +148,9 @@ impl Store {
                 .collect()
         };
         self.check_tasks_exist(&existing, "depends_on").await?;
-        self.ensure_limit_index(LimitIndex::Workflows).await?;
+        self.limits()
+            .ensure_limit_index(LimitIndex::Workflows)
+            .await?;
         let mut defaults = BTreeMap::new();
         for q in &queues {
             defaults.insert(*q, self.dependency_policy_of(*q).await?);
@@ -225,7 +228,7 @@ impl Store {
 
     /// Stores a batch: its callback (if any) waiting on every member, then the members.
     pub async fn create_batch(
-        &self,
+        self,
         members: &[BatchTask],
         callback: Option<&BatchTask>,
     ) -> Result<NewBatch> {
@@ -238,7 +241,9 @@ impl Store {
         let mut queues: HashSet<ObjectId> = members.iter().map(|t| t.queue).collect();
         queues.extend(callback.map(|c| c.queue));
         self.refuse_unique_queues(&queues, "a batch").await?;
-        self.ensure_limit_index(LimitIndex::Workflows).await?;
+        self.limits()
+            .ensure_limit_index(LimitIndex::Workflows)
+            .await?;
         let batch = ObjectId::new();
         let now = fleet_time::now();
         let ids: Vec<ObjectId> = members.iter().map(|_| ObjectId::new()).collect();
@@ -336,20 +341,9 @@ impl Store {
         })
     }
 
-    async fn refuse_unique_queues(&self, queues: &HashSet<ObjectId>, what: &str) -> Result<()> {
-        for q in queues {
-            if self.unique_of(*q).await?.is_some() {
-                return Err(Error::Invalid(format!(
-                    "{what} cannot hold tasks of queue {q}: it has `unique`, and a duplicate would not take part"
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// Cancels a graph's or batch's tasks that have not ended (queued, blocked and claimed at
     /// once, running ones by request), and what outside waits on them as its policy says.
-    pub async fn cancel_graph(&self, id: ObjectId) -> Result<Option<WholeCancel>> {
+    pub async fn cancel_graph(self, id: ObjectId) -> Result<Option<WholeCancel>> {
         if self.workflow_summary(GRAPHS, id).await?.is_none() {
             return Ok(None);
         }
@@ -365,7 +359,7 @@ impl Store {
             .map(Some)
     }
 
-    pub async fn cancel_batch(&self, id: ObjectId) -> Result<Option<WholeCancel>> {
+    pub async fn cancel_batch(self, id: ObjectId) -> Result<Option<WholeCancel>> {
         let Some(summary) = self.workflow_summary(BATCHES, id).await? else {
             return Ok(None);
         };
@@ -383,6 +377,19 @@ impl Store {
         )
         .await
         .map(Some)
+    }
+}
+
+impl Store {
+    async fn refuse_unique_queues(&self, queues: &HashSet<ObjectId>, what: &str) -> Result<()> {
+        for q in queues {
+            if self.unique_of(*q).await?.is_some() {
+                return Err(Error::Invalid(format!(
+                    "{what} cannot hold tasks of queue {q}: it has `unique`, and a duplicate would not take part"
+                )));
+            }
+        }
+        Ok(())
     }
 
     async fn cancel_whole(
@@ -436,7 +443,7 @@ impl Store {
             .await
             .map_err(|e| Error::mongo("asking a graph's or batch's running tasks to stop", e))?;
         out.requested = r.modified_count;
-        self.settle_dependents(&ended).await?;
+        self.workflows().settle_dependents(&ended).await?;
         Ok(out)
     }
 

@@ -1,5 +1,6 @@
 //! Work units: tasks with a key unique in their queue, added or updated as the caller asks.
 
+use crate::WorkflowStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 
@@ -35,9 +36,9 @@ pub struct UnitsOutcome {
     pub duplicates: Vec<(String, ObjectId)>,
 }
 
-impl Store {
+impl WorkflowStore<'_> {
     pub async fn add_units(
-        &self,
+        self,
         queue: ObjectId,
         units: Vec<Unit>,
         on_conflict: OnConflict,
@@ -48,7 +49,7 @@ impl Store {
     /// `add_units`, unit `i` waiting for `waits[i]` (missing or empty: for nothing). What a
     /// unit waits for is set when it is inserted; an update does not change it.
     pub async fn add_waiting_units(
-        &self,
+        self,
         queue: ObjectId,
         units: Vec<Unit>,
         waits: &[Waits],
@@ -146,7 +147,9 @@ impl Store {
         self.settle_dependents(&deps).await?;
         Ok(out)
     }
+}
 
+impl Store {
     /// The tasks `waits` names, each once, after checking they exist and marking them as
     /// waited for (with the workflows' index made); and the queue's `on_dependency_failure`
     /// for units that name none. A queue with `unique` takes no waiting units.
@@ -171,13 +174,14 @@ impl Store {
                 ));
             }
             self.check_tasks_exist(&deps, "depends_on").await?;
-            self.ensure_limit_index(crate::LimitIndex::Workflows)
+            self.limits()
+                .ensure_limit_index(crate::LimitIndex::Workflows)
                 .await?;
             self.mark_dependencies(&deps).await?;
         }
         let default_policy = match waits.iter().any(|w| w.on_failure.is_none()) && !deps.is_empty()
         {
-            true => self.dependency_policy_of(queue).await?,
+            true => self.workflows().dependency_policy_of(queue).await?,
             false => Default::default(),
         };
         Ok((deps, default_policy))

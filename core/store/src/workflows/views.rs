@@ -1,6 +1,7 @@
 //! Reading graphs and batches back: their records, their tasks' counts by status group (on
 //! the server), and their tasks as a stream, so no view of a big graph is built whole.
 
+use crate::WorkflowStore;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use futures::stream::BoxStream;
@@ -22,13 +23,10 @@ const LISTED_IDS: i64 = MAX_WORKFLOW_TASKS as i64;
 /// Tasks per batch a graph's stream reads from the server.
 const STREAM_BATCH: u32 = 64;
 
-impl Store {
+impl WorkflowStore<'_> {
     /// A graph's record and its tasks' counts by status group, or None if there is none;
     /// its tasks come from `graph_tasks`.
-    pub async fn graph_view(
-        &self,
-        id: ObjectId,
-    ) -> Result<Option<(WorkflowSummary, StatusCounts)>> {
+    pub async fn graph_view(self, id: ObjectId) -> Result<Option<(WorkflowSummary, StatusCounts)>> {
         let Some(summary) = self.workflow_summary(GRAPHS, id).await? else {
             return Ok(None);
         };
@@ -37,7 +35,7 @@ impl Store {
     }
 
     /// A graph's tasks (at most `MAX_WORKFLOW_TASKS`), streamed from the server.
-    pub async fn graph_tasks(&self, id: ObjectId) -> Result<WorkflowTaskStream> {
+    pub async fn graph_tasks(self, id: ObjectId) -> Result<WorkflowTaskStream> {
         let cursor = self
             .raw(TASKS)
             .find(doc! {task::GRAPH: id})
@@ -48,7 +46,7 @@ impl Store {
             .batch_size(STREAM_BATCH)
             .await
             .map_err(|e| Error::mongo("reading a graph's tasks", e))?;
-        let store = self.clone();
+        let store = self.store.clone();
         let tasks = cursor.filter_map(move |raw| {
             let task = match raw {
                 Ok(raw) => store
@@ -65,7 +63,7 @@ impl Store {
     /// A batch's record, its members' counts by status group, its first members and its
     /// callback task, or None if there is none.
     pub async fn batch_view(
-        &self,
+        self,
         id: ObjectId,
     ) -> Result<
         Option<(
@@ -94,7 +92,7 @@ impl Store {
     }
 
     /// The newest graphs (`batches: false`) or batches, at most `limit`.
-    pub async fn list_workflows(&self, batches: bool, limit: i64) -> Result<Vec<WorkflowSummary>> {
+    pub async fn list_workflows(self, batches: bool, limit: i64) -> Result<Vec<WorkflowSummary>> {
         let collection = if batches { BATCHES } else { GRAPHS };
         let mut cursor = self
             .raw(collection)
@@ -115,7 +113,9 @@ impl Store {
         }
         Ok(out)
     }
+}
 
+impl Store {
     pub(crate) async fn member_counts(&self, batch: ObjectId) -> Result<StatusCounts> {
         self.workflow_counts(task::BATCH, batch).await
     }

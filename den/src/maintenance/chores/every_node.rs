@@ -147,7 +147,7 @@ impl Chore for CancelRequests {
     ) -> BoxFuture<'a, disbatch_store::Result<Next>> {
         Box::pin(async move {
             if cx.executor.live_runners() > 0 {
-                for task in cx.store.cancel_requests(cx.name).await? {
+                for task in cx.store.recovery().cancel_requests(cx.name).await? {
                     cx.executor.wake_runner(task);
                 }
             }

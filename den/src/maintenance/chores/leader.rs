@@ -121,7 +121,7 @@ impl Chore for Repair {
         Box::pin(async move {
             let repaired = write_unrecorded_attempts(cx.store).await?;
             cx.metrics.attempt_records_repaired(repaired);
-            let removed = cx.store.remove_expired_rate_windows().await?;
+            let removed = cx.store.limits().remove_expired_rate_windows().await?;
             if removed > 0 {
                 tracing::debug!(removed, "removed rate-limit windows of quiet partitions");
             }

@@ -119,7 +119,7 @@ impl<'a> Cx<'a> {
                 .map(<[Queue]>::to_vec);
             self.queues = Some(match reading {
                 Some(queues) => queues,
-                None => self.store.list_queues().await?.0,
+                None => self.store.queues().list_queues().await?.0,
             });
         }
         Ok(self.queues.as_deref().unwrap_or_default())
