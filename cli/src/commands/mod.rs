@@ -124,7 +124,50 @@ fn array<'a>(reply: &'a Reply, what: &str) -> anyhow::Result<&'a Vec<Value>> {
     })
 }
 
+/// Runs one command through its group. A group's `unreachable!` arm is for the commands this
+/// match sends elsewhere: no input reaches it.
 pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
+    match command {
+        command @ (Command::Plugins
+        | Command::Queues
+        | Command::CreateQueue { .. }
+        | Command::UpdateQueue { .. }
+        | Command::DeleteQueue { .. }
+        | Command::Limits { .. }
+        | Command::Pause { .. }
+        | Command::Resume { .. }
+        | Command::Units { .. }
+        | Command::Summary
+        | Command::Spec { .. }) => queue_command(ctx, command, out).await,
+        command @ (Command::CreateTask { .. }
+        | Command::CreateTasks { .. }
+        | Command::Tasks { .. }
+        | Command::Failures { .. }) => tasks_command(ctx, command, out).await,
+        command @ (Command::Task { .. }
+        | Command::Attempts { .. }
+        | Command::Result { .. }
+        | Command::Cancel { .. }
+        | Command::Discard { .. }
+        | Command::Retry { .. }
+        | Command::DeleteTask { .. }
+        | Command::Stdout { .. }
+        | Command::Stderr { .. }) => one_task_command(ctx, command, out).await,
+        command @ (Command::Nodes
+        | Command::SetMaxthreads { .. }
+        | Command::Balance { .. }
+        | Command::Top { .. }) => fleet_command(ctx, command, out).await,
+        command @ (Command::Graph { .. }
+        | Command::Graphs { .. }
+        | Command::Batch { .. }
+        | Command::Batches { .. }) => workflow_command(ctx, command, out).await,
+        // Handled before a client exists: it needs no server.
+        Command::Completions { .. } => Ok(()),
+        // Handled in main: it talks to MongoDB, not to the DCI.
+        Command::CreateUsers { .. } => Ok(()),
+    }
+}
+
+async fn queue_command(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
     match command {
         Command::Plugins => queues::plugins(ctx, out).await,
         Command::Queues => queues::list(ctx, out).await,
@@ -138,6 +181,30 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         Command::UpdateQueue { queue, pairs } => queues::update(ctx, &queue, &pairs, out).await,
         Command::DeleteQueue { queue } => queues::delete(ctx, &queue, out).await,
         Command::Limits { queue, options } => limits::limits(ctx, &queue, &options, out).await,
+        Command::Pause { queue } => queue_ops::pause_or_resume(ctx, &queue, "pause", out).await,
+        Command::Resume { queue } => queue_ops::pause_or_resume(ctx, &queue, "resume", out).await,
+        Command::Units {
+            queue,
+            data,
+            file,
+            update,
+        } => queue_ops::add_units(ctx, &queue, data.as_deref(), file.as_deref(), update, out).await,
+        Command::Summary => queues::summary(ctx, out).await,
+        Command::Spec {
+            action:
+                SpecAction::Load {
+                    file,
+                    plugin,
+                    dry_run,
+                },
+        } => specs::load(ctx, out, &file, plugin.as_deref(), dry_run).await,
+        _ => unreachable!("dispatch sends only queue commands here"),
+    }
+}
+
+/// Commands that create tasks or find many at once.
+async fn tasks_command(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
+    match command {
         Command::CreateTask {
             queue,
             pairs,
@@ -183,41 +250,6 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
             };
             tasks::query(ctx, filter.as_deref(), &search, &options, out).await
         }
-        Command::Nodes => nodes::list(ctx, out).await,
-        Command::Task { task_id } => task_view::show(ctx, &task_id, out).await,
-        Command::Attempts { task_id } => task_view::attempts(ctx, &task_id, out).await,
-        Command::Result { task_id, attempt } => {
-            task_view::result(ctx, &task_id, attempt.as_deref(), out).await
-        }
-        Command::Pause { queue } => queue_ops::pause_or_resume(ctx, &queue, "pause", out).await,
-        Command::Resume { queue } => queue_ops::pause_or_resume(ctx, &queue, "resume", out).await,
-        Command::Units {
-            queue,
-            data,
-            file,
-            update,
-        } => queue_ops::add_units(ctx, &queue, data.as_deref(), file.as_deref(), update, out).await,
-        Command::Balance { set } => balance::balance(ctx, set.as_deref(), out).await,
-        Command::Top {
-            interval,
-            iterations,
-        } => {
-            let interval = std::time::Duration::from_secs_f64(interval);
-            top::top(ctx, interval, iterations, out).await
-        }
-        Command::Summary => queues::summary(ctx, out).await,
-        Command::Spec {
-            action:
-                SpecAction::Load {
-                    file,
-                    plugin,
-                    dry_run,
-                },
-        } => specs::load(ctx, out, &file, plugin.as_deref(), dry_run).await,
-        Command::SetMaxthreads { node, maxthreads } => {
-            nodes::set_maxthreads(ctx, &node, maxthreads.0, out).await
-        }
-        Command::Cancel { task_id } => task_ops::cancel(ctx, &task_id, out).await,
         Command::Failures {
             queue,
             limit,
@@ -231,6 +263,19 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
             };
             failures::list(ctx, queue.as_deref(), limit, action, out).await
         }
+        _ => unreachable!("dispatch sends only task creation and search commands here"),
+    }
+}
+
+/// Commands that read or act on one task (`retry --queue` too: it shares `retry`'s verb).
+async fn one_task_command(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
+    match command {
+        Command::Task { task_id } => task_view::show(ctx, &task_id, out).await,
+        Command::Attempts { task_id } => task_view::attempts(ctx, &task_id, out).await,
+        Command::Result { task_id, attempt } => {
+            task_view::result(ctx, &task_id, attempt.as_deref(), out).await
+        }
+        Command::Cancel { task_id } => task_ops::cancel(ctx, &task_id, out).await,
         Command::Discard { task_id } => task_ops::discard(ctx, &task_id, out).await,
         Command::Retry {
             task_id,
@@ -249,6 +294,31 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         Command::Stderr { task_id, follow } => {
             task_ops::output(ctx, &task_id, "stderr", follow, out).await
         }
+        _ => unreachable!("dispatch sends only one-task commands here"),
+    }
+}
+
+/// Nodes, the QueueBalance and the live view of both.
+async fn fleet_command(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
+    match command {
+        Command::Nodes => nodes::list(ctx, out).await,
+        Command::SetMaxthreads { node, maxthreads } => {
+            nodes::set_maxthreads(ctx, &node, maxthreads.0, out).await
+        }
+        Command::Balance { set } => balance::balance(ctx, set.as_deref(), out).await,
+        Command::Top {
+            interval,
+            iterations,
+        } => {
+            let interval = std::time::Duration::from_secs_f64(interval);
+            top::top(ctx, interval, iterations, out).await
+        }
+        _ => unreachable!("dispatch sends only node and balance commands here"),
+    }
+}
+
+async fn workflow_command(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyhow::Result<()> {
+    match command {
         Command::Graph { options } => {
             workflows::run(ctx, workflows::Kind::Graph, &options, out).await
         }
@@ -259,9 +329,6 @@ pub async fn dispatch(ctx: &Ctx, command: Command, out: &mut dyn Write) -> anyho
         Command::Batches { limit } => {
             workflows::list(ctx, workflows::Kind::Batch, limit, out).await
         }
-        // Handled before a client exists: it needs no server.
-        Command::Completions { .. } => Ok(()),
-        // Handled in main: it talks to MongoDB, not to the DCI.
-        Command::CreateUsers { .. } => Ok(()),
+        _ => unreachable!("dispatch sends only graph and batch commands here"),
     }
 }
