@@ -490,5 +490,3 @@ fn histogram_vec(
         .expect("metric names are unique");
     h
 }
-
-// The integration tests' checker, shared rather than copied; den uses only part of it.

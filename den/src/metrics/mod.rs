@@ -316,6 +316,7 @@ fn inc(counters: &IntCounterVec, labels: &[&str]) {
     }
 }
 
+// The integration tests' checker, shared rather than copied; den uses only part of it.
 #[cfg(test)]
 #[allow(dead_code)]
 #[path = "../../../tests/src/exposition.rs"]
