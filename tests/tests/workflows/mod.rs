@@ -7,3 +7,4 @@ mod long_waits;
 mod schedule_ticks;
 mod schedules;
 mod schedules_dst;
+mod settling;
