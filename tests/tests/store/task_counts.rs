@@ -90,7 +90,7 @@ async fn writes_keep_the_counts_without_a_recount() {
     // Tasks from before the counts existed are counted by the first reconcile.
     db.insert_tasks(queue, (0..5).map(|i| doc! {"old": i}.into()).collect())
         .await;
-    let _den = Den::start(&config, "n1");
+    let den = Den::start(&config, "n1");
     let dci = Dci::start(&config);
     let first = wait_reconciled(&db, queue).await;
     let reconciled_at = first.get_datetime("reconciled_at").copied().expect("date");
@@ -111,8 +111,11 @@ async fn writes_keep_the_counts_without_a_recount() {
             == 0
     })
     .await;
-    // Paused again: retry two failed ones (they stay queued), delete a third.
+    // Paused again: retry two failed ones (they stay queued), delete a third. A pass that
+    // read the queue before the pause can still claim from it, so the retries wait for two
+    // more reads of the node's queues: the second began after the pause was written.
     db.set_threads(queue, 0).await;
+    den.wait_queue_reads(2).await;
     let failed: Vec<ObjectId> = {
         let mut c = db
             .tasks()
@@ -380,6 +383,8 @@ async fn discarded_and_retrying_counts_are_kept_by_each_write_that_changes_them(
     for q in [give_up, backoff, plain] {
         db.set_threads(q, 0).await;
     }
+    // No pass on a reading from before the pause claims what is retried below.
+    den.wait_queue_reads(2).await;
 
     // The list, one queue's view and the DCI's metrics all say so.
     let discarded_of = |name: &'static str| {
