@@ -51,6 +51,59 @@ async fn delays_and_priorities_are_stored_and_a_delayed_task_is_not_claimed() {
     db.insert_queue("later", "echo", 2).await;
     let dci = Dci::start(&config);
 
+    let delayed = check_a_delay_counts_on_the_server_clock(&db, &dci).await;
+
+    check_not_before_forms_and_per_task_values(&db, &dci).await;
+
+    // Digits as text, as a form body sends every value.
+    let (s, made) = dci
+        .post(
+            "/tasks",
+            json!({"queue": "later", "params": {"form": "x"}, "delay_s": "60", "priority": "2"}),
+        )
+        .await;
+    assert_eq!(s, 200, "{made}");
+    let task = only_task(&db, doc! {"params.form": "x"}).await;
+    assert_eq!(task.get("priority"), Some(&Bson::Int64(2)), "{task}");
+    assert!(task.get_datetime("not_before").is_ok(), "{task}");
+
+    // With a node claiming: a task made after the delayed one, and one whose delay is 0, run;
+    // the delayed one, first in the queue, stays queued while its time is ahead.
+    db.tasks()
+        .delete_many(doc! {"_id": {"$ne": delayed}})
+        .await
+        .expect("clear");
+    let _den = Den::start(&config, "n1");
+    let (s, now) = dci
+        .post(
+            "/tasks",
+            json!({"queue": "later", "params": [{"n": "now"}, {"n": "zero"}], "answer": "ids"}),
+        )
+        .await;
+    assert_eq!(s, 200, "{now}");
+    let (s, zero) = dci
+        .post(
+            "/tasks",
+            json!({"queue": "later", "params": {"n": "zero"}, "delay_s": 0, "answer": "ids"}),
+        )
+        .await;
+    assert_eq!(s, 200, "{zero}");
+    let ran = [hex_id(&now["ids"][0]), hex_id(&zero["ids"][0])];
+    db.wait_complete(&ran, Duration::from_secs(60)).await;
+    let task = db.task(delayed).await;
+    assert_eq!(
+        task.get_i32("status").ok(),
+        Some(status::QUEUED),
+        "still queued: {task}"
+    );
+    assert!(
+        task.get_datetime("not_before").expect("not_before") > &server_now(&db).await,
+        "its time is still ahead on the server's clock"
+    );
+    db.drop().await;
+}
+
+async fn check_a_delay_counts_on_the_server_clock(db: &TestDb, dci: &Dci) -> ObjectId {
     // delay_s counts on the server's clock: the stored time is within the request's span.
     let before = server_now(&db).await;
     let (s, made) = dci
@@ -80,7 +133,10 @@ async fn delays_and_priorities_are_stored_and_a_delayed_task_is_not_claimed() {
             .is_none(),
         "task fields, not params: {task}"
     );
+    delayed
+}
 
+async fn check_not_before_forms_and_per_task_values(db: &TestDb, dci: &Dci) {
     // not_before in each of its forms, stored as the same date.
     let at = DateTime::parse_rfc3339_str("2031-02-03T04:05:06Z").expect("date");
     for (n, form) in [
@@ -134,53 +190,6 @@ async fn delays_and_priorities_are_stored_and_a_delayed_task_is_not_claimed() {
     for (d, n) in each.iter().zip(0..) {
         assert_eq!(d.get_document("params").ok(), Some(&doc! {"each": n}));
     }
-
-    // Digits as text, as a form body sends every value.
-    let (s, made) = dci
-        .post(
-            "/tasks",
-            json!({"queue": "later", "params": {"form": "x"}, "delay_s": "60", "priority": "2"}),
-        )
-        .await;
-    assert_eq!(s, 200, "{made}");
-    let task = only_task(&db, doc! {"params.form": "x"}).await;
-    assert_eq!(task.get("priority"), Some(&Bson::Int64(2)), "{task}");
-    assert!(task.get_datetime("not_before").is_ok(), "{task}");
-
-    // With a node claiming: a task made after the delayed one, and one whose delay is 0, run;
-    // the delayed one, first in the queue, stays queued while its time is ahead.
-    db.tasks()
-        .delete_many(doc! {"_id": {"$ne": delayed}})
-        .await
-        .expect("clear");
-    let _den = Den::start(&config, "n1");
-    let (s, now) = dci
-        .post(
-            "/tasks",
-            json!({"queue": "later", "params": [{"n": "now"}, {"n": "zero"}], "answer": "ids"}),
-        )
-        .await;
-    assert_eq!(s, 200, "{now}");
-    let (s, zero) = dci
-        .post(
-            "/tasks",
-            json!({"queue": "later", "params": {"n": "zero"}, "delay_s": 0, "answer": "ids"}),
-        )
-        .await;
-    assert_eq!(s, 200, "{zero}");
-    let ran = [hex_id(&now["ids"][0]), hex_id(&zero["ids"][0])];
-    db.wait_complete(&ran, Duration::from_secs(60)).await;
-    let task = db.task(delayed).await;
-    assert_eq!(
-        task.get_i32("status").ok(),
-        Some(status::QUEUED),
-        "still queued: {task}"
-    );
-    assert!(
-        task.get_datetime("not_before").expect("not_before") > &server_now(&db).await,
-        "its time is still ahead on the server's clock"
-    );
-    db.drop().await;
 }
 
 #[tokio::test]
@@ -365,6 +374,20 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
     );
     let first_id = first.get_object_id("_id").expect("id").to_hex();
 
+    check_duplicates_are_named_with_exit_10(&db, &dci, uq, &first_id).await;
+
+    check_each_json_type_and_the_task_field_flags(&db, &dci, plain).await;
+    let (code, _, stderr) = out(&dci.cli(&["create-task", "plain", "n=1", "name"]));
+    assert_eq!(code, Some(2), "a mixed form is a usage error: {stderr}");
+    let (_, help, _) = out(&dci.cli(&["create-task", "--help"]));
+    assert!(
+        help.contains("jq --argjson") && help.contains("Exits 10"),
+        "{help}"
+    );
+    db.drop().await;
+}
+
+async fn check_duplicates_are_named_with_exit_10(db: &TestDb, dci: &Dci, uq: ObjectId, first_id: &str) {
     // The same key again: nothing made, the task it matched named, exit 10.
     let (code, stdout, stderr) = out(&dci.cli(&["create-task", "uq", "id=1"]));
     assert_eq!(code, Some(DUPLICATES), "{stdout}{stderr}");
@@ -415,7 +438,9 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
         "{stdout}"
     );
     assert_eq!(db.count(doc! {"queue": uq}).await, 4);
+}
 
+async fn check_each_json_type_and_the_task_field_flags(db: &TestDb, dci: &Dci, plain: ObjectId) {
     // Values of each JSON type, and text where JSON does not parse.
     let (code, stdout, stderr) = out(&dci.cli(&[
         "create-task",
@@ -476,14 +501,6 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
             .ok()
             .as_ref()
     );
-    let (code, _, stderr) = out(&dci.cli(&["create-task", "plain", "n=1", "name"]));
-    assert_eq!(code, Some(2), "a mixed form is a usage error: {stderr}");
-    let (_, help, _) = out(&dci.cli(&["create-task", "--help"]));
-    assert!(
-        help.contains("jq --argjson") && help.contains("Exits 10"),
-        "{help}"
-    );
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -57,6 +57,16 @@ async fn queue(db: &TestDb, name: &str) -> Document {
 async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node_could_not_read() {
     let db = TestDb::new("queue_settings").await;
     let dci = Dci::start(&config(&db));
+    check_every_setting_is_set_and_shown(&db, &dci).await;
+
+    check_null_removes_and_the_operate_role_only_tunes(&db, &dci).await;
+
+    check_unreadable_values_are_refused_and_creation_takes_them(&db, &dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_every_setting_is_set_and_shown(db: &TestDb, dci: &Dci) {
     let (ok, text) = cli(
         &dci,
         ADMIN,
@@ -136,7 +146,9 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
         assert!(!shown[k].is_null(), "{k} shown: {shown}");
     }
     assert_eq!(shown["retry"], json!({"max_attempts": 3}));
+}
 
+async fn check_null_removes_and_the_operate_role_only_tunes(db: &TestDb, dci: &Dci) {
     // `null` removes a field: its default applies again; `schedule null` removes the schedule.
     let (ok, text) = cli(
         &dci,
@@ -181,7 +193,9 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
         queue(&db, "words").await.get_str("worker").ok(),
         Some("persistent")
     );
+}
 
+async fn check_unreadable_values_are_refused_and_creation_takes_them(db: &TestDb, dci: &Dci) {
     // A value a node could not read is refused, naming the field; nothing is written.
     for (field, value, says) in [
         ("timeout", "-1", "timeout"),
@@ -219,8 +233,6 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
         (q.get_str("worker").ok(), q.get("timeout")),
         (Some("persistent"), Some(&Bson::Int64(5)))
     );
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -102,6 +102,30 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
     let config = write_config(&db, "web.json", json!({}));
     let dci = Dci::start(&config);
 
+    check_queues_are_created_with_the_envelope_threads_and_sort(&db, &dci).await;
+
+    check_bad_queues_are_refused_and_not_stored(&db, &dci).await;
+
+    let (status, body) = dci
+        .post("/queues", json!({"name": "q1", "plugin": "echo"}))
+        .await;
+    // Issue 51: the taken name in words, not the server's E11000 line.
+    assert_eq!(
+        (status, body),
+        (400, json!({"error": "a queue named q1 already exists"}))
+    );
+    let n = db
+        .db
+        .collection::<Document>("queues")
+        .count_documents(doc! {"name": "q1"})
+        .await
+        .expect("count");
+    assert_eq!(n, 1);
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_queues_are_created_with_the_envelope_threads_and_sort(db: &TestDb, dci: &Dci) {
     let (status, body) = dci
         .post("/queues", json!({"name": "q1", "plugin": "echo"}))
         .await;
@@ -164,7 +188,9 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
         queue_doc(&db, "q4").await.expect("q4").get("threads"),
         Some(&Bson::Int64(2))
     );
+}
 
+async fn check_bad_queues_are_refused_and_not_stored(db: &TestDb, dci: &Dci) {
     let cases = [
         (json!({"plugin": "echo"}), error("name and plugin required")),
         (json!({"name": "x"}), error("name and plugin required")),
@@ -214,24 +240,6 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
         queue_doc(&db, "x").await.is_none(),
         "no invalid queue was stored"
     );
-
-    let (status, body) = dci
-        .post("/queues", json!({"name": "q1", "plugin": "echo"}))
-        .await;
-    // Issue 51: the taken name in words, not the server's E11000 line.
-    assert_eq!(
-        (status, body),
-        (400, json!({"error": "a queue named q1 already exists"}))
-    );
-    let n = db
-        .db
-        .collection::<Document>("queues")
-        .count_documents(doc! {"name": "q1"})
-        .await
-        .expect("count");
-    assert_eq!(n, 1);
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]
