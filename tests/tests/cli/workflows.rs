@@ -3,6 +3,7 @@
 //! waiting while a task is held, then exit 0 / 8 failed / 9 cancelled), `graph ID --cancel`,
 //! and the same for batches with a callback; clear errors for bad ids and files.
 
+use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
@@ -106,6 +107,18 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
     let id = created_id(&created);
     assert!(ok(&run(&dci, &["graphs"]).await).contains(&id));
 
+    check_a_held_graph_waits_and_then_succeeds(&dci, &id, &started, &gate).await;
+
+    check_a_failure_cancels_its_dependents_and_exits_8(&db, &dci).await;
+
+    check_a_cancel_stops_the_running_task_and_exits_9(&db, &dci, &started, &gate, &held).await;
+
+    check_errors_exit_by_their_class(&db, &dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_a_held_graph_waits_and_then_succeeds(dci: &Dci, id: &str, started: &Path, gate: &Path) {
     // While the first task is held: the rest wait, and say on what.
     wait_for(
         "the held task to start",
@@ -148,7 +161,9 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
     let raw = ok(&run(&dci, &["--json", "graph", &id]).await);
     let raw: Value = serde_json::from_str(&raw).expect("--json is JSON");
     assert_eq!(raw["state"], "succeeded");
+}
 
+async fn check_a_failure_cancels_its_dependents_and_exits_8(db: &TestDb, dci: &Dci) {
     // A failure: its dependents are cancelled with the reason, and --wait exits 8.
     let file = write_json(
         &db,
@@ -184,7 +199,9 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
     assert_eq!(json_wait.status.code(), Some(8));
     let last: Value = serde_json::from_slice(&json_wait.stdout).expect("one JSON document");
     assert_eq!(last["state"], "failed");
+}
 
+async fn check_a_cancel_stops_the_running_task_and_exits_9(db: &TestDb, dci: &Dci, started: &Path, gate: &Path, held: &Value) {
     // Cancelled while a task runs: the runner stops it, and --wait exits 9.
     std::fs::remove_file(&gate).expect("close the gate");
     let file = write_json(
@@ -212,7 +229,9 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
         "{out}"
     );
     assert!(out.contains(&format!("graph {id}: cancelled\n")), "{out}");
+}
 
+async fn check_errors_exit_by_their_class(db: &TestDb, dci: &Dci) {
     // Errors say what is wrong, with the status of their class.
     let missing = run(&dci, &["graph", &ObjectId::new().to_hex()]).await;
     assert_eq!(missing.status.code(), Some(3), "{missing:?}");
@@ -237,8 +256,6 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
     let refused = run(&dci, &["graph", "--create", &cycle]).await;
     assert_eq!(refused.status.code(), Some(2), "{refused:?}");
     assert!(text(&refused.stderr).contains("POST"), "{refused:?}");
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]
