@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, Launch, TestDb};
@@ -161,6 +162,39 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     let b = Browser::start(1280, 900).await;
     b.record_csp_violations().await;
 
+    check_the_attempts_of_a_task_retried_after_a_timeout(&dci, &b, flaky).await;
+
+    check_cancel_of_a_running_task_only_once_confirmed(&db, &dci, &b, &dci_log, sleeper).await;
+
+    check_bulk_retry_of_the_failed_from_the_queues_page(&db, &dci, &b, &failing).await;
+
+    check_cancel_all_queued_and_a_declined_plugin_change(&db, &b, &dci_log, &failing, bulk).await;
+
+    let violations = b.csp_violations().await;
+    assert_eq!(violations, Vec::<String>::new());
+    // Long after both declines, anything they sent late would be in the log by now: the one
+    // cancel is the confirmed one, and the queue itself was changed once, by this test.
+    let all = requests(&dci_log, 0);
+    let cancels = all
+        .iter()
+        .filter(|(m, p)| m == "POST" && *p == format!("/tasks/{}/cancel", sleeper.to_hex()))
+        .count();
+    assert_eq!(cancels, 1, "{all:?}");
+    let queue_paths = [
+        "/queues/bulk".to_string(),
+        format!("/queues/{}", bulk.to_hex()),
+    ];
+    let queue_writes = writes(&all)
+        .into_iter()
+        .filter(|(_, p)| queue_paths.contains(p))
+        .count();
+    assert_eq!(queue_writes, 1, "{all:?}");
+    drop(den);
+    b.close().await;
+    db.drop().await;
+}
+
+async fn check_the_attempts_of_a_task_retried_after_a_timeout(dci: &Dci, b: &Browser, flaky: ObjectId) {
     // 1. The attempts of a task that failed once and succeeded when retried.
     b.open(&format!("{}/#/task/{}", dci.url, flaky.to_hex()), "task")
         .await;
@@ -181,7 +215,9 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
         .unwrap_or_default();
     assert_eq!(node, "n1");
     b.screenshot("task-attempts").await;
+}
 
+async fn check_cancel_of_a_running_task_only_once_confirmed(db: &TestDb, dci: &Dci, b: &Browser, dci_log: &Path, sleeper: ObjectId) {
     // 2. Cancel a running task from its page, after confirming.
     wait_for("the sleeper to run", Duration::from_secs(20), || async {
         db.task_status(sleeper).await == Some(status::RUNNING)
@@ -224,7 +260,9 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
         .await;
     wait_outcomes(&b, &["cancelled"]).await;
     b.screenshot("task-cancelled").await;
+}
 
+async fn check_bulk_retry_of_the_failed_from_the_queues_page(db: &TestDb, dci: &Dci, b: &Browser, failing: &[ObjectId]) {
     // 3. Bulk retry of the failed tasks on the queue page; threads 0 first so they stay queued.
     let (s, _) = dci.post("/queues/bulk", json!({"threads": 0})).await;
     assert_eq!(s, 200);
@@ -258,7 +296,9 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
         assert_eq!(db.task_status(*id).await, Some(status::QUEUED));
     }
     b.screenshot("queues-after-retry").await;
+}
 
+async fn check_cancel_all_queued_and_a_declined_plugin_change(db: &TestDb, b: &Browser, dci_log: &Path, failing: &[ObjectId], bulk: ObjectId) {
     // ... then cancel them all, and decline a plugin change.
     b.find("tr[data-queue=\"bulk\"] button.cancel-queued")
         .await
@@ -311,29 +351,6 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
         .expect("queue")
         .expect("exists");
     assert_eq!(stored.get_str("plugin").ok(), Some("echo"));
-
-    let violations = b.csp_violations().await;
-    assert_eq!(violations, Vec::<String>::new());
-    // Long after both declines, anything they sent late would be in the log by now: the one
-    // cancel is the confirmed one, and the queue itself was changed once, by this test.
-    let all = requests(&dci_log, 0);
-    let cancels = all
-        .iter()
-        .filter(|(m, p)| m == "POST" && *p == format!("/tasks/{}/cancel", sleeper.to_hex()))
-        .count();
-    assert_eq!(cancels, 1, "{all:?}");
-    let queue_paths = [
-        "/queues/bulk".to_string(),
-        format!("/queues/{}", bulk.to_hex()),
-    ];
-    let queue_writes = writes(&all)
-        .into_iter()
-        .filter(|(_, p)| queue_paths.contains(p))
-        .count();
-    assert_eq!(queue_writes, 1, "{all:?}");
-    drop(den);
-    b.close().await;
-    db.drop().await;
 }
 
 #[tokio::test]
@@ -373,6 +390,16 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         t.trim() == "1"
     })
     .await;
+    check_each_status_has_its_own_count_column(&dci, &b).await;
+    check_the_page_fits_a_phone_and_the_name_stays_in_view(&b).await;
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&[sleeper], Duration::from_secs(60)).await;
+    drop(den);
+    b.close().await;
+    db.drop().await;
+}
+
+async fn check_each_status_has_its_own_count_column(dci: &Dci, b: &Browser) {
     let want = [
         ("queued", "2"),
         ("blocked", "1"),
@@ -417,6 +444,9 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
             ""
         ])
     );
+}
+
+async fn check_the_page_fits_a_phone_and_the_name_stays_in_view(b: &Browser) {
     // The page itself fits 390 px; the table scrolls sideways inside its frame.
     let fit = b
         .client
@@ -459,9 +489,4 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         "{name_left}"
     );
     b.screenshot("phone-queue-counts-scrolled").await;
-    std::fs::write(&gate, "").expect("open the gate");
-    db.wait_complete(&[sleeper], Duration::from_secs(60)).await;
-    drop(den);
-    b.close().await;
-    db.drop().await;
 }

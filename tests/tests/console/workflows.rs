@@ -132,6 +132,30 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
 
     let b = Browser::start(1280, 900).await;
     b.record_csp_violations().await;
+    check_the_graph_is_drawn_with_its_final_states(&dci, &b, &graph, &made).await;
+
+    check_a_wide_graph_wraps_into_rows_and_scrolls(&db, &dci, &b, &made).await;
+
+    let id = check_a_batch_and_its_callback_are_drawn(&dci, &b).await;
+
+    // The list links to both.
+    b.open(&format!("{}/#/workflows", dci.url), "workflows")
+        .await;
+    b.wait_text("#graphs-table", "the graph listed", |t| t.contains(&graph))
+        .await;
+    b.wait_text("#batches-table", "the batch listed", |t| t.contains(&id))
+        .await;
+    b.find(&format!("#batches-table a[href=\"#/batches/{id}\"]"))
+        .await;
+    b.screenshot("workflows-list").await;
+    assert_eq!(b.csp_violations().await, Vec::<String>::new());
+    b.close().await;
+    drop(den);
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_the_graph_is_drawn_with_its_final_states(dci: &Dci, b: &Browser, graph: &str, made: &Value) {
     b.open(&format!("{}/#/graphs/{graph}", dci.url), "graphs")
         .await;
     let d = final_drawing(&b, "the graph's final states").await;
@@ -194,7 +218,9 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     );
     let shot = b.screenshot("workflows-graph").await;
     assert!(shot.exists());
+}
 
+async fn check_a_wide_graph_wraps_into_rows_and_scrolls(db: &TestDb, dci: &Dci, b: &Browser, made: &Value) {
     // 50 tasks on a paused queue, one waiting on a task outside the graph: the 24-wide layer
     // wraps into rows, the drawing scrolls, and no edge runs behind a box.
     db.insert_queue("paused", "echo", 0).await;
@@ -238,7 +264,9 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     assert_eq!(lay["through"], json!([]), "{lay}");
     assert_eq!(lay["scrolls"], true, "{lay}");
     b.screenshot("workflows-graph-wide").await;
+}
 
+async fn check_a_batch_and_its_callback_are_drawn(dci: &Dci, b: &Browser) -> String {
     // A batch: five members, one failing, and a callback that runs after them all.
     let members: Vec<Value> = (0..5)
         .map(|i| {
@@ -279,20 +307,5 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     })
     .await;
     b.screenshot("workflows-batch").await;
-
-    // The list links to both.
-    b.open(&format!("{}/#/workflows", dci.url), "workflows")
-        .await;
-    b.wait_text("#graphs-table", "the graph listed", |t| t.contains(&graph))
-        .await;
-    b.wait_text("#batches-table", "the batch listed", |t| t.contains(&id))
-        .await;
-    b.find(&format!("#batches-table a[href=\"#/batches/{id}\"]"))
-        .await;
-    b.screenshot("workflows-list").await;
-    assert_eq!(b.csp_violations().await, Vec::<String>::new());
-    b.close().await;
-    drop(den);
-    drop(dci);
-    db.drop().await;
+    id
 }
