@@ -104,6 +104,53 @@ async fn stored_names_are_escaped_in_cli_tables_metrics_and_html() {
     let (queues, task) = insert_hostile_fleet(&db).await;
     let dci = Dci::start(&config);
 
+    check_the_cli_escapes_stored_names(&dci, &queues, task).await;
+
+    check_the_metrics_escape_stored_names(&dci).await;
+
+    // The HTML task page: names, params and output escaped, nothing injected.
+    let html = dci
+        .http
+        .get(dci.at(&format!("/tasks/{}", task.to_hex())))
+        .header("accept", "text/html")
+        .send()
+        .await
+        .expect("task page")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        html.contains("Disbatch Single Task Query Results"),
+        "{html}"
+    );
+    for raw in ["<script", "<img", "\u{1b}", "\u{202e}", "\0"] {
+        assert!(!html.contains(raw), "{raw:?} raw in {html}");
+    }
+    for shown in ["&lt;script&gt;", "\\u001b[2J", "\\u202e", "\\u0000"] {
+        assert!(html.contains(shown), "{shown:?} not in {html}");
+    }
+
+    // What the console reads: JSON whose strings carry the names exactly, controls escaped.
+    for path in ["/queues", "/nodes", "/tasks?.limit=10"] {
+        let body = dci
+            .http
+            .get(dci.at(path))
+            .send()
+            .await
+            .expect("console data")
+            .text()
+            .await
+            .expect("body");
+        assert!(
+            !body.chars().any(|c| c.is_control()),
+            "{path}: a raw control character"
+        );
+        serde_json::from_str::<Value>(&body).unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+    db.drop().await;
+}
+
+async fn check_the_cli_escapes_stored_names(dci: &Dci, queues: &[ObjectId], task: ObjectId) {
     // CLI tables: one line per row, escapes visible.
     let table = table_has_one_line_per_row(&dci, "queues", 1);
     for shown in [
@@ -147,7 +194,9 @@ async fn stored_names_are_escaped_in_cli_tables_metrics_and_html() {
     // The task's own output is printed raw, as documented.
     let out = dci.cli(&["stdout", &task.to_hex()]);
     assert_eq!(out.stdout, b"out\x1b[31m", "{out:?}");
+}
 
+async fn check_the_metrics_escape_stored_names(dci: &Dci) {
     // The DCI's /metrics: a valid exposition with no control or bidi character in it.
     let text = dci
         .http
@@ -179,47 +228,6 @@ async fn stored_names_are_escaped_in_cli_tables_metrics_and_html() {
         );
     }
     assert!(text.contains("…[+99748 chars #"), "{text}");
-
-    // The HTML task page: names, params and output escaped, nothing injected.
-    let html = dci
-        .http
-        .get(dci.at(&format!("/tasks/{}", task.to_hex())))
-        .header("accept", "text/html")
-        .send()
-        .await
-        .expect("task page")
-        .text()
-        .await
-        .expect("body");
-    assert!(
-        html.contains("Disbatch Single Task Query Results"),
-        "{html}"
-    );
-    for raw in ["<script", "<img", "\u{1b}", "\u{202e}", "\0"] {
-        assert!(!html.contains(raw), "{raw:?} raw in {html}");
-    }
-    for shown in ["&lt;script&gt;", "\\u001b[2J", "\\u202e", "\\u0000"] {
-        assert!(html.contains(shown), "{shown:?} not in {html}");
-    }
-
-    // What the console reads: JSON whose strings carry the names exactly, controls escaped.
-    for path in ["/queues", "/nodes", "/tasks?.limit=10"] {
-        let body = dci
-            .http
-            .get(dci.at(path))
-            .send()
-            .await
-            .expect("console data")
-            .text()
-            .await
-            .expect("body");
-        assert!(
-            !body.chars().any(|c| c.is_control()),
-            "{path}: a raw control character"
-        );
-        serde_json::from_str::<Value>(&body).unwrap_or_else(|e| panic!("{path}: {e}"));
-    }
-    db.drop().await;
 }
 
 #[tokio::test]
