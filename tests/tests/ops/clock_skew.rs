@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
 use disbatch_tests::claim_order::wait_sharers;
@@ -123,25 +124,7 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
     wait_until_leader(&db, "normal").await;
     let skewed = start_node(&config, "skewed", &skewed_host(&lib, shift_s));
 
-    // The skew is seen: the gauge and the node document say it, within a second.
-    let gauge = offset_gauge(&skewed).await;
-    assert!(
-        (gauge - shift_s as f64).abs() <= 1.0,
-        "the skewed node's gauge says {gauge} s, its clock is {shift_s:+} s off"
-    );
-    let sane = offset_gauge(&normal).await;
-    assert!(sane.abs() <= 1.0, "the normal node's gauge says {sane} s");
-    wait_for(
-        "the skewed node's offset on its document",
-        Duration::from_secs(30),
-        || async {
-            db.node("skewed")
-                .await
-                .get_i64("clock_offset_ms")
-                .is_ok_and(|ms| (ms - shift_s * 1000).abs() <= 1000)
-        },
-    )
-    .await;
+    check_the_skew_is_seen_on_the_gauge_and_the_node(&db, &normal, &skewed, shift_s).await;
 
     // Both read each other as sharers: judged by the server's clock, neither looks dead. Each
     // may hold 3 (ops' `maxthreads`), so the gate opens only once both run their share.
@@ -172,6 +155,58 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
     std::fs::write(&gate, "").expect("open the gate");
     db.wait_complete(&ids, Duration::from_secs(120)).await;
 
+    let by_node = check_every_task_ran_once_and_ended_well(&db, &starts, &ids).await;
+    check_attempts_are_recorded_on_the_server_clock(&db, &ids, &normal, &skewed).await;
+
+    // Both ran tasks (each its 3, with the shares the issue allows stated), and the skewed
+    // node never led while the normal one was live.
+    for node in ["normal", "skewed"] {
+        let share = by_node.get(node).copied().unwrap_or(0) as f64 / 6.0;
+        assert!(
+            (0.2..=0.8).contains(&share),
+            "{node} ran {share:.2} of the tasks: {by_node:?}"
+        );
+    }
+    assert_eq!(leader_on_server_clock(&db).await.as_deref(), Some("normal"));
+    assert!(
+        !skewed
+            .log_text()
+            .contains("leading the fleet's maintenance"),
+        "the skewed node led:\n{}",
+        skewed.log_text()
+    );
+    assert!(
+        skewed.log_text().contains("this host's clock is off"),
+        "the skewed node did not warn of its clock:\n{}",
+        skewed.log_text()
+    );
+    drop((normal, skewed));
+    db.drop().await;
+}
+
+async fn check_the_skew_is_seen_on_the_gauge_and_the_node(db: &TestDb, normal: &Den, skewed: &Den, shift_s: i64) {
+    // The skew is seen: the gauge and the node document say it, within a second.
+    let gauge = offset_gauge(&skewed).await;
+    assert!(
+        (gauge - shift_s as f64).abs() <= 1.0,
+        "the skewed node's gauge says {gauge} s, its clock is {shift_s:+} s off"
+    );
+    let sane = offset_gauge(&normal).await;
+    assert!(sane.abs() <= 1.0, "the normal node's gauge says {sane} s");
+    wait_for(
+        "the skewed node's offset on its document",
+        Duration::from_secs(30),
+        || async {
+            db.node("skewed")
+                .await
+                .get_i64("clock_offset_ms")
+                .is_ok_and(|ms| (ms - shift_s * 1000).abs() <= 1000)
+        },
+    )
+    .await;
+}
+
+async fn check_every_task_ran_once_and_ended_well(db: &TestDb, starts: &Path, ids: &[ObjectId]) -> BTreeMap<String, usize> {
     // Every task ran exactly once, and ended well: nothing orphaned, requeued or lost.
     let lines = read_lines(&starts);
     let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
@@ -197,6 +232,10 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
         .await
         .expect("count attempts");
     assert_eq!(lost, 0, "attempts that did not succeed");
+    by_node
+}
+
+async fn check_attempts_are_recorded_on_the_server_clock(db: &TestDb, ids: &[ObjectId], normal: &Den, skewed: &Den) {
     // Each attempt's record is on the server's clock, whichever host ran it: it starts after
     // its task was made (the test's clock, the server's host) and ends after it starts. Two
     // processes' readings of the server's clock may differ by a round trip: 2 s of slack,
@@ -224,7 +263,7 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
             record.get_str("node")
         );
     }
-    for den in [&normal, &skewed] {
+    for den in [normal, skewed] {
         assert!(
             !den.log_text().contains("recovered a task"),
             "{} recovered a task:\n{}",
@@ -232,31 +271,6 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
             den.log_text()
         );
     }
-
-    // Both ran tasks (each its 3, with the shares the issue allows stated), and the skewed
-    // node never led while the normal one was live.
-    for node in ["normal", "skewed"] {
-        let share = by_node.get(node).copied().unwrap_or(0) as f64 / 6.0;
-        assert!(
-            (0.2..=0.8).contains(&share),
-            "{node} ran {share:.2} of the tasks: {by_node:?}"
-        );
-    }
-    assert_eq!(leader_on_server_clock(&db).await.as_deref(), Some("normal"));
-    assert!(
-        !skewed
-            .log_text()
-            .contains("leading the fleet's maintenance"),
-        "the skewed node led:\n{}",
-        skewed.log_text()
-    );
-    assert!(
-        skewed.log_text().contains("this host's clock is off"),
-        "the skewed node did not warn of its clock:\n{}",
-        skewed.log_text()
-    );
-    drop((normal, skewed));
-    db.drop().await;
 }
 
 #[tokio::test]
