@@ -239,6 +239,48 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         "node.json",
         json!({"auth": passwords("e2e"), "gfs": true, "balance": {"enabled": true}}),
     );
+    check_create_users_makes_each_role(&db, &config).await;
+
+    // Everything below runs with the config's passwords only: no root.
+    let den = Den::start(&config, "n1");
+    let dci = Dci::start(&config);
+    check_a_task_runs_with_its_output_in_gridfs(&db, &dci).await;
+
+    let chained = check_the_chained_unit_the_continuous_task_and_the_balance_lease(&db).await;
+
+    check_the_dcis_writes_as_its_own_user(&db, &dci, chained).await;
+
+    let log = den.log_text();
+    for refusal in ["not authorized", "Unauthorized", "requires authentication"] {
+        assert!(!log.contains(refusal), "the DEN was refused: {log}");
+    }
+    // As its own user the node stored its runners' results, in one bulkWrite a batch.
+    for fallback in [
+        "recording the result here",
+        "no bulkWrite",
+        "they will store them",
+    ] {
+        assert!(!log.contains(fallback), "{fallback}: {log}");
+    }
+
+    // Our additions that the run above does not reach: the DCI's index creation (it only
+    // warns when refused), lease recovery closing an attempt, a failed upload's cleanup.
+    let loaded = disbatch_config::Config::load(&config).expect("config");
+    disbatch_store::Store::connect(&loaded.config, disbatch_config::Component::Web)
+        .await
+        .expect("connect as disbatch_web")
+        .ensure_indexes()
+        .await
+        .expect("disbatch_web may create the indexes");
+
+    check_least_privilege_against_the_server(&db).await;
+
+    drop(dci);
+    drop(den);
+    db.drop().await;
+}
+
+async fn check_create_users_makes_each_role(db: &TestDb, config: &Path) {
     let plugin_perms = db.path("plugin-perms.json");
     std::fs::write(&plugin_perms, r#"{"reports": ["insert"]}"#).expect("write perms");
     let out = create_users(
@@ -270,10 +312,9 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         privileges(&db, "plugin").await,
         vec![("reports".to_string(), vec!["insert".to_string()])]
     );
+}
 
-    // Everything below runs with the config's passwords only: no root.
-    let den = Den::start(&config, "n1");
-    let dci = Dci::start(&config);
+async fn check_a_task_runs_with_its_output_in_gridfs(db: &TestDb, dci: &Dci) {
     let specs = json!({"plugin": "echo", "specs": [
         {"name": "first", "then": "next", "max_running": 2},
         {"name": "next", "max_running": 1},
@@ -333,7 +374,9 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
     let (status, stdout) = dci.get(&format!("/tasks/{first}/stdout")).await;
     assert_eq!(status, 200);
     assert!(stdout.to_string().contains("chained"), "{stdout}");
+}
 
+async fn check_the_chained_unit_the_continuous_task_and_the_balance_lease(db: &TestDb) -> Document {
     // The runner inserted the chained unit; the DEN made the continuous queue's task.
     let next = queue_id(&db, "next").await;
     // With `queue`: SecantusDB finds nothing by `key` alone (see the report).
@@ -370,7 +413,10 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         },
     )
     .await;
+    chained
+}
 
+async fn check_the_dcis_writes_as_its_own_user(db: &TestDb, dci: &Dci, chained: Document) {
     // The DCI's writes: delete (with GridFS output), cancel, node and balance updates.
     let chained_id = db
         .tasks()
@@ -434,30 +480,9 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
+}
 
-    let log = den.log_text();
-    for refusal in ["not authorized", "Unauthorized", "requires authentication"] {
-        assert!(!log.contains(refusal), "the DEN was refused: {log}");
-    }
-    // As its own user the node stored its runners' results, in one bulkWrite a batch.
-    for fallback in [
-        "recording the result here",
-        "no bulkWrite",
-        "they will store them",
-    ] {
-        assert!(!log.contains(fallback), "{fallback}: {log}");
-    }
-
-    // Our additions that the run above does not reach: the DCI's index creation (it only
-    // warns when refused), lease recovery closing an attempt, a failed upload's cleanup.
-    let loaded = disbatch_config::Config::load(&config).expect("config");
-    disbatch_store::Store::connect(&loaded.config, disbatch_config::Component::Web)
-        .await
-        .expect("connect as disbatch_web")
-        .ensure_indexes()
-        .await
-        .expect("disbatch_web may create the indexes");
-
+async fn check_least_privilege_against_the_server(db: &TestDb) {
     // Least privilege, checked against the server. Each user first does what it may, so a
     // refusal after is its role's doing, not a failed login. Filters match nothing, so the
     // probes change no data.
@@ -530,8 +555,4 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         Some(UNAUTHORIZED),
         "disbatch_web must not drop the database"
     );
-
-    drop(dci);
-    drop(den);
-    db.drop().await;
 }
