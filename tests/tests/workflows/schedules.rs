@@ -138,6 +138,14 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
         "refused updates change nothing"
     );
 
+    check_removing_the_schedule_removes_the_leaders_record(&db, &dci, &stored).await;
+
+    check_work_spec_schedules_are_checked_and_removed_on_reload(&db, &dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_removing_the_schedule_removes_the_leaders_record(db: &TestDb, dci: &Dci, stored: &Document) {
     // Removing the schedule removes the leader's record of it too: set again, it starts anew.
     let id = stored.get_object_id("_id").expect("id");
     db.set_queue(
@@ -156,7 +164,9 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
         Some("America/New_York"),
         "only what was sent is removed"
     );
+}
 
+async fn check_work_spec_schedules_are_checked_and_removed_on_reload(db: &TestDb, dci: &Dci) {
     // Work specs: checked before anything is written; a reload without it removes it.
     let (status, body) = dci
         .post(
@@ -189,8 +199,6 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
         !q.contains_key("schedule") && !q.contains_key("schedule_tz"),
         "{q}"
     );
-    drop(dci);
-    db.drop().await;
 }
 
 /// The line of `queues` output naming queue `name` (its third column).
@@ -230,6 +238,14 @@ async fn scheduled_queues_are_marked_with_their_next_tick_in_utc_and_their_zone(
     let bad = db.insert_queue("handmade", "echo", 1).await;
     db.set_queue(bad, doc! {"schedule": "every minute"}).await;
 
+    check_the_api_and_the_cli_show_the_next_tick(&dci).await;
+
+    check_the_console_marks_the_scheduled_queues(&dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_the_api_and_the_cli_show_the_next_tick(dci: &Dci) {
     let (status, rows) = dci.get("/queues").await;
     assert_eq!(status, 200, "{rows}");
     let row = |name: &str| {
@@ -299,7 +315,9 @@ async fn scheduled_queues_are_marked_with_their_next_tick_in_utc_and_their_zone(
         "{out}"
     );
     assert!(!cli_line(&out, "plain").contains('Z'), "{out}");
+}
 
+async fn check_the_console_marks_the_scheduled_queues(dci: &Dci) {
     let b = Browser::start(1280, 900).await;
     b.open(&format!("{}/#/queues", dci.url), "queues").await;
     let shown = b
@@ -341,6 +359,4 @@ async fn scheduled_queues_are_marked_with_their_next_tick_in_utc_and_their_zone(
     );
     b.screenshot("queues-scheduled").await;
     b.close().await;
-    drop(dci);
-    db.drop().await;
 }
