@@ -258,7 +258,12 @@ async fn check_counts_show_every_status_apart(dci: &Dci) {
     assert_eq!(row["by_status"], q["by_status"], "{list}");
 }
 
-async fn check_queue_cancel_cancels_only_what_waits(db: &TestDb, dci: &Dci, ids: &[ObjectId], untouched: ObjectId) {
+async fn check_queue_cancel_cancels_only_what_waits(
+    db: &TestDb,
+    dci: &Dci,
+    ids: &[ObjectId],
+    untouched: ObjectId,
+) {
     let (s, body) = dci.post("/queues/q/cancel", json!({})).await;
     assert_eq!((s, body), (200, update_result(3, 3)));
     let after: Vec<i32> = {

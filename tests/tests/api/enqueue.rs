@@ -387,7 +387,12 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
     db.drop().await;
 }
 
-async fn check_duplicates_are_named_with_exit_10(db: &TestDb, dci: &Dci, uq: ObjectId, first_id: &str) {
+async fn check_duplicates_are_named_with_exit_10(
+    db: &TestDb,
+    dci: &Dci,
+    uq: ObjectId,
+    first_id: &str,
+) {
     // The same key again: nothing made, the task it matched named, exit 10.
     let (code, stdout, stderr) = out(&dci.cli(&["create-task", "uq", "id=1"]));
     assert_eq!(code, Some(DUPLICATES), "{stdout}{stderr}");

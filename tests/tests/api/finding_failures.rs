@@ -317,7 +317,12 @@ async fn check_the_tasks_page_lists_the_newest_first(dci: &Dci, b: &Browser, f: 
     b.screenshot("console-tasks-newest").await;
 }
 
-async fn check_the_failures_page_retries_and_discards(db: &TestDb, dci: &Dci, b: &Browser, f: &Fixture) {
+async fn check_the_failures_page_retries_and_discards(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    f: &Fixture,
+) {
     b.open(&format!("{}/#/failures", dci.url), "failures").await;
     let row = |id: ObjectId| format!("#failures-table tr[data-task=\"{}\"]", id.to_hex());
     let text = b
@@ -385,7 +390,12 @@ async fn check_the_failures_page_retries_and_discards(db: &TestDb, dci: &Dci, b:
     );
 }
 
-async fn check_queue_counts_link_to_the_discarded_and_retrying(db: &TestDb, dci: &Dci, b: &Browser, f: &Fixture) {
+async fn check_queue_counts_link_to_the_discarded_and_retrying(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    f: &Fixture,
+) {
     // One task of words waits out a retry's backoff (it ran once; due in an hour).
     let waiting = db
         .insert_tasks(f.words, vec![doc! {"text": "w"}.into()])

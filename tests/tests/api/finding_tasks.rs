@@ -142,7 +142,11 @@ async fn search_filters_by_status_word_time_node_and_params() {
     db.drop().await;
 }
 
-async fn check_status_words_across_queues_or_in_one(dci: &Dci, f: &Fixture, failed_words: &[ObjectId]) {
+async fn check_status_words_across_queues_or_in_one(
+    dci: &Dci,
+    f: &Fixture,
+    failed_words: &[ObjectId],
+) {
     // "failed" is every status ≥ 2, the plugin's 3 too, across queues or in one.
     let (status, body) = dci.get("/tasks?status=failed").await;
     assert_eq!(status, 200, "{body}");

@@ -61,7 +61,11 @@ async fn check_the_routes_are_absent_when_not_loaded(db: &TestDb) {
     drop(plain);
 }
 
-async fn check_legacy_task_creation_by_name_id_and_collection(db: &TestDb, dci: &Dci, queue: ObjectId) -> Vec<ObjectId> {
+async fn check_legacy_task_creation_by_name_id_and_collection(
+    db: &TestDb,
+    dci: &Dci,
+    queue: ObjectId,
+) -> Vec<ObjectId> {
     let (status, body) = dci
         .post(
             "/tasks/echo",
@@ -144,7 +148,13 @@ async fn give_two_tasks_inline_and_gridfs_outputs(db: &TestDb, first: &[ObjectId
     file
 }
 
-async fn check_the_legacy_search(db: &TestDb, dci: &Dci, queue: ObjectId, first: &[ObjectId], file: ObjectId) {
+async fn check_the_legacy_search(
+    db: &TestDb,
+    dci: &Dci,
+    queue: ObjectId,
+    first: &[ObjectId],
+    file: ObjectId,
+) {
     let search = |body: Value| {
         let dci = &dci;
         async move { dci.post("/tasks/search", body).await }

@@ -47,7 +47,12 @@ async fn searches_allow_only_indexed_prefixes_and_convert_values() {
     db.drop().await;
 }
 
-async fn check_indexed_filters_resolve_convert_and_combine(dci: &Dci, q: &str, ids: &[ObjectId], foreign: ObjectId) {
+async fn check_indexed_filters_resolve_convert_and_combine(
+    dci: &Dci,
+    q: &str,
+    ids: &[ObjectId],
+    foreign: ObjectId,
+) {
     let (status, body) = dci.get(&format!("/tasks?queue={q}")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(ids_of(&body), hexes(ids));
@@ -217,7 +222,13 @@ async fn search_options_count_page_project_and_render() {
     db.drop().await;
 }
 
-async fn check_counts_pages_a_single_object_and_plain_rendering(db: &TestDb, dci: &Dci, f: &SixTasks, q: &str, ids: &[ObjectId]) {
+async fn check_counts_pages_a_single_object_and_plain_rendering(
+    db: &TestDb,
+    dci: &Dci,
+    f: &SixTasks,
+    q: &str,
+    ids: &[ObjectId],
+) {
     let (status, body) = dci.get(&format!("/tasks?queue={q}&.count=1")).await;
     assert_eq!((status, body), (200, json!({"count": 6})));
     let (status, body) = dci
@@ -299,7 +310,13 @@ async fn check_fields_project_each_task(dci: &Dci, q: &str) {
     assert_eq!(status, 400, "{body}");
 }
 
-async fn check_terse_full_epoch_and_pretty_renderings(db: &TestDb, dci: &Dci, f: &SixTasks, q: &str, ids: &[ObjectId]) {
+async fn check_terse_full_epoch_and_pretty_renderings(
+    db: &TestDb,
+    dci: &Dci,
+    f: &SixTasks,
+    q: &str,
+    ids: &[ObjectId],
+) {
     let by_id = |v: &Value, id: ObjectId| -> Value {
         v.as_array()
             .expect("array")

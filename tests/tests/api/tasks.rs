@@ -88,7 +88,11 @@ async fn check_one_task_is_stored_with_every_field(db: &TestDb, dci: &Dci, queue
     assert!(t.get_datetime("mtime").is_ok(), "{t}");
 }
 
-async fn check_many_tasks_and_tasks_from_a_collection(db: &TestDb, dci: &Dci, queue: ObjectId) -> u64 {
+async fn check_many_tasks_and_tasks_from_a_collection(
+    db: &TestDb,
+    dci: &Dci,
+    queue: ObjectId,
+) -> u64 {
     let (status, body) = dci
         .post(
             "/tasks",
@@ -141,7 +145,11 @@ async fn check_many_tasks_and_tasks_from_a_collection(db: &TestDb, dci: &Dci, qu
     created
 }
 
-async fn check_bad_bodies_name_their_field_and_create_nothing(db: &TestDb, dci: &Dci, created: u64) {
+async fn check_bad_bodies_name_their_field_and_create_nothing(
+    db: &TestDb,
+    dci: &Dci,
+    created: u64,
+) {
     let coll = |filter: Value, collection: Value, params: Value| json!({"queue": "echo", "collection": collection, "filter": filter, "params": params});
     let cases = [
         (json!({"queue": "echo", "params": []}), error(NOT_ARRAY)),

@@ -118,7 +118,12 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
     db.drop().await;
 }
 
-async fn check_a_held_graph_waits_and_then_succeeds(dci: &Dci, id: &str, started: &Path, gate: &Path) {
+async fn check_a_held_graph_waits_and_then_succeeds(
+    dci: &Dci,
+    id: &str,
+    started: &Path,
+    gate: &Path,
+) {
     // While the first task is held: the rest wait, and say on what.
     wait_for(
         "the held task to start",
@@ -201,7 +206,13 @@ async fn check_a_failure_cancels_its_dependents_and_exits_8(db: &TestDb, dci: &D
     assert_eq!(last["state"], "failed");
 }
 
-async fn check_a_cancel_stops_the_running_task_and_exits_9(db: &TestDb, dci: &Dci, started: &Path, gate: &Path, held: &Value) {
+async fn check_a_cancel_stops_the_running_task_and_exits_9(
+    db: &TestDb,
+    dci: &Dci,
+    started: &Path,
+    gate: &Path,
+    held: &Value,
+) {
     // Cancelled while a task runs: the runner stops it, and --wait exits 9.
     std::fs::remove_file(&gate).expect("close the gate");
     let file = write_json(

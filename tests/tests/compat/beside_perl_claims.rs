@@ -61,7 +61,8 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
         Duration::from_millis(100),
         perl_stop.clone(),
     );
-    let batches = race_until_a_claim_of_ours_is_given_back(&db, queue, &mut ids, &ours, batch).await;
+    let batches =
+        race_until_a_claim_of_ours_is_given_back(&db, queue, &mut ids, &ours, batch).await;
     println!("{batches} batch(es) of {} tasks in all", ids.len());
     perl_stop.store(true, Ordering::Relaxed);
     let mut perl_claimed = 0;
@@ -71,7 +72,8 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
     stop.store(true, Ordering::Relaxed);
     let changes = recorder.await.expect("recorder");
 
-    check_every_task_ran_once_and_ours_succeeded_first_time(&db, queue, &runs, &ids, perl_claimed).await;
+    check_every_task_ran_once_and_ours_succeeded_first_time(&db, queue, &runs, &ids, perl_claimed)
+        .await;
     let seen = replay(&changes, &ids.iter().copied().collect(), threads as usize);
     println!("raced beside Perl's claim loop, threads {threads}: {seen:?}");
     assert!(seen.claims_ours > 0 && seen.claims_perl > 0, "{seen:?}");
@@ -96,7 +98,13 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
     db.drop().await;
 }
 
-async fn race_until_a_claim_of_ours_is_given_back(db: &TestDb, queue: ObjectId, ids: &mut Vec<ObjectId>, ours: &[Den], batch: impl Fn(usize) -> Vec<Bson>) -> usize {
+async fn race_until_a_claim_of_ours_is_given_back(
+    db: &TestDb,
+    queue: ObjectId,
+    ids: &mut Vec<ObjectId>,
+    ours: &[Den],
+    batch: impl Fn(usize) -> Vec<Bson>,
+) -> usize {
     // How often the race comes up depends on the machine's speed; that it comes up must not:
     // a batch that ends with no claim of ours given back is followed by another, until one
     // is (the replay below then judges every claim of every batch).
@@ -123,7 +131,13 @@ async fn race_until_a_claim_of_ours_is_given_back(db: &TestDb, queue: ObjectId, 
     batches
 }
 
-async fn check_every_task_ran_once_and_ours_succeeded_first_time(db: &TestDb, queue: ObjectId, runs: &str, ids: &[ObjectId], perl_claimed: usize) {
+async fn check_every_task_ran_once_and_ours_succeeded_first_time(
+    db: &TestDb,
+    queue: ObjectId,
+    runs: &str,
+    ids: &[ObjectId],
+    perl_claimed: usize,
+) {
     let tasks: Vec<Document> = db
         .tasks()
         .find(doc! {"queue": queue})

@@ -63,7 +63,10 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
     db.wait_complete(&ids, Duration::from_secs(180)).await;
     let changes = recording.finish().await;
 
-    check_each_task_ran_once_on_both_kinds_within_the_cap(&db, queue, &perl_node, &runs, &ids, &changes, threads).await;
+    check_each_task_ran_once_on_both_kinds_within_the_cap(
+        &db, queue, &perl_node, &runs, &ids, &changes, threads,
+    )
+    .await;
 
     // The Perl host dies holding tasks: they keep their queue's threads until its node has
     // been silent for dead_node_after_s, then a node of ours recovers them by on_lost.
@@ -101,13 +104,24 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
         u64::try_from(DateTime::now().timestamp_millis() - last_beat.timestamp_millis())
             .unwrap_or(0),
     );
-    check_the_dead_hosts_tasks_are_recovered_once_it_is_silent(&db, recording, &perl_node, &lossy_ids, done_after, silent_for).await;
+    check_the_dead_hosts_tasks_are_recovered_once_it_is_silent(
+        &db, recording, &perl_node, &lossy_ids, done_after, silent_for,
+    )
+    .await;
     ran_once_each_on_ours(&runs);
     drop(rescuer);
     db.drop().await;
 }
 
-async fn check_each_task_ran_once_on_both_kinds_within_the_cap(db: &TestDb, queue: ObjectId, perl_node: &str, runs: &str, ids: &[ObjectId], changes: &[Change], threads: usize) {
+async fn check_each_task_ran_once_on_both_kinds_within_the_cap(
+    db: &TestDb,
+    queue: ObjectId,
+    perl_node: &str,
+    runs: &str,
+    ids: &[ObjectId],
+    changes: &[Change],
+    threads: usize,
+) {
     // Every task ran once, successfully, and both kinds of node took part.
     let tasks: Vec<Document> = db
         .tasks()
@@ -151,7 +165,14 @@ async fn check_each_task_ran_once_on_both_kinds_within_the_cap(db: &TestDb, queu
     );
 }
 
-async fn check_the_dead_hosts_tasks_are_recovered_once_it_is_silent(db: &TestDb, recording: Recording, perl_node: &str, lossy_ids: &[ObjectId], done_after: Duration, silent_for: Duration) {
+async fn check_the_dead_hosts_tasks_are_recovered_once_it_is_silent(
+    db: &TestDb,
+    recording: Recording,
+    perl_node: &str,
+    lossy_ids: &[ObjectId],
+    done_after: Duration,
+    silent_for: Duration,
+) {
     let changes = recording.finish().await;
     let lossy_set: std::collections::HashSet<ObjectId> = lossy_ids.iter().copied().collect();
     let recovered: Vec<ObjectId> = requeued_from(&changes, &perl_node)

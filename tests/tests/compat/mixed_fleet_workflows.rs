@@ -107,7 +107,12 @@ async fn a_perl_node_never_starts_a_waiting_task_and_its_ends_release_dependents
     check_no_claim_came_before_its_dependencies_succeeded(&ids, &tasks, &changes, &perl_node);
 }
 
-fn check_no_claim_came_before_its_dependencies_succeeded(ids: &HashMap<String, ObjectId>, tasks: &[Value], changes: &[Change], perl_node: &str) {
+fn check_no_claim_came_before_its_dependencies_succeeded(
+    ids: &HashMap<String, ObjectId>,
+    tasks: &[Value],
+    changes: &[Change],
+    perl_node: &str,
+) {
     let name_of: HashMap<ObjectId, &str> = ids.iter().map(|(k, v)| (*v, k.as_str())).collect();
     let deps: HashMap<&str, Vec<String>> = tasks
         .iter()

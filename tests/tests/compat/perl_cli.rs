@@ -197,7 +197,11 @@ async fn check_update_queue_and_its_refusals(cli: &PerlCli, demo: ObjectId) {
     );
 }
 
-async fn check_create_tasks_and_their_refusals(db: &TestDb, cli: &PerlCli, other: ObjectId) -> Vec<Document> {
+async fn check_create_tasks_and_their_refusals(
+    db: &TestDb,
+    cli: &PerlCli,
+    other: ObjectId,
+) -> Vec<Document> {
     // create-task and create-tasks (JSON posts of {queue, params}).
     let r = cli.run(&["create-task", "demo", "user1", "ashley"]);
     let one = tasks_where(&db, doc! {"params.user1": "ashley"}).await;
@@ -388,7 +392,11 @@ async fn finished_tasks_and_the_legacy_search_read_as_disbatch_shows_them() {
     db.drop().await;
 }
 
-async fn check_empty_output_is_null_and_the_tasks_views(cli: &PerlCli, queue: ObjectId, done: &[Document]) {
+async fn check_empty_output_is_null_and_the_tasks_views(
+    cli: &PerlCli,
+    queue: ObjectId,
+    done: &[Document],
+) {
     // Empty output is stored as null, as Disbatch's runner stores a plugin's undef output.
     let streams = |t: &Document| (t.get("stdout").cloned(), t.get("stderr").cloned());
     assert_eq!(streams(&done[0]).1, Some(Bson::Null), "{}", done[0]);

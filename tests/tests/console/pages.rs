@@ -99,7 +99,10 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     db.drop().await;
 }
 
-async fn check_a_bad_name_is_refused_and_a_paused_queue_created(db: &TestDb, b: &Browser) -> ObjectId {
+async fn check_a_bad_name_is_refused_and_a_paused_queue_created(
+    db: &TestDb,
+    b: &Browser,
+) -> ObjectId {
     // Bad input is refused in the page with a visible message, and nothing is created.
     b.find("#new-queue-name")
         .await
@@ -149,7 +152,12 @@ async fn check_a_bad_name_is_refused_and_a_paused_queue_created(db: &TestDb, b: 
     queue
 }
 
-async fn check_cancel_of_a_queued_task_from_the_tasks_page(db: &TestDb, dci: &Dci, b: &Browser, ids: &[ObjectId]) {
+async fn check_cancel_of_a_queued_task_from_the_tasks_page(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    ids: &[ObjectId],
+) {
     // Cancel one queued task from the Tasks page.
     b.open(&format!("{}/#/tasks", dci.url), "tasks").await;
     b.select_option("#search-queue", "console").await;
@@ -178,7 +186,12 @@ async fn check_cancel_of_a_queued_task_from_the_tasks_page(db: &TestDb, dci: &Dc
     b.screenshot("tasks").await;
 }
 
-async fn check_threads_set_inline_and_the_counts_as_the_queue_drains(db: &TestDb, dci: &Dci, b: &Browser, gate: &Path) {
+async fn check_threads_set_inline_and_the_counts_as_the_queue_drains(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    gate: &Path,
+) {
     // Set threads inline and watch the node drain the queue as the counts change.
     b.open(&format!("{}/#/queues", dci.url), "queues").await;
     let threads = b.find("tr[data-queue=\"console\"] input.threads").await;
@@ -218,7 +231,12 @@ async fn check_threads_set_inline_and_the_counts_as_the_queue_drains(db: &TestDb
     b.screenshot("queues").await;
 }
 
-async fn check_the_task_nodes_and_balance_pages(db: &TestDb, dci: &Dci, b: &Browser, ids: &[ObjectId]) {
+async fn check_the_task_nodes_and_balance_pages(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    ids: &[ObjectId],
+) {
     // Open a task and read its stdout (the echo plugin prints its params).
     b.open(&format!("{}/#/task/{}", dci.url, ids[3].to_hex()), "task")
         .await;

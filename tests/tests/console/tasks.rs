@@ -194,7 +194,11 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     db.drop().await;
 }
 
-async fn check_the_attempts_of_a_task_retried_after_a_timeout(dci: &Dci, b: &Browser, flaky: ObjectId) {
+async fn check_the_attempts_of_a_task_retried_after_a_timeout(
+    dci: &Dci,
+    b: &Browser,
+    flaky: ObjectId,
+) {
     // 1. The attempts of a task that failed once and succeeded when retried.
     b.open(&format!("{}/#/task/{}", dci.url, flaky.to_hex()), "task")
         .await;
@@ -217,7 +221,13 @@ async fn check_the_attempts_of_a_task_retried_after_a_timeout(dci: &Dci, b: &Bro
     b.screenshot("task-attempts").await;
 }
 
-async fn check_cancel_of_a_running_task_only_once_confirmed(db: &TestDb, dci: &Dci, b: &Browser, dci_log: &Path, sleeper: ObjectId) {
+async fn check_cancel_of_a_running_task_only_once_confirmed(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    dci_log: &Path,
+    sleeper: ObjectId,
+) {
     // 2. Cancel a running task from its page, after confirming.
     wait_for("the sleeper to run", Duration::from_secs(20), || async {
         db.task_status(sleeper).await == Some(status::RUNNING)
@@ -262,7 +272,12 @@ async fn check_cancel_of_a_running_task_only_once_confirmed(db: &TestDb, dci: &D
     b.screenshot("task-cancelled").await;
 }
 
-async fn check_bulk_retry_of_the_failed_from_the_queues_page(db: &TestDb, dci: &Dci, b: &Browser, failing: &[ObjectId]) {
+async fn check_bulk_retry_of_the_failed_from_the_queues_page(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    failing: &[ObjectId],
+) {
     // 3. Bulk retry of the failed tasks on the queue page; threads 0 first so they stay queued.
     let (s, _) = dci.post("/queues/bulk", json!({"threads": 0})).await;
     assert_eq!(s, 200);
@@ -298,7 +313,13 @@ async fn check_bulk_retry_of_the_failed_from_the_queues_page(db: &TestDb, dci: &
     b.screenshot("queues-after-retry").await;
 }
 
-async fn check_cancel_all_queued_and_a_declined_plugin_change(db: &TestDb, b: &Browser, dci_log: &Path, failing: &[ObjectId], bulk: ObjectId) {
+async fn check_cancel_all_queued_and_a_declined_plugin_change(
+    db: &TestDb,
+    b: &Browser,
+    dci_log: &Path,
+    failing: &[ObjectId],
+    bulk: ObjectId,
+) {
     // ... then cancel them all, and decline a plugin change.
     b.find("tr[data-queue=\"bulk\"] button.cancel-queued")
         .await

@@ -155,7 +155,12 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     db.drop().await;
 }
 
-async fn check_the_graph_is_drawn_with_its_final_states(dci: &Dci, b: &Browser, graph: &str, made: &Value) {
+async fn check_the_graph_is_drawn_with_its_final_states(
+    dci: &Dci,
+    b: &Browser,
+    graph: &str,
+    made: &Value,
+) {
     b.open(&format!("{}/#/graphs/{graph}", dci.url), "graphs")
         .await;
     let d = final_drawing(&b, "the graph's final states").await;
@@ -220,7 +225,12 @@ async fn check_the_graph_is_drawn_with_its_final_states(dci: &Dci, b: &Browser, 
     assert!(shot.exists());
 }
 
-async fn check_a_wide_graph_wraps_into_rows_and_scrolls(db: &TestDb, dci: &Dci, b: &Browser, made: &Value) {
+async fn check_a_wide_graph_wraps_into_rows_and_scrolls(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    made: &Value,
+) {
     // 50 tasks on a paused queue, one waiting on a task outside the graph: the 24-wide layer
     // wraps into rows, the drawing scrolls, and no edge runs behind a box.
     db.insert_queue("paused", "echo", 0).await;

@@ -59,7 +59,10 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
     db.drop().await;
 }
 
-async fn check_a_new_queue_gets_the_default_policy_and_bad_ones_are_refused(db: &TestDb, dci: &Dci) {
+async fn check_a_new_queue_gets_the_default_policy_and_bad_ones_are_refused(
+    db: &TestDb,
+    dci: &Dci,
+) {
     let (status, _) = call(
         dci,
         Method::POST,

@@ -386,7 +386,14 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
         framing_probes.len()
     );
 
-    check_no_request_got_a_5xx_and_every_answer_is_documented(&mut dci, &failures, &undocumented, total, seed).await;
+    check_no_request_got_a_5xx_and_every_answer_is_documented(
+        &mut dci,
+        &failures,
+        &undocumented,
+        total,
+        seed,
+    )
+    .await;
 
     check_the_canaries_are_unchanged(&db, &canary_queue, &canary_task).await;
     db.drop().await;
@@ -410,7 +417,13 @@ async fn insert_a_canary_queue_and_task(db: &TestDb) -> (Document, Document) {
     (canary_queue, canary_task)
 }
 
-async fn check_no_request_got_a_5xx_and_every_answer_is_documented(dci: &mut LoggedDci, failures: &[String], undocumented: &BTreeMap<(String, String, u16), String>, total: usize, seed: u64) {
+async fn check_no_request_got_a_5xx_and_every_answer_is_documented(
+    dci: &mut LoggedDci,
+    failures: &[String],
+    undocumented: &BTreeMap<(String, String, u16), String>,
+    total: usize,
+    seed: u64,
+) {
     let log = dci.log_text();
     let shown: Vec<&String> = failures.iter().take(50).collect();
     assert!(
@@ -442,7 +455,11 @@ async fn check_no_request_got_a_5xx_and_every_answer_is_documented(dci: &mut Log
     assert_eq!(crashes(&log), Vec::<String>::new(), "DCI log:\n{log}");
 }
 
-async fn check_the_canaries_are_unchanged(db: &TestDb, canary_queue: &Document, canary_task: &Document) {
+async fn check_the_canaries_are_unchanged(
+    db: &TestDb,
+    canary_queue: &Document,
+    canary_task: &Document,
+) {
     let now_queue = db
         .db
         .collection::<Document>("queues")

@@ -165,7 +165,11 @@ async fn malformed_queues_tasks_and_nodes_are_skipped_or_failed_and_good_work_ru
     db.drop().await;
 }
 
-async fn check_the_den_left_odd_documents_alone_and_counted_them(db: &TestDb, den: &mut Den, c: &Inserted) {
+async fn check_the_den_left_odd_documents_alone_and_counted_them(
+    db: &TestDb,
+    den: &mut Den,
+    c: &Inserted,
+) {
     // Skipped queues' tasks would have been claimed in any of three more readings of the
     // queues had they been served.
     den.wait_queue_reads(3).await;
@@ -210,7 +214,11 @@ async fn check_the_den_left_odd_documents_alone_and_counted_them(db: &TestDb, de
     assert_eq!(crashes(&log), Vec::<String>::new(), "DEN log:\n{log}");
 }
 
-async fn check_every_get_over_the_corpus_answers_below_500(dci: &mut LoggedDci, c: &Inserted, good_task: ObjectId) {
+async fn check_every_get_over_the_corpus_answers_below_500(
+    dci: &mut LoggedDci,
+    c: &Inserted,
+    good_task: ObjectId,
+) {
     let targets = get_targets(&c, &openapi_routes(dci.addr).await, good_task);
     let mut failures = Vec::new();
     for (target, html) in &targets {

@@ -69,7 +69,11 @@ async fn undecodable_documents_are_skipped_or_failed_and_the_rest_runs() {
     db.drop().await;
 }
 
-async fn check_the_den_logged_and_counted_each_once(den: &Den, bad_queue: ObjectId, bad_task: ObjectId) {
+async fn check_the_den_logged_and_counted_each_once(
+    den: &Den,
+    bad_queue: ObjectId,
+    bad_task: ObjectId,
+) {
     let log = den.log_text();
     let lines = |id: &str| {
         log.lines()
@@ -98,7 +102,11 @@ async fn check_the_den_logged_and_counted_each_once(den: &Den, bad_queue: Object
     assert_eq!(den.metric(&skipped("tasks")).await, 1.0);
 }
 
-async fn check_the_dci_leaves_them_out_of_lists_and_says_why(dci: &mut LoggedDci, bad_queue: ObjectId, bad_task: ObjectId) {
+async fn check_the_dci_leaves_them_out_of_lists_and_says_why(
+    dci: &mut LoggedDci,
+    bad_queue: ObjectId,
+    bad_task: ObjectId,
+) {
     let get = |target: String| {
         let addr = dci.addr;
         async move {

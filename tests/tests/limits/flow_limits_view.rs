@@ -381,7 +381,11 @@ async fn check_a_task_held_by_a_spent_rate_limit(db: &TestDb, dci: &Dci, now: i6
     );
 }
 
-async fn check_tasks_held_by_a_spent_partition_or_the_partition_limit(db: &TestDb, dci: &Dci, now: i64) {
+async fn check_tasks_held_by_a_spent_partition_or_the_partition_limit(
+    db: &TestDb,
+    dci: &Dci,
+    now: i64,
+) {
     // Partitioned: "a" spent, "b" has room, "z" has no window while 2 of 2 are live.
     let parts = db.insert_queue("parts", "echo", 4).await;
     db.set_queue(parts, doc! {"rate_limit": {"starts": 2, "per_s": 60, "partition": "params.c", "max_partitions": 2}}).await;

@@ -184,7 +184,12 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
     db.drop().await;
 }
 
-async fn check_the_skew_is_seen_on_the_gauge_and_the_node(db: &TestDb, normal: &Den, skewed: &Den, shift_s: i64) {
+async fn check_the_skew_is_seen_on_the_gauge_and_the_node(
+    db: &TestDb,
+    normal: &Den,
+    skewed: &Den,
+    shift_s: i64,
+) {
     // The skew is seen: the gauge and the node document say it, within a second.
     let gauge = offset_gauge(&skewed).await;
     assert!(
@@ -206,7 +211,11 @@ async fn check_the_skew_is_seen_on_the_gauge_and_the_node(db: &TestDb, normal: &
     .await;
 }
 
-async fn check_every_task_ran_once_and_ended_well(db: &TestDb, starts: &Path, ids: &[ObjectId]) -> BTreeMap<String, usize> {
+async fn check_every_task_ran_once_and_ended_well(
+    db: &TestDb,
+    starts: &Path,
+    ids: &[ObjectId],
+) -> BTreeMap<String, usize> {
     // Every task ran exactly once, and ended well: nothing orphaned, requeued or lost.
     let lines = read_lines(&starts);
     let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
@@ -235,7 +244,12 @@ async fn check_every_task_ran_once_and_ended_well(db: &TestDb, starts: &Path, id
     by_node
 }
 
-async fn check_attempts_are_recorded_on_the_server_clock(db: &TestDb, ids: &[ObjectId], normal: &Den, skewed: &Den) {
+async fn check_attempts_are_recorded_on_the_server_clock(
+    db: &TestDb,
+    ids: &[ObjectId],
+    normal: &Den,
+    skewed: &Den,
+) {
     // Each attempt's record is on the server's clock, whichever host ran it: it starts after
     // its task was made (the test's clock, the server's host) and ends after it starts. Two
     // processes' readings of the server's clock may differ by a round trip: 2 s of slack,

@@ -74,7 +74,8 @@ async fn tokens_guard_each_route_by_its_role() {
 
     check_read_gets_every_get_and_no_write(&db, &dci, &create_task).await;
 
-    let q = check_operate_makes_tasks_and_threads_but_not_a_plugin(&db, &dci, queue, &create_task).await;
+    let q = check_operate_makes_tasks_and_threads_but_not_a_plugin(&db, &dci, queue, &create_task)
+        .await;
     let new_queue = || Some(json!({"name": "fresh", "plugin": "echo"}));
     let (status, _, body) = call(&dci, Method::POST, "/queues", Some(OPERATE), new_queue()).await;
     assert_eq!(
@@ -125,7 +126,10 @@ async fn tokens_guard_each_route_by_its_role() {
     db.drop().await;
 }
 
-async fn check_no_wrong_or_other_scheme_tokens_get_401(dci: &Dci, create_task: &impl Fn() -> Option<Value>) {
+async fn check_no_wrong_or_other_scheme_tokens_get_401(
+    dci: &Dci,
+    create_task: &impl Fn() -> Option<Value>,
+) {
     // No token, a wrong one, or another scheme: 401 in the API's error shape, with a challenge.
     let (status, challenge, body) = call(&dci, Method::GET, "/queues", None, None).await;
     assert_eq!(status, 401, "{body}");
@@ -155,7 +159,11 @@ async fn check_no_wrong_or_other_scheme_tokens_get_401(dci: &Dci, create_task: &
     assert_eq!(head.status().as_u16(), 401, "HEAD is guarded like GET");
 }
 
-async fn check_read_gets_every_get_and_no_write(db: &TestDb, dci: &Dci, create_task: &impl Fn() -> Option<Value>) {
+async fn check_read_gets_every_get_and_no_write(
+    db: &TestDb,
+    dci: &Dci,
+    create_task: &impl Fn() -> Option<Value>,
+) {
     // read: every GET; not a write, which is refused before anything is written.
     for path in [
         "/queues",
@@ -177,7 +185,12 @@ async fn check_read_gets_every_get_and_no_write(db: &TestDb, dci: &Dci, create_t
     assert_eq!(task_count(&db).await, 0, "a refused request writes nothing");
 }
 
-async fn check_operate_makes_tasks_and_threads_but_not_a_plugin(db: &TestDb, dci: &Dci, queue: ObjectId, create_task: &impl Fn() -> Option<Value>) -> String {
+async fn check_operate_makes_tasks_and_threads_but_not_a_plugin(
+    db: &TestDb,
+    dci: &Dci,
+    queue: ObjectId,
+    create_task: &impl Fn() -> Option<Value>,
+) -> String {
     // operate: tasks and threads, but not admin routes or a queue's plugin.
     let (status, _, body) = call(&dci, Method::POST, "/tasks", Some(OPERATE), create_task()).await;
     assert_eq!(status, 200, "{body}");

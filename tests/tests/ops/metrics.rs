@@ -186,7 +186,12 @@ fn check_the_exact_sample_lines(e: &Exposition, text: &str) {
     assert!((0.0..60.0).contains(&took), "{took}");
 }
 
-async fn check_the_figures_follow_the_database(db: &TestDb, dci: &Dci, odd: ObjectId, paused: ObjectId) {
+async fn check_the_figures_follow_the_database(
+    db: &TestDb,
+    dci: &Dci,
+    odd: ObjectId,
+    paused: ObjectId,
+) {
     // The figures follow the database: a task finishing moves between groups.
     db.tasks()
         .update_many(doc! {"queue": odd}, doc! {"$set": {"status": 1}})

@@ -426,7 +426,11 @@ async fn check_each_chart_draws_every_fleet_bucket(db: &TestDb, b: &Browser, fle
     b.screenshot("charts").await;
 }
 
-async fn check_one_queue_chosen_by_the_selector_is_named_as_text(dci: &Dci, b: &Browser, queue: ObjectId) {
+async fn check_one_queue_chosen_by_the_selector_is_named_as_text(
+    dci: &Dci,
+    b: &Browser,
+    queue: ObjectId,
+) {
     // One queue, chosen from the selector: its name is text, never markup.
     b.open(
         &format!("{}/#/charts?minutes=60&queue={}", dci.url, queue.to_hex()),

@@ -138,7 +138,13 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
     f.db.drop().await;
 }
 
-async fn check_the_task_and_its_result_by_attempt(dci: &Dci, f: &Fixture, twice: &str, first: &str, last: &str) {
+async fn check_the_task_and_its_result_by_attempt(
+    dci: &Dci,
+    f: &Fixture,
+    twice: &str,
+    first: &str,
+    last: &str,
+) {
     // The task: the newest output and its attempt, beside the fields it always had.
     let (status, task) = dci.get(&format!("/tasks/{twice}")).await;
     assert_eq!(status, 200, "{task}");
@@ -221,7 +227,14 @@ async fn check_a_result_too_large_to_inline_is_linked(dci: &Dci, big: &str) {
     assert_eq!(whole, body);
 }
 
-async fn check_the_cli_prints_the_output_and_the_result(dci: &Dci, f: &Fixture, twice: &str, big: &str, first: &str, last: &str) {
+async fn check_the_cli_prints_the_output_and_the_result(
+    dci: &Dci,
+    f: &Fixture,
+    twice: &str,
+    big: &str,
+    first: &str,
+    last: &str,
+) {
     // The CLI: pretty output under the task's fields and each attempt; ids as hex.
     let text = stdout(&dci.cli(&["task", &twice]));
     assert!(

@@ -188,7 +188,11 @@ async fn check_a_callback_carries_the_outcome(db: &TestDb, dci: &Dci) -> String 
     batch
 }
 
-async fn check_a_held_batch_is_listed_watched_and_cancelled_whole(db: &TestDb, dci: &Dci, batch: &str) {
+async fn check_a_held_batch_is_listed_watched_and_cancelled_whole(
+    db: &TestDb,
+    dci: &Dci,
+    batch: &str,
+) {
     // A batch held at a gate: listed, watched, then cancelled whole.
     let gate = db.path("never");
     let started = db.path("started.txt");
@@ -220,11 +224,7 @@ async fn check_a_held_batch_is_listed_watched_and_cancelled_whole(db: &TestDb, d
         .iter()
         .filter_map(|b| b["id"].as_str())
         .collect();
-    assert_eq!(
-        listed,
-        vec![held_batch.as_str(), batch],
-        "newest first"
-    );
+    assert_eq!(listed, vec![held_batch.as_str(), batch], "newest first");
     let (s, view) = dci.get(&format!("/batches/{held_batch}")).await;
     assert_eq!(s, 200);
     assert_eq!(view["state"], "active", "{view}");
@@ -411,7 +411,12 @@ async fn check_a_batch_with_a_grown_member_is_cancelled_whole(db: &TestDb, dci: 
     );
 }
 
-async fn check_the_grown_callback_is_failed_counted_and_logged(db: &TestDb, dci: &Dci, den: &Den, grown: ObjectId) {
+async fn check_the_grown_callback_is_failed_counted_and_logged(
+    db: &TestDb,
+    dci: &Dci,
+    den: &Den,
+    grown: ObjectId,
+) {
     let task = db.task(grown).await;
     assert!(
         task.get("waiting_on").is_none(),

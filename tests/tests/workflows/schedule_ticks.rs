@@ -54,7 +54,8 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
         "tick {first} is older than the schedule ({set_at}): a backfill"
     );
     let began = Instant::now();
-    let (gaps, left) = kill_the_leader_each_round(&db, &config, &mut dens, queue, first, began).await;
+    let (gaps, left) =
+        kill_the_leader_each_round(&db, &config, &mut dens, queue, first, began).await;
     tokio::time::sleep_until((began + RUN).into()).await;
     let end = now_ms();
     wait_for(
@@ -65,13 +66,23 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
     .await;
     let end = settled(&db, queue).await.expect("settled");
 
-    let (missing, catch_ups) = check_no_tick_twice_or_off_the_schedule(&db, queue, first, end, &gaps).await;
-    check_missed_ticks_fall_in_gaps_and_each_gap_is_caught_up_once(&gaps, &left, &missing, &catch_ups);
+    let (missing, catch_ups) =
+        check_no_tick_twice_or_off_the_schedule(&db, queue, first, end, &gaps).await;
+    check_missed_ticks_fall_in_gaps_and_each_gap_is_caught_up_once(
+        &gaps, &left, &missing, &catch_ups,
+    );
     drop(dens);
     db.drop().await;
 }
 
-async fn kill_the_leader_each_round(db: &TestDb, config: &Path, dens: &mut Vec<Den>, queue: ObjectId, first: i64, began: Instant) -> (Vec<(i64, i64)>, Vec<i64>) {
+async fn kill_the_leader_each_round(
+    db: &TestDb,
+    config: &Path,
+    dens: &mut Vec<Den>,
+    queue: ObjectId,
+    first: i64,
+    began: Instant,
+) -> (Vec<(i64, i64)>, Vec<i64>) {
     // Per kill: when it happened and when the test first saw the next leader (ms).
     let mut gaps: Vec<(i64, i64)> = Vec::new();
     // Per kill: how much of the killed leader's lease was left (ms).
@@ -127,7 +138,13 @@ async fn kill_the_leader_each_round(db: &TestDb, config: &Path, dens: &mut Vec<D
     (gaps, left)
 }
 
-async fn check_no_tick_twice_or_off_the_schedule(db: &TestDb, queue: ObjectId, first: i64, end: i64, gaps: &[(i64, i64)]) -> (Vec<i64>, Vec<(i64, i64)>) {
+async fn check_no_tick_twice_or_off_the_schedule(
+    db: &TestDb,
+    queue: ObjectId,
+    first: i64,
+    end: i64,
+    gaps: &[(i64, i64)],
+) -> (Vec<i64>, Vec<(i64, i64)>) {
     let tasks = scheduled(&db, queue).await;
     let mut per_tick: BTreeMap<i64, Vec<Option<i64>>> = BTreeMap::new();
     for (tick, missed) in &tasks {
@@ -169,7 +186,12 @@ async fn check_no_tick_twice_or_off_the_schedule(db: &TestDb, queue: ObjectId, f
     (missing, catch_ups)
 }
 
-fn check_missed_ticks_fall_in_gaps_and_each_gap_is_caught_up_once(gaps: &[(i64, i64)], left: &[i64], missing: &[i64], catch_ups: &[(i64, i64)]) {
+fn check_missed_ticks_fall_in_gaps_and_each_gap_is_caught_up_once(
+    gaps: &[(i64, i64)],
+    left: &[i64],
+    missing: &[i64],
+    catch_ups: &[(i64, i64)],
+) {
     let gap_of = |tick: i64| {
         gaps.iter()
             .position(|(killed, seen)| (killed - BEFORE_KILL_MS..=*seen).contains(&tick))

@@ -145,7 +145,11 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
     db.drop().await;
 }
 
-async fn check_removing_the_schedule_removes_the_leaders_record(db: &TestDb, dci: &Dci, stored: &Document) {
+async fn check_removing_the_schedule_removes_the_leaders_record(
+    db: &TestDb,
+    dci: &Dci,
+    stored: &Document,
+) {
     // Removing the schedule removes the leader's record of it too: set again, it starts anew.
     let id = stored.get_object_id("_id").expect("id");
     db.set_queue(
