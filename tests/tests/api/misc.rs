@@ -117,7 +117,7 @@ async fn check_balance_is_read_then_written_and_read_pretty(dci: &Dci, settings:
         "{text}"
     );
     assert_eq!(text["notice"], "balance document not found");
-    assert_eq!(text["settings"], settings);
+    assert_eq!(text["settings"], *settings);
     assert_eq!(text.as_object().map(|m| m.len()), Some(3), "{text}");
 
     let good = json!({"max_tasks": {"* 07:00": 5, "1 19:30": "15", "6 23:59": 0}, "queues": [["a"], ["b-1", "c_2"]]});
@@ -139,7 +139,7 @@ async fn check_balance_is_read_then_written_and_read_pretty(dci: &Dci, settings:
         json!({"* 07:00": 5, "1 19:30": 15, "6 23:59": 0})
     );
     assert_eq!(pretty["queues"], json!([["a"], ["b-1", "c_2"]]));
-    assert_eq!(pretty["settings"], settings);
+    assert_eq!(pretty["settings"], *settings);
     let r = dci
         .http
         .get(dci.at("/balance"))
@@ -281,7 +281,7 @@ async fn check_no_stale_and_fresh_nodes_are_reported(db: &TestDb, balance_off: &
     db.insert_node("old", Duration::from_secs(600)).await;
     let (status, body) = dci.get("/monitoring").await;
     assert_eq!(status, 200);
-    assert_eq!(body["queuebalance"], balance_off);
+    assert_eq!(body["queuebalance"], *balance_off);
     let d = &body["disbatch"];
     assert_eq!(
         (d["status"].clone(), d["message"].clone()),

@@ -113,7 +113,7 @@ async fn race_until_a_claim_of_ours_is_given_back(
     loop {
         db.wait_complete(&ids, Duration::from_secs(180)).await;
         let mut given_back = 0.0;
-        for den in &ours {
+        for den in ours {
             given_back += den
                 .metric(r#"disbatch_den_claims_given_back_total{queue="raced"}"#)
                 .await;

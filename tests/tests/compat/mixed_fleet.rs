@@ -184,7 +184,7 @@ async fn check_the_dead_hosts_tasks_are_recovered_once_it_is_silent(
         recovered.len()
     );
     assert!(!recovered.is_empty(), "the Perl host died holding tasks");
-    for id in &lossy_ids {
+    for id in lossy_ids {
         let t = db.task(*id).await;
         assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
     }

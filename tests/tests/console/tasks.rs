@@ -307,7 +307,7 @@ async fn check_bulk_retry_of_the_failed_from_the_queues_page(
     })
     .await;
     assert_eq!(cell(&b, "bulk", "failed").await.trim(), "0");
-    for id in &failing {
+    for id in failing {
         assert_eq!(db.task_status(*id).await, Some(status::QUEUED));
     }
     b.screenshot("queues-after-retry").await;
@@ -333,7 +333,7 @@ async fn check_cancel_all_queued_and_a_declined_plugin_change(
         |t| t.trim() == "3",
     )
     .await;
-    for id in &failing {
+    for id in failing {
         assert_eq!(db.task_status(*id).await, Some(status::CANCELLED));
     }
     let plugin = b.find("tr[data-queue=\"bulk\"] select.plugin").await;

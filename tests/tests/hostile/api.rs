@@ -473,12 +473,12 @@ async fn check_the_canaries_are_unchanged(
         .expect("find");
     assert_eq!(
         now_queue.as_ref(),
-        Some(&canary_queue),
+        Some(canary_queue),
         "the canary queue changed"
     );
     assert_eq!(
         now_task.as_ref(),
-        Some(&canary_task),
+        Some(canary_task),
         "the canary task changed"
     );
 }

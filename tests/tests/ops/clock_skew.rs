@@ -229,7 +229,7 @@ async fn check_every_task_ran_once_and_ended_well(
         *by_node.entry(node.to_string()).or_default() += 1;
     }
     assert_eq!(tasks.len(), 6, "{lines:?}");
-    for id in &ids {
+    for id in ids {
         let t = db.task(*id).await;
         assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
         assert_eq!(t.get_i32("attempts").ok(), Some(1), "one attempt: {t}");
@@ -254,7 +254,7 @@ async fn check_attempts_are_recorded_on_the_server_clock(
     // its task was made (the test's clock, the server's host) and ends after it starts. Two
     // processes' readings of the server's clock may differ by a round trip: 2 s of slack,
     // against the 90 s a host clock would put them off.
-    for id in &ids {
+    for id in ids {
         let record = db
             .db
             .collection::<Document>("attempts")

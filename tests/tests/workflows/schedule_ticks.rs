@@ -196,7 +196,7 @@ fn check_missed_ticks_fall_in_gaps_and_each_gap_is_caught_up_once(
         gaps.iter()
             .position(|(killed, seen)| (killed - BEFORE_KILL_MS..=*seen).contains(&tick))
     };
-    for tick in &missing {
+    for tick in missing {
         assert!(
             gap_of(*tick).is_some(),
             "tick {tick} was missed outside every leader gap {gaps:?}"
@@ -206,7 +206,7 @@ fn check_missed_ticks_fall_in_gaps_and_each_gap_is_caught_up_once(
     // missed ticks right before it; no other missed tick of the gap is enqueued. It may stand
     // for more: a tick the dead leader enqueued but had not recorded as settled counts too.
     let mut per_gap = vec![0; gaps.len()];
-    for (tick, standing_for) in &catch_ups {
+    for (tick, standing_for) in catch_ups {
         let gap = gap_of(*tick)
             .unwrap_or_else(|| panic!("tick {tick} enqueued as missed outside every gap {gaps:?}"));
         per_gap[gap] += 1;
@@ -219,7 +219,7 @@ fn check_missed_ticks_fall_in_gaps_and_each_gap_is_caught_up_once(
             "tick {tick} stands for {standing_for} missed ticks but follows {run} missing ones"
         );
     }
-    for tick in &missing {
+    for tick in missing {
         let mut next = tick + 2_000;
         while missing.contains(&next) {
             next += 2_000;
