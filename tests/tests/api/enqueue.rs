@@ -105,14 +105,14 @@ async fn delays_and_priorities_are_stored_and_a_delayed_task_is_not_claimed() {
 
 async fn check_a_delay_counts_on_the_server_clock(db: &TestDb, dci: &Dci) -> ObjectId {
     // delay_s counts on the server's clock: the stored time is within the request's span.
-    let before = server_now(&db).await;
+    let before = server_now(db).await;
     let (s, made) = dci
         .post(
             "/tasks",
             json!({"queue": "later", "params": {"n": "delayed"}, "delay_s": 3600, "priority": 7, "answer": "ids"}),
         )
         .await;
-    let after = server_now(&db).await;
+    let after = server_now(db).await;
     assert_eq!(s, 200, "{made}");
     let delayed = hex_id(&made["ids"][0]);
     let task = db.task(delayed).await;
@@ -157,7 +157,7 @@ async fn check_not_before_forms_and_per_task_values(db: &TestDb, dci: &Dci) {
             )
             .await;
         assert_eq!(s, 200, "{form}: {made}");
-        let task = only_task(&db, doc! {"params.form": n as i64}).await;
+        let task = only_task(db, doc! {"params.form": n as i64}).await;
         assert_eq!(task.get_datetime("not_before").ok(), Some(&at), "{form}");
         assert_eq!(task.get("priority"), Some(&Bson::Int64(-3)), "{form}");
     }
@@ -174,7 +174,7 @@ async fn check_not_before_forms_and_per_task_values(db: &TestDb, dci: &Dci) {
         .await;
     assert_eq!(s, 200, "{made}");
     let each: Vec<Document> =
-        futures::future::join_all((0..3).map(|n| only_task(&db, doc! {"params.each": n}))).await;
+        futures::future::join_all((0..3).map(|n| only_task(db, doc! {"params.each": n}))).await;
     assert_eq!(each[0].get_datetime("not_before").ok(), Some(&at));
     assert_eq!(each[0].get("priority"), Some(&Bson::Int64(9)));
     assert!(
@@ -458,7 +458,7 @@ async fn check_each_json_type_and_the_task_field_flags(db: &TestDb, dci: &Dci, p
         "cmd=a=b",
     ]));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    let task = only_task(&db, doc! {"queue": plain, "params.n": 1}).await;
+    let task = only_task(db, doc! {"queue": plain, "params.n": 1}).await;
     assert_eq!(
         task.get_document("params").ok(),
         Some(
@@ -467,7 +467,7 @@ async fn check_each_json_type_and_the_task_field_flags(db: &TestDb, dci: &Dci, p
         "{task}"
     );
     // --delay-s, --not-before and --priority set the task fields, not params.
-    let before = server_now(&db).await;
+    let before = server_now(db).await;
     let (code, stdout, stderr) = out(&dci.cli(&[
         "create-task",
         "plain",
@@ -478,7 +478,7 @@ async fn check_each_json_type_and_the_task_field_flags(db: &TestDb, dci: &Dci, p
         "-4",
     ]));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    let task = only_task(&db, doc! {"params.timed": 1}).await;
+    let task = only_task(db, doc! {"params.timed": 1}).await;
     assert_eq!(
         task.get_document("params").ok(),
         Some(&doc! {"timed": 1_i32})
@@ -499,7 +499,7 @@ async fn check_each_json_type_and_the_task_field_flags(db: &TestDb, dci: &Dci, p
         "2031-02-03T04:05:06Z",
     ]));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    let task = only_task(&db, doc! {"params.timed": 2}).await;
+    let task = only_task(db, doc! {"params.timed": 2}).await;
     assert_eq!(
         task.get_datetime("not_before").ok(),
         DateTime::parse_rfc3339_str("2031-02-03T04:05:06Z")

@@ -154,7 +154,7 @@ async fn check_status_words_across_queues_or_in_one(
     all_failed.push(f.other_failed);
     assert_eq!(ids(&body), hexes(&all_failed));
     let (_, body) = dci.get("/tasks?queue=words&status=failed").await;
-    assert_eq!(ids(&body), hexes(&failed_words));
+    assert_eq!(ids(&body), hexes(failed_words));
     let (_, body) = dci.get("/tasks?queue=words&status=failed&.count=1").await;
     assert_eq!(body, json!({"count": 3}));
     let (_, body) = dci.get("/tasks?status=discarded").await;

@@ -109,7 +109,7 @@ async fn balance_is_read_written_and_validated() {
 }
 
 async fn check_balance_is_read_then_written_and_read_pretty(dci: &Dci, settings: &Value) {
-    let (status, ct, text) = raw_json(&dci, Method::GET, "/balance", None, "").await;
+    let (status, ct, text) = raw_json(dci, Method::GET, "/balance", None, "").await;
     assert_eq!((status, ct.as_str()), (200, "application/json"));
     assert_eq!(
         text["known_queues"],
@@ -126,7 +126,7 @@ async fn check_balance_is_read_then_written_and_read_pretty(dci: &Dci, settings:
         (status, body),
         (200, json!({"status": "success: queuebalance modified"}))
     );
-    let (status, ct, pretty) = raw_json(&dci, Method::GET, "/balance", None, "").await;
+    let (status, ct, pretty) = raw_json(dci, Method::GET, "/balance", None, "").await;
     assert_eq!(status, 200);
     assert_eq!(ct, "application/json");
     assert_sorted_keys(&pretty);
@@ -251,7 +251,7 @@ async fn check_monitoring_is_off_by_default_and_when_set_off(db: &TestDb, disabl
             json!({"monitoring": false, "balance": {"enabled": true}}),
         ),
     ] {
-        let dci = Dci::start(&write_config(&db, file, extra));
+        let dci = Dci::start(&write_config(db, file, extra));
         let (status, body) = dci.get("/monitoring").await;
         assert_eq!(
             (status, body),
@@ -267,7 +267,7 @@ async fn check_monitoring_is_off_by_default_and_when_set_off(db: &TestDb, disabl
 }
 
 async fn check_no_stale_and_fresh_nodes_are_reported(db: &TestDb, balance_off: &Value) {
-    let on = write_config(&db, "on.json", json!({"monitoring": true}));
+    let on = write_config(db, "on.json", json!({"monitoring": true}));
     let dci = Dci::start(&on);
     let (status, body) = dci.get("/monitoring").await;
     assert_eq!(
@@ -330,7 +330,7 @@ async fn check_no_stale_and_fresh_nodes_are_reported(db: &TestDb, balance_off: &
 async fn check_the_queuebalance_heartbeat_and_status(db: &TestDb) {
     // QueueBalance enabled: its heartbeat (`timestamp`, epoch seconds) must be under 60 s old.
     let balanced = write_config(
-        &db,
+        db,
         "balance.json",
         json!({"monitoring": true, "balance": {"enabled": true}}),
     );

@@ -136,7 +136,7 @@ async fn check_queues_are_created_with_the_envelope_threads_and_sort(db: &TestDb
         json!({"MongoDB::InsertOneResult": {"acknowledged": 1, "inserted_id": {"$oid": id},
                "write_errors": [], "write_concern_errors": []}, "id": {"$oid": id}})
     );
-    let q1 = queue_doc(&db, "q1").await.expect("q1 stored");
+    let q1 = queue_doc(db, "q1").await.expect("q1 stored");
     assert_eq!(q1.get_object_id("_id").expect("_id").to_hex(), id);
     assert_eq!(q1.get_str("plugin").ok(), Some("echo"));
     assert!(
@@ -154,7 +154,7 @@ async fn check_queues_are_created_with_the_envelope_threads_and_sort(db: &TestDb
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let q2 = queue_doc(&db, "q2").await.expect("q2 stored");
+    let q2 = queue_doc(db, "q2").await.expect("q2 stored");
     assert_eq!(q2.get("threads"), Some(&Bson::Int64(3)));
     assert_eq!(q2.get_str("sort").ok(), Some("lifo"));
     let (_, listed) = dci.get("/queues/q2").await;
@@ -171,12 +171,12 @@ async fn check_queues_are_created_with_the_envelope_threads_and_sort(db: &TestDb
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        queue_doc(&db, "q3").await.expect("q3").get("threads"),
+        queue_doc(db, "q3").await.expect("q3").get("threads"),
         Some(&Bson::Null)
     );
 
     let (status, _, body) = raw_json(
-        &dci,
+        dci,
         Method::POST,
         "/queues",
         Some("application/x-www-form-urlencoded"),
@@ -185,7 +185,7 @@ async fn check_queues_are_created_with_the_envelope_threads_and_sort(db: &TestDb
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        queue_doc(&db, "q4").await.expect("q4").get("threads"),
+        queue_doc(db, "q4").await.expect("q4").get("threads"),
         Some(&Bson::Int64(2))
     );
 }
@@ -237,7 +237,7 @@ async fn check_bad_queues_are_refused_and_not_stored(db: &TestDb, dci: &Dci) {
         assert_eq!((status, body), (400, expected), "POST /queues {input}");
     }
     assert!(
-        queue_doc(&db, "x").await.is_none(),
+        queue_doc(db, "x").await.is_none(),
         "no invalid queue was stored"
     );
 }

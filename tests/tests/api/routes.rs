@@ -44,7 +44,7 @@ async fn legacy_task_routes_answer_only_when_loaded() {
 }
 
 async fn check_the_routes_are_absent_when_not_loaded(db: &TestDb) {
-    let plain = Dci::start(&write_config(&db, "plain.json", json!({})));
+    let plain = Dci::start(&write_config(db, "plain.json", json!({})));
     for (path, body) in [
         ("/tasks/search", json!({"filter": {}})),
         ("/tasks/echo", json!([{"a": 1}])),

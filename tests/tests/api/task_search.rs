@@ -356,7 +356,7 @@ async fn check_terse_full_epoch_and_pretty_renderings(
     assert!(task["mtime"].is_f64(), "{task}");
 
     let (status, _, text) = raw(
-        &dci,
+        dci,
         Method::GET,
         &format!("/tasks?queue={q}&.pretty=1"),
         &[],
@@ -366,7 +366,7 @@ async fn check_terse_full_epoch_and_pretty_renderings(
     assert_eq!(status, 200);
     assert!(text.contains("\n  "), "pretty output is indented: {text}");
     assert_eq!(ids_of(&parse(&text)), hexes(ids));
-    let (_, ct, text) = raw(&dci, Method::GET, &format!("/tasks?queue={q}"), &[], "").await;
+    let (_, ct, text) = raw(dci, Method::GET, &format!("/tasks?queue={q}"), &[], "").await;
     assert!(!text.contains('\n'), "compact by default");
     assert_eq!(ct, "application/json");
 }

@@ -81,11 +81,11 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
 
 async fn check_one_task_and_the_tasks_table(dci: &Dci, id: &str) {
     // One task, readable.
-    let task = ok(&dci.cli(&["task", &id]));
+    let task = ok(&dci.cli(&["task", id]));
     assert!(task.starts_with("id "), "{task}");
     assert!(task.contains("succeeded (1)"), "{task}");
     assert!(task.contains("verbs-node"), "{task}");
-    let raw = ok(&dci.cli(&["--json", "task", &id]));
+    let raw = ok(&dci.cli(&["--json", "task", id]));
     let raw: serde_json::Value = serde_json::from_str(&raw).expect("--json is JSON");
     assert_eq!(raw["status"], json!(status::SUCCEEDED));
 
@@ -103,7 +103,7 @@ async fn check_one_task_and_the_tasks_table(dci: &Dci, id: &str) {
         "{table}"
     );
     assert!(
-        table.contains(&id) && table.contains("succeeded (1)"),
+        table.contains(id) && table.contains("succeeded (1)"),
         "{table}"
     );
     assert!(table.trim_end().ends_with("1 task."), "{table}");

@@ -111,7 +111,7 @@ async fn race_until_a_claim_of_ours_is_given_back(
     const MAX_BATCHES: usize = 10;
     let mut batches = 1;
     loop {
-        db.wait_complete(&ids, Duration::from_secs(180)).await;
+        db.wait_complete(ids, Duration::from_secs(180)).await;
         let mut given_back = 0.0;
         for den in ours {
             given_back += den

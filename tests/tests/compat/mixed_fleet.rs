@@ -146,14 +146,14 @@ async fn check_each_task_ran_once_on_both_kinds_within_the_cap(
             assert_eq!(t.get_i32("attempts").ok(), Some(1), "run once: {t}");
         }
     }
-    let ran_by_ours = ran_once_each_on_ours(&runs);
+    let ran_by_ours = ran_once_each_on_ours(runs);
     let perl_ran = by_node.get(perl_node).copied().unwrap_or(0);
     assert_eq!(perl_ran + ran_by_ours.len(), ids.len(), "{by_node:?}");
     println!("tasks by node: {by_node:?}");
     assert!(perl_ran > 0, "the Perl node took part: {by_node:?}");
     assert!(!ran_by_ours.is_empty(), "our nodes took part: {by_node:?}");
 
-    let seen = replay(&changes, &ids.iter().copied().collect(), threads);
+    let seen = replay(changes, &ids.iter().copied().collect(), threads);
     println!("mixed fleet, threads {threads}, in server order: {seen:?}");
     assert!(
         seen.claims_ours + seen.claims_perl >= ids.len(),
@@ -175,7 +175,7 @@ async fn check_the_dead_hosts_tasks_are_recovered_once_it_is_silent(
 ) {
     let changes = recording.finish().await;
     let lossy_set: std::collections::HashSet<ObjectId> = lossy_ids.iter().copied().collect();
-    let recovered: Vec<ObjectId> = requeued_from(&changes, &perl_node)
+    let recovered: Vec<ObjectId> = requeued_from(&changes, perl_node)
         .into_iter()
         .filter(|id| lossy_set.contains(id))
         .collect();

@@ -103,13 +103,13 @@ async fn check_create_queue_and_its_refusals(db: &TestDb, cli: &PerlCli) -> (Obj
     // create-queue (a form post) and its refusals.
     let r = cli.run(&["create-queue", "demo", "Disbatch::Plugin::Demo"]);
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
-    let demo = queue_id(&db, "demo").await;
+    let demo = queue_id(db, "demo").await;
     assert_eq!(
         (r.code, r.stdout),
         (Some(0), format!("Created queue demo: {demo}\n"))
     );
     let r = cli.run(&["create-queue", "other", "echo"]);
-    let other = queue_id(&db, "other").await;
+    let other = queue_id(db, "other").await;
     assert_eq!(
         (r.code, r.stdout),
         (Some(0), format!("Created queue other: {other}\n"))
@@ -204,7 +204,7 @@ async fn check_create_tasks_and_their_refusals(
 ) -> Vec<Document> {
     // create-task and create-tasks (JSON posts of {queue, params}).
     let r = cli.run(&["create-task", "demo", "user1", "ashley"]);
-    let one = tasks_where(&db, doc! {"params.user1": "ashley"}).await;
+    let one = tasks_where(db, doc! {"params.user1": "ashley"}).await;
     assert_eq!(
         (r.code, r.stdout),
         (
@@ -218,7 +218,7 @@ async fn check_create_tasks_and_their_refusals(
         "Must pass an even number of arguments as key/value pairs\n",
     );
     let r = cli.run(&["create-tasks", "other", r#"[{"fizz":1},{"buzz":2}]"#]);
-    let two = tasks_where(&db, doc! {"queue": other}).await;
+    let two = tasks_where(db, doc! {"queue": other}).await;
     assert_eq!(
         (r.code, r.stdout),
         (
@@ -271,7 +271,7 @@ async fn check_create_tasks_and_their_refusals(
         "demo",
         r#"{"filter":{"migration":"foo"},"params":{"user":"document.username","migration":"foo"}}"#,
     ]);
-    let made = tasks_where(&db, doc! {"params.migration": "foo"}).await;
+    let made = tasks_where(db, doc! {"params.migration": "foo"}).await;
     assert_eq!(made.len(), 2);
     assert_eq!(
         (r.code, r.stdout),
@@ -455,7 +455,7 @@ async fn check_the_legacy_search_reads_as_disbatch(cli: &PerlCli, done: &[Docume
             .collect();
         said(&Value::Array(all))
     };
-    cli.prints(&["search"], &searched(true, &done));
+    cli.prints(&["search"], &searched(true, done));
     cli.prints(
         &["search", r#"{"params.commands":"b"}"#],
         &searched(true, &done[1..2]),

@@ -126,7 +126,7 @@ async fn check_a_bad_name_is_refused_and_a_paused_queue_created(
         "{msg}"
     );
     b.screenshot("queues-bad-input").await;
-    assert!(queue_doc(&db, "bad name!").await.is_none());
+    assert!(queue_doc(db, "bad name!").await.is_none());
 
     // Create a paused queue through the form.
     let name = b.find("#new-queue-name").await;
@@ -144,7 +144,7 @@ async fn check_a_bad_name_is_refused_and_a_paused_queue_created(
         .await
         .expect("submit");
     b.find("tr[data-queue=\"console\"]").await;
-    let stored = queue_doc(&db, "console")
+    let stored = queue_doc(db, "console")
         .await
         .expect("queue created through the page");
     let queue: ObjectId = stored.get_object_id("_id").expect("id");
@@ -201,7 +201,7 @@ async fn check_threads_set_inline_and_the_counts_as_the_queue_drains(
         "threads 2 to be stored",
         Duration::from_secs(30),
         || async {
-            queue_doc(&db, "console")
+            queue_doc(db, "console")
                 .await
                 .and_then(|q| q.get_i64("threads").ok())
                 == Some(2)
@@ -219,7 +219,7 @@ async fn check_threads_set_inline_and_the_counts_as_the_queue_drains(
         t.trim() == "13"
     })
     .await;
-    std::fs::write(&gate, "").expect("open the gate");
+    std::fs::write(gate, "").expect("open the gate");
     let text = b
         .wait_text(
             "tr[data-queue=\"console\"] .succeeded",

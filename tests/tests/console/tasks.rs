@@ -202,11 +202,11 @@ async fn check_the_attempts_of_a_task_retried_after_a_timeout(
     // 1. The attempts of a task that failed once and succeeded when retried.
     b.open(&format!("{}/#/task/{}", dci.url, flaky.to_hex()), "task")
         .await;
-    wait_outcomes(&b, &["timed_out"]).await;
+    wait_outcomes(b, &["timed_out"]).await;
     b.find("#task-retry").await.click().await.expect("retry");
     b.wait_text("#task-status", "succeeded", |t| t.contains("succeeded"))
         .await;
-    wait_outcomes(&b, &["timed_out", "succeeded"]).await;
+    wait_outcomes(b, &["timed_out", "succeeded"]).await;
     let note = b
         .wait_text("#task-attempts-note", "attempt count", |t| !t.is_empty())
         .await;
@@ -238,14 +238,14 @@ async fn check_cancel_of_a_running_task_only_once_confirmed(
     b.wait_text("#task-status", "running", |t| t.contains("running"))
         .await;
     // The run under way has no record yet: it is shown from the task.
-    wait_outcomes(&b, &["running"]).await;
-    let before_decline = log_len(&dci_log);
+    wait_outcomes(b, &["running"]).await;
+    let before_decline = log_len(dci_log);
     b.find("#task-cancel").await.click().await.expect("cancel");
     let keep = b.find("#confirm-no").await.text().await.unwrap_or_default();
     assert_eq!(keep, "Keep running");
-    answer_confirm(&b, "Cancel running task", false, None).await;
-    page_request_answered(&b, &dci_log, "after-declined-cancel").await;
-    let sent = requests(&dci_log, before_decline);
+    answer_confirm(b, "Cancel running task", false, None).await;
+    page_request_answered(b, dci_log, "after-declined-cancel").await;
+    let sent = requests(dci_log, before_decline);
     assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
     assert_eq!(
         db.task_status(sleeper).await,
@@ -254,7 +254,7 @@ async fn check_cancel_of_a_running_task_only_once_confirmed(
     );
     b.find("#task-cancel").await.click().await.expect("cancel");
     answer_confirm(
-        &b,
+        b,
         "Its plugin is stopped",
         true,
         Some("task-cancel-running-confirm"),
@@ -268,7 +268,7 @@ async fn check_cancel_of_a_running_task_only_once_confirmed(
     .await;
     b.wait_text("#task-status", "cancelled", |t| t.contains("cancelled"))
         .await;
-    wait_outcomes(&b, &["cancelled"]).await;
+    wait_outcomes(b, &["cancelled"]).await;
     b.screenshot("task-cancelled").await;
 }
 
@@ -292,7 +292,7 @@ async fn check_bulk_retry_of_the_failed_from_the_queues_page(
         .await
         .expect("retry failed");
     answer_confirm(
-        &b,
+        b,
         "Retry the 3 failed task(s) of queue \"bulk\"",
         true,
         Some("queues-retry-confirm"),
@@ -306,7 +306,7 @@ async fn check_bulk_retry_of_the_failed_from_the_queues_page(
         t.trim() == "3"
     })
     .await;
-    assert_eq!(cell(&b, "bulk", "failed").await.trim(), "0");
+    assert_eq!(cell(b, "bulk", "failed").await.trim(), "0");
     for id in failing {
         assert_eq!(db.task_status(*id).await, Some(status::QUEUED));
     }
@@ -326,7 +326,7 @@ async fn check_cancel_all_queued_and_a_declined_plugin_change(
         .click()
         .await
         .expect("cancel queued");
-    answer_confirm(&b, "Cancel the 3 queued and blocked task(s)", true, None).await;
+    answer_confirm(b, "Cancel the 3 queued and blocked task(s)", true, None).await;
     b.wait_text(
         "tr[data-queue=\"bulk\"] td.cancelled",
         "cancelled count",
@@ -351,9 +351,9 @@ async fn check_cancel_all_queued_and_a_declined_plugin_change(
         }
     }
     assert!(picked, "the config lists a second plugin");
-    let before_decline = log_len(&dci_log);
+    let before_decline = log_len(dci_log);
     answer_confirm(
-        &b,
+        b,
         "Change the plugin of queue \"bulk\" from echo",
         false,
         None,
@@ -361,8 +361,8 @@ async fn check_cancel_all_queued_and_a_declined_plugin_change(
     .await;
     let shown = plugin.prop("value").await.ok().flatten();
     assert_eq!(shown.as_deref(), Some("echo"), "the select went back");
-    page_request_answered(&b, &dci_log, "after-declined-plugin-change").await;
-    let sent = requests(&dci_log, before_decline);
+    page_request_answered(b, dci_log, "after-declined-plugin-change").await;
+    let sent = requests(dci_log, before_decline);
     assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
     let stored = db
         .db
@@ -433,7 +433,7 @@ async fn check_each_status_has_its_own_count_column(dci: &Dci, b: &Browser) {
         ("discarded", "0"),
     ];
     for (column, n) in want {
-        assert_eq!(cell(&b, "mixed", column).await.trim(), n, "{column}");
+        assert_eq!(cell(b, "mixed", column).await.trim(), n, "{column}");
     }
     // Disbatch's own queued field still counts every status ≤ -2.
     let (_, q) = dci.get("/queues/mixed").await;

@@ -163,7 +163,7 @@ async fn check_the_graph_is_drawn_with_its_final_states(
 ) {
     b.open(&format!("{}/#/graphs/{graph}", dci.url), "graphs")
         .await;
-    let d = final_drawing(&b, "the graph's final states").await;
+    let d = final_drawing(b, "the graph's final states").await;
     assert_eq!(d["state"], "failed", "{d}");
     assert_eq!(d["nodes"].as_array().map(Vec::len), Some(8), "{d}");
     assert_eq!(d["edges"].as_array().map(Vec::len), Some(8), "{d}");
@@ -213,7 +213,7 @@ async fn check_the_graph_is_drawn_with_its_final_states(
         reasons.contains(bad),
         "the cancel reason is listed: {reasons}"
     );
-    let lay = layout(&b).await;
+    let lay = layout(b).await;
     assert_eq!(lay["overlaps"], 0, "{lay}");
     assert_eq!(lay["upward"], 0, "{lay}");
     assert_eq!(
@@ -258,7 +258,7 @@ async fn check_a_wide_graph_wraps_into_rows_and_scrolls(
     let big_id = big["graph"].as_str().expect("graph id");
     b.open(&format!("{}/#/graphs/{big_id}", dci.url), "graphs")
         .await;
-    let d = drawing(&b).await;
+    let d = drawing(b).await;
     assert_eq!(d["state"], "active", "{d}");
     assert_eq!(d["nodes"].as_array().map(Vec::len), Some(50), "{d}");
     assert_eq!(d["edges"].as_array().map(Vec::len), Some(edges), "{d}");
@@ -266,7 +266,7 @@ async fn check_a_wide_graph_wraps_into_rows_and_scrolls(
     assert_eq!(node(&d, "merge")["state"], "blocked", "{d}");
     assert_eq!(node(&d, "merge")["layer"], 8, "{d}");
     assert_eq!(node(&d, "merge")["shown"], "blocked · waits on 24", "{d}");
-    let lay = layout(&b).await;
+    let lay = layout(b).await;
     assert_eq!(lay["external"], 1, "{lay}");
     assert_eq!(lay["c_rows"], 3, "24 tasks in rows of 8: {lay}");
     assert_eq!(lay["overlaps"], 0, "{lay}");
@@ -299,7 +299,7 @@ async fn check_a_batch_and_its_callback_are_drawn(dci: &Dci, b: &Browser) -> Str
     let callback = batch["callback"].as_str().expect("callback id").to_string();
     b.open(&format!("{}/#/batches/{id}", dci.url), "batches")
         .await;
-    let d = final_drawing(&b, "the batch's final states").await;
+    let d = final_drawing(b, "the batch's final states").await;
     assert_eq!(d["state"], "failed", "{d}");
     let nodes = d["nodes"].as_array().expect("nodes");
     assert_eq!(nodes.len(), 6, "five members and the callback: {d}");

@@ -72,7 +72,7 @@ async fn check_a_new_queue_gets_the_default_policy_and_bad_ones_are_refused(
     )
     .await;
     assert_eq!(status, 200);
-    let stored = queue_retry(&db, "words").await;
+    let stored = queue_retry(db, "words").await;
     assert_eq!(
         stored,
         Some(Bson::Document(doc! {
@@ -90,7 +90,7 @@ async fn check_a_new_queue_gets_the_default_policy_and_bad_ones_are_refused(
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(queue_retry(&db, "plain").await, None, "null: no policy");
+    assert_eq!(queue_retry(db, "plain").await, None, "null: no policy");
     for (bad, field) in [
         (
             json!({"max_attempt": 3}),
@@ -115,7 +115,7 @@ async fn check_a_new_queue_gets_the_default_policy_and_bad_ones_are_refused(
         assert_eq!(status, 400, "{body}");
         assert!(body.to_string().contains(field), "{field}: {body}");
     }
-    assert!(queue_retry(&db, "bad").await.is_none());
+    assert!(queue_retry(db, "bad").await.is_none());
 }
 
 async fn check_the_operate_role_changes_the_policy_and_read_may_not(db: &TestDb, dci: &Dci) {
@@ -139,7 +139,7 @@ async fn check_the_operate_role_changes_the_policy_and_read_may_not(db: &TestDb,
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        queue_retry(&db, "words").await,
+        queue_retry(db, "words").await,
         Some(Bson::Document(doc! {"max_attempts": 3, "base_s": 1}))
     );
     let (_, shown) = call(dci, Method::GET, "/queues/words", READ, json!(null)).await;
@@ -185,7 +185,7 @@ async fn check_the_cli_sets_and_clears_the_policy(db: &TestDb, dci: &Dci) {
     ]);
     assert!(ok, "{text}");
     assert_eq!(
-        queue_retry(&db, "cliq").await,
+        queue_retry(db, "cliq").await,
         Some(Bson::Document(doc! {"max_attempts": 2}))
     );
     let (ok, text) = cli(&[
@@ -196,12 +196,12 @@ async fn check_the_cli_sets_and_clears_the_policy(db: &TestDb, dci: &Dci) {
     ]);
     assert!(ok, "{text}");
     assert_eq!(
-        queue_retry(&db, "cliq").await,
+        queue_retry(db, "cliq").await,
         Some(Bson::Document(doc! {"backoff": "constant", "base_s": 5}))
     );
     let (ok, text) = cli(&["update-queue", "cliq", "retry", "null"]);
     assert!(ok, "{text}");
-    assert_eq!(queue_retry(&db, "cliq").await, None);
+    assert_eq!(queue_retry(db, "cliq").await, None);
     let (ok, text) = cli(&["update-queue", "cliq", "retry", r#"{"on": ["sometimes"]}"#]);
     assert!(!ok && text.contains("retry.on"), "{text}");
 }

@@ -152,7 +152,7 @@ async fn stored_names_are_escaped_in_cli_tables_metrics_and_html() {
 
 async fn check_the_cli_escapes_stored_names(dci: &Dci, queues: &[ObjectId], task: ObjectId) {
     // CLI tables: one line per row, escapes visible.
-    let table = table_has_one_line_per_row(&dci, "queues", 1);
+    let table = table_has_one_line_per_row(dci, "queues", 1);
     for shown in [
         "esc\\u{1b}[31mred",
         "nul\\u{0}name",
@@ -163,9 +163,9 @@ async fn check_the_cli_escapes_stored_names(dci: &Dci, queues: &[ObjectId], task
     ] {
         assert!(table.contains(shown), "{shown} not in\n{table}");
     }
-    let nodes = table_has_one_line_per_row(&dci, "nodes", 0);
+    let nodes = table_has_one_line_per_row(dci, "nodes", 0);
     assert!(nodes.contains("node\\u{1b}]0;pwned\\u{7}"), "{nodes}");
-    table_has_one_line_per_row(&dci, "summary", 0);
+    table_has_one_line_per_row(dci, "summary", 0);
 
     // JSON output: escaped as \uXXXX, the same values once parsed.
     let (json_text, _) = checked("--json queues", &dci.cli(&["--json", "queues"]));

@@ -174,8 +174,8 @@ async fn check_the_den_left_odd_documents_alone_and_counted_them(
     // queues had they been served.
     den.wait_queue_reads(3).await;
     let log = den.log_text();
-    let mut problems = task_problems(&db, &c, &log).await;
-    problems.extend(queue_problems(&db, &c, &log).await);
+    let mut problems = task_problems(db, c, &log).await;
+    problems.extend(queue_problems(db, c, &log).await);
     assert!(
         problems.is_empty(),
         "DEN problems:\n{}\nDEN log:\n{log}",
@@ -219,10 +219,10 @@ async fn check_every_get_over_the_corpus_answers_below_500(
     c: &Inserted,
     good_task: ObjectId,
 ) {
-    let targets = get_targets(&c, &openapi_routes(dci.addr).await, good_task);
+    let targets = get_targets(c, &openapi_routes(dci.addr).await, good_task);
     let mut failures = Vec::new();
     for (target, html) in &targets {
-        check_get(&dci, target, *html, &mut failures).await;
+        check_get(dci, target, *html, &mut failures).await;
     }
     let dci_log = dci.log_text();
     assert!(

@@ -105,7 +105,7 @@ async fn check_limits_set_at_creation_are_stored_and_shown(db: &TestDb, dci: &Dc
         )
         .await;
     assert_eq!(s, 200, "{body}");
-    let stored = queue_doc(&db, "q").await;
+    let stored = queue_doc(db, "q").await;
     let limits = disbatch_model::limits::parse(&stored).expect("a node reads them");
     assert_eq!(
         limits.rate.map(|r| (r.starts, r.per)),
@@ -163,7 +163,7 @@ async fn check_limits_change_and_clear_one_at_a_time(db: &TestDb, dci: &Dci) -> 
         .post("/queues/q", json!({"concurrency": null, "unique": null}))
         .await;
     assert_eq!(s, 200, "{body}");
-    let stored = queue_doc(&db, "q").await;
+    let stored = queue_doc(db, "q").await;
     assert!(
         stored.get("concurrency").is_none() && stored.get("unique").is_none(),
         "{stored}"
@@ -340,7 +340,7 @@ async fn check_a_task_held_by_a_spent_rate_limit(db: &TestDb, dci: &Dci, now: i6
     let r = db
         .insert_tasks(rated, vec![doc! {}.into(), doc! {}.into()])
         .await;
-    let held = held_of(&dci, r[0]).await;
+    let held = held_of(dci, r[0]).await;
     assert_eq!(held["limit"], json!("rate_limit"), "{held}");
     assert_eq!(
         held["until"],
@@ -362,13 +362,13 @@ async fn check_a_task_held_by_a_spent_rate_limit(db: &TestDb, dci: &Dci, now: i6
     assert_eq!(q["flow"]["held"]["rate_limit"], json!(2), "{q}");
     // Neither a finished task nor a delayed one is held: they wait on nothing.
     db.set_task(r[1], doc! {"status": 1}).await;
-    assert_eq!(held_of(&dci, r[1]).await, Value::Null);
+    assert_eq!(held_of(dci, r[1]).await, Value::Null);
     db.set_task(
         r[1],
         doc! {"status": -2, "not_before": DateTime::from_millis(now + 3_600_000)},
     )
     .await;
-    assert_eq!(held_of(&dci, r[1]).await, Value::Null);
+    assert_eq!(held_of(dci, r[1]).await, Value::Null);
     let (ok, text) = output(&dci.cli(&["task", &r[0].to_hex()]));
     assert!(
         ok && text.contains("held") && text.contains("rate_limit: the rate limit is used up"),
@@ -413,7 +413,7 @@ async fn check_tasks_held_by_a_spent_partition_or_the_partition_limit(
             ],
         )
         .await;
-    let held = held_of(&dci, p[0]).await;
+    let held = held_of(dci, p[0]).await;
     assert_eq!(
         (held["limit"].clone(), held["until"].clone()),
         (json!("rate_limit"), shown(now + 40_000))
@@ -425,8 +425,8 @@ async fn check_tasks_held_by_a_spent_partition_or_the_partition_limit(
             .contains("params.c \"a\""),
         "{held}"
     );
-    assert_eq!(held_of(&dci, p[1]).await, Value::Null, "b has a start left");
-    let held = held_of(&dci, p[2]).await;
+    assert_eq!(held_of(dci, p[1]).await, Value::Null, "b has a start left");
+    let held = held_of(dci, p[2]).await;
     assert_eq!(held["limit"], json!("partition_limit"), "{held}");
     assert_eq!(
         held["until"],
@@ -479,7 +479,7 @@ async fn check_a_task_held_by_its_concurrency_key(db: &TestDb, dci: &Dci) {
         doc! {"status": 0, "node": "n1", "concurrency_key": "x", "concurrency_slot": 0},
     )
     .await;
-    let held = held_of(&dci, k[1]).await;
+    let held = held_of(dci, k[1]).await;
     assert_eq!(
         (held["limit"].clone(), held["until"].clone()),
         (json!("concurrency"), Value::Null),
@@ -492,7 +492,7 @@ async fn check_a_task_held_by_its_concurrency_key(db: &TestDb, dci: &Dci) {
             .contains("params.a \"x\" already has 1 running task(s)"),
         "{held}"
     );
-    assert_eq!(held_of(&dci, k[2]).await, Value::Null);
+    assert_eq!(held_of(dci, k[2]).await, Value::Null);
     let (_, q) = dci.get("/queues/keyed").await;
     assert_eq!(
         q["flow"]["concurrency"],
@@ -521,11 +521,11 @@ async fn check_a_task_held_behind_an_older_one_of_its_ordered_key(db: &TestDb, d
         )
         .await;
     assert_eq!(
-        held_of(&dci, o[0]).await,
+        held_of(dci, o[0]).await,
         Value::Null,
         "the oldest of its key"
     );
-    let held = held_of(&dci, o[1]).await;
+    let held = held_of(dci, o[1]).await;
     assert_eq!(held["limit"], json!("ordered"), "{held}");
     assert!(
         held["reason"]
@@ -534,7 +534,7 @@ async fn check_a_task_held_behind_an_older_one_of_its_ordered_key(db: &TestDb, d
             .contains(&o[0].to_hex()),
         "{held}"
     );
-    assert_eq!(held_of(&dci, o[2]).await, Value::Null);
+    assert_eq!(held_of(dci, o[2]).await, Value::Null);
     let (_, q) = dci.get("/queues/ordered").await;
     assert_eq!(q["flow"]["held"]["ordered"], json!(1), "{q}");
 }

@@ -215,7 +215,7 @@ fn check_the_verdicts_and_the_text(report: &BenchReport) {
         4,
         "{text}"
     );
-    let json = serde_json::to_value(&report).expect("json");
+    let json = serde_json::to_value(report).expect("json");
     assert!(json["fleets"][0]["runs"][0]["round_trips"]["per_task"].is_number());
 }
 

@@ -191,12 +191,12 @@ async fn check_the_skew_is_seen_on_the_gauge_and_the_node(
     shift_s: i64,
 ) {
     // The skew is seen: the gauge and the node document say it, within a second.
-    let gauge = offset_gauge(&skewed).await;
+    let gauge = offset_gauge(skewed).await;
     assert!(
         (gauge - shift_s as f64).abs() <= 1.0,
         "the skewed node's gauge says {gauge} s, its clock is {shift_s:+} s off"
     );
-    let sane = offset_gauge(&normal).await;
+    let sane = offset_gauge(normal).await;
     assert!(sane.abs() <= 1.0, "the normal node's gauge says {sane} s");
     wait_for(
         "the skewed node's offset on its document",
@@ -217,7 +217,7 @@ async fn check_every_task_ran_once_and_ended_well(
     ids: &[ObjectId],
 ) -> BTreeMap<String, usize> {
     // Every task ran exactly once, and ended well: nothing orphaned, requeued or lost.
-    let lines = read_lines(&starts);
+    let lines = read_lines(starts);
     let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
     let mut tasks = BTreeSet::new();
     for line in &lines {

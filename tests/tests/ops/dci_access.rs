@@ -131,7 +131,7 @@ async fn check_no_wrong_or_other_scheme_tokens_get_401(
     create_task: &impl Fn() -> Option<Value>,
 ) {
     // No token, a wrong one, or another scheme: 401 in the API's error shape, with a challenge.
-    let (status, challenge, body) = call(&dci, Method::GET, "/queues", None, None).await;
+    let (status, challenge, body) = call(dci, Method::GET, "/queues", None, None).await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(
         body,
@@ -139,7 +139,7 @@ async fn check_no_wrong_or_other_scheme_tokens_get_401(
     );
     assert_eq!(challenge.as_deref(), Some("Bearer realm=\"disbatch\""));
     let (status, challenge, body) =
-        call(&dci, Method::POST, "/tasks", Some(WRONG), create_task()).await;
+        call(dci, Method::POST, "/tasks", Some(WRONG), create_task()).await;
     assert_eq!((status, body), (401, error("invalid token")));
     assert!(
         challenge
@@ -173,16 +173,16 @@ async fn check_read_gets_every_get_and_no_write(
         "/info",
         "/openapi.json",
     ] {
-        let (status, _, body) = call(&dci, Method::GET, path, Some(READ), None).await;
+        let (status, _, body) = call(dci, Method::GET, path, Some(READ), None).await;
         assert_eq!(status, 200, "GET {path}: {body}");
     }
-    let (status, _, body) = call(&dci, Method::POST, "/tasks", Some(READ), create_task()).await;
+    let (status, _, body) = call(dci, Method::POST, "/tasks", Some(READ), create_task()).await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(
         body,
         error("forbidden: POST /tasks needs role operate; token \"viewer\" has role read")
     );
-    assert_eq!(task_count(&db).await, 0, "a refused request writes nothing");
+    assert_eq!(task_count(db).await, 0, "a refused request writes nothing");
 }
 
 async fn check_operate_makes_tasks_and_threads_but_not_a_plugin(
@@ -192,12 +192,12 @@ async fn check_operate_makes_tasks_and_threads_but_not_a_plugin(
     create_task: &impl Fn() -> Option<Value>,
 ) -> String {
     // operate: tasks and threads, but not admin routes or a queue's plugin.
-    let (status, _, body) = call(&dci, Method::POST, "/tasks", Some(OPERATE), create_task()).await;
+    let (status, _, body) = call(dci, Method::POST, "/tasks", Some(OPERATE), create_task()).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(task_count(&db).await, 1);
+    assert_eq!(task_count(db).await, 1);
     let q = format!("/queues/{}", queue.to_hex());
     let (status, _, body) = call(
-        &dci,
+        dci,
         Method::POST,
         &q,
         Some(OPERATE),
@@ -206,7 +206,7 @@ async fn check_operate_makes_tasks_and_threads_but_not_a_plugin(
     .await;
     assert_eq!(status, 200, "{body}");
     let (status, _, body) = call(
-        &dci,
+        dci,
         Method::POST,
         &q,
         Some(OPERATE),
@@ -225,7 +225,7 @@ async fn check_operate_makes_tasks_and_threads_but_not_a_plugin(
 
 async fn check_the_openapi_document_carries_each_role(dci: &Dci, q: &str) {
     // The OpenAPI document carries each route's role.
-    let (_, _, doc) = call(&dci, Method::GET, "/openapi.json", Some(READ), None).await;
+    let (_, _, doc) = call(dci, Method::GET, "/openapi.json", Some(READ), None).await;
     assert_eq!(doc["paths"]["/queues"]["get"]["x-disbatch-role"], "read");
     assert_eq!(doc["paths"]["/queues"]["post"]["x-disbatch-role"], "admin");
     assert_eq!(doc["paths"]["/tasks"]["post"]["x-disbatch-role"], "operate");
@@ -266,9 +266,9 @@ async fn check_the_openapi_document_carries_each_role(dci: &Dci, q: &str) {
     );
     for field in admin_fields {
         let (status, _, body) = call(
-            &dci,
+            dci,
             Method::POST,
-            &q,
+            q,
             Some(OPERATE),
             Some(json!({ field: "x" })),
         )

@@ -334,7 +334,7 @@ async fn check_the_access_log_names_the_token_never_the_token_itself(log: &Path,
     // The access log: one line per request with the token's name, never the token.
     let mut logged = String::new();
     wait_for("the access log", Duration::from_secs(30), || {
-        logged = std::fs::read_to_string(&log).unwrap_or_default();
+        logged = std::fs::read_to_string(log).unwrap_or_default();
         let done = logged.contains(&ids[1]) && logged.contains("/no/such");
         async move { done }
     })

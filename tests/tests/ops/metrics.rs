@@ -209,7 +209,7 @@ async fn check_the_figures_follow_the_database(
         "a scrape showing the change",
         Duration::from_secs(30),
         || {
-            let scraped = get_metrics(&dci, None);
+            let scraped = get_metrics(dci, None);
             let last = &last;
             async move {
                 let text = scraped.await.2;

@@ -284,7 +284,7 @@ async fn check_create_users_makes_each_role(db: &TestDb, config: &Path) {
     let plugin_perms = db.path("plugin-perms.json");
     std::fs::write(&plugin_perms, r#"{"reports": ["insert"]}"#).expect("write perms");
     let out = create_users(
-        &config,
+        config,
         &["--plugin-perms", plugin_perms.to_str().expect("utf-8 path")],
         ROOT_PASSWORD,
     );
@@ -296,12 +296,12 @@ async fn check_create_users_makes_each_role(db: &TestDb, config: &Path) {
             "{user}: {stdout}"
         );
     }
-    assert_eq!(user_names(&db).await, {
+    assert_eq!(user_names(db).await, {
         let mut u: Vec<String> = USERS.iter().map(|s| s.to_string()).collect();
         u.sort();
         u
     });
-    let den_role = privileges(&db, "disbatchd").await;
+    let den_role = privileges(db, "disbatchd").await;
     assert!(has(&den_role, "leases", "insert") && has(&den_role, "attempts", "update"));
     // Retention: the maintenance leader deletes ended tasks with their attempts and output.
     for collection in ["tasks", "attempts", "tasks.files", "tasks.chunks"] {
@@ -309,7 +309,7 @@ async fn check_create_users_makes_each_role(db: &TestDb, config: &Path) {
     }
     assert!(!has(&den_role, "queues", "remove") && !has(&den_role, "tasks", "dropCollection"));
     assert_eq!(
-        privileges(&db, "plugin").await,
+        privileges(db, "plugin").await,
         vec![("reports".to_string(), vec!["insert".to_string()])]
     );
 }
@@ -378,7 +378,7 @@ async fn check_a_task_runs_with_its_output_in_gridfs(db: &TestDb, dci: &Dci) {
 
 async fn check_the_chained_unit_the_continuous_task_and_the_balance_lease(db: &TestDb) -> Document {
     // The runner inserted the chained unit; the DEN made the continuous queue's task.
-    let next = queue_id(&db, "next").await;
+    let next = queue_id(db, "next").await;
     // With `queue`: SecantusDB finds nothing by `key` alone (see the report).
     let chained = doc! {"queue": next, "key": "chained"};
     wait_for(
@@ -392,7 +392,7 @@ async fn check_the_chained_unit_the_continuous_task_and_the_balance_lease(db: &T
         },
     )
     .await;
-    let cont = queue_id(&db, "cont").await;
+    let cont = queue_id(db, "cont").await;
     wait_for(
         "a continuous task made by the DEN to finish",
         Duration::from_secs(30),
@@ -449,7 +449,7 @@ async fn check_the_dcis_writes_as_its_own_user(db: &TestDb, dci: &Dci, chained: 
     assert_eq!(status, 200, "{body}");
     let held = db
         .tasks()
-        .find_one(doc! {"queue": queue_id(&db, "held").await})
+        .find_one(doc! {"queue": queue_id(db, "held").await})
         .await
         .expect("find")
         .expect("held task")
@@ -535,7 +535,7 @@ async fn check_least_privilege_against_the_server(db: &TestDb) {
         ),
     ];
     for (user, may, must_not) in table {
-        let as_it = as_user(&db, user, "e2e").await;
+        let as_it = as_user(db, user, "e2e").await;
         for &(op, collection) in may {
             let got = probe(&as_it, op, collection).await;
             assert_eq!(got, None, "{user} may {op:?} {collection}");
@@ -549,7 +549,7 @@ async fn check_least_privilege_against_the_server(db: &TestDb) {
             );
         }
     }
-    let web = as_user(&db, "disbatch_web", "e2e").await;
+    let web = as_user(db, "disbatch_web", "e2e").await;
     assert_eq!(
         code(web.drop().await),
         Some(UNAUTHORIZED),

@@ -126,7 +126,7 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
 }
 
 async fn check_the_buckets_count_the_workload(db: &TestDb, work: ObjectId, idle: ObjectId) {
-    let of_work = buckets(&db, doc! {"queue": work}).await;
+    let of_work = buckets(db, doc! {"queue": work}).await;
     let sum = |k: &str| of_work.iter().map(|d| count(d, k)).sum::<i64>();
     assert_eq!(
         (sum("succeeded"), sum("failed"), sum("lost")),
@@ -155,14 +155,14 @@ async fn check_the_buckets_count_the_workload(db: &TestDb, work: ObjectId, idle:
     assert!(p95s.iter().any(|p| *p >= 300.0), "{of_work:?}");
     assert!(of_work.iter().all(|d| d.get_str("writer") == Ok("n1")));
     // The fleet's buckets hold the same totals.
-    let fleet = buckets(&db, doc! {"queue": Bson::Null}).await;
+    let fleet = buckets(db, doc! {"queue": Bson::Null}).await;
     assert_eq!(fleet.iter().map(|d| count(d, "succeeded")).sum::<i64>(), 5);
     // The idle queue's depth shows in the buckets written since it had tasks.
     wait_for(
         "the idle queue's depth",
         Duration::from_secs(20),
         || async {
-            !buckets(&db, doc! {"queue": idle, "queued": 2_i64})
+            !buckets(db, doc! {"queue": idle, "queued": 2_i64})
                 .await
                 .is_empty()
         },
@@ -392,7 +392,7 @@ async fn the_charts_page_draws_the_statistics() {
 }
 
 async fn check_each_chart_draws_every_fleet_bucket(db: &TestDb, b: &Browser, fleet_before: u64) {
-    let fleet_after = buckets(&db, doc! {"queue": Bson::Null}).await.len() as u64;
+    let fleet_after = buckets(db, doc! {"queue": Bson::Null}).await.len() as u64;
     for id in [
         "chart-throughput",
         "chart-depth",

@@ -158,12 +158,11 @@ async fn check_the_task_and_its_result_by_attempt(
     assert!(silent.get("output").is_none(), "{silent}");
 
     // The result alone: the last success's; any attempt's by id.
-    let (status, attempt, body) = result_of(&dci, &format!("/tasks/{twice}/result")).await;
+    let (status, attempt, body) = result_of(dci, &format!("/tasks/{twice}/result")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body, json!({"greeted": "Ada", "try": 2, "list": [1, 2, 3]}));
     assert_eq!(attempt.as_deref(), Some(last));
-    let (status, _, body) =
-        result_of(&dci, &format!("/tasks/{twice}/result?attempt={first}")).await;
+    let (status, _, body) = result_of(dci, &format!("/tasks/{twice}/result?attempt={first}")).await;
     assert_eq!(
         (status, body),
         (200, json!({"greeted": "nobody", "try": 1}))
@@ -197,7 +196,7 @@ async fn check_what_has_no_result_or_is_not_asked_well(dci: &Dci, f: &Fixture, t
             "invalid attempt id",
         ),
     ] {
-        let (status, _, body) = result_of(&dci, &path).await;
+        let (status, _, body) = result_of(dci, &path).await;
         assert_eq!(status, want, "{path}: {body}");
         assert!(
             body["error"].as_str().is_some_and(|e| e.contains(says)),
@@ -220,10 +219,10 @@ async fn check_a_result_too_large_to_inline_is_linked(dci: &Dci, big: &str) {
     let (_, rows) = dci.get(&format!("/tasks/{big}/attempts")).await;
     assert_eq!(rows[0]["output"], Value::Null);
     assert_eq!(rows[0]["output_omitted"]["url"], json!(url));
-    let (status, _, body) = result_of(&dci, &url).await;
+    let (status, _, body) = result_of(dci, &url).await;
     assert_eq!(status, 200);
     assert_eq!(body.as_str().map(str::len), Some(BIG));
-    let (_, _, whole) = result_of(&dci, &format!("/tasks/{big}/result")).await;
+    let (_, _, whole) = result_of(dci, &format!("/tasks/{big}/result")).await;
     assert_eq!(whole, body);
 }
 
@@ -236,15 +235,15 @@ async fn check_the_cli_prints_the_output_and_the_result(
     last: &str,
 ) {
     // The CLI: pretty output under the task's fields and each attempt; ids as hex.
-    let text = stdout(&dci.cli(&["task", &twice]));
+    let text = stdout(&dci.cli(&["task", twice]));
     assert!(
         text.contains(&format!("output (of attempt {last}):")),
         "{text}"
     );
     assert!(text.contains("    \"greeted\": \"Ada\","), "{text}");
     assert!(!text.contains("$oid"), "{text}");
-    assert!(text.contains(&last), "the attempt field, as hex: {text}");
-    let text = stdout(&dci.cli(&["attempts", &twice]));
+    assert!(text.contains(last), "the attempt field, as hex: {text}");
+    let text = stdout(&dci.cli(&["attempts", twice]));
     assert!(
         text.contains(&format!("output of attempt 1 ({first}):")),
         "{text}"
@@ -254,7 +253,7 @@ async fn check_the_cli_prints_the_output_and_the_result(
         text.contains(&format!("output of attempt 2 ({last}):")),
         "{text}"
     );
-    let text = stdout(&dci.cli(&["task", &big]));
+    let text = stdout(&dci.cli(&["task", big]));
     assert!(
         text.contains(&format!("{} bytes of JSON, too large", BIG + 2)),
         "{text}"
@@ -264,13 +263,13 @@ async fn check_the_cli_prints_the_output_and_the_result(
         "{text}"
     );
     assert!(text.len() < 64 * 1024, "bounded: {} bytes", text.len());
-    let text = stdout(&dci.cli(&["result", &twice]));
+    let text = stdout(&dci.cli(&["result", twice]));
     assert_eq!(
         serde_json::from_str::<Value>(&text).ok(),
         Some(json!({"greeted": "Ada", "try": 2, "list": [1, 2, 3]})),
         "{text}"
     );
-    let text = stdout(&dci.cli(&["result", &twice, "--attempt", &first]));
+    let text = stdout(&dci.cli(&["result", twice, "--attempt", first]));
     assert_eq!(
         serde_json::from_str::<Value>(&text).ok(),
         Some(json!({"greeted": "nobody", "try": 1}))

@@ -399,7 +399,7 @@ async fn check_a_batch_with_a_grown_member_is_cancelled_whole(db: &TestDb, dci: 
     assert_eq!(s, 200, "{out}");
     let (doomed, doomed_member) = (oid(&out["batch"]), oid(&out["ids"][0]));
     let doomed_callback = oid(&out["callback"]);
-    grow_to_the_limit(&db, doomed_member, 30).await;
+    grow_to_the_limit(db, doomed_member, 30).await;
     let (s, out) = dci
         .post(&format!("/batches/{}/cancel", doomed.to_hex()), json!({}))
         .await;

@@ -89,14 +89,14 @@ async fn kill_the_leader_each_round(
     let mut left: Vec<i64> = Vec::new();
     for round in 1..=(RUN.as_secs() / KILL_EVERY.as_secs()) - 1 {
         tokio::time::sleep_until((began + KILL_EVERY * round as u32).into()).await;
-        let leading = wait_leader(&db, None, Duration::from_secs(60)).await;
+        let leading = wait_leader(db, None, Duration::from_secs(60)).await;
         // Killed only once it has led: a tick enqueued since it was seen leading.
         let since = gaps.last().map_or(first, |g| g.1);
         wait_for(
             "the leader's first tick",
             Duration::from_secs(30),
             || async {
-                scheduled(&db, queue)
+                scheduled(db, queue)
                     .await
                     .last()
                     .is_some_and(|t| t.0 > since)
@@ -109,7 +109,7 @@ async fn kill_the_leader_each_round(
             "the leader to renew its lease",
             Duration::from_secs(30),
             || async {
-                let lease = leader_lease(&db).await;
+                let lease = leader_lease(db).await;
                 let renewed =
                     lease.filter(|(owner, u)| *owner == leading && u - now_ms() >= LEFT_AT_KILL_MS);
                 until.set(renewed.as_ref().map_or(0, |(_, u)| *u));
@@ -125,8 +125,8 @@ async fn kill_the_leader_each_round(
         let killed = now_ms();
         left.push(until.get() - killed);
         // The fleet keeps three nodes (two while this one starts).
-        dens.push(Den::start(&config, &format!("r{round}")));
-        let next = wait_leader(&db, Some(&leading), Duration::from_secs(60)).await;
+        dens.push(Den::start(config, &format!("r{round}")));
+        let next = wait_leader(db, Some(&leading), Duration::from_secs(60)).await;
         let seen = now_ms();
         println!(
             "round {round}: killed leader {leading} with {} ms of its lease left; {next} leads {} ms later",
@@ -145,7 +145,7 @@ async fn check_no_tick_twice_or_off_the_schedule(
     end: i64,
     gaps: &[(i64, i64)],
 ) -> (Vec<i64>, Vec<(i64, i64)>) {
-    let tasks = scheduled(&db, queue).await;
+    let tasks = scheduled(db, queue).await;
     let mut per_tick: BTreeMap<i64, Vec<Option<i64>>> = BTreeMap::new();
     for (tick, missed) in &tasks {
         per_tick.entry(*tick).or_default().push(*missed);

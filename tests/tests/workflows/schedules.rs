@@ -159,7 +159,7 @@ async fn check_removing_the_schedule_removes_the_leaders_record(
     .await;
     let (status, body) = dci.post("/queues/cron", json!({"schedule": null})).await;
     assert_eq!(status, 200, "{body}");
-    let q = queue_by_id(&db, id).await;
+    let q = queue_by_id(db, id).await;
     for gone in ["schedule", "schedule_last", "schedule_basis"] {
         assert!(!q.contains_key(gone), "{gone} left in {q}");
     }
@@ -184,11 +184,11 @@ async fn check_work_spec_schedules_are_checked_and_removed_on_reload(db: &TestDb
         error_text(&body).starts_with("specs[1]: schedule"),
         "{body}"
     );
-    assert!(queue_named(&db, "ok").await.is_none() && queue_named(&db, "bad").await.is_none());
+    assert!(queue_named(db, "ok").await.is_none() && queue_named(db, "bad").await.is_none());
     let spec = json!({"name": "ok", "plugin": "echo", "schedule": "@hourly", "schedule_tz": "Europe/Paris"});
     let (status, body) = dci.post("/specs", json!({"specs": [spec]})).await;
     assert_eq!(status, 200, "{body}");
-    let q = queue_named(&db, "ok").await.expect("loaded");
+    let q = queue_named(db, "ok").await.expect("loaded");
     assert_eq!(q.get_str("schedule").ok(), Some("@hourly"));
     assert_eq!(q.get_str("schedule_tz").ok(), Some("Europe/Paris"));
     let (status, body) = dci
@@ -198,7 +198,7 @@ async fn check_work_spec_schedules_are_checked_and_removed_on_reload(db: &TestDb
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let q = queue_named(&db, "ok").await.expect("reloaded");
+    let q = queue_named(db, "ok").await.expect("reloaded");
     assert!(
         !q.contains_key("schedule") && !q.contains_key("schedule_tz"),
         "{q}"
