@@ -209,6 +209,25 @@ async fn queue_cancel_cancels_what_waits_and_counts_show_every_status_apart() {
     }
     let untouched = db.insert_tasks(other, vec![doc! {}.into()]).await[0];
 
+    check_counts_show_every_status_apart(&dci).await;
+
+    check_queue_cancel_cancels_only_what_waits(&db, &dci, &ids, untouched).await;
+
+    check_retry_failed_then_cancel_the_rest(&db, &dci, &ids).await;
+
+    // Nothing left to cancel; by id too; unknown queue.
+    let (s, body) = dci
+        .post(&format!("/queues/{}/cancel", queue.to_hex()), json!({}))
+        .await;
+    assert_eq!((s, body), (200, update_result(0, 0)));
+    let (s, body) = dci.post("/queues/nope/cancel", json!({})).await;
+    assert_eq!(s, 404, "{body}");
+    let (s, body) = dci.get("/queues/q/cancel").await;
+    assert_eq!(s, 405, "{body}");
+    db.drop().await;
+}
+
+async fn check_counts_show_every_status_apart(dci: &Dci) {
     let (s, q) = dci.get("/queues/q").await;
     assert_eq!(s, 200, "{q}");
     // Disbatch's columns keep their meaning: queued is every status ≤ -2.
@@ -237,12 +256,19 @@ async fn queue_cancel_cancels_what_waits_and_counts_show_every_status_apart() {
         .and_then(|l| l.iter().find(|r| r["name"] == json!("q")).cloned())
         .unwrap_or_default();
     assert_eq!(row["by_status"], q["by_status"], "{list}");
+}
 
+async fn check_queue_cancel_cancels_only_what_waits(
+    db: &TestDb,
+    dci: &Dci,
+    ids: &[ObjectId],
+    untouched: ObjectId,
+) {
     let (s, body) = dci.post("/queues/q/cancel", json!({})).await;
     assert_eq!((s, body), (200, update_result(3, 3)));
     let after: Vec<i32> = {
         let mut v = Vec::new();
-        for id in &ids {
+        for id in ids {
             v.push(db.task(*id).await.get_i32("status").unwrap_or(99));
         }
         v
@@ -272,7 +298,9 @@ async fn queue_cancel_cancels_what_waits_and_counts_show_every_status_apart() {
     assert_eq!(q["by_status"]["cancelled"], json!(4), "{q}");
     assert_eq!(q["by_status"]["queued"], json!(0), "{q}");
     assert_eq!(q["queued"], json!(7), "still every status ≤ -2: {q}");
+}
 
+async fn check_retry_failed_then_cancel_the_rest(db: &TestDb, dci: &Dci, ids: &[ObjectId]) {
     // Retry "failed": status 2 and the plugin-defined codes above it, nothing else.
     let (s, body) = dci
         .post("/queues/q/retry", json!({"status": "failed"}))
@@ -302,17 +330,6 @@ async fn queue_cancel_cancels_what_waits_and_counts_show_every_status_apart() {
     assert_eq!(s, 400, "{body}");
     let (s, body) = dci.post("/queues/q/cancel", json!({})).await;
     assert_eq!((s, body), (200, update_result(2, 2)));
-
-    // Nothing left to cancel; by id too; unknown queue.
-    let (s, body) = dci
-        .post(&format!("/queues/{}/cancel", queue.to_hex()), json!({}))
-        .await;
-    assert_eq!((s, body), (200, update_result(0, 0)));
-    let (s, body) = dci.post("/queues/nope/cancel", json!({})).await;
-    assert_eq!(s, 404, "{body}");
-    let (s, body) = dci.get("/queues/q/cancel").await;
-    assert_eq!(s, 405, "{body}");
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -51,89 +51,9 @@ async fn delays_and_priorities_are_stored_and_a_delayed_task_is_not_claimed() {
     db.insert_queue("later", "echo", 2).await;
     let dci = Dci::start(&config);
 
-    // delay_s counts on the server's clock: the stored time is within the request's span.
-    let before = server_now(&db).await;
-    let (s, made) = dci
-        .post(
-            "/tasks",
-            json!({"queue": "later", "params": {"n": "delayed"}, "delay_s": 3600, "priority": 7, "answer": "ids"}),
-        )
-        .await;
-    let after = server_now(&db).await;
-    assert_eq!(s, 200, "{made}");
-    let delayed = hex_id(&made["ids"][0]);
-    let task = db.task(delayed).await;
-    let not_before = task.get_datetime("not_before").expect("not_before stored");
-    // The DCI's reading of the server's clock may be a little off between its readings: a
-    // minute of slack each way, nowhere near the hour asked for (nor a host clock an hour off).
-    let (hour, slack) = (3_600_000, 60_000);
-    assert!(
-        not_before.timestamp_millis() >= before.timestamp_millis() + hour - slack
-            && not_before.timestamp_millis() <= after.timestamp_millis() + hour + slack,
-        "not_before {not_before} is an hour after the server's {before}..{after}"
-    );
-    assert_eq!(task.get("priority"), Some(&Bson::Int64(7)), "{task}");
-    assert!(
-        task.get_document("params")
-            .expect("params")
-            .get("priority")
-            .is_none(),
-        "task fields, not params: {task}"
-    );
+    let delayed = check_a_delay_counts_on_the_server_clock(&db, &dci).await;
 
-    // not_before in each of its forms, stored as the same date.
-    let at = DateTime::parse_rfc3339_str("2031-02-03T04:05:06Z").expect("date");
-    for (n, form) in [
-        json!("2031-02-03T04:05:06Z"),
-        json!("2031-02-03T04:05:06.000Z"),
-        json!("2031-02-03T05:05:06+01:00"),
-        json!("2031-02-03T04:05:06"),
-        json!({"$date": "2031-02-03T04:05:06Z"}),
-        json!({"$date": {"$numberLong": at.timestamp_millis().to_string()}}),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let (s, made) = dci
-            .post(
-                "/tasks",
-                json!({"queue": "later", "params": {"form": n}, "not_before": form, "priority": -3}),
-            )
-            .await;
-        assert_eq!(s, 200, "{form}: {made}");
-        let task = only_task(&db, doc! {"params.form": n as i64}).await;
-        assert_eq!(task.get_datetime("not_before").ok(), Some(&at), "{form}");
-        assert_eq!(task.get("priority"), Some(&Bson::Int64(-3)), "{form}");
-    }
-    // Per task: each entry of `tasks` its own time and priority, the request's the default.
-    let (s, made) = dci
-        .post(
-            "/tasks",
-            json!({"queue": "later", "priority": 1, "delay_s": 7200, "answer": "ids", "tasks": [
-                {"params": {"each": 0}, "not_before": "2031-02-03T04:05:06Z", "priority": 9},
-                {"params": {"each": 1}, "delay_s": 0},
-                {"params": {"each": 2}},
-            ]}),
-        )
-        .await;
-    assert_eq!(s, 200, "{made}");
-    let each: Vec<Document> =
-        futures::future::join_all((0..3).map(|n| only_task(&db, doc! {"params.each": n}))).await;
-    assert_eq!(each[0].get_datetime("not_before").ok(), Some(&at));
-    assert_eq!(each[0].get("priority"), Some(&Bson::Int64(9)));
-    assert!(
-        each[1].get_datetime("not_before").expect("not_before")
-            < each[2].get_datetime("not_before").expect("not_before"),
-        "delay_s 0 is before the request's two hours: {each:?}"
-    );
-    assert_eq!(
-        each[1].get("priority"),
-        Some(&Bson::Int64(1)),
-        "the default"
-    );
-    for (d, n) in each.iter().zip(0..) {
-        assert_eq!(d.get_document("params").ok(), Some(&doc! {"each": n}));
-    }
+    check_not_before_forms_and_per_task_values(&db, &dci).await;
 
     // Digits as text, as a form body sends every value.
     let (s, made) = dci
@@ -181,6 +101,95 @@ async fn delays_and_priorities_are_stored_and_a_delayed_task_is_not_claimed() {
         "its time is still ahead on the server's clock"
     );
     db.drop().await;
+}
+
+async fn check_a_delay_counts_on_the_server_clock(db: &TestDb, dci: &Dci) -> ObjectId {
+    // delay_s counts on the server's clock: the stored time is within the request's span.
+    let before = server_now(db).await;
+    let (s, made) = dci
+        .post(
+            "/tasks",
+            json!({"queue": "later", "params": {"n": "delayed"}, "delay_s": 3600, "priority": 7, "answer": "ids"}),
+        )
+        .await;
+    let after = server_now(db).await;
+    assert_eq!(s, 200, "{made}");
+    let delayed = hex_id(&made["ids"][0]);
+    let task = db.task(delayed).await;
+    let not_before = task.get_datetime("not_before").expect("not_before stored");
+    // The DCI's reading of the server's clock may be a little off between its readings: a
+    // minute of slack each way, nowhere near the hour asked for (nor a host clock an hour off).
+    let (hour, slack) = (3_600_000, 60_000);
+    assert!(
+        not_before.timestamp_millis() >= before.timestamp_millis() + hour - slack
+            && not_before.timestamp_millis() <= after.timestamp_millis() + hour + slack,
+        "not_before {not_before} is an hour after the server's {before}..{after}"
+    );
+    assert_eq!(task.get("priority"), Some(&Bson::Int64(7)), "{task}");
+    assert!(
+        task.get_document("params")
+            .expect("params")
+            .get("priority")
+            .is_none(),
+        "task fields, not params: {task}"
+    );
+    delayed
+}
+
+async fn check_not_before_forms_and_per_task_values(db: &TestDb, dci: &Dci) {
+    // not_before in each of its forms, stored as the same date.
+    let at = DateTime::parse_rfc3339_str("2031-02-03T04:05:06Z").expect("date");
+    for (n, form) in [
+        json!("2031-02-03T04:05:06Z"),
+        json!("2031-02-03T04:05:06.000Z"),
+        json!("2031-02-03T05:05:06+01:00"),
+        json!("2031-02-03T04:05:06"),
+        json!({"$date": "2031-02-03T04:05:06Z"}),
+        json!({"$date": {"$numberLong": at.timestamp_millis().to_string()}}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (s, made) = dci
+            .post(
+                "/tasks",
+                json!({"queue": "later", "params": {"form": n}, "not_before": form, "priority": -3}),
+            )
+            .await;
+        assert_eq!(s, 200, "{form}: {made}");
+        let task = only_task(db, doc! {"params.form": n as i64}).await;
+        assert_eq!(task.get_datetime("not_before").ok(), Some(&at), "{form}");
+        assert_eq!(task.get("priority"), Some(&Bson::Int64(-3)), "{form}");
+    }
+    // Per task: each entry of `tasks` its own time and priority, the request's the default.
+    let (s, made) = dci
+        .post(
+            "/tasks",
+            json!({"queue": "later", "priority": 1, "delay_s": 7200, "answer": "ids", "tasks": [
+                {"params": {"each": 0}, "not_before": "2031-02-03T04:05:06Z", "priority": 9},
+                {"params": {"each": 1}, "delay_s": 0},
+                {"params": {"each": 2}},
+            ]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{made}");
+    let each: Vec<Document> =
+        futures::future::join_all((0..3).map(|n| only_task(db, doc! {"params.each": n}))).await;
+    assert_eq!(each[0].get_datetime("not_before").ok(), Some(&at));
+    assert_eq!(each[0].get("priority"), Some(&Bson::Int64(9)));
+    assert!(
+        each[1].get_datetime("not_before").expect("not_before")
+            < each[2].get_datetime("not_before").expect("not_before"),
+        "delay_s 0 is before the request's two hours: {each:?}"
+    );
+    assert_eq!(
+        each[1].get("priority"),
+        Some(&Bson::Int64(1)),
+        "the default"
+    );
+    for (d, n) in each.iter().zip(0..) {
+        assert_eq!(d.get_document("params").ok(), Some(&doc! {"each": n}));
+    }
 }
 
 #[tokio::test]
@@ -365,6 +374,25 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
     );
     let first_id = first.get_object_id("_id").expect("id").to_hex();
 
+    check_duplicates_are_named_with_exit_10(&db, &dci, uq, &first_id).await;
+
+    check_each_json_type_and_the_task_field_flags(&db, &dci, plain).await;
+    let (code, _, stderr) = out(&dci.cli(&["create-task", "plain", "n=1", "name"]));
+    assert_eq!(code, Some(2), "a mixed form is a usage error: {stderr}");
+    let (_, help, _) = out(&dci.cli(&["create-task", "--help"]));
+    assert!(
+        help.contains("jq --argjson") && help.contains("Exits 10"),
+        "{help}"
+    );
+    db.drop().await;
+}
+
+async fn check_duplicates_are_named_with_exit_10(
+    db: &TestDb,
+    dci: &Dci,
+    uq: ObjectId,
+    first_id: &str,
+) {
     // The same key again: nothing made, the task it matched named, exit 10.
     let (code, stdout, stderr) = out(&dci.cli(&["create-task", "uq", "id=1"]));
     assert_eq!(code, Some(DUPLICATES), "{stdout}{stderr}");
@@ -415,7 +443,9 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
         "{stdout}"
     );
     assert_eq!(db.count(doc! {"queue": uq}).await, 4);
+}
 
+async fn check_each_json_type_and_the_task_field_flags(db: &TestDb, dci: &Dci, plain: ObjectId) {
     // Values of each JSON type, and text where JSON does not parse.
     let (code, stdout, stderr) = out(&dci.cli(&[
         "create-task",
@@ -428,7 +458,7 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
         "cmd=a=b",
     ]));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    let task = only_task(&db, doc! {"queue": plain, "params.n": 1}).await;
+    let task = only_task(db, doc! {"queue": plain, "params.n": 1}).await;
     assert_eq!(
         task.get_document("params").ok(),
         Some(
@@ -437,7 +467,7 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
         "{task}"
     );
     // --delay-s, --not-before and --priority set the task fields, not params.
-    let before = server_now(&db).await;
+    let before = server_now(db).await;
     let (code, stdout, stderr) = out(&dci.cli(&[
         "create-task",
         "plain",
@@ -448,7 +478,7 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
         "-4",
     ]));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    let task = only_task(&db, doc! {"params.timed": 1}).await;
+    let task = only_task(db, doc! {"params.timed": 1}).await;
     assert_eq!(
         task.get_document("params").ok(),
         Some(&doc! {"timed": 1_i32})
@@ -469,21 +499,13 @@ async fn the_cli_reads_values_as_json_and_lists_duplicates_with_exit_10() {
         "2031-02-03T04:05:06Z",
     ]));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    let task = only_task(&db, doc! {"params.timed": 2}).await;
+    let task = only_task(db, doc! {"params.timed": 2}).await;
     assert_eq!(
         task.get_datetime("not_before").ok(),
         DateTime::parse_rfc3339_str("2031-02-03T04:05:06Z")
             .ok()
             .as_ref()
     );
-    let (code, _, stderr) = out(&dci.cli(&["create-task", "plain", "n=1", "name"]));
-    assert_eq!(code, Some(2), "a mixed form is a usage error: {stderr}");
-    let (_, help, _) = out(&dci.cli(&["create-task", "--help"]));
-    assert!(
-        help.contains("jq --argjson") && help.contains("Exits 10"),
-        "{help}"
-    );
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Browser, Dci, TestDb};
 use serde_json::{json, Value};
 
-use super::finding_tasks::{ended, fixture, hexes, ids, stderr, stdout};
+use super::finding_tasks::{ended, fixture, hexes, ids, stderr, stdout, Fixture};
 
 #[tokio::test]
 async fn failures_view_lists_names_reasons_and_retries() {
@@ -18,6 +18,18 @@ async fn failures_view_lists_names_reasons_and_retries() {
     let f = fixture(&db).await;
     let dci = Dci::start(&config);
 
+    check_the_failures_route_lists_and_validates(&dci, &f).await;
+
+    check_the_cli_failures_table(&dci, &f).await;
+
+    check_retry_from_the_view(&db, &dci, &f).await;
+
+    check_discard_from_the_view(&db, &dci, &f).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_the_failures_route_lists_and_validates(dci: &Dci, f: &Fixture) {
     let (status, body) = dci.get("/failures").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["limit"], 50);
@@ -64,7 +76,9 @@ async fn failures_view_lists_names_reasons_and_retries() {
     }
     let (status, body) = dci.get("/failures?queue=nosuch").await;
     assert_eq!(status, 404, "{body}");
+}
 
+async fn check_the_cli_failures_table(dci: &Dci, f: &Fixture) {
     // The CLI's table: names, discarded, reasons.
     let o = dci.cli(&["failures"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -89,7 +103,9 @@ async fn failures_view_lists_names_reasons_and_retries() {
     assert_eq!(stdout(&o).lines().count(), 2, "{}", stdout(&o));
     let o = dci.cli(&["failures", "--limit", "0"]);
     assert!(!o.status.success());
+}
 
+async fn check_retry_from_the_view(db: &TestDb, dci: &Dci, f: &Fixture) {
     // Retry from the view: those listed are requeued, the others stay.
     let o = dci.cli(&["failures", "--queue", "words", "--limit", "2", "--retry"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -111,7 +127,9 @@ async fn failures_view_lists_names_reasons_and_retries() {
     );
     let (_, body) = dci.get("/failures").await;
     assert_eq!(body["failures"].as_array().map(Vec::len), Some(2), "{body}");
+}
 
+async fn check_discard_from_the_view(db: &TestDb, dci: &Dci, f: &Fixture) {
     // Discard from the view: marked, listed and counted as discarded, status kept.
     let (_, before) = dci.get("/queues/words").await;
     let o = dci.cli(&["discard", &f.failed_old.to_hex()]);
@@ -165,8 +183,6 @@ async fn failures_view_lists_names_reasons_and_retries() {
         .await
         .get_datetime("discarded_at")
         .is_ok());
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]
@@ -246,6 +262,34 @@ async fn console_failures_page_and_failed_link() {
     let dci = Dci::start(&config);
     let b = Browser::start(1280, 900).await;
 
+    check_the_tasks_page_lists_the_newest_first(&dci, &b, &f).await;
+
+    check_the_failures_page_retries_and_discards(&db, &dci, &b, &f).await;
+
+    check_queue_counts_link_to_the_discarded_and_retrying(&db, &dci, &b, &f).await;
+
+    // The queues page's failed count links to every failed status.
+    b.open(&format!("{}/#/queues", dci.url), "queues").await;
+    let link = b.find("tr[data-queue=\"words\"] td.failed a").await;
+    let href = link.attr("href").await.ok().flatten().unwrap_or_default();
+    assert!(href.contains("status=failed"), "{href}");
+    link.click().await.expect("follow");
+    b.wait_loaded("tasks").await;
+    let _ = f.words;
+    for id in [f.failed_old, f.discarded] {
+        b.wait_text(
+            &format!("#tasks-table tr[data-task=\"{}\"]", id.to_hex()),
+            "a failed task listed",
+            |t| !t.is_empty(),
+        )
+        .await;
+    }
+    b.close().await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_the_tasks_page_lists_the_newest_first(dci: &Dci, b: &Browser, f: &Fixture) {
     // Before any search, the Tasks page lists the newest tasks of every queue, params shown.
     b.open(&format!("{}/#/tasks", dci.url), "tasks").await;
     let task_row = |id: ObjectId| format!("#tasks-table tr[data-task=\"{}\"]", id.to_hex());
@@ -271,7 +315,14 @@ async fn console_failures_page_and_failed_link() {
     let count = b.find("#task-count").await.text().await.unwrap_or_default();
     assert_eq!(count, "the newest 6 tasks of every queue");
     b.screenshot("console-tasks-newest").await;
+}
 
+async fn check_the_failures_page_retries_and_discards(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    f: &Fixture,
+) {
     b.open(&format!("{}/#/failures", dci.url), "failures").await;
     let row = |id: ObjectId| format!("#failures-table tr[data-task=\"{}\"]", id.to_hex());
     let text = b
@@ -337,7 +388,14 @@ async fn console_failures_page_and_failed_link() {
             .is_err(),
         "a discarded task has no Discard button"
     );
+}
 
+async fn check_queue_counts_link_to_the_discarded_and_retrying(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    f: &Fixture,
+) {
     // One task of words waits out a retry's backoff (it ran once; due in an hour).
     let waiting = db
         .insert_tasks(f.words, vec![doc! {"text": "w"}.into()])
@@ -388,24 +446,4 @@ async fn console_failures_page_and_failed_link() {
         .wait_text("#task-count", "one retrying task", |t| t == "1 task")
         .await;
     assert_eq!(count, "1 task");
-
-    // The queues page's failed count links to every failed status.
-    b.open(&format!("{}/#/queues", dci.url), "queues").await;
-    let link = b.find("tr[data-queue=\"words\"] td.failed a").await;
-    let href = link.attr("href").await.ok().flatten().unwrap_or_default();
-    assert!(href.contains("status=failed"), "{href}");
-    link.click().await.expect("follow");
-    b.wait_loaded("tasks").await;
-    let _ = f.words;
-    for id in [f.failed_old, f.discarded] {
-        b.wait_text(
-            &format!("#tasks-table tr[data-task=\"{}\"]", id.to_hex()),
-            "a failed task listed",
-            |t| !t.is_empty(),
-        )
-        .await;
-    }
-    b.close().await;
-    drop(dci);
-    db.drop().await;
 }

@@ -131,6 +131,22 @@ async fn search_filters_by_status_word_time_node_and_params() {
     let dci = Dci::start(&config);
     let failed_words = [f.failed_old, f.failed3, f.discarded];
 
+    check_status_words_across_queues_or_in_one(&dci, &f, &failed_words).await;
+
+    check_time_ranges_and_the_node(&dci, &f).await;
+
+    check_params_are_refused_unbounded_and_run_bounded(&dci, &f).await;
+
+    check_the_cli_prints_the_hint_and_runs_bounded_searches(&dci, &f).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_status_words_across_queues_or_in_one(
+    dci: &Dci,
+    f: &Fixture,
+    failed_words: &[ObjectId],
+) {
     // "failed" is every status ≥ 2, the plugin's 3 too, across queues or in one.
     let (status, body) = dci.get("/tasks?status=failed").await;
     assert_eq!(status, 200, "{body}");
@@ -138,7 +154,7 @@ async fn search_filters_by_status_word_time_node_and_params() {
     all_failed.push(f.other_failed);
     assert_eq!(ids(&body), hexes(&all_failed));
     let (_, body) = dci.get("/tasks?queue=words&status=failed").await;
-    assert_eq!(ids(&body), hexes(&failed_words));
+    assert_eq!(ids(&body), hexes(failed_words));
     let (_, body) = dci.get("/tasks?queue=words&status=failed&.count=1").await;
     assert_eq!(body, json!({"count": 3}));
     let (_, body) = dci.get("/tasks?status=discarded").await;
@@ -156,7 +172,9 @@ async fn search_filters_by_status_word_time_node_and_params() {
             .contains("failed, discarded"),
         "{body}"
     );
+}
 
+async fn check_time_ranges_and_the_node(dci: &Dci, f: &Fixture) {
     // A time range on mtime: the 2020 failure is left out.
     let (status, body) = dci
         .get("/tasks?status=failed&since=2021-01-01T00:00:00Z")
@@ -193,7 +211,9 @@ async fn search_filters_by_status_word_time_node_and_params() {
     assert_eq!(ids(&body), hexes(&[f.failed3, f.discarded]));
     let (_, body) = dci.get("/tasks?node=n1&status=failed").await;
     assert_eq!(ids(&body), hexes(&[f.failed_old, f.other_failed]));
+}
 
+async fn check_params_are_refused_unbounded_and_run_bounded(dci: &Dci, f: &Fixture) {
     // params.<path> within a queue: refused unbounded with what to add, run when bounded.
     let (status, body) = dci.get("/tasks?queue=words&params.text=a%20b").await;
     assert_eq!(status, 400, "{body}");
@@ -234,7 +254,9 @@ async fn search_filters_by_status_word_time_node_and_params() {
             .starts_with("status is not indexed: add a time range (since/until)"),
         "{body}"
     );
+}
 
+async fn check_the_cli_prints_the_hint_and_runs_bounded_searches(dci: &Dci, f: &Fixture) {
     // Disbatch's `.limit` (its CLI always sends one) bounds nothing, so its refusal stays for
     // its Perl CLI; ours prints the hint, not the index list.
     let (status, body) = dci
@@ -290,8 +312,6 @@ async fn search_filters_by_status_word_time_node_and_params() {
         ids(&listed),
         hexes(&[f.failed3, f.discarded, f.other_failed])
     );
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

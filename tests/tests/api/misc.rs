@@ -98,7 +98,18 @@ async fn balance_is_read_written_and_validated() {
     }
     let dci = Dci::start(&config);
 
-    let (status, ct, text) = raw_json(&dci, Method::GET, "/balance", None, "").await;
+    check_balance_is_read_then_written_and_read_pretty(&dci, &settings).await;
+
+    check_disabled_is_set_and_cleared(&dci).await;
+    let (_, before) = dci.get("/balance").await;
+
+    check_bad_balances_are_refused_and_change_nothing(&dci, before).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_balance_is_read_then_written_and_read_pretty(dci: &Dci, settings: &Value) {
+    let (status, ct, text) = raw_json(dci, Method::GET, "/balance", None, "").await;
     assert_eq!((status, ct.as_str()), (200, "application/json"));
     assert_eq!(
         text["known_queues"],
@@ -106,7 +117,7 @@ async fn balance_is_read_written_and_validated() {
         "{text}"
     );
     assert_eq!(text["notice"], "balance document not found");
-    assert_eq!(text["settings"], settings);
+    assert_eq!(text["settings"], *settings);
     assert_eq!(text.as_object().map(|m| m.len()), Some(3), "{text}");
 
     let good = json!({"max_tasks": {"* 07:00": 5, "1 19:30": "15", "6 23:59": 0}, "queues": [["a"], ["b-1", "c_2"]]});
@@ -115,7 +126,7 @@ async fn balance_is_read_written_and_validated() {
         (status, body),
         (200, json!({"status": "success: queuebalance modified"}))
     );
-    let (status, ct, pretty) = raw_json(&dci, Method::GET, "/balance", None, "").await;
+    let (status, ct, pretty) = raw_json(dci, Method::GET, "/balance", None, "").await;
     assert_eq!(status, 200);
     assert_eq!(ct, "application/json");
     assert_sorted_keys(&pretty);
@@ -128,7 +139,7 @@ async fn balance_is_read_written_and_validated() {
         json!({"* 07:00": 5, "1 19:30": 15, "6 23:59": 0})
     );
     assert_eq!(pretty["queues"], json!([["a"], ["b-1", "c_2"]]));
-    assert_eq!(pretty["settings"], settings);
+    assert_eq!(pretty["settings"], *settings);
     let r = dci
         .http
         .get(dci.at("/balance"))
@@ -139,7 +150,9 @@ async fn balance_is_read_written_and_validated() {
         r.text().await.expect("text").contains("\n  "),
         "pretty-printed"
     );
+}
 
+async fn check_disabled_is_set_and_cleared(dci: &Dci) {
     let later = DateTime::now().timestamp_millis() / 1000 + 3600;
     let (status, body) = dci
         .post(
@@ -170,8 +183,9 @@ async fn balance_is_read_written_and_validated() {
         )
         .await;
     assert_eq!(status, 200, "0 is allowed");
-    let (_, before) = dci.get("/balance").await;
+}
 
+async fn check_bad_balances_are_refused_and_change_nothing(dci: &Dci, before: Value) {
     let q = json!([["a"]]);
     let m = json!({"* 07:00": 1});
     let failures = [
@@ -211,8 +225,6 @@ async fn balance_is_read_written_and_validated() {
     }
     let (_, after) = dci.get("/balance").await;
     assert_eq!(before, after, "failed posts change nothing");
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]
@@ -221,6 +233,15 @@ async fn monitoring_reports_nodes_and_queuebalance() {
     let disabled = json!({"status": "OK", "message": "monitoring disabled"});
     let balance_off = json!({"status": "OK", "message": "queuebalance disabled"});
 
+    check_monitoring_is_off_by_default_and_when_set_off(&db, &disabled).await;
+
+    check_no_stale_and_fresh_nodes_are_reported(&db, &balance_off).await;
+
+    check_the_queuebalance_heartbeat_and_status(&db).await;
+    db.drop().await;
+}
+
+async fn check_monitoring_is_off_by_default_and_when_set_off(db: &TestDb, disabled: &Value) {
     // Off by default (and explicitly), whatever the state.
     db.insert_node("old", Duration::from_secs(600)).await;
     for (file, extra) in [
@@ -230,7 +251,7 @@ async fn monitoring_reports_nodes_and_queuebalance() {
             json!({"monitoring": false, "balance": {"enabled": true}}),
         ),
     ] {
-        let dci = Dci::start(&write_config(&db, file, extra));
+        let dci = Dci::start(&write_config(db, file, extra));
         let (status, body) = dci.get("/monitoring").await;
         assert_eq!(
             (status, body),
@@ -243,8 +264,10 @@ async fn monitoring_reports_nodes_and_queuebalance() {
         .delete_many(doc! {})
         .await
         .expect("clear nodes");
+}
 
-    let on = write_config(&db, "on.json", json!({"monitoring": true}));
+async fn check_no_stale_and_fresh_nodes_are_reported(db: &TestDb, balance_off: &Value) {
+    let on = write_config(db, "on.json", json!({"monitoring": true}));
     let dci = Dci::start(&on);
     let (status, body) = dci.get("/monitoring").await;
     assert_eq!(
@@ -258,7 +281,7 @@ async fn monitoring_reports_nodes_and_queuebalance() {
     db.insert_node("old", Duration::from_secs(600)).await;
     let (status, body) = dci.get("/monitoring").await;
     assert_eq!(status, 200);
-    assert_eq!(body["queuebalance"], balance_off);
+    assert_eq!(body["queuebalance"], *balance_off);
     let d = &body["disbatch"];
     assert_eq!(
         (d["status"].clone(), d["message"].clone()),
@@ -302,10 +325,12 @@ async fn monitoring_reports_nodes_and_queuebalance() {
     assert!(d["nodes"]["stale"]["old"].is_i64(), "{body}");
     drop(den);
     drop(dci);
+}
 
+async fn check_the_queuebalance_heartbeat_and_status(db: &TestDb) {
     // QueueBalance enabled: its heartbeat (`timestamp`, epoch seconds) must be under 60 s old.
     let balanced = write_config(
-        &db,
+        db,
         "balance.json",
         json!({"monitoring": true, "balance": {"enabled": true}}),
     );
@@ -360,7 +385,6 @@ async fn monitoring_reports_nodes_and_queuebalance() {
         "{body}"
     );
     drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

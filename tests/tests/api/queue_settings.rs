@@ -57,14 +57,24 @@ async fn queue(db: &TestDb, name: &str) -> Document {
 async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node_could_not_read() {
     let db = TestDb::new("queue_settings").await;
     let dci = Dci::start(&config(&db));
+    check_every_setting_is_set_and_shown(&db, &dci).await;
+
+    check_null_removes_and_the_operate_role_only_tunes(&db, &dci).await;
+
+    check_unreadable_values_are_refused_and_creation_takes_them(&db, &dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_every_setting_is_set_and_shown(db: &TestDb, dci: &Dci) {
     let (ok, text) = cli(
-        &dci,
+        dci,
         ADMIN,
         &["create-queue", "words", "echo", "--threads", "2"],
     );
     assert!(ok, "{text}");
     let (ok, text) = cli(
-        &dci,
+        dci,
         ADMIN,
         &[
             "update-queue",
@@ -110,7 +120,7 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
         ],
     );
     assert!(ok, "{text}");
-    let q = queue(&db, "words").await;
+    let q = queue(db, "words").await;
     let expected = doc! {
         "worker": "persistent", "worker_idle_s": 10_i64, "worker_max_tasks": 100_i64,
         "worker_max_rss_mb": 512_i64, "worker_start_s": 5_i64, "timeout": 30_i64,
@@ -123,7 +133,7 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
         assert_eq!(q.get(k), Some(v), "{k} in {q}");
     }
     // The API shows them all.
-    let (status, shown) = call(&dci, reqwest::Method::GET, "/queues/words", None).await;
+    let (status, shown) = call(dci, reqwest::Method::GET, "/queues/words", None).await;
     assert_eq!(status, 200, "{shown}");
     for k in [
         "worker",
@@ -136,10 +146,12 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
         assert!(!shown[k].is_null(), "{k} shown: {shown}");
     }
     assert_eq!(shown["retry"], json!({"max_attempts": 3}));
+}
 
+async fn check_null_removes_and_the_operate_role_only_tunes(db: &TestDb, dci: &Dci) {
     // `null` removes a field: its default applies again; `schedule null` removes the schedule.
     let (ok, text) = cli(
-        &dci,
+        dci,
         OPS,
         &[
             "update-queue",
@@ -153,24 +165,24 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
         ],
     );
     assert!(ok, "{text}");
-    let q = queue(&db, "words").await;
+    let q = queue(db, "words").await;
     for k in ["schedule", "timeout", "retry"] {
         assert!(q.get(k).is_none(), "{k} removed: {q}");
     }
 
     // The operate role tunes; what changes what runs is the admin's.
     let (ok, text) = cli(
-        &dci,
+        dci,
         OPS,
         &["update-queue", "words", "timeout", "45", "max_getwork", "2"],
     );
     assert!(ok, "{text}");
     assert_eq!(
-        queue(&db, "words").await.get("timeout"),
+        queue(db, "words").await.get("timeout"),
         Some(&Bson::Int64(45))
     );
     for (field, value) in [("worker", "process"), ("config", "{}"), ("then", "other")] {
-        let (ok, text) = cli(&dci, OPS, &["update-queue", "words", field, value]);
+        let (ok, text) = cli(dci, OPS, &["update-queue", "words", field, value]);
         assert!(!ok, "{field}: {text}");
         assert!(
             text.contains(&format!("changing a queue's {field} needs role admin")),
@@ -178,10 +190,12 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
         );
     }
     assert_eq!(
-        queue(&db, "words").await.get_str("worker").ok(),
+        queue(db, "words").await.get_str("worker").ok(),
         Some("persistent")
     );
+}
 
+async fn check_unreadable_values_are_refused_and_creation_takes_them(db: &TestDb, dci: &Dci) {
     // A value a node could not read is refused, naming the field; nothing is written.
     for (field, value, says) in [
         ("timeout", "-1", "timeout"),
@@ -191,10 +205,10 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
         ("lease", "1", "lease must be at least"),
         ("config", "7", "config must be an object"),
     ] {
-        let (ok, text) = cli(&dci, ADMIN, &["update-queue", "words", field, value]);
+        let (ok, text) = cli(dci, ADMIN, &["update-queue", "words", field, value]);
         assert!(!ok && text.contains(says), "{field} {value}: {text}");
     }
-    let q = queue(&db, "words").await;
+    let q = queue(db, "words").await;
     assert_eq!(
         (
             q.get("timeout"),
@@ -207,20 +221,18 @@ async fn update_queue_changes_every_setting_for_its_role_and_refuses_what_a_node
 
     // POST /queues takes them at creation too.
     let (status, body) = call(
-        &dci,
+        dci,
         reqwest::Method::POST,
         "/queues",
         Some(json!({"name": "workers", "plugin": "echo", "worker": "persistent", "timeout": 5})),
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let q = queue(&db, "workers").await;
+    let q = queue(db, "workers").await;
     assert_eq!(
         (q.get_str("worker").ok(), q.get("timeout")),
         (Some("persistent"), Some(&Bson::Int64(5)))
     );
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -102,6 +102,30 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
     let config = write_config(&db, "web.json", json!({}));
     let dci = Dci::start(&config);
 
+    check_queues_are_created_with_the_envelope_threads_and_sort(&db, &dci).await;
+
+    check_bad_queues_are_refused_and_not_stored(&db, &dci).await;
+
+    let (status, body) = dci
+        .post("/queues", json!({"name": "q1", "plugin": "echo"}))
+        .await;
+    // Issue 51: the taken name in words, not the server's E11000 line.
+    assert_eq!(
+        (status, body),
+        (400, json!({"error": "a queue named q1 already exists"}))
+    );
+    let n = db
+        .db
+        .collection::<Document>("queues")
+        .count_documents(doc! {"name": "q1"})
+        .await
+        .expect("count");
+    assert_eq!(n, 1);
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_queues_are_created_with_the_envelope_threads_and_sort(db: &TestDb, dci: &Dci) {
     let (status, body) = dci
         .post("/queues", json!({"name": "q1", "plugin": "echo"}))
         .await;
@@ -112,7 +136,7 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
         json!({"MongoDB::InsertOneResult": {"acknowledged": 1, "inserted_id": {"$oid": id},
                "write_errors": [], "write_concern_errors": []}, "id": {"$oid": id}})
     );
-    let q1 = queue_doc(&db, "q1").await.expect("q1 stored");
+    let q1 = queue_doc(db, "q1").await.expect("q1 stored");
     assert_eq!(q1.get_object_id("_id").expect("_id").to_hex(), id);
     assert_eq!(q1.get_str("plugin").ok(), Some("echo"));
     assert!(
@@ -130,7 +154,7 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let q2 = queue_doc(&db, "q2").await.expect("q2 stored");
+    let q2 = queue_doc(db, "q2").await.expect("q2 stored");
     assert_eq!(q2.get("threads"), Some(&Bson::Int64(3)));
     assert_eq!(q2.get_str("sort").ok(), Some("lifo"));
     let (_, listed) = dci.get("/queues/q2").await;
@@ -147,12 +171,12 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        queue_doc(&db, "q3").await.expect("q3").get("threads"),
+        queue_doc(db, "q3").await.expect("q3").get("threads"),
         Some(&Bson::Null)
     );
 
     let (status, _, body) = raw_json(
-        &dci,
+        dci,
         Method::POST,
         "/queues",
         Some("application/x-www-form-urlencoded"),
@@ -161,10 +185,12 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        queue_doc(&db, "q4").await.expect("q4").get("threads"),
+        queue_doc(db, "q4").await.expect("q4").get("threads"),
         Some(&Bson::Int64(2))
     );
+}
 
+async fn check_bad_queues_are_refused_and_not_stored(db: &TestDb, dci: &Dci) {
     let cases = [
         (json!({"plugin": "echo"}), error("name and plugin required")),
         (json!({"name": "x"}), error("name and plugin required")),
@@ -211,27 +237,9 @@ async fn queues_are_created_with_the_insert_envelope_and_validated() {
         assert_eq!((status, body), (400, expected), "POST /queues {input}");
     }
     assert!(
-        queue_doc(&db, "x").await.is_none(),
+        queue_doc(db, "x").await.is_none(),
         "no invalid queue was stored"
     );
-
-    let (status, body) = dci
-        .post("/queues", json!({"name": "q1", "plugin": "echo"}))
-        .await;
-    // Issue 51: the taken name in words, not the server's E11000 line.
-    assert_eq!(
-        (status, body),
-        (400, json!({"error": "a queue named q1 already exists"}))
-    );
-    let n = db
-        .db
-        .collection::<Document>("queues")
-        .count_documents(doc! {"name": "q1"})
-        .await
-        .expect("count");
-    assert_eq!(n, 1);
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -27,7 +27,24 @@ async fn legacy_task_routes_answer_only_when_loaded() {
         .await
         .expect("users");
 
-    let plain = Dci::start(&write_config(&db, "plain.json", json!({})));
+    check_the_routes_are_absent_when_not_loaded(&db).await;
+
+    let dci = Dci::start(&write_config(
+        &db,
+        "legacy.json",
+        json!({"web_extensions": {LEGACY: {}}}),
+    ));
+    let first = check_legacy_task_creation_by_name_id_and_collection(&db, &dci, queue).await;
+
+    let file = give_two_tasks_inline_and_gridfs_outputs(&db, &first).await;
+
+    check_the_legacy_search(&db, &dci, queue, &first, file).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_the_routes_are_absent_when_not_loaded(db: &TestDb) {
+    let plain = Dci::start(&write_config(db, "plain.json", json!({})));
     for (path, body) in [
         ("/tasks/search", json!({"filter": {}})),
         ("/tasks/echo", json!([{"a": 1}])),
@@ -42,12 +59,13 @@ async fn legacy_task_routes_answer_only_when_loaded() {
     }
     assert_eq!(db.count(doc! {}).await, 0, "nothing created");
     drop(plain);
+}
 
-    let dci = Dci::start(&write_config(
-        &db,
-        "legacy.json",
-        json!({"web_extensions": {LEGACY: {}}}),
-    ));
+async fn check_legacy_task_creation_by_name_id_and_collection(
+    db: &TestDb,
+    dci: &Dci,
+    queue: ObjectId,
+) -> Vec<ObjectId> {
     let (status, body) = dci
         .post(
             "/tasks/echo",
@@ -94,7 +112,10 @@ async fn legacy_task_routes_answer_only_when_loaded() {
     );
     let total = db.count(doc! {}).await;
     assert_eq!(total, 5);
+    first
+}
 
+async fn give_two_tasks_inline_and_gridfs_outputs(db: &TestDb, first: &[ObjectId]) -> ObjectId {
     // Outputs for the search: inline text on one task, GridFS on another.
     db.tasks()
         .update_one(
@@ -124,7 +145,16 @@ async fn legacy_task_routes_answer_only_when_loaded() {
         )
         .await
         .expect("set");
+    file
+}
 
+async fn check_the_legacy_search(
+    db: &TestDb,
+    dci: &Dci,
+    queue: ObjectId,
+    first: &[ObjectId],
+    file: ObjectId,
+) {
     let search = |body: Value| {
         let dci = &dci;
         async move { dci.post("/tasks/search", body).await }
@@ -202,8 +232,6 @@ async fn legacy_task_routes_answer_only_when_loaded() {
         "a filter the server refuses is bad input: {body}"
     );
     assert!(body["error"].is_string(), "{body}");
-    drop(dci);
-    db.drop().await;
 }
 
 /// Every (path, method) of the OpenAPI document, with its path parameters filled in.

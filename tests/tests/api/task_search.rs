@@ -4,7 +4,7 @@
 use bson::doc;
 use bson::oid::ObjectId;
 use disbatch_tests::api::error;
-use disbatch_tests::api_calls::{oid, parse, raw, six_tasks};
+use disbatch_tests::api_calls::{oid, parse, raw, six_tasks, SixTasks};
 use disbatch_tests::{write_config, Dci, TestDb};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -38,6 +38,21 @@ async fn searches_allow_only_indexed_prefixes_and_convert_values() {
     let q = f.queue.to_hex();
     let ids = &f.ids;
 
+    check_indexed_filters_resolve_convert_and_combine(&dci, &q, ids, foreign).await;
+
+    check_non_indexed_searches_are_refused_with_the_indexes(&dci, &q).await;
+
+    check_bad_ids_and_unbounded_searches_are_refused(&dci, ids).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_indexed_filters_resolve_convert_and_combine(
+    dci: &Dci,
+    q: &str,
+    ids: &[ObjectId],
+    foreign: ObjectId,
+) {
     let (status, body) = dci.get(&format!("/tasks?queue={q}")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(ids_of(&body), hexes(ids));
@@ -85,7 +100,9 @@ async fn searches_allow_only_indexed_prefixes_and_convert_values() {
     // Empty values are skipped.
     let (status, body) = dci.get(&format!("/tasks?queue={q}&status=")).await;
     assert_eq!(ids_of(&body), hexes(ids), "{status}");
+}
 
+async fn check_non_indexed_searches_are_refused_with_the_indexes(dci: &Dci, q: &str) {
     let (status, body) = dci.get("/tasks?status=1").await;
     assert_eq!(status, 400, "{body}");
     let keys: Vec<&String> = body.as_object().expect("object").keys().collect();
@@ -120,7 +137,9 @@ async fn searches_allow_only_indexed_prefixes_and_convert_values() {
     assert_eq!(body["invalid_params"], json!(["params.i", "stdout"]));
     let (status, body) = dci.get("/tasks?status=1&queue=").await;
     assert_eq!(status, 400, "a blank queue does not unlock status: {body}");
+}
 
+async fn check_bad_ids_and_unbounded_searches_are_refused(dci: &Dci, ids: &[ObjectId]) {
     // Bad ObjectIds are 400, never 500.
     for path in [
         "/tasks?id=nothex".to_string(),
@@ -148,8 +167,6 @@ async fn searches_allow_only_indexed_prefixes_and_convert_values() {
     assert_eq!(body.as_array().map(Vec::len), Some(3), "{body}");
     let (status, body) = dci.get("/tasks?.limit=0").await;
     assert_eq!(status, 400, "limit 0 is no limit: {body}");
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]
@@ -161,6 +178,57 @@ async fn search_options_count_page_project_and_render() {
     let q = f.queue.to_hex();
     let ids = &f.ids;
 
+    check_counts_pages_a_single_object_and_plain_rendering(&db, &dci, &f, &q, ids).await;
+
+    check_fields_project_each_task(&dci, &q).await;
+
+    check_terse_full_epoch_and_pretty_renderings(&db, &dci, &f, &q, ids).await;
+
+    // No match is an empty array.
+    let (status, body) = dci
+        .get(&format!("/tasks?queue={}", f.empty_queue.to_hex()))
+        .await;
+    assert_eq!((status, body), (200, json!([])));
+    let (status, body) = dci
+        .get(&format!("/tasks?queue={q}&status=3&.limit=1"))
+        .await;
+    assert_eq!((status, body), (200, json!([])));
+    let (status, body) = dci
+        .get(&format!("/tasks?queue={q}&status=3&.count=1"))
+        .await;
+    assert_eq!((status, body), (200, json!({"count": 0})));
+
+    for bad in [".limit=-1", ".limit=x", ".skip=-3", ".nosuch=1"] {
+        let (status, body) = dci.get(&format!("/tasks?queue={q}&{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body["error"].is_string(), "{bad}: {body}");
+    }
+    drop(dci);
+
+    // Disbatch's `{}` for no match, when the config asks for it.
+    let config = write_config(
+        &db,
+        "web-compat.json",
+        json!({"web": {"empty_tasks_object": true}}),
+    );
+    let dci = Dci::start(&config);
+    let (status, body) = dci
+        .get(&format!("/tasks?queue={}", f.empty_queue.to_hex()))
+        .await;
+    assert_eq!((status, body), (200, json!({})));
+    let (status, body) = dci.get(&format!("/tasks?queue={q}&status=1")).await;
+    assert_eq!(ids_of(&body), hexes(&[ids[1], ids[3]]), "{status}");
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_counts_pages_a_single_object_and_plain_rendering(
+    db: &TestDb,
+    dci: &Dci,
+    f: &SixTasks,
+    q: &str,
+    ids: &[ObjectId],
+) {
     let (status, body) = dci.get(&format!("/tasks?queue={q}&.count=1")).await;
     assert_eq!((status, body), (200, json!({"count": 6})));
     let (status, body) = dci
@@ -206,7 +274,9 @@ async fn search_options_count_page_project_and_render() {
         .try_to_rfc3339_string()
         .expect("rfc3339");
     assert_eq!(ctime, &expected[..19]);
+}
 
+async fn check_fields_project_each_task(dci: &Dci, q: &str) {
     let (_, projected) = dci
         .send(
             Method::GET,
@@ -238,7 +308,15 @@ async fn search_options_count_page_project_and_render() {
     }
     let (status, body) = dci.get(&format!("/tasks?queue={q}&.fields=notjson")).await;
     assert_eq!(status, 400, "{body}");
+}
 
+async fn check_terse_full_epoch_and_pretty_renderings(
+    db: &TestDb,
+    dci: &Dci,
+    f: &SixTasks,
+    q: &str,
+    ids: &[ObjectId],
+) {
     let by_id = |v: &Value, id: ObjectId| -> Value {
         v.as_array()
             .expect("array")
@@ -278,7 +356,7 @@ async fn search_options_count_page_project_and_render() {
     assert!(task["mtime"].is_f64(), "{task}");
 
     let (status, _, text) = raw(
-        &dci,
+        dci,
         Method::GET,
         &format!("/tasks?queue={q}&.pretty=1"),
         &[],
@@ -288,46 +366,9 @@ async fn search_options_count_page_project_and_render() {
     assert_eq!(status, 200);
     assert!(text.contains("\n  "), "pretty output is indented: {text}");
     assert_eq!(ids_of(&parse(&text)), hexes(ids));
-    let (_, ct, text) = raw(&dci, Method::GET, &format!("/tasks?queue={q}"), &[], "").await;
+    let (_, ct, text) = raw(dci, Method::GET, &format!("/tasks?queue={q}"), &[], "").await;
     assert!(!text.contains('\n'), "compact by default");
     assert_eq!(ct, "application/json");
-
-    // No match is an empty array.
-    let (status, body) = dci
-        .get(&format!("/tasks?queue={}", f.empty_queue.to_hex()))
-        .await;
-    assert_eq!((status, body), (200, json!([])));
-    let (status, body) = dci
-        .get(&format!("/tasks?queue={q}&status=3&.limit=1"))
-        .await;
-    assert_eq!((status, body), (200, json!([])));
-    let (status, body) = dci
-        .get(&format!("/tasks?queue={q}&status=3&.count=1"))
-        .await;
-    assert_eq!((status, body), (200, json!({"count": 0})));
-
-    for bad in [".limit=-1", ".limit=x", ".skip=-3", ".nosuch=1"] {
-        let (status, body) = dci.get(&format!("/tasks?queue={q}&{bad}")).await;
-        assert_eq!(status, 400, "{bad}: {body}");
-        assert!(body["error"].is_string(), "{bad}: {body}");
-    }
-    drop(dci);
-
-    // Disbatch's `{}` for no match, when the config asks for it.
-    let config = write_config(
-        &db,
-        "web-compat.json",
-        json!({"web": {"empty_tasks_object": true}}),
-    );
-    let dci = Dci::start(&config);
-    let (status, body) = dci
-        .get(&format!("/tasks?queue={}", f.empty_queue.to_hex()))
-        .await;
-    assert_eq!((status, body), (200, json!({})));
-    let (status, body) = dci.get(&format!("/tasks?queue={q}&status=1")).await;
-    assert_eq!(ids_of(&body), hexes(&[ids[1], ids[3]]), "{status}");
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -30,6 +30,32 @@ async fn tasks_are_created_one_many_or_from_a_collection() {
         .expect("insert users");
     let dci = Dci::start(&config);
 
+    check_one_task_is_stored_with_every_field(&db, &dci, queue).await;
+
+    let created = check_many_tasks_and_tasks_from_a_collection(&db, &dci, queue).await;
+
+    // An unknown queue is reported before anything else is looked at.
+    let (status, body) = dci
+        .post(
+            "/tasks",
+            json!({"queue": "nosuch", "params": "bogus", "x": 1}),
+        )
+        .await;
+    assert_eq!((status, body), (400, error("queue not found")));
+    let (status, body) = dci
+        .post(
+            "/tasks",
+            json!({"queue": ObjectId::new().to_hex(), "params": {"a": 1}}),
+        )
+        .await;
+    assert_eq!((status, body), (400, error("queue not found")));
+
+    check_bad_bodies_name_their_field_and_create_nothing(&db, &dci, created).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_one_task_is_stored_with_every_field(db: &TestDb, dci: &Dci, queue: ObjectId) {
     let before = DateTime::now().timestamp_millis() / 1000 * 1000;
     let (status, body) = dci
         .post(
@@ -60,7 +86,13 @@ async fn tasks_are_created_one_many_or_from_a_collection() {
         "{t}"
     );
     assert!(t.get_datetime("mtime").is_ok(), "{t}");
+}
 
+async fn check_many_tasks_and_tasks_from_a_collection(
+    db: &TestDb,
+    dci: &Dci,
+    queue: ObjectId,
+) -> u64 {
     let (status, body) = dci
         .post(
             "/tasks",
@@ -110,23 +142,14 @@ async fn tasks_are_created_one_many_or_from_a_collection() {
     );
     let created = db.count(doc! {}).await;
     assert_eq!(created, 7);
+    created
+}
 
-    // An unknown queue is reported before anything else is looked at.
-    let (status, body) = dci
-        .post(
-            "/tasks",
-            json!({"queue": "nosuch", "params": "bogus", "x": 1}),
-        )
-        .await;
-    assert_eq!((status, body), (400, error("queue not found")));
-    let (status, body) = dci
-        .post(
-            "/tasks",
-            json!({"queue": ObjectId::new().to_hex(), "params": {"a": 1}}),
-        )
-        .await;
-    assert_eq!((status, body), (400, error("queue not found")));
-
+async fn check_bad_bodies_name_their_field_and_create_nothing(
+    db: &TestDb,
+    dci: &Dci,
+    created: u64,
+) {
     let coll = |filter: Value, collection: Value, params: Value| json!({"queue": "echo", "collection": collection, "filter": filter, "params": params});
     let cases = [
         (json!({"queue": "echo", "params": []}), error(NOT_ARRAY)),
@@ -216,8 +239,6 @@ async fn tasks_are_created_one_many_or_from_a_collection() {
         created,
         "failed requests created nothing"
     );
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -50,12 +50,42 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
     db.wait_complete(&[id], Duration::from_secs(60)).await;
     let id = id.to_hex();
 
+    check_one_task_and_the_tasks_table(&dci, &id).await;
+
+    check_pause_units_resume_and_balance(&db, &dci).await;
+
+    check_top_a_bare_url_and_exit_statuses_by_class(&dci).await;
+
+    // The task's attempts.
+    let attempts = ok(&dci.cli(&["attempts", &id]));
+    let header: Vec<&str> = attempts
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["#", "Node", "PID", "Start", "End", "Outcome", "Status", "Exit", "Reason"],
+        "{attempts}"
+    );
+    assert!(attempts.contains("verbs-node"), "{attempts}");
+    assert!(attempts.contains("succeeded"), "{attempts}");
+    assert!(attempts.trim_end().ends_with("1 attempt."), "{attempts}");
+
+    // Help says what cancel does to a running task.
+    let help = ok(&dci.cli(&["cancel", "--help"]));
+    assert!(help.contains("running one is stopped"), "{help}");
+    db.drop().await;
+}
+
+async fn check_one_task_and_the_tasks_table(dci: &Dci, id: &str) {
     // One task, readable.
-    let task = ok(&dci.cli(&["task", &id]));
+    let task = ok(&dci.cli(&["task", id]));
     assert!(task.starts_with("id "), "{task}");
     assert!(task.contains("succeeded (1)"), "{task}");
     assert!(task.contains("verbs-node"), "{task}");
-    let raw = ok(&dci.cli(&["--json", "task", &id]));
+    let raw = ok(&dci.cli(&["--json", "task", id]));
     let raw: serde_json::Value = serde_json::from_str(&raw).expect("--json is JSON");
     assert_eq!(raw["status"], json!(status::SUCCEEDED));
 
@@ -73,7 +103,7 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
         "{table}"
     );
     assert!(
-        table.contains(&id) && table.contains("succeeded (1)"),
+        table.contains(id) && table.contains("succeeded (1)"),
         "{table}"
     );
     assert!(table.trim_end().ends_with("1 task."), "{table}");
@@ -83,7 +113,9 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
         ok(&dci.cli(&["tasks", r#"{"queue":"q"}"#, "--count"])).trim(),
         "1 task"
     );
+}
 
+async fn check_pause_units_resume_and_balance(db: &TestDb, dci: &Dci) {
     // Pause, units while paused (none can be claimed), resume.
     assert!(ok(&dci.cli(&["pause", "q"])).contains("Paused queue q"));
     let again = dci.cli(&["pause", "q"]);
@@ -129,7 +161,9 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
     let balance = ok(&dci.cli(&["balance"]));
     assert!(balance.contains("group 1: q"), "{balance}");
     assert!(balance.contains("max_tasks * 07:00: 3"), "{balance}");
+}
 
+async fn check_top_a_bare_url_and_exit_statuses_by_class(dci: &Dci) {
     // top: frames of queues and nodes.
     let top = ok(&dci.cli(&["top", "--iterations", "2", "--interval", "0.2"]));
     assert_eq!(top.matches("disbatch top:").count(), 2, "{top}");
@@ -193,28 +227,6 @@ async fn operator_verbs_read_and_control_tasks_and_queues() {
         );
         assert_eq!(exit_code(&out), Some(2), "{args:?}");
     }
-
-    // The task's attempts.
-    let attempts = ok(&dci.cli(&["attempts", &id]));
-    let header: Vec<&str> = attempts
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        header,
-        ["#", "Node", "PID", "Start", "End", "Outcome", "Status", "Exit", "Reason"],
-        "{attempts}"
-    );
-    assert!(attempts.contains("verbs-node"), "{attempts}");
-    assert!(attempts.contains("succeeded"), "{attempts}");
-    assert!(attempts.trim_end().ends_with("1 attempt."), "{attempts}");
-
-    // Help says what cancel does to a running task.
-    let help = ok(&dci.cli(&["cancel", "--help"]));
-    assert!(help.contains("running one is stopped"), "{help}");
-    db.drop().await;
 }
 
 /// A mistyped option's usage line showed the option clap suggests as if it were required

@@ -3,6 +3,7 @@
 //! waiting while a task is held, then exit 0 / 8 failed / 9 cancelled), `graph ID --cancel`,
 //! and the same for batches with a callback; clear errors for bad ids and files.
 
+use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
@@ -106,14 +107,31 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
     let id = created_id(&created);
     assert!(ok(&run(&dci, &["graphs"]).await).contains(&id));
 
+    check_a_held_graph_waits_and_then_succeeds(&dci, &id, &started, &gate).await;
+
+    check_a_failure_cancels_its_dependents_and_exits_8(&db, &dci).await;
+
+    check_a_cancel_stops_the_running_task_and_exits_9(&db, &dci, &started, &gate, &held).await;
+
+    check_errors_exit_by_their_class(&db, &dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_a_held_graph_waits_and_then_succeeds(
+    dci: &Dci,
+    id: &str,
+    started: &Path,
+    gate: &Path,
+) {
     // While the first task is held: the rest wait, and say on what.
     wait_for(
         "the held task to start",
         Duration::from_secs(60),
-        || async { !read_lines(&started).is_empty() },
+        || async { !read_lines(started).is_empty() },
     )
     .await;
-    let shown = ok(&run(&dci, &["graph", &id]).await);
+    let shown = ok(&run(dci, &["graph", id]).await);
     assert!(
         shown.starts_with(&format!("graph {id}: active\n")),
         "{shown}"
@@ -128,12 +146,12 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
     assert_eq!(row(&shown, "fetch")[2..], ["w", "running"], "{shown}");
 
     // --wait keeps waiting while the graph is active, and exits 0 once all succeeded.
-    let mut waiting = spawn(&dci, &["graph", &id, "--wait", "--interval", "0.2"]);
+    let mut waiting = spawn(dci, &["graph", id, "--wait", "--interval", "0.2"]);
     assert!(
         waiting.try_wait().expect("try_wait").is_none(),
         "--wait ended while a task was held"
     );
-    std::fs::write(&gate, "").expect("open the gate");
+    std::fs::write(gate, "").expect("open the gate");
     let done = finished(waiting, "graph --wait").await;
     assert_eq!(done.status.code(), Some(0), "{done:?}");
     let out = text(&done.stdout);
@@ -145,13 +163,15 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
     for name in ["fetch", "left", "right", "join"] {
         assert_eq!(row(&out, name)[3], "succeeded", "{out}");
     }
-    let raw = ok(&run(&dci, &["--json", "graph", &id]).await);
+    let raw = ok(&run(dci, &["--json", "graph", id]).await);
     let raw: Value = serde_json::from_str(&raw).expect("--json is JSON");
     assert_eq!(raw["state"], "succeeded");
+}
 
+async fn check_a_failure_cancels_its_dependents_and_exits_8(db: &TestDb, dci: &Dci) {
     // A failure: its dependents are cancelled with the reason, and --wait exits 8.
     let file = write_json(
-        &db,
+        db,
         "failing.json",
         json!([
             {"name": "root", "queue": "w"},
@@ -160,7 +180,7 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
             {"name": "beside", "queue": "w", "depends_on": ["root"]},
         ]),
     );
-    let failed = run(&dci, &["graph", "--create", &file, "--wait"]).await;
+    let failed = run(dci, &["graph", "--create", &file, "--wait"]).await;
     assert_eq!(failed.status.code(), Some(8), "{failed:?}");
     let out = text(&failed.stdout);
     let id = created_id(&out);
@@ -180,29 +200,37 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
         text(&failed.stderr).contains(&format!("graph {id} failed")),
         "{failed:?}"
     );
-    let json_wait = run(&dci, &["--json", "graph", &id, "--wait"]).await;
+    let json_wait = run(dci, &["--json", "graph", &id, "--wait"]).await;
     assert_eq!(json_wait.status.code(), Some(8));
     let last: Value = serde_json::from_slice(&json_wait.stdout).expect("one JSON document");
     assert_eq!(last["state"], "failed");
+}
 
+async fn check_a_cancel_stops_the_running_task_and_exits_9(
+    db: &TestDb,
+    dci: &Dci,
+    started: &Path,
+    gate: &Path,
+    held: &Value,
+) {
     // Cancelled while a task runs: the runner stops it, and --wait exits 9.
-    std::fs::remove_file(&gate).expect("close the gate");
+    std::fs::remove_file(gate).expect("close the gate");
     let file = write_json(
-        &db,
+        db,
         "cancelled.json",
         json!({"tasks": [
             {"name": "slow", "queue": "w", "params": held},
             {"name": "next", "queue": "w", "depends_on": ["slow"]},
         ]}),
     );
-    let id = created_id(&ok(&run(&dci, &["graph", "--create", &file]).await));
+    let id = created_id(&ok(&run(dci, &["graph", "--create", &file]).await));
     wait_for(
         "the second held task to start",
         Duration::from_secs(60),
-        || async { read_lines(&started).len() >= 2 },
+        || async { read_lines(started).len() >= 2 },
     )
     .await;
-    let cancelled = run(&dci, &["graph", &id, "--cancel", "--wait"]).await;
+    let cancelled = run(dci, &["graph", &id, "--cancel", "--wait"]).await;
     assert_eq!(cancelled.status.code(), Some(9), "{cancelled:?}");
     let out = text(&cancelled.stdout);
     assert!(
@@ -212,12 +240,14 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
         "{out}"
     );
     assert!(out.contains(&format!("graph {id}: cancelled\n")), "{out}");
+}
 
+async fn check_errors_exit_by_their_class(db: &TestDb, dci: &Dci) {
     // Errors say what is wrong, with the status of their class.
-    let missing = run(&dci, &["graph", &ObjectId::new().to_hex()]).await;
+    let missing = run(dci, &["graph", &ObjectId::new().to_hex()]).await;
     assert_eq!(missing.status.code(), Some(3), "{missing:?}");
     assert!(text(&missing.stderr).contains("no graph"), "{missing:?}");
-    let bad_id = run(&dci, &["graph", "nope"]).await;
+    let bad_id = run(dci, &["graph", "nope"]).await;
     assert_eq!(bad_id.status.code(), Some(2), "{bad_id:?}");
     assert!(
         text(&bad_id.stderr).contains("not a graph id"),
@@ -225,20 +255,18 @@ async fn graphs_are_created_shown_waited_for_and_cancelled_from_the_cli() {
     );
     let not_json = db.path("bad.json");
     std::fs::write(&not_json, "{").expect("write");
-    let refused = run(&dci, &["graph", "--create", &not_json.to_string_lossy()]).await;
+    let refused = run(dci, &["graph", "--create", &not_json.to_string_lossy()]).await;
     assert_eq!(refused.status.code(), Some(2), "{refused:?}");
     assert!(text(&refused.stderr).contains("not JSON"), "{refused:?}");
     let cycle = write_json(
-        &db,
+        db,
         "cycle.json",
         json!([{"name": "a", "queue": "w", "depends_on": ["b"]},
                {"name": "b", "queue": "w", "depends_on": ["a"]}]),
     );
-    let refused = run(&dci, &["graph", "--create", &cycle]).await;
+    let refused = run(dci, &["graph", "--create", &cycle]).await;
     assert_eq!(refused.status.code(), Some(2), "{refused:?}");
     assert!(text(&refused.stderr).contains("POST"), "{refused:?}");
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_model::status;
 use disbatch_tests::claim_order::{claim_like_perl, record_changes, replay};
@@ -60,15 +61,59 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
         Duration::from_millis(100),
         perl_stop.clone(),
     );
+    let batches =
+        race_until_a_claim_of_ours_is_given_back(&db, queue, &mut ids, &ours, batch).await;
+    println!("{batches} batch(es) of {} tasks in all", ids.len());
+    perl_stop.store(true, Ordering::Relaxed);
+    let mut perl_claimed = 0;
+    for p in perl {
+        perl_claimed += p.await.expect("perl-like claimer");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let changes = recorder.await.expect("recorder");
+
+    check_every_task_ran_once_and_ours_succeeded_first_time(&db, queue, &runs, &ids, perl_claimed)
+        .await;
+    let seen = replay(&changes, &ids.iter().copied().collect(), threads as usize);
+    println!("raced beside Perl's claim loop, threads {threads}: {seen:?}");
+    assert!(seen.claims_ours > 0 && seen.claims_perl > 0, "{seen:?}");
+    assert!(
+        seen.claims_ours + seen.claims_perl >= ids.len(),
+        "the change stream saw every claim: {seen:?}"
+    );
+    assert!(
+        seen.given_back > 0,
+        "the race was run: some claims of ours landed past a Perl claim ({seen:?})"
+    );
+    assert_eq!(
+        seen.ours_past_cap, 0,
+        "no claim of ours that ran landed with the queue at its threads: {seen:?}"
+    );
+    assert!(
+        ours.iter()
+            .any(|den| den.log_text().contains("gave claims back")),
+        "the node says what it gave back"
+    );
+    drop(ours);
+    db.drop().await;
+}
+
+async fn race_until_a_claim_of_ours_is_given_back(
+    db: &TestDb,
+    queue: ObjectId,
+    ids: &mut Vec<ObjectId>,
+    ours: &[Den],
+    batch: impl Fn(usize) -> Vec<Bson>,
+) -> usize {
     // How often the race comes up depends on the machine's speed; that it comes up must not:
     // a batch that ends with no claim of ours given back is followed by another, until one
     // is (the replay below then judges every claim of every batch).
     const MAX_BATCHES: usize = 10;
     let mut batches = 1;
     loop {
-        db.wait_complete(&ids, Duration::from_secs(180)).await;
+        db.wait_complete(ids, Duration::from_secs(180)).await;
         let mut given_back = 0.0;
-        for den in &ours {
+        for den in ours {
             given_back += den
                 .metric(r#"disbatch_den_claims_given_back_total{queue="raced"}"#)
                 .await;
@@ -83,15 +128,16 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
         ids.extend(db.insert_tasks(queue, batch(120)).await);
         batches += 1;
     }
-    println!("{batches} batch(es) of {} tasks in all", ids.len());
-    perl_stop.store(true, Ordering::Relaxed);
-    let mut perl_claimed = 0;
-    for p in perl {
-        perl_claimed += p.await.expect("perl-like claimer");
-    }
-    stop.store(true, Ordering::Relaxed);
-    let changes = recorder.await.expect("recorder");
+    batches
+}
 
+async fn check_every_task_ran_once_and_ours_succeeded_first_time(
+    db: &TestDb,
+    queue: ObjectId,
+    runs: &str,
+    ids: &[ObjectId],
+    perl_claimed: usize,
+) {
     let tasks: Vec<Document> = db
         .tasks()
         .find(doc! {"queue": queue})
@@ -115,26 +161,4 @@ async fn our_claims_that_land_past_a_perl_claim_are_given_back_unrun() {
             "a give-back is no attempt: {t}"
         );
     }
-    let seen = replay(&changes, &ids.iter().copied().collect(), threads as usize);
-    println!("raced beside Perl's claim loop, threads {threads}: {seen:?}");
-    assert!(seen.claims_ours > 0 && seen.claims_perl > 0, "{seen:?}");
-    assert!(
-        seen.claims_ours + seen.claims_perl >= ids.len(),
-        "the change stream saw every claim: {seen:?}"
-    );
-    assert!(
-        seen.given_back > 0,
-        "the race was run: some claims of ours landed past a Perl claim ({seen:?})"
-    );
-    assert_eq!(
-        seen.ours_past_cap, 0,
-        "no claim of ours that ran landed with the queue at its threads: {seen:?}"
-    );
-    assert!(
-        ours.iter()
-            .any(|den| den.log_text().contains("gave claims back")),
-        "the node says what it gave back"
-    );
-    drop(ours);
-    db.drop().await;
 }

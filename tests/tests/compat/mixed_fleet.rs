@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime, Document};
 use disbatch_model::status;
-use disbatch_tests::claim_order::{replay, requeued_from, Recording};
+use disbatch_tests::claim_order::{replay, requeued_from, Change, Recording};
 use disbatch_tests::peers::perl_den::PerlDen;
 use disbatch_tests::{read_lines, write_config, Den, TestDb};
 use futures::TryStreamExt;
@@ -63,47 +63,10 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
     db.wait_complete(&ids, Duration::from_secs(180)).await;
     let changes = recording.finish().await;
 
-    // Every task ran once, successfully, and both kinds of node took part.
-    let tasks: Vec<Document> = db
-        .tasks()
-        .find(doc! {"queue": queue})
-        .await
-        .expect("find")
-        .try_collect()
-        .await
-        .expect("tasks");
-    let mut by_node = std::collections::BTreeMap::<String, usize>::new();
-    for t in &tasks {
-        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
-        *by_node
-            .entry(t.get_str("node").unwrap_or("?").to_string())
-            .or_default() += 1;
-        if t.get_str("node").ok() == Some(perl_node.as_str()) {
-            assert!(
-                t.get("attempts").is_none(),
-                "a Perl claim keeps no attempts: {t}"
-            );
-        } else {
-            assert_eq!(t.get_i32("attempts").ok(), Some(1), "run once: {t}");
-        }
-    }
-    let ran_by_ours = ran_once_each_on_ours(&runs);
-    let perl_ran = by_node.get(&perl_node).copied().unwrap_or(0);
-    assert_eq!(perl_ran + ran_by_ours.len(), ids.len(), "{by_node:?}");
-    println!("tasks by node: {by_node:?}");
-    assert!(perl_ran > 0, "the Perl node took part: {by_node:?}");
-    assert!(!ran_by_ours.is_empty(), "our nodes took part: {by_node:?}");
-
-    let seen = replay(&changes, &ids.iter().copied().collect(), threads);
-    println!("mixed fleet, threads {threads}, in server order: {seen:?}");
-    assert!(
-        seen.claims_ours + seen.claims_perl >= ids.len(),
-        "the change stream saw every claim: {seen:?}"
-    );
-    assert_eq!(
-        seen.ours_past_cap, 0,
-        "no claim of ours that ran landed with the queue at its threads: {seen:?}"
-    );
+    check_each_task_ran_once_on_both_kinds_within_the_cap(
+        &db, queue, &perl_node, &runs, &ids, &changes, threads,
+    )
+    .await;
 
     // The Perl host dies holding tasks: they keep their queue's threads until its node has
     // been silent for dead_node_after_s, then a node of ours recovers them by on_lost.
@@ -141,9 +104,78 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
         u64::try_from(DateTime::now().timestamp_millis() - last_beat.timestamp_millis())
             .unwrap_or(0),
     );
+    check_the_dead_hosts_tasks_are_recovered_once_it_is_silent(
+        &db, recording, &perl_node, &lossy_ids, done_after, silent_for,
+    )
+    .await;
+    ran_once_each_on_ours(&runs);
+    drop(rescuer);
+    db.drop().await;
+}
+
+async fn check_each_task_ran_once_on_both_kinds_within_the_cap(
+    db: &TestDb,
+    queue: ObjectId,
+    perl_node: &str,
+    runs: &str,
+    ids: &[ObjectId],
+    changes: &[Change],
+    threads: usize,
+) {
+    // Every task ran once, successfully, and both kinds of node took part.
+    let tasks: Vec<Document> = db
+        .tasks()
+        .find(doc! {"queue": queue})
+        .await
+        .expect("find")
+        .try_collect()
+        .await
+        .expect("tasks");
+    let mut by_node = std::collections::BTreeMap::<String, usize>::new();
+    for t in &tasks {
+        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
+        *by_node
+            .entry(t.get_str("node").unwrap_or("?").to_string())
+            .or_default() += 1;
+        if t.get_str("node").ok() == Some(perl_node) {
+            assert!(
+                t.get("attempts").is_none(),
+                "a Perl claim keeps no attempts: {t}"
+            );
+        } else {
+            assert_eq!(t.get_i32("attempts").ok(), Some(1), "run once: {t}");
+        }
+    }
+    let ran_by_ours = ran_once_each_on_ours(runs);
+    let perl_ran = by_node.get(perl_node).copied().unwrap_or(0);
+    assert_eq!(perl_ran + ran_by_ours.len(), ids.len(), "{by_node:?}");
+    println!("tasks by node: {by_node:?}");
+    assert!(perl_ran > 0, "the Perl node took part: {by_node:?}");
+    assert!(!ran_by_ours.is_empty(), "our nodes took part: {by_node:?}");
+
+    let seen = replay(changes, &ids.iter().copied().collect(), threads);
+    println!("mixed fleet, threads {threads}, in server order: {seen:?}");
+    assert!(
+        seen.claims_ours + seen.claims_perl >= ids.len(),
+        "the change stream saw every claim: {seen:?}"
+    );
+    assert_eq!(
+        seen.ours_past_cap, 0,
+        "no claim of ours that ran landed with the queue at its threads: {seen:?}"
+    );
+}
+
+async fn check_the_dead_hosts_tasks_are_recovered_once_it_is_silent(
+    db: &TestDb,
+    recording: Recording,
+    perl_node: &str,
+    lossy_ids: &[ObjectId],
+    done_after: Duration,
+    silent_for: Duration,
+) {
     let changes = recording.finish().await;
     let lossy_set: std::collections::HashSet<ObjectId> = lossy_ids.iter().copied().collect();
-    let recovered: Vec<ObjectId> = requeued_from(&changes, &perl_node)
+    let recovered: Vec<ObjectId> = requeued_from(&changes, perl_node)
         .into_iter()
         .filter(|id| lossy_set.contains(id))
         .collect();
@@ -152,7 +184,7 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
         recovered.len()
     );
     assert!(!recovered.is_empty(), "the Perl host died holding tasks");
-    for id in &lossy_ids {
+    for id in lossy_ids {
         let t = db.task(*id).await;
         assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
     }
@@ -171,9 +203,6 @@ async fn perl_and_rust_nodes_share_a_queue_within_its_cap_and_a_dead_perl_host_i
         silent_for >= Duration::from_secs(10),
         "not before its node is silent for dead_node_after_s: done {silent_for:?} after its last heartbeat"
     );
-    ran_once_each_on_ours(&runs);
-    drop(rescuer);
-    db.drop().await;
 }
 
 /// Waits until the Perl node holds some of `queue`'s tasks.

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use bson::doc;
 use bson::oid::ObjectId;
 use bson::Document;
-use disbatch_tests::claim_order::Recording;
+use disbatch_tests::claim_order::{Change, Recording};
 use disbatch_tests::peers::perl_den::PerlDen;
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb, NOT_ENDED};
-use serde_json::json;
+use serde_json::{json, Value};
 
 const DEMO: &str = "Disbatch::Plugin::Demo";
 
@@ -104,6 +104,15 @@ async fn a_perl_node_never_starts_a_waiting_task_and_its_ends_release_dependents
     drop(ours);
     drop(perl);
 
+    check_no_claim_came_before_its_dependencies_succeeded(&ids, &tasks, &changes, &perl_node);
+}
+
+fn check_no_claim_came_before_its_dependencies_succeeded(
+    ids: &HashMap<String, ObjectId>,
+    tasks: &[Value],
+    changes: &[Change],
+    perl_node: &str,
+) {
     let name_of: HashMap<ObjectId, &str> = ids.iter().map(|(k, v)| (*v, k.as_str())).collect();
     let deps: HashMap<&str, Vec<String>> = tasks
         .iter()

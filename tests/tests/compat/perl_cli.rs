@@ -63,16 +63,53 @@ async fn queue_and_task_commands_print_what_they_print_against_disbatch() {
          ---+--------+------+---------+--------+---------+-----------+-\n\n0 total queues.\n",
     );
 
+    let (demo, other) = check_create_queue_and_its_refusals(&db, &cli).await;
+
+    check_update_queue_and_its_refusals(&cli, demo).await;
+
+    let two = check_create_tasks_and_their_refusals(&db, &cli, other).await;
+
+    // queues / status: Text::Table over id, plugin, name, threads and the counts.
+    let table = format!(
+        "{TABLE_HEAD}{demo} | Disbatch::Plugin::Demo | demo  | 2       | 3      | 0       | 0         | \n\
+         {other} | echo                   | other |         | 2      | 0       | 0         | \n\n2 total queues.\n"
+    );
+    cli.prints(&["queues"], &table);
+    cli.prints(&["status"], &table);
+
+    check_tasks_prints_what_disbatch_prints(&cli, other, &two).await;
+
+    // delete-queue, then the unknown command.
+    cli.prints(&["delete-queue", "other"], "Deleted queue other\n");
+    cli.fails(
+        &["delete-queue", "other"],
+        &cli.http_error(
+            "deleting",
+            "/queues/other",
+            "404 Not Found",
+            r#"{"error":"no queue other"}"#,
+        ),
+    );
+    cli.prints(
+        &["delete-queue", demo.to_hex().as_str()],
+        &format!("Deleted queue {demo}\n"),
+    );
+    cli.fails(&["bogus"], "Unknown command 'bogus'\n");
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_create_queue_and_its_refusals(db: &TestDb, cli: &PerlCli) -> (ObjectId, ObjectId) {
     // create-queue (a form post) and its refusals.
     let r = cli.run(&["create-queue", "demo", "Disbatch::Plugin::Demo"]);
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
-    let demo = queue_id(&db, "demo").await;
+    let demo = queue_id(db, "demo").await;
     assert_eq!(
         (r.code, r.stdout),
         (Some(0), format!("Created queue demo: {demo}\n"))
     );
     let r = cli.run(&["create-queue", "other", "echo"]);
-    let other = queue_id(&db, "other").await;
+    let other = queue_id(db, "other").await;
     assert_eq!(
         (r.code, r.stdout),
         (Some(0), format!("Created queue other: {other}\n"))
@@ -106,7 +143,10 @@ async fn queue_and_task_commands_print_what_they_print_against_disbatch() {
         .unwrap_or_else(|| panic!("{}", r.stderr));
     let body: Value = serde_json::from_str(body.trim()).expect("JSON error body");
     assert_eq!(body, json!({"error": "a queue named demo already exists"}));
+    (demo, other)
+}
 
+async fn check_update_queue_and_its_refusals(cli: &PerlCli, demo: ObjectId) {
     // update-queue: form posts, so Disbatch's CLI echoes the value as a string.
     cli.prints(
         &["update-queue", "demo", "threads", "2"],
@@ -155,10 +195,16 @@ async fn queue_and_task_commands_print_what_they_print_against_disbatch() {
             r#"{"error":"no queue nosuch"}"#,
         ),
     );
+}
 
+async fn check_create_tasks_and_their_refusals(
+    db: &TestDb,
+    cli: &PerlCli,
+    other: ObjectId,
+) -> Vec<Document> {
     // create-task and create-tasks (JSON posts of {queue, params}).
     let r = cli.run(&["create-task", "demo", "user1", "ashley"]);
-    let one = tasks_where(&db, doc! {"params.user1": "ashley"}).await;
+    let one = tasks_where(db, doc! {"params.user1": "ashley"}).await;
     assert_eq!(
         (r.code, r.stdout),
         (
@@ -172,7 +218,7 @@ async fn queue_and_task_commands_print_what_they_print_against_disbatch() {
         "Must pass an even number of arguments as key/value pairs\n",
     );
     let r = cli.run(&["create-tasks", "other", r#"[{"fizz":1},{"buzz":2}]"#]);
-    let two = tasks_where(&db, doc! {"queue": other}).await;
+    let two = tasks_where(db, doc! {"queue": other}).await;
     assert_eq!(
         (r.code, r.stdout),
         (
@@ -225,7 +271,7 @@ async fn queue_and_task_commands_print_what_they_print_against_disbatch() {
         "demo",
         r#"{"filter":{"migration":"foo"},"params":{"user":"document.username","migration":"foo"}}"#,
     ]);
-    let made = tasks_where(&db, doc! {"params.migration": "foo"}).await;
+    let made = tasks_where(db, doc! {"params.migration": "foo"}).await;
     assert_eq!(made.len(), 2);
     assert_eq!(
         (r.code, r.stdout),
@@ -234,15 +280,10 @@ async fn queue_and_task_commands_print_what_they_print_against_disbatch() {
             format!("Created 2 tasks in queue demo\n{}", ids_of(&made))
         )
     );
+    two
+}
 
-    // queues / status: Text::Table over id, plugin, name, threads and the counts.
-    let table = format!(
-        "{TABLE_HEAD}{demo} | Disbatch::Plugin::Demo | demo  | 2       | 3      | 0       | 0         | \n\
-         {other} | echo                   | other |         | 2      | 0       | 0         | \n\n2 total queues.\n"
-    );
-    cli.prints(&["queues"], &table);
-    cli.prints(&["status"], &table);
-
+async fn check_tasks_prints_what_disbatch_prints(cli: &PerlCli, other: ObjectId, two: &[Document]) {
     // tasks: GET /tasks with a JSON body, `.fields` null unless given.
     let filter = format!(r#"{{"queue":"{other}"}}"#);
     let expected: Vec<Value> = two
@@ -313,25 +354,6 @@ async fn queue_and_task_commands_print_what_they_print_against_disbatch() {
     ] {
         assert!(indexes.contains(&disbatch_set), "{body}");
     }
-
-    // delete-queue, then the unknown command.
-    cli.prints(&["delete-queue", "other"], "Deleted queue other\n");
-    cli.fails(
-        &["delete-queue", "other"],
-        &cli.http_error(
-            "deleting",
-            "/queues/other",
-            "404 Not Found",
-            r#"{"error":"no queue other"}"#,
-        ),
-    );
-    cli.prints(
-        &["delete-queue", demo.to_hex().as_str()],
-        &format!("Deleted queue {demo}\n"),
-    );
-    cli.fails(&["bogus"], "Unknown command 'bogus'\n");
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]
@@ -363,6 +385,18 @@ async fn finished_tasks_and_the_legacy_search_read_as_disbatch_shows_them() {
     drop(den);
     let done = tasks_where(&db, doc! {"queue": queue}).await;
 
+    check_empty_output_is_null_and_the_tasks_views(&cli, queue, &done).await;
+
+    check_the_legacy_search_reads_as_disbatch(&cli, &done).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_empty_output_is_null_and_the_tasks_views(
+    cli: &PerlCli,
+    queue: ObjectId,
+    done: &[Document],
+) {
     // Empty output is stored as null, as Disbatch's runner stores a plugin's undef output.
     let streams = |t: &Document| (t.get("stdout").cloned(), t.get("stderr").cloned());
     assert_eq!(streams(&done[0]).1, Some(Bson::Null), "{}", done[0]);
@@ -401,7 +435,9 @@ async fn finished_tasks_and_the_legacy_search_read_as_disbatch_shows_them() {
         &said(&plain),
     );
     cli.prints(&["tasks", &filter, "--count"], "3 tasks\n");
+}
 
+async fn check_the_legacy_search_reads_as_disbatch(cli: &PerlCli, done: &[Document]) {
     // search: POST /tasks/search with `"options": null` unless --options; terse by default,
     // dates as epoch seconds.
     let searched = |terse: bool, docs: &[Document]| {
@@ -419,7 +455,7 @@ async fn finished_tasks_and_the_legacy_search_read_as_disbatch_shows_them() {
             .collect();
         said(&Value::Array(all))
     };
-    cli.prints(&["search"], &searched(true, &done));
+    cli.prints(&["search"], &searched(true, done));
     cli.prints(
         &["search", r#"{"params.commands":"b"}"#],
         &searched(true, &done[1..2]),
@@ -457,6 +493,4 @@ async fn finished_tasks_and_the_legacy_search_read_as_disbatch_shows_them() {
         &["search", r#""foo""#],
         "Invalid filter is not JSON: '\"foo\"'\n",
     );
-    drop(dci);
-    db.drop().await;
 }

@@ -1,6 +1,7 @@
 //! The operator console in headless Chromium: real pages, a real DCI, DEN and server.
 //! Screenshots of every page land in `<target>/ui-screenshots/`.
 
+use std::path::Path;
 use std::time::Duration;
 
 use bson::doc;
@@ -68,6 +69,40 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     b.record_csp_violations().await;
     b.open(&format!("{}/", dci.url), "queues").await;
 
+    let queue = check_a_bad_name_is_refused_and_a_paused_queue_created(&db, &b).await;
+
+    // Each task runs until the test opens this gate, so the page can be watched part-way.
+    let gate = db.path("console.gate");
+    let ids = db
+        .insert_tasks(
+            queue,
+            (0..16)
+                .map(|i| doc! {"i": i, "hold_until": gate.to_string_lossy().to_string()}.into())
+                .collect(),
+        )
+        .await;
+    let den = Den::start(&config, "n1");
+    b.wait_text("tr[data-queue=\"console\"] .queued", "queued count", |t| {
+        t.trim() == "16"
+    })
+    .await;
+
+    check_cancel_of_a_queued_task_from_the_tasks_page(&db, &dci, &b, &ids).await;
+
+    check_threads_set_inline_and_the_counts_as_the_queue_drains(&db, &dci, &b, &gate).await;
+
+    check_the_task_nodes_and_balance_pages(&db, &dci, &b, &ids).await;
+    runs_under_its_csp(&b).await;
+
+    drop(den);
+    b.close().await;
+    db.drop().await;
+}
+
+async fn check_a_bad_name_is_refused_and_a_paused_queue_created(
+    db: &TestDb,
+    b: &Browser,
+) -> ObjectId {
     // Bad input is refused in the page with a visible message, and nothing is created.
     b.find("#new-queue-name")
         .await
@@ -91,7 +126,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
         "{msg}"
     );
     b.screenshot("queues-bad-input").await;
-    assert!(queue_doc(&db, "bad name!").await.is_none());
+    assert!(queue_doc(db, "bad name!").await.is_none());
 
     // Create a paused queue through the form.
     let name = b.find("#new-queue-name").await;
@@ -109,28 +144,20 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
         .await
         .expect("submit");
     b.find("tr[data-queue=\"console\"]").await;
-    let stored = queue_doc(&db, "console")
+    let stored = queue_doc(db, "console")
         .await
         .expect("queue created through the page");
     let queue: ObjectId = stored.get_object_id("_id").expect("id");
     assert_eq!(stored.get_i64("threads").ok(), Some(0));
+    queue
+}
 
-    // Each task runs until the test opens this gate, so the page can be watched part-way.
-    let gate = db.path("console.gate");
-    let ids = db
-        .insert_tasks(
-            queue,
-            (0..16)
-                .map(|i| doc! {"i": i, "hold_until": gate.to_string_lossy().to_string()}.into())
-                .collect(),
-        )
-        .await;
-    let den = Den::start(&config, "n1");
-    b.wait_text("tr[data-queue=\"console\"] .queued", "queued count", |t| {
-        t.trim() == "16"
-    })
-    .await;
-
+async fn check_cancel_of_a_queued_task_from_the_tasks_page(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    ids: &[ObjectId],
+) {
     // Cancel one queued task from the Tasks page.
     b.open(&format!("{}/#/tasks", dci.url), "tasks").await;
     b.select_option("#search-queue", "console").await;
@@ -157,7 +184,14 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
     )
     .await;
     b.screenshot("tasks").await;
+}
 
+async fn check_threads_set_inline_and_the_counts_as_the_queue_drains(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    gate: &Path,
+) {
     // Set threads inline and watch the node drain the queue as the counts change.
     b.open(&format!("{}/#/queues", dci.url), "queues").await;
     let threads = b.find("tr[data-queue=\"console\"] input.threads").await;
@@ -167,7 +201,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
         "threads 2 to be stored",
         Duration::from_secs(30),
         || async {
-            queue_doc(&db, "console")
+            queue_doc(db, "console")
                 .await
                 .and_then(|q| q.get_i64("threads").ok())
                 == Some(2)
@@ -185,7 +219,7 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
         t.trim() == "13"
     })
     .await;
-    std::fs::write(&gate, "").expect("open the gate");
+    std::fs::write(gate, "").expect("open the gate");
     let text = b
         .wait_text(
             "tr[data-queue=\"console\"] .succeeded",
@@ -195,7 +229,14 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
         .await;
     assert_eq!(text.trim(), "15");
     b.screenshot("queues").await;
+}
 
+async fn check_the_task_nodes_and_balance_pages(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    ids: &[ObjectId],
+) {
     // Open a task and read its stdout (the echo plugin prints its params).
     b.open(&format!("{}/#/task/{}", dci.url, ids[3].to_hex()), "task")
         .await;
@@ -232,11 +273,6 @@ async fn an_operator_creates_a_queue_runs_it_and_manages_tasks_from_the_console(
         .await;
     assert!(msg.contains("no-such-queue"), "{msg}");
     b.screenshot("balance").await;
-    runs_under_its_csp(&b).await;
-
-    drop(den);
-    b.close().await;
-    db.drop().await;
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
 use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, Launch, TestDb};
@@ -161,156 +162,13 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     let b = Browser::start(1280, 900).await;
     b.record_csp_violations().await;
 
-    // 1. The attempts of a task that failed once and succeeded when retried.
-    b.open(&format!("{}/#/task/{}", dci.url, flaky.to_hex()), "task")
-        .await;
-    wait_outcomes(&b, &["timed_out"]).await;
-    b.find("#task-retry").await.click().await.expect("retry");
-    b.wait_text("#task-status", "succeeded", |t| t.contains("succeeded"))
-        .await;
-    wait_outcomes(&b, &["timed_out", "succeeded"]).await;
-    let note = b
-        .wait_text("#task-attempts-note", "attempt count", |t| !t.is_empty())
-        .await;
-    assert_eq!(note, "2 attempts");
-    let node = b
-        .find("#task-attempts tbody tr:last-child td.node")
-        .await
-        .text()
-        .await
-        .unwrap_or_default();
-    assert_eq!(node, "n1");
-    b.screenshot("task-attempts").await;
+    check_the_attempts_of_a_task_retried_after_a_timeout(&dci, &b, flaky).await;
 
-    // 2. Cancel a running task from its page, after confirming.
-    wait_for("the sleeper to run", Duration::from_secs(20), || async {
-        db.task_status(sleeper).await == Some(status::RUNNING)
-    })
-    .await;
-    b.open(&format!("{}/#/task/{}", dci.url, sleeper.to_hex()), "task")
-        .await;
-    b.wait_text("#task-status", "running", |t| t.contains("running"))
-        .await;
-    // The run under way has no record yet: it is shown from the task.
-    wait_outcomes(&b, &["running"]).await;
-    let before_decline = log_len(&dci_log);
-    b.find("#task-cancel").await.click().await.expect("cancel");
-    let keep = b.find("#confirm-no").await.text().await.unwrap_or_default();
-    assert_eq!(keep, "Keep running");
-    answer_confirm(&b, "Cancel running task", false, None).await;
-    page_request_answered(&b, &dci_log, "after-declined-cancel").await;
-    let sent = requests(&dci_log, before_decline);
-    assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
-    assert_eq!(
-        db.task_status(sleeper).await,
-        Some(status::RUNNING),
-        "declined: still running"
-    );
-    b.find("#task-cancel").await.click().await.expect("cancel");
-    answer_confirm(
-        &b,
-        "Its plugin is stopped",
-        true,
-        Some("task-cancel-running-confirm"),
-    )
-    .await;
-    wait_for(
-        "the running task to be cancelled",
-        Duration::from_secs(20),
-        || async { db.task_status(sleeper).await == Some(status::CANCELLED) },
-    )
-    .await;
-    b.wait_text("#task-status", "cancelled", |t| t.contains("cancelled"))
-        .await;
-    wait_outcomes(&b, &["cancelled"]).await;
-    b.screenshot("task-cancelled").await;
+    check_cancel_of_a_running_task_only_once_confirmed(&db, &dci, &b, &dci_log, sleeper).await;
 
-    // 3. Bulk retry of the failed tasks on the queue page; threads 0 first so they stay queued.
-    let (s, _) = dci.post("/queues/bulk", json!({"threads": 0})).await;
-    assert_eq!(s, 200);
-    b.open(&format!("{}/#/queues", dci.url), "queues").await;
-    b.wait_text("tr[data-queue=\"bulk\"] td.failed", "failed count", |t| {
-        t.trim() == "3"
-    })
-    .await;
-    b.find("tr[data-queue=\"bulk\"] button.retry-failed")
-        .await
-        .click()
-        .await
-        .expect("retry failed");
-    answer_confirm(
-        &b,
-        "Retry the 3 failed task(s) of queue \"bulk\"",
-        true,
-        Some("queues-retry-confirm"),
-    )
-    .await;
-    b.wait_text("#queues-msg", "retry message", |t| {
-        t.contains("3 task(s) queued again")
-    })
-    .await;
-    b.wait_text("tr[data-queue=\"bulk\"] td.queued", "queued again", |t| {
-        t.trim() == "3"
-    })
-    .await;
-    assert_eq!(cell(&b, "bulk", "failed").await.trim(), "0");
-    for id in &failing {
-        assert_eq!(db.task_status(*id).await, Some(status::QUEUED));
-    }
-    b.screenshot("queues-after-retry").await;
+    check_bulk_retry_of_the_failed_from_the_queues_page(&db, &dci, &b, &failing).await;
 
-    // ... then cancel them all, and decline a plugin change.
-    b.find("tr[data-queue=\"bulk\"] button.cancel-queued")
-        .await
-        .click()
-        .await
-        .expect("cancel queued");
-    answer_confirm(&b, "Cancel the 3 queued and blocked task(s)", true, None).await;
-    b.wait_text(
-        "tr[data-queue=\"bulk\"] td.cancelled",
-        "cancelled count",
-        |t| t.trim() == "3",
-    )
-    .await;
-    for id in &failing {
-        assert_eq!(db.task_status(*id).await, Some(status::CANCELLED));
-    }
-    let plugin = b.find("tr[data-queue=\"bulk\"] select.plugin").await;
-    let other = b
-        .client
-        .find_all(Locator::Css("tr[data-queue=\"bulk\"] select.plugin option"))
-        .await
-        .expect("options");
-    let mut picked = false;
-    for option in other {
-        if option.attr("value").await.ok().flatten().as_deref() != Some("echo") {
-            option.click().await.expect("pick another plugin");
-            picked = true;
-            break;
-        }
-    }
-    assert!(picked, "the config lists a second plugin");
-    let before_decline = log_len(&dci_log);
-    answer_confirm(
-        &b,
-        "Change the plugin of queue \"bulk\" from echo",
-        false,
-        None,
-    )
-    .await;
-    let shown = plugin.prop("value").await.ok().flatten();
-    assert_eq!(shown.as_deref(), Some("echo"), "the select went back");
-    page_request_answered(&b, &dci_log, "after-declined-plugin-change").await;
-    let sent = requests(&dci_log, before_decline);
-    assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
-    let stored = db
-        .db
-        .collection::<Document>("queues")
-        .find_one(doc! {"_id": bulk})
-        .await
-        .expect("queue")
-        .expect("exists");
-    assert_eq!(stored.get_str("plugin").ok(), Some("echo"));
+    check_cancel_all_queued_and_a_declined_plugin_change(&db, &b, &dci_log, &failing, bulk).await;
 
     let violations = b.csp_violations().await;
     assert_eq!(violations, Vec::<String>::new());
@@ -334,6 +192,186 @@ async fn history_cancel_and_bulk_actions_from_the_console() {
     drop(den);
     b.close().await;
     db.drop().await;
+}
+
+async fn check_the_attempts_of_a_task_retried_after_a_timeout(
+    dci: &Dci,
+    b: &Browser,
+    flaky: ObjectId,
+) {
+    // 1. The attempts of a task that failed once and succeeded when retried.
+    b.open(&format!("{}/#/task/{}", dci.url, flaky.to_hex()), "task")
+        .await;
+    wait_outcomes(b, &["timed_out"]).await;
+    b.find("#task-retry").await.click().await.expect("retry");
+    b.wait_text("#task-status", "succeeded", |t| t.contains("succeeded"))
+        .await;
+    wait_outcomes(b, &["timed_out", "succeeded"]).await;
+    let note = b
+        .wait_text("#task-attempts-note", "attempt count", |t| !t.is_empty())
+        .await;
+    assert_eq!(note, "2 attempts");
+    let node = b
+        .find("#task-attempts tbody tr:last-child td.node")
+        .await
+        .text()
+        .await
+        .unwrap_or_default();
+    assert_eq!(node, "n1");
+    b.screenshot("task-attempts").await;
+}
+
+async fn check_cancel_of_a_running_task_only_once_confirmed(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    dci_log: &Path,
+    sleeper: ObjectId,
+) {
+    // 2. Cancel a running task from its page, after confirming.
+    wait_for("the sleeper to run", Duration::from_secs(20), || async {
+        db.task_status(sleeper).await == Some(status::RUNNING)
+    })
+    .await;
+    b.open(&format!("{}/#/task/{}", dci.url, sleeper.to_hex()), "task")
+        .await;
+    b.wait_text("#task-status", "running", |t| t.contains("running"))
+        .await;
+    // The run under way has no record yet: it is shown from the task.
+    wait_outcomes(b, &["running"]).await;
+    let before_decline = log_len(dci_log);
+    b.find("#task-cancel").await.click().await.expect("cancel");
+    let keep = b.find("#confirm-no").await.text().await.unwrap_or_default();
+    assert_eq!(keep, "Keep running");
+    answer_confirm(b, "Cancel running task", false, None).await;
+    page_request_answered(b, dci_log, "after-declined-cancel").await;
+    let sent = requests(dci_log, before_decline);
+    assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
+    assert_eq!(
+        db.task_status(sleeper).await,
+        Some(status::RUNNING),
+        "declined: still running"
+    );
+    b.find("#task-cancel").await.click().await.expect("cancel");
+    answer_confirm(
+        b,
+        "Its plugin is stopped",
+        true,
+        Some("task-cancel-running-confirm"),
+    )
+    .await;
+    wait_for(
+        "the running task to be cancelled",
+        Duration::from_secs(20),
+        || async { db.task_status(sleeper).await == Some(status::CANCELLED) },
+    )
+    .await;
+    b.wait_text("#task-status", "cancelled", |t| t.contains("cancelled"))
+        .await;
+    wait_outcomes(b, &["cancelled"]).await;
+    b.screenshot("task-cancelled").await;
+}
+
+async fn check_bulk_retry_of_the_failed_from_the_queues_page(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    failing: &[ObjectId],
+) {
+    // 3. Bulk retry of the failed tasks on the queue page; threads 0 first so they stay queued.
+    let (s, _) = dci.post("/queues/bulk", json!({"threads": 0})).await;
+    assert_eq!(s, 200);
+    b.open(&format!("{}/#/queues", dci.url), "queues").await;
+    b.wait_text("tr[data-queue=\"bulk\"] td.failed", "failed count", |t| {
+        t.trim() == "3"
+    })
+    .await;
+    b.find("tr[data-queue=\"bulk\"] button.retry-failed")
+        .await
+        .click()
+        .await
+        .expect("retry failed");
+    answer_confirm(
+        b,
+        "Retry the 3 failed task(s) of queue \"bulk\"",
+        true,
+        Some("queues-retry-confirm"),
+    )
+    .await;
+    b.wait_text("#queues-msg", "retry message", |t| {
+        t.contains("3 task(s) queued again")
+    })
+    .await;
+    b.wait_text("tr[data-queue=\"bulk\"] td.queued", "queued again", |t| {
+        t.trim() == "3"
+    })
+    .await;
+    assert_eq!(cell(b, "bulk", "failed").await.trim(), "0");
+    for id in failing {
+        assert_eq!(db.task_status(*id).await, Some(status::QUEUED));
+    }
+    b.screenshot("queues-after-retry").await;
+}
+
+async fn check_cancel_all_queued_and_a_declined_plugin_change(
+    db: &TestDb,
+    b: &Browser,
+    dci_log: &Path,
+    failing: &[ObjectId],
+    bulk: ObjectId,
+) {
+    // ... then cancel them all, and decline a plugin change.
+    b.find("tr[data-queue=\"bulk\"] button.cancel-queued")
+        .await
+        .click()
+        .await
+        .expect("cancel queued");
+    answer_confirm(b, "Cancel the 3 queued and blocked task(s)", true, None).await;
+    b.wait_text(
+        "tr[data-queue=\"bulk\"] td.cancelled",
+        "cancelled count",
+        |t| t.trim() == "3",
+    )
+    .await;
+    for id in failing {
+        assert_eq!(db.task_status(*id).await, Some(status::CANCELLED));
+    }
+    let plugin = b.find("tr[data-queue=\"bulk\"] select.plugin").await;
+    let other = b
+        .client
+        .find_all(Locator::Css("tr[data-queue=\"bulk\"] select.plugin option"))
+        .await
+        .expect("options");
+    let mut picked = false;
+    for option in other {
+        if option.attr("value").await.ok().flatten().as_deref() != Some("echo") {
+            option.click().await.expect("pick another plugin");
+            picked = true;
+            break;
+        }
+    }
+    assert!(picked, "the config lists a second plugin");
+    let before_decline = log_len(dci_log);
+    answer_confirm(
+        b,
+        "Change the plugin of queue \"bulk\" from echo",
+        false,
+        None,
+    )
+    .await;
+    let shown = plugin.prop("value").await.ok().flatten();
+    assert_eq!(shown.as_deref(), Some("echo"), "the select went back");
+    page_request_answered(b, dci_log, "after-declined-plugin-change").await;
+    let sent = requests(dci_log, before_decline);
+    assert_eq!(writes(&sent), Vec::<&(String, String)>::new(), "declined");
+    let stored = db
+        .db
+        .collection::<Document>("queues")
+        .find_one(doc! {"_id": bulk})
+        .await
+        .expect("queue")
+        .expect("exists");
+    assert_eq!(stored.get_str("plugin").ok(), Some("echo"));
 }
 
 #[tokio::test]
@@ -373,6 +411,16 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         t.trim() == "1"
     })
     .await;
+    check_each_status_has_its_own_count_column(&dci, &b).await;
+    check_the_page_fits_a_phone_and_the_name_stays_in_view(&b).await;
+    std::fs::write(&gate, "").expect("open the gate");
+    db.wait_complete(&[sleeper], Duration::from_secs(60)).await;
+    drop(den);
+    b.close().await;
+    db.drop().await;
+}
+
+async fn check_each_status_has_its_own_count_column(dci: &Dci, b: &Browser) {
     let want = [
         ("queued", "2"),
         ("blocked", "1"),
@@ -385,7 +433,7 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         ("discarded", "0"),
     ];
     for (column, n) in want {
-        assert_eq!(cell(&b, "mixed", column).await.trim(), n, "{column}");
+        assert_eq!(cell(b, "mixed", column).await.trim(), n, "{column}");
     }
     // Disbatch's own queued field still counts every status ≤ -2.
     let (_, q) = dci.get("/queues/mixed").await;
@@ -417,6 +465,9 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
             ""
         ])
     );
+}
+
+async fn check_the_page_fits_a_phone_and_the_name_stays_in_view(b: &Browser) {
     // The page itself fits 390 px; the table scrolls sideways inside its frame.
     let fit = b
         .client
@@ -459,9 +510,4 @@ async fn every_status_has_its_own_count_column_at_phone_width() {
         "{name_left}"
     );
     b.screenshot("phone-queue-counts-scrolled").await;
-    std::fs::write(&gate, "").expect("open the gate");
-    db.wait_complete(&[sleeper], Duration::from_secs(60)).await;
-    drop(den);
-    b.close().await;
-    db.drop().await;
 }

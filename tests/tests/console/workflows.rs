@@ -132,9 +132,38 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
 
     let b = Browser::start(1280, 900).await;
     b.record_csp_violations().await;
+    check_the_graph_is_drawn_with_its_final_states(&dci, &b, &graph, &made).await;
+
+    check_a_wide_graph_wraps_into_rows_and_scrolls(&db, &dci, &b, &made).await;
+
+    let id = check_a_batch_and_its_callback_are_drawn(&dci, &b).await;
+
+    // The list links to both.
+    b.open(&format!("{}/#/workflows", dci.url), "workflows")
+        .await;
+    b.wait_text("#graphs-table", "the graph listed", |t| t.contains(&graph))
+        .await;
+    b.wait_text("#batches-table", "the batch listed", |t| t.contains(&id))
+        .await;
+    b.find(&format!("#batches-table a[href=\"#/batches/{id}\"]"))
+        .await;
+    b.screenshot("workflows-list").await;
+    assert_eq!(b.csp_violations().await, Vec::<String>::new());
+    b.close().await;
+    drop(den);
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_the_graph_is_drawn_with_its_final_states(
+    dci: &Dci,
+    b: &Browser,
+    graph: &str,
+    made: &Value,
+) {
     b.open(&format!("{}/#/graphs/{graph}", dci.url), "graphs")
         .await;
-    let d = final_drawing(&b, "the graph's final states").await;
+    let d = final_drawing(b, "the graph's final states").await;
     assert_eq!(d["state"], "failed", "{d}");
     assert_eq!(d["nodes"].as_array().map(Vec::len), Some(8), "{d}");
     assert_eq!(d["edges"].as_array().map(Vec::len), Some(8), "{d}");
@@ -184,7 +213,7 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
         reasons.contains(bad),
         "the cancel reason is listed: {reasons}"
     );
-    let lay = layout(&b).await;
+    let lay = layout(b).await;
     assert_eq!(lay["overlaps"], 0, "{lay}");
     assert_eq!(lay["upward"], 0, "{lay}");
     assert_eq!(
@@ -194,7 +223,14 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     );
     let shot = b.screenshot("workflows-graph").await;
     assert!(shot.exists());
+}
 
+async fn check_a_wide_graph_wraps_into_rows_and_scrolls(
+    db: &TestDb,
+    dci: &Dci,
+    b: &Browser,
+    made: &Value,
+) {
     // 50 tasks on a paused queue, one waiting on a task outside the graph: the 24-wide layer
     // wraps into rows, the drawing scrolls, and no edge runs behind a box.
     db.insert_queue("paused", "echo", 0).await;
@@ -222,7 +258,7 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     let big_id = big["graph"].as_str().expect("graph id");
     b.open(&format!("{}/#/graphs/{big_id}", dci.url), "graphs")
         .await;
-    let d = drawing(&b).await;
+    let d = drawing(b).await;
     assert_eq!(d["state"], "active", "{d}");
     assert_eq!(d["nodes"].as_array().map(Vec::len), Some(50), "{d}");
     assert_eq!(d["edges"].as_array().map(Vec::len), Some(edges), "{d}");
@@ -230,7 +266,7 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     assert_eq!(node(&d, "merge")["state"], "blocked", "{d}");
     assert_eq!(node(&d, "merge")["layer"], 8, "{d}");
     assert_eq!(node(&d, "merge")["shown"], "blocked · waits on 24", "{d}");
-    let lay = layout(&b).await;
+    let lay = layout(b).await;
     assert_eq!(lay["external"], 1, "{lay}");
     assert_eq!(lay["c_rows"], 3, "24 tasks in rows of 8: {lay}");
     assert_eq!(lay["overlaps"], 0, "{lay}");
@@ -238,7 +274,9 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     assert_eq!(lay["through"], json!([]), "{lay}");
     assert_eq!(lay["scrolls"], true, "{lay}");
     b.screenshot("workflows-graph-wide").await;
+}
 
+async fn check_a_batch_and_its_callback_are_drawn(dci: &Dci, b: &Browser) -> String {
     // A batch: five members, one failing, and a callback that runs after them all.
     let members: Vec<Value> = (0..5)
         .map(|i| {
@@ -261,7 +299,7 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     let callback = batch["callback"].as_str().expect("callback id").to_string();
     b.open(&format!("{}/#/batches/{id}", dci.url), "batches")
         .await;
-    let d = final_drawing(&b, "the batch's final states").await;
+    let d = final_drawing(b, "the batch's final states").await;
     assert_eq!(d["state"], "failed", "{d}");
     let nodes = d["nodes"].as_array().expect("nodes");
     assert_eq!(nodes.len(), 6, "five members and the callback: {d}");
@@ -279,20 +317,5 @@ async fn the_console_draws_a_graph_and_a_batch_with_their_final_states() {
     })
     .await;
     b.screenshot("workflows-batch").await;
-
-    // The list links to both.
-    b.open(&format!("{}/#/workflows", dci.url), "workflows")
-        .await;
-    b.wait_text("#graphs-table", "the graph listed", |t| t.contains(&graph))
-        .await;
-    b.wait_text("#batches-table", "the batch listed", |t| t.contains(&id))
-        .await;
-    b.find(&format!("#batches-table a[href=\"#/batches/{id}\"]"))
-        .await;
-    b.screenshot("workflows-list").await;
-    assert_eq!(b.csp_violations().await, Vec::<String>::new());
-    b.close().await;
-    drop(den);
-    drop(dci);
-    db.drop().await;
+    id
 }

@@ -1,8 +1,31 @@
 //! A queue's retry policy through the API: shown on a queue the API made, and changed there.
 
 use bson::{doc, Bson, Document};
-use disbatch_tests::{write_config, TestDb};
+use disbatch_tests::{write_config, Dci, TestDb};
+use reqwest::Method;
 use serde_json::json;
+
+const ADMIN: &str = "admin-token-0123456789abcdef";
+const OPS: &str = "operate-token-0123456789abcdef";
+const READ: &str = "read-token-0123456789abcdef";
+
+async fn call(
+    dci: &Dci,
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let request = dci
+        .http
+        .request(method, dci.at(path))
+        .bearer_auth(token)
+        .json(&body);
+    let r = request.send().await.expect("request");
+    let status = r.status().as_u16();
+    let v: serde_json::Value = r.json().await.unwrap_or(serde_json::Value::Null);
+    (status, v)
+}
 
 async fn queue_retry(db: &TestDb, name: &str) -> Option<Bson> {
     db.db
@@ -26,25 +49,22 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
     ]});
     let config = write_config(&db, "web.json", json!({"web": web}));
     let dci = disbatch_tests::Dci::start(&config);
-    let call = |method: reqwest::Method, path: &str, token: &str, body: serde_json::Value| {
-        let request = dci
-            .http
-            .request(method, dci.at(path))
-            .bearer_auth(token)
-            .json(&body);
-        async move {
-            let r = request.send().await.expect("request");
-            let status = r.status().as_u16();
-            let v: serde_json::Value = r.json().await.unwrap_or(serde_json::Value::Null);
-            (status, v)
-        }
-    };
-    const ADMIN: &str = "admin-token-0123456789abcdef";
-    const OPS: &str = "operate-token-0123456789abcdef";
-    const READ: &str = "read-token-0123456789abcdef";
-    use reqwest::Method;
 
+    check_a_new_queue_gets_the_default_policy_and_bad_ones_are_refused(&db, &dci).await;
+
+    check_the_operate_role_changes_the_policy_and_read_may_not(&db, &dci).await;
+
+    check_the_cli_sets_and_clears_the_policy(&db, &dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_a_new_queue_gets_the_default_policy_and_bad_ones_are_refused(
+    db: &TestDb,
+    dci: &Dci,
+) {
     let (status, _) = call(
+        dci,
         Method::POST,
         "/queues",
         ADMIN,
@@ -52,7 +72,7 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
     )
     .await;
     assert_eq!(status, 200);
-    let stored = queue_retry(&db, "words").await;
+    let stored = queue_retry(db, "words").await;
     assert_eq!(
         stored,
         Some(Bson::Document(doc! {
@@ -62,6 +82,7 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
         "the default policy, written out"
     );
     let (status, _) = call(
+        dci,
         Method::POST,
         "/queues",
         ADMIN,
@@ -69,7 +90,7 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(queue_retry(&db, "plain").await, None, "null: no policy");
+    assert_eq!(queue_retry(db, "plain").await, None, "null: no policy");
     for (bad, field) in [
         (
             json!({"max_attempt": 3}),
@@ -84,6 +105,7 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
         (json!("often"), "retry must be an object or null"),
     ] {
         let (status, body) = call(
+            dci,
             Method::POST,
             "/queues",
             ADMIN,
@@ -93,10 +115,13 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
         assert_eq!(status, 400, "{body}");
         assert!(body.to_string().contains(field), "{field}: {body}");
     }
-    assert!(queue_retry(&db, "bad").await.is_none());
+    assert!(queue_retry(db, "bad").await.is_none());
+}
 
+async fn check_the_operate_role_changes_the_policy_and_read_may_not(db: &TestDb, dci: &Dci) {
     // The operate role changes it (as it does flow limits); read may not.
     let (status, body) = call(
+        dci,
         Method::POST,
         "/queues/words",
         READ,
@@ -105,6 +130,7 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
     .await;
     assert_eq!(status, 403, "{body}");
     let (status, body) = call(
+        dci,
         Method::POST,
         "/queues/words",
         OPS,
@@ -113,16 +139,17 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
-        queue_retry(&db, "words").await,
+        queue_retry(db, "words").await,
         Some(Bson::Document(doc! {"max_attempts": 3, "base_s": 1}))
     );
-    let (_, shown) = call(Method::GET, "/queues/words", READ, json!(null)).await;
+    let (_, shown) = call(dci, Method::GET, "/queues/words", READ, json!(null)).await;
     assert_eq!(
         shown["retry"],
         json!({"max_attempts": 3, "base_s": 1}),
         "{shown}"
     );
     let (status, body) = call(
+        dci,
         Method::POST,
         "/queues/words",
         OPS,
@@ -131,7 +158,9 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
     .await;
     assert_eq!(status, 400, "{body}");
     assert!(body.to_string().contains("retry.jitter"), "{body}");
+}
 
+async fn check_the_cli_sets_and_clears_the_policy(db: &TestDb, dci: &Dci) {
     // The CLI: --retry on create-queue, `retry JSON` and `retry null` on update-queue.
     let cli = |args: &[&str]| {
         let out = std::process::Command::new(disbatch_tests::bin_path("disbatch"))
@@ -156,7 +185,7 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
     ]);
     assert!(ok, "{text}");
     assert_eq!(
-        queue_retry(&db, "cliq").await,
+        queue_retry(db, "cliq").await,
         Some(Bson::Document(doc! {"max_attempts": 2}))
     );
     let (ok, text) = cli(&[
@@ -167,14 +196,12 @@ async fn a_queue_made_by_the_api_shows_its_retry_policy_and_it_can_be_changed() 
     ]);
     assert!(ok, "{text}");
     assert_eq!(
-        queue_retry(&db, "cliq").await,
+        queue_retry(db, "cliq").await,
         Some(Bson::Document(doc! {"backoff": "constant", "base_s": 5}))
     );
     let (ok, text) = cli(&["update-queue", "cliq", "retry", "null"]);
     assert!(ok, "{text}");
-    assert_eq!(queue_retry(&db, "cliq").await, None);
+    assert_eq!(queue_retry(db, "cliq").await, None);
     let (ok, text) = cli(&["update-queue", "cliq", "retry", r#"{"on": ["sometimes"]}"#]);
     assert!(!ok && text.contains("retry.on"), "{text}");
-    drop(dci);
-    db.drop().await;
 }

@@ -322,20 +322,7 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
         node: ObjectId::new(),
     };
     targets.restore(&db).await;
-    let canary_queue = doc! {"_id": ObjectId::new(), "name": "canary-9f2c41", "plugin": "echo",
-    "threads": 3, "sort": "fifo"};
-    let canary_task = doc! {"_id": ObjectId::new(), "queue": canary_queue.get_object_id("_id").expect("id"),
-    "status": -2, "node": Bson::Null, "params": {"keep": "me"}, "ctime": DateTime::now(),
-    "mtime": DateTime::now(), "stdout": Bson::Null, "stderr": Bson::Null};
-    db.db
-        .collection::<Document>("queues")
-        .insert_one(canary_queue.clone())
-        .await
-        .expect("canary queue");
-    db.tasks()
-        .insert_one(canary_task.clone())
-        .await
-        .expect("canary task");
+    let (canary_queue, canary_task) = insert_a_canary_queue_and_task(&db).await;
 
     let config = write_config(
         &db,
@@ -399,6 +386,44 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
         framing_probes.len()
     );
 
+    check_no_request_got_a_5xx_and_every_answer_is_documented(
+        &mut dci,
+        &failures,
+        &undocumented,
+        total,
+        seed,
+    )
+    .await;
+
+    check_the_canaries_are_unchanged(&db, &canary_queue, &canary_task).await;
+    db.drop().await;
+}
+
+async fn insert_a_canary_queue_and_task(db: &TestDb) -> (Document, Document) {
+    let canary_queue = doc! {"_id": ObjectId::new(), "name": "canary-9f2c41", "plugin": "echo",
+    "threads": 3, "sort": "fifo"};
+    let canary_task = doc! {"_id": ObjectId::new(), "queue": canary_queue.get_object_id("_id").expect("id"),
+    "status": -2, "node": Bson::Null, "params": {"keep": "me"}, "ctime": DateTime::now(),
+    "mtime": DateTime::now(), "stdout": Bson::Null, "stderr": Bson::Null};
+    db.db
+        .collection::<Document>("queues")
+        .insert_one(canary_queue.clone())
+        .await
+        .expect("canary queue");
+    db.tasks()
+        .insert_one(canary_task.clone())
+        .await
+        .expect("canary task");
+    (canary_queue, canary_task)
+}
+
+async fn check_no_request_got_a_5xx_and_every_answer_is_documented(
+    dci: &mut LoggedDci,
+    failures: &[String],
+    undocumented: &BTreeMap<(String, String, u16), String>,
+    total: usize,
+    seed: u64,
+) {
     let log = dci.log_text();
     let shown: Vec<&String> = failures.iter().take(50).collect();
     assert!(
@@ -428,7 +453,13 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
             .join("\n")
     );
     assert_eq!(crashes(&log), Vec::<String>::new(), "DCI log:\n{log}");
+}
 
+async fn check_the_canaries_are_unchanged(
+    db: &TestDb,
+    canary_queue: &Document,
+    canary_task: &Document,
+) {
     let now_queue = db
         .db
         .collection::<Document>("queues")
@@ -442,15 +473,14 @@ async fn a_generated_corpus_of_malformed_requests_gets_no_500_and_changes_nothin
         .expect("find");
     assert_eq!(
         now_queue.as_ref(),
-        Some(&canary_queue),
+        Some(canary_queue),
         "the canary queue changed"
     );
     assert_eq!(
         now_task.as_ref(),
-        Some(&canary_task),
+        Some(canary_task),
         "the canary task changed"
     );
-    db.drop().await;
 }
 
 /// JSON bodies nest as deep as serde_json allows (128), and MongoDB-wire servers may store

@@ -104,81 +104,9 @@ async fn stored_names_are_escaped_in_cli_tables_metrics_and_html() {
     let (queues, task) = insert_hostile_fleet(&db).await;
     let dci = Dci::start(&config);
 
-    // CLI tables: one line per row, escapes visible.
-    let table = table_has_one_line_per_row(&dci, "queues", 1);
-    for shown in [
-        "esc\\u{1b}[31mred",
-        "nul\\u{0}name",
-        "two\\u{a}lines",
-        "rtl\\u{202e}txt.exe",
-        "trailing\\u{20}\\u{20}",
-        "…[+",
-    ] {
-        assert!(table.contains(shown), "{shown} not in\n{table}");
-    }
-    let nodes = table_has_one_line_per_row(&dci, "nodes", 0);
-    assert!(nodes.contains("node\\u{1b}]0;pwned\\u{7}"), "{nodes}");
-    table_has_one_line_per_row(&dci, "summary", 0);
+    check_the_cli_escapes_stored_names(&dci, &queues, task).await;
 
-    // JSON output: escaped as \uXXXX, the same values once parsed.
-    let (json_text, _) = checked("--json queues", &dci.cli(&["--json", "queues"]));
-    let parsed: Value = serde_json::from_str(&json_text).expect("JSON");
-    let names: Vec<&str> = parsed
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|q| q["name"].as_str())
-        .collect();
-    for name in hostile_names() {
-        assert!(names.contains(&name.as_str()), "{name:?} lost in --json");
-    }
-    let (tasks_text, _) = checked("tasks", &dci.cli(&["tasks", "{}", "--pretty"]));
-    assert!(tasks_text.contains("\\u202e"), "{tasks_text}");
-
-    // Messages quoting names: a success line (threads 1 → 2) and a server error.
-    let out = dci.cli(&["update-queue", &queues[0].to_hex(), "threads", "2"]);
-    assert!(out.status.success(), "{out:?}");
-    checked("update-queue", &out);
-    let out = dci.cli(&["delete-queue", "gone\u{1b}[2J\u{202e}"]);
-    assert!(!out.status.success());
-    let (_, stderr) = checked("delete-queue", &out);
-    assert!(stderr.contains("\\u{1b}[2J"), "{stderr}");
-
-    // The task's own output is printed raw, as documented.
-    let out = dci.cli(&["stdout", &task.to_hex()]);
-    assert_eq!(out.stdout, b"out\x1b[31m", "{out:?}");
-
-    // The DCI's /metrics: a valid exposition with no control or bidi character in it.
-    let text = dci
-        .http
-        .get(dci.at("/metrics"))
-        .send()
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body");
-    let e = exposition::check(&text).unwrap_or_else(|err| panic!("{err}\n{text:?}"));
-    assert_eq!(hidden_characters(&text), vec![], "{text:?}");
-    assert!(
-        text.lines().all(|l| l.chars().count() < 1024),
-        "a label is not cut"
-    );
-    for (label, threads) in [
-        ("esc\\u{1b}[31mred", 2.0),
-        ("nul\\u{0}name", 1.0),
-        ("two\nlines", 1.0),
-        ("rtl\\u{202e}txt.exe", 1.0),
-        ("trailing\\u{20}\\u{20}", 1.0),
-        ("<img src=x onerror=alert(1)>", 1.0),
-    ] {
-        assert_eq!(
-            e.value("disbatch_queue_threads", &[("queue", label)]),
-            Some(threads),
-            "{label:?} in\n{text}"
-        );
-    }
-    assert!(text.contains("…[+99748 chars #"), "{text}");
+    check_the_metrics_escape_stored_names(&dci).await;
 
     // The HTML task page: names, params and output escaped, nothing injected.
     let html = dci
@@ -220,6 +148,86 @@ async fn stored_names_are_escaped_in_cli_tables_metrics_and_html() {
         serde_json::from_str::<Value>(&body).unwrap_or_else(|e| panic!("{path}: {e}"));
     }
     db.drop().await;
+}
+
+async fn check_the_cli_escapes_stored_names(dci: &Dci, queues: &[ObjectId], task: ObjectId) {
+    // CLI tables: one line per row, escapes visible.
+    let table = table_has_one_line_per_row(dci, "queues", 1);
+    for shown in [
+        "esc\\u{1b}[31mred",
+        "nul\\u{0}name",
+        "two\\u{a}lines",
+        "rtl\\u{202e}txt.exe",
+        "trailing\\u{20}\\u{20}",
+        "…[+",
+    ] {
+        assert!(table.contains(shown), "{shown} not in\n{table}");
+    }
+    let nodes = table_has_one_line_per_row(dci, "nodes", 0);
+    assert!(nodes.contains("node\\u{1b}]0;pwned\\u{7}"), "{nodes}");
+    table_has_one_line_per_row(dci, "summary", 0);
+
+    // JSON output: escaped as \uXXXX, the same values once parsed.
+    let (json_text, _) = checked("--json queues", &dci.cli(&["--json", "queues"]));
+    let parsed: Value = serde_json::from_str(&json_text).expect("JSON");
+    let names: Vec<&str> = parsed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|q| q["name"].as_str())
+        .collect();
+    for name in hostile_names() {
+        assert!(names.contains(&name.as_str()), "{name:?} lost in --json");
+    }
+    let (tasks_text, _) = checked("tasks", &dci.cli(&["tasks", "{}", "--pretty"]));
+    assert!(tasks_text.contains("\\u202e"), "{tasks_text}");
+
+    // Messages quoting names: a success line (threads 1 → 2) and a server error.
+    let out = dci.cli(&["update-queue", &queues[0].to_hex(), "threads", "2"]);
+    assert!(out.status.success(), "{out:?}");
+    checked("update-queue", &out);
+    let out = dci.cli(&["delete-queue", "gone\u{1b}[2J\u{202e}"]);
+    assert!(!out.status.success());
+    let (_, stderr) = checked("delete-queue", &out);
+    assert!(stderr.contains("\\u{1b}[2J"), "{stderr}");
+
+    // The task's own output is printed raw, as documented.
+    let out = dci.cli(&["stdout", &task.to_hex()]);
+    assert_eq!(out.stdout, b"out\x1b[31m", "{out:?}");
+}
+
+async fn check_the_metrics_escape_stored_names(dci: &Dci) {
+    // The DCI's /metrics: a valid exposition with no control or bidi character in it.
+    let text = dci
+        .http
+        .get(dci.at("/metrics"))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    let e = exposition::check(&text).unwrap_or_else(|err| panic!("{err}\n{text:?}"));
+    assert_eq!(hidden_characters(&text), vec![], "{text:?}");
+    assert!(
+        text.lines().all(|l| l.chars().count() < 1024),
+        "a label is not cut"
+    );
+    for (label, threads) in [
+        ("esc\\u{1b}[31mred", 2.0),
+        ("nul\\u{0}name", 1.0),
+        ("two\nlines", 1.0),
+        ("rtl\\u{202e}txt.exe", 1.0),
+        ("trailing\\u{20}\\u{20}", 1.0),
+        ("<img src=x onerror=alert(1)>", 1.0),
+    ] {
+        assert_eq!(
+            e.value("disbatch_queue_threads", &[("queue", label)]),
+            Some(threads),
+            "{label:?} in\n{text}"
+        );
+    }
+    assert!(text.contains("…[+99748 chars #"), "{text}");
 }
 
 #[tokio::test]

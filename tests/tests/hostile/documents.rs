@@ -144,12 +144,38 @@ async fn malformed_queues_tasks_and_nodes_are_skipped_or_failed_and_good_work_ru
         )
         .await;
     }
+    check_the_den_left_odd_documents_alone_and_counted_them(&db, &mut den, &c).await;
+
+    let web_config = write_config(
+        &db,
+        "web.json",
+        json!({"monitoring": true, "balance": {"enabled": true},
+            "web_extensions": {"Disbatch::Web::Tasks": null}}),
+    );
+    let mut dci = LoggedDci::start(&web_config, &db.path("dci.log"));
+    check_every_get_over_the_corpus_answers_below_500(&mut dci, &c, good_tasks[0]).await;
+
+    // Finally the DEN is still serving: a fresh good task runs.
+    let late = db
+        .insert_tasks(good, vec![Bson::from(doc! {"late": true})])
+        .await;
+    wait_done(&db, &mut den, &late, Duration::from_secs(60)).await;
+    assert_eq!(crashes(&den.log_text()), Vec::<String>::new());
+    den.stop();
+    db.drop().await;
+}
+
+async fn check_the_den_left_odd_documents_alone_and_counted_them(
+    db: &TestDb,
+    den: &mut Den,
+    c: &Inserted,
+) {
     // Skipped queues' tasks would have been claimed in any of three more readings of the
     // queues had they been served.
     den.wait_queue_reads(3).await;
     let log = den.log_text();
-    let mut problems = task_problems(&db, &c, &log).await;
-    problems.extend(queue_problems(&db, &c, &log).await);
+    let mut problems = task_problems(db, c, &log).await;
+    problems.extend(queue_problems(db, c, &log).await);
     assert!(
         problems.is_empty(),
         "DEN problems:\n{}\nDEN log:\n{log}",
@@ -186,18 +212,17 @@ async fn malformed_queues_tasks_and_nodes_are_skipped_or_failed_and_good_work_ru
     );
     assert!(den.is_running(), "the DEN exited:\n{log}");
     assert_eq!(crashes(&log), Vec::<String>::new(), "DEN log:\n{log}");
+}
 
-    let web_config = write_config(
-        &db,
-        "web.json",
-        json!({"monitoring": true, "balance": {"enabled": true},
-            "web_extensions": {"Disbatch::Web::Tasks": null}}),
-    );
-    let mut dci = LoggedDci::start(&web_config, &db.path("dci.log"));
-    let targets = get_targets(&c, &openapi_routes(dci.addr).await, good_tasks[0]);
+async fn check_every_get_over_the_corpus_answers_below_500(
+    dci: &mut LoggedDci,
+    c: &Inserted,
+    good_task: ObjectId,
+) {
+    let targets = get_targets(c, &openapi_routes(dci.addr).await, good_task);
     let mut failures = Vec::new();
     for (target, html) in &targets {
-        check_get(&dci, target, *html, &mut failures).await;
+        check_get(dci, target, *html, &mut failures).await;
     }
     let dci_log = dci.log_text();
     assert!(
@@ -220,15 +245,6 @@ async fn malformed_queues_tasks_and_nodes_are_skipped_or_failed_and_good_work_ru
         c.nodes.len() + 1,
         targets.len()
     );
-
-    // Finally the DEN is still serving: a fresh good task runs.
-    let late = db
-        .insert_tasks(good, vec![Bson::from(doc! {"late": true})])
-        .await;
-    wait_done(&db, &mut den, &late, Duration::from_secs(60)).await;
-    assert_eq!(crashes(&den.log_text()), Vec::<String>::new());
-    den.stop();
-    db.drop().await;
 }
 
 /// `nice` is read as an integer and the weight is 20 − nice: i64::MIN must not overflow.

@@ -41,8 +41,16 @@ fn case(
 
 fn cases(queue: ObjectId) -> Vec<Case> {
     let q = queue.to_hex();
-    let mut out = vec![
-        // BSON-only and malformed Extended JSON values (item 2).
+    let mut out = extended_json_cases(&q);
+    out.extend(refused_value_cases(&q));
+    out.extend(server_refused_cases(&q));
+    out.extend(name_cases(&q));
+    out
+}
+
+/// BSON-only and malformed Extended JSON values (item 2).
+fn extended_json_cases(q: &str) -> Vec<Case> {
+    vec![
         case(
             "undefined in params",
             "POST",
@@ -131,7 +139,12 @@ fn cases(queue: ObjectId) -> Vec<Case> {
             400,
             "spec.x: BSON type undefined",
         ),
-        // Values the DEN would refuse (item 10).
+    ]
+}
+
+/// Values the DEN would refuse (item 10).
+fn refused_value_cases(q: &str) -> Vec<Case> {
+    vec![
         case(
             "threads beyond 2^53",
             "POST",
@@ -180,7 +193,12 @@ fn cases(queue: ObjectId) -> Vec<Case> {
             400,
             "lease",
         ),
-        // The server refuses or would run JavaScript; a command namespace (item 7).
+    ]
+}
+
+/// The server refuses or would run JavaScript; a command namespace (item 7).
+fn server_refused_cases(q: &str) -> Vec<Case> {
+    vec![
         case(
             "$where filter",
             "POST",
@@ -229,8 +247,12 @@ fn cases(queue: ObjectId) -> Vec<Case> {
             400,
             "$bogus",
         ),
-    ];
-    // Names with control and direction characters, absurd lengths, surrounding spaces (item 11).
+    ]
+}
+
+/// Names with control and direction characters, absurd lengths, surrounding spaces (item 11).
+fn name_cases(q: &str) -> Vec<Case> {
+    let mut out = Vec::new();
     let names = [
         ("ESC", "red\u{1b}[31mq".to_string(), "U+001B"),
         ("NUL", "a\u{0}b".to_string(), "U+0000"),

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use bson::oid::ObjectId;
 use bson::{doc, Bson};
 use disbatch_model::status;
 use disbatch_tests::faults::corrupting_proxy::{CorruptingProxy, MARKER};
@@ -57,6 +58,22 @@ async fn undecodable_documents_are_skipped_or_failed_and_the_rest_runs() {
     den.wait_queue_reads(3).await;
     assert_eq!(db.task(waiting).await.get_i32("status"), Ok(status::QUEUED));
 
+    check_the_den_logged_and_counted_each_once(&den, bad_queue, bad_task).await;
+
+    // The DCI through the same proxy: lists leave the odd documents out, a lookup of one
+    // says why, and nothing else is affected.
+    let web = write_config(&db, "web.json", json!({"mongohost": proxy.uri}));
+    let mut dci = LoggedDci::start(&web, &db.path("dci.log"));
+    check_the_dci_leaves_them_out_of_lists_and_says_why(&mut dci, bad_queue, bad_task).await;
+    den.stop();
+    db.drop().await;
+}
+
+async fn check_the_den_logged_and_counted_each_once(
+    den: &Den,
+    bad_queue: ObjectId,
+    bad_task: ObjectId,
+) {
     let log = den.log_text();
     let lines = |id: &str| {
         log.lines()
@@ -83,11 +100,13 @@ async fn undecodable_documents_are_skipped_or_failed_and_the_rest_runs() {
     };
     assert!(den.metric(&skipped("queues")).await >= 1.0);
     assert_eq!(den.metric(&skipped("tasks")).await, 1.0);
+}
 
-    // The DCI through the same proxy: lists leave the odd documents out, a lookup of one
-    // says why, and nothing else is affected.
-    let web = write_config(&db, "web.json", json!({"mongohost": proxy.uri}));
-    let mut dci = LoggedDci::start(&web, &db.path("dci.log"));
+async fn check_the_dci_leaves_them_out_of_lists_and_says_why(
+    dci: &mut LoggedDci,
+    bad_queue: ObjectId,
+    bad_task: ObjectId,
+) {
     let get = |target: String| {
         let addr = dci.addr;
         async move {
@@ -140,6 +159,4 @@ async fn undecodable_documents_are_skipped_or_failed_and_the_rest_runs() {
         Vec::<String>::new(),
         "DCI log:\n{dci_log}"
     );
-    den.stop();
-    db.drop().await;
 }

@@ -51,6 +51,50 @@ async fn limits_are_set_and_cleared_through_the_api_and_bad_ones_name_their_fiel
     let db = TestDb::new("flow_view_api").await;
     let config = write_config(&db, "web.json", json!({}));
     let dci = Dci::start(&config);
+    check_limits_set_at_creation_are_stored_and_shown(&db, &dci).await;
+
+    let stored = check_limits_change_and_clear_one_at_a_time(&db, &dci).await;
+
+    for (body, field) in [
+        (
+            json!({"rate_limit": {"starts": 0, "per_s": 1}}),
+            "rate_limit.starts",
+        ),
+        (json!({"rate_limit": {"starts": 5}}), "rate_limit.per_s"),
+        (json!({"rate_limit": 5}), "rate_limit must be"),
+        (
+            json!({"rate_limit": {"starts": 5, "per_s": 1, "burst": 2}}),
+            "burst",
+        ),
+        (json!({"concurrency": {"max": 1}}), "concurrency.key"),
+        (
+            json!({"concurrency": {"key": "k", "ordered": "yes"}}),
+            "concurrency.ordered",
+        ),
+        (
+            json!({"unique": {"key": "k", "states": ["done"]}}),
+            "unique.states",
+        ),
+        (json!({"unique": "params.id"}), "unique must be"),
+    ] {
+        let (s, answer) = dci.post("/queues/q", body.clone()).await;
+        refused(s, &answer, field);
+        let mut create = body.clone();
+        create["name"] = json!("new");
+        create["plugin"] = json!("echo");
+        let (s, answer) = dci.post("/queues", create).await;
+        refused(s, &answer, field);
+    }
+    assert_eq!(
+        queue_doc(&db, "q").await,
+        stored,
+        "nothing refused was stored"
+    );
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_limits_set_at_creation_are_stored_and_shown(db: &TestDb, dci: &Dci) {
     let (s, body) = dci
         .post(
             "/queues",
@@ -61,7 +105,7 @@ async fn limits_are_set_and_cleared_through_the_api_and_bad_ones_name_their_fiel
         )
         .await;
     assert_eq!(s, 200, "{body}");
-    let stored = queue_doc(&db, "q").await;
+    let stored = queue_doc(db, "q").await;
     let limits = disbatch_model::limits::parse(&stored).expect("a node reads them");
     assert_eq!(
         limits.rate.map(|r| (r.starts, r.per)),
@@ -104,7 +148,9 @@ async fn limits_are_set_and_cleared_through_the_api_and_bad_ones_name_their_fiel
         listed["rate_limit"], q["rate_limit"],
         "the list shows the limits as set"
     );
+}
 
+async fn check_limits_change_and_clear_one_at_a_time(db: &TestDb, dci: &Dci) -> Document {
     // Changed and removed (null) one at a time; the others stay.
     let (s, body) = dci
         .post(
@@ -117,7 +163,7 @@ async fn limits_are_set_and_cleared_through_the_api_and_bad_ones_name_their_fiel
         .post("/queues/q", json!({"concurrency": null, "unique": null}))
         .await;
     assert_eq!(s, 200, "{body}");
-    let stored = queue_doc(&db, "q").await;
+    let stored = queue_doc(db, "q").await;
     assert!(
         stored.get("concurrency").is_none() && stored.get("unique").is_none(),
         "{stored}"
@@ -132,44 +178,7 @@ async fn limits_are_set_and_cleared_through_the_api_and_bad_ones_name_their_fiel
     let (_, q) = dci.get("/queues/q").await;
     assert_eq!(q["flow"]["rate_limit"]["live_partitions"], json!(0), "{q}");
     assert!(q["flow"].get("concurrency").is_none(), "{q}");
-
-    for (body, field) in [
-        (
-            json!({"rate_limit": {"starts": 0, "per_s": 1}}),
-            "rate_limit.starts",
-        ),
-        (json!({"rate_limit": {"starts": 5}}), "rate_limit.per_s"),
-        (json!({"rate_limit": 5}), "rate_limit must be"),
-        (
-            json!({"rate_limit": {"starts": 5, "per_s": 1, "burst": 2}}),
-            "burst",
-        ),
-        (json!({"concurrency": {"max": 1}}), "concurrency.key"),
-        (
-            json!({"concurrency": {"key": "k", "ordered": "yes"}}),
-            "concurrency.ordered",
-        ),
-        (
-            json!({"unique": {"key": "k", "states": ["done"]}}),
-            "unique.states",
-        ),
-        (json!({"unique": "params.id"}), "unique must be"),
-    ] {
-        let (s, answer) = dci.post("/queues/q", body.clone()).await;
-        refused(s, &answer, field);
-        let mut create = body.clone();
-        create["name"] = json!("new");
-        create["plugin"] = json!("echo");
-        let (s, answer) = dci.post("/queues", create).await;
-        refused(s, &answer, field);
-    }
-    assert_eq!(
-        queue_doc(&db, "q").await,
-        stored,
-        "nothing refused was stored"
-    );
-    drop(dci);
-    db.drop().await;
+    stored
 }
 
 #[tokio::test]
@@ -305,6 +314,18 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
     let dci = Dci::start(&config);
     let now = DateTime::now().timestamp_millis();
 
+    check_a_task_held_by_a_spent_rate_limit(&db, &dci, now).await;
+
+    check_tasks_held_by_a_spent_partition_or_the_partition_limit(&db, &dci, now).await;
+
+    check_a_task_held_by_its_concurrency_key(&db, &dci).await;
+
+    check_a_task_held_behind_an_older_one_of_its_ordered_key(&db, &dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_a_task_held_by_a_spent_rate_limit(db: &TestDb, dci: &Dci, now: i64) {
     // Rate limit, no partition: 3 starts used of 3 in the last minute (and an old entry).
     let rated = db.insert_queue("rated", "echo", 4).await;
     db.set_queue(rated, doc! {"rate_limit": {"starts": 3, "per_s": 60}})
@@ -319,7 +340,7 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
     let r = db
         .insert_tasks(rated, vec![doc! {}.into(), doc! {}.into()])
         .await;
-    let held = held_of(&dci, r[0]).await;
+    let held = held_of(dci, r[0]).await;
     assert_eq!(held["limit"], json!("rate_limit"), "{held}");
     assert_eq!(
         held["until"],
@@ -341,13 +362,13 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
     assert_eq!(q["flow"]["held"]["rate_limit"], json!(2), "{q}");
     // Neither a finished task nor a delayed one is held: they wait on nothing.
     db.set_task(r[1], doc! {"status": 1}).await;
-    assert_eq!(held_of(&dci, r[1]).await, Value::Null);
+    assert_eq!(held_of(dci, r[1]).await, Value::Null);
     db.set_task(
         r[1],
         doc! {"status": -2, "not_before": DateTime::from_millis(now + 3_600_000)},
     )
     .await;
-    assert_eq!(held_of(&dci, r[1]).await, Value::Null);
+    assert_eq!(held_of(dci, r[1]).await, Value::Null);
     let (ok, text) = output(&dci.cli(&["task", &r[0].to_hex()]));
     assert!(
         ok && text.contains("held") && text.contains("rate_limit: the rate limit is used up"),
@@ -358,7 +379,13 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
         ok && text.contains("3 used, 0 left in the window; next start frees at"),
         "{text}"
     );
+}
 
+async fn check_tasks_held_by_a_spent_partition_or_the_partition_limit(
+    db: &TestDb,
+    dci: &Dci,
+    now: i64,
+) {
     // Partitioned: "a" spent, "b" has room, "z" has no window while 2 of 2 are live.
     let parts = db.insert_queue("parts", "echo", 4).await;
     db.set_queue(parts, doc! {"rate_limit": {"starts": 2, "per_s": 60, "partition": "params.c", "max_partitions": 2}}).await;
@@ -386,7 +413,7 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
             ],
         )
         .await;
-    let held = held_of(&dci, p[0]).await;
+    let held = held_of(dci, p[0]).await;
     assert_eq!(
         (held["limit"].clone(), held["until"].clone()),
         (json!("rate_limit"), shown(now + 40_000))
@@ -398,8 +425,8 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
             .contains("params.c \"a\""),
         "{held}"
     );
-    assert_eq!(held_of(&dci, p[1]).await, Value::Null, "b has a start left");
-    let held = held_of(&dci, p[2]).await;
+    assert_eq!(held_of(dci, p[1]).await, Value::Null, "b has a start left");
+    let held = held_of(dci, p[2]).await;
     assert_eq!(held["limit"], json!("partition_limit"), "{held}");
     assert_eq!(
         held["until"],
@@ -430,7 +457,9 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
         ),
         (json!(1), json!(1), json!(3))
     );
+}
 
+async fn check_a_task_held_by_its_concurrency_key(db: &TestDb, dci: &Dci) {
     // Concurrency: key "x" holds its one slot (a running task), "y" holds none.
     let keyed = db.insert_queue("keyed", "echo", 4).await;
     db.set_queue(keyed, doc! {"concurrency": {"key": "params.a", "max": 1}})
@@ -450,7 +479,7 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
         doc! {"status": 0, "node": "n1", "concurrency_key": "x", "concurrency_slot": 0},
     )
     .await;
-    let held = held_of(&dci, k[1]).await;
+    let held = held_of(dci, k[1]).await;
     assert_eq!(
         (held["limit"].clone(), held["until"].clone()),
         (json!("concurrency"), Value::Null),
@@ -463,7 +492,7 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
             .contains("params.a \"x\" already has 1 running task(s)"),
         "{held}"
     );
-    assert_eq!(held_of(&dci, k[2]).await, Value::Null);
+    assert_eq!(held_of(dci, k[2]).await, Value::Null);
     let (_, q) = dci.get("/queues/keyed").await;
     assert_eq!(
         q["flow"]["concurrency"],
@@ -471,7 +500,9 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
     );
     assert_eq!(q["flow"]["held"]["concurrency"], json!(1), "{q}");
     assert!(q["flow"].get("rate_limit").is_none(), "{q}");
+}
 
+async fn check_a_task_held_behind_an_older_one_of_its_ordered_key(db: &TestDb, dci: &Dci) {
     // Ordered: the older queued task of "k" starts first, though the key has room.
     let ordered = db.insert_queue("ordered", "echo", 4).await;
     db.set_queue(
@@ -490,11 +521,11 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
         )
         .await;
     assert_eq!(
-        held_of(&dci, o[0]).await,
+        held_of(dci, o[0]).await,
         Value::Null,
         "the oldest of its key"
     );
-    let held = held_of(&dci, o[1]).await;
+    let held = held_of(dci, o[1]).await;
     assert_eq!(held["limit"], json!("ordered"), "{held}");
     assert!(
         held["reason"]
@@ -503,11 +534,9 @@ async fn a_held_task_says_which_limit_why_and_until_when() {
             .contains(&o[0].to_hex()),
         "{held}"
     );
-    assert_eq!(held_of(&dci, o[2]).await, Value::Null);
+    assert_eq!(held_of(dci, o[2]).await, Value::Null);
     let (_, q) = dci.get("/queues/ordered").await;
     assert_eq!(q["flow"]["held"]["ordered"], json!(1), "{q}");
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

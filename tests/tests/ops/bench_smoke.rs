@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use bson::doc;
 use disbatch_tests::bench::ceiling::ClaimPath;
+use disbatch_tests::bench::fleet_run::RunReport;
+use disbatch_tests::bench::report::BenchReport;
 use disbatch_tests::bench::{run_bench, BenchOptions};
 use disbatch_tests::{server_uri, TestDb};
 
@@ -39,50 +41,10 @@ async fn a_tiny_bench_run_reports_every_figure() {
     finite_positive("direct ping p50", report.proxy_cost.direct.p50_ms);
     finite_positive("proxied ping p50", report.proxy_cost.proxied.p50_ms);
 
-    assert_eq!(
-        report.ceiling.len(),
-        10,
-        "2 depths × (2 raw concurrencies + the DEN's claim alone, batches of 1 and 8, + claim and result)"
-    );
-    for depth in [100, 300] {
-        let paths: Vec<(ClaimPath, usize, usize)> = report
-            .ceiling
-            .iter()
-            .filter(|p| p.depth == depth)
-            .map(|p| (p.path, p.concurrency, p.batch))
-            .collect();
-        assert_eq!(
-            paths,
-            [
-                (ClaimPath::Raw, 1, 1),
-                (ClaimPath::Raw, 4, 1),
-                (ClaimPath::Disbatch, 1, 1),
-                (ClaimPath::Disbatch, 1, 8),
-                (ClaimPath::Cycle, 1, 8)
-            ]
-        );
-    }
+    check_the_ceiling_has_each_path_at_each_depth(&report);
     // The harness's server runs on this machine, so its CPU time is readable.
     let local = report.server.host.starts_with("127.0.0.1:");
-    for p in &report.ceiling {
-        finite_positive("claims/s", p.claims_per_sec);
-        finite_positive("claim p50", p.latency.p50_ms);
-        if local {
-            let cpu = p.server_cpu_ms_per_claim;
-            assert!(cpu.is_some_and(|c| c.is_finite() && c >= 0.0), "{p:?}");
-        }
-        if p.depth == 100 {
-            assert!(
-                p.drained && p.claims == 100,
-                "a shallow queue is drained: {p:?}"
-            );
-        } else {
-            assert!(
-                !p.drained && p.claims == 50,
-                "a deep queue is sampled: {p:?}"
-            );
-        }
-    }
+    check_each_ceiling_point(&report, local);
 
     let r = &report.runner;
     assert_eq!((r.runs, r.spawn_to_exit.n), (3, 3));
@@ -119,6 +81,62 @@ async fn a_tiny_bench_run_reports_every_figure() {
 
     assert_eq!(f.runs.len(), 1);
     let run = &f.runs[0];
+    check_the_measured_run(run);
+
+    check_the_verdicts_and_the_text(&report);
+
+    check_the_bench_databases_are_gone().await;
+}
+
+fn check_the_ceiling_has_each_path_at_each_depth(report: &BenchReport) {
+    assert_eq!(
+        report.ceiling.len(),
+        10,
+        "2 depths × (2 raw concurrencies + the DEN's claim alone, batches of 1 and 8, + claim and result)"
+    );
+    for depth in [100, 300] {
+        let paths: Vec<(ClaimPath, usize, usize)> = report
+            .ceiling
+            .iter()
+            .filter(|p| p.depth == depth)
+            .map(|p| (p.path, p.concurrency, p.batch))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                (ClaimPath::Raw, 1, 1),
+                (ClaimPath::Raw, 4, 1),
+                (ClaimPath::Disbatch, 1, 1),
+                (ClaimPath::Disbatch, 1, 8),
+                (ClaimPath::Cycle, 1, 8)
+            ]
+        );
+    }
+}
+
+fn check_each_ceiling_point(report: &BenchReport, local: bool) {
+    for p in &report.ceiling {
+        finite_positive("claims/s", p.claims_per_sec);
+        finite_positive("claim p50", p.latency.p50_ms);
+        if local {
+            let cpu = p.server_cpu_ms_per_claim;
+            assert!(cpu.is_some_and(|c| c.is_finite() && c >= 0.0), "{p:?}");
+        }
+        if p.depth == 100 {
+            assert!(
+                p.drained && p.claims == 100,
+                "a shallow queue is drained: {p:?}"
+            );
+        } else {
+            assert!(
+                !p.drained && p.claims == 50,
+                "a deep queue is sampled: {p:?}"
+            );
+        }
+    }
+}
+
+fn check_the_measured_run(run: &RunReport) {
     assert_eq!((run.depth, run.queued_at_go), (100, 100));
     assert!(run.tasks >= 50 && run.tasks <= 100, "{}", run.tasks);
     assert_eq!(run.stopped_by, "tasks");
@@ -186,7 +204,9 @@ async fn a_tiny_bench_run_reports_every_figure() {
     finite_positive("DEN CPU/task", run.den_cpu_ms_per_task);
     finite_positive("runner CPU/task", run.runner_cpu_ms_per_task);
     assert!(run.den_peak_rss_kib > 1000);
+}
 
+fn check_the_verdicts_and_the_text(report: &BenchReport) {
     assert_eq!(report.verdicts.len(), 4, "{:?}", report.verdicts);
     assert!(report.verdicts.iter().all(|v| v.measured.is_finite()));
     let text = report.to_string();
@@ -195,9 +215,11 @@ async fn a_tiny_bench_run_reports_every_figure() {
         4,
         "{text}"
     );
-    let json = serde_json::to_value(&report).expect("json");
+    let json = serde_json::to_value(report).expect("json");
     assert!(json["fleets"][0]["runs"][0]["round_trips"]["per_task"].is_number());
+}
 
+async fn check_the_bench_databases_are_gone() {
     // The bench's databases are gone.
     let db = TestDb::new("bench_smoke_check").await;
     let pid = std::process::id().to_string();

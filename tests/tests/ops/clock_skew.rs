@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bson::oid::ObjectId;
 use bson::{doc, Document};
 use disbatch_model::status;
 use disbatch_tests::claim_order::wait_sharers;
@@ -123,25 +124,7 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
     wait_until_leader(&db, "normal").await;
     let skewed = start_node(&config, "skewed", &skewed_host(&lib, shift_s));
 
-    // The skew is seen: the gauge and the node document say it, within a second.
-    let gauge = offset_gauge(&skewed).await;
-    assert!(
-        (gauge - shift_s as f64).abs() <= 1.0,
-        "the skewed node's gauge says {gauge} s, its clock is {shift_s:+} s off"
-    );
-    let sane = offset_gauge(&normal).await;
-    assert!(sane.abs() <= 1.0, "the normal node's gauge says {sane} s");
-    wait_for(
-        "the skewed node's offset on its document",
-        Duration::from_secs(30),
-        || async {
-            db.node("skewed")
-                .await
-                .get_i64("clock_offset_ms")
-                .is_ok_and(|ms| (ms - shift_s * 1000).abs() <= 1000)
-        },
-    )
-    .await;
+    check_the_skew_is_seen_on_the_gauge_and_the_node(&db, &normal, &skewed, shift_s).await;
 
     // Both read each other as sharers: judged by the server's clock, neither looks dead. Each
     // may hold 3 (ops' `maxthreads`), so the gate opens only once both run their share.
@@ -172,66 +155,8 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
     std::fs::write(&gate, "").expect("open the gate");
     db.wait_complete(&ids, Duration::from_secs(120)).await;
 
-    // Every task ran exactly once, and ended well: nothing orphaned, requeued or lost.
-    let lines = read_lines(&starts);
-    let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
-    let mut tasks = BTreeSet::new();
-    for line in &lines {
-        let (task, node) = line.split_once(' ').expect("task and node");
-        assert!(
-            tasks.insert(task.to_string()),
-            "{task} started twice: {lines:?}"
-        );
-        *by_node.entry(node.to_string()).or_default() += 1;
-    }
-    assert_eq!(tasks.len(), 6, "{lines:?}");
-    for id in &ids {
-        let t = db.task(*id).await;
-        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
-        assert_eq!(t.get_i32("attempts").ok(), Some(1), "one attempt: {t}");
-    }
-    let lost = db
-        .db
-        .collection::<Document>("attempts")
-        .count_documents(doc! {"outcome": {"$ne": "succeeded"}})
-        .await
-        .expect("count attempts");
-    assert_eq!(lost, 0, "attempts that did not succeed");
-    // Each attempt's record is on the server's clock, whichever host ran it: it starts after
-    // its task was made (the test's clock, the server's host) and ends after it starts. Two
-    // processes' readings of the server's clock may differ by a round trip: 2 s of slack,
-    // against the 90 s a host clock would put them off.
-    for id in &ids {
-        let record = db
-            .db
-            .collection::<Document>("attempts")
-            .find_one(doc! {"task": id})
-            .await
-            .expect("read the attempt")
-            .expect("an attempt record");
-        let made = db
-            .task(*id)
-            .await
-            .get_datetime("ctime")
-            .copied()
-            .expect("ctime");
-        let start = record.get_datetime("start").copied().expect("start");
-        let end = record.get_datetime("end").copied().expect("end");
-        let slack = |t: bson::DateTime| t.timestamp_millis() + 2000;
-        assert!(
-            made.timestamp_millis() <= slack(start) && start.timestamp_millis() <= slack(end),
-            "task made at {made}, its attempt on {:?} recorded {start} to {end}",
-            record.get_str("node")
-        );
-    }
-    for den in [&normal, &skewed] {
-        assert!(
-            !den.log_text().contains("recovered a task"),
-            "{} recovered a task:\n{}",
-            den.node,
-            den.log_text()
-        );
-    }
+    let by_node = check_every_task_ran_once_and_ended_well(&db, &starts, &ids).await;
+    check_attempts_are_recorded_on_the_server_clock(&db, &ids, &normal, &skewed).await;
 
     // Both ran tasks (each its 3, with the shares the issue allows stated), and the skewed
     // node never led while the normal one was live.
@@ -257,6 +182,109 @@ async fn a_skewed_node_beside_a_normal_one(shift_s: i64) {
     );
     drop((normal, skewed));
     db.drop().await;
+}
+
+async fn check_the_skew_is_seen_on_the_gauge_and_the_node(
+    db: &TestDb,
+    normal: &Den,
+    skewed: &Den,
+    shift_s: i64,
+) {
+    // The skew is seen: the gauge and the node document say it, within a second.
+    let gauge = offset_gauge(skewed).await;
+    assert!(
+        (gauge - shift_s as f64).abs() <= 1.0,
+        "the skewed node's gauge says {gauge} s, its clock is {shift_s:+} s off"
+    );
+    let sane = offset_gauge(normal).await;
+    assert!(sane.abs() <= 1.0, "the normal node's gauge says {sane} s");
+    wait_for(
+        "the skewed node's offset on its document",
+        Duration::from_secs(30),
+        || async {
+            db.node("skewed")
+                .await
+                .get_i64("clock_offset_ms")
+                .is_ok_and(|ms| (ms - shift_s * 1000).abs() <= 1000)
+        },
+    )
+    .await;
+}
+
+async fn check_every_task_ran_once_and_ended_well(
+    db: &TestDb,
+    starts: &Path,
+    ids: &[ObjectId],
+) -> BTreeMap<String, usize> {
+    // Every task ran exactly once, and ended well: nothing orphaned, requeued or lost.
+    let lines = read_lines(starts);
+    let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
+    let mut tasks = BTreeSet::new();
+    for line in &lines {
+        let (task, node) = line.split_once(' ').expect("task and node");
+        assert!(
+            tasks.insert(task.to_string()),
+            "{task} started twice: {lines:?}"
+        );
+        *by_node.entry(node.to_string()).or_default() += 1;
+    }
+    assert_eq!(tasks.len(), 6, "{lines:?}");
+    for id in ids {
+        let t = db.task(*id).await;
+        assert_eq!(t.get_i32("status").ok(), Some(status::SUCCEEDED), "{t}");
+        assert_eq!(t.get_i32("attempts").ok(), Some(1), "one attempt: {t}");
+    }
+    let lost = db
+        .db
+        .collection::<Document>("attempts")
+        .count_documents(doc! {"outcome": {"$ne": "succeeded"}})
+        .await
+        .expect("count attempts");
+    assert_eq!(lost, 0, "attempts that did not succeed");
+    by_node
+}
+
+async fn check_attempts_are_recorded_on_the_server_clock(
+    db: &TestDb,
+    ids: &[ObjectId],
+    normal: &Den,
+    skewed: &Den,
+) {
+    // Each attempt's record is on the server's clock, whichever host ran it: it starts after
+    // its task was made (the test's clock, the server's host) and ends after it starts. Two
+    // processes' readings of the server's clock may differ by a round trip: 2 s of slack,
+    // against the 90 s a host clock would put them off.
+    for id in ids {
+        let record = db
+            .db
+            .collection::<Document>("attempts")
+            .find_one(doc! {"task": id})
+            .await
+            .expect("read the attempt")
+            .expect("an attempt record");
+        let made = db
+            .task(*id)
+            .await
+            .get_datetime("ctime")
+            .copied()
+            .expect("ctime");
+        let start = record.get_datetime("start").copied().expect("start");
+        let end = record.get_datetime("end").copied().expect("end");
+        let slack = |t: bson::DateTime| t.timestamp_millis() + 2000;
+        assert!(
+            made.timestamp_millis() <= slack(start) && start.timestamp_millis() <= slack(end),
+            "task made at {made}, its attempt on {:?} recorded {start} to {end}",
+            record.get_str("node")
+        );
+    }
+    for den in [normal, skewed] {
+        assert!(
+            !den.log_text().contains("recovered a task"),
+            "{} recovered a task:\n{}",
+            den.node,
+            den.log_text()
+        );
+    }
 }
 
 #[tokio::test]

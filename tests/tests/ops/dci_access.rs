@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bson::doc;
+use bson::oid::ObjectId;
 use disbatch_tests::api::error;
 use disbatch_tests::{bin_path, wait_for, write_config, Browser, Dci, Launch, TestDb};
 use reqwest::header::WWW_AUTHENTICATE;
@@ -69,83 +70,12 @@ async fn tokens_guard_each_route_by_its_role() {
     let dci = Dci::start(&tokens_config(&db, "web.json", json!({})));
     let create_task = || Some(json!({"queue": "work", "params": [{"n": 1}]}));
 
-    // No token, a wrong one, or another scheme: 401 in the API's error shape, with a challenge.
-    let (status, challenge, body) = call(&dci, Method::GET, "/queues", None, None).await;
-    assert_eq!(status, 401, "{body}");
-    assert_eq!(
-        body,
-        error("authentication required: send Authorization: Bearer <token>")
-    );
-    assert_eq!(challenge.as_deref(), Some("Bearer realm=\"disbatch\""));
-    let (status, challenge, body) =
-        call(&dci, Method::POST, "/tasks", Some(WRONG), create_task()).await;
-    assert_eq!((status, body), (401, error("invalid token")));
-    assert!(
-        challenge
-            .as_deref()
-            .is_some_and(|c| c.starts_with("Bearer ") && c.contains("invalid_token")),
-        "{challenge:?}"
-    );
-    let basic = dci
-        .http
-        .get(dci.at("/queues"))
-        .basic_auth("ops", Some(OPERATE))
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(basic.status().as_u16(), 401);
-    let head = dci.http.head(dci.at("/queues")).send().await.expect("HEAD");
-    assert_eq!(head.status().as_u16(), 401, "HEAD is guarded like GET");
+    check_no_wrong_or_other_scheme_tokens_get_401(&dci, &create_task).await;
 
-    // read: every GET; not a write, which is refused before anything is written.
-    for path in [
-        "/queues",
-        "/nodes",
-        "/tasks?queue=work",
-        "/summary",
-        "/info",
-        "/openapi.json",
-    ] {
-        let (status, _, body) = call(&dci, Method::GET, path, Some(READ), None).await;
-        assert_eq!(status, 200, "GET {path}: {body}");
-    }
-    let (status, _, body) = call(&dci, Method::POST, "/tasks", Some(READ), create_task()).await;
-    assert_eq!(status, 403, "{body}");
-    assert_eq!(
-        body,
-        error("forbidden: POST /tasks needs role operate; token \"viewer\" has role read")
-    );
-    assert_eq!(task_count(&db).await, 0, "a refused request writes nothing");
+    check_read_gets_every_get_and_no_write(&db, &dci, &create_task).await;
 
-    // operate: tasks and threads, but not admin routes or a queue's plugin.
-    let (status, _, body) = call(&dci, Method::POST, "/tasks", Some(OPERATE), create_task()).await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(task_count(&db).await, 1);
-    let q = format!("/queues/{}", queue.to_hex());
-    let (status, _, body) = call(
-        &dci,
-        Method::POST,
-        &q,
-        Some(OPERATE),
-        Some(json!({"threads": 3})),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let (status, _, body) = call(
-        &dci,
-        Method::POST,
-        &q,
-        Some(OPERATE),
-        Some(json!({"plugin": "Disbatch::Plugin::Demo"})),
-    )
-    .await;
-    assert_eq!(
-        (status, body),
-        (
-            403,
-            error("forbidden: changing a queue's name or plugin needs role admin; token \"ops\" has role operate")
-        )
-    );
+    let q = check_operate_makes_tasks_and_threads_but_not_a_plugin(&db, &dci, queue, &create_task)
+        .await;
     let new_queue = || Some(json!({"name": "fresh", "plugin": "echo"}));
     let (status, _, body) = call(&dci, Method::POST, "/queues", Some(OPERATE), new_queue()).await;
     assert_eq!(
@@ -191,8 +121,111 @@ async fn tokens_guard_each_route_by_its_role() {
     let (status, _, _) = call(&dci, Method::GET, "/nowhere", None, None).await;
     assert_eq!(status, 404);
 
+    check_the_openapi_document_carries_each_role(&dci, &q).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_no_wrong_or_other_scheme_tokens_get_401(
+    dci: &Dci,
+    create_task: &impl Fn() -> Option<Value>,
+) {
+    // No token, a wrong one, or another scheme: 401 in the API's error shape, with a challenge.
+    let (status, challenge, body) = call(dci, Method::GET, "/queues", None, None).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        body,
+        error("authentication required: send Authorization: Bearer <token>")
+    );
+    assert_eq!(challenge.as_deref(), Some("Bearer realm=\"disbatch\""));
+    let (status, challenge, body) =
+        call(dci, Method::POST, "/tasks", Some(WRONG), create_task()).await;
+    assert_eq!((status, body), (401, error("invalid token")));
+    assert!(
+        challenge
+            .as_deref()
+            .is_some_and(|c| c.starts_with("Bearer ") && c.contains("invalid_token")),
+        "{challenge:?}"
+    );
+    let basic = dci
+        .http
+        .get(dci.at("/queues"))
+        .basic_auth("ops", Some(OPERATE))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(basic.status().as_u16(), 401);
+    let head = dci.http.head(dci.at("/queues")).send().await.expect("HEAD");
+    assert_eq!(head.status().as_u16(), 401, "HEAD is guarded like GET");
+}
+
+async fn check_read_gets_every_get_and_no_write(
+    db: &TestDb,
+    dci: &Dci,
+    create_task: &impl Fn() -> Option<Value>,
+) {
+    // read: every GET; not a write, which is refused before anything is written.
+    for path in [
+        "/queues",
+        "/nodes",
+        "/tasks?queue=work",
+        "/summary",
+        "/info",
+        "/openapi.json",
+    ] {
+        let (status, _, body) = call(dci, Method::GET, path, Some(READ), None).await;
+        assert_eq!(status, 200, "GET {path}: {body}");
+    }
+    let (status, _, body) = call(dci, Method::POST, "/tasks", Some(READ), create_task()).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(
+        body,
+        error("forbidden: POST /tasks needs role operate; token \"viewer\" has role read")
+    );
+    assert_eq!(task_count(db).await, 0, "a refused request writes nothing");
+}
+
+async fn check_operate_makes_tasks_and_threads_but_not_a_plugin(
+    db: &TestDb,
+    dci: &Dci,
+    queue: ObjectId,
+    create_task: &impl Fn() -> Option<Value>,
+) -> String {
+    // operate: tasks and threads, but not admin routes or a queue's plugin.
+    let (status, _, body) = call(dci, Method::POST, "/tasks", Some(OPERATE), create_task()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(task_count(db).await, 1);
+    let q = format!("/queues/{}", queue.to_hex());
+    let (status, _, body) = call(
+        dci,
+        Method::POST,
+        &q,
+        Some(OPERATE),
+        Some(json!({"threads": 3})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = call(
+        dci,
+        Method::POST,
+        &q,
+        Some(OPERATE),
+        Some(json!({"plugin": "Disbatch::Plugin::Demo"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (
+            403,
+            error("forbidden: changing a queue's name or plugin needs role admin; token \"ops\" has role operate")
+        )
+    );
+    q
+}
+
+async fn check_the_openapi_document_carries_each_role(dci: &Dci, q: &str) {
     // The OpenAPI document carries each route's role.
-    let (_, _, doc) = call(&dci, Method::GET, "/openapi.json", Some(READ), None).await;
+    let (_, _, doc) = call(dci, Method::GET, "/openapi.json", Some(READ), None).await;
     assert_eq!(doc["paths"]["/queues"]["get"]["x-disbatch-role"], "read");
     assert_eq!(doc["paths"]["/queues"]["post"]["x-disbatch-role"], "admin");
     assert_eq!(doc["paths"]["/tasks"]["post"]["x-disbatch-role"], "operate");
@@ -233,17 +266,15 @@ async fn tokens_guard_each_route_by_its_role() {
     );
     for field in admin_fields {
         let (status, _, body) = call(
-            &dci,
+            dci,
             Method::POST,
-            &q,
+            q,
             Some(OPERATE),
             Some(json!({ field: "x" })),
         )
         .await;
         assert_eq!(status, 403, "{field} with an operate token: {body}");
     }
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]

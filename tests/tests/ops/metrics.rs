@@ -84,6 +84,15 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
     assert_eq!(kind, "text/plain; version=0.0.4");
     let e = checked(&text);
 
+    check_tasks_are_counted_by_queue_and_status(&e, &text);
+
+    check_the_exact_sample_lines(&e, &text);
+
+    check_the_figures_follow_the_database(&db, &dci, odd, paused).await;
+    db.drop().await;
+}
+
+fn check_tasks_are_counted_by_queue_and_status(e: &Exposition, text: &str) {
     let expect_alpha = [
         ("queued", 3.0),
         ("claimed", 1.0),
@@ -140,7 +149,9 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
         ["a\"b\\c", "alpha", "paused", "two\nlines", "unreadable"].into(),
         "only existing queues: {text}"
     );
+}
 
+fn check_the_exact_sample_lines(e: &Exposition, text: &str) {
     // Exact sample lines: the label values escaped as the format asks, nothing else escaped.
     for line in [
         "disbatch_up 1",
@@ -173,7 +184,14 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
         .value("disbatch_scrape_duration_seconds", &[])
         .expect("scrape duration");
     assert!((0.0..60.0).contains(&took), "{took}");
+}
 
+async fn check_the_figures_follow_the_database(
+    db: &TestDb,
+    dci: &Dci,
+    odd: ObjectId,
+    paused: ObjectId,
+) {
     // The figures follow the database: a task finishing moves between groups.
     db.tasks()
         .update_many(doc! {"queue": odd}, doc! {"$set": {"status": 1}})
@@ -191,7 +209,7 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
         "a scrape showing the change",
         Duration::from_secs(30),
         || {
-            let scraped = get_metrics(&dci, None);
+            let scraped = get_metrics(dci, None);
             let last = &last;
             async move {
                 let text = scraped.await.2;
@@ -229,7 +247,6 @@ async fn metrics_count_tasks_by_queue_and_status_and_nodes_by_liveness() {
         Some(7.0),
         "{text}"
     );
-    db.drop().await;
 }
 
 #[tokio::test]

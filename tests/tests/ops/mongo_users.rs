@@ -239,10 +239,52 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         "node.json",
         json!({"auth": passwords("e2e"), "gfs": true, "balance": {"enabled": true}}),
     );
+    check_create_users_makes_each_role(&db, &config).await;
+
+    // Everything below runs with the config's passwords only: no root.
+    let den = Den::start(&config, "n1");
+    let dci = Dci::start(&config);
+    check_a_task_runs_with_its_output_in_gridfs(&db, &dci).await;
+
+    let chained = check_the_chained_unit_the_continuous_task_and_the_balance_lease(&db).await;
+
+    check_the_dcis_writes_as_its_own_user(&db, &dci, chained).await;
+
+    let log = den.log_text();
+    for refusal in ["not authorized", "Unauthorized", "requires authentication"] {
+        assert!(!log.contains(refusal), "the DEN was refused: {log}");
+    }
+    // As its own user the node stored its runners' results, in one bulkWrite a batch.
+    for fallback in [
+        "recording the result here",
+        "no bulkWrite",
+        "they will store them",
+    ] {
+        assert!(!log.contains(fallback), "{fallback}: {log}");
+    }
+
+    // Our additions that the run above does not reach: the DCI's index creation (it only
+    // warns when refused), lease recovery closing an attempt, a failed upload's cleanup.
+    let loaded = disbatch_config::Config::load(&config).expect("config");
+    disbatch_store::Store::connect(&loaded.config, disbatch_config::Component::Web)
+        .await
+        .expect("connect as disbatch_web")
+        .ensure_indexes()
+        .await
+        .expect("disbatch_web may create the indexes");
+
+    check_least_privilege_against_the_server(&db).await;
+
+    drop(dci);
+    drop(den);
+    db.drop().await;
+}
+
+async fn check_create_users_makes_each_role(db: &TestDb, config: &Path) {
     let plugin_perms = db.path("plugin-perms.json");
     std::fs::write(&plugin_perms, r#"{"reports": ["insert"]}"#).expect("write perms");
     let out = create_users(
-        &config,
+        config,
         &["--plugin-perms", plugin_perms.to_str().expect("utf-8 path")],
         ROOT_PASSWORD,
     );
@@ -254,12 +296,12 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
             "{user}: {stdout}"
         );
     }
-    assert_eq!(user_names(&db).await, {
+    assert_eq!(user_names(db).await, {
         let mut u: Vec<String> = USERS.iter().map(|s| s.to_string()).collect();
         u.sort();
         u
     });
-    let den_role = privileges(&db, "disbatchd").await;
+    let den_role = privileges(db, "disbatchd").await;
     assert!(has(&den_role, "leases", "insert") && has(&den_role, "attempts", "update"));
     // Retention: the maintenance leader deletes ended tasks with their attempts and output.
     for collection in ["tasks", "attempts", "tasks.files", "tasks.chunks"] {
@@ -267,13 +309,12 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
     }
     assert!(!has(&den_role, "queues", "remove") && !has(&den_role, "tasks", "dropCollection"));
     assert_eq!(
-        privileges(&db, "plugin").await,
+        privileges(db, "plugin").await,
         vec![("reports".to_string(), vec!["insert".to_string()])]
     );
+}
 
-    // Everything below runs with the config's passwords only: no root.
-    let den = Den::start(&config, "n1");
-    let dci = Dci::start(&config);
+async fn check_a_task_runs_with_its_output_in_gridfs(db: &TestDb, dci: &Dci) {
     let specs = json!({"plugin": "echo", "specs": [
         {"name": "first", "then": "next", "max_running": 2},
         {"name": "next", "max_running": 1},
@@ -333,9 +374,11 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
     let (status, stdout) = dci.get(&format!("/tasks/{first}/stdout")).await;
     assert_eq!(status, 200);
     assert!(stdout.to_string().contains("chained"), "{stdout}");
+}
 
+async fn check_the_chained_unit_the_continuous_task_and_the_balance_lease(db: &TestDb) -> Document {
     // The runner inserted the chained unit; the DEN made the continuous queue's task.
-    let next = queue_id(&db, "next").await;
+    let next = queue_id(db, "next").await;
     // With `queue`: SecantusDB finds nothing by `key` alone (see the report).
     let chained = doc! {"queue": next, "key": "chained"};
     wait_for(
@@ -349,7 +392,7 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         },
     )
     .await;
-    let cont = queue_id(&db, "cont").await;
+    let cont = queue_id(db, "cont").await;
     wait_for(
         "a continuous task made by the DEN to finish",
         Duration::from_secs(30),
@@ -370,7 +413,10 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         },
     )
     .await;
+    chained
+}
 
+async fn check_the_dcis_writes_as_its_own_user(db: &TestDb, dci: &Dci, chained: Document) {
     // The DCI's writes: delete (with GridFS output), cancel, node and balance updates.
     let chained_id = db
         .tasks()
@@ -403,7 +449,7 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
     assert_eq!(status, 200, "{body}");
     let held = db
         .tasks()
-        .find_one(doc! {"queue": queue_id(&db, "held").await})
+        .find_one(doc! {"queue": queue_id(db, "held").await})
         .await
         .expect("find")
         .expect("held task")
@@ -434,30 +480,9 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
+}
 
-    let log = den.log_text();
-    for refusal in ["not authorized", "Unauthorized", "requires authentication"] {
-        assert!(!log.contains(refusal), "the DEN was refused: {log}");
-    }
-    // As its own user the node stored its runners' results, in one bulkWrite a batch.
-    for fallback in [
-        "recording the result here",
-        "no bulkWrite",
-        "they will store them",
-    ] {
-        assert!(!log.contains(fallback), "{fallback}: {log}");
-    }
-
-    // Our additions that the run above does not reach: the DCI's index creation (it only
-    // warns when refused), lease recovery closing an attempt, a failed upload's cleanup.
-    let loaded = disbatch_config::Config::load(&config).expect("config");
-    disbatch_store::Store::connect(&loaded.config, disbatch_config::Component::Web)
-        .await
-        .expect("connect as disbatch_web")
-        .ensure_indexes()
-        .await
-        .expect("disbatch_web may create the indexes");
-
+async fn check_least_privilege_against_the_server(db: &TestDb) {
     // Least privilege, checked against the server. Each user first does what it may, so a
     // refusal after is its role's doing, not a failed login. Filters match nothing, so the
     // probes change no data.
@@ -510,7 +535,7 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
         ),
     ];
     for (user, may, must_not) in table {
-        let as_it = as_user(&db, user, "e2e").await;
+        let as_it = as_user(db, user, "e2e").await;
         for &(op, collection) in may {
             let got = probe(&as_it, op, collection).await;
             assert_eq!(got, None, "{user} may {op:?} {collection}");
@@ -524,14 +549,10 @@ async fn components_run_end_to_end_as_their_own_least_privilege_users() {
             );
         }
     }
-    let web = as_user(&db, "disbatch_web", "e2e").await;
+    let web = as_user(db, "disbatch_web", "e2e").await;
     assert_eq!(
         code(web.drop().await),
         Some(UNAUTHORIZED),
         "disbatch_web must not drop the database"
     );
-
-    drop(dci);
-    drop(den);
-    db.drop().await;
 }

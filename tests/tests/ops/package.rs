@@ -140,42 +140,7 @@ fn service_section(unit: &str) -> BTreeMap<String, String> {
 #[test]
 fn package_holds_binaries_plugins_units_docs_and_the_config_as_a_conffile() {
     let listed = contents();
-    let mut expected: BTreeMap<String, (&str, &str)> = BTreeMap::new();
-    for bin in BINARIES {
-        expected.insert(format!("/usr/bin/{bin}"), ("-rwxr-xr-x", "root/root"));
-    }
-    for plugin in PLUGINS {
-        expected.insert(
-            format!("/usr/lib/disbatch/plugins/{plugin}"),
-            ("-rwxr-xr-x", "root/root"),
-        );
-    }
-    for unit in ["disbatchd.service", "disbatch-web.service"] {
-        expected.insert(
-            format!("/usr/lib/systemd/system/{unit}"),
-            ("-rw-r--r--", "root/root"),
-        );
-    }
-    // The config will hold MongoDB passwords: never world-readable, even before postinst.
-    expected.insert(format!("/{CONFIG}"), ("-rw-r-----", "root/root"));
-    for doc in [
-        "copyright",
-        "README.md",
-        "config.example.json",
-        "PROTOCOL.md",
-    ] {
-        expected.insert(
-            format!("/usr/share/doc/disbatch/{doc}"),
-            ("-rw-r--r--", "root/root"),
-        );
-    }
-    // The persistent-worker helper for Python plugins, and its example.
-    for file in ["disbatch_worker.py", "example_worker.py"] {
-        expected.insert(
-            format!("/usr/share/disbatch/python/{file}"),
-            ("-rw-r--r--", "root/root"),
-        );
-    }
+    let expected = expected_files();
     for (path, (mode, owner)) in &expected {
         let got = listed
             .get(path)
@@ -193,28 +158,7 @@ fn package_holds_binaries_plugins_units_docs_and_the_config_as_a_conffile() {
         "the package holds exactly the expected files"
     );
 
-    let fields: BTreeMap<String, String> =
-        stdout(Command::new("dpkg-deb").arg("--field").arg(package()))
-            .lines()
-            .filter_map(|l| l.split_once(": "))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-    assert_eq!(fields.get("Package").map(String::as_str), Some("disbatch"));
-    assert_eq!(fields.get("Version"), Some(&deb_version()));
-    let arch = stdout(Command::new("dpkg").arg("--print-architecture"));
-    assert_eq!(
-        fields.get("Architecture").map(String::as_str),
-        Some(arch.trim())
-    );
-    let depends = fields.get("Depends").expect("Depends");
-    for dep in ["libc6 (>= ", "passwd"] {
-        assert!(depends.contains(dep), "Depends: {depends}");
-    }
-    let size: u64 = fields
-        .get("Installed-Size")
-        .and_then(|s| s.parse().ok())
-        .expect("Installed-Size");
-    assert!(size > 1000, "Installed-Size {size} KiB");
+    check_the_control_fields();
 
     let control = tempfile::tempdir().expect("control dir");
     run(Command::new("dpkg-deb")
@@ -258,6 +202,71 @@ fn package_holds_binaries_plugins_units_docs_and_the_config_as_a_conffile() {
         .filter(|l| !l.trim_start().starts_with('#') && l.contains("systemctl enable"))
         .collect();
     assert!(enabling.is_empty(), "postinst enables units: {enabling:?}");
+}
+
+fn expected_files() -> BTreeMap<String, (&'static str, &'static str)> {
+    let mut expected: BTreeMap<String, (&str, &str)> = BTreeMap::new();
+    for bin in BINARIES {
+        expected.insert(format!("/usr/bin/{bin}"), ("-rwxr-xr-x", "root/root"));
+    }
+    for plugin in PLUGINS {
+        expected.insert(
+            format!("/usr/lib/disbatch/plugins/{plugin}"),
+            ("-rwxr-xr-x", "root/root"),
+        );
+    }
+    for unit in ["disbatchd.service", "disbatch-web.service"] {
+        expected.insert(
+            format!("/usr/lib/systemd/system/{unit}"),
+            ("-rw-r--r--", "root/root"),
+        );
+    }
+    // The config will hold MongoDB passwords: never world-readable, even before postinst.
+    expected.insert(format!("/{CONFIG}"), ("-rw-r-----", "root/root"));
+    for doc in [
+        "copyright",
+        "README.md",
+        "config.example.json",
+        "PROTOCOL.md",
+    ] {
+        expected.insert(
+            format!("/usr/share/doc/disbatch/{doc}"),
+            ("-rw-r--r--", "root/root"),
+        );
+    }
+    // The persistent-worker helper for Python plugins, and its example.
+    for file in ["disbatch_worker.py", "example_worker.py"] {
+        expected.insert(
+            format!("/usr/share/disbatch/python/{file}"),
+            ("-rw-r--r--", "root/root"),
+        );
+    }
+    expected
+}
+
+fn check_the_control_fields() {
+    let fields: BTreeMap<String, String> =
+        stdout(Command::new("dpkg-deb").arg("--field").arg(package()))
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    assert_eq!(fields.get("Package").map(String::as_str), Some("disbatch"));
+    assert_eq!(fields.get("Version"), Some(&deb_version()));
+    let arch = stdout(Command::new("dpkg").arg("--print-architecture"));
+    assert_eq!(
+        fields.get("Architecture").map(String::as_str),
+        Some(arch.trim())
+    );
+    let depends = fields.get("Depends").expect("Depends");
+    for dep in ["libc6 (>= ", "passwd"] {
+        assert!(depends.contains(dep), "Depends: {depends}");
+    }
+    let size: u64 = fields
+        .get("Installed-Size")
+        .and_then(|s| s.parse().ok())
+        .expect("Installed-Size");
+    assert!(size > 1000, "Installed-Size {size} KiB");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use bson::{doc, Bson, Document};
 use disbatch_model::status;
-use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
+use disbatch_tests::{wait_for, write_config, Browser, Dci, Den, TestDb};
 use futures::TryStreamExt;
 use serde_json::{json, Value};
 
@@ -113,7 +113,20 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
     .await;
     wait_counted(&db, 2_000).await;
 
-    let of_work = buckets(&db, doc! {"queue": work}).await;
+    check_the_buckets_count_the_workload(&db, work, idle).await;
+
+    check_the_ttl_and_unique_indexes(&db).await;
+
+    // GET /stats, by name and by id, and with bad parameters.
+    let dci = Dci::start(&config);
+    check_get_stats_by_name_by_id_and_with_bad_parameters(&dci, work).await;
+    drop(den);
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_the_buckets_count_the_workload(db: &TestDb, work: ObjectId, idle: ObjectId) {
+    let of_work = buckets(db, doc! {"queue": work}).await;
     let sum = |k: &str| of_work.iter().map(|d| count(d, k)).sum::<i64>();
     assert_eq!(
         (sum("succeeded"), sum("failed"), sum("lost")),
@@ -142,20 +155,22 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
     assert!(p95s.iter().any(|p| *p >= 300.0), "{of_work:?}");
     assert!(of_work.iter().all(|d| d.get_str("writer") == Ok("n1")));
     // The fleet's buckets hold the same totals.
-    let fleet = buckets(&db, doc! {"queue": Bson::Null}).await;
+    let fleet = buckets(db, doc! {"queue": Bson::Null}).await;
     assert_eq!(fleet.iter().map(|d| count(d, "succeeded")).sum::<i64>(), 5);
     // The idle queue's depth shows in the buckets written since it had tasks.
     wait_for(
         "the idle queue's depth",
         Duration::from_secs(20),
         || async {
-            !buckets(&db, doc! {"queue": idle, "queued": 2_i64})
+            !buckets(db, doc! {"queue": idle, "queued": 2_i64})
                 .await
                 .is_empty()
         },
     )
     .await;
+}
 
+async fn check_the_ttl_and_unique_indexes(db: &TestDb) {
     // The retention is a TTL index; the minute and queue are unique.
     let indexes: Vec<Document> = db
         .db
@@ -191,9 +206,9 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
         }),
         "{indexes:?}"
     );
+}
 
-    // GET /stats, by name and by id, and with bad parameters.
-    let dci = Dci::start(&config);
+async fn check_get_stats_by_name_by_id_and_with_bad_parameters(dci: &Dci, work: ObjectId) {
     let (status, by_name) = dci.get("/stats?minutes=10&queue=work").await;
     assert_eq!(status, 200, "{by_name}");
     let rows = by_name.as_array().expect("array");
@@ -255,9 +270,6 @@ async fn the_leader_counts_a_known_workload_and_get_stats_serves_it() {
         .get(&format!("/stats?queue={}", ObjectId::new().to_hex()))
         .await;
     assert_eq!(status, 404);
-    drop(den);
-    drop(dci);
-    db.drop().await;
 }
 
 #[tokio::test]
@@ -329,13 +341,29 @@ async fn one_node_writes_and_a_leader_change_writes_no_minute_twice() {
     db.drop().await;
 }
 
+/// [buckets drawn, lines, canvas width, canvas height, legend text] of one uPlot chart.
+async fn chart(b: &Browser, id: &'static str) -> Value {
+    b.client
+        .execute(
+            &format!(
+                "const box = document.getElementById('{id}'); \
+                 const c = box && box.querySelector('.uplot canvas'); \
+                 if (!c) return null; \
+                 const r = c.getBoundingClientRect(); \
+                 return [Number(box.dataset.points), Number(box.dataset.series), \
+                 r.width, r.height, box.querySelector('.u-legend').textContent]"
+            ),
+            vec![],
+        )
+        .await
+        .expect("chart")
+}
+
 /// The Charts page draws the stored buckets with the vendored uPlot: a canvas per chart with
 /// every bucket of the range for throughput, depth, durations and each node, at desktop and at
 /// phone width, with nothing blocked by the CSP.
 #[tokio::test]
 async fn the_charts_page_draws_the_statistics() {
-    use disbatch_tests::Browser;
-
     let db = TestDb::new("stats_charts").await;
     let config = write_config(&db, "node.json", json!({"stats_interval_s": 2}));
     let queue = db.insert_queue("busy <b>queue</b>", "echo", 4).await;
@@ -352,34 +380,26 @@ async fn the_charts_page_draws_the_statistics() {
     b.record_csp_violations().await;
     b.open(&format!("{}/#/charts?minutes=60", dci.url), "charts")
         .await;
-    // [buckets drawn, lines, canvas width, canvas height, legend text] of one uPlot chart.
-    let chart = |id: &'static str| {
-        let b = &b;
-        async move {
-            b.client
-                .execute(
-                    &format!(
-                        "const box = document.getElementById('{id}'); \
-                         const c = box && box.querySelector('.uplot canvas'); \
-                         if (!c) return null; \
-                         const r = c.getBoundingClientRect(); \
-                         return [Number(box.dataset.points), Number(box.dataset.series), \
-                         r.width, r.height, box.querySelector('.u-legend').textContent]"
-                    ),
-                    vec![],
-                )
-                .await
-                .expect("chart")
-        }
-    };
-    let fleet_after = buckets(&db, doc! {"queue": Bson::Null}).await.len() as u64;
+    check_each_chart_draws_every_fleet_bucket(&db, &b, fleet_before).await;
+
+    check_one_queue_chosen_by_the_selector_is_named_as_text(&dci, &b, queue).await;
+
+    check_the_charts_fit_a_phone(&dci, &b).await;
+    b.close().await;
+    drop(dens);
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_each_chart_draws_every_fleet_bucket(db: &TestDb, b: &Browser, fleet_before: u64) {
+    let fleet_after = buckets(db, doc! {"queue": Bson::Null}).await.len() as u64;
     for id in [
         "chart-throughput",
         "chart-depth",
         "chart-duration",
         "chart-nodes",
     ] {
-        let c = chart(id).await;
+        let c = chart(b, id).await;
         assert!(c.is_array(), "{id} has a uPlot canvas");
         // Every fleet bucket of the hour is drawn (more may be written while the page loads).
         let drawn = c[0].as_u64().unwrap_or(0);
@@ -390,13 +410,13 @@ async fn the_charts_page_draws_the_statistics() {
         assert!(c[2].as_f64() > Some(200.0), "{id} canvas width: {c}");
         assert!(c[3].as_f64() > Some(100.0), "{id} canvas height: {c}");
     }
-    let throughput = chart("chart-throughput").await;
+    let throughput = chart(b, "chart-throughput").await;
     assert_eq!(throughput[1], 3, "succeeded, failed and lost lines");
     let legend = throughput[4].as_str().unwrap_or("");
     for name in ["succeeded", "failed", "lost"] {
         assert!(legend.contains(name), "{legend}");
     }
-    let nodes = chart("chart-nodes").await;
+    let nodes = chart(b, "chart-nodes").await;
     assert!(
         nodes[1].as_u64() >= Some(1),
         "a line per node that ran tasks: {nodes}"
@@ -404,7 +424,13 @@ async fn the_charts_page_draws_the_statistics() {
     let legend = nodes[4].as_str().unwrap_or("");
     assert!(legend.contains("n1") || legend.contains("n2"), "{legend}");
     b.screenshot("charts").await;
+}
 
+async fn check_one_queue_chosen_by_the_selector_is_named_as_text(
+    dci: &Dci,
+    b: &Browser,
+    queue: ObjectId,
+) {
     // One queue, chosen from the selector: its name is text, never markup.
     b.open(
         &format!("{}/#/charts?minutes=60&queue={}", dci.url, queue.to_hex()),
@@ -418,7 +444,7 @@ async fn the_charts_page_draws_the_statistics() {
         ))
         .await;
     assert_eq!(option.text().await.expect("text"), "busy <b>queue</b>");
-    let one = chart("chart-throughput").await;
+    let one = chart(b, "chart-throughput").await;
     assert!(one[0].as_u64() > Some(0), "{one}");
     assert!(b
         .client
@@ -431,7 +457,9 @@ async fn the_charts_page_draws_the_statistics() {
         .as_bool()
         .unwrap_or(false));
     assert_eq!(b.csp_violations().await, Vec::<String>::new());
+}
 
+async fn check_the_charts_fit_a_phone(dci: &Dci, b: &Browser) {
     // At phone width the charts fit the screen.
     b.emulate_phone(390, 844).await;
     b.open(&format!("{}/#/charts", dci.url), "charts").await;
@@ -453,8 +481,4 @@ async fn the_charts_page_draws_the_statistics() {
         "the chart uses the width: {fits}"
     );
     b.screenshot("charts-phone").await;
-    b.close().await;
-    drop(dens);
-    drop(dci);
-    db.drop().await;
 }

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use bson::oid::ObjectId;
 use bson::{doc, Bson, DateTime};
 use disbatch_model::status;
-use disbatch_store::{FinishOutcome, LiveOutput, LiveStream, LiveWrite, OutputValue, TaskEnd};
+use disbatch_store::{
+    FinishOutcome, LiveOutput, LiveStream, LiveWrite, OutputValue, Store, TaskEnd,
+};
 use disbatch_tests::{scaled, write_config, Backoff, Dci, Den, TestDb};
 use serde_json::json;
 
@@ -418,6 +420,19 @@ async fn large_live_output_keeps_its_last_64_kib_and_gridfs_output_is_unchanged(
     db.drop().await;
 }
 
+/// A live copy of `attempt`'s output so far.
+fn copy(attempt: ObjectId) -> LiveOutput {
+    LiveOutput {
+        attempt,
+        stdout: LiveStream {
+            text: "so far\n".into(),
+            from: 0,
+            bytes: 7,
+        },
+        stderr: LiveStream::default(),
+    }
+}
+
 #[tokio::test]
 async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it() {
     let db = TestDb::new("live_fence").await;
@@ -431,15 +446,6 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
         })
         .await
         .expect("insert");
-    let copy = |attempt| LiveOutput {
-        attempt,
-        stdout: LiveStream {
-            text: "so far\n".into(),
-            from: 0,
-            bytes: 7,
-        },
-        stderr: LiveStream::default(),
-    };
     let stale = store
         .results()
         .write_live_output(id, &copy(ObjectId::new()))
@@ -488,6 +494,13 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
     assert_eq!(late, LiveWrite::NotOurs, "an ended task takes no live copy");
     assert_eq!(db.task(id).await.get("live_output"), None);
 
+    check_recovery_unsets_a_lost_attempts_copy(&db, &store).await;
+
+    check_a_copy_too_large_is_refused(&db, &store).await;
+    db.drop().await;
+}
+
+async fn check_recovery_unsets_a_lost_attempts_copy(db: &TestDb, store: &Store) {
     // A lost attempt's copy goes with the recovery that requeues its task.
     let (lost, lost_attempt) = (ObjectId::new(), ObjectId::new());
     db.tasks()
@@ -524,7 +537,9 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
     let task = db.task(lost).await;
     assert_eq!(task.get_i32("status").ok(), Some(status::QUEUED));
     assert_eq!(task.get("live_output"), None, "unset by recovery");
+}
 
+async fn check_a_copy_too_large_is_refused(db: &TestDb, store: &Store) {
     // A document near 16 MiB: the server refuses the copy, and nothing else changes.
     let (big, big_attempt) = (ObjectId::new(), ObjectId::new());
     db.tasks()
@@ -543,5 +558,4 @@ async fn only_the_running_attempt_writes_live_output_and_the_result_removes_it()
         .await
         .expect("write");
     assert_eq!(refused, LiveWrite::TooLarge);
-    db.drop().await;
 }

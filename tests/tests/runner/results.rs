@@ -126,6 +126,25 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
     );
     let (first, last) = (hex(&rows[0]["_id"]), hex(&rows[1]["_id"]));
 
+    check_the_task_and_its_result_by_attempt(&dci, &f, &twice, &first, &last).await;
+
+    check_what_has_no_result_or_is_not_asked_well(&dci, &f, &twice).await;
+
+    check_a_result_too_large_to_inline_is_linked(&dci, &big).await;
+
+    check_the_cli_prints_the_output_and_the_result(&dci, &f, &twice, &big, &first, &last).await;
+
+    drop(den);
+    f.db.drop().await;
+}
+
+async fn check_the_task_and_its_result_by_attempt(
+    dci: &Dci,
+    f: &Fixture,
+    twice: &str,
+    first: &str,
+    last: &str,
+) {
     // The task: the newest output and its attempt, beside the fields it always had.
     let (status, task) = dci.get(&format!("/tasks/{twice}")).await;
     assert_eq!(status, 200, "{task}");
@@ -139,17 +158,18 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
     assert!(silent.get("output").is_none(), "{silent}");
 
     // The result alone: the last success's; any attempt's by id.
-    let (status, attempt, body) = result_of(&dci, &format!("/tasks/{twice}/result")).await;
+    let (status, attempt, body) = result_of(dci, &format!("/tasks/{twice}/result")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body, json!({"greeted": "Ada", "try": 2, "list": [1, 2, 3]}));
-    assert_eq!(attempt.as_deref(), Some(last.as_str()));
-    let (status, _, body) =
-        result_of(&dci, &format!("/tasks/{twice}/result?attempt={first}")).await;
+    assert_eq!(attempt.as_deref(), Some(last));
+    let (status, _, body) = result_of(dci, &format!("/tasks/{twice}/result?attempt={first}")).await;
     assert_eq!(
         (status, body),
         (200, json!({"greeted": "nobody", "try": 1}))
     );
+}
 
+async fn check_what_has_no_result_or_is_not_asked_well(dci: &Dci, f: &Fixture, twice: &str) {
     // What has no result, and what is not asked well.
     let unknown = ObjectId::new().to_hex();
     for (path, want, says) in [
@@ -176,14 +196,16 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
             "invalid attempt id",
         ),
     ] {
-        let (status, _, body) = result_of(&dci, &path).await;
+        let (status, _, body) = result_of(dci, &path).await;
         assert_eq!(status, want, "{path}: {body}");
         assert!(
             body["error"].as_str().is_some_and(|e| e.contains(says)),
             "{path}: {body}"
         );
     }
+}
 
+async fn check_a_result_too_large_to_inline_is_linked(dci: &Dci, big: &str) {
     // Too large to inline: its size and a link, on both routes; the link answers it whole.
     let (_, task) = dci.get(&format!("/tasks/{big}")).await;
     assert_eq!(task["output"], Value::Null, "output inlined");
@@ -197,22 +219,31 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
     let (_, rows) = dci.get(&format!("/tasks/{big}/attempts")).await;
     assert_eq!(rows[0]["output"], Value::Null);
     assert_eq!(rows[0]["output_omitted"]["url"], json!(url));
-    let (status, _, body) = result_of(&dci, &url).await;
+    let (status, _, body) = result_of(dci, &url).await;
     assert_eq!(status, 200);
     assert_eq!(body.as_str().map(str::len), Some(BIG));
-    let (_, _, whole) = result_of(&dci, &format!("/tasks/{big}/result")).await;
+    let (_, _, whole) = result_of(dci, &format!("/tasks/{big}/result")).await;
     assert_eq!(whole, body);
+}
 
+async fn check_the_cli_prints_the_output_and_the_result(
+    dci: &Dci,
+    f: &Fixture,
+    twice: &str,
+    big: &str,
+    first: &str,
+    last: &str,
+) {
     // The CLI: pretty output under the task's fields and each attempt; ids as hex.
-    let text = stdout(&dci.cli(&["task", &twice]));
+    let text = stdout(&dci.cli(&["task", twice]));
     assert!(
         text.contains(&format!("output (of attempt {last}):")),
         "{text}"
     );
     assert!(text.contains("    \"greeted\": \"Ada\","), "{text}");
     assert!(!text.contains("$oid"), "{text}");
-    assert!(text.contains(&last), "the attempt field, as hex: {text}");
-    let text = stdout(&dci.cli(&["attempts", &twice]));
+    assert!(text.contains(last), "the attempt field, as hex: {text}");
+    let text = stdout(&dci.cli(&["attempts", twice]));
     assert!(
         text.contains(&format!("output of attempt 1 ({first}):")),
         "{text}"
@@ -222,7 +253,7 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
         text.contains(&format!("output of attempt 2 ({last}):")),
         "{text}"
     );
-    let text = stdout(&dci.cli(&["task", &big]));
+    let text = stdout(&dci.cli(&["task", big]));
     assert!(
         text.contains(&format!("{} bytes of JSON, too large", BIG + 2)),
         "{text}"
@@ -232,13 +263,13 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
         "{text}"
     );
     assert!(text.len() < 64 * 1024, "bounded: {} bytes", text.len());
-    let text = stdout(&dci.cli(&["result", &twice]));
+    let text = stdout(&dci.cli(&["result", twice]));
     assert_eq!(
         serde_json::from_str::<Value>(&text).ok(),
         Some(json!({"greeted": "Ada", "try": 2, "list": [1, 2, 3]})),
         "{text}"
     );
-    let text = stdout(&dci.cli(&["result", &twice, "--attempt", &first]));
+    let text = stdout(&dci.cli(&["result", twice, "--attempt", first]));
     assert_eq!(
         serde_json::from_str::<Value>(&text).ok(),
         Some(json!({"greeted": "nobody", "try": 1}))
@@ -247,9 +278,6 @@ async fn the_result_output_is_read_back_by_the_api_and_the_cli() {
     assert_eq!(failed.status.code(), Some(3), "not found");
     let said = String::from_utf8_lossy(&failed.stderr);
     assert!(said.contains("no attempt of it succeeded"), "{said}");
-
-    drop(den);
-    f.db.drop().await;
 }
 
 #[tokio::test]

@@ -117,6 +117,28 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
     db.insert_queue("b", "echo", 4).await;
     let dci = Dci::start(&config);
     let den = Den::start(&config, "n1");
+    let batch = check_a_callback_carries_the_outcome(&db, &dci).await;
+
+    check_a_held_batch_is_listed_watched_and_cancelled_whole(&db, &dci, &batch).await;
+    for bad in [
+        json!({"tasks": []}),
+        json!({"tasks": [{"queue": "nope"}]}),
+        json!({"tasks": [{"queue": "b"}], "callback": {"queue": "b", "x": 1}}),
+    ] {
+        let (s, out) = dci.post("/batches", bad.clone()).await;
+        assert_eq!(s, 400, "{bad}: {out}");
+    }
+    let stored = db
+        .db
+        .collection::<Document>("batches")
+        .count_documents(doc! {})
+        .await
+        .expect("count");
+    assert_eq!(stored, 2, "refused batches store nothing");
+    drop(den);
+}
+
+async fn check_a_callback_carries_the_outcome(db: &TestDb, dci: &Dci) -> String {
     // Two succeed, one fails: the callback runs anyway, with the counts.
     let (s, out) = dci
         .post(
@@ -163,7 +185,14 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
     assert_eq!(view["counts"]["succeeded"], 2, "{view}");
     assert_eq!(view["callback"]["state"], "succeeded", "{view}");
     assert!(view["done"].is_string(), "{view}");
+    batch
+}
 
+async fn check_a_held_batch_is_listed_watched_and_cancelled_whole(
+    db: &TestDb,
+    dci: &Dci,
+    batch: &str,
+) {
     // A batch held at a gate: listed, watched, then cancelled whole.
     let gate = db.path("never");
     let started = db.path("started.txt");
@@ -195,11 +224,7 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
         .iter()
         .filter_map(|b| b["id"].as_str())
         .collect();
-    assert_eq!(
-        listed,
-        vec![held_batch.as_str(), batch.as_str()],
-        "newest first"
-    );
+    assert_eq!(listed, vec![held_batch.as_str(), batch], "newest first");
     let (s, view) = dci.get(&format!("/batches/{held_batch}")).await;
     assert_eq!(s, 200);
     assert_eq!(view["state"], "active", "{view}");
@@ -231,22 +256,6 @@ async fn a_callback_carries_the_outcome_and_a_batch_is_listed_watched_and_cancel
         )
         .await;
     assert_eq!(s, 404);
-    for bad in [
-        json!({"tasks": []}),
-        json!({"tasks": [{"queue": "nope"}]}),
-        json!({"tasks": [{"queue": "b"}], "callback": {"queue": "b", "x": 1}}),
-    ] {
-        let (s, out) = dci.post("/batches", bad.clone()).await;
-        assert_eq!(s, 400, "{bad}: {out}");
-    }
-    let stored = db
-        .db
-        .collection::<Document>("batches")
-        .count_documents(doc! {})
-        .await
-        .expect("count");
-    assert_eq!(stored, 2, "refused batches store nothing");
-    drop(den);
 }
 
 /// Peak resident memory (VmHWM) of a process, in MiB.
@@ -279,6 +288,12 @@ async fn grow_to_the_limit(db: &TestDb, id: ObjectId, room: usize) {
         .expect("grow the task to the limit");
 }
 
+/// A batch of one member of `bqp` whose callback on `cbq` has `params`.
+fn batch(params: Value) -> Value {
+    json!({"tasks": [{"queue": "bqp", "params": {"m": 1}}],
+           "callback": {"queue": "cbq", "params": params}})
+}
+
 /// One batch whose callback cannot be written never strands another's: a callback too large
 /// is refused at creation with its size; one grown by hand past what a release can write is
 /// failed, counted and logged while the 20 healthy batches around it complete; a batch whose
@@ -295,36 +310,13 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
     let members = db.insert_queue("bqp", "echo", 0).await;
     db.insert_queue("cbq", "quiet", 2).await;
     let dci = Dci::start(&config);
-    let batch = |params: Value| {
-        json!({"tasks": [{"queue": "bqp", "params": {"m": 1}}],
-               "callback": {"queue": "cbq", "params": params}})
-    };
     let mut healthy = Vec::new();
     for k in 0..10 {
         let (s, out) = dci.post("/batches", batch(json!({"healthy": k}))).await;
         assert_eq!(s, 200, "{out}");
         healthy.push(oid(&out["callback"]));
     }
-    // Creation refuses it whole, naming the size; nothing of it is stored.
-    let (s, out) = dci
-        .post("/batches", batch(json!({"pad": "x".repeat(16_776_990)})))
-        .await;
-    assert_eq!(s, 400, "{out}");
-    let error = out["error"].as_str().unwrap_or_default();
-    assert!(
-        error.starts_with(
-            "callback.params is 16777005 bytes as BSON; a task's params hold at most 15728640"
-        ),
-        "{out}"
-    );
-    assert_eq!(
-        db.db
-            .collection::<Document>("batches")
-            .count_documents(doc! {})
-            .await
-            .expect("count"),
-        10
-    );
+    check_a_callback_too_large_is_refused_whole(&db, &dci).await;
     // Just under the limit: stored, and it runs.
     let (s, out) = dci
         .post(
@@ -341,23 +333,7 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
     assert_eq!(s, 200, "{out}");
     let grown = oid(&out["callback"]);
     grow_to_the_limit(&db, grown, 30).await;
-    // A member grown so: its batch is still cancelled whole, the member without its reason.
-    let (s, out) = dci
-        .post("/batches", batch(json!({"cancelled": true})))
-        .await;
-    assert_eq!(s, 200, "{out}");
-    let (doomed, doomed_member) = (oid(&out["batch"]), oid(&out["ids"][0]));
-    let doomed_callback = oid(&out["callback"]);
-    grow_to_the_limit(&db, doomed_member, 30).await;
-    let (s, out) = dci
-        .post(&format!("/batches/{}/cancel", doomed.to_hex()), json!({}))
-        .await;
-    assert_eq!((s, &out["cancelled"]), (200, &json!(2)), "{out}");
-    assert_eq!(db.task_status(doomed_member).await, Some(status::CANCELLED));
-    assert_eq!(
-        db.task_status(doomed_callback).await,
-        Some(status::CANCELLED)
-    );
+    check_a_batch_with_a_grown_member_is_cancelled_whole(&db, &dci).await;
     for k in 10..20 {
         let (s, out) = dci.post("/batches", batch(json!({"healthy": k}))).await;
         assert_eq!(s, 200, "{out}");
@@ -386,6 +362,61 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
         || async { db.task_status(grown).await == Some(status::FAILED) },
     )
     .await;
+    check_the_grown_callback_is_failed_counted_and_logged(&db, &dci, &den, grown).await;
+    drop(den);
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_a_callback_too_large_is_refused_whole(db: &TestDb, dci: &Dci) {
+    // Creation refuses it whole, naming the size; nothing of it is stored.
+    let (s, out) = dci
+        .post("/batches", batch(json!({"pad": "x".repeat(16_776_990)})))
+        .await;
+    assert_eq!(s, 400, "{out}");
+    let error = out["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(
+            "callback.params is 16777005 bytes as BSON; a task's params hold at most 15728640"
+        ),
+        "{out}"
+    );
+    assert_eq!(
+        db.db
+            .collection::<Document>("batches")
+            .count_documents(doc! {})
+            .await
+            .expect("count"),
+        10
+    );
+}
+
+async fn check_a_batch_with_a_grown_member_is_cancelled_whole(db: &TestDb, dci: &Dci) {
+    // A member grown so: its batch is still cancelled whole, the member without its reason.
+    let (s, out) = dci
+        .post("/batches", batch(json!({"cancelled": true})))
+        .await;
+    assert_eq!(s, 200, "{out}");
+    let (doomed, doomed_member) = (oid(&out["batch"]), oid(&out["ids"][0]));
+    let doomed_callback = oid(&out["callback"]);
+    grow_to_the_limit(db, doomed_member, 30).await;
+    let (s, out) = dci
+        .post(&format!("/batches/{}/cancel", doomed.to_hex()), json!({}))
+        .await;
+    assert_eq!((s, &out["cancelled"]), (200, &json!(2)), "{out}");
+    assert_eq!(db.task_status(doomed_member).await, Some(status::CANCELLED));
+    assert_eq!(
+        db.task_status(doomed_callback).await,
+        Some(status::CANCELLED)
+    );
+}
+
+async fn check_the_grown_callback_is_failed_counted_and_logged(
+    db: &TestDb,
+    dci: &Dci,
+    den: &Den,
+    grown: ObjectId,
+) {
     let task = db.task(grown).await;
     assert!(
         task.get("waiting_on").is_none(),
@@ -412,7 +443,4 @@ async fn a_callback_too_large_is_refused_or_failed_and_strands_no_other_batch() 
         ))
         .await;
     assert_eq!((s, &out["state"]), (200, &json!("failed")), "{out}");
-    drop(den);
-    drop(dci);
-    db.drop().await;
 }

@@ -2,8 +2,10 @@
 //! bad schedules.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use bson::oid::ObjectId;
 use bson::{doc, Bson};
 use disbatch_tests::{wait_for, write_config, Dci, Den, TestDb};
 use serde_json::json;
@@ -52,20 +54,49 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
         "tick {first} is older than the schedule ({set_at}): a backfill"
     );
     let began = Instant::now();
+    let (gaps, left) =
+        kill_the_leader_each_round(&db, &config, &mut dens, queue, first, began).await;
+    tokio::time::sleep_until((began + RUN).into()).await;
+    let end = now_ms();
+    wait_for(
+        "the leader to settle the last tick",
+        Duration::from_secs(30),
+        || async { settled(&db, queue).await.is_some_and(|s| s >= end - 2_000) },
+    )
+    .await;
+    let end = settled(&db, queue).await.expect("settled");
+
+    let (missing, catch_ups) =
+        check_no_tick_twice_or_off_the_schedule(&db, queue, first, end, &gaps).await;
+    check_missed_ticks_fall_in_gaps_and_each_gap_is_caught_up_once(
+        &gaps, &left, &missing, &catch_ups,
+    );
+    drop(dens);
+    db.drop().await;
+}
+
+async fn kill_the_leader_each_round(
+    db: &TestDb,
+    config: &Path,
+    dens: &mut Vec<Den>,
+    queue: ObjectId,
+    first: i64,
+    began: Instant,
+) -> (Vec<(i64, i64)>, Vec<i64>) {
     // Per kill: when it happened and when the test first saw the next leader (ms).
     let mut gaps: Vec<(i64, i64)> = Vec::new();
     // Per kill: how much of the killed leader's lease was left (ms).
     let mut left: Vec<i64> = Vec::new();
     for round in 1..=(RUN.as_secs() / KILL_EVERY.as_secs()) - 1 {
         tokio::time::sleep_until((began + KILL_EVERY * round as u32).into()).await;
-        let leading = wait_leader(&db, None, Duration::from_secs(60)).await;
+        let leading = wait_leader(db, None, Duration::from_secs(60)).await;
         // Killed only once it has led: a tick enqueued since it was seen leading.
         let since = gaps.last().map_or(first, |g| g.1);
         wait_for(
             "the leader's first tick",
             Duration::from_secs(30),
             || async {
-                scheduled(&db, queue)
+                scheduled(db, queue)
                     .await
                     .last()
                     .is_some_and(|t| t.0 > since)
@@ -78,7 +109,7 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
             "the leader to renew its lease",
             Duration::from_secs(30),
             || async {
-                let lease = leader_lease(&db).await;
+                let lease = leader_lease(db).await;
                 let renewed =
                     lease.filter(|(owner, u)| *owner == leading && u - now_ms() >= LEFT_AT_KILL_MS);
                 until.set(renewed.as_ref().map_or(0, |(_, u)| *u));
@@ -94,8 +125,8 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
         let killed = now_ms();
         left.push(until.get() - killed);
         // The fleet keeps three nodes (two while this one starts).
-        dens.push(Den::start(&config, &format!("r{round}")));
-        let next = wait_leader(&db, Some(&leading), Duration::from_secs(60)).await;
+        dens.push(Den::start(config, &format!("r{round}")));
+        let next = wait_leader(db, Some(&leading), Duration::from_secs(60)).await;
         let seen = now_ms();
         println!(
             "round {round}: killed leader {leading} with {} ms of its lease left; {next} leads {} ms later",
@@ -104,17 +135,17 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
         );
         gaps.push((killed, seen));
     }
-    tokio::time::sleep_until((began + RUN).into()).await;
-    let end = now_ms();
-    wait_for(
-        "the leader to settle the last tick",
-        Duration::from_secs(30),
-        || async { settled(&db, queue).await.is_some_and(|s| s >= end - 2_000) },
-    )
-    .await;
-    let end = settled(&db, queue).await.expect("settled");
+    (gaps, left)
+}
 
-    let tasks = scheduled(&db, queue).await;
+async fn check_no_tick_twice_or_off_the_schedule(
+    db: &TestDb,
+    queue: ObjectId,
+    first: i64,
+    end: i64,
+    gaps: &[(i64, i64)],
+) -> (Vec<i64>, Vec<(i64, i64)>) {
+    let tasks = scheduled(db, queue).await;
     let mut per_tick: BTreeMap<i64, Vec<Option<i64>>> = BTreeMap::new();
     for (tick, missed) in &tasks {
         per_tick.entry(*tick).or_default().push(*missed);
@@ -152,11 +183,20 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
         "ticks off the schedule: {:?}",
         present.difference(&expected).collect::<Vec<_>>()
     );
+    (missing, catch_ups)
+}
+
+fn check_missed_ticks_fall_in_gaps_and_each_gap_is_caught_up_once(
+    gaps: &[(i64, i64)],
+    left: &[i64],
+    missing: &[i64],
+    catch_ups: &[(i64, i64)],
+) {
     let gap_of = |tick: i64| {
         gaps.iter()
             .position(|(killed, seen)| (killed - BEFORE_KILL_MS..=*seen).contains(&tick))
     };
-    for tick in &missing {
+    for tick in missing {
         assert!(
             gap_of(*tick).is_some(),
             "tick {tick} was missed outside every leader gap {gaps:?}"
@@ -166,7 +206,7 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
     // missed ticks right before it; no other missed tick of the gap is enqueued. It may stand
     // for more: a tick the dead leader enqueued but had not recorded as settled counts too.
     let mut per_gap = vec![0; gaps.len()];
-    for (tick, standing_for) in &catch_ups {
+    for (tick, standing_for) in catch_ups {
         let gap = gap_of(*tick)
             .unwrap_or_else(|| panic!("tick {tick} enqueued as missed outside every gap {gaps:?}"));
         per_gap[gap] += 1;
@@ -179,7 +219,7 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
             "tick {tick} stands for {standing_for} missed ticks but follows {run} missing ones"
         );
     }
-    for tick in &missing {
+    for tick in missing {
         let mut next = tick + 2_000;
         while missing.contains(&next) {
             next += 2_000;
@@ -209,8 +249,6 @@ async fn every_two_seconds_for_two_minutes_each_tick_once_while_leaders_are_kill
         sure.iter().filter(|s| **s).count() >= 3,
         "too few kills with their lease left to prove the policy: {left:?}"
     );
-    drop(dens);
-    db.drop().await;
 }
 
 /// A DEN's count of `queue`'s ticks with `outcome`.

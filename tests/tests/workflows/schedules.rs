@@ -138,6 +138,18 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
         "refused updates change nothing"
     );
 
+    check_removing_the_schedule_removes_the_leaders_record(&db, &dci, &stored).await;
+
+    check_work_spec_schedules_are_checked_and_removed_on_reload(&db, &dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_removing_the_schedule_removes_the_leaders_record(
+    db: &TestDb,
+    dci: &Dci,
+    stored: &Document,
+) {
     // Removing the schedule removes the leader's record of it too: set again, it starts anew.
     let id = stored.get_object_id("_id").expect("id");
     db.set_queue(
@@ -147,7 +159,7 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
     .await;
     let (status, body) = dci.post("/queues/cron", json!({"schedule": null})).await;
     assert_eq!(status, 200, "{body}");
-    let q = queue_by_id(&db, id).await;
+    let q = queue_by_id(db, id).await;
     for gone in ["schedule", "schedule_last", "schedule_basis"] {
         assert!(!q.contains_key(gone), "{gone} left in {q}");
     }
@@ -156,7 +168,9 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
         Some("America/New_York"),
         "only what was sent is removed"
     );
+}
 
+async fn check_work_spec_schedules_are_checked_and_removed_on_reload(db: &TestDb, dci: &Dci) {
     // Work specs: checked before anything is written; a reload without it removes it.
     let (status, body) = dci
         .post(
@@ -170,11 +184,11 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
         error_text(&body).starts_with("specs[1]: schedule"),
         "{body}"
     );
-    assert!(queue_named(&db, "ok").await.is_none() && queue_named(&db, "bad").await.is_none());
+    assert!(queue_named(db, "ok").await.is_none() && queue_named(db, "bad").await.is_none());
     let spec = json!({"name": "ok", "plugin": "echo", "schedule": "@hourly", "schedule_tz": "Europe/Paris"});
     let (status, body) = dci.post("/specs", json!({"specs": [spec]})).await;
     assert_eq!(status, 200, "{body}");
-    let q = queue_named(&db, "ok").await.expect("loaded");
+    let q = queue_named(db, "ok").await.expect("loaded");
     assert_eq!(q.get_str("schedule").ok(), Some("@hourly"));
     assert_eq!(q.get_str("schedule_tz").ok(), Some("Europe/Paris"));
     let (status, body) = dci
@@ -184,13 +198,11 @@ async fn bad_schedules_are_refused_with_400_and_nothing_is_stored() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let q = queue_named(&db, "ok").await.expect("reloaded");
+    let q = queue_named(db, "ok").await.expect("reloaded");
     assert!(
         !q.contains_key("schedule") && !q.contains_key("schedule_tz"),
         "{q}"
     );
-    drop(dci);
-    db.drop().await;
 }
 
 /// The line of `queues` output naming queue `name` (its third column).
@@ -230,6 +242,14 @@ async fn scheduled_queues_are_marked_with_their_next_tick_in_utc_and_their_zone(
     let bad = db.insert_queue("handmade", "echo", 1).await;
     db.set_queue(bad, doc! {"schedule": "every minute"}).await;
 
+    check_the_api_and_the_cli_show_the_next_tick(&dci).await;
+
+    check_the_console_marks_the_scheduled_queues(&dci).await;
+    drop(dci);
+    db.drop().await;
+}
+
+async fn check_the_api_and_the_cli_show_the_next_tick(dci: &Dci) {
     let (status, rows) = dci.get("/queues").await;
     assert_eq!(status, 200, "{rows}");
     let row = |name: &str| {
@@ -299,7 +319,9 @@ async fn scheduled_queues_are_marked_with_their_next_tick_in_utc_and_their_zone(
         "{out}"
     );
     assert!(!cli_line(&out, "plain").contains('Z'), "{out}");
+}
 
+async fn check_the_console_marks_the_scheduled_queues(dci: &Dci) {
     let b = Browser::start(1280, 900).await;
     b.open(&format!("{}/#/queues", dci.url), "queues").await;
     let shown = b
@@ -341,6 +363,4 @@ async fn scheduled_queues_are_marked_with_their_next_tick_in_utc_and_their_zone(
     );
     b.screenshot("queues-scheduled").await;
     b.close().await;
-    drop(dci);
-    db.drop().await;
 }
