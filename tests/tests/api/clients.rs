@@ -12,6 +12,7 @@ use disbatch_client::{
 };
 use disbatch_model::status;
 use disbatch_tests::{scaled, wait_for, write_config, Dci, Den, TestDb};
+use mongodb::ClientSession;
 use serde_json::json;
 
 /// A fleet of one node and the DCI over a database with the queues every case uses: `work`
@@ -258,6 +259,16 @@ async fn the_rust_client_enqueues_inside_a_transaction_that_aborts_or_commits() 
         json!({"task": committed.to_hex()})
     );
 
+    check_direct_unique_tasks_hold_their_keys_both_ways(&f, &mut s).await;
+    check_a_direct_task_is_field_by_field_the_apis(&f, &mut s).await;
+    let _ = &f.dci;
+    f.db.drop().await;
+}
+
+/// A duplicate of a unique queue is found by the direct path, and a directly inserted unique
+/// task holds its key for the API too.
+async fn check_direct_unique_tasks_hold_their_keys_both_ways(f: &Fleet, s: &mut ClientSession) {
+    let db = &f.db.db;
     // A duplicate of a unique queue, found by the direct path: the caller aborts.
     let held = f
         .client
@@ -265,7 +276,7 @@ async fn the_rust_client_enqueues_inside_a_transaction_that_aborts_or_commits() 
         .await
         .expect("rest");
     s.start_transaction().await.expect("start");
-    match enqueue_in(db, &mut s, "uq", doc! {"id": 5}, DirectOptions::default()).await {
+    match enqueue_in(db, s, "uq", doc! {"id": 5}, DirectOptions::default()).await {
         Err(Error::DuplicateTask { matched, .. }) => assert_eq!(matched, Some(held)),
         other => panic!("expected a duplicate, got {other:?}"),
     }
@@ -274,7 +285,7 @@ async fn the_rust_client_enqueues_inside_a_transaction_that_aborts_or_commits() 
 
     // A directly inserted unique task holds its key for the API too.
     s.start_transaction().await.expect("start");
-    let direct = enqueue_in(db, &mut s, "uq", doc! {"id": 6}, DirectOptions::default())
+    let direct = enqueue_in(db, s, "uq", doc! {"id": 6}, DirectOptions::default())
         .await
         .expect("enqueue_in");
     s.commit_transaction().await.expect("commit");
@@ -286,7 +297,11 @@ async fn the_rust_client_enqueues_inside_a_transaction_that_aborts_or_commits() 
         Err(Error::DuplicateTask { matched, .. }) => assert_eq!(matched, Some(direct)),
         other => panic!("expected a duplicate of the direct task, got {other:?}"),
     }
+}
 
+/// Field by field, a direct task is the API's, for a plain and a unique queue.
+async fn check_a_direct_task_is_field_by_field_the_apis(f: &Fleet, s: &mut ClientSession) {
+    let db = &f.db.db;
     // Field by field, a direct task is the API's, for a plain and a unique queue.
     let timing = Timing {
         delay_s: Some(60.0),
@@ -314,7 +329,7 @@ async fn the_rust_client_enqueues_inside_a_transaction_that_aborts_or_commits() 
             .await
             .expect("delete");
         s.start_transaction().await.expect("start");
-        let id = enqueue_in(db, &mut s, queue, params, options)
+        let id = enqueue_in(db, s, queue, params, options)
             .await
             .expect("direct");
         s.commit_transaction().await.expect("commit");
@@ -330,8 +345,6 @@ async fn the_rust_client_enqueues_inside_a_transaction_that_aborts_or_commits() 
             assert!(direct.get_datetime(t).is_ok(), "{t} is a date: {direct}");
         }
     }
-    let _ = &f.dci;
-    f.db.drop().await;
 }
 
 /// The Python package's directory, and where scripts/test installs pymongo for it.

@@ -5,5 +5,6 @@ mod continuous_share;
 mod fair_sharing;
 mod flow_limits;
 mod flow_limits_view;
+mod held_view;
 mod rate_windows;
 mod shares_on_a_busy_machine;

@@ -386,14 +386,23 @@ async fn discarded_and_retrying_counts_are_kept_by_each_write_that_changes_them(
     // No pass on a reading from before the pause claims what is retried below.
     den.wait_queue_reads(2).await;
 
-    // The list, one queue's view and the DCI's metrics all say so.
-    let discarded_of = |name: &'static str| {
-        let dci = &dci;
-        async move { row(dci, name).await["discarded"].as_u64() }
-    };
+    check_the_counts_are_shown_by_the_list_the_view_and_the_metrics(&dci).await;
+    check_each_discard_write_moves_the_kept_count(&db, &dci, give_up, plain).await;
+    // All of it came from the writes: no reconcile ran since the first.
+    for (q, at) in reconciled {
+        let d = counts_doc(&db, q).await.expect("counts");
+        assert_eq!(d.get_datetime("reconciled_at").ok(), Some(&at), "{d}");
+    }
+    drop(dci);
+    drop(den);
+    db.drop().await;
+}
+
+/// The list, one queue's view and the DCI's metrics all show the discarded and retrying counts.
+async fn check_the_counts_are_shown_by_the_list_the_view_and_the_metrics(dci: &Dci) {
     wait_for("the counts shown", Duration::from_secs(30), || async {
-        discarded_of("giveup").await == Some(3)
-            && row(&dci, "backoff").await["retrying"].as_u64() == Some(1)
+        discarded_of(dci, "giveup").await == Some(3)
+            && row(dci, "backoff").await["retrying"].as_u64() == Some(1)
     })
     .await;
     let (_, list) = dci.get("/queues").await;
@@ -406,18 +415,26 @@ async fn discarded_and_retrying_counts_are_kept_by_each_write_that_changes_them(
     assert_eq!(listed("backoff", "retrying"), Some(json!(1)), "{list}");
     assert_eq!(listed("plain", "discarded"), Some(json!(0)), "{list}");
     assert_eq!(
-        scraped(&dci, "disbatch_queue_tasks_discarded{queue=\"giveup\"} ").await,
+        scraped(dci, "disbatch_queue_tasks_discarded{queue=\"giveup\"} ").await,
         3.0
     );
     assert_eq!(
-        scraped(&dci, "disbatch_queue_tasks_retrying{queue=\"backoff\"} ").await,
+        scraped(dci, "disbatch_queue_tasks_retrying{queue=\"backoff\"} ").await,
         1.0
     );
     let (_, waiting) = dci.get("/tasks?queue=backoff&status=retrying").await;
     assert_eq!(waiting.as_array().map(Vec::len), Some(1), "{waiting}");
+}
 
-    // Each write that marks or clears a discard moves the kept count by itself.
-    let gone = ids_where(&db, give_up, doc! {"discarded_at": {"$exists": true}}).await;
+/// Each write that marks or clears a discard moves the kept count by itself, and a queue's
+/// retry of its failed tasks clears the last one.
+async fn check_each_discard_write_moves_the_kept_count(
+    db: &TestDb,
+    dci: &Dci,
+    give_up: ObjectId,
+    plain: ObjectId,
+) {
+    let gone = ids_where(db, give_up, doc! {"discarded_at": {"$exists": true}}).await;
     let (s, b) = dci
         .post(&format!("/tasks/{}/retry", gone[0].to_hex()), json!({}))
         .await;
@@ -430,7 +447,7 @@ async fn discarded_and_retrying_counts_are_kept_by_each_write_that_changes_them(
         )
         .await;
     assert_eq!(s, 200, "{b}");
-    let plain_failed = ids_where(&db, plain, doc! {"status": 2}).await;
+    let plain_failed = ids_where(db, plain, doc! {"status": 2}).await;
     let (s, b) = dci
         .post(
             &format!("/tasks/{}/discard", plain_failed[0].to_hex()),
@@ -438,31 +455,26 @@ async fn discarded_and_retrying_counts_are_kept_by_each_write_that_changes_them(
         )
         .await;
     assert_eq!(s, 200, "{b}");
-    let kept_discarded = |q: ObjectId| {
-        let db = &db;
-        async move { counts_doc(db, q).await.map(|d| kept(&d, "discarded")) }
-    };
+    let kept_discarded =
+        |q: ObjectId| async move { counts_doc(db, q).await.map(|d| kept(&d, "discarded")) };
     assert_eq!(kept_discarded(give_up).await, Some(1));
     assert_eq!(kept_discarded(plain).await, Some(1));
-    assert_eq!(discarded_of("plain").await, Some(1));
+    assert_eq!(discarded_of(dci, "plain").await, Some(1));
     // A queue's retry of its failed tasks clears the last one.
     let (s, b) = dci
         .post("/queues/giveup/retry", json!({"status": "failed"}))
         .await;
     assert_eq!(s, 200, "{b}");
     assert_eq!(kept_discarded(give_up).await, Some(0));
-    assert_eq!(discarded_of("giveup").await, Some(0));
+    assert_eq!(discarded_of(dci, "giveup").await, Some(0));
     assert_eq!(
         db.count(doc! {"queue": give_up, "discarded_at": {"$exists": true}})
             .await,
         0
     );
-    // All of it came from the writes: no reconcile ran since the first.
-    for (q, at) in reconciled {
-        let d = counts_doc(&db, q).await.expect("counts");
-        assert_eq!(d.get_datetime("reconciled_at").ok(), Some(&at), "{d}");
-    }
-    drop(dci);
-    drop(den);
-    db.drop().await;
+}
+
+/// The discarded count a queue's own view shows.
+async fn discarded_of(dci: &Dci, name: &str) -> Option<u64> {
+    row(dci, name).await["discarded"].as_u64()
 }
